@@ -1,0 +1,1 @@
+//! The nccl.h-compatible C ABI.

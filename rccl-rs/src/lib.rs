@@ -1,0 +1,7 @@
+//! rccl-rs: the collective communication engine.
+
+pub mod error;
+pub mod types;
+
+pub use error::{Error, Result};
+pub use types::{DataType, RedOp};

@@ -1,0 +1,1 @@
+//! Shared code of the perf binaries and the correctness suite.

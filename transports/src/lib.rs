@@ -1,0 +1,1 @@
+//! Connections between two ranks.
