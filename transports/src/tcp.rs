@@ -1,0 +1,287 @@
+//! The TCP socket transport's progress half: one connected socket per
+//! connection and two proxy threads that move slots between the local FIFOs
+//! and the wire.
+//!
+//! The executor sees only FIFOs. It fills `send` slots; the send proxy writes
+//! each published slot as one frame (a 4-byte little-endian length, then the
+//! bytes) and frees it. The receive proxy reads frames straight into free
+//! `recv` slots and publishes them. Any socket error, end of stream or
+//! malformed frame fails both FIFOs, so a waiting executor returns an error
+//! instead of hanging, and the reason is kept for its message.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::fifo::Fifo;
+use crate::wait::Backoff;
+
+/// How long an idle proxy parks before re-checking its stop flag; it is
+/// also woken explicitly, so this bounds only a lost wake-up.
+const PROXY_PARK_MAX: Duration = Duration::from_millis(100);
+
+/// One TCP connection to a peer: a FIFO each way, moved by proxy threads.
+pub struct TcpConnection {
+    send: Fifo,
+    recv: Fifo,
+    stream: TcpStream,
+    stop: Arc<AtomicBool>,
+    failure: Arc<Mutex<Option<String>>>,
+    proxies: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for TcpConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpConnection")
+            .field("peer", &self.stream.peer_addr().ok())
+            .finish()
+    }
+}
+
+impl TcpConnection {
+    /// Starts the proxies on an established, authenticated stream, with
+    /// FIFOs of `nslots` slots of `slot_bytes` each way.
+    pub fn start(stream: TcpStream, nslots: usize, slot_bytes: usize) -> io::Result<TcpConnection> {
+        stream.set_nodelay(true)?;
+        let send = Fifo::on_heap(nslots, slot_bytes);
+        let recv = Fifo::on_heap(nslots, slot_bytes);
+        let stop = Arc::new(AtomicBool::new(false));
+        let failure = Arc::new(Mutex::new(None));
+        let peer = stream.peer_addr()?;
+        let mut proxies = Vec::with_capacity(2);
+        {
+            let (fifo, other, stream) = (send.clone(), recv.clone(), stream.try_clone()?);
+            let (stop, failure) = (stop.clone(), failure.clone());
+            proxies.push(
+                std::thread::Builder::new()
+                    .name("rccl-tcp-send".into())
+                    .spawn(move || {
+                        let result = send_proxy(&fifo, stream, &stop);
+                        finish(result, &fifo, &other, &stop, &failure, peer, "sending to");
+                    })?,
+            );
+        }
+        {
+            let (fifo, other, stream) = (recv.clone(), send.clone(), stream.try_clone()?);
+            let (stop, failure) = (stop.clone(), failure.clone());
+            proxies.push(
+                std::thread::Builder::new()
+                    .name("rccl-tcp-recv".into())
+                    .spawn(move || {
+                        let result = recv_proxy(&fifo, stream, &stop);
+                        finish(result, &fifo, &other, &stop, &failure, peer, "receiving from");
+                    })?,
+            );
+        }
+        Ok(TcpConnection {
+            send,
+            recv,
+            stream,
+            stop,
+            failure,
+            proxies,
+        })
+    }
+
+    /// The FIFO the executor fills towards the peer.
+    pub fn send_fifo(&self) -> &Fifo {
+        &self.send
+    }
+
+    /// The FIFO the executor drains from the peer.
+    pub fn recv_fifo(&self) -> &Fifo {
+        &self.recv
+    }
+
+    /// Why the connection failed, once it has.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().clone()
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.stream.peer_addr().ok()
+    }
+}
+
+impl Drop for TcpConnection {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.stream.shutdown(Shutdown::Both);
+        self.send.fail();
+        self.recv.fail();
+        for proxy in self.proxies.drain(..) {
+            let _ = proxy.join();
+        }
+    }
+}
+
+/// Records why a proxy stopped and fails both FIFOs so nobody waits on a
+/// connection that cannot move any more.
+fn finish(
+    result: io::Result<()>,
+    fifo: &Fifo,
+    other: &Fifo,
+    stop: &AtomicBool,
+    failure: &Mutex<Option<String>>,
+    peer: SocketAddr,
+    doing: &str,
+) {
+    if stop.load(Ordering::SeqCst) {
+        return;
+    }
+    let reason = match result {
+        Ok(()) => format!("connection closed while {doing} {peer}"),
+        Err(err) => format!("socket error while {doing} {peer}: {err}"),
+    };
+    failure.lock().get_or_insert(reason);
+    fifo.fail();
+    other.fail();
+}
+
+/// Waits, parked on the FIFO, until `ready` yields or the proxy must stop.
+fn wait_fifo<T>(
+    fifo: &Fifo,
+    stop: &AtomicBool,
+    producer: bool,
+    mut ready: impl FnMut() -> Option<T>,
+) -> io::Result<T> {
+    let mut backoff = Backoff::with_max_park(PROXY_PARK_MAX);
+    let never = Instant::now() + Duration::from_secs(86_400 * 365);
+    loop {
+        let park = if producer {
+            fifo.producer_park()
+        } else {
+            fifo.consumer_park()
+        };
+        if let Some(value) = ready() {
+            return Ok(value);
+        }
+        if fifo.failed() {
+            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "connection closed locally"));
+        }
+        backoff
+            .snooze(Some(park), never, stop)
+            .map_err(|_| io::Error::new(io::ErrorKind::Interrupted, "proxy stopped"))?;
+    }
+}
+
+fn send_proxy(fifo: &Fifo, mut stream: TcpStream, stop: &AtomicBool) -> io::Result<()> {
+    loop {
+        let (slot, len) = wait_fifo(fifo, stop, false, || fifo.try_peek())?;
+        let header = (len as u32).to_le_bytes();
+        // SAFETY: the slot was published with `len` bytes and stays ours
+        // until `release`.
+        let body = unsafe { std::slice::from_raw_parts(slot, len) };
+        write_all_vectored(&mut stream, &header, body)?;
+        fifo.release();
+    }
+}
+
+fn write_all_vectored(stream: &mut TcpStream, header: &[u8], body: &[u8]) -> io::Result<()> {
+    let mut bufs = [IoSlice::new(header), IoSlice::new(body)];
+    let mut bufs: &mut [IoSlice<'_>] = &mut bufs;
+    while !bufs.is_empty() {
+        match stream.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
+}
+
+fn recv_proxy(fifo: &Fifo, mut stream: TcpStream, stop: &AtomicBool) -> io::Result<()> {
+    loop {
+        let mut header = [0u8; 4];
+        match stream.read_exact(&mut header) {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(err) => return Err(err),
+        }
+        let len = u32::from_le_bytes(header) as usize;
+        if len > fifo.slot_bytes() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("frame of {len} bytes exceeds the {}-byte slot", fifo.slot_bytes()),
+            ));
+        }
+        let slot = wait_fifo(fifo, stop, true, || fifo.try_reserve())?;
+        // SAFETY: the reserved slot holds `slot_bytes` >= len bytes and is
+        // ours until `publish`.
+        let body = unsafe { std::slice::from_raw_parts_mut(slot, len) };
+        stream.read_exact(body)?;
+        fifo.publish(len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::sync::atomic::AtomicBool;
+
+    use crate::wait::wait_until;
+
+    fn pair() -> (TcpConnection, TcpConnection) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (b, _) = listener.accept().unwrap();
+        (
+            TcpConnection::start(a, 4, 1024).unwrap(),
+            TcpConnection::start(b, 4, 1024).unwrap(),
+        )
+    }
+
+    #[test]
+    fn slots_cross_the_socket_in_order() {
+        let (a, b) = pair();
+        let abort = AtomicBool::new(false);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..200u32 {
+                    let fifo = a.send_fifo();
+                    let slot = wait_until(|| fifo.try_reserve(), None, deadline, &abort).unwrap();
+                    let len = (i as usize % 1000) + 4;
+                    // SAFETY: the slot holds 1024 bytes.
+                    unsafe {
+                        std::ptr::write_bytes(slot, i as u8, len);
+                        slot.cast::<u32>().write_unaligned(i);
+                    }
+                    fifo.publish(len);
+                }
+            });
+            for i in 0..200u32 {
+                let fifo = b.recv_fifo();
+                let (slot, len) = wait_until(|| fifo.try_peek(), None, deadline, &abort).unwrap();
+                assert_eq!(len, (i as usize % 1000) + 4);
+                // SAFETY: the slot was published with `len` >= 4 bytes.
+                assert_eq!(unsafe { slot.cast::<u32>().read_unaligned() }, i);
+                fifo.release();
+            }
+        });
+    }
+
+    #[test]
+    fn peer_going_away_fails_the_fifos_with_a_reason() {
+        let (a, b) = pair();
+        drop(a);
+        let abort = AtomicBool::new(false);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        wait_until(
+            || b.recv_fifo().failed().then_some(()),
+            None,
+            deadline,
+            &abort,
+        )
+        .unwrap();
+        assert!(b.failure().unwrap().contains("closed"), "{:?}", b.failure());
+    }
+}

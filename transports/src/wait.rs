@@ -1,0 +1,143 @@
+//! Waiting that survives oversubscription: spin, then yield, then park,
+//! always with a deadline and an abort flag.
+//!
+//! Ranks usually outnumber cores, so a waiter must give its core away
+//! quickly: it spins a little (the cheapest wake-up when the peer runs on
+//! another core), then yields (lets a peer on this core run), then parks on
+//! a futex word with a growing timeout.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::futex;
+
+const SPIN_ROUNDS: u32 = 64;
+const YIELD_ROUNDS: u32 = 16;
+const PARK_MIN: Duration = Duration::from_micros(20);
+const PARK_MAX: Duration = Duration::from_millis(5);
+
+/// Why a wait ended without its condition becoming true.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitError {
+    /// The deadline passed.
+    TimedOut,
+    /// The abort flag was raised.
+    Aborted,
+}
+
+/// A word to park on: sleep while it still holds the value last seen.
+#[derive(Clone, Copy, Debug)]
+pub struct ParkOn<'a> {
+    /// The futex word.
+    pub word: &'a AtomicU32,
+    /// The value seen when the condition was checked.
+    pub seen: u32,
+    /// A count of parked waiters that the waking side reads to decide
+    /// whether a wake-up system call is needed.
+    pub sleepers: Option<&'a AtomicU32>,
+}
+
+/// Escalating backoff for one waiter; reset it whenever progress is made.
+#[derive(Debug)]
+pub struct Backoff {
+    rounds: u32,
+    park: Duration,
+    park_max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff::new()
+    }
+}
+
+impl Backoff {
+    /// A fresh backoff, starting with spinning.
+    pub fn new() -> Backoff {
+        Backoff::with_max_park(PARK_MAX)
+    }
+
+    /// A backoff whose parks last at most `park_max` (longer for threads
+    /// that are woken explicitly, such as proxies).
+    pub fn with_max_park(park_max: Duration) -> Backoff {
+        Backoff {
+            rounds: 0,
+            park: PARK_MIN,
+            park_max,
+        }
+    }
+
+    /// Forgets the waiting so far (call after progress).
+    pub fn reset(&mut self) {
+        self.rounds = 0;
+        self.park = PARK_MIN;
+    }
+
+    /// Waits a little, escalating from spinning to yielding to parking.
+    ///
+    /// With `park_on`, the park sleeps on that futex word (woken as soon as
+    /// it changes); otherwise it sleeps. Fails when `deadline` has passed or
+    /// `abort` is raised, so callers loop `check condition; snooze` safely.
+    pub fn snooze(
+        &mut self,
+        park_on: Option<ParkOn<'_>>,
+        deadline: Instant,
+        abort: &AtomicBool,
+    ) -> Result<(), WaitError> {
+        if abort.load(Ordering::Relaxed) {
+            return Err(WaitError::Aborted);
+        }
+        self.rounds = self.rounds.saturating_add(1);
+        if self.rounds <= SPIN_ROUNDS {
+            for _ in 0..(1u32 << self.rounds.min(6)) {
+                std::hint::spin_loop();
+            }
+            return Ok(());
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(WaitError::TimedOut);
+        }
+        if self.rounds <= SPIN_ROUNDS + YIELD_ROUNDS {
+            std::thread::yield_now();
+            return Ok(());
+        }
+        let sleep = self.park.min(deadline - now);
+        match park_on {
+            Some(p) => {
+                if let Some(sleepers) = p.sleepers {
+                    sleepers.fetch_add(1, Ordering::SeqCst);
+                }
+                futex::wait(p.word, p.seen, sleep);
+                if let Some(sleepers) = p.sleepers {
+                    sleepers.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            None => std::thread::sleep(sleep),
+        }
+        self.park = (self.park * 2).min(self.park_max);
+        Ok(())
+    }
+}
+
+/// Waits until `ready()` returns `Some`, or the deadline or abort.
+pub fn wait_until<T>(
+    mut ready: impl FnMut() -> Option<T>,
+    park_word: Option<&AtomicU32>,
+    deadline: Instant,
+    abort: &AtomicBool,
+) -> Result<T, WaitError> {
+    let mut backoff = Backoff::new();
+    loop {
+        let seen = park_word.map(|w| w.load(Ordering::Acquire));
+        if let Some(value) = ready() {
+            return Ok(value);
+        }
+        let park_on = park_word.zip(seen).map(|(word, seen)| ParkOn {
+            word,
+            seen,
+            sleepers: None,
+        });
+        backoff.snooze(park_on, deadline, abort)?;
+    }
+}
