@@ -8,6 +8,8 @@
 
 pub mod fifo;
 pub mod futex;
+pub mod net;
+pub mod socket;
 pub mod tcp;
 pub mod wait;
 

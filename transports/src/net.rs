@@ -1,0 +1,203 @@
+//! The TCP socket transport's setup half: a listener per communicator that
+//! accepts authenticated data connections, and the dialing side.
+//!
+//! Of each pair of ranks the lower one dials and the higher one accepts, on
+//! every channel, so both sides agree on one socket per (peer, channel)
+//! without talking first. Dialing never waits for the peer to be ready (its
+//! accept thread answers), so one thread can set up connections for several
+//! communicators at once: dial everything first, then collect what others
+//! dialed.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::socket::{self, AuthListener, Secret};
+
+const HELLO_MAGIC: u32 = 0x7263_6364; // "rccd": a data connection
+
+/// Streams accepted and authenticated, waiting to be claimed.
+type Accepted = (Mutex<HashMap<(usize, usize), TcpStream>>, Condvar);
+
+/// One communicator's TCP endpoint.
+pub struct TcpTransport {
+    rank: usize,
+    secret: Secret,
+    local_addr: SocketAddr,
+    accepted: Arc<Accepted>,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for TcpTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpTransport")
+            .field("rank", &self.rank)
+            .field("local_addr", &self.local_addr)
+            .finish()
+    }
+}
+
+impl TcpTransport {
+    /// Listens on `ip` (any port) for data connections of rank `rank`'s
+    /// communicator, authenticated with `secret`.
+    pub fn listen(ip: IpAddr, rank: usize, secret: Secret) -> io::Result<TcpTransport> {
+        let listener = AuthListener::bind(SocketAddr::new(ip, 0), secret)?;
+        let local_addr = listener.local_addr();
+        let accepted: Arc<Accepted> = Arc::new((Mutex::new(HashMap::new()), Condvar::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let acceptor = {
+            let (accepted, stop) = (accepted.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("rccl-tcp-accept".into())
+                .spawn(move || accept_loop(&listener, &accepted, &stop))?
+        };
+        Ok(TcpTransport {
+            rank,
+            secret,
+            local_addr,
+            accepted,
+            stop,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// The address peers dial.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Whether this rank dials `peer` (the lower rank of a pair dials).
+    pub fn dials(&self, peer: usize) -> bool {
+        self.rank < peer
+    }
+
+    /// Dials `peer`'s listener at `addr` for `channel`.
+    pub fn dial(
+        &self,
+        peer: usize,
+        addr: SocketAddr,
+        channel: usize,
+        deadline: Instant,
+    ) -> io::Result<TcpStream> {
+        debug_assert!(self.dials(peer));
+        let hello = encode_hello(self.rank, channel);
+        socket::connect(addr, &self.secret, &hello, deadline)
+    }
+
+    /// Waits for `peer` to dial us for `channel`.
+    pub fn accept_from(
+        &self,
+        peer: usize,
+        channel: usize,
+        deadline: Instant,
+        abort: &AtomicBool,
+    ) -> io::Result<TcpStream> {
+        let (map, arrived) = &*self.accepted;
+        let mut map = map.lock();
+        loop {
+            if let Some(stream) = map.remove(&(peer, channel)) {
+                return Ok(stream);
+            }
+            if abort.load(Ordering::Relaxed) {
+                return Err(io::Error::new(io::ErrorKind::Interrupted, "aborted"));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("rank {peer} did not connect for channel {channel}"),
+                ));
+            }
+            let step = (deadline - now).min(Duration::from_millis(20));
+            arrived.wait_for(&mut map, step);
+        }
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+    }
+}
+
+fn encode_hello(rank: usize, channel: usize) -> Vec<u8> {
+    let mut hello = Vec::with_capacity(12);
+    hello.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
+    hello.extend_from_slice(&(rank as u32).to_le_bytes());
+    hello.extend_from_slice(&(channel as u32).to_le_bytes());
+    hello
+}
+
+fn decode_hello(hello: &[u8]) -> Option<(usize, usize)> {
+    let word = |i: usize| -> Option<u32> {
+        Some(u32::from_le_bytes(hello.get(i * 4..i * 4 + 4)?.try_into().ok()?))
+    };
+    if hello.len() != 12 || word(0)? != HELLO_MAGIC {
+        return None;
+    }
+    Some((word(1)? as usize, word(2)? as usize))
+}
+
+fn accept_loop(listener: &AuthListener, accepted: &Accepted, stop: &AtomicBool) {
+    let forever = Instant::now() + Duration::from_secs(86_400 * 365);
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept(forever, stop) {
+            Ok((stream, hello)) => match decode_hello(&hello) {
+                Some(key) => {
+                    accepted.0.lock().insert(key, stream);
+                    accepted.1.notify_all();
+                }
+                None => tracing::warn!(
+                    "refused a data connection from {:?}: malformed hello",
+                    stream.peer_addr().ok()
+                ),
+            },
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => return,
+            Err(err) => {
+                tracing::warn!("data listener: {err}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    #[test]
+    fn lower_rank_dials_higher_rank_accepts_per_channel() {
+        let secret = Secret::random();
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let low = TcpTransport::listen(ip, 0, secret).unwrap();
+        let high = TcpTransport::listen(ip, 1, secret).unwrap();
+        assert!(low.dials(1) && !high.dials(0));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let abort = AtomicBool::new(false);
+        let _c1 = low.dial(1, high.local_addr(), 1, deadline).unwrap();
+        let _c0 = low.dial(1, high.local_addr(), 0, deadline).unwrap();
+        high.accept_from(0, 0, deadline, &abort).unwrap();
+        high.accept_from(0, 1, deadline, &abort).unwrap();
+        let soon = Instant::now() + Duration::from_millis(50);
+        let err = high.accept_from(0, 2, soon, &abort).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[test]
+    fn hello_round_trips_and_rejects_garbage() {
+        assert_eq!(decode_hello(&encode_hello(5, 3)), Some((5, 3)));
+        assert_eq!(decode_hello(b"garbage"), None);
+        assert_eq!(decode_hello(&[0; 12]), None);
+    }
+}
