@@ -1,7 +1,26 @@
 //! rccl-rs: the collective communication engine.
+//!
+//! Create a [`Communicator`] per rank (from a [`UniqueId`], the
+//! environment, or [`Communicator::init_all`] for ranks of one process),
+//! then call NCCL's collectives on it with typed slices, or batch several
+//! operations in a [`Group`].
 
+pub mod api;
+pub mod bootstrap;
+pub mod comm;
+pub mod config;
+pub mod enqueue;
 pub mod error;
+pub mod executor;
+pub mod kernels;
+pub mod tuning;
 pub mod types;
 
+pub use api::{Element, Group, F8E4M3, F8E5M2};
+pub use bootstrap::UniqueId;
+pub use comm::Communicator;
+pub use config::Config;
+pub use enqueue::{group_end, group_start};
 pub use error::{Error, Result};
+pub use rccl_algorithms::CollKind;
 pub use types::{DataType, RedOp};

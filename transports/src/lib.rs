@@ -15,3 +15,30 @@ pub mod wait;
 
 pub use fifo::Fifo;
 pub use wait::{Backoff, ParkOn, WaitError};
+
+/// A connection to one peer as the executor sees it: a FIFO each way.
+pub trait Connection: Send + Sync {
+    /// The FIFO this rank fills towards the peer.
+    fn send_fifo(&self) -> &Fifo;
+    /// The FIFO this rank drains from the peer.
+    fn recv_fifo(&self) -> &Fifo;
+    /// Why the connection failed, once it has.
+    fn failure(&self) -> Option<String>;
+    /// The transport's name for logs (`NET/Socket`, `SHM`).
+    fn transport(&self) -> &'static str;
+}
+
+impl Connection for tcp::TcpConnection {
+    fn send_fifo(&self) -> &Fifo {
+        tcp::TcpConnection::send_fifo(self)
+    }
+    fn recv_fifo(&self) -> &Fifo {
+        tcp::TcpConnection::recv_fifo(self)
+    }
+    fn failure(&self) -> Option<String> {
+        tcp::TcpConnection::failure(self)
+    }
+    fn transport(&self) -> &'static str {
+        "NET/Socket"
+    }
+}

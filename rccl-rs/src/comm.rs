@@ -1,0 +1,445 @@
+//! The communicator: creation (from a unique id, the environment, or for N
+//! ranks of one process), split, and teardown.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use rccl_transports::net::TcpTransport;
+
+use crate::bootstrap::{self, Bootstrap, UniqueId};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::executor::Link;
+
+/// What each rank tells the others at init.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PeerInfo {
+    /// Where its data listener accepts connections.
+    pub data_addr: SocketAddr,
+    /// Its host name, for messages.
+    pub host: String,
+    /// Its process id, for messages.
+    pub pid: u32,
+    /// Settings that must agree across ranks: buffsize, min and max
+    /// channels.
+    pub shape: [u64; 3],
+}
+
+impl PeerInfo {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let addr = self.data_addr.to_string();
+        for field in [addr.as_bytes(), self.host.as_bytes()] {
+            out.extend_from_slice(&(field.len() as u32).to_le_bytes());
+            out.extend_from_slice(field);
+        }
+        out.extend_from_slice(&self.pid.to_le_bytes());
+        for word in self.shape {
+            out.extend_from_slice(&word.to_le_bytes());
+        }
+        out
+    }
+
+    fn decode(bytes: &[u8], rank: usize) -> Result<PeerInfo> {
+        let mut reader = Reader(bytes);
+        let parsed = (|| {
+            let addr = reader.string()?;
+            let host = reader.string()?;
+            let pid = reader.u32()?;
+            let shape = [reader.u64()?, reader.u64()?, reader.u64()?];
+            Some(PeerInfo {
+                data_addr: addr.parse().ok()?,
+                host,
+                pid,
+                shape,
+            })
+        })();
+        parsed.ok_or_else(|| Error::Remote(format!("rank {rank} sent malformed init information")))
+    }
+}
+
+/// Reads little-endian fields off a byte slice.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Some(head)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    fn string(&mut self) -> Option<String> {
+        let len = self.u32()? as usize;
+        String::from_utf8(self.take(len)?.to_vec()).ok()
+    }
+}
+
+/// The executor's state of a communicator: its connections, per channel
+/// and peer rank. Locked for the duration of each launch.
+pub(crate) struct ExecState {
+    pub links: Vec<Vec<Option<Link>>>,
+}
+
+pub(crate) struct CommInner {
+    pub rank: usize,
+    pub nranks: usize,
+    pub config: Config,
+    pub bootstrap: Bootstrap,
+    pub tcp: TcpTransport,
+    pub peers: Vec<PeerInfo>,
+    pub abort: Arc<AtomicBool>,
+    /// The first failure; every later call returns it.
+    pub poisoned: Mutex<Option<Error>>,
+    pub next_seq: AtomicU64,
+    pub exec: Mutex<ExecState>,
+    splits: AtomicU64,
+}
+
+impl CommInner {
+    /// "rank 3 (host h, pid 42)".
+    pub fn describe(&self, rank: usize) -> String {
+        match self.peers.get(rank) {
+            Some(p) => format!("rank {rank} (host {}, pid {})", p.host, p.pid),
+            None => format!("rank {rank}"),
+        }
+    }
+
+    /// Fails if the communicator was aborted or has failed.
+    pub fn check_usable(&self) -> Result<()> {
+        if self.abort.load(Ordering::Relaxed) {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: the communicator was aborted",
+                self.rank
+            )));
+        }
+        if let Some(err) = self.poisoned.lock().clone() {
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    /// Records the communicator's first failure.
+    pub fn poison(&self, err: &Error) {
+        self.poisoned.lock().get_or_insert_with(|| err.clone());
+    }
+}
+
+/// A communicator: a group of ranks that run collectives together.
+///
+/// Every rank creates its own `Communicator` with the same unique id and
+/// rank count. The handle is cheap to share between threads, but like an
+/// NCCL communicator it runs one operation (or group) at a time; a second
+/// thread calling into it waits for the first.
+///
+/// ```
+/// use rccl::{Communicator, RedOp};
+///
+/// let comms = Communicator::init_all(2).unwrap();
+/// std::thread::scope(|s| {
+///     for comm in &comms {
+///         s.spawn(move || {
+///             let mine = [comm.rank() as f32 + 1.0; 4];
+///             let mut sum = [0.0f32; 4];
+///             comm.all_reduce(&mine, &mut sum, RedOp::Sum).unwrap();
+///             assert_eq!(sum, [3.0; 4]);
+///         });
+///     }
+/// });
+/// ```
+#[derive(Clone)]
+pub struct Communicator {
+    pub(crate) inner: Arc<CommInner>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.inner.rank)
+            .field("nranks", &self.inner.nranks)
+            .finish()
+    }
+}
+
+impl Communicator {
+    /// Joins the communicator of `nranks` ranks named by `id` as `rank`
+    /// (`ncclCommInitRank`), with settings from the environment.
+    pub fn init_rank(nranks: usize, id: &UniqueId, rank: usize) -> Result<Communicator> {
+        Communicator::init_rank_config(nranks, id, rank, Config::from_env()?)
+    }
+
+    /// As [`Communicator::init_rank`], with explicit settings
+    /// (`ncclCommInitRankConfig`).
+    pub fn init_rank_config(
+        nranks: usize,
+        id: &UniqueId,
+        rank: usize,
+        mut config: Config,
+    ) -> Result<Communicator> {
+        if nranks == 0 {
+            return Err(Error::InvalidArgument("nranks must be at least 1".into()));
+        }
+        if rank >= nranks {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank} is out of range for {nranks} ranks"
+            )));
+        }
+        config.validate()?;
+        let abort = Arc::new(AtomicBool::new(false));
+        let bootstrap = Bootstrap::init(id, rank, nranks, config.timeout, abort.clone())?;
+        let ip = bootstrap.peer_addr(rank).ip();
+        let tcp = TcpTransport::listen(ip, rank, bootstrap.secret())
+            .map_err(|e| Error::io(format!("rank {rank}: data listener on {ip}"), e))?;
+        let me = PeerInfo {
+            data_addr: tcp.local_addr(),
+            host: hostname(),
+            pid: std::process::id(),
+            shape: [
+                config.buffsize as u64,
+                config.min_channels as u64,
+                config.max_channels as u64,
+            ],
+        };
+        let peers = bootstrap
+            .allgather(&me.encode())?
+            .iter()
+            .enumerate()
+            .map(|(r, bytes)| PeerInfo::decode(bytes, r))
+            .collect::<Result<Vec<_>>>()?;
+        if let Some((r, p)) = peers.iter().enumerate().find(|(_, p)| p.shape != me.shape) {
+            return Err(Error::InvalidUsage(format!(
+                "rank {rank} and rank {r} disagree on NCCL_BUFFSIZE / NCCL_MIN_NCHANNELS / \
+                 NCCL_MAX_NCHANNELS ({:?} against {:?}); set them alike on every rank",
+                me.shape, p.shape
+            )));
+        }
+        let links = (0..config.max_channels)
+            .map(|_| (0..nranks).map(|_| None).collect())
+            .collect();
+        Ok(Communicator {
+            inner: Arc::new(CommInner {
+                rank,
+                nranks,
+                config,
+                bootstrap,
+                tcp,
+                peers,
+                abort,
+                poisoned: Mutex::new(None),
+                next_seq: AtomicU64::new(0),
+                exec: Mutex::new(ExecState { links }),
+                splits: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Creates `nranks` communicators of one process, one per rank
+    /// (`ncclCommInitAll`); drive each from its own thread, or several from
+    /// one thread inside a group.
+    pub fn init_all(nranks: usize) -> Result<Vec<Communicator>> {
+        Communicator::init_all_config(nranks, Config::from_env()?)
+    }
+
+    /// As [`Communicator::init_all`], with explicit settings.
+    pub fn init_all_config(nranks: usize, config: Config) -> Result<Vec<Communicator>> {
+        if nranks == 0 {
+            return Err(Error::InvalidArgument("nranks must be at least 1".into()));
+        }
+        let id = UniqueId::new()?;
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..nranks)
+                .map(|rank| {
+                    let (id, config) = (&id, config.clone());
+                    s.spawn(move || Communicator::init_rank_config(nranks, id, rank, config))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Internal("init thread panicked".into())))
+                })
+                .collect()
+        })
+    }
+
+    /// Joins the communicator described by the environment:
+    /// `NCCL_COMM_ID=host:port` with `RANK`/`WORLD_SIZE` (or the torchrun
+    /// variables `MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`). Rank 0
+    /// serves the rendezvous at that address.
+    pub fn from_env() -> Result<Communicator> {
+        let (rank, nranks) = rank_from_env()?;
+        let addr = match std::env::var("NCCL_COMM_ID") {
+            Ok(addr) => addr,
+            Err(_) => {
+                let host = env_required("MASTER_ADDR")?;
+                let port = env_required("MASTER_PORT")?;
+                if host.contains(':') && !host.starts_with('[') {
+                    format!("[{host}]:{port}")
+                } else {
+                    format!("{host}:{port}")
+                }
+            }
+        };
+        let id = UniqueId::from_address(&addr)?;
+        if rank == 0 {
+            id.serve_root()?;
+        }
+        Communicator::init_rank(nranks, &id, rank)
+    }
+
+    /// This rank's index (`ncclCommUserRank`).
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// The number of ranks (`ncclCommCount`).
+    pub fn count(&self) -> usize {
+        self.inner.nranks
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Splits the communicator (`ncclCommSplit`): ranks passing the same
+    /// `color` form a new communicator, ordered by `key` then by rank;
+    /// ranks passing `None` (NCCL's `NCCL_SPLIT_NOCOLOR`) take part but get
+    /// no communicator. Every rank must call it.
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        let inner = &self.inner;
+        inner.check_usable()?;
+        let split = inner.splits.fetch_add(1, Ordering::Relaxed);
+        let mut mine = Vec::with_capacity(9);
+        mine.push(u8::from(color.is_some()));
+        mine.extend_from_slice(&color.unwrap_or(0).to_le_bytes());
+        mine.extend_from_slice(&key.to_le_bytes());
+        let all = inner.bootstrap.allgather(&mine)?;
+        let mut members = Vec::new();
+        for (rank, bytes) in all.iter().enumerate() {
+            if bytes.len() != 9 {
+                return Err(Error::Remote(format!("rank {rank} sent a malformed split request")));
+            }
+            let their_color = (bytes[0] == 1).then(|| u32::from_le_bytes(bytes[1..5].try_into().unwrap()));
+            let their_key = i32::from_le_bytes(bytes[5..9].try_into().unwrap());
+            if their_color.is_some() && their_color == color {
+                members.push((their_key, rank));
+            }
+        }
+        let Some(_) = color else {
+            return Ok(None);
+        };
+        members.sort_unstable();
+        let new_rank = members
+            .iter()
+            .position(|&(_, r)| r == inner.rank)
+            .ok_or_else(|| Error::Internal("split lost this rank".into()))?;
+        let tag = SPLIT_TAG_BASE + split;
+        let leader = members[0].1;
+        let id = if leader == inner.rank {
+            let id = UniqueId::new()?;
+            for &(_, member) in &members[1..] {
+                inner.bootstrap.send(member, tag, &id.0)?;
+            }
+            id
+        } else {
+            let bytes = inner.bootstrap.recv(leader, tag)?;
+            UniqueId(bytes.try_into().map_err(|_| {
+                Error::Remote(format!("rank {leader} sent a malformed unique id for split"))
+            })?)
+        };
+        Communicator::init_rank_config(members.len(), &id, new_rank, inner.config.clone()).map(Some)
+    }
+
+    /// Waits until every rank has finished its outstanding work
+    /// (`ncclCommFinalize`). Operations complete before they return on host
+    /// memory, so this is a barrier that also surfaces any failure.
+    pub fn finalize(&self) -> Result<()> {
+        self.inner.check_usable()?;
+        self.inner.bootstrap.barrier()
+    }
+
+    /// Stops every operation in flight on this communicator, from any
+    /// thread (`ncclCommAbort`); they and every later call fail.
+    pub fn abort(&self) {
+        self.inner.abort.store(true, Ordering::SeqCst);
+    }
+
+    /// The communicator's first failure, if any (`ncclCommGetAsyncError`).
+    pub fn async_error(&self) -> Option<Error> {
+        self.inner.poisoned.lock().clone()
+    }
+}
+
+const SPLIT_TAG_BASE: u64 = 1 << 40;
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn env_required(name: &str) -> Result<String> {
+    std::env::var(name).map_err(|_| Error::InvalidArgument(format!("{name} is not set")))
+}
+
+fn env_number(name: &str) -> Result<Option<usize>> {
+    match std::env::var(name) {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| Error::InvalidArgument(format!("{name}={text:?} is not a number"))),
+        Err(_) => Ok(None),
+    }
+}
+
+/// This process's rank and the world size, from the variables of the
+/// launchers in use: torchrun (`RANK`, `WORLD_SIZE`), Slurm
+/// (`SLURM_PROCID`, `SLURM_NTASKS`), OpenMPI (`OMPI_COMM_WORLD_RANK`,
+/// `OMPI_COMM_WORLD_SIZE`) and MPICH / Hydra (`PMI_RANK`, `PMI_SIZE`).
+pub fn rank_from_env() -> Result<(usize, usize)> {
+    for (rank_var, size_var) in [
+        ("RANK", "WORLD_SIZE"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("PMI_RANK", "PMI_SIZE"),
+        ("SLURM_PROCID", "SLURM_NTASKS"),
+    ] {
+        if let (Some(rank), Some(size)) = (env_number(rank_var)?, env_number(size_var)?) {
+            if rank >= size {
+                return Err(Error::InvalidArgument(format!(
+                    "{rank_var}={rank} is out of range for {size_var}={size}"
+                )));
+            }
+            return Ok((rank, size));
+        }
+    }
+    Err(Error::InvalidArgument(
+        "no rank in the environment: set RANK and WORLD_SIZE (or run under torchrun, Slurm or mpirun)"
+            .into(),
+    ))
+}
+
+/// The deadline of an operation starting now.
+pub(crate) fn deadline(config: &Config) -> Instant {
+    Instant::now() + config.timeout
+}
+
+/// The host address the bootstrap uses, re-exported for the perf tools.
+pub fn host_address() -> Result<std::net::IpAddr> {
+    bootstrap::host_address()
+}

@@ -1,0 +1,430 @@
+//! Enqueue and group semantics: operations are collected inside a group
+//! (per thread, as NCCL's `ncclGroupStart` / `ncclGroupEnd`) and launched
+//! together at its end; outside a group each call is a group of one.
+//!
+//! A launch turns each operation into per-channel schedules, makes sure the
+//! connections they need exist, and drives every channel of every
+//! communicator of the group from the calling thread until all complete.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use rccl_algorithms::{CollKind, CollSpec, Prim, Schedule, Slice, Step};
+use rccl_transports::tcp::TcpConnection;
+
+use crate::comm::{deadline, CommInner};
+use crate::error::{Error, Result};
+use crate::executor::{self, Binding, Buffers, ChannelRun, Driven, Link, OpWork, Reduction};
+use crate::kernels::ReduceKernel;
+use crate::tuning;
+use crate::types::{DataType, RedOp};
+
+/// What an operation does.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum OpKind {
+    /// A collective with its root (0 when rootless) and reduction op.
+    Coll {
+        kind: CollKind,
+        root: usize,
+        op: RedOp,
+    },
+    /// A point-to-point send to `peer`.
+    Send { peer: usize },
+    /// A point-to-point receive from `peer`.
+    Recv { peer: usize },
+}
+
+/// One user call, with raw buffers already validated by the caller.
+pub(crate) struct RawOp {
+    pub comm: Arc<CommInner>,
+    pub kind: OpKind,
+    pub send: *const u8,
+    pub recv: *mut u8,
+    pub count: usize,
+    pub dtype: DataType,
+}
+
+#[derive(Default)]
+struct GroupState {
+    depth: usize,
+    ops: Vec<RawOp>,
+    error: Option<Error>,
+}
+
+thread_local! {
+    static GROUP: RefCell<GroupState> = RefCell::new(GroupState::default());
+}
+
+/// Opens a group on this thread (`ncclGroupStart`); groups nest.
+pub fn group_start() {
+    GROUP.with(|g| g.borrow_mut().depth += 1);
+}
+
+/// Closes a group (`ncclGroupEnd`); the outermost end launches everything
+/// collected since the outermost start and returns when all of it has
+/// completed, or with the first error (including one raised by a call
+/// inside the group).
+pub fn group_end() -> Result<()> {
+    let (ops, error) = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return (Vec::new(), Some(Error::InvalidUsage("group end without group start".into())));
+        }
+        g.depth -= 1;
+        if g.depth > 0 {
+            return (Vec::new(), None);
+        }
+        (std::mem::take(&mut g.ops), g.error.take())
+    });
+    if let Some(err) = error {
+        return Err(err);
+    }
+    launch(ops)
+}
+
+/// The depth of groups open on this thread.
+pub fn group_depth() -> usize {
+    GROUP.with(|g| g.borrow().depth)
+}
+
+/// Records a failed call inside a group, so that the group's end reports
+/// it (NCCL reports argument errors at the call and again at group end).
+pub(crate) fn group_fail(err: &Error) {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 {
+            g.error.get_or_insert_with(|| err.clone());
+        }
+    });
+}
+
+/// Runs `op` now, or collects it when a group is open.
+///
+/// # Safety
+/// The op's buffers must stay valid (and, for the receive buffer, not be
+/// accessed by anyone else) until the operation completes: when this
+/// returns outside a group, or at the outermost [`group_end`].
+pub(crate) unsafe fn enqueue(op: RawOp) -> Result<()> {
+    op.comm.check_usable()?;
+    let queued = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 {
+            g.ops.push(op);
+            None
+        } else {
+            Some(op)
+        }
+    });
+    match queued {
+        Some(op) => launch(vec![op]),
+        None => Ok(()),
+    }
+}
+
+/// One communicator's share of a launch.
+struct CommLaunch {
+    comm: Arc<CommInner>,
+    /// Per channel, the work queued on it.
+    channels: Vec<Vec<OpWork>>,
+}
+
+fn launch(ops: Vec<RawOp>) -> Result<()> {
+    if ops.is_empty() {
+        return Ok(());
+    }
+    let mut launches: Vec<CommLaunch> = Vec::new();
+    let mut p2p: Vec<Vec<RawOp>> = Vec::new();
+    for op in ops {
+        let index = match launches.iter().position(|l| Arc::ptr_eq(&l.comm, &op.comm)) {
+            Some(i) => i,
+            None => {
+                op.comm.check_usable()?;
+                launches.push(CommLaunch {
+                    comm: op.comm.clone(),
+                    channels: (0..op.comm.config.max_channels).map(|_| Vec::new()).collect(),
+                });
+                p2p.push(Vec::new());
+                launches.len() - 1
+            }
+        };
+        match op.kind {
+            OpKind::Coll { .. } => plan_collective(&mut launches[index], &op)?,
+            OpKind::Send { .. } | OpKind::Recv { .. } => p2p[index].push(op),
+        }
+    }
+    for (launch, p2p) in launches.iter_mut().zip(p2p) {
+        if !p2p.is_empty() {
+            plan_p2p(launch, &p2p);
+        }
+    }
+    // Lock communicators in address order so that two threads launching
+    // overlapping groups cannot deadlock.
+    launches.sort_by_key(|l| Arc::as_ptr(&l.comm) as usize);
+    let comms: Vec<Arc<CommInner>> = launches.iter().map(|l| l.comm.clone()).collect();
+    let mut guards: Vec<_> = comms.iter().map(|comm| comm.exec.lock()).collect();
+    connect(&launches, &mut guards)?;
+
+    let deadline = launches
+        .iter()
+        .map(|l| deadline(&l.comm.config))
+        .min()
+        .expect("a launch has at least one communicator");
+    let mut runs = Vec::new();
+    for (index, (launch, guard)) in launches.iter_mut().zip(&guards).enumerate() {
+        for (channel, work) in launch.channels.iter_mut().enumerate() {
+            if work.is_empty() {
+                continue;
+            }
+            let mut run = ChannelRun::new(channel, &guard.links[channel]);
+            for op in work.drain(..) {
+                run.push(op);
+            }
+            runs.push(Driven {
+                run,
+                abort: &comms[index].abort,
+                comm: index,
+            });
+        }
+    }
+    let result = executor::drive(&mut runs, deadline);
+    drop(runs);
+    drop(guards);
+    result.map_err(|failure| {
+        let error = if failure.waiting.is_empty() {
+            failure.error
+        } else {
+            let report = hang_report(&launches, &failure.waiting);
+            eprintln!("{report}");
+            Error::System(report)
+        };
+        // The group's other operations stopped mid-flight too, with pieces
+        // left in their connections: none of its communicators can go on.
+        for comm in &comms {
+            comm.poison(&error);
+        }
+        error
+    })
+}
+
+/// What each rank waits for, one line per stuck channel, so a user can
+/// find the one bad rank from every rank's log.
+fn hang_report(launches: &[CommLaunch], waiting: &[(usize, usize, Option<executor::Blocked>)]) -> String {
+    let mut lines = Vec::new();
+    for (comm_index, channel, blocked) in waiting {
+        let comm = &launches[*comm_index].comm;
+        let line = match blocked {
+            Some(b) => format!(
+                "rank {} of {}: timed out after {:?} in operation #{} {} on channel {}, step {} \
+                 ({}), waiting {} {}",
+                comm.rank,
+                comm.nranks,
+                comm.config.timeout,
+                b.seq,
+                b.op,
+                channel,
+                b.step,
+                b.prim,
+                if b.receiving {
+                    "for data from"
+                } else {
+                    "for FIFO space from"
+                },
+                comm.describe(b.peer)
+            ),
+            None => format!(
+                "rank {} of {}: timed out after {:?} on channel {channel}",
+                comm.rank, comm.nranks, comm.config.timeout
+            ),
+        };
+        lines.push(line);
+    }
+    lines.join("\n")
+}
+
+/// Builds the per-channel work of a collective.
+fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
+    let OpKind::Coll { kind, root, op: red_op } = op.kind else {
+        unreachable!("plan_collective takes collectives");
+    };
+    let comm = &launch.comm;
+    let seq = comm.next_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let spec = CollSpec {
+        kind,
+        nranks: comm.nranks,
+        root,
+        count: op.count,
+    };
+    let choice = tuning::choose(&comm.config, &spec, op.dtype.size());
+    let schedule = choice.algorithm.schedule(&spec, comm.rank, &choice.params);
+    let reduction = if kind.reduces() {
+        Some(Arc::new(Reduction {
+            input: ReduceKernel::new(op.dtype, red_op, comm.nranks)?,
+            partial: ReduceKernel::new(op.dtype, partial_op(op.dtype, red_op), comm.nranks)?,
+        }))
+    } else {
+        None
+    };
+    let buffers = Buffers {
+        send: op.send,
+        recv: op.recv,
+    };
+    push_schedule(launch, schedule, seq, kind.name(), || Binding::Shared(buffers), op.dtype.size(), reduction);
+    Ok(())
+}
+
+/// The op that combines values already transformed on input: PreMulSum
+/// and float Avg multiply each input once, so partial results are summed.
+fn partial_op(dtype: DataType, op: RedOp) -> RedOp {
+    match op {
+        RedOp::PreMulSum { .. } => RedOp::Sum,
+        RedOp::Avg if dtype.is_float() => RedOp::Sum,
+        other => other,
+    }
+}
+
+fn push_schedule(
+    launch: &mut CommLaunch,
+    schedule: Schedule,
+    seq: u64,
+    name: &'static str,
+    binding: impl Fn() -> Binding,
+    elem_size: usize,
+    reduction: Option<Arc<Reduction>>,
+) {
+    for (channel, steps) in schedule.channels.into_iter().enumerate() {
+        if steps.is_empty() {
+            continue;
+        }
+        launch.channels[channel].push(OpWork {
+            seq,
+            name,
+            steps,
+            binding: binding(),
+            elem_size,
+            reduction: reduction.clone(),
+        });
+    }
+}
+
+/// Builds the work of a batch of sends and receives: every message of the
+/// batch progresses at once, split across channels, bytes as elements.
+fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) {
+    let comm = &launch.comm;
+    let seq = comm.next_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let largest = ops.iter().map(|op| op.count * op.dtype.size()).max().unwrap_or(0);
+    let nchannels = tuning::p2p_channels(&comm.config, largest);
+    let chunk = tuning::chunk_bytes(&comm.config);
+    let mut schedule = Schedule::new(nchannels);
+    let mut buffers = vec![Vec::new(); nchannels];
+    // A self send and the matching self receive become one copy.
+    let mut self_sends = ops.iter().filter(|op| matches!(op.kind, OpKind::Send { peer } if peer == comm.rank));
+    for op in ops {
+        let bytes = op.count * op.dtype.size();
+        let (prim_for, binding): (Box<dyn Fn(Slice) -> Prim>, Buffers) = match op.kind {
+            OpKind::Send { peer } if peer == comm.rank => continue,
+            OpKind::Send { peer } => (
+                Box::new(move |s: Slice| Prim::Send { to: peer, src: s }),
+                Buffers { send: op.send, recv: std::ptr::null_mut() },
+            ),
+            OpKind::Recv { peer } if peer == comm.rank => match self_sends.next() {
+                Some(send) => (
+                    Box::new(|s: Slice| Prim::Copy { src: Slice { buf: rccl_algorithms::Buf::Send, ..s }, dst: s }),
+                    Buffers { send: send.send, recv: op.recv },
+                ),
+                None => continue,
+            },
+            OpKind::Recv { peer } => (
+                Box::new(move |s: Slice| Prim::Recv { from: peer, dst: s }),
+                Buffers { send: std::ptr::null(), recv: op.recv },
+            ),
+            OpKind::Coll { .. } => unreachable!("plan_p2p takes sends and receives"),
+        };
+        for (channel, (offset, len)) in rccl_algorithms::split_even(bytes, nchannels).enumerate() {
+            let mut at = 0;
+            while at < len {
+                let piece = (len - at).min(chunk);
+                let slice = match op.kind {
+                    OpKind::Send { .. } => Slice::send(offset + at, piece),
+                    _ => Slice::recv(offset + at, piece),
+                };
+                let steps = &mut schedule.channels[channel];
+                if steps.is_empty() {
+                    steps.push(Step::default());
+                }
+                steps[0].prims.push(prim_for(slice));
+                buffers[channel].push(binding);
+                at += piece;
+            }
+        }
+    }
+    for (channel, steps) in schedule.channels.into_iter().enumerate() {
+        if steps.is_empty() {
+            continue;
+        }
+        launch.channels[channel].push(OpWork {
+            seq,
+            name: "Send/Recv",
+            steps,
+            binding: Binding::PerPrim(std::mem::take(&mut buffers[channel])),
+            elem_size: 1,
+            reduction: None,
+        });
+    }
+}
+
+/// Makes sure every connection the planned work needs exists. Dials first
+/// for every communicator, then collects the connections peers dialed, so
+/// that one thread can set up several communicators of one process.
+fn connect(
+    launches: &[CommLaunch],
+    guards: &mut [parking_lot::MutexGuard<'_, crate::comm::ExecState>],
+) -> Result<()> {
+    for dialing in [true, false] {
+        for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
+            let comm = &launch.comm;
+            let deadline = deadline(&comm.config);
+            for (channel, work) in launch.channels.iter().enumerate() {
+                let peers = peers_of(work);
+                for peer in peers {
+                    if guard.links[channel][peer].is_some() || comm.tcp.dials(peer) != dialing {
+                        continue;
+                    }
+                    let stream = if dialing {
+                        comm.tcp.dial(peer, comm.peers[peer].data_addr, channel, deadline)
+                    } else {
+                        comm.tcp.accept_from(peer, channel, deadline, &comm.abort)
+                    }
+                    .map_err(|e| {
+                        let err = Error::Remote(format!(
+                            "rank {}: connecting to {} on channel {channel}: {e}",
+                            comm.rank,
+                            comm.describe(peer)
+                        ));
+                        comm.poison(&err);
+                        err
+                    })?;
+                    let slot_bytes = comm.config.slot_bytes();
+                    let conn = TcpConnection::start(stream, crate::config::FIFO_SLOTS, slot_bytes)
+                        .map_err(|e| Error::io("starting connection proxies", e))?;
+                    guard.links[channel][peer] = Some(Link {
+                        conn: Box::new(conn),
+                        peer_name: comm.describe(peer),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn peers_of(work: &[OpWork]) -> Vec<usize> {
+    let mut peers: Vec<usize> = work
+        .iter()
+        .flat_map(|w| w.steps.iter())
+        .flat_map(|s| s.prims.iter())
+        .flat_map(|p| p.send_peer().into_iter().chain(p.recv_peer()))
+        .collect();
+    peers.sort_unstable();
+    peers.dedup();
+    peers
+}

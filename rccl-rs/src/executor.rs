@@ -1,0 +1,568 @@
+//! The executor: walks schedules against connections, moving slot-sized
+//! pieces and reducing with the host kernels.
+//!
+//! Each channel of each operation is a [`ChannelRun`], a state machine that
+//! [`ChannelRun::poll`] advances as far as it can without blocking. One
+//! thread drives every run of a group round-robin ([`drive`]), so a thread
+//! that launches operations on several communicators at once (a group over
+//! ranks of one process) never deadlocks, and a lone small operation pays no
+//! thread hand-off. When nothing can move, the driver parks on the FIFO the
+//! first blocked primitive waits for, with the group's deadline.
+
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use rccl_algorithms::{Buf, Prim, Slice, Step};
+use rccl_transports::{Backoff, Connection, Fifo, ParkOn, WaitError};
+
+use crate::error::{Error, Result};
+use crate::kernels::ReduceKernel;
+
+/// Most pieces one primitive moves per poll, so that channels and
+/// primitives sharing a thread take turns.
+const PIECES_PER_POLL: usize = 16;
+
+/// The user's buffers of one operation, as raw host pointers.
+#[derive(Clone, Copy, Debug)]
+pub struct Buffers {
+    /// Start of the send buffer.
+    pub send: *const u8,
+    /// Start of the receive buffer.
+    pub recv: *mut u8,
+}
+
+/// A connection to one peer on one channel, with what logs call it.
+pub struct Link {
+    /// The connection's FIFOs.
+    pub conn: Box<dyn Connection>,
+    /// "rank 3 (10.0.0.2)" style name of the peer.
+    pub peer_name: String,
+}
+
+/// The reduction of a reducing collective.
+pub struct Reduction {
+    /// Applied when a primitive reads the user's send buffer: includes the
+    /// op's input transform (PreMulSum's scalar, Avg's 1/n for floats).
+    pub input: ReduceKernel,
+    /// Applied to data already transformed (a peer's partial result or the
+    /// receive buffer).
+    pub partial: ReduceKernel,
+}
+
+/// Which buffers each primitive of an operation works on.
+pub enum Binding {
+    /// Every primitive uses the same buffers (a collective).
+    Shared(Buffers),
+    /// Primitive `i` of each step uses `buffers[i]` (a batch of user sends
+    /// and receives, each with its own buffer).
+    PerPrim(Vec<Buffers>),
+}
+
+/// One operation's work on one channel.
+pub struct OpWork {
+    /// The communicator's sequence number of the operation.
+    pub seq: u64,
+    /// What it is, for reports ("AllReduce", "Send/Recv").
+    pub name: &'static str,
+    /// The channel's steps.
+    pub steps: Vec<Step>,
+    /// Buffers the primitives read and write.
+    pub binding: Binding,
+    /// Bytes per element of the schedule's slices.
+    pub elem_size: usize,
+    /// The reduction, for reducing collectives.
+    pub reduction: Option<std::sync::Arc<Reduction>>,
+}
+
+/// What a blocked primitive waits for, for hang reports.
+#[derive(Clone, Debug)]
+pub struct Blocked {
+    /// The operation's sequence number.
+    pub seq: u64,
+    /// The operation's name.
+    pub op: &'static str,
+    /// Step index within the channel.
+    pub step: usize,
+    /// The primitive's name.
+    pub prim: &'static str,
+    /// The peer it waits on.
+    pub peer: usize,
+    /// True when waiting for data from the peer, false when waiting for
+    /// the peer to free FIFO space.
+    pub receiving: bool,
+}
+
+/// Outcome of one poll.
+pub enum Poll<'a> {
+    /// All queued work is finished.
+    Done,
+    /// Something moved; poll again.
+    Progress,
+    /// Nothing could move; park here.
+    Blocked(ParkOn<'a>),
+}
+
+enum PrimPoll<'a> {
+    Done,
+    Moved,
+    Blocked(ParkOn<'a>, usize, bool),
+}
+
+/// The state machine of one channel: its queue of operations and the
+/// progress of the current step's primitives.
+pub struct ChannelRun<'a> {
+    channel: usize,
+    links: &'a [Option<Link>],
+    ops: VecDeque<OpWork>,
+    step: usize,
+    moved: Vec<usize>,
+    blocked: Option<Blocked>,
+}
+
+impl<'a> ChannelRun<'a> {
+    /// A run over `links` (indexed by peer rank) for `channel`.
+    pub fn new(channel: usize, links: &'a [Option<Link>]) -> ChannelRun<'a> {
+        ChannelRun {
+            channel,
+            links,
+            ops: VecDeque::new(),
+            step: 0,
+            moved: Vec::new(),
+            blocked: None,
+        }
+    }
+
+    /// Queues an operation behind those already queued.
+    pub fn push(&mut self, work: OpWork) {
+        self.ops.push_back(work);
+    }
+
+    /// The channel index.
+    pub fn channel(&self) -> usize {
+        self.channel
+    }
+
+    /// What the run waited for when it last blocked.
+    pub fn blocked(&self) -> Option<&Blocked> {
+        self.blocked.as_ref()
+    }
+
+    /// Advances as far as possible without waiting.
+    pub fn poll(&mut self) -> Result<Poll<'a>> {
+        let mut progressed = false;
+        loop {
+            let Some(op) = self.ops.front() else {
+                return Ok(Poll::Done);
+            };
+            let Some(step) = op.steps.get(self.step) else {
+                self.ops.pop_front();
+                self.step = 0;
+                self.moved.clear();
+                progressed = true;
+                continue;
+            };
+            if self.moved.len() != step.prims.len() {
+                self.moved = vec![0; step.prims.len()];
+            }
+            let mut first_park = None;
+            let mut all_done = true;
+            for (i, prim) in step.prims.iter().enumerate() {
+                if self.moved[i] == prim.len() {
+                    continue;
+                }
+                all_done = false;
+                if waits_for_earlier(&step.prims, &self.moved, i) {
+                    continue;
+                }
+                let buffers = match &op.binding {
+                    Binding::Shared(b) => *b,
+                    Binding::PerPrim(list) => list[i],
+                };
+                let piece = Piece {
+                    links: self.links,
+                    op,
+                    buffers,
+                    channel: self.channel,
+                };
+                match piece.advance(prim, &mut self.moved[i])? {
+                    PrimPoll::Done | PrimPoll::Moved => progressed = true,
+                    PrimPoll::Blocked(park, peer, receiving) => {
+                        if first_park.is_none() {
+                            self.blocked = Some(Blocked {
+                                seq: op.seq,
+                                op: op.name,
+                                step: self.step,
+                                prim: prim.name(),
+                                peer,
+                                receiving,
+                            });
+                            first_park = Some(park);
+                        }
+                    }
+                }
+            }
+            if all_done || step.prims.iter().zip(&self.moved).all(|(p, &m)| m == p.len()) {
+                self.step += 1;
+                self.moved.clear();
+                progressed = true;
+                continue;
+            }
+            return Ok(match (progressed, first_park) {
+                (true, _) | (false, None) => Poll::Progress,
+                (false, Some(park)) => Poll::Blocked(park),
+            });
+        }
+    }
+}
+
+/// Whether primitive `i` must wait for an earlier unfinished primitive of
+/// its step that uses the same send peer or the same receive peer (their
+/// messages travel in order on one connection).
+fn waits_for_earlier(prims: &[Prim], moved: &[usize], i: usize) -> bool {
+    let (send, recv) = (prims[i].send_peer(), prims[i].recv_peer());
+    prims[..i].iter().zip(moved).any(|(p, &m)| {
+        m < p.len()
+            && ((send.is_some() && p.send_peer() == send)
+                || (recv.is_some() && p.recv_peer() == recv))
+    })
+}
+
+/// Everything one primitive needs to move its pieces.
+struct Piece<'r, 'a> {
+    links: &'a [Option<Link>],
+    op: &'r OpWork,
+    buffers: Buffers,
+    channel: usize,
+}
+
+impl<'a> Piece<'_, 'a> {
+    fn link(&self, peer: usize) -> Result<&'a Link> {
+        self.links
+            .get(peer)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| {
+                Error::Internal(format!(
+                    "no connection to rank {peer} on channel {}",
+                    self.channel
+                ))
+            })
+    }
+
+    /// Fails with the connection's reason if it has failed.
+    fn check(&self, link: &Link, fifo: &Fifo, peer: usize) -> Result<()> {
+        if fifo.failed() {
+            let why = link
+                .conn
+                .failure()
+                .unwrap_or_else(|| "connection closed".to_string());
+            return Err(Error::Remote(format!(
+                "{} on channel {} (rank {peer}, {}): {why}",
+                self.op.name, self.channel, link.peer_name
+            )));
+        }
+        Ok(())
+    }
+
+    fn ptr(&self, slice: Slice, done: usize) -> *mut u8 {
+        let base = match slice.buf {
+            Buf::Send => self.buffers.send as *mut u8,
+            Buf::Recv => self.buffers.recv,
+        };
+        // Offsets stay within the buffer: the schedule was built for the
+        // buffer lengths the caller validated.
+        base.wrapping_add((slice.offset + done) * self.op.elem_size)
+    }
+
+    /// out = src, through the input transform when `src` is the user's
+    /// send buffer of a reducing collective.
+    ///
+    /// # Safety
+    /// `src` and `out` are valid for `n` elements and equal or disjoint.
+    unsafe fn load(&self, src_buf: Buf, src: *const u8, out: *mut u8, n: usize) {
+        match &self.op.reduction {
+            Some(r) if src_buf == Buf::Send && r.input.has_input_transform() => {
+                // SAFETY: forwarded from the caller.
+                unsafe { r.input.run(None, src, out, n, false) }
+            }
+            _ if std::ptr::eq(src, out) => {}
+            // SAFETY: forwarded from the caller; distinct pointers of valid
+            // ranges never partially overlap in a verified schedule.
+            _ => unsafe { std::ptr::copy_nonoverlapping(src, out, n * self.op.elem_size) },
+        }
+    }
+
+    /// out = acc op src (op's transforms as for `load`), finished when
+    /// `finish`.
+    ///
+    /// # Safety
+    /// All pointers valid for `n` elements; `out` equal to or disjoint from
+    /// each input.
+    unsafe fn reduce(
+        &self,
+        src_buf: Buf,
+        acc: *const u8,
+        src: *const u8,
+        out: *mut u8,
+        n: usize,
+        finish: bool,
+    ) -> Result<()> {
+        let reduction = self.op.reduction.as_ref().ok_or_else(|| {
+            Error::Internal(format!("{} has a reducing primitive but no op", self.op.name))
+        })?;
+        let kernel = if src_buf == Buf::Send {
+            &reduction.input
+        } else {
+            &reduction.partial
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { kernel.run(Some(acc), src, out, n, finish) };
+        Ok(())
+    }
+
+    /// Reserves a send slot to `peer`, returning it and the most elements
+    /// it holds.
+    fn reserve(&self, peer: usize) -> Result<std::result::Result<(*mut u8, usize), ParkOn<'a>>> {
+        let link = self.link(peer)?;
+        let fifo = link.conn.send_fifo();
+        let park = fifo.producer_park();
+        match fifo.try_reserve() {
+            Some(slot) => Ok(Ok((slot, fifo.slot_bytes() / self.op.elem_size))),
+            None => {
+                self.check(link, fifo, peer)?;
+                Ok(Err(park))
+            }
+        }
+    }
+
+    /// The oldest piece from `peer`, checked against what may still come.
+    fn peek(
+        &self,
+        peer: usize,
+        remaining: usize,
+    ) -> Result<std::result::Result<(*const u8, usize), ParkOn<'a>>> {
+        let link = self.link(peer)?;
+        let fifo = link.conn.recv_fifo();
+        let park = fifo.consumer_park();
+        match fifo.try_peek() {
+            Some((slot, bytes)) => {
+                let elem = self.op.elem_size;
+                if bytes == 0 || bytes % elem != 0 || bytes / elem > remaining {
+                    return Err(Error::Remote(format!(
+                        "{} on channel {}: rank {peer} sent a {bytes}-byte piece where at most \
+                         {remaining} elements of {elem} bytes were expected (mismatched calls?)",
+                        self.op.name, self.channel
+                    )));
+                }
+                Ok(Ok((slot as *const u8, bytes / elem)))
+            }
+            None => {
+                self.check(link, fifo, peer)?;
+                Ok(Err(park))
+            }
+        }
+    }
+
+    fn publish(&self, peer: usize, elems: usize) -> Result<()> {
+        self.link(peer)?.conn.send_fifo().publish(elems * self.op.elem_size);
+        Ok(())
+    }
+
+    fn release(&self, peer: usize) -> Result<()> {
+        self.link(peer)?.conn.recv_fifo().release();
+        Ok(())
+    }
+
+    /// Moves pieces of `prim` until it is done, blocked, or has had its
+    /// turn. `moved` counts the elements already moved.
+    fn advance(&self, prim: &Prim, moved: &mut usize) -> Result<PrimPoll<'a>> {
+        let len = prim.len();
+        let mut pieces = 0;
+        while *moved < len {
+            if pieces == PIECES_PER_POLL {
+                return Ok(PrimPoll::Moved);
+            }
+            let done = *moved;
+            let remaining = len - done;
+            match *prim {
+                Prim::Copy { src, dst } => {
+                    // SAFETY: both slices lie inside the validated buffers.
+                    unsafe { self.load(src.buf, self.ptr(src, done), self.ptr(dst, done), remaining) };
+                    *moved = len;
+                }
+                Prim::Send { to, src } | Prim::CopySend { to, src, .. } => {
+                    let (slot, cap) = match self.reserve(to)? {
+                        Ok(found) => found,
+                        Err(park) => return Ok(PrimPoll::Blocked(park, to, false)),
+                    };
+                    let n = remaining.min(cap);
+                    let from = self.ptr(src, done);
+                    // SAFETY: the slot holds `cap` >= n elements; `src` (and
+                    // `dst`) lie inside the validated buffers.
+                    unsafe {
+                        self.load(src.buf, from, slot, n);
+                        if let Prim::CopySend { dst, .. } = *prim {
+                            self.load(src.buf, from, self.ptr(dst, done), n);
+                        }
+                    }
+                    self.publish(to, n)?;
+                    *moved += n;
+                }
+                Prim::Recv { from, dst } => {
+                    let (slot, n) = match self.peek(from, remaining)? {
+                        Ok(found) => found,
+                        Err(park) => return Ok(PrimPoll::Blocked(park, from, true)),
+                    };
+                    // SAFETY: the slot holds n elements; dst lies inside the
+                    // receive buffer; FIFO memory never aliases user memory.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(slot, self.ptr(dst, done), n * self.op.elem_size)
+                    };
+                    self.release(from)?;
+                    *moved += n;
+                }
+                Prim::RecvReduceCopy { from, src, dst } => {
+                    let (slot, n) = match self.peek(from, remaining)? {
+                        Ok(found) => found,
+                        Err(park) => return Ok(PrimPoll::Blocked(park, from, true)),
+                    };
+                    // SAFETY: as for Recv; src and dst are equal or disjoint.
+                    unsafe {
+                        self.reduce(src.buf, slot, self.ptr(src, done), self.ptr(dst, done), n, true)?
+                    };
+                    self.release(from)?;
+                    *moved += n;
+                }
+                Prim::RecvReduceSend { from, src, to }
+                | Prim::RecvReduceCopySend { from, src, to, .. }
+                | Prim::RecvCopySend { from, to, dst: src } => {
+                    // Reserve first: a received piece is only taken when it
+                    // can be forwarded at once.
+                    let (out, cap) = match self.reserve(to)? {
+                        Ok(found) => found,
+                        Err(park) => return Ok(PrimPoll::Blocked(park, to, false)),
+                    };
+                    let (slot, n) = match self.peek(from, remaining)? {
+                        Ok(found) => found,
+                        Err(park) => return Ok(PrimPoll::Blocked(park, from, true)),
+                    };
+                    if n > cap {
+                        return Err(Error::Remote(format!(
+                            "{}: rank {from} sent a piece larger than this rank's slots \
+                             (is NCCL_BUFFSIZE the same on every rank?)",
+                            self.op.name
+                        )));
+                    }
+                    let bytes = n * self.op.elem_size;
+                    // SAFETY: `slot` holds n elements, `out` holds cap >= n;
+                    // user slices lie inside the validated buffers and FIFO
+                    // memory never aliases them.
+                    unsafe {
+                        match *prim {
+                            Prim::RecvReduceSend { .. } => {
+                                self.reduce(src.buf, slot, self.ptr(src, done), out, n, false)?
+                            }
+                            Prim::RecvReduceCopySend { dst, .. } => {
+                                let d = self.ptr(dst, done);
+                                self.reduce(src.buf, slot, self.ptr(src, done), d, n, true)?;
+                                std::ptr::copy_nonoverlapping(d, out, bytes);
+                            }
+                            _ => {
+                                std::ptr::copy_nonoverlapping(slot, self.ptr(src, done), bytes);
+                                std::ptr::copy_nonoverlapping(slot, out, bytes);
+                            }
+                        }
+                    }
+                    self.publish(to, n)?;
+                    self.release(from)?;
+                    *moved += n;
+                }
+            }
+            pieces += 1;
+        }
+        Ok(PrimPoll::Done)
+    }
+}
+
+/// A group of channel runs driven together by the calling thread, each
+/// with the abort flag of its communicator.
+pub struct Driven<'a, 'f> {
+    /// The run.
+    pub run: ChannelRun<'a>,
+    /// Its communicator's abort flag.
+    pub abort: &'f AtomicBool,
+    /// Index of its communicator in the group, to report errors against.
+    pub comm: usize,
+}
+
+/// Why driving a group stopped early.
+pub struct DriveError {
+    /// Index of the communicator whose run failed (or first timed out).
+    pub comm: usize,
+    /// The failure.
+    pub error: Error,
+    /// For a timeout, what each unfinished run waited for, per
+    /// communicator index and channel.
+    pub waiting: Vec<(usize, usize, Option<Blocked>)>,
+}
+
+/// Drives `runs` round-robin until all are done, the deadline passes, a
+/// communicator is aborted, or a run fails.
+pub fn drive(runs: &mut [Driven<'_, '_>], deadline: Instant) -> std::result::Result<(), DriveError> {
+    let mut backoff = Backoff::new();
+    let never_aborted = AtomicBool::new(false);
+    loop {
+        let mut progressed = false;
+        let mut all_done = true;
+        let mut park = None;
+        for driven in runs.iter_mut() {
+            if driven.abort.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(DriveError {
+                    comm: driven.comm,
+                    error: Error::InvalidUsage("the communicator was aborted".into()),
+                    waiting: Vec::new(),
+                });
+            }
+            match driven.run.poll() {
+                Ok(Poll::Done) => {}
+                Ok(Poll::Progress) => {
+                    progressed = true;
+                    all_done = false;
+                }
+                Ok(Poll::Blocked(p)) => {
+                    all_done = false;
+                    park.get_or_insert(p);
+                }
+                Err(error) => {
+                    return Err(DriveError {
+                        comm: driven.comm,
+                        error,
+                        waiting: Vec::new(),
+                    })
+                }
+            }
+        }
+        if all_done {
+            return Ok(());
+        }
+        if progressed {
+            backoff.reset();
+            continue;
+        }
+        if let Err(WaitError::TimedOut | WaitError::Aborted) =
+            backoff.snooze(park, deadline, &never_aborted)
+        {
+            let waiting: Vec<_> = runs
+                .iter()
+                .filter(|d| !d.run.ops.is_empty())
+                .map(|d| (d.comm, d.run.channel, d.run.blocked.clone()))
+                .collect();
+            let comm = waiting.first().map_or(0, |w| w.0);
+            return Err(DriveError {
+                comm,
+                error: Error::System("timed out".into()),
+                waiting,
+            });
+        }
+    }
+}
