@@ -8,9 +8,43 @@
 //! the right inputs, each exactly once, and that no rank waits for a message
 //! nobody sends.
 
+pub mod direct;
+pub mod ring;
 pub mod schedule;
+pub mod verify;
 
-pub use schedule::{split_even, Buf, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step};
+pub use direct::{p2p_schedule, Direct, P2pOp};
+pub use ring::Ring;
+pub use schedule::{
+    split_even, Buf, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step,
+};
+pub use verify::{verify, verify_schedules, Stats, VerifyError};
+
+static BUILTINS: [&dyn Algorithm; 2] = [&Ring, &Direct];
+
+/// Every built-in algorithm.
+pub fn builtins() -> &'static [&'static dyn Algorithm] {
+    &BUILTINS
+}
+
+/// The built-in algorithm called `name` (case-insensitive), if any.
+pub fn builtin(name: &str) -> Option<&'static dyn Algorithm> {
+    BUILTINS
+        .iter()
+        .copied()
+        .find(|a| a.name().eq_ignore_ascii_case(name))
+}
+
+/// The algorithm used for `kind` when the user selects none: ring for
+/// AllReduce, Broadcast, Reduce, AllGather and ReduceScatter, direct for
+/// AlltoAll, Gather and Scatter.
+pub fn default_for(kind: CollKind) -> &'static dyn Algorithm {
+    if Ring.supports(kind) {
+        &Ring
+    } else {
+        &Direct
+    }
+}
 
 /// A collective algorithm: turns a call into each rank's schedule.
 ///
