@@ -7,6 +7,34 @@
 //! together to prove that each output element is the reduction of exactly
 //! the right inputs, each exactly once, and that no rank waits for a message
 //! nobody sends.
+//!
+//! Built in: [`Ring`] (AllReduce, Broadcast, Reduce, AllGather,
+//! ReduceScatter) and [`Direct`] (AlltoAll, Gather, Scatter, and grouped
+//! point-to-point calls through [`p2p_schedule`]); [`builtin`] looks one up
+//! by name and [`default_for`] picks one for a collective.
+//!
+//! # Example
+//!
+//! Build a ring AllReduce for 4 ranks, cut into 2 channels and chunks of 3
+//! elements, and prove it, out of place and in place:
+//!
+//! ```
+//! use rccl_algorithms::{verify, Algorithm, CollKind, CollSpec, Params, Prim, Ring};
+//!
+//! let spec = CollSpec { kind: CollKind::AllReduce, nranks: 4, root: 0, count: 24 };
+//! let params = Params { nchannels: 2, chunk_elems: 3 };
+//!
+//! // Rank 0's first step on channel 0 sends its chunk 3 (ring order).
+//! let schedule = Ring.schedule(&spec, 0, &params);
+//! assert_eq!(schedule.channels.len(), 2);
+//! assert!(matches!(schedule.channels[0][0].prims[0], Prim::Send { to: 1, .. }));
+//!
+//! for in_place in [false, true] {
+//!     let stats = verify(&Ring, &spec, &params, in_place).expect("ring all-reduce is correct");
+//!     // 2 channels x 1 pipeline loop x (2n - 1) steps, on each of 4 ranks.
+//!     assert_eq!(stats.steps, 4 * 2 * 7);
+//! }
+//! ```
 
 pub mod direct;
 pub mod ring;

@@ -817,11 +817,11 @@ impl<'a> Sim<'a> {
                         }
                         for slice in src.iter().chain(dst.iter()) {
                             let buf_len = mem.len(slice.buf);
-                            if slice
-                                .offset
-                                .checked_add(slice.len)
-                                .map_or(true, |e| e > buf_len)
-                            {
+                            let fits = matches!(
+                                slice.offset.checked_add(slice.len),
+                                Some(end) if end <= buf_len
+                            );
+                            if !fits {
                                 return Err(VerifyError::OutOfBounds {
                                     at,
                                     slice: *slice,

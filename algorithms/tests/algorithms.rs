@@ -38,7 +38,7 @@ fn pipeline_loops(spec: &CollSpec, params: &Params) -> usize {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn every_collective_verifies(
