@@ -3,7 +3,7 @@
 //!
 //! Nothing here touches sockets, threads or memory: an [`Algorithm`] turns a
 //! [`CollSpec`] and [`Params`] into a per-rank [`Schedule`] in NCCL's
-//! primitive vocabulary, and [`verify`] runs the schedules of every rank
+//! primitive vocabulary, and [`verify()`] runs the schedules of every rank
 //! together to prove that each output element is the reduction of exactly
 //! the right inputs, each exactly once, and that no rank waits for a message
 //! nobody sends.
@@ -78,7 +78,7 @@ pub fn default_for(kind: CollKind) -> &'static dyn Algorithm {
 ///
 /// Implementations are pure functions of their arguments: the same call on
 /// every rank must yield schedules that fit together, which
-/// [`verify`](crate::verify) checks.
+/// [`verify()`] checks.
 pub trait Algorithm: Send + Sync {
     /// The name users select it by (`NCCL_ALGO`), lower case.
     fn name(&self) -> &'static str;

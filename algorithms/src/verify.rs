@@ -391,6 +391,10 @@ pub struct Stats {
 
 /// Build every rank's schedule with `alg` and verify them together, with
 /// FIFOs of `params.chunk_elems` elements.
+///
+/// `in_place` aliases the buffers as NCCL's in-place forms do (see the
+/// module documentation); collectives without an in-place form (AlltoAll)
+/// are verified with separate buffers either way.
 pub fn verify(
     alg: &dyn Algorithm,
     spec: &CollSpec,

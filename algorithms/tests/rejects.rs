@@ -569,3 +569,88 @@ fn stats_count_the_work() {
     assert_eq!(stats.elements_sent, 4 * 6 * 2);
     assert_eq!(stats.elements_reduced, 4 * 3 * 2);
 }
+
+#[test]
+fn bounded_fifos_deadlock_head_to_head_sends() {
+    // Both ranks send a 4-element message before receiving: fine when the
+    // FIFO holds a message, a deadlock when it holds less.
+    let spec = spec(CollKind::AllToAll, 2, 4);
+    let rank = |me: usize| {
+        let peer = 1 - me;
+        vec![
+            vec![Prim::Copy {
+                src: Slice::send(me * 4, 4),
+                dst: Slice::recv(me * 4, 4),
+            }],
+            vec![Prim::Send {
+                to: peer,
+                src: Slice::send(peer * 4, 4),
+            }],
+            vec![Prim::Recv {
+                from: peer,
+                dst: Slice::recv(peer * 4, 4),
+            }],
+        ]
+    };
+    let sc = by_hand(vec![rank(0), rank(1)]);
+    verify_schedules(&spec, &sc, false, 4).unwrap();
+    match verify_schedules(&spec, &sc, false, 3).unwrap_err() {
+        VerifyError::Deadlock { stuck } => {
+            let got: Vec<_> = stuck.iter().map(|x| (at(&x.at), x.waits)).collect();
+            assert_eq!(
+                got,
+                [
+                    ((0, 0, 1, "send"), Wait::SendTo(1)),
+                    ((1, 0, 1, "send"), Wait::SendTo(0))
+                ]
+            );
+        }
+        e => panic!("{e}"),
+    }
+}
+
+/// Every primitive of a correct schedule is needed: dropping any one of
+/// them, for any collective, is caught (except in-place no-op copies).
+#[test]
+fn every_dropped_primitive_is_caught() {
+    let mut cases = 0;
+    for kind in CollKind::ALL {
+        for nranks in 1..=4 {
+            for in_place in [false, true] {
+                let spec = CollSpec {
+                    kind,
+                    nranks,
+                    root: nranks / 2,
+                    count: 5,
+                };
+                let params = Params {
+                    nchannels: 2,
+                    chunk_elems: 2,
+                };
+                let alg = rccl_algorithms::default_for(kind);
+                let good = schedules(alg, &spec, &params);
+                verify_schedules(&spec, &good, in_place, 2).unwrap();
+                for r in 0..nranks {
+                    for c in 0..2 {
+                        for s in 0..good[r].channels[c].len() {
+                            for p in 0..good[r].channels[c][s].prims.len() {
+                                // In place, the copy of the own block is a
+                                // no-op (source and destination alias).
+                                let prim = good[r].channels[c][s].prims[p];
+                                if in_place && matches!(prim, Prim::Copy { .. }) {
+                                    continue;
+                                }
+                                let mut bad = good.clone();
+                                bad[r].channels[c][s].prims.remove(p);
+                                let res = verify_schedules(&spec, &bad, in_place, 2);
+                                assert!(res.is_err(), "{spec:?} rank {r} ch {c} step {s} prim {p}");
+                                cases += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 1000, "{cases}");
+}
