@@ -1,1 +1,3 @@
 //! Connections between two ranks.
+
+pub mod socket;
