@@ -108,6 +108,12 @@ fn read_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
+/// `t + d`, saturating far in the future instead of overflowing.
+fn after(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d)
+        .unwrap_or_else(|| t + Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
 fn secs(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
 }
@@ -302,7 +308,7 @@ fn is_closed(stream: &TcpStream) -> bool {
 fn root_main(listener: AuthListener) {
     let root = listener.local_addr();
     let stop = AtomicBool::new(false);
-    let mut deadline = Instant::now() + root_timeout();
+    let mut deadline = after(Instant::now(), root_timeout());
     let mut first_timeout: Option<Duration> = None;
     let mut ranks: HashMap<usize, Registrant> = HashMap::new();
     let mut failure: Option<(u8, String)> = None;
@@ -351,7 +357,7 @@ fn root_main(listener: AuthListener) {
             first_timeout = Some(timeout);
         }
         // The rendezvous ends when the earliest registered rank gives up.
-        deadline = deadline.min(Instant::now() + timeout);
+        deadline = deadline.min(after(Instant::now(), timeout));
         if let Some((status, msg)) = &failure {
             let _ = root_answer(&mut stream, *status, msg.as_bytes());
             continue;
@@ -495,7 +501,7 @@ impl Bootstrap {
         let root = id.root_addr()?;
         let secret = id.secret()?;
         let start = Instant::now();
-        let deadline = start + timeout;
+        let deadline = after(start, timeout);
         // A root on loopback means a single-host communicator: stay on
         // loopback too.
         let ip = if root.ip().is_loopback() {
@@ -537,7 +543,7 @@ impl Bootstrap {
         // The root answers when the earliest rank's timeout passes: give it
         // a little longer than ours to say who is missing.
         let grace = (timeout / 2).clamp(Duration::from_millis(200), Duration::from_secs(2));
-        let answer = socket::read_frame_until(&mut stream, MAX_FRAME, deadline + grace, &abort)
+        let answer = socket::read_frame_until(&mut stream, MAX_FRAME, after(deadline, grace), &abort)
             .map_err(|e| match e.kind() {
                 io::ErrorKind::Interrupted => aborted(rank, format_args!("waiting for the root at {root}")),
                 io::ErrorKind::TimedOut => Error::System(format!(
@@ -699,7 +705,7 @@ impl Bootstrap {
                 addr,
                 &self.secret,
                 &hello,
-                Instant::now() + self.timeout,
+                after(Instant::now(), self.timeout),
                 &self.abort,
             )
             .map_err(|e| {
@@ -745,7 +751,7 @@ impl Bootstrap {
         what: impl Fn() -> String,
     ) -> Result<Vec<u8>> {
         self.check_peer(peer)?;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = after(Instant::now(), self.timeout);
         let key = (peer, kind, tag);
         let mut mb = self.shared.mailbox.lock();
         loop {

@@ -256,7 +256,7 @@ fn missing_rank_times_out_naming_it() {
         assert!(matches!(e, Error::System(_)), "{msg}");
         assert!(msg.contains("timed out") && msg.contains("[2]"), "{msg}");
     }
-    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }
 
 #[test]
@@ -363,6 +363,12 @@ fn recv_timeout_and_abort() {
 }
 
 #[test]
+fn huge_timeout_does_not_overflow() {
+    let id = UniqueId::new_on(LOCALHOST).unwrap();
+    run_ranks(id, 2, Duration::MAX, |b| exercise(&b));
+}
+
+#[test]
 fn abort_unblocks_init() {
     let id = UniqueId::new_on(LOCALHOST).unwrap();
     let abort = no_abort();
@@ -372,6 +378,6 @@ fn abort_unblocks_init() {
     let t = Instant::now();
     abort.store(true, Ordering::Relaxed);
     let e = h.join().unwrap().unwrap_err();
-    assert!(t.elapsed() < Duration::from_millis(500));
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     assert!(e.to_string().contains("aborted"), "{e}");
 }

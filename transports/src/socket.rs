@@ -125,6 +125,12 @@ fn interrupted() -> io::Error {
     err(io::ErrorKind::Interrupted, "stopped")
 }
 
+/// `t + d`, saturating far in the future instead of overflowing.
+fn after(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d)
+        .unwrap_or_else(|| t + Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
 /// Time left until `deadline`, at least 1 ms (socket timeouts refuse zero).
 fn slice_until(deadline: Instant) -> Duration {
     deadline
@@ -520,7 +526,7 @@ impl AuthListener {
     /// connection was pending or it failed the handshake (then it is closed
     /// and logged).
     pub fn accept_pending(&self, stop: &AtomicBool) -> io::Result<Option<(TcpStream, Vec<u8>)>> {
-        self.accept_one(Instant::now() + self.handshake_timeout, stop)
+        self.accept_one(after(Instant::now(), self.handshake_timeout), stop)
     }
 
     fn accept_one(
@@ -542,7 +548,7 @@ impl AuthListener {
             }
             Err(e) => return Err(context(e, format_args!("accepting on {}", self.local))),
         };
-        let hs_deadline = deadline.min(Instant::now() + self.handshake_timeout);
+        let hs_deadline = deadline.min(after(Instant::now(), self.handshake_timeout));
         match server_handshake(&mut stream, &self.secret, hs_deadline, stop) {
             Ok(hello) => Ok(Some((stream, hello))),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Err(e),
