@@ -476,6 +476,12 @@ impl fmt::Debug for Bootstrap {
     }
 }
 
+// Bootstrap is shared between threads (e.g. a communicator's proxy).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Bootstrap>();
+};
+
 fn aborted(rank: usize, what: impl fmt::Display) -> Error {
     Error::InvalidUsage(format!("bootstrap: rank {rank} aborted while {what}"))
 }
