@@ -1,6 +1,7 @@
 //! rccl-rs: the collective communication engine.
 
 pub mod error;
+pub mod kernels;
 pub mod types;
 
 pub use error::{Error, Result};
