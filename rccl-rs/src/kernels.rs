@@ -203,11 +203,53 @@ impl ReduceKernel {
         }
     }
 
-    /// Types computed in their own arithmetic.
+    /// Types computed element by element (all but float16): uses an AVX2
+    /// build of the loops when the CPU has AVX2.
     ///
     /// # Safety
     /// As [`ReduceKernel::run`], with `count > 0`.
     unsafe fn run_native<T: Native>(
+        &self,
+        acc: Option<*const u8>,
+        input: *const u8,
+        out: *mut u8,
+        count: usize,
+        post: Option<u64>,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked above); the rest is
+            // forwarded from this function's contract.
+            return unsafe { self.run_native_avx2::<T>(acc, input, out, count, post) };
+        }
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.run_native_body::<T>(acc, input, out, count, post) }
+    }
+
+    /// [`ReduceKernel::run_native_body`] compiled for AVX2.
+    ///
+    /// # Safety
+    /// As [`ReduceKernel::run`], with `count > 0`, on a CPU with AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_native_avx2<T: Native>(
+        &self,
+        acc: Option<*const u8>,
+        input: *const u8,
+        out: *mut u8,
+        count: usize,
+        post: Option<u64>,
+    ) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.run_native_body::<T>(acc, input, out, count, post) }
+    }
+
+    /// The loops of [`ReduceKernel::run_native`], inlined into each build.
+    ///
+    /// # Safety
+    /// As [`ReduceKernel::run`], with `count > 0`.
+    #[inline(always)]
+    unsafe fn run_native_body<T: Native>(
         &self,
         acc: Option<*const u8>,
         input: *const u8,
