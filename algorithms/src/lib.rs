@@ -10,9 +10,7 @@
 
 pub mod schedule;
 
-pub use schedule::{
-    split_even, Buf, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step,
-};
+pub use schedule::{split_even, Buf, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step};
 
 /// A collective algorithm: turns a call into each rank's schedule.
 ///
