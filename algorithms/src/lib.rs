@@ -3,20 +3,82 @@
 //!
 //! Nothing here touches sockets, threads or memory: an [`Algorithm`] turns a
 //! [`CollSpec`] and [`Params`] into a per-rank [`Schedule`] in NCCL's
-//! primitive vocabulary, and [`verify`] runs the schedules of every rank
+//! primitive vocabulary, and [`verify()`] runs the schedules of every rank
 //! together to prove that each output element is the reduction of exactly
 //! the right inputs, each exactly once, and that no rank waits for a message
 //! nobody sends.
+//!
+//! Built in: [`Ring`] (AllReduce, Broadcast, Reduce, AllGather,
+//! ReduceScatter) and [`Direct`] (AlltoAll, Gather, Scatter, and grouped
+//! point-to-point calls through [`p2p_schedule`]); [`builtin`] looks one up
+//! by name and [`default_for`] picks one for a collective.
+//!
+//! # Example
+//!
+//! Build a ring AllReduce for 4 ranks, cut into 2 channels and chunks of 3
+//! elements, and prove it, out of place and in place:
+//!
+//! ```
+//! use rccl_algorithms::{verify, Algorithm, CollKind, CollSpec, Params, Prim, Ring};
+//!
+//! let spec = CollSpec { kind: CollKind::AllReduce, nranks: 4, root: 0, count: 24 };
+//! let params = Params { nchannels: 2, chunk_elems: 3 };
+//!
+//! // Rank 0's first step on channel 0 sends its chunk 3 (ring order).
+//! let schedule = Ring.schedule(&spec, 0, &params);
+//! assert_eq!(schedule.channels.len(), 2);
+//! assert!(matches!(schedule.channels[0][0].prims[0], Prim::Send { to: 1, .. }));
+//!
+//! for in_place in [false, true] {
+//!     let stats = verify(&Ring, &spec, &params, in_place).expect("ring all-reduce is correct");
+//!     // 2 channels x 1 pipeline loop x (2n - 1) steps, on each of 4 ranks.
+//!     assert_eq!(stats.steps, 4 * 2 * 7);
+//! }
+//! ```
 
+pub mod direct;
+pub mod ring;
 pub mod schedule;
+pub mod verify;
 
-pub use schedule::{split_even, Buf, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step};
+pub use direct::{p2p_schedule, Direct, P2pOp};
+pub use ring::Ring;
+pub use schedule::{
+    split_even, Buf, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step,
+};
+pub use verify::{verify, verify_schedules, Stats, VerifyError};
+
+static BUILTINS: [&dyn Algorithm; 2] = [&Ring, &Direct];
+
+/// Every built-in algorithm.
+pub fn builtins() -> &'static [&'static dyn Algorithm] {
+    &BUILTINS
+}
+
+/// The built-in algorithm called `name` (case-insensitive), if any.
+pub fn builtin(name: &str) -> Option<&'static dyn Algorithm> {
+    BUILTINS
+        .iter()
+        .copied()
+        .find(|a| a.name().eq_ignore_ascii_case(name))
+}
+
+/// The algorithm used for `kind` when the user selects none: ring for
+/// AllReduce, Broadcast, Reduce, AllGather and ReduceScatter, direct for
+/// AlltoAll, Gather and Scatter.
+pub fn default_for(kind: CollKind) -> &'static dyn Algorithm {
+    if Ring.supports(kind) {
+        &Ring
+    } else {
+        &Direct
+    }
+}
 
 /// A collective algorithm: turns a call into each rank's schedule.
 ///
 /// Implementations are pure functions of their arguments: the same call on
 /// every rank must yield schedules that fit together, which
-/// [`verify`](crate::verify) checks.
+/// [`verify()`] checks.
 pub trait Algorithm: Send + Sync {
     /// The name users select it by (`NCCL_ALGO`), lower case.
     fn name(&self) -> &'static str;

@@ -1,7 +1,7 @@
 //! The schedule vocabulary: what one rank does, step by step, on each channel.
 //!
 //! A [`Schedule`] is pure data. The engine's executor walks it against real
-//! connections; the [`crate::verify`] module walks it symbolically for every
+//! connections; the [`crate::verify`](mod@crate::verify) module walks it symbolically for every
 //! rank at once and proves what it computes.
 
 /// The collectives a schedule can describe, with NCCL's buffer semantics.

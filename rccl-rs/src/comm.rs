@@ -9,7 +9,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use rccl_transports::net::TcpTransport;
 
-use crate::bootstrap::{self, Bootstrap, UniqueId};
+use crate::bootstrap::{Bootstrap, UniqueId};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::executor::Link;
@@ -437,9 +437,4 @@ pub fn rank_from_env() -> Result<(usize, usize)> {
 /// The deadline of an operation starting now.
 pub(crate) fn deadline(config: &Config) -> Instant {
     Instant::now() + config.timeout
-}
-
-/// The host address the bootstrap uses, re-exported for the perf tools.
-pub fn host_address() -> Result<std::net::IpAddr> {
-    bootstrap::host_address()
 }

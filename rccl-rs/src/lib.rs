@@ -13,11 +13,12 @@ pub mod enqueue;
 pub mod error;
 pub mod executor;
 pub mod kernels;
+pub mod net;
 pub mod tuning;
 pub mod types;
 
 pub use api::{Element, Group, F8E4M3, F8E5M2};
-pub use bootstrap::UniqueId;
+pub use bootstrap::{Bootstrap, UniqueId};
 pub use comm::Communicator;
 pub use config::Config;
 pub use enqueue::{group_end, group_start};

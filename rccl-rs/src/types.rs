@@ -132,7 +132,9 @@ impl RedOp {
             2 => Ok(RedOp::Max),
             3 => Ok(RedOp::Min),
             4 => Ok(RedOp::Avg),
-            _ => Err(Error::InvalidArgument(format!("unknown reduction op {raw}"))),
+            _ => Err(Error::InvalidArgument(format!(
+                "unknown reduction op {raw}"
+            ))),
         }
     }
 

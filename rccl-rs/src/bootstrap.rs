@@ -1,0 +1,1035 @@
+//! The unique id and the bootstrap network (NCCL's bootstrap layer).
+//!
+//! A [`UniqueId`] names a *root*: a listener plus a rendezvous thread that
+//! serves one communicator's initialisation. Each rank binds its own
+//! authenticated listener, registers `(rank, nranks, listener address)` at
+//! the root, and receives every rank's listener address. From then on the
+//! ranks talk directly: [`Bootstrap::send`] / [`Bootstrap::recv`] carry tagged
+//! messages, [`Bootstrap::allgather`] runs a ring and [`Bootstrap::barrier`]
+//! a dissemination barrier over them.
+//!
+//! Every connection (to the root and between ranks) is authenticated with
+//! the id's 32-byte secret ([`rccl_transports::socket`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use rccl_transports::socket::{self, AuthListener, Secret};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::net::host_address;
+
+/// The largest bootstrap frame accepted from the wire.
+pub const MAX_FRAME: usize = 8 << 20;
+
+const UID_MAGIC: [u8; 4] = *b"RCID";
+const UID_VERSION: u8 = 1;
+/// Hello of a rank registering at the root.
+const REG_MAGIC: [u8; 4] = *b"RCRG";
+/// Hello of a rank connecting to another rank's listener.
+const PEER_MAGIC: [u8; 4] = *b"RCBP";
+/// Encoded socket address: family, port, 16 address bytes, scope id.
+const ADDR_LEN: usize = 1 + 2 + 16 + 4;
+/// Root answer status bytes.
+const ROOT_OK: u8 = 0;
+const ROOT_USAGE: u8 = 1;
+const ROOT_SYSTEM: u8 = 2;
+/// Message kinds, kept apart in the mailbox.
+const KIND_USER: u8 = 0;
+const KIND_COLL: u8 = 1;
+/// Frame header after the length: kind, tag.
+const MSG_HEADER: usize = 1 + 8;
+/// How long a root with no registered rank waits before exiting.
+const DEFAULT_ROOT_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a client of the root or of a rank's listener may take to
+/// authenticate. The listeners run handshakes one at a time, so a silent
+/// client stalls them this long; a handshake on a cluster network takes
+/// milliseconds.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often waits check the abort flag.
+const ABORT_POLL: Duration = Duration::from_millis(10);
+
+fn encode_addr(addr: &SocketAddr, out: &mut Vec<u8>) {
+    match addr {
+        SocketAddr::V4(a) => {
+            out.push(4);
+            out.extend_from_slice(&a.port().to_le_bytes());
+            let mut ip = [0u8; 16];
+            ip[..4].copy_from_slice(&a.ip().octets());
+            out.extend_from_slice(&ip);
+            out.extend_from_slice(&0u32.to_le_bytes());
+        }
+        SocketAddr::V6(a) => {
+            out.push(6);
+            out.extend_from_slice(&a.port().to_le_bytes());
+            out.extend_from_slice(&a.ip().octets());
+            out.extend_from_slice(&a.scope_id().to_le_bytes());
+        }
+    }
+}
+
+fn decode_addr(b: &[u8]) -> std::result::Result<SocketAddr, String> {
+    if b.len() < ADDR_LEN {
+        return Err(format!("address of {} bytes, expected {ADDR_LEN}", b.len()));
+    }
+    let port = u16::from_le_bytes([b[1], b[2]]);
+    let ip: [u8; 16] = b[3..19].try_into().unwrap();
+    let scope = u32::from_le_bytes(b[19..23].try_into().unwrap());
+    match b[0] {
+        4 => Ok(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::new(ip[0], ip[1], ip[2], ip[3])),
+            port,
+        )),
+        6 => Ok(SocketAddr::V6(SocketAddrV6::new(
+            Ipv6Addr::from(ip),
+            port,
+            0,
+            scope,
+        ))),
+        f => Err(format!("unknown address family {f}")),
+    }
+}
+
+fn read_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+fn read_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// `t + d`, saturating far in the future instead of overflowing.
+fn after(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d)
+        .unwrap_or_else(|| t + Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+/// NCCL's `ncclUniqueId`: 128 opaque bytes naming a root (its address and
+/// the communicator's secret).
+///
+/// Layout: `RCID` magic, version, address family (4/6), port (LE), 16
+/// address bytes, IPv6 scope id (LE), 32-byte secret, zero padding.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct UniqueId(pub [u8; 128]);
+
+impl fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.root_addr() {
+            Ok(a) => write!(f, "UniqueId(root {a})"),
+            Err(_) => f.write_str("UniqueId(<invalid>)"),
+        }
+    }
+}
+
+impl UniqueId {
+    /// Like `ncclGetUniqueId`: binds a root listener on this host's
+    /// bootstrap address ([`host_address`]), starts the root rendezvous
+    /// thread and returns the id naming it. The thread serves one
+    /// communicator's init and exits; it also exits by itself once the
+    /// registered ranks' timeout passes (or after 300 s if no rank ever
+    /// registers; `RCCL_BOOTSTRAP_ROOT_TIMEOUT` in seconds overrides).
+    pub fn new() -> Result<UniqueId> {
+        UniqueId::new_on(host_address()?)
+    }
+
+    /// [`UniqueId::new`] with the root bound on the local address `ip`.
+    pub fn new_on(ip: IpAddr) -> Result<UniqueId> {
+        let secret = Secret::random();
+        let mut listener = AuthListener::bind(SocketAddr::new(ip, 0), secret)
+            .map_err(|e| Error::io("bootstrap: binding the root listener", e))?;
+        listener.set_handshake_timeout(HANDSHAKE_TIMEOUT);
+        let id = UniqueId::encode(listener.local_addr(), &secret);
+        spawn_root(listener)?;
+        Ok(id)
+    }
+
+    /// For `NCCL_COMM_ID=host:port` (or torchrun's `MASTER_ADDR:MASTER_PORT`):
+    /// every rank derives the same id from the address. Rank 0 must also
+    /// call [`UniqueId::serve_root`] to start the root there.
+    ///
+    /// The secret is a hash of the resolved address and of
+    /// `NCCL_COMM_SECRET` (or `RCCL_COMM_SECRET`) if set. Without one of
+    /// those variables the secret is only as good as the address: anyone
+    /// who knows the address can join or impersonate ranks.
+    pub fn from_address(addr: &str) -> Result<UniqueId> {
+        let bad = |why: String| {
+            Error::InvalidArgument(format!("'{addr}' is not a usable host:port: {why}"))
+        };
+        let resolved: SocketAddr = match addr.trim().parse::<SocketAddr>() {
+            Ok(a) => a,
+            Err(_) => {
+                let all: Vec<SocketAddr> = addr
+                    .trim()
+                    .to_socket_addrs()
+                    .map_err(|e| bad(e.to_string()))?
+                    .collect();
+                all.iter()
+                    .find(|a| a.is_ipv4())
+                    .or_else(|| all.first())
+                    .copied()
+                    .ok_or_else(|| bad("it resolves to no address".into()))?
+            }
+        };
+        if resolved.port() == 0 {
+            return Err(bad("port 0".into()));
+        }
+        let mut h = Sha256::new();
+        h.update(b"rccl-rs comm id secret v1\0");
+        h.update(resolved.to_string().as_bytes());
+        h.update([0u8]);
+        if let Some(s) =
+            std::env::var_os("NCCL_COMM_SECRET").or_else(|| std::env::var_os("RCCL_COMM_SECRET"))
+        {
+            h.update(s.as_encoded_bytes());
+        }
+        let secret = Secret(h.finalize().into());
+        Ok(UniqueId::encode(resolved, &secret))
+    }
+
+    /// Binds the id's exact root address and starts the root rendezvous
+    /// thread there (rank 0's job with [`UniqueId::from_address`]).
+    pub fn serve_root(&self) -> Result<()> {
+        let addr = self.root_addr()?;
+        let mut listener = AuthListener::bind(addr, self.secret()?)
+            .map_err(|e| Error::io(format!("bootstrap: binding the root listener on {addr}"), e))?;
+        listener.set_handshake_timeout(HANDSHAKE_TIMEOUT);
+        spawn_root(listener)
+    }
+
+    fn encode(addr: SocketAddr, secret: &Secret) -> UniqueId {
+        let mut b = Vec::with_capacity(128);
+        b.extend_from_slice(&UID_MAGIC);
+        b.push(UID_VERSION);
+        encode_addr(&addr, &mut b);
+        b.extend_from_slice(&secret.0);
+        b.resize(128, 0);
+        UniqueId(b.try_into().unwrap())
+    }
+
+    fn invalid(why: impl fmt::Display) -> Error {
+        Error::InvalidArgument(format!("unique id is not valid: {why}"))
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.0[..4] != UID_MAGIC {
+            return Err(UniqueId::invalid("bad magic (not created by rccl-rs?)"));
+        }
+        if self.0[4] != UID_VERSION {
+            return Err(UniqueId::invalid(format_args!(
+                "version {}, expected {UID_VERSION}",
+                self.0[4]
+            )));
+        }
+        Ok(())
+    }
+
+    /// The root's address.
+    pub fn root_addr(&self) -> Result<SocketAddr> {
+        self.check()?;
+        let addr = decode_addr(&self.0[5..5 + ADDR_LEN]).map_err(UniqueId::invalid)?;
+        if addr.port() == 0 {
+            return Err(UniqueId::invalid("port 0"));
+        }
+        Ok(addr)
+    }
+
+    /// The communicator's secret.
+    pub fn secret(&self) -> Result<Secret> {
+        self.check()?;
+        let at = 5 + ADDR_LEN;
+        Ok(Secret(self.0[at..at + 32].try_into().unwrap()))
+    }
+}
+
+fn spawn_root(listener: AuthListener) -> Result<()> {
+    let addr = listener.local_addr();
+    thread::Builder::new()
+        .name("rccl-boot-root".into())
+        .spawn(move || root_main(listener))
+        .map_err(|e| Error::io(format!("bootstrap: starting the root thread for {addr}"), e))?;
+    Ok(())
+}
+
+/// A rank registered at the root.
+struct Registrant {
+    stream: TcpStream,
+    nranks: usize,
+    listen: SocketAddr,
+    from: SocketAddr,
+}
+
+fn root_timeout() -> Duration {
+    std::env::var("RCCL_BOOTSTRAP_ROOT_TIMEOUT")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or(DEFAULT_ROOT_TIMEOUT)
+}
+
+fn root_answer(stream: &mut TcpStream, status: u8, body: &[u8]) -> io::Result<()> {
+    let mut msg = Vec::with_capacity(1 + body.len());
+    msg.push(status);
+    msg.extend_from_slice(body);
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    socket::write_frame(stream, &msg)
+}
+
+/// Whether the peer of `stream` has closed it.
+fn is_closed(stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return true;
+    }
+    let closed = match stream.peek(&mut [0u8]) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+    };
+    let _ = stream.set_nonblocking(false);
+    closed
+}
+
+/// The root rendezvous: collects every rank's registration, checks them,
+/// answers every rank with the address table (or with the error), exits.
+fn root_main(listener: AuthListener) {
+    let root = listener.local_addr();
+    let stop = AtomicBool::new(false);
+    let mut deadline = after(Instant::now(), root_timeout());
+    let mut first_timeout: Option<Duration> = None;
+    let mut ranks: HashMap<usize, Registrant> = HashMap::new();
+    let mut failure: Option<(u8, String)> = None;
+    loop {
+        let (mut stream, hello) = match listener.accept(deadline, &stop) {
+            Ok(x) => x,
+            Err(e) => {
+                if failure.is_some() {
+                    return;
+                }
+                let Some(n) = ranks.values().next().map(|r| r.nranks) else {
+                    tracing::warn!(root = %root, "bootstrap root: no rank registered; exiting ({e})");
+                    return;
+                };
+                let mut missing: Vec<usize> = (0..n).filter(|r| !ranks.contains_key(r)).collect();
+                missing.truncate(64);
+                let msg = format!(
+                    "bootstrap: timed out after {} waiting for rank(s) {missing:?} of {n} to register at the root {root} ({} of {n} registered)",
+                    secs(first_timeout.unwrap_or_default()),
+                    ranks.len()
+                );
+                tracing::warn!("{msg}");
+                for r in ranks.values_mut() {
+                    let _ = root_answer(&mut r.stream, ROOT_SYSTEM, msg.as_bytes());
+                }
+                return;
+            }
+        };
+        let from = stream.peer_addr().unwrap_or(root);
+        // Registration: magic, rank, nranks, timeout (ms), listener address.
+        if hello.len() < 4 + 4 + 4 + 8 + ADDR_LEN || hello[..4] != REG_MAGIC {
+            tracing::warn!(remote = %from, root = %root, "bootstrap root: malformed registration; closing");
+            continue;
+        }
+        let rank = read_u32(&hello, 4) as usize;
+        let nranks = read_u32(&hello, 8) as usize;
+        let timeout = Duration::from_millis(read_u64(&hello, 12));
+        let listen = match decode_addr(&hello[20..]) {
+            Ok(a) => a,
+            Err(why) => {
+                tracing::warn!(remote = %from, root = %root, "bootstrap root: bad registration address: {why}");
+                continue;
+            }
+        };
+        if first_timeout.is_none() {
+            first_timeout = Some(timeout);
+        }
+        // The rendezvous ends when the earliest registered rank gives up.
+        deadline = deadline.min(after(Instant::now(), timeout));
+        if let Some((status, msg)) = &failure {
+            let _ = root_answer(&mut stream, *status, msg.as_bytes());
+            continue;
+        }
+        let expected = ranks.values().next().map(|r| r.nranks);
+        let problem = if let Some(n) = expected.filter(|&n| n != nranks) {
+            Some(format!(
+                "bootstrap: nranks mismatch: rank {rank} (from {from}) called init with nranks={nranks}, but other ranks use nranks={n}"
+            ))
+        } else if rank >= nranks {
+            Some(format!(
+                "bootstrap: rank {rank} (from {from}) is out of range for nranks={nranks}"
+            ))
+        } else if let Some(old) = ranks.get(&rank) {
+            if is_closed(&old.stream) {
+                // The earlier registration gave up; this is its retry.
+                ranks.remove(&rank);
+                None
+            } else {
+                Some(format!(
+                    "bootstrap: rank {rank} registered twice (from {} and from {from})",
+                    old.from
+                ))
+            }
+        } else {
+            None
+        };
+        if let Some(msg) = problem {
+            tracing::warn!(root = %root, "{msg}");
+            let _ = root_answer(&mut stream, ROOT_USAGE, msg.as_bytes());
+            for (_, mut r) in ranks.drain() {
+                let _ = root_answer(&mut r.stream, ROOT_USAGE, msg.as_bytes());
+            }
+            failure = Some((ROOT_USAGE, msg));
+            continue;
+        }
+        ranks.insert(
+            rank,
+            Registrant {
+                stream,
+                nranks,
+                listen,
+                from,
+            },
+        );
+        if ranks.len() == nranks {
+            let mut table = Vec::with_capacity(4 + nranks * ADDR_LEN);
+            table.extend_from_slice(&(nranks as u32).to_le_bytes());
+            for r in 0..nranks {
+                encode_addr(&ranks[&r].listen, &mut table);
+            }
+            for (r, reg) in ranks.iter_mut() {
+                if let Err(e) = root_answer(&mut reg.stream, ROOT_OK, &table) {
+                    tracing::warn!(root = %root, "bootstrap root: cannot answer rank {r} at {}: {e}", reg.from);
+                }
+            }
+            return;
+        }
+    }
+}
+
+/// Received messages, keyed by (sender, kind, tag), plus the senders whose
+/// connection ended.
+#[derive(Default)]
+struct Mailbox {
+    msgs: HashMap<(usize, u8, u64), VecDeque<Vec<u8>>>,
+    gone: HashMap<usize, String>,
+}
+
+struct Shared {
+    mailbox: Mutex<Mailbox>,
+    cond: Condvar,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn deliver(&self, from: usize, kind: u8, tag: u64, payload: Vec<u8>) {
+        self.mailbox
+            .lock()
+            .msgs
+            .entry((from, kind, tag))
+            .or_default()
+            .push_back(payload);
+        self.cond.notify_all();
+    }
+
+    fn mark_gone(&self, from: usize, why: String) {
+        self.mailbox.lock().gone.insert(from, why);
+        self.cond.notify_all();
+    }
+}
+
+/// The bootstrap network of one rank: its listener (served by one thread),
+/// the other ranks' listener addresses, and cached outgoing connections.
+pub struct Bootstrap {
+    rank: usize,
+    nranks: usize,
+    secret: Secret,
+    timeout: Duration,
+    abort: Arc<AtomicBool>,
+    peers: Vec<SocketAddr>,
+    out: Vec<Mutex<Option<TcpStream>>>,
+    seq: AtomicU64,
+    shared: Arc<Shared>,
+    wake: UnixStream,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for Bootstrap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Bootstrap")
+            .field("rank", &self.rank)
+            .field("nranks", &self.nranks)
+            .field("listen", &self.peers[self.rank])
+            .finish_non_exhaustive()
+    }
+}
+
+// Bootstrap is shared between threads (e.g. a communicator's proxy).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Bootstrap>();
+};
+
+fn aborted(rank: usize, what: impl fmt::Display) -> Error {
+    Error::InvalidUsage(format!("bootstrap: rank {rank} aborted while {what}"))
+}
+
+impl Bootstrap {
+    /// Connects to the root named by `id`, registers this rank's listener
+    /// address and learns every rank's. All ranks must pass the same
+    /// `nranks`; a duplicate rank or an `nranks` mismatch is reported to
+    /// every rank by the root (`InvalidUsage`). `timeout` bounds init and
+    /// every later wait; `abort` cancels any wait within ~10 ms.
+    pub fn init(
+        id: &UniqueId,
+        rank: usize,
+        nranks: usize,
+        timeout: Duration,
+        abort: Arc<AtomicBool>,
+    ) -> Result<Bootstrap> {
+        if nranks == 0 || rank >= nranks || nranks > u32::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "bootstrap: rank {rank} is out of range for nranks={nranks}"
+            )));
+        }
+        let root = id.root_addr()?;
+        let secret = id.secret()?;
+        let start = Instant::now();
+        let deadline = after(start, timeout);
+        // A root on loopback means a single-host communicator: stay on
+        // loopback too.
+        let ip = if root.ip().is_loopback() {
+            root.ip()
+        } else {
+            host_address()?
+        };
+        let mut listener = AuthListener::bind(SocketAddr::new(ip, 0), secret).map_err(|e| {
+            Error::io(
+                format!("bootstrap: rank {rank} binding its listener on {ip}"),
+                e,
+            )
+        })?;
+        listener
+            .set_handshake_timeout(timeout.clamp(Duration::from_millis(100), HANDSHAKE_TIMEOUT));
+        let me = listener.local_addr();
+
+        let mut hello = Vec::with_capacity(20 + ADDR_LEN);
+        hello.extend_from_slice(&REG_MAGIC);
+        hello.extend_from_slice(&(rank as u32).to_le_bytes());
+        hello.extend_from_slice(&(nranks as u32).to_le_bytes());
+        hello.extend_from_slice(&(timeout.as_millis().min(u64::MAX as u128) as u64).to_le_bytes());
+        encode_addr(&me, &mut hello);
+        let mut stream =
+            socket::connect_until(root, &secret, &hello, deadline, &abort).map_err(|e| match e
+                .kind()
+            {
+                io::ErrorKind::Interrupted => {
+                    aborted(rank, format_args!("connecting to the root at {root}"))
+                }
+                io::ErrorKind::TimedOut => Error::System(format!(
+                "bootstrap: timed out after {} connecting rank {rank} to the root at {root}: {e}",
+                secs(timeout)
+            )),
+                _ => Error::Remote(format!(
+                    "bootstrap: rank {rank} cannot register at the root at {root}: {e}"
+                )),
+            })?;
+        // The root answers when the earliest rank's timeout passes: give it
+        // a little longer than ours to say who is missing.
+        let grace = (timeout / 2).clamp(Duration::from_millis(200), Duration::from_secs(2));
+        let answer = socket::read_frame_until(&mut stream, MAX_FRAME, after(deadline, grace), &abort)
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::Interrupted => aborted(rank, format_args!("waiting for the root at {root}")),
+                io::ErrorKind::TimedOut => Error::System(format!(
+                    "bootstrap: timed out after {} waiting for the root at {root} to collect all {nranks} ranks (rank {rank} got no answer)",
+                    secs(start.elapsed())
+                )),
+                _ => Error::Remote(format!(
+                    "bootstrap: the root at {root} failed before answering rank {rank}: {e}"
+                )),
+            })?;
+        drop(stream);
+        let peers = Bootstrap::parse_table(&answer, rank, nranks, root, me)?;
+
+        let shared = Arc::new(Shared {
+            mailbox: Mutex::new(Mailbox::default()),
+            cond: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        let (wake, wake_rx) = UnixStream::pair()
+            .map_err(|e| Error::io("bootstrap: creating a wake-up socket pair", e))?;
+        wake_rx
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("bootstrap: configuring the wake-up socket", e))?;
+        let receiver = Receiver {
+            listener,
+            shared: shared.clone(),
+            wake: wake_rx,
+            rank,
+            nranks,
+            peers: peers.clone(),
+            conns: Vec::new(),
+        };
+        let thread = thread::Builder::new()
+            .name(format!("rccl-boot-{rank}"))
+            .spawn(move || receiver.run())
+            .map_err(|e| Error::io("bootstrap: starting the listener thread", e))?;
+        Ok(Bootstrap {
+            rank,
+            nranks,
+            secret,
+            timeout,
+            abort,
+            out: (0..nranks).map(|_| Mutex::new(None)).collect(),
+            peers,
+            seq: AtomicU64::new(0),
+            shared,
+            wake,
+            thread: Some(thread),
+        })
+    }
+
+    fn parse_table(
+        answer: &[u8],
+        rank: usize,
+        nranks: usize,
+        root: SocketAddr,
+        me: SocketAddr,
+    ) -> Result<Vec<SocketAddr>> {
+        let bad = |why: &str| {
+            Error::Remote(format!(
+                "bootstrap: rank {rank} got a malformed answer from the root at {root}: {why}"
+            ))
+        };
+        let (&status, body) = answer.split_first().ok_or_else(|| bad("empty"))?;
+        match status {
+            ROOT_OK => {}
+            ROOT_USAGE => return Err(Error::InvalidUsage(String::from_utf8_lossy(body).into())),
+            ROOT_SYSTEM => return Err(Error::System(String::from_utf8_lossy(body).into())),
+            s => return Err(bad(&format!("status {s}"))),
+        }
+        if body.len() != 4 + nranks * ADDR_LEN || read_u32(body, 0) as usize != nranks {
+            return Err(bad("address table of the wrong size"));
+        }
+        let peers = body[4..]
+            .chunks_exact(ADDR_LEN)
+            .map(decode_addr)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| bad(&e))?;
+        if peers[rank] != me {
+            return Err(bad(&format!(
+                "it lists {} for this rank, which listens on {me}",
+                peers[rank]
+            )));
+        }
+        Ok(peers)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    /// The communicator's secret (for the data transports' handshakes).
+    pub fn secret(&self) -> Secret {
+        self.secret
+    }
+
+    /// The bootstrap listener of `rank` (its IP is that rank's host
+    /// address).
+    ///
+    /// # Panics
+    /// If `rank >= nranks`.
+    pub fn peer_addr(&self, rank: usize) -> SocketAddr {
+        self.peers[rank]
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<()> {
+        if peer >= self.nranks {
+            return Err(Error::InvalidArgument(format!(
+                "bootstrap: peer {peer} is out of range for nranks={}",
+                self.nranks
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends `data` to `peer` under `tag`; `peer` receives it with
+    /// [`Bootstrap::recv`] with the same tag. Messages with one tag from one
+    /// sender arrive in order.
+    pub fn send(&self, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
+        self.send_kind(peer, KIND_USER, tag, data)
+    }
+
+    /// Receives the next message `peer` sent under `tag`, waiting at most
+    /// the bootstrap timeout (or until the abort flag is set).
+    pub fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
+        self.recv_kind(peer, KIND_USER, tag, || format!("a message with tag {tag}"))
+    }
+
+    fn send_kind(&self, peer: usize, kind: u8, tag: u64, data: &[u8]) -> Result<()> {
+        self.check_peer(peer)?;
+        if data.len() > MAX_FRAME - MSG_HEADER {
+            return Err(Error::InvalidArgument(format!(
+                "bootstrap: a message of {} bytes exceeds the limit of {} bytes",
+                data.len(),
+                MAX_FRAME - MSG_HEADER
+            )));
+        }
+        if self.abort.load(Ordering::Relaxed) {
+            return Err(aborted(self.rank, format_args!("sending to rank {peer}")));
+        }
+        if peer == self.rank {
+            self.shared.deliver(peer, kind, tag, data.to_vec());
+            return Ok(());
+        }
+        let addr = self.peers[peer];
+        let mut slot = self.out[peer].lock();
+        if slot.is_none() {
+            let mut hello = Vec::with_capacity(12);
+            hello.extend_from_slice(&PEER_MAGIC);
+            hello.extend_from_slice(&(self.rank as u32).to_le_bytes());
+            hello.extend_from_slice(&(self.nranks as u32).to_le_bytes());
+            let stream = socket::connect_until(
+                addr,
+                &self.secret,
+                &hello,
+                after(Instant::now(), self.timeout),
+                &self.abort,
+            )
+            .map_err(|e| {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    aborted(
+                        self.rank,
+                        format_args!("connecting to rank {peer} at {addr}"),
+                    )
+                } else {
+                    Error::Remote(format!(
+                        "bootstrap: rank {} cannot reach rank {peer} at {addr}: {e}",
+                        self.rank
+                    ))
+                }
+            })?;
+            stream
+                .set_write_timeout(Some(self.timeout.max(Duration::from_millis(1))))
+                .map_err(|e| Error::io("bootstrap: setting a write timeout", e))?;
+            *slot = Some(stream);
+        }
+        let mut frame = Vec::with_capacity(4 + MSG_HEADER + data.len());
+        frame.extend_from_slice(&((MSG_HEADER + data.len()) as u32).to_le_bytes());
+        frame.push(kind);
+        frame.extend_from_slice(&tag.to_le_bytes());
+        frame.extend_from_slice(data);
+        let stream = slot.as_mut().expect("connected above");
+        if let Err(e) = stream.write_all(&frame) {
+            *slot = None;
+            return Err(Error::Remote(format!(
+                "bootstrap: rank {} sending {} bytes to rank {peer} at {addr} failed: {e}",
+                self.rank,
+                data.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn recv_kind(
+        &self,
+        peer: usize,
+        kind: u8,
+        tag: u64,
+        what: impl Fn() -> String,
+    ) -> Result<Vec<u8>> {
+        self.check_peer(peer)?;
+        let deadline = after(Instant::now(), self.timeout);
+        let key = (peer, kind, tag);
+        let mut mb = self.shared.mailbox.lock();
+        loop {
+            if let Some(queue) = mb.msgs.get_mut(&key) {
+                if let Some(msg) = queue.pop_front() {
+                    if queue.is_empty() {
+                        mb.msgs.remove(&key);
+                    }
+                    return Ok(msg);
+                }
+            }
+            if let Some(why) = mb.gone.get(&peer) {
+                return Err(Error::Remote(format!(
+                    "bootstrap: rank {peer} at {} {why} while rank {} was waiting for {}",
+                    self.peers[peer],
+                    self.rank,
+                    what()
+                )));
+            }
+            if self.abort.load(Ordering::Relaxed) {
+                return Err(aborted(
+                    self.rank,
+                    format_args!("waiting for {} from rank {peer}", what()),
+                ));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::System(format!(
+                    "bootstrap: timed out after {} waiting for rank {peer} at {} to send {} to rank {}",
+                    secs(self.timeout),
+                    self.peers[peer],
+                    what(),
+                    self.rank
+                )));
+            }
+            self.shared
+                .cond
+                .wait_for(&mut mb, (deadline - now).min(ABORT_POLL));
+        }
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed) << 32
+    }
+
+    /// Gathers every rank's bytes: `result[r]` is what rank `r` passed
+    /// (lengths may differ). A ring: n-1 steps, each sending to rank+1 what
+    /// came from rank-1. All ranks must call the collectives in the same
+    /// order.
+    pub fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let (n, rank) = (self.nranks, self.rank);
+        let seq = self.next_seq();
+        let mut out = vec![Vec::new(); n];
+        out[rank] = mine.to_vec();
+        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+        for step in 0..n.saturating_sub(1) {
+            let send_idx = (rank + n - step) % n;
+            let recv_idx = (rank + 2 * n - step - 1) % n;
+            let tag = seq | step as u64;
+            self.send_kind(next, KIND_COLL, tag, &out[send_idx])?;
+            out[recv_idx] = self.recv_kind(prev, KIND_COLL, tag, || {
+                format!(
+                    "allgather #{} step {step} (rank {recv_idx}'s data)",
+                    seq >> 32
+                )
+            })?;
+        }
+        Ok(out)
+    }
+
+    /// Returns once every rank has entered the barrier (a dissemination
+    /// barrier: log2(n) rounds).
+    pub fn barrier(&self) -> Result<()> {
+        let (n, rank) = (self.nranks, self.rank);
+        let seq = self.next_seq();
+        let mut dist = 1;
+        let mut round = 0u64;
+        while dist < n {
+            let tag = seq | round;
+            self.send_kind((rank + dist) % n, KIND_COLL, tag, &[])?;
+            self.recv_kind((rank + n - dist) % n, KIND_COLL, tag, || {
+                format!("barrier #{} round {round}", seq >> 32)
+            })?;
+            dist *= 2;
+            round += 1;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Bootstrap {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = (&self.wake).write(&[1]);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One incoming connection from another rank.
+struct Conn {
+    stream: TcpStream,
+    from: usize,
+    buf: Vec<u8>,
+}
+
+/// The listener thread: accepts authenticated connections from other
+/// ranks and files their messages into the mailbox.
+struct Receiver {
+    listener: AuthListener,
+    shared: Arc<Shared>,
+    wake: UnixStream,
+    rank: usize,
+    nranks: usize,
+    peers: Vec<SocketAddr>,
+    conns: Vec<Conn>,
+}
+
+impl Receiver {
+    fn run(mut self) {
+        let mut pfds: Vec<libc::pollfd> = Vec::new();
+        while !self.shared.stop.load(Ordering::SeqCst) {
+            pfds.clear();
+            for fd in [self.listener.as_raw_fd(), self.wake.as_raw_fd()]
+                .into_iter()
+                .chain(self.conns.iter().map(|c| c.stream.as_raw_fd()))
+            {
+                pfds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            // SAFETY: `pfds` is a valid array of `pfds.len()` initialised
+            // pollfds that outlives the call.
+            let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 1000) };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    tracing::warn!(rank = self.rank, "bootstrap: poll failed: {e}");
+                    thread::sleep(ABORT_POLL);
+                }
+                continue;
+            }
+            if self.shared.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            // Read before accepting: `pfds[2..]` match `conns`.
+            let ready: Vec<usize> = (0..self.conns.len())
+                .filter(|&i| pfds[i + 2].revents != 0)
+                .collect();
+            let finished: Vec<usize> = ready.into_iter().filter(|&i| !self.drain(i)).collect();
+            // Highest first, so each swap_remove moves a live connection.
+            for i in finished.into_iter().rev() {
+                self.conns.swap_remove(i);
+            }
+            if pfds[1].revents != 0 {
+                let mut b = [0u8; 16];
+                let _ = (&self.wake).read(&mut b);
+            }
+            if pfds[0].revents != 0 {
+                self.accept();
+            }
+        }
+    }
+
+    fn accept(&mut self) {
+        match self.listener.accept_pending(&self.shared.stop) {
+            Ok(Some((stream, hello))) => {
+                let from_addr = stream.peer_addr().ok();
+                let ok = hello.len() == 12
+                    && hello[..4] == PEER_MAGIC
+                    && read_u32(&hello, 8) as usize == self.nranks
+                    && (read_u32(&hello, 4) as usize) < self.nranks;
+                if !ok {
+                    tracing::warn!(
+                        rank = self.rank,
+                        remote = ?from_addr,
+                        "bootstrap: refusing a connection with a malformed hello"
+                    );
+                    return;
+                }
+                let from = read_u32(&hello, 4) as usize;
+                if let Err(e) = stream.set_nonblocking(true) {
+                    tracing::warn!(
+                        rank = self.rank,
+                        "bootstrap: cannot use the connection from rank {from}: {e}"
+                    );
+                    return;
+                }
+                self.shared.mailbox.lock().gone.remove(&from);
+                self.conns.push(Conn {
+                    stream,
+                    from,
+                    buf: Vec::new(),
+                });
+            }
+            Ok(None) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!(rank = self.rank, "bootstrap: accept failed: {e}");
+                thread::sleep(ABORT_POLL);
+            }
+        }
+    }
+
+    /// Reads what connection `i` has; files complete messages. False when
+    /// the connection is finished (closed, failed or misbehaving).
+    fn drain(&mut self, i: usize) -> bool {
+        let mut chunk = [0u8; 64 * 1024];
+        loop {
+            let conn = &mut self.conns[i];
+            match conn.stream.read(&mut chunk) {
+                Ok(0) => {
+                    let why = if conn.buf.is_empty() {
+                        "closed its bootstrap connection".to_string()
+                    } else {
+                        format!(
+                            "closed its bootstrap connection in the middle of a message ({} bytes pending)",
+                            conn.buf.len()
+                        )
+                    };
+                    self.shared.mark_gone(conn.from, why);
+                    return false;
+                }
+                Ok(n) => {
+                    conn.buf.extend_from_slice(&chunk[..n]);
+                    if let Err(why) = self.parse(i) {
+                        let from = self.conns[i].from;
+                        tracing::warn!(
+                            rank = self.rank,
+                            "bootstrap: rank {from} at {} {why}; closing its connection",
+                            self.peers[from]
+                        );
+                        self.shared.mark_gone(from, why);
+                        return false;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.shared
+                        .mark_gone(conn.from, format!("broke its bootstrap connection ({e})"));
+                    return false;
+                }
+            }
+        }
+    }
+
+    fn parse(&mut self, i: usize) -> std::result::Result<(), String> {
+        let conn = &mut self.conns[i];
+        let mut at = 0;
+        while conn.buf.len() - at >= 4 {
+            let len = read_u32(&conn.buf, at) as usize;
+            if !(MSG_HEADER..=MAX_FRAME).contains(&len) {
+                return Err(format!("sent a malformed bootstrap message of {len} bytes"));
+            }
+            if conn.buf.len() - at - 4 < len {
+                break;
+            }
+            let body = &conn.buf[at + 4..at + 4 + len];
+            let kind = body[0];
+            if kind != KIND_USER && kind != KIND_COLL {
+                return Err(format!("sent a bootstrap message of unknown kind {kind}"));
+            }
+            let tag = read_u64(body, 1);
+            self.shared
+                .deliver(conn.from, kind, tag, body[MSG_HEADER..].to_vec());
+            at += 4 + len;
+        }
+        conn.buf.drain(..at);
+        Ok(())
+    }
+}

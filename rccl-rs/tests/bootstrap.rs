@@ -1,0 +1,383 @@
+//! The bootstrap network with ranks as threads, on loopback.
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rccl::bootstrap::{Bootstrap, UniqueId};
+use rccl::Error;
+use rccl_transports::socket::{self, Secret};
+
+const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+fn no_abort() -> Arc<AtomicBool> {
+    Arc::new(AtomicBool::new(false))
+}
+
+/// Runs `f(bootstrap)` on `n` rank threads.
+fn run_ranks<T: Send + 'static>(
+    id: UniqueId,
+    n: usize,
+    timeout: Duration,
+    f: impl Fn(Bootstrap) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let f = Arc::new(f);
+    let handles: Vec<_> = (0..n)
+        .map(|r| {
+            let f = f.clone();
+            thread::spawn(move || f(Bootstrap::init(&id, r, n, timeout, no_abort()).unwrap()))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn payload(rank: usize, round: usize) -> Vec<u8> {
+    vec![(rank * 7 + round) as u8; rank * 3 + round]
+}
+
+fn exercise(b: &Bootstrap) {
+    let (n, r) = (b.nranks(), b.rank());
+    // Consecutive allgathers with different-length payloads never mix.
+    for round in 0..3 {
+        let all = b.allgather(&payload(r, round)).unwrap();
+        assert_eq!(all.len(), n);
+        for (peer, got) in all.iter().enumerate() {
+            assert_eq!(
+                got,
+                &payload(peer, round),
+                "rank {r} round {round} from {peer}"
+            );
+        }
+        b.barrier().unwrap();
+    }
+    // Tagged send/recv: everyone sends to everyone (itself included) under
+    // two tags, received in the opposite tag order.
+    for peer in 0..n {
+        b.send(peer, 7, format!("{r}->{peer} seven").as_bytes())
+            .unwrap();
+        b.send(peer, 9, format!("{r}->{peer} nine").as_bytes())
+            .unwrap();
+    }
+    for peer in (0..n).rev() {
+        assert_eq!(
+            b.recv(peer, 9).unwrap(),
+            format!("{peer}->{r} nine").as_bytes()
+        );
+        assert_eq!(
+            b.recv(peer, 7).unwrap(),
+            format!("{peer}->{r} seven").as_bytes()
+        );
+    }
+    b.barrier().unwrap();
+    assert_eq!(b.peer_addr(r).ip(), LOCALHOST);
+}
+
+#[test]
+fn ranks_1_2_4_8() {
+    for n in [1, 2, 4, 8] {
+        let id = UniqueId::new_on(LOCALHOST).unwrap();
+        let t = Instant::now();
+        run_ranks(id, n, Duration::from_secs(20), |b| exercise(&b));
+        eprintln!("{n} ranks: {:?}", t.elapsed());
+    }
+}
+
+#[test]
+fn new_honours_socket_ifname() {
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+    let id = UniqueId::new().unwrap();
+    assert!(id.root_addr().unwrap().ip().is_loopback());
+    run_ranks(id, 3, Duration::from_secs(20), |b| exercise(&b));
+}
+
+#[test]
+fn large_allgather() {
+    let id = UniqueId::new_on(LOCALHOST).unwrap();
+    run_ranks(id, 3, Duration::from_secs(20), |b| {
+        let mine = vec![b.rank() as u8; 2 << 20];
+        let all = b.allgather(&mine).unwrap();
+        for (r, v) in all.iter().enumerate() {
+            assert!(v.len() == 2 << 20 && v.iter().all(|&x| x == r as u8));
+        }
+    });
+}
+
+/// Connects with a wrong secret and expects refusal.
+fn wrong_secret_client(addr: SocketAddr) {
+    let e = socket::connect(
+        addr,
+        &Secret::random(),
+        b"hi",
+        Instant::now() + Duration::from_secs(10),
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+}
+
+/// Sends garbage and leaves it open for a while.
+fn garbage_client(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let _ = s.write_all(b"GET / HTTP/1.0\r\n\r\n and a lot more garbage to fill a handshake");
+    s
+}
+
+#[test]
+fn intruders_do_not_disturb_init() {
+    let id = UniqueId::new_on(LOCALHOST).unwrap();
+    let root = id.root_addr().unwrap();
+    let _g = garbage_client(root);
+    wrong_secret_client(root);
+    let n = 4;
+    let gate = Arc::new(Barrier::new(n + 1));
+    let g2 = gate.clone();
+    let handles: Vec<_> = (0..n)
+        .map(|r| {
+            let gate = gate.clone();
+            thread::spawn(move || {
+                let b = Bootstrap::init(&id, r, n, Duration::from_secs(20), no_abort()).unwrap();
+                let addrs = b.allgather(&[]).unwrap();
+                assert_eq!(addrs.len(), n);
+                if r == 0 {
+                    // Hand the listener addresses to the intruders.
+                    let list: Vec<SocketAddr> = (0..n).map(|p| b.peer_addr(p)).collect();
+                    INTRUDE.lock().unwrap().extend(list);
+                }
+                gate.wait(); // intruders attack here
+                gate.wait();
+                exercise(&b);
+            })
+        })
+        .collect();
+    g2.wait();
+    let addrs: Vec<SocketAddr> = INTRUDE.lock().unwrap().clone();
+    let mut keep = Vec::new();
+    for a in &addrs {
+        keep.push(garbage_client(*a));
+        wrong_secret_client(*a);
+        // A truncated handshake.
+        let mut s = TcpStream::connect(a).unwrap();
+        let _ = s.write_all(b"RCCLAUTH");
+        drop(s);
+    }
+    g2.wait();
+    for h in handles {
+        h.join().unwrap();
+    }
+    drop(keep);
+}
+
+static INTRUDE: std::sync::Mutex<Vec<SocketAddr>> = std::sync::Mutex::new(Vec::new());
+
+fn free_port() -> u16 {
+    TcpListener::bind((LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn from_address_with_serve_root() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let ids: Vec<UniqueId> = (0..4)
+        .map(|_| UniqueId::from_address(&addr).unwrap())
+        .collect();
+    assert!(
+        ids.windows(2).all(|w| w[0] == w[1]),
+        "every rank derives the same id"
+    );
+    assert_eq!(ids[0].root_addr().unwrap().to_string(), addr);
+    let id = ids[0];
+    // Ranks 1.. may start before rank 0 serves the root: they retry.
+    let n = 4;
+    let handles: Vec<_> = (0..n)
+        .map(|r| {
+            thread::spawn(move || {
+                if r == 0 {
+                    thread::sleep(Duration::from_millis(200));
+                    id.serve_root().unwrap();
+                }
+                let b = Bootstrap::init(&id, r, n, Duration::from_secs(20), no_abort()).unwrap();
+                exercise(&b);
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(UniqueId::from_address("not an address").is_err());
+    assert!(UniqueId::from_address("127.0.0.1:0").is_err());
+    assert!(format!("{:?}", id).contains(&addr));
+}
+
+#[test]
+fn invalid_unique_id() {
+    let mut bytes = UniqueId::new_on(LOCALHOST).unwrap().0;
+    bytes[0] ^= 1;
+    let e = UniqueId(bytes).root_addr().unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.starts_with("unique id is not valid")),
+        "{e}"
+    );
+    let e = Bootstrap::init(
+        &UniqueId([0; 128]),
+        0,
+        1,
+        Duration::from_secs(1),
+        no_abort(),
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    let id = UniqueId::new_on(LOCALHOST).unwrap();
+    let e = Bootstrap::init(&id, 2, 2, Duration::from_secs(1), no_abort()).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+}
+
+#[test]
+fn missing_rank_times_out_naming_it() {
+    let id = UniqueId::new_on(LOCALHOST).unwrap();
+    let n = 4;
+    let t = Instant::now();
+    // Rank 2 never shows up.
+    let handles: Vec<_> = [0, 1, 3]
+        .into_iter()
+        .map(|r| {
+            thread::spawn(move || {
+                Bootstrap::init(&id, r, n, Duration::from_millis(500), no_abort())
+            })
+        })
+        .collect();
+    for h in handles {
+        let e = h.join().unwrap().unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::System(_)), "{msg}");
+        assert!(msg.contains("timed out") && msg.contains("[2]"), "{msg}");
+    }
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+#[test]
+fn nranks_mismatch_and_duplicate_rank_reported_to_every_rank() {
+    let id = UniqueId::new_on(LOCALHOST).unwrap();
+    let handles: Vec<_> = [(0, 3), (1, 3), (2, 4)]
+        .into_iter()
+        .map(|(r, n)| {
+            thread::spawn(move || {
+                if r == 2 {
+                    thread::sleep(Duration::from_millis(100));
+                }
+                Bootstrap::init(&id, r, n, Duration::from_secs(5), no_abort())
+            })
+        })
+        .collect();
+    for h in handles {
+        let e = h.join().unwrap().unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidUsage(m) if m.contains("nranks mismatch")),
+            "{e}"
+        );
+    }
+    let id = UniqueId::new_on(LOCALHOST).unwrap();
+    let handles: Vec<_> = [0, 1, 1]
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            thread::spawn(move || {
+                thread::sleep(Duration::from_millis(50 * i as u64));
+                Bootstrap::init(&id, r, 3, Duration::from_secs(5), no_abort())
+            })
+        })
+        .collect();
+    for h in handles {
+        let e = h.join().unwrap().unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidUsage(m) if m.contains("registered twice")),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn recv_timeout_and_abort() {
+    let id = UniqueId::new_on(LOCALHOST).unwrap();
+    let n = 2;
+    let aborts: Vec<Arc<AtomicBool>> = (0..n).map(|_| no_abort()).collect();
+    let handles: Vec<_> = (0..n)
+        .map(|r| {
+            let abort = aborts[r].clone();
+            thread::spawn(move || {
+                Bootstrap::init(&id, r, n, Duration::from_millis(300), abort).unwrap()
+            })
+        })
+        .collect();
+    let bs: Vec<Bootstrap> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    // Timeout names the peer and what was awaited.
+    let t = Instant::now();
+    let e = bs[0].recv(1, 42).unwrap_err();
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    let msg = e.to_string();
+    assert!(
+        matches!(e, Error::System(_)) && msg.contains("rank 1") && msg.contains("tag 42"),
+        "{msg}"
+    );
+    // Abort unblocks promptly.
+    let a = aborts[1].clone();
+    thread::scope(|s| {
+        s.spawn(|| {
+            thread::sleep(Duration::from_millis(100));
+            a.store(true, Ordering::Relaxed);
+        });
+        let t = Instant::now();
+        let e = bs[1].recv(0, 1).unwrap_err();
+        assert!(
+            t.elapsed() < Duration::from_millis(250),
+            "{:?}",
+            t.elapsed()
+        );
+        assert!(e.to_string().contains("aborted"), "{e}");
+    });
+    // A peer that went away is reported as such, not as a timeout.
+    aborts[1].store(false, Ordering::Relaxed);
+    let mut bs = bs;
+    let b1 = bs.pop().unwrap();
+    let b0 = bs.pop().unwrap();
+    b1.send(0, 5, b"last words").unwrap();
+    drop(b1);
+    assert_eq!(b0.recv(1, 5).unwrap(), b"last words");
+    let e = b0.recv(1, 5).unwrap_err();
+    assert!(
+        matches!(&e, Error::Remote(m) if m.contains("rank 1")),
+        "{e}"
+    );
+    let e = b0
+        .send(1, 5, b"anyone?")
+        .and_then(|_| b0.send(1, 5, b"anyone?"))
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Remote(m) if m.contains("rank 1")),
+        "{e}"
+    );
+}
+
+#[test]
+fn huge_timeout_does_not_overflow() {
+    let id = UniqueId::new_on(LOCALHOST).unwrap();
+    run_ranks(id, 2, Duration::MAX, |b| exercise(&b));
+}
+
+#[test]
+fn abort_unblocks_init() {
+    let id = UniqueId::new_on(LOCALHOST).unwrap();
+    let abort = no_abort();
+    let a = abort.clone();
+    let h = thread::spawn(move || Bootstrap::init(&id, 0, 2, Duration::from_secs(30), a));
+    thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    abort.store(true, Ordering::Relaxed);
+    let e = h.join().unwrap().unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert!(e.to_string().contains("aborted"), "{e}");
+}
