@@ -7,7 +7,9 @@ use rccl::{DataType, RedOp};
 /// suffix (powers of 1024, either case); fractions are allowed ("1.5M").
 pub fn parse_size(text: &str) -> Result<usize, String> {
     let text = text.trim();
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
     let value: f64 = number
         .trim()
@@ -75,7 +77,14 @@ pub enum TestOp {
 
 impl TestOp {
     /// Every operator, in nccl-tests' order.
-    pub const ALL: [TestOp; 6] = [TestOp::Sum, TestOp::Prod, TestOp::Max, TestOp::Min, TestOp::Avg, TestOp::MulSum];
+    pub const ALL: [TestOp; 6] = [
+        TestOp::Sum,
+        TestOp::Prod,
+        TestOp::Max,
+        TestOp::Min,
+        TestOp::Avg,
+        TestOp::MulSum,
+    ];
 
     /// nccl-tests' name.
     pub fn name(self) -> &'static str {
@@ -113,29 +122,37 @@ pub fn premul_scalar(rank: usize) -> f64 {
     1.0 + (rank % 2) as f64
 }
 
+/// `-d`: one datatype, or every one (None).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TypeSel(pub Option<DataType>);
+
+/// `-o`: one operator, or every one (None).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpSel(pub Option<TestOp>);
+
 /// Parses `-d`: a type name or `all` (None).
-fn parse_datatype(text: &str) -> Result<Option<DataType>, String> {
+fn parse_datatype(text: &str) -> Result<TypeSel, String> {
     if text == "all" {
-        return Ok(None);
+        return Ok(TypeSel(None));
     }
     DataType::ALL
         .into_iter()
         .find(|d| d.name() == text)
-        .map(Some)
+        .map(|d| TypeSel(Some(d)))
         .ok_or_else(|| {
             let names: Vec<_> = DataType::ALL.iter().map(|d| d.name()).collect();
             format!("invalid type {text:?}: one of {} or all", names.join(" "))
         })
 }
 
-fn parse_op(text: &str) -> Result<Option<TestOp>, String> {
+fn parse_op(text: &str) -> Result<OpSel, String> {
     if text == "all" {
-        return Ok(None);
+        return Ok(OpSel(None));
     }
     TestOp::ALL
         .into_iter()
         .find(|o| o.name() == text)
-        .map(Some)
+        .map(|o| OpSel(Some(o)))
         .ok_or_else(|| format!("invalid op {text:?}: one of sum prod max min avg mulsum all"))
 }
 
@@ -148,7 +165,10 @@ fn parse_root(text: &str) -> Result<i32, String> {
 
 /// The flags every perf binary takes (nccl-tests' set).
 #[derive(Parser, Debug, Clone)]
-#[command(about = "rccl-rs collective performance and correctness test (nccl-tests compatible)")]
+#[command(
+    about = "rccl-rs collective performance and correctness test (nccl-tests compatible)",
+    args_override_self = true
+)]
 pub struct Args {
     /// Number of threads per process.
     #[arg(short = 't', long = "nthreads", default_value = "1", value_parser = parse_count)]
@@ -189,10 +209,10 @@ pub struct Args {
     pub check: usize,
     /// Reduction: sum, prod, max, min, avg, mulsum or all.
     #[arg(short = 'o', long = "op", default_value = "sum", value_parser = parse_op)]
-    pub op: Option<TestOp>,
+    pub op: OpSel,
     /// Datatype name or all.
     #[arg(short = 'd', long = "datatype", default_value = "float", value_parser = parse_datatype)]
-    pub datatype: Option<DataType>,
+    pub datatype: TypeSel,
     /// Root rank for rooted collectives (-1 or all: every root).
     #[arg(short = 'r', long = "root", default_value = "0", value_parser = parse_root, allow_hyphen_values = true)]
     pub root: i32,
@@ -256,7 +276,10 @@ impl Args {
             (self.cudagraph != 0, "-G/--cudagraph"),
             (self.local_register != 0, "-R/--local_register"),
             (self.cta_policy != -1, "-x/--cta_policy"),
-            (self.device_implementation != 0, "-D/--device_implementation"),
+            (
+                self.device_implementation != 0,
+                "-D/--device_implementation",
+            ),
             (self.memory != 0, "-M/--memory"),
             (self.per_iter_timing != 0, "-I/--per_iter_timing"),
             (self.per_iter_skip != 0, "-K/--per_iter_skip"),
@@ -289,12 +312,25 @@ mod tests {
     #[test]
     fn defaults_match_nccl_tests() {
         let a = Args::try_parse_from(["x"]).unwrap();
-        assert_eq!((a.minbytes, a.maxbytes, a.stepbytes, a.stepfactor), (32 << 20, 32 << 20, 1 << 20, 1));
-        assert_eq!((a.iters, a.warmup_iters, a.agg_iters, a.check, a.average), (20, 1, 1, 1, 1));
-        assert_eq!(a.datatype, Some(DataType::Float32));
-        assert_eq!(a.op, Some(TestOp::Sum));
-        let a = Args::try_parse_from(["x", "-b", "8", "-e", "128M", "-f", "2", "-g", "8", "-d", "all", "-o", "all", "-r", "-1"]).unwrap();
-        assert_eq!((a.minbytes, a.maxbytes, a.stepfactor, a.ngpus, a.root), (8, 128 << 20, 2, 8, -1));
-        assert_eq!((a.datatype, a.op), (None, None));
+        assert_eq!(
+            (a.minbytes, a.maxbytes, a.stepbytes, a.stepfactor),
+            (32 << 20, 32 << 20, 1 << 20, 1)
+        );
+        assert_eq!(
+            (a.iters, a.warmup_iters, a.agg_iters, a.check, a.average),
+            (20, 1, 1, 1, 1)
+        );
+        assert_eq!(a.datatype.0, Some(DataType::Float32));
+        assert_eq!(a.op.0, Some(TestOp::Sum));
+        let a = Args::try_parse_from([
+            "x", "-b", "8", "-e", "128M", "-f", "2", "-g", "8", "-d", "all", "-o", "all", "-r",
+            "-1",
+        ])
+        .unwrap();
+        assert_eq!(
+            (a.minbytes, a.maxbytes, a.stepfactor, a.ngpus, a.root),
+            (8, 128 << 20, 2, 8, -1)
+        );
+        assert_eq!((a.datatype.0, a.op.0), (None, None));
     }
 }

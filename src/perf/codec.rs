@@ -21,7 +21,11 @@ fn decode_minifloat(bits: u8, ebits: u32, mbits: u32, ieee_specials: bool) -> f6
     let bias = (1i32 << (ebits - 1)) - 1;
     let emax = (1u32 << ebits) - 1;
     if ieee_specials && exp == emax {
-        return if man == 0 { sign * f64::INFINITY } else { f64::NAN };
+        return if man == 0 {
+            sign * f64::INFINITY
+        } else {
+            f64::NAN
+        };
     }
     if !ieee_specials && exp == emax && man == (1 << mbits) - 1 {
         return f64::NAN;

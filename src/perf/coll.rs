@@ -75,7 +75,10 @@ impl Coll {
 
     /// Whether the test loops over reduction operators (-o).
     pub fn uses_op(self) -> bool {
-        matches!(self, Coll::AllReduce | Coll::Reduce | Coll::ReduceScatter | Coll::SendRecv)
+        matches!(
+            self,
+            Coll::AllReduce | Coll::Reduce | Coll::ReduceScatter | Coll::SendRecv
+        )
     }
 
     /// Whether the collective reduces.
@@ -85,7 +88,10 @@ impl Coll {
 
     /// Whether the collective has a root (-r).
     pub fn has_root(self) -> bool {
-        matches!(self, Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter)
+        matches!(
+            self,
+            Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter
+        )
     }
 
     /// The op name printed for a test that does not reduce.
@@ -101,8 +107,12 @@ impl Coll {
     pub fn counts(self, count: usize, elt: usize, nranks: usize) -> Counts {
         let base = (count / nranks) & !(16 / elt - 1);
         let (send, recv, param, so, ro) = match self {
-            Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::SendRecv => (count, count, count, 0, 0),
-            Coll::AllGather | Coll::Gather | Coll::HyperCube => (base, base * nranks, base, base, 0),
+            Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::SendRecv => {
+                (count, count, count, 0, 0)
+            }
+            Coll::AllGather | Coll::Gather | Coll::HyperCube => {
+                (base, base * nranks, base, base, 0)
+            }
             Coll::ReduceScatter | Coll::Scatter => (base * nranks, base, base, 0, base),
             Coll::AllToAll => (base * nranks, base * nranks, base, 0, 0),
         };
@@ -123,9 +133,11 @@ impl Coll {
         let (data, factor) = match self {
             Coll::AllReduce => (bytes, 2.0 * (n - 1.0) / n),
             Coll::Broadcast | Coll::Reduce | Coll::SendRecv => (bytes, 1.0),
-            Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll | Coll::Gather | Coll::Scatter => {
-                (bytes * n, (n - 1.0) / n)
-            }
+            Coll::AllGather
+            | Coll::ReduceScatter
+            | Coll::AllToAll
+            | Coll::Gather
+            | Coll::Scatter => (bytes * n, (n - 1.0) / n),
             Coll::HyperCube => (bytes * (n - 1.0), 1.0),
         };
         let alg = data / 1.0e9 / sec;
@@ -209,7 +221,9 @@ impl Coll {
                 // ranges of mask chunks lie inside recv's n chunks.
                 let res = unsafe {
                     comm.send_raw(recv.add(s * chunk), count * mask, dtype, rank ^ mask)
-                        .and_then(|()| comm.recv_raw(recv.add(r * chunk), count * mask, dtype, rank ^ mask))
+                        .and_then(|()| {
+                            comm.recv_raw(recv.add(r * chunk), count * mask, dtype, rank ^ mask)
+                        })
                 };
                 let end = rccl::group_end();
                 return res.and(end);
@@ -236,13 +250,22 @@ impl Coll {
 
     /// What element `j` of `rank`'s receive buffer must hold, for calls of
     /// param count `base`.
-    pub fn expected(self, pat: &Pattern, rank: usize, root: usize, base: usize, j: usize) -> Expect {
+    pub fn expected(
+        self,
+        pat: &Pattern,
+        rank: usize,
+        root: usize,
+        base: usize,
+        j: usize,
+    ) -> Expect {
         let n = pat.nranks;
         match self {
             Coll::AllReduce | Coll::Reduce => pat.reduce(j),
             Coll::ReduceScatter => pat.reduce(rank * base + j),
             Coll::Broadcast => pat.exact(pat.value(root, j)),
-            Coll::AllGather | Coll::Gather | Coll::HyperCube => pat.exact(pat.value(j / base, j % base)),
+            Coll::AllGather | Coll::Gather | Coll::HyperCube => {
+                pat.exact(pat.value(j / base, j % base))
+            }
             Coll::AllToAll => pat.exact(pat.value(j / base, rank * base + j % base)),
             Coll::Scatter => pat.exact(pat.value(root, rank * base + j)),
             Coll::SendRecv => pat.exact(pat.value((rank + n - 1) % n, j)),
@@ -330,7 +353,9 @@ impl Pattern {
                 };
                 (a as i64 + d) as f64
             }
-            Some(TestOp::Sum | TestOp::MulSum | TestOp::Avg) if m < 1 || (self.op == Some(TestOp::Avg)) => {
+            Some(TestOp::Sum | TestOp::MulSum | TestOp::Avg)
+                if m < 1 || (self.op == Some(TestOp::Avg)) =>
+            {
                 // Too many ranks for small values: one rank holds a 1.
                 if rank == h % n {
                     1.0
@@ -378,7 +403,9 @@ impl Pattern {
         let vals = (0..n).map(|r| self.value(r, idx) as i64);
         let v: i64 = match op {
             TestOp::Sum => vals.fold(0i64, |a, v| a.wrapping_add(v)),
-            TestOp::MulSum => (0..n).fold(0i64, |a, r| a.wrapping_add((premul_scalar(r) as i64).wrapping_mul(self.value(r, idx) as i64))),
+            TestOp::MulSum => (0..n).fold(0i64, |a, r| {
+                a.wrapping_add((premul_scalar(r) as i64).wrapping_mul(self.value(r, idx) as i64))
+            }),
             TestOp::Prod => vals.fold(1i64, |a, v| a.wrapping_mul(v)),
             TestOp::Max => vals.max().unwrap_or(0),
             TestOp::Min => vals.min().unwrap_or(0),

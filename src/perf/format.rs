@@ -21,14 +21,21 @@ pub fn c_g(value: f64) -> String {
         return "0".into();
     }
     if value.is_nan() {
-        return if value.is_sign_negative() { "-nan" } else { "nan" }.into();
+        return if value.is_sign_negative() {
+            "-nan"
+        } else {
+            "nan"
+        }
+        .into();
     }
     if value.is_infinite() {
         return if value < 0.0 { "-inf" } else { "inf" }.into();
     }
     // The exponent after rounding to 6 significant digits.
     let sci = format!("{value:.5e}");
-    let exp: i32 = sci.split_once('e').map_or(0, |(_, e)| e.parse().unwrap_or(0));
+    let exp: i32 = sci
+        .split_once('e')
+        .map_or(0, |(_, e)| e.parse().unwrap_or(0));
     let strip = |s: String| -> String {
         if s.contains('.') {
             s.trim_end_matches('0').trim_end_matches('.').to_string()
@@ -93,7 +100,13 @@ pub fn result_header(report_cputime: bool, report_timestamps: bool) -> String {
 }
 
 /// The start of a result row: size, count, type, op and root.
-pub fn row_preamble(bytes: usize, count: usize, type_name: &str, op_name: &str, root: i32) -> String {
+pub fn row_preamble(
+    bytes: usize,
+    count: usize,
+    type_name: &str,
+    op_name: &str,
+    root: i32,
+) -> String {
     format!("{bytes:>12}  {count:>12}  {type_name:>8}  {op_name:>6}  {root:>6}")
 }
 
@@ -158,6 +171,9 @@ mod tests {
         let h = result_header(false, false);
         let lines: Vec<_> = h.lines().collect();
         assert_eq!(lines[2], "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong ");
-        assert_eq!(row_preamble(8, 2, "float", "sum", -1), "           8             2     float     sum      -1");
+        assert_eq!(
+            row_preamble(8, 2, "float", "sum", -1),
+            "           8             2     float     sum      -1"
+        );
     }
 }

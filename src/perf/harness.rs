@@ -22,7 +22,13 @@ const TIMING_SEED: usize = 99;
 type Res<T> = Result<T, String>;
 
 fn engine(what: &str) -> impl Fn(rccl::Error) -> String + '_ {
-    move |e| format!("{}: Test NCCL failure {what} '{e}' (ncclResult_t {})", hostname(), e.code())
+    move |e| {
+        format!(
+            "{}: Test NCCL failure {what} '{e}' (ncclResult_t {})",
+            hostname(),
+            e.code()
+        )
+    }
 }
 
 /// Runs the perf test `coll` with this process's command line; the exit
@@ -68,10 +74,15 @@ fn launch_mode() -> Launch {
 }
 
 fn local_rank_from_env() -> usize {
-    ["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
-        .unwrap_or(0)
+    [
+        "LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+    .unwrap_or(0)
 }
 
 fn run(coll: Coll, args: &Args) -> Res<bool> {
@@ -102,7 +113,8 @@ fn run(coll: Coll, args: &Args) -> Res<bool> {
     let mut device_base = 0;
     match launch {
         Launch::Threads => {
-            let all = Communicator::init_all(args.nthreads * args.ngpus).map_err(engine("ncclCommInitAll"))?;
+            let all = Communicator::init_all(args.nthreads * args.ngpus)
+                .map_err(engine("ncclCommInitAll"))?;
             let mut it = all.into_iter();
             for _ in 0..args.nthreads {
                 comms.push(it.by_ref().take(args.ngpus).collect());
@@ -114,7 +126,9 @@ fn run(coll: Coll, args: &Args) -> Res<bool> {
                     "with one process per rank ({nranks} ranks from the environment), -t and -g must be 1"
                 ));
             }
-            comms.push(vec![Communicator::from_env().map_err(engine("ncclCommInitRank"))?]);
+            comms.push(vec![
+                Communicator::from_env().map_err(engine("ncclCommInitRank"))?
+            ]);
             device_base = local_rank_from_env();
         }
     }
@@ -122,7 +136,13 @@ fn run(coll: Coll, args: &Args) -> Res<bool> {
         let mut handles = Vec::new();
         let mut first = None;
         for (t, thread_comms) in comms.into_iter().enumerate() {
-            let worker = Worker::new(coll, args, thread_comms, is_main_proc && t == 0, device_base + t * args.ngpus);
+            let worker = Worker::new(
+                coll,
+                args,
+                thread_comms,
+                is_main_proc && t == 0,
+                device_base + t * args.ngpus,
+            );
             if t == 0 {
                 first = Some(worker);
             } else {
@@ -130,7 +150,10 @@ fn run(coll: Coll, args: &Args) -> Res<bool> {
             }
         }
         let mut out = vec![first.expect("one thread").and_then(|w| w.run_all())];
-        out.extend(handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a test thread panicked".into()))));
+        out.extend(handles.into_iter().map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err("a test thread panicked".into()))
+        }));
         out
     });
     let mut ok = true;
@@ -256,7 +279,13 @@ fn grouped(enabled: bool, f: impl FnOnce() -> rccl::Result<()>) -> rccl::Result<
 }
 
 impl<'a> Worker<'a> {
-    fn new(coll: Coll, args: &'a Args, comms: Vec<Communicator>, main: bool, device_base: usize) -> Res<Worker<'a>> {
+    fn new(
+        coll: Coll,
+        args: &'a Args,
+        comms: Vec<Communicator>,
+        main: bool,
+        device_base: usize,
+    ) -> Res<Worker<'a>> {
         let nranks = comms.first().map_or(1, |c| c.count());
         let bytes = args.maxbytes + args.unalign * 8;
         let ranks = comms
@@ -303,10 +332,22 @@ impl<'a> Worker<'a> {
 
     fn run_tests(&mut self) -> Res<Outcome> {
         self.device_report()?;
-        self.print(&format::result_header(self.args.report_cputime != 0, self.args.report_timestamps != 0));
-        let types: Vec<DataType> = self.args.datatype.map_or(DataType::ALL.to_vec(), |d| vec![d]);
+        self.print(&format::result_header(
+            self.args.report_cputime != 0,
+            self.args.report_timestamps != 0,
+        ));
+        let types: Vec<DataType> = self
+            .args
+            .datatype
+            .0
+            .map_or(DataType::ALL.to_vec(), |d| vec![d]);
         let ops: Vec<Option<TestOp>> = if self.coll.uses_op() {
-            self.args.op.map_or(TestOp::ALL.iter().map(|&o| Some(o)).collect(), |o| vec![Some(o)])
+            self.args
+                .op
+                .0
+                .map_or(TestOp::ALL.iter().map(|&o| Some(o)).collect(), |o| {
+                    vec![Some(o)]
+                })
         } else {
             vec![None]
         };
@@ -316,7 +357,10 @@ impl<'a> Worker<'a> {
             (0..self.nranks as i32).collect()
         } else {
             if self.args.root as usize >= self.nranks {
-                return Err(format!("invalid root {} for {} ranks", self.args.root, self.nranks));
+                return Err(format!(
+                    "invalid root {} for {} ranks",
+                    self.args.root, self.nranks
+                ));
             }
             vec![self.args.root]
         };
@@ -358,7 +402,15 @@ impl<'a> Worker<'a> {
                 // SAFETY: s holds REC bytes and r holds REC * n bytes, both
                 // alive until the group ends below.
                 unsafe {
-                    rank.comm.collective_raw(CollKind::AllGather, s.as_ptr(), r.as_mut_ptr(), REC, DataType::Uint8, RedOp::Sum, 0)?
+                    rank.comm.collective_raw(
+                        CollKind::AllGather,
+                        s.as_ptr(),
+                        r.as_mut_ptr(),
+                        REC,
+                        DataType::Uint8,
+                        RedOp::Sum,
+                        0,
+                    )?
                 };
             }
             Ok(())
@@ -377,13 +429,27 @@ impl<'a> Worker<'a> {
     }
 
     /// All-reduces one f64 per thread over every rank (`Sum`, `Min`, `Max`,
-    /// or with `None` the value of rank 0).
+    /// or with `None` the value of rank 0). Every rank of the thread
+    /// contributes `value` (a sum over ranks is then `ngpus` times the sum
+    /// over threads).
     fn allreduce(&mut self, value: f64, op: Option<RedOp>) -> Res<f64> {
         let sends = vec![value; self.ranks.len()];
+        self.allreduce_each(&sends, op)
+    }
+
+    /// Sums a per-thread count over every thread of every process.
+    fn sum_over_threads(&mut self, value: f64) -> Res<f64> {
+        let sends: Vec<f64> = (0..self.ranks.len())
+            .map(|i| if i == 0 { value } else { 0.0 })
+            .collect();
+        self.allreduce_each(&sends, Some(RedOp::Sum))
+    }
+
+    fn allreduce_each(&mut self, sends: &[f64], op: Option<RedOp>) -> Res<f64> {
         let mut recvs = vec![0f64; self.ranks.len()];
         let multi = self.ranks.len() > 1;
         grouped(multi, || {
-            for ((rank, s), r) in self.ranks.iter().zip(&sends).zip(recvs.iter_mut()) {
+            for ((rank, s), r) in self.ranks.iter().zip(sends).zip(recvs.iter_mut()) {
                 let (kind, op) = match op {
                     Some(op) => (CollKind::AllReduce, op),
                     None => (CollKind::Broadcast, RedOp::Sum),
@@ -415,12 +481,26 @@ impl<'a> Worker<'a> {
         let elt = dtype.size();
         let counts = self.coll.counts(size / elt, elt, self.nranks);
         let total = counts.send.max(counts.recv) * elt;
-        let steps = if total > 0 { (self.args.maxbytes / total).max(1) } else { 1 };
-        Setup { dtype, counts, steps }
+        let steps = if total > 0 {
+            (self.args.maxbytes / total).max(1)
+        } else {
+            1
+        };
+        Setup {
+            dtype,
+            counts,
+            steps,
+        }
     }
 
     /// Send and receive pointers of rank `i` at buffer rotation `iter`.
-    fn pointers(&mut self, i: usize, st: &Setup, in_place: bool, iter: usize) -> (*mut u8, *mut u8) {
+    fn pointers(
+        &mut self,
+        i: usize,
+        st: &Setup,
+        in_place: bool,
+        iter: usize,
+    ) -> (*mut u8, *mut u8) {
         let elt = st.dtype.size();
         let shift = st.total_bytes() * (iter % st.steps) + self.args.unalign * elt;
         let rank = &mut self.ranks[i];
@@ -442,10 +522,19 @@ impl<'a> Worker<'a> {
     }
 
     /// One operation on every rank of this thread (nccl-tests' startColl).
-    fn start_coll(&mut self, st: &Setup, op: Option<TestOp>, root: i32, in_place: bool, iter: usize) -> Res<()> {
+    fn start_coll(
+        &mut self,
+        st: &Setup,
+        op: Option<TestOp>,
+        root: i32,
+        in_place: bool,
+        iter: usize,
+    ) -> Res<()> {
         let phases = self.coll.phases(self.nranks);
         let multi = self.ranks.len() > 1;
-        let ptrs: Vec<_> = (0..self.ranks.len()).map(|i| self.pointers(i, st, in_place, iter)).collect();
+        let ptrs: Vec<_> = (0..self.ranks.len())
+            .map(|i| self.pointers(i, st, in_place, iter))
+            .collect();
         let root = root.max(0) as usize;
         let coll = self.coll;
         for phase in 0..phases {
@@ -455,7 +544,18 @@ impl<'a> Worker<'a> {
                     // SAFETY: pointers() keeps both inside this rank's
                     // buffers for the call's counts; they stay alive (self
                     // is borrowed) until the group ends.
-                    unsafe { coll.issue(&rank.comm, send, recv, st.counts.param, st.dtype, red, root, phase)? };
+                    unsafe {
+                        coll.issue(
+                            &rank.comm,
+                            send,
+                            recv,
+                            st.counts.param,
+                            st.dtype,
+                            red,
+                            root,
+                            phase,
+                        )?
+                    };
                 }
                 Ok(())
             })
@@ -470,7 +570,14 @@ impl<'a> Worker<'a> {
     }
 
     /// Fills every rank's input and clears its output region.
-    fn init_data(&mut self, st: &Setup, op: Option<TestOp>, root: i32, in_place: bool, seed: usize) {
+    fn init_data(
+        &mut self,
+        st: &Setup,
+        op: Option<TestOp>,
+        root: i32,
+        in_place: bool,
+        seed: usize,
+    ) {
         let pat = self.pattern(st, op, seed);
         let elt = st.dtype.size();
         let root = root.max(0) as usize;
@@ -491,7 +598,14 @@ impl<'a> Worker<'a> {
     }
 
     /// Wrong elements over this thread's ranks.
-    fn check_data(&mut self, st: &Setup, op: Option<TestOp>, root: i32, in_place: bool, seed: usize) -> u64 {
+    fn check_data(
+        &mut self,
+        st: &Setup,
+        op: Option<TestOp>,
+        root: i32,
+        in_place: bool,
+        seed: usize,
+    ) -> u64 {
         let pat = self.pattern(st, op, seed);
         let elt = st.dtype.size();
         let root = root.max(0) as usize;
@@ -519,7 +633,11 @@ impl<'a> Worker<'a> {
     /// checked rank.
     fn corrupt_output(&mut self, st: &Setup, root: i32, in_place: bool) {
         let elt = st.dtype.size();
-        let target = if self.coll.has_root() { root.max(0) as usize } else { 0 };
+        let target = if self.coll.has_root() {
+            root.max(0) as usize
+        } else {
+            0
+        };
         for i in 0..self.ranks.len() {
             if self.ranks[i].comm.rank() == target && st.counts.recv > 0 {
                 let (_, recv) = self.pointers(i, st, in_place, 0);
@@ -568,7 +686,11 @@ impl<'a> Worker<'a> {
                 self.barrier()?;
             }
         }
-        let elapsed = if args.blocking == 3 { coll_only } else { start.elapsed().as_secs_f64() };
+        let elapsed = if args.blocking == 3 {
+            coll_only
+        } else {
+            start.elapsed().as_secs_f64()
+        };
         let local = elapsed / (iters * agg) as f64;
         let delta = match args.average {
             0 => self.allreduce(local, None)?,
@@ -576,7 +698,9 @@ impl<'a> Worker<'a> {
             3 => self.allreduce(local, Some(RedOp::Max))?,
             _ => self.allreduce(local, Some(RedOp::Sum))? / self.nranks as f64,
         };
-        let (algbw, busbw) = self.coll.bandwidth(st.counts.param, st.dtype.size(), delta, self.nranks);
+        let (algbw, busbw) =
+            self.coll
+                .bandwidth(st.counts.param, st.dtype.size(), delta, self.nranks);
         self.barrier()?;
 
         let report = args.check > 0 && !(in_place && self.coll == Coll::SendRecv);
@@ -590,7 +714,7 @@ impl<'a> Worker<'a> {
                 self.corrupt_output(st, root, in_place);
             }
             let local = self.check_data(st, op, root, in_place, seed);
-            wrong = self.allreduce(local as f64, Some(RedOp::Sum))? as u64;
+            wrong = self.sum_over_threads(local as f64)? as u64;
             if wrong > 0 {
                 break;
             }
@@ -633,11 +757,21 @@ impl<'a> Worker<'a> {
             let mut size = args.minbytes;
             while size <= args.maxbytes {
                 let st = self.setup(size, dtype);
-                self.print(&format::row_preamble(st.total_bytes(), st.counts.param, dtype.name(), op_name, root));
+                self.print(&format::row_preamble(
+                    st.total_bytes(),
+                    st.counts.param,
+                    dtype.name(),
+                    op_name,
+                    root,
+                ));
                 self.bench(&st, op, root, false)?;
                 self.bench(&st, op, root, true)?;
                 self.print("\n");
-                let next = if args.stepfactor > 1 { size * args.stepfactor } else { size + args.stepbytes };
+                let next = if args.stepfactor > 1 {
+                    size * args.stepfactor
+                } else {
+                    size + args.stepbytes
+                };
                 if next == size {
                     break;
                 }
@@ -646,38 +780,25 @@ impl<'a> Worker<'a> {
             if cycles == 1 {
                 break;
             }
-            cycles = cycles.saturating_sub(1).max(if cycles == 0 { 0 } else { 1 });
+            cycles = cycles
+                .saturating_sub(1)
+                .max(if cycles == 0 { 0 } else { 1 });
         }
         Ok(())
     }
 
     fn footer(&mut self) -> Res<Outcome> {
         // Errors are counted per thread, then summed over threads and
-        // processes (each thread contributes through its first rank).
-        let sends: Vec<f64> = (0..self.ranks.len()).map(|i| if i == 0 { self.errors as f64 } else { 0.0 }).collect();
-        let mut recvs = vec![0f64; self.ranks.len()];
-        let multi = self.ranks.len() > 1;
-        grouped(multi, || {
-            for ((rank, s), r) in self.ranks.iter().zip(&sends).zip(recvs.iter_mut()) {
-                // SAFETY: one f64 each, alive until the group ends.
-                unsafe {
-                    rank.comm.collective_raw(
-                        CollKind::AllReduce,
-                        (s as *const f64).cast(),
-                        (r as *mut f64).cast(),
-                        1,
-                        DataType::Float64,
-                        RedOp::Sum,
-                        0,
-                    )?
-                };
-            }
-            Ok(())
-        })
-        .map_err(engine("error count all-reduce"))?;
-        let errors = recvs[0] as u64;
-        let bw = if self.bw_count > 0 { self.bw_sum / self.bw_count as f64 } else { 0.0 };
-        let min_bw: Option<f64> = std::env::var("NCCL_TESTS_MIN_BW").ok().and_then(|v| v.trim().parse().ok());
+        // processes, as nccl-tests does.
+        let errors = self.sum_over_threads(self.errors as f64)? as u64;
+        let bw = if self.bw_count > 0 {
+            self.bw_sum / self.bw_count as f64
+        } else {
+            0.0
+        };
+        let min_bw: Option<f64> = std::env::var("NCCL_TESTS_MIN_BW")
+            .ok()
+            .and_then(|v| v.trim().parse().ok());
         let bw_fail = min_bw.is_some_and(|m| bw < m * 0.9);
         let mut text = format!(
             "# {:<20} : {} {}\n",
@@ -690,14 +811,24 @@ impl<'a> Worker<'a> {
             Some(_) if bw_fail => "FAILED",
             Some(_) => "OK",
         };
-        text += &format!("# {:<20} : {} {}\n", "Avg bus bandwidth", format::c_g(bw), verdict);
+        text += &format!(
+            "# {:<20} : {} {}\n",
+            "Avg bus bandwidth",
+            format::c_g(bw),
+            verdict
+        );
         text += "#\n";
-        text += &format!("# Collective test concluded: {}\n", self.coll.program_name());
+        text += &format!(
+            "# Collective test concluded: {}\n",
+            self.coll.program_name()
+        );
         text += "#\n\n";
         self.print(&text);
-        for rank in &self.ranks {
-            rank.comm.finalize().map_err(engine("ncclCommFinalize"))?;
-        }
-        Ok(Outcome { ok: errors == 0 && !bw_fail })
+        // The communicators are destroyed when the worker drops them
+        // (Communicator::finalize is a blocking barrier per communicator, so
+        // one thread cannot finalize several of them).
+        Ok(Outcome {
+            ok: errors == 0 && !bw_fail,
+        })
     }
 }
