@@ -204,7 +204,7 @@ impl Coll {
                 if phase == 0 {
                     // SAFETY: recv holds n chunks; send holds one.
                     let own = unsafe { recv.add(rank * chunk) };
-                    if own as *const u8 != send && chunk > 0 {
+                    if !std::ptr::eq(own, send) && chunk > 0 {
                         // SAFETY: both ranges are valid; they do not overlap
                         // (in place they are the same range, skipped above).
                         unsafe { std::ptr::copy_nonoverlapping(send, own, chunk) };

@@ -481,11 +481,7 @@ impl<'a> Worker<'a> {
         let elt = dtype.size();
         let counts = self.coll.counts(size / elt, elt, self.nranks);
         let total = counts.send.max(counts.recv) * elt;
-        let steps = if total > 0 {
-            (self.args.maxbytes / total).max(1)
-        } else {
-            1
-        };
+        let steps = self.args.maxbytes.checked_div(total).unwrap_or(1).max(1);
         Setup {
             dtype,
             counts,
