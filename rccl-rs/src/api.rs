@@ -40,6 +40,22 @@ pub struct F8E4M3(pub u8);
 #[repr(transparent)]
 pub struct F8E5M2(pub u8);
 
+/// One collective call's shape: what NCCL's collective entry points take
+/// besides the buffers and the communicator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CollCall {
+    /// Which collective.
+    pub kind: CollKind,
+    /// NCCL's count for the call (see [`CollKind`]).
+    pub count: usize,
+    /// The element type.
+    pub dtype: DataType,
+    /// The reduction (ignored by collectives that do not reduce).
+    pub op: RedOp,
+    /// The root rank (ignored by rootless collectives).
+    pub root: usize,
+}
+
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
         return Err(Error::InvalidArgument(format!(
@@ -50,7 +66,7 @@ fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
 }
 
 fn per_rank(what: &str, len: usize, nranks: usize) -> Result<usize> {
-    if len % nranks != 0 {
+    if !len.is_multiple_of(nranks) {
         return Err(Error::InvalidArgument(format!(
             "{what} holds {len} elements, not a multiple of the {nranks} ranks"
         )));
@@ -68,14 +84,17 @@ impl Communicator {
     /// operation completes.
     pub(crate) unsafe fn raw_collective(
         &self,
-        kind: CollKind,
+        call: CollCall,
         send: *const u8,
         recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        op: RedOp,
-        root: usize,
     ) -> Result<RawOp> {
+        let CollCall {
+            kind,
+            count,
+            dtype,
+            op,
+            root,
+        } = call;
         let (rank, nranks) = (self.rank(), self.count());
         if kind.has_root() && root >= nranks {
             return Err(Error::InvalidArgument(format!(
@@ -85,7 +104,10 @@ impl Communicator {
         }
         let send_len = kind.send_len(count, nranks, rank, root);
         let recv_len = kind.recv_len(count, nranks, rank, root);
-        let bytes = |len: usize| len.checked_mul(dtype.size()).filter(|&b| b <= isize::MAX as usize);
+        let bytes = |len: usize| {
+            len.checked_mul(dtype.size())
+                .filter(|&b| b <= isize::MAX as usize)
+        };
         if bytes(send_len).is_none() || bytes(recv_len).is_none() {
             return Err(Error::InvalidArgument(format!(
                 "{}: count {count} of {} overflows the address space",
@@ -94,10 +116,16 @@ impl Communicator {
             )));
         }
         if send_len > 0 && send.is_null() {
-            return Err(Error::InvalidArgument(format!("{}: sendbuff is NULL", kind.name())));
+            return Err(Error::InvalidArgument(format!(
+                "{}: sendbuff is NULL",
+                kind.name()
+            )));
         }
         if recv_len > 0 && recv.is_null() {
-            return Err(Error::InvalidArgument(format!("{}: recvbuff is NULL", kind.name())));
+            return Err(Error::InvalidArgument(format!(
+                "{}: recvbuff is NULL",
+                kind.name()
+            )));
         }
         Ok(RawOp {
             comm: self.inner.clone(),
@@ -125,8 +153,13 @@ impl Communicator {
                 self.count()
             )));
         }
-        if count.checked_mul(dtype.size()).is_none_or(|b| b > isize::MAX as usize) {
-            return Err(Error::InvalidArgument(format!("{what}: count {count} overflows")));
+        if count
+            .checked_mul(dtype.size())
+            .is_none_or(|b| b > isize::MAX as usize)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: count {count} overflows"
+            )));
         }
         if count > 0 && buf.is_null() {
             return Err(Error::InvalidArgument(format!("{what}: buffer is NULL")));
@@ -152,19 +185,14 @@ impl Communicator {
     /// The buffers must be valid host memory for the lengths the collective
     /// implies for this rank, until the operation completes (on return, or
     /// at the end of the enclosing group).
-    #[allow(clippy::too_many_arguments)]
     pub unsafe fn collective_raw(
         &self,
-        kind: CollKind,
+        call: CollCall,
         send: *const u8,
         recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        op: RedOp,
-        root: usize,
     ) -> Result<()> {
         // SAFETY: the caller's contract covers the buffers.
-        let raw = unsafe { self.raw_collective(kind, send, recv, count, dtype, op, root) };
+        let raw = unsafe { self.raw_collective(call, send, recv) };
         submit(raw)
     }
 
@@ -172,7 +200,13 @@ impl Communicator {
     ///
     /// # Safety
     /// `buf` must be valid for `count` elements until the send completes.
-    pub unsafe fn send_raw(&self, buf: *const u8, count: usize, dtype: DataType, peer: usize) -> Result<()> {
+    pub unsafe fn send_raw(
+        &self,
+        buf: *const u8,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<()> {
         submit(self.raw_p2p(true, buf as *mut u8, count, dtype, peer))
     }
 
@@ -181,50 +215,102 @@ impl Communicator {
     /// # Safety
     /// `buf` must be valid and writable for `count` elements until the
     /// receive completes.
-    pub unsafe fn recv_raw(&self, buf: *mut u8, count: usize, dtype: DataType, peer: usize) -> Result<()> {
+    pub unsafe fn recv_raw(
+        &self,
+        buf: *mut u8,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<()> {
         submit(self.raw_p2p(false, buf, count, dtype, peer))
     }
 
-    fn typed<T: Element>(&self, kind: CollKind, send: &[T], recv: &mut [T], count: usize, op: RedOp, root: usize) -> Result<()> {
+    fn typed<T: Element>(
+        &self,
+        kind: CollKind,
+        send: &[T],
+        recv: &mut [T],
+        count: usize,
+        op: RedOp,
+        root: usize,
+    ) -> Result<()> {
         let (rank, n) = (self.rank(), self.count());
-        check_len("the send buffer", send.len(), kind.send_len(count, n, rank, root))?;
-        check_len("the receive buffer", recv.len(), kind.recv_len(count, n, rank, root))?;
+        check_len(
+            "the send buffer",
+            send.len(),
+            kind.send_len(count, n, rank, root),
+        )?;
+        check_len(
+            "the receive buffer",
+            recv.len(),
+            kind.recv_len(count, n, rank, root),
+        )?;
         // SAFETY: the slices are valid for the checked lengths and borrowed
         // until this call returns, which is when the operation completes
         // (a typed call inside a C-style group would escape the borrow, so
         // it is refused).
-        unsafe { self.typed_raw(kind, send.as_ptr().cast(), recv.as_mut_ptr().cast(), count, T::DATATYPE, op, root) }
+        let call = CollCall {
+            kind,
+            count,
+            dtype: T::DATATYPE,
+            op,
+            root,
+        };
+        unsafe { self.typed_raw(call, send.as_ptr().cast(), recv.as_mut_ptr().cast()) }
     }
 
     /// In-place form: `buf` is both buffers, offset as NCCL's in-place
     /// convention for `kind` says.
-    fn typed_in_place<T: Element>(&self, kind: CollKind, buf: &mut [T], count: usize, op: RedOp, root: usize) -> Result<()> {
+    fn typed_in_place<T: Element>(
+        &self,
+        kind: CollKind,
+        buf: &mut [T],
+        count: usize,
+        op: RedOp,
+        root: usize,
+    ) -> Result<()> {
         let (rank, n) = (self.rank(), self.count());
         let send_len = kind.send_len(count, n, rank, root);
         let recv_len = kind.recv_len(count, n, rank, root);
         check_len("the buffer", buf.len(), send_len.max(recv_len))?;
         let base = buf.as_mut_ptr();
-        let (send, recv) = match (kind.in_place_send_offset(count, rank, root), kind.in_place_recv_offset(count, rank, root)) {
+        let (send, recv) = match (
+            kind.in_place_send_offset(count, rank, root),
+            kind.in_place_recv_offset(count, rank, root),
+        ) {
+            // A rank with only one of the two buffers (a non-root of gather,
+            // scatter, broadcast or reduce) has nothing to alias.
+            _ if send_len == 0 || recv_len == 0 => (base as *const T, base),
             (Some(offset), _) => (base.wrapping_add(offset) as *const T, base),
             (None, Some(offset)) => (base as *const T, base.wrapping_add(offset)),
             (None, None) => {
-                return Err(Error::InvalidUsage(format!("{} has no in-place form", kind.name())))
+                return Err(Error::InvalidUsage(format!(
+                    "{} has no in-place form",
+                    kind.name()
+                )))
             }
         };
         // SAFETY: both pointers lie inside `buf`, which covers the larger of
         // the two lengths, and stays borrowed until the call returns.
-        unsafe { self.typed_raw(kind, send.cast(), recv.cast(), count, T::DATATYPE, op, root) }
+        let call = CollCall {
+            kind,
+            count,
+            dtype: T::DATATYPE,
+            op,
+            root,
+        };
+        unsafe { self.typed_raw(call, send.cast(), recv.cast()) }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn typed_raw(&self, kind: CollKind, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: RedOp, root: usize) -> Result<()> {
+    unsafe fn typed_raw(&self, call: CollCall, send: *const u8, recv: *mut u8) -> Result<()> {
         if enqueue::group_depth() > 0 {
             return Err(Error::InvalidUsage(
-                "typed calls borrow their slices only for the call: inside a group use rccl::Group".into(),
+                "typed calls borrow their slices only for the call: inside a group use rccl::Group"
+                    .into(),
             ));
         }
         // SAFETY: forwarded from the caller.
-        unsafe { self.collective_raw(kind, send, recv, count, dtype, op, root) }
+        unsafe { self.collective_raw(call, send, recv) }
     }
 
     /// recv = op over every rank's send (`ncclAllReduce`).
@@ -240,7 +326,14 @@ impl Communicator {
     /// Copies root's `send` into every rank's `recv` (`ncclBroadcast`);
     /// `send` is read on the root only (pass `&[]` elsewhere).
     pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
-        self.typed(CollKind::Broadcast, send, recv, recv.len(), RedOp::Sum, root)
+        self.typed(
+            CollKind::Broadcast,
+            send,
+            recv,
+            recv.len(),
+            RedOp::Sum,
+            root,
+        )
     }
 
     /// In-place broadcast.
@@ -250,7 +343,13 @@ impl Communicator {
 
     /// Reduces every rank's `send` into root's `recv` (`ncclReduce`);
     /// `recv` is written on the root only (pass `&mut []` elsewhere).
-    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: RedOp, root: usize) -> Result<()> {
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: RedOp,
+        root: usize,
+    ) -> Result<()> {
         self.typed(CollKind::Reduce, send, recv, send.len(), op, root)
     }
 
@@ -362,26 +461,49 @@ impl<'a> Group<'a> {
     }
 
     /// Adds a send of `buf` to `peer`.
-    pub fn send<T: Element>(&mut self, comm: &Communicator, buf: &'a [T], peer: usize) -> Result<&mut Self> {
+    pub fn send<T: Element>(
+        &mut self,
+        comm: &Communicator,
+        buf: &'a [T],
+        peer: usize,
+    ) -> Result<&mut Self> {
         let op = comm.raw_p2p(true, buf.as_ptr() as *mut u8, buf.len(), T::DATATYPE, peer)?;
         self.ops.push(op);
         Ok(self)
     }
 
     /// Adds a receive into `buf` from `peer`.
-    pub fn recv<T: Element>(&mut self, comm: &Communicator, buf: &'a mut [T], peer: usize) -> Result<&mut Self> {
+    pub fn recv<T: Element>(
+        &mut self,
+        comm: &Communicator,
+        buf: &'a mut [T],
+        peer: usize,
+    ) -> Result<&mut Self> {
         let op = comm.raw_p2p(false, buf.as_mut_ptr().cast(), buf.len(), T::DATATYPE, peer)?;
         self.ops.push(op);
         Ok(self)
     }
 
     /// Adds an all-reduce.
-    pub fn all_reduce<T: Element>(&mut self, comm: &Communicator, send: &'a [T], recv: &'a mut [T], op: RedOp) -> Result<&mut Self> {
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        comm: &Communicator,
+        send: &'a [T],
+        recv: &'a mut [T],
+        op: RedOp,
+    ) -> Result<&mut Self> {
         check_len("the receive buffer", recv.len(), send.len())?;
         // SAFETY: both slices are valid for `send.len()` elements and stay
         // borrowed until `run` returns.
         let raw = unsafe {
-            comm.raw_collective(CollKind::AllReduce, send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DATATYPE, op, 0)
+            let call = CollCall {
+                kind: CollKind::AllReduce,
+                count: send.len(),
+                dtype: T::DATATYPE,
+                op,
+                root: 0,
+            };
+            comm.raw_collective(call, send.as_ptr().cast(), recv.as_mut_ptr().cast())
         }?;
         self.ops.push(raw);
         Ok(self)

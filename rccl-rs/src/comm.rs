@@ -332,9 +332,12 @@ impl Communicator {
         let mut members = Vec::new();
         for (rank, bytes) in all.iter().enumerate() {
             if bytes.len() != 9 {
-                return Err(Error::Remote(format!("rank {rank} sent a malformed split request")));
+                return Err(Error::Remote(format!(
+                    "rank {rank} sent a malformed split request"
+                )));
             }
-            let their_color = (bytes[0] == 1).then(|| u32::from_le_bytes(bytes[1..5].try_into().unwrap()));
+            let their_color =
+                (bytes[0] == 1).then(|| u32::from_le_bytes(bytes[1..5].try_into().unwrap()));
             let their_key = i32::from_le_bytes(bytes[5..9].try_into().unwrap());
             if their_color.is_some() && their_color == color {
                 members.push((their_key, rank));
@@ -359,7 +362,9 @@ impl Communicator {
         } else {
             let bytes = inner.bootstrap.recv(leader, tag)?;
             UniqueId(bytes.try_into().map_err(|_| {
-                Error::Remote(format!("rank {leader} sent a malformed unique id for split"))
+                Error::Remote(format!(
+                    "rank {leader} sent a malformed unique id for split"
+                ))
             })?)
         };
         Communicator::init_rank_config(members.len(), &id, new_rank, inner.config.clone()).map(Some)

@@ -66,7 +66,9 @@ impl Config {
             )));
         }
         if self.timeout.is_zero() {
-            return Err(Error::InvalidArgument("the timeout must be positive".into()));
+            return Err(Error::InvalidArgument(
+                "the timeout must be positive".into(),
+            ));
         }
         Ok(())
     }

@@ -9,12 +9,14 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use rccl_algorithms::{CollKind, CollSpec, Prim, Schedule, Slice, Step};
+use rccl_algorithms::{p2p_schedule, CollKind, CollSpec, P2pOp, Schedule};
 use rccl_transports::tcp::TcpConnection;
 
 use crate::comm::{deadline, CommInner};
 use crate::error::{Error, Result};
-use crate::executor::{self, Binding, Buffers, ChannelRun, Driven, Link, OpWork, Reduction};
+use crate::executor::{
+    self, Binding, Buffers, ChannelRun, Driven, Link, OpWork, Reduction, Segment,
+};
 use crate::kernels::ReduceKernel;
 use crate::tuning;
 use crate::types::{DataType, RedOp};
@@ -68,7 +70,10 @@ pub fn group_end() -> Result<()> {
     let (ops, error) = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
-            return (Vec::new(), Some(Error::InvalidUsage("group end without group start".into())));
+            return (
+                Vec::new(),
+                Some(Error::InvalidUsage("group end without group start".into())),
+            );
         }
         g.depth -= 1;
         if g.depth > 0 {
@@ -141,7 +146,9 @@ fn launch(ops: Vec<RawOp>) -> Result<()> {
                 op.comm.check_usable()?;
                 launches.push(CommLaunch {
                     comm: op.comm.clone(),
-                    channels: (0..op.comm.config.max_channels).map(|_| Vec::new()).collect(),
+                    channels: (0..op.comm.config.max_channels)
+                        .map(|_| Vec::new())
+                        .collect(),
                 });
                 p2p.push(Vec::new());
                 launches.len() - 1
@@ -154,7 +161,7 @@ fn launch(ops: Vec<RawOp>) -> Result<()> {
     }
     for (launch, p2p) in launches.iter_mut().zip(p2p) {
         if !p2p.is_empty() {
-            plan_p2p(launch, &p2p);
+            plan_p2p(launch, &p2p)?;
         }
     }
     // Lock communicators in address order so that two threads launching
@@ -208,7 +215,10 @@ fn launch(ops: Vec<RawOp>) -> Result<()> {
 
 /// What each rank waits for, one line per stuck channel, so a user can
 /// find the one bad rank from every rank's log.
-fn hang_report(launches: &[CommLaunch], waiting: &[(usize, usize, Option<executor::Blocked>)]) -> String {
+fn hang_report(
+    launches: &[CommLaunch],
+    waiting: &[(usize, usize, Option<executor::Blocked>)],
+) -> String {
     let mut lines = Vec::new();
     for (comm_index, channel, blocked) in waiting {
         let comm = &launches[*comm_index].comm;
@@ -243,11 +253,18 @@ fn hang_report(launches: &[CommLaunch], waiting: &[(usize, usize, Option<executo
 
 /// Builds the per-channel work of a collective.
 fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
-    let OpKind::Coll { kind, root, op: red_op } = op.kind else {
+    let OpKind::Coll {
+        kind,
+        root,
+        op: red_op,
+    } = op.kind
+    else {
         unreachable!("plan_collective takes collectives");
     };
     let comm = &launch.comm;
-    let seq = comm.next_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let seq = comm
+        .next_seq
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let spec = CollSpec {
         kind,
         nranks: comm.nranks,
@@ -268,7 +285,15 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
         send: op.send,
         recv: op.recv,
     };
-    push_schedule(launch, schedule, seq, kind.name(), || Binding::Shared(buffers), op.dtype.size(), reduction);
+    push_schedule(
+        launch,
+        schedule,
+        seq,
+        kind.name(),
+        || Binding::Shared(buffers),
+        op.dtype.size(),
+        reduction,
+    );
     Ok(())
 }
 
@@ -307,69 +332,87 @@ fn push_schedule(
 }
 
 /// Builds the work of a batch of sends and receives: every message of the
-/// batch progresses at once, split across channels, bytes as elements.
-fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) {
+/// batch progresses at once, split across channels. The schedule sees the
+/// batch's buffers laid end to end, in bytes; the executor maps each slice
+/// back to its call's buffer.
+fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
     let comm = &launch.comm;
-    let seq = comm.next_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let largest = ops.iter().map(|op| op.count * op.dtype.size()).max().unwrap_or(0);
-    let nchannels = tuning::p2p_channels(&comm.config, largest);
-    let chunk = tuning::chunk_bytes(&comm.config);
-    let mut schedule = Schedule::new(nchannels);
-    let mut buffers = vec![Vec::new(); nchannels];
-    // A self send and the matching self receive become one copy.
-    let mut self_sends = ops.iter().filter(|op| matches!(op.kind, OpKind::Send { peer } if peer == comm.rank));
+    let seq = comm
+        .next_seq
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+    let (mut send_end, mut recv_end) = (0, 0);
+    let mut calls = Vec::with_capacity(ops.len());
     for op in ops {
-        let bytes = op.count * op.dtype.size();
-        let (prim_for, binding): (Box<dyn Fn(Slice) -> Prim>, Buffers) = match op.kind {
-            OpKind::Send { peer } if peer == comm.rank => continue,
-            OpKind::Send { peer } => (
-                Box::new(move |s: Slice| Prim::Send { to: peer, src: s }),
-                Buffers { send: op.send, recv: std::ptr::null_mut() },
-            ),
-            OpKind::Recv { peer } if peer == comm.rank => match self_sends.next() {
-                Some(send) => (
-                    Box::new(|s: Slice| Prim::Copy { src: Slice { buf: rccl_algorithms::Buf::Send, ..s }, dst: s }),
-                    Buffers { send: send.send, recv: op.recv },
-                ),
-                None => continue,
-            },
-            OpKind::Recv { peer } => (
-                Box::new(move |s: Slice| Prim::Recv { from: peer, dst: s }),
-                Buffers { send: std::ptr::null(), recv: op.recv },
-            ),
-            OpKind::Coll { .. } => unreachable!("plan_p2p takes sends and receives"),
-        };
-        for (channel, (offset, len)) in rccl_algorithms::split_even(bytes, nchannels).enumerate() {
-            let mut at = 0;
-            while at < len {
-                let piece = (len - at).min(chunk);
-                let slice = match op.kind {
-                    OpKind::Send { .. } => Slice::send(offset + at, piece),
-                    _ => Slice::recv(offset + at, piece),
-                };
-                let steps = &mut schedule.channels[channel];
-                if steps.is_empty() {
-                    steps.push(Step::default());
+        let len = op.count * op.dtype.size();
+        calls.push(match op.kind {
+            OpKind::Send { peer } => {
+                sends.push(Segment {
+                    start: send_end,
+                    base: op.send as *mut u8,
+                });
+                send_end += len;
+                P2pOp::Send {
+                    peer,
+                    offset: send_end - len,
+                    len,
                 }
-                steps[0].prims.push(prim_for(slice));
-                buffers[channel].push(binding);
-                at += piece;
             }
-        }
-    }
-    for (channel, steps) in schedule.channels.into_iter().enumerate() {
-        if steps.is_empty() {
-            continue;
-        }
-        launch.channels[channel].push(OpWork {
-            seq,
-            name: "Send/Recv",
-            steps,
-            binding: Binding::PerPrim(std::mem::take(&mut buffers[channel])),
-            elem_size: 1,
-            reduction: None,
+            OpKind::Recv { peer } => {
+                recvs.push(Segment {
+                    start: recv_end,
+                    base: op.recv,
+                });
+                recv_end += len;
+                P2pOp::Recv {
+                    peer,
+                    offset: recv_end - len,
+                    len,
+                }
+            }
+            OpKind::Coll { .. } => unreachable!("plan_p2p takes sends and receives"),
         });
     }
+    check_self_pairs(comm.rank, &calls)?;
+    let largest = calls.iter().map(|c| match *c {
+        P2pOp::Send { len, .. } | P2pOp::Recv { len, .. } => len,
+    });
+    let nchannels = tuning::p2p_channels(&comm.config, largest.max().unwrap_or(0));
+    let schedule = p2p_schedule(
+        comm.rank,
+        &calls,
+        nchannels,
+        tuning::chunk_bytes(&comm.config),
+    );
+    let binding = || Binding::Segments {
+        send: sends.clone(),
+        recv: recvs.clone(),
+    };
+    push_schedule(launch, schedule, seq, "Send/Recv", binding, 1, None);
+    Ok(())
+}
+
+/// A send to this rank itself must be matched by a receive from itself of
+/// the same size, in order (they become one copy).
+fn check_self_pairs(rank: usize, calls: &[P2pOp]) -> Result<()> {
+    let own = |sending: bool| -> Vec<usize> {
+        calls
+            .iter()
+            .filter_map(|c| match *c {
+                P2pOp::Send { peer, len, .. } if sending && peer == rank => Some(len),
+                P2pOp::Recv { peer, len, .. } if !sending && peer == rank => Some(len),
+                _ => None,
+            })
+            .collect()
+    };
+    let (sends, recvs) = (own(true), own(false));
+    if sends != recvs {
+        return Err(Error::InvalidUsage(format!(
+            "rank {rank}: sends to itself ({sends:?} bytes) do not match its receives from \
+             itself ({recvs:?} bytes) in this group"
+        )));
+    }
+    Ok(())
 }
 
 /// Makes sure every connection the planned work needs exists. Dials first
@@ -390,7 +433,8 @@ fn connect(
                         continue;
                     }
                     let stream = if dialing {
-                        comm.tcp.dial(peer, comm.peers[peer].data_addr, channel, deadline)
+                        comm.tcp
+                            .dial(peer, comm.peers[peer].data_addr, channel, deadline)
                     } else {
                         comm.tcp.accept_from(peer, channel, deadline, &comm.abort)
                     }

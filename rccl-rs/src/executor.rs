@@ -50,13 +50,54 @@ pub struct Reduction {
     pub partial: ReduceKernel,
 }
 
-/// Which buffers each primitive of an operation works on.
+/// One call's buffer within a batch laid end to end.
+#[derive(Clone, Copy, Debug)]
+pub struct Segment {
+    /// Where the call's bytes start in the batch's layout.
+    pub start: usize,
+    /// The call's buffer.
+    pub base: *mut u8,
+}
+
+/// Where the schedule's send and receive slices point.
 pub enum Binding {
-    /// Every primitive uses the same buffers (a collective).
+    /// The collective's two buffers.
     Shared(Buffers),
-    /// Primitive `i` of each step uses `buffers[i]` (a batch of user sends
-    /// and receives, each with its own buffer).
-    PerPrim(Vec<Buffers>),
+    /// A batch of sends and receives, each with its own buffer: the
+    /// schedule addresses them laid end to end, in `start` order; a slice
+    /// never spans two calls.
+    Segments {
+        /// The send calls' buffers.
+        send: Vec<Segment>,
+        /// The receive calls' buffers.
+        recv: Vec<Segment>,
+    },
+}
+
+impl Binding {
+    /// The address of element `index` of `buf`.
+    fn address(&self, buf: Buf, index: usize, elem_size: usize) -> *mut u8 {
+        match self {
+            Binding::Shared(b) => {
+                let base = match buf {
+                    Buf::Send => b.send as *mut u8,
+                    Buf::Recv => b.recv,
+                };
+                base.wrapping_add(index * elem_size)
+            }
+            Binding::Segments { send, recv } => {
+                let segments = match buf {
+                    Buf::Send => send,
+                    Buf::Recv => recv,
+                };
+                let at = segments.partition_point(|s| s.start <= index) - 1;
+                let segment = segments[at];
+                segment
+                    .base
+                    .wrapping_add((index - segment.start) * elem_size)
+            }
+        }
+    }
 }
 
 /// One operation's work on one channel.
@@ -175,14 +216,9 @@ impl<'a> ChannelRun<'a> {
                 if waits_for_earlier(&step.prims, &self.moved, i) {
                     continue;
                 }
-                let buffers = match &op.binding {
-                    Binding::Shared(b) => *b,
-                    Binding::PerPrim(list) => list[i],
-                };
                 let piece = Piece {
                     links: self.links,
                     op,
-                    buffers,
                     channel: self.channel,
                 };
                 match piece.advance(prim, &mut self.moved[i])? {
@@ -202,7 +238,13 @@ impl<'a> ChannelRun<'a> {
                     }
                 }
             }
-            if all_done || step.prims.iter().zip(&self.moved).all(|(p, &m)| m == p.len()) {
+            if all_done
+                || step
+                    .prims
+                    .iter()
+                    .zip(&self.moved)
+                    .all(|(p, &m)| m == p.len())
+            {
                 self.step += 1;
                 self.moved.clear();
                 progressed = true;
@@ -232,7 +274,6 @@ fn waits_for_earlier(prims: &[Prim], moved: &[usize], i: usize) -> bool {
 struct Piece<'r, 'a> {
     links: &'a [Option<Link>],
     op: &'r OpWork,
-    buffers: Buffers,
     channel: usize,
 }
 
@@ -264,14 +305,13 @@ impl<'a> Piece<'_, 'a> {
         Ok(())
     }
 
+    /// The address of the `done`-th element of `slice`. Offsets stay
+    /// within the buffers: schedules are built for the lengths the caller
+    /// validated.
     fn ptr(&self, slice: Slice, done: usize) -> *mut u8 {
-        let base = match slice.buf {
-            Buf::Send => self.buffers.send as *mut u8,
-            Buf::Recv => self.buffers.recv,
-        };
-        // Offsets stay within the buffer: the schedule was built for the
-        // buffer lengths the caller validated.
-        base.wrapping_add((slice.offset + done) * self.op.elem_size)
+        self.op
+            .binding
+            .address(slice.buf, slice.offset + done, self.op.elem_size)
     }
 
     /// out = src, through the input transform when `src` is the user's
@@ -308,7 +348,10 @@ impl<'a> Piece<'_, 'a> {
         finish: bool,
     ) -> Result<()> {
         let reduction = self.op.reduction.as_ref().ok_or_else(|| {
-            Error::Internal(format!("{} has a reducing primitive but no op", self.op.name))
+            Error::Internal(format!(
+                "{} has a reducing primitive but no op",
+                self.op.name
+            ))
         })?;
         let kernel = if src_buf == Buf::Send {
             &reduction.input
@@ -354,7 +397,7 @@ impl<'a> Piece<'_, 'a> {
                         self.op.name, self.channel
                     )));
                 }
-                Ok(Ok((slot as *const u8, bytes / elem)))
+                Ok(Ok((slot, bytes / elem)))
             }
             None => {
                 self.check(link, fifo, peer)?;
@@ -364,7 +407,10 @@ impl<'a> Piece<'_, 'a> {
     }
 
     fn publish(&self, peer: usize, elems: usize) -> Result<()> {
-        self.link(peer)?.conn.send_fifo().publish(elems * self.op.elem_size);
+        self.link(peer)?
+            .conn
+            .send_fifo()
+            .publish(elems * self.op.elem_size);
         Ok(())
     }
 
@@ -387,7 +433,9 @@ impl<'a> Piece<'_, 'a> {
             match *prim {
                 Prim::Copy { src, dst } => {
                     // SAFETY: both slices lie inside the validated buffers.
-                    unsafe { self.load(src.buf, self.ptr(src, done), self.ptr(dst, done), remaining) };
+                    unsafe {
+                        self.load(src.buf, self.ptr(src, done), self.ptr(dst, done), remaining)
+                    };
                     *moved = len;
                 }
                 Prim::Send { to, src } | Prim::CopySend { to, src, .. } => {
@@ -416,7 +464,11 @@ impl<'a> Piece<'_, 'a> {
                     // SAFETY: the slot holds n elements; dst lies inside the
                     // receive buffer; FIFO memory never aliases user memory.
                     unsafe {
-                        std::ptr::copy_nonoverlapping(slot, self.ptr(dst, done), n * self.op.elem_size)
+                        std::ptr::copy_nonoverlapping(
+                            slot,
+                            self.ptr(dst, done),
+                            n * self.op.elem_size,
+                        )
                     };
                     self.release(from)?;
                     *moved += n;
@@ -428,7 +480,14 @@ impl<'a> Piece<'_, 'a> {
                     };
                     // SAFETY: as for Recv; src and dst are equal or disjoint.
                     unsafe {
-                        self.reduce(src.buf, slot, self.ptr(src, done), self.ptr(dst, done), n, true)?
+                        self.reduce(
+                            src.buf,
+                            slot,
+                            self.ptr(src, done),
+                            self.ptr(dst, done),
+                            n,
+                            true,
+                        )?
                     };
                     self.release(from)?;
                     *moved += n;
@@ -508,7 +567,10 @@ pub struct DriveError {
 
 /// Drives `runs` round-robin until all are done, the deadline passes, a
 /// communicator is aborted, or a run fails.
-pub fn drive(runs: &mut [Driven<'_, '_>], deadline: Instant) -> std::result::Result<(), DriveError> {
+pub fn drive(
+    runs: &mut [Driven<'_, '_>],
+    deadline: Instant,
+) -> std::result::Result<(), DriveError> {
     let mut backoff = Backoff::new();
     let never_aborted = AtomicBool::new(false);
     loop {

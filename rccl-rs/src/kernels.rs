@@ -196,14 +196,15 @@ impl ReduceKernel {
                 DataType::Float32 => self.run_native::<f32>(acc, input, out, count, post),
                 DataType::Float64 => self.run_native::<f64>(acc, input, out, count, post),
                 DataType::Float16 => self.run_packed::<f16>(acc, input, out, count),
-                DataType::Bfloat16 => self.run_packed::<bf16>(acc, input, out, count),
-                DataType::Float8e4m3 => self.run_packed::<E4m3>(acc, input, out, count),
-                DataType::Float8e5m2 => self.run_packed::<E5m2>(acc, input, out, count),
+                DataType::Bfloat16 => self.run_native::<bf16>(acc, input, out, count, post),
+                DataType::Float8e4m3 => self.run_native::<E4m3>(acc, input, out, count, post),
+                DataType::Float8e5m2 => self.run_native::<E5m2>(acc, input, out, count, post),
             }
         }
     }
 
-    /// Types computed in their own arithmetic.
+    /// Types computed element by element (all but float16): uses an AVX2
+    /// build of the loops when the CPU has AVX2.
     ///
     /// # Safety
     /// As [`ReduceKernel::run`], with `count > 0`.
@@ -215,15 +216,56 @@ impl ReduceKernel {
         count: usize,
         post: Option<u64>,
     ) {
-        let pre = self.pre.map(T::from_pre);
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked above); the rest is
+            // forwarded from this function's contract.
+            return unsafe { self.run_native_avx2::<T>(acc, input, out, count, post) };
+        }
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.run_native_body::<T>(acc, input, out, count, post) }
+    }
+
+    /// [`ReduceKernel::run_native_body`] compiled for AVX2.
+    ///
+    /// # Safety
+    /// As [`ReduceKernel::run`], with `count > 0`, on a CPU with AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_native_avx2<T: Native>(
+        &self,
+        acc: Option<*const u8>,
+        input: *const u8,
+        out: *mut u8,
+        count: usize,
+        post: Option<u64>,
+    ) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.run_native_body::<T>(acc, input, out, count, post) }
+    }
+
+    /// The loops of [`ReduceKernel::run_native`], inlined into each build.
+    ///
+    /// # Safety
+    /// As [`ReduceKernel::run`], with `count > 0`.
+    #[inline(always)]
+    unsafe fn run_native_body<T: Native>(
+        &self,
+        acc: Option<*const u8>,
+        input: *const u8,
+        out: *mut u8,
+        count: usize,
+        post: Option<u64>,
+    ) {
+        let pre = self.pre.map(T::scale_from);
         // SAFETY (for every arm): forwarded from this function's contract.
         unsafe {
             match self.combine {
                 Combine::Sum => match (pre, post) {
                     (None, None) => drive(|a: T, b| a.add(b), |x| x, acc, input, out, count),
                     (Some(s), None) => drive(
-                        move |a: T, b: T| a.add(b.mul(s)),
-                        move |x| x.mul(s),
+                        move |a: T, b: T| a.add(b.scale(s)),
+                        move |x: T| x.scale(s),
                         acc,
                         input,
                         out,
@@ -238,8 +280,8 @@ impl ReduceKernel {
                         count,
                     ),
                     (Some(s), Some(n)) => drive(
-                        move |a: T, b: T| a.add(b.mul(s)).div_n(n),
-                        move |x: T| x.mul(s).div_n(n),
+                        move |a: T, b: T| a.add(b.scale(s)).div_n(n),
+                        move |x: T| x.scale(s).div_n(n),
                         acc,
                         input,
                         out,
@@ -318,7 +360,11 @@ trait Native: Copy + Default + 'static {
     /// Division by `n >= 1` truncating toward zero (integers; identity for
     /// floats, which never use it).
     fn div_n(self, n: u64) -> Self;
-    fn from_pre(p: Pre) -> Self;
+    /// The input-transform multiplier's type (the compute type).
+    type Scale: Copy;
+    /// The input transform `self * s`, rounded to `Self`.
+    fn scale(self, s: Self::Scale) -> Self;
+    fn scale_from(p: Pre) -> Self::Scale;
 }
 
 macro_rules! native_int {
@@ -346,8 +392,13 @@ macro_rules! native_int {
                 let $n = n;
                 $div
             }
+            type Scale = $t;
             #[inline(always)]
-            fn from_pre(p: Pre) -> Self {
+            fn scale(self, s: $t) -> Self {
+                self.wrapping_mul(s)
+            }
+            #[inline(always)]
+            fn scale_from(p: Pre) -> $t {
                 match p {
                     Pre::Int(v) => v as $t,
                     Pre::Float(f) => f as $t,
@@ -391,8 +442,13 @@ macro_rules! native_float {
             fn div_n(self, _n: u64) -> Self {
                 self
             }
+            type Scale = $t;
             #[inline(always)]
-            fn from_pre(p: Pre) -> Self {
+            fn scale(self, s: $t) -> Self {
+                self * s
+            }
+            #[inline(always)]
+            fn scale_from(p: Pre) -> $t {
                 match p {
                     Pre::Int(v) => v as i64 as $t,
                     Pre::Float(f) => f as $t,
@@ -403,6 +459,57 @@ macro_rules! native_float {
 }
 
 native_float!(f32, f64);
+
+/// Narrow floating-point types computed element by element in `f32`:
+/// decode, operate, round back (nearest-even). Max/min return one of the
+/// operands unchanged.
+macro_rules! native_narrow {
+    ($($t:ty: $dec:expr, $enc:expr;)*) => {$(
+        impl Native for $t {
+            #[inline(always)]
+            fn add(self, other: Self) -> Self {
+                $enc($dec(self) + $dec(other))
+            }
+            #[inline(always)]
+            fn mul(self, other: Self) -> Self {
+                $enc($dec(self) * $dec(other))
+            }
+            #[inline(always)]
+            fn max_nan(self, other: Self) -> Self {
+                let a: f32 = $dec(self);
+                if a.is_nan() || a > $dec(other) { self } else { other }
+            }
+            #[inline(always)]
+            fn min_nan(self, other: Self) -> Self {
+                let a: f32 = $dec(self);
+                if a.is_nan() || a < $dec(other) { self } else { other }
+            }
+            #[inline(always)]
+            fn div_n(self, _n: u64) -> Self {
+                self
+            }
+            type Scale = f32;
+            #[inline(always)]
+            fn scale(self, s: f32) -> Self {
+                $enc($dec(self) * s)
+            }
+            #[inline(always)]
+            fn scale_from(p: Pre) -> f32 {
+                match p {
+                    Pre::Int(v) => v as i64 as f32,
+                    Pre::Float(f) => f as f32,
+                }
+            }
+        }
+    )*};
+}
+
+native_narrow! {
+    bf16: |x: bf16| f32::from_bits(u32::from(x.to_bits()) << 16),
+        |x: f32| bf16::from_bits(f32_to_bf16_bits(x));
+    E4m3: |x: E4m3| e4m3_to_f32(x.0), |x: f32| E4m3(f32_to_e4m3(x));
+    E5m2: |x: E5m2| e5m2_to_f32(x.0), |x: f32| E5m2(f32_to_e5m2(x));
+}
 
 // ---------------------------------------------------------------------------
 // Loops over native types
@@ -598,21 +705,6 @@ impl Packed for f16 {
     }
 }
 
-impl Packed for bf16 {
-    #[inline]
-    fn decode(src: &[Self], dst: &mut [f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
-        }
-    }
-    #[inline]
-    fn encode(src: &[f32], dst: &mut [Self]) {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = bf16::from_bits(f32_to_bf16_bits(s));
-        }
-    }
-}
-
 /// `f32` to `bfloat16` bits, round-to-nearest-even; NaN stays NaN (quiet).
 #[inline(always)]
 fn f32_to_bf16_bits(x: f32) -> u16 {
@@ -626,6 +718,81 @@ fn f32_to_bf16_bits(x: f32) -> u16 {
     }
 }
 
+/// `float8 e4m3` code to `f32`, branch-free so loops vectorize.
+#[inline(always)]
+fn e4m3_to_f32(c: u8) -> f32 {
+    let c = u32::from(c);
+    let sign = (c & 0x80) << 24;
+    let mag = c & 0x7f;
+    // Normal: exponent field e (bias 7) becomes e + 120 (bias 127).
+    let normal = f32::from_bits((mag << 20) + (120 << 23));
+    // Subnormal (exponent field 0): mantissa * 2^-9, exact.
+    let sub = mag as f32 * (1.0 / 512.0);
+    let v = if mag >= 0x08 { normal } else { sub };
+    let v = if mag == 0x7f { f32::NAN } else { v };
+    f32::from_bits(v.to_bits() | sign)
+}
+
+/// `float8 e5m2` code to `f32`, branch-free so loops vectorize.
+#[inline(always)]
+fn e5m2_to_f32(c: u8) -> f32 {
+    let c = u32::from(c);
+    let sign = (c & 0x80) << 24;
+    let mag = c & 0x7f;
+    // Normal: exponent field e (bias 15) becomes e + 112 (bias 127).
+    let normal = f32::from_bits((mag << 21) + (112 << 23));
+    // Infinity / NaN: all-ones exponent, mantissa kept.
+    let special = f32::from_bits(0x7f80_0000 | ((mag & 3) << 21));
+    // Subnormal (exponent field 0): mantissa * 2^-16, exact.
+    let sub = mag as f32 * (1.0 / 65536.0);
+    let v = if mag >= 0x04 { normal } else { sub };
+    let v = if mag >= 0x7c { special } else { v };
+    f32::from_bits(v.to_bits() | sign)
+}
+
+/// `f32` to `float8 e4m3`, round-to-nearest-even, saturating to ±448
+/// (infinities included); NaN becomes `0x7f` with the sign. Branch-free.
+#[inline(always)]
+fn f32_to_e4m3(x: f32) -> u8 {
+    let bits = x.to_bits();
+    let sign = (bits >> 24) & 0x80;
+    let abs = bits & 0x7fff_ffff;
+    // Everything above 448 (0x43e0_0000), infinity included, saturates.
+    let clamped = abs.min(0x43e0_0000);
+    // Normal results (>= 2^-6): round the mantissa to 3 bits, rebias.
+    let normal = ((clamped + 0x7_ffff + ((clamped >> 20) & 1)) >> 20).wrapping_sub(120 << 3);
+    // Subnormal results: adding 2^14 (ulp 2^-9) makes the FPU round the
+    // value to a multiple of 2^-9, left in the low mantissa bits.
+    let sub = (f32::from_bits(clamped) + 16384.0)
+        .to_bits()
+        .wrapping_sub(0x4680_0000);
+    let mag = if clamped < 0x3c80_0000 { sub } else { normal };
+    let mag = if abs > 0x7f80_0000 { 0x7f } else { mag };
+    (mag | sign) as u8
+}
+
+/// `f32` to `float8 e5m2`, round-to-nearest-even, overflowing to ±inf;
+/// NaN becomes `0x7f` with the sign. Branch-free.
+#[inline(always)]
+fn f32_to_e5m2(x: f32) -> u8 {
+    let bits = x.to_bits();
+    let sign = (bits >> 24) & 0x80;
+    let abs = bits & 0x7fff_ffff;
+    // Everything from 2^16 up rounds to infinity; clamping there keeps the
+    // shifted result in range.
+    let clamped = abs.min(0x4780_0000);
+    // Normal results (>= 2^-14): round the mantissa to 2 bits, rebias.
+    let normal = ((clamped + 0xf_ffff + ((clamped >> 21) & 1)) >> 21).wrapping_sub(112 << 2);
+    // Subnormal results: adding 2^7 (ulp 2^-16) rounds to a multiple of
+    // 2^-16.
+    let sub = (f32::from_bits(clamped) + 128.0)
+        .to_bits()
+        .wrapping_sub(0x4300_0000);
+    let mag = if clamped < 0x3880_0000 { sub } else { normal };
+    let mag = if abs > 0x7f80_0000 { 0x7f } else { mag };
+    (mag | sign) as u8
+}
+
 /// `float8 e4m3` storage (the "fn" variant).
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 #[repr(transparent)]
@@ -635,36 +802,6 @@ struct E4m3(u8);
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 #[repr(transparent)]
 struct E5m2(u8);
-
-impl Packed for E4m3 {
-    #[inline]
-    fn decode(src: &[Self], dst: &mut [f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = f32::from_bits(E4M3_TO_F32[usize::from(s.0)]);
-        }
-    }
-    #[inline]
-    fn encode(src: &[f32], dst: &mut [Self]) {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = E4m3(f32_to_mini(E4M3, s) as u8);
-        }
-    }
-}
-
-impl Packed for E5m2 {
-    #[inline]
-    fn decode(src: &[Self], dst: &mut [f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = f32::from_bits(E5M2_TO_F32[usize::from(s.0)]);
-        }
-    }
-    #[inline]
-    fn encode(src: &[f32], dst: &mut [Self]) {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = E5m2(f32_to_mini(E5M2, s) as u8);
-        }
-    }
-}
 
 /// The chunked loop for narrow types: decode to `f32`, apply the input
 /// transform (rounded to the storage type), combine, encode.
@@ -929,8 +1066,8 @@ fn round_to_mini(f: MiniFloat, negative: bool, abs: u64, src_mant: u32, src_bias
     sign | mag
 }
 
-/// `f32` to format `f`.
-#[inline(always)]
+/// `f32` to format `f` (the generic reference for the fast codecs).
+#[cfg(test)]
 fn f32_to_mini(f: MiniFloat, x: f32) -> u32 {
     let bits = x.to_bits();
     round_to_mini(f, bits >> 31 != 0, u64::from(bits & 0x7fff_ffff), 23, 127)
@@ -1428,6 +1565,51 @@ mod tests {
                     assert_eq!(via_f32, code, "{dtype:?} {code:#x} = {v}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn fast_fp8_codecs_match_generic() {
+        for code in 0..=255u8 {
+            let d4 = e4m3_to_f32(code).to_bits();
+            let t4 = E4M3_TO_F32[usize::from(code)];
+            assert!(d4 == t4 || (f32::from_bits(d4).is_nan() && f32::from_bits(t4).is_nan()));
+            let d5 = e5m2_to_f32(code).to_bits();
+            let t5 = E5M2_TO_F32[usize::from(code)];
+            assert!(d5 == t5 || (f32::from_bits(d5).is_nan() && f32::from_bits(t5).is_nan()));
+        }
+        let check = |x: f32| {
+            assert_eq!(
+                f32_to_e4m3(x),
+                f32_to_mini(E4M3, x) as u8,
+                "e4m3 {x:e} {:#x}",
+                x.to_bits()
+            );
+            assert_eq!(
+                f32_to_e5m2(x),
+                f32_to_mini(E5M2, x) as u8,
+                "e5m2 {x:e} {:#x}",
+                x.to_bits()
+            );
+        };
+        // Every sign/exponent/top-mantissa prefix with the low bits at and
+        // around both formats' rounding points.
+        let lows: [u32; 12] = [
+            0, 1, 0x7_ffff, 0x8_0000, 0x8_0001, 0xf_ffff, 0x10_0000, 0x10_0001, 0x17_ffff,
+            0x18_0000, 0x1f_ffff, 0x0c_3456,
+        ];
+        for hi in 0..(1u32 << 11) {
+            for &lo in &lows {
+                check(f32::from_bits((hi << 21) | lo));
+            }
+        }
+        let mut rng = Rng(7);
+        for _ in 0..300_000 {
+            check(f32::from_bits(rng.next() as u32));
+            // Concentrated on the formats' ranges.
+            check(f32::from_bits(
+                0x3000_0000 + (rng.next() as u32 % 0x1800_0000),
+            ));
         }
     }
 

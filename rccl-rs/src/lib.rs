@@ -17,7 +17,7 @@ pub mod net;
 pub mod tuning;
 pub mod types;
 
-pub use api::{Element, Group, F8E4M3, F8E5M2};
+pub use api::{CollCall, Element, Group, F8E4M3, F8E5M2};
 pub use bootstrap::{Bootstrap, UniqueId};
 pub use comm::Communicator;
 pub use config::Config;

@@ -139,7 +139,10 @@ impl Fifo {
     pub fn in_memory(mem: Arc<dyn FifoMemory>, nslots: usize, slot_bytes: usize) -> Fifo {
         assert!((1..=MAX_SLOTS).contains(&nslots), "FIFO slot count");
         assert!(slot_bytes > 0, "FIFO slot size");
-        assert!(mem.len() >= fifo_bytes(nslots, slot_bytes), "FIFO memory too small");
+        assert!(
+            mem.len() >= fifo_bytes(nslots, slot_bytes),
+            "FIFO memory too small"
+        );
         assert_eq!(mem.base() as usize % ALIGN, 0, "FIFO memory alignment");
         Fifo {
             mem,
@@ -161,7 +164,11 @@ impl Fifo {
         let index = (counter % self.nslots) as usize;
         // SAFETY: index < nslots and the block holds nslots strides after the
         // header, so the offset stays inside the allocation.
-        unsafe { self.mem.base().add(header_bytes() + index * self.slot_stride) }
+        unsafe {
+            self.mem
+                .base()
+                .add(header_bytes() + index * self.slot_stride)
+        }
     }
 
     /// Capacity of one slot in bytes.

@@ -140,7 +140,9 @@ fn encode_hello(rank: usize, channel: usize) -> Vec<u8> {
 
 fn decode_hello(hello: &[u8]) -> Option<(usize, usize)> {
     let word = |i: usize| -> Option<u32> {
-        Some(u32::from_le_bytes(hello.get(i * 4..i * 4 + 4)?.try_into().ok()?))
+        Some(u32::from_le_bytes(
+            hello.get(i * 4..i * 4 + 4)?.try_into().ok()?,
+        ))
     };
     if hello.len() != 12 || word(0)? != HELLO_MAGIC {
         return None;

@@ -74,7 +74,15 @@ impl TcpConnection {
                     .name("rccl-tcp-recv".into())
                     .spawn(move || {
                         let result = recv_proxy(&fifo, stream, &stop);
-                        finish(result, &fifo, &other, &stop, &failure, peer, "receiving from");
+                        finish(
+                            result,
+                            &fifo,
+                            &other,
+                            &stop,
+                            &failure,
+                            peer,
+                            "receiving from",
+                        );
                     })?,
             );
         }
@@ -163,7 +171,10 @@ fn wait_fifo<T>(
             return Ok(value);
         }
         if fifo.failed() {
-            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "connection closed locally"));
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "connection closed locally",
+            ));
         }
         backoff
             .snooze(Some(park), never, stop)
@@ -209,7 +220,10 @@ fn recv_proxy(fifo: &Fifo, mut stream: TcpStream, stop: &AtomicBool) -> io::Resu
         if len > fifo.slot_bytes() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("frame of {len} bytes exceeds the {}-byte slot", fifo.slot_bytes()),
+                format!(
+                    "frame of {len} bytes exceeds the {}-byte slot",
+                    fifo.slot_bytes()
+                ),
             ));
         }
         let slot = wait_fifo(fifo, stop, true, || fifo.try_reserve())?;

@@ -1,0 +1,358 @@
+//! The correctness suite shared by the thread and process tests: every
+//! collective x datatype x op x count x in-place/out-of-place, each rank
+//! checking its own output against a reference computed here,
+//! independently of the engine's kernels.
+
+#![allow(dead_code)]
+
+use rccl::{CollKind, Communicator, Config, DataType, RedOp};
+
+/// FIFO bytes per connection in tests: small, so that modest counts span
+/// several pipeline chunks and slots.
+pub const TEST_BUFFSIZE: usize = 8 << 10;
+
+/// The settings every test communicator uses.
+pub fn test_config() -> Config {
+    Config {
+        timeout: std::time::Duration::from_secs(60),
+        min_channels: 2,
+        max_channels: 2,
+        buffsize: TEST_BUFFSIZE,
+    }
+}
+
+/// The pipeline chunk the tuner uses under [`test_config`], in bytes.
+pub fn chunk_bytes() -> usize {
+    rccl::tuning::chunk_bytes(&test_config())
+}
+
+/// Every reduction op the suite runs, PreMulSum with the scalar 2.
+pub fn ops(dtype: DataType) -> Vec<RedOp> {
+    let mut scalar = [0u8; 8];
+    encode(dtype, 2.0, &mut scalar[..dtype.size()]);
+    vec![
+        RedOp::Sum,
+        RedOp::Prod,
+        RedOp::Max,
+        RedOp::Min,
+        RedOp::Avg,
+        RedOp::PreMulSum { scalar },
+    ]
+}
+
+/// One call of the suite.
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    pub kind: CollKind,
+    pub dtype: DataType,
+    pub op: RedOp,
+    pub count: usize,
+    pub root: usize,
+    pub in_place: bool,
+}
+
+/// The counts each collective runs with: none, one, an odd count, and one
+/// spanning several pipeline chunks.
+pub fn counts(dtype: DataType) -> [usize; 4] {
+    [0, 1, 37, 3 * chunk_bytes() / dtype.size() + 5]
+}
+
+/// Every case for `nranks` ranks, in one order all ranks agree on.
+pub fn all_cases(nranks: usize, kinds: &[CollKind], dtypes: &[DataType]) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for &kind in kinds {
+        for &dtype in dtypes {
+            let ops = if kind.reduces() {
+                ops(dtype)
+            } else {
+                vec![RedOp::Sum]
+            };
+            for op in ops {
+                for count in counts(dtype) {
+                    for in_place in [false, true] {
+                        if in_place && kind == CollKind::AllToAll {
+                            continue;
+                        }
+                        let root = (cases.len() * 5 + 1) % nranks;
+                        cases.push(Case {
+                            kind,
+                            dtype,
+                            op,
+                            count,
+                            root,
+                            in_place,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    cases
+}
+
+// ---- element encoding, independent of the engine ----
+
+fn fp8_encode(value: f64, exp_bits: u32, man_bits: u32) -> u8 {
+    // Only small integers and halves are used, all exactly representable.
+    if value == 0.0 {
+        return 0;
+    }
+    let sign = if value < 0.0 { 0x80 } else { 0 };
+    let mag = value.abs();
+    let exp = mag.log2().floor() as i32;
+    let bias = (1 << (exp_bits - 1)) - 1;
+    let man = ((mag / 2f64.powi(exp) - 1.0) * f64::from(1u32 << man_bits)).round() as u8;
+    sign | (((exp + bias) as u8) << man_bits) | man
+}
+
+fn fp8_decode(bits: u8, exp_bits: u32, man_bits: u32) -> f64 {
+    let sign = if bits & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((bits & 0x7f) >> man_bits);
+    let man = f64::from(bits & ((1 << man_bits) - 1));
+    let bias = (1 << (exp_bits - 1)) - 1;
+    let scale = f64::from(1u32 << man_bits);
+    if exp == 0 {
+        sign * man / scale * 2f64.powi(1 - bias)
+    } else {
+        sign * (1.0 + man / scale) * 2f64.powi(exp - bias)
+    }
+}
+
+/// Writes `value` as one element of `dtype`.
+pub fn encode(dtype: DataType, value: f64, out: &mut [u8]) {
+    match dtype {
+        DataType::Int8 | DataType::Uint8 => out[0] = value as i64 as u8,
+        DataType::Int32 | DataType::Uint32 => {
+            out.copy_from_slice(&(value as i64 as u32).to_le_bytes())
+        }
+        DataType::Int64 | DataType::Uint64 => out.copy_from_slice(&(value as i64).to_le_bytes()),
+        DataType::Float16 => out.copy_from_slice(&half::f16::from_f64(value).to_le_bytes()),
+        DataType::Bfloat16 => out.copy_from_slice(&half::bf16::from_f64(value).to_le_bytes()),
+        DataType::Float32 => out.copy_from_slice(&(value as f32).to_le_bytes()),
+        DataType::Float64 => out.copy_from_slice(&value.to_le_bytes()),
+        DataType::Float8e4m3 => out[0] = fp8_encode(value, 4, 3),
+        DataType::Float8e5m2 => out[0] = fp8_encode(value, 5, 2),
+    }
+}
+
+/// Reads one element of `dtype` as a float.
+pub fn decode(dtype: DataType, bytes: &[u8]) -> f64 {
+    match dtype {
+        DataType::Float16 => half::f16::from_le_bytes([bytes[0], bytes[1]]).to_f64(),
+        DataType::Bfloat16 => half::bf16::from_le_bytes([bytes[0], bytes[1]]).to_f64(),
+        DataType::Float32 => f64::from(f32::from_le_bytes(bytes[..4].try_into().unwrap())),
+        DataType::Float64 => f64::from_le_bytes(bytes[..8].try_into().unwrap()),
+        DataType::Float8e4m3 => fp8_decode(bytes[0], 4, 3),
+        DataType::Float8e5m2 => fp8_decode(bytes[0], 5, 2),
+        _ => unreachable!("decode is for floats"),
+    }
+}
+
+/// The input of rank `rank` at send element `i`: small values whose sums,
+/// products and partial results are exact in every datatype.
+pub fn input(dtype: DataType, op: RedOp, rank: usize, i: usize) -> f64 {
+    let signed = !matches!(dtype, DataType::Uint8 | DataType::Uint32 | DataType::Uint64);
+    let h = (rank * 7 + i * 3 + i / 11) % 5;
+    match op {
+        RedOp::Prod => {
+            if (rank + i).is_multiple_of(4) {
+                2.0
+            } else if signed && (rank + 2 * i).is_multiple_of(5) {
+                -1.0
+            } else {
+                1.0
+            }
+        }
+        // e5m2 has 2 mantissa bits: keep every partial sum a small integer.
+        _ if dtype == DataType::Float8e5m2 => (h % 2) as f64,
+        _ if signed => h as f64 - 2.0,
+        _ => h as f64,
+    }
+}
+
+/// The exact reduction of `values` under `op` for `dtype`, or `None` when
+/// the result is only approximately defined (float Avg).
+fn reduce_ref(dtype: DataType, op: RedOp, values: &[f64]) -> f64 {
+    let n = values.len() as f64;
+    let r = match op {
+        RedOp::Sum => values.iter().sum(),
+        RedOp::Prod => values.iter().product(),
+        RedOp::Max => values.iter().cloned().fold(f64::MIN, f64::max),
+        RedOp::Min => values.iter().cloned().fold(f64::MAX, f64::min),
+        RedOp::PreMulSum { .. } => values.iter().map(|v| 2.0 * v).sum(),
+        RedOp::Avg => {
+            let sum: f64 = values.iter().sum();
+            if dtype.is_float() {
+                sum / n
+            } else {
+                (sum / n).trunc()
+            }
+        }
+    };
+    wrap_int(dtype, r)
+}
+
+/// Integer results wrap like the C types.
+fn wrap_int(dtype: DataType, v: f64) -> f64 {
+    let i = v as i64;
+    match dtype {
+        DataType::Int8 => f64::from(i as i8),
+        DataType::Uint8 => f64::from(i as u8),
+        DataType::Int32 => f64::from(i as i32),
+        DataType::Uint32 => f64::from(i as u32),
+        DataType::Int64 | DataType::Uint64 => i as f64,
+        _ => v,
+    }
+}
+
+/// Buffers of one rank for one case, out-of-place or in-place.
+pub struct CaseBuffers {
+    /// The whole allocation (in place: the one shared buffer).
+    pub send: Vec<u8>,
+    pub recv: Vec<u8>,
+    send_offset: usize,
+    recv_offset: usize,
+}
+
+const SENTINEL: u8 = 0xA5;
+
+impl CaseBuffers {
+    pub fn new(case: &Case, nranks: usize, rank: usize) -> CaseBuffers {
+        let size = case.dtype.size();
+        let send_len = case.kind.send_len(case.count, nranks, rank, case.root);
+        let recv_len = case.kind.recv_len(case.count, nranks, rank, case.root);
+        let fill = |buf: &mut [u8], offset: usize| {
+            for i in 0..send_len {
+                let v = input(case.dtype, case.op, rank, i);
+                encode(
+                    case.dtype,
+                    v,
+                    &mut buf[(offset + i) * size..(offset + i + 1) * size],
+                );
+            }
+        };
+        if case.in_place {
+            let total = send_len.max(recv_len);
+            let mut buf = vec![SENTINEL; total * size];
+            // A rank with only one of the two buffers (a non-root of
+            // gather, scatter, broadcast or reduce) has nothing to alias.
+            let (send_offset, recv_offset) = match (
+                case.kind.in_place_send_offset(case.count, rank, case.root),
+                case.kind.in_place_recv_offset(case.count, rank, case.root),
+            ) {
+                (Some(s), _) => (s, 0),
+                (None, Some(r)) => (0, r),
+                (None, None) => unreachable!("no in-place form"),
+            };
+            let (send_offset, recv_offset) = if send_len == 0 || recv_len == 0 {
+                (0, 0)
+            } else {
+                (send_offset, recv_offset)
+            };
+            // Ranks without a send buffer (broadcast non-roots) have none to fill.
+            fill(&mut buf, send_offset);
+            CaseBuffers {
+                send: buf,
+                recv: Vec::new(),
+                send_offset,
+                recv_offset,
+            }
+        } else {
+            let mut send = vec![SENTINEL; send_len * size];
+            fill(&mut send, 0);
+            CaseBuffers {
+                send,
+                recv: vec![SENTINEL; recv_len * size],
+                send_offset: 0,
+                recv_offset: 0,
+            }
+        }
+    }
+
+    /// Runs the case on `comm`.
+    pub fn run(&mut self, comm: &Communicator, case: &Case) -> rccl::Result<()> {
+        let size = case.dtype.size();
+        let (send, recv) = if self.recv.is_empty() && case.in_place {
+            let base = self.send.as_mut_ptr();
+            (
+                base.wrapping_add(self.send_offset * size) as *const u8,
+                base.wrapping_add(self.recv_offset * size),
+            )
+        } else {
+            (self.send.as_ptr(), self.recv.as_mut_ptr())
+        };
+        // SAFETY: the buffers were sized from the collective's lengths for
+        // this rank (in place: the larger one, with NCCL's offsets) and
+        // outlive the call, which completes before it returns.
+        let call = rccl::CollCall {
+            kind: case.kind,
+            count: case.count,
+            dtype: case.dtype,
+            op: case.op,
+            root: case.root,
+        };
+        unsafe { comm.collective_raw(call, send, recv) }
+    }
+
+    /// The receive region after the call.
+    pub fn output(&self, case: &Case, nranks: usize, rank: usize) -> &[u8] {
+        let size = case.dtype.size();
+        let recv_len = case.kind.recv_len(case.count, nranks, rank, case.root);
+        if case.in_place {
+            &self.send[self.recv_offset * size..(self.recv_offset + recv_len) * size]
+        } else {
+            &self.recv
+        }
+    }
+}
+
+/// Checks `out` (rank `rank`'s receive region) against the reference;
+/// returns a description of the first wrong element.
+pub fn check(case: &Case, nranks: usize, rank: usize, out: &[u8]) -> Result<(), String> {
+    let size = case.dtype.size();
+    let count = case.count;
+    let inputs_of = |src_index: usize| -> Vec<f64> {
+        (0..nranks)
+            .map(|r| input(case.dtype, case.op, r, src_index))
+            .collect()
+    };
+    let expected = |i: usize| -> f64 {
+        match case.kind {
+            CollKind::AllReduce | CollKind::Reduce => {
+                reduce_ref(case.dtype, case.op, &inputs_of(i))
+            }
+            CollKind::ReduceScatter => {
+                reduce_ref(case.dtype, case.op, &inputs_of(rank * count + i))
+            }
+            CollKind::Broadcast => input(case.dtype, case.op, case.root, i),
+            CollKind::AllGather | CollKind::Gather => {
+                input(case.dtype, case.op, i / count, i % count)
+            }
+            CollKind::AllToAll => input(case.dtype, case.op, i / count, rank * count + i % count),
+            CollKind::Scatter => input(case.dtype, case.op, case.root, rank * count + i),
+        }
+    };
+    let approximate = case.op == RedOp::Avg && case.dtype.is_float();
+    for i in 0..out.len() / size {
+        let got = &out[i * size..(i + 1) * size];
+        let want = expected(i);
+        let ok = if approximate {
+            let tolerance = match case.dtype {
+                DataType::Float8e4m3 | DataType::Float8e5m2 => 0.25,
+                DataType::Float16 | DataType::Bfloat16 => 0.02,
+                _ => 1e-5,
+            };
+            (decode(case.dtype, got) - want).abs() <= tolerance * want.abs().max(1.0)
+        } else {
+            let mut bytes = vec![0u8; size];
+            encode(case.dtype, want, &mut bytes);
+            got == bytes.as_slice()
+        };
+        if !ok {
+            return Err(format!(
+                "{case:?} on rank {rank} of {nranks}: element {i} is {got:02x?}, expected {want}"
+            ));
+        }
+    }
+    Ok(())
+}
