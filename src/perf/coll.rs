@@ -1,7 +1,7 @@
 //! The collectives under test: their sizes, bandwidth factors, how to issue
 //! them for one rank, and what each rank's buffers must hold.
 
-use rccl::{CollKind, Communicator, DataType, RedOp};
+use rccl::{CollCall, CollKind, Communicator, DataType, RedOp};
 
 use super::args::{premul_scalar, TestOp};
 use super::codec::{self, exact_int_limit};
@@ -230,7 +230,28 @@ impl Coll {
             }
         };
         // SAFETY: forwarded from the caller.
-        unsafe { comm.collective_raw(kind, send, recv, count, dtype, op, root) }
+        unsafe {
+            comm.collective_raw(
+                CollCall {
+                    kind,
+                    count,
+                    dtype,
+                    op,
+                    root,
+                },
+                send,
+                recv,
+            )
+        }
+    }
+
+    /// Whether the in-place run's output is checked. Send/receive and
+    /// all-to-all have no in-place form (in NCCL nor in rccl-rs: the
+    /// schedules may overwrite a block before sending it), so, as
+    /// nccl-tests does for sendrecv, their in-place column is timed but
+    /// reported as N/A.
+    pub fn checks_in_place(self) -> bool {
+        !matches!(self, Coll::SendRecv | Coll::AllToAll)
     }
 
     /// Whether `rank` sends data (its send region is filled).

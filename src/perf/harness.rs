@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use rccl::{CollKind, Communicator, DataType, RedOp};
+use rccl::{CollCall, CollKind, Communicator, DataType, RedOp};
 
 use super::args::{Args, TestOp};
 use super::coll::{Coll, Counts, Pattern};
@@ -403,13 +403,15 @@ impl<'a> Worker<'a> {
                 // alive until the group ends below.
                 unsafe {
                     rank.comm.collective_raw(
-                        CollKind::AllGather,
+                        CollCall {
+                            kind: CollKind::AllGather,
+                            count: REC,
+                            dtype: DataType::Uint8,
+                            op: RedOp::Sum,
+                            root: 0,
+                        },
                         s.as_ptr(),
                         r.as_mut_ptr(),
-                        REC,
-                        DataType::Uint8,
-                        RedOp::Sum,
-                        0,
                     )?
                 };
             }
@@ -457,13 +459,15 @@ impl<'a> Worker<'a> {
                 // SAFETY: one f64 each, alive until the group ends.
                 unsafe {
                     rank.comm.collective_raw(
-                        kind,
+                        CollCall {
+                            kind,
+                            count: 1,
+                            dtype: DataType::Float64,
+                            op,
+                            root: 0,
+                        },
                         (s as *const f64).cast(),
                         (r as *mut f64).cast(),
-                        1,
-                        DataType::Float64,
-                        op,
-                        0,
                     )?
                 };
             }
@@ -699,7 +703,7 @@ impl<'a> Worker<'a> {
                 .bandwidth(st.counts.param, st.dtype.size(), delta, self.nranks);
         self.barrier()?;
 
-        let report = args.check > 0 && !(in_place && self.coll == Coll::SendRecv);
+        let report = args.check > 0 && (!in_place || self.coll.checks_in_place());
         let mut wrong = 0u64;
         for _ in 0..args.check {
             self.rep += 1;
