@@ -105,7 +105,7 @@ impl Backoff {
         self.rounds = self.rounds.wrapping_add(1);
         // Reading the clock costs a few tens of nanoseconds: spin a little
         // between readings.
-        if self.rounds % 16 != 0 {
+        if !self.rounds.is_multiple_of(16) {
             for _ in 0..32 {
                 std::hint::spin_loop();
             }
