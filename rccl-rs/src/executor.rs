@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use rccl_algorithms::{Buf, Prim, Slice, Step};
-use rccl_transports::{Backoff, Connection, Fifo, ParkOn, WaitError};
+use rccl_transports::{Backoff, Connection, Fifo, ParkOn, Protocol, Tag, WaitError};
 
 use crate::error::{Error, Result};
 use crate::kernels::ReduceKernel;
@@ -112,6 +112,11 @@ pub struct OpWork {
     pub seq: u64,
     /// What it is, for reports ("AllReduce", "Send/Recv").
     pub name: &'static str,
+    /// What every piece of it carries; a piece with another tag belongs
+    /// to a different call, so the ranks disagree on what they run.
+    pub tag: Tag,
+    /// How its pieces travel.
+    pub protocol: Protocol,
     /// The channel's steps.
     pub steps: Vec<Step>,
     /// Buffers the primitives read and write.
@@ -373,7 +378,7 @@ impl<'a> Piece<'_, 'a> {
     /// it holds.
     fn reserve(&self, peer: usize) -> Result<std::result::Result<(*mut u8, usize), ParkOn<'a>>> {
         let link = self.link(peer)?;
-        let fifo = link.conn.send_fifo();
+        let fifo = link.conn.send_fifo(self.op.protocol);
         let park = fifo.producer_park();
         match fifo.try_reserve() {
             Some(slot) => Ok(Ok((slot, fifo.slot_bytes() / self.op.elem_size))),
@@ -391,10 +396,18 @@ impl<'a> Piece<'_, 'a> {
         remaining: usize,
     ) -> Result<std::result::Result<(*const u8, usize), ParkOn<'a>>> {
         let link = self.link(peer)?;
-        let fifo = link.conn.recv_fifo();
+        let fifo = link.conn.recv_fifo(self.op.protocol);
         let park = fifo.consumer_park();
         match fifo.try_peek() {
-            Some((slot, bytes)) => {
+            Some((slot, bytes, tag)) => {
+                if tag != self.op.tag {
+                    return Err(Error::InvalidUsage(format!(
+                        "ranks disagree on the operation: this rank called {} but {} called {}",
+                        crate::enqueue::describe_call(self.op.tag),
+                        link.peer_name,
+                        crate::enqueue::describe_call(tag)
+                    )));
+                }
                 let elem = self.op.elem_size;
                 if bytes == 0 || bytes % elem != 0 || bytes / elem > remaining {
                     return Err(Error::Remote(format!(
@@ -415,13 +428,13 @@ impl<'a> Piece<'_, 'a> {
     fn publish(&self, peer: usize, elems: usize) -> Result<()> {
         self.link(peer)?
             .conn
-            .send_fifo()
-            .publish(elems * self.op.elem_size);
+            .send_fifo(self.op.protocol)
+            .publish(elems * self.op.elem_size, self.op.tag);
         Ok(())
     }
 
     fn release(&self, peer: usize) -> Result<()> {
-        self.link(peer)?.conn.recv_fifo().release();
+        self.link(peer)?.conn.recv_fifo(self.op.protocol).release();
         Ok(())
     }
 
