@@ -19,13 +19,13 @@
 //! elements, and prove it, out of place and in place:
 //!
 //! ```
-//! use rccl_algorithms::{verify, Algorithm, CollKind, CollSpec, Params, Prim, Ring};
+//! use rccl_algorithms::{verify, Algorithm, CollKind, CollSpec, Params, Prim, Ring, Topology};
 //!
 //! let spec = CollSpec { kind: CollKind::AllReduce, nranks: 4, root: 0, count: 24 };
 //! let params = Params { nchannels: 2, chunk_elems: 3 };
 //!
 //! // Rank 0's first step on channel 0 sends its chunk 3 (ring order).
-//! let schedule = Ring.schedule(&spec, 0, &params);
+//! let schedule = Ring.schedule(&spec, 0, &params, &Topology::flat(4));
 //! assert_eq!(schedule.channels.len(), 2);
 //! assert!(matches!(schedule.channels[0][0].prims[0], Prim::Send { to: 1, .. }));
 //!
@@ -39,6 +39,7 @@
 pub mod direct;
 pub mod ring;
 pub mod schedule;
+pub mod topology;
 pub mod verify;
 
 pub use direct::{p2p_schedule, Direct, P2pOp};
@@ -46,7 +47,8 @@ pub use ring::Ring;
 pub use schedule::{
     split_even, Buf, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step,
 };
-pub use verify::{verify, verify_schedules, Stats, VerifyError};
+pub use topology::Topology;
+pub use verify::{verify, verify_on, verify_schedules, Stats, VerifyError};
 
 static BUILTINS: [&dyn Algorithm; 2] = [&Ring, &Direct];
 
@@ -86,6 +88,21 @@ pub trait Algorithm: Send + Sync {
     /// Whether this algorithm implements `kind`.
     fn supports(&self, kind: CollKind) -> bool;
 
-    /// The schedule of `rank` for `spec`, cut as `params` says.
-    fn schedule(&self, spec: &CollSpec, rank: Rank, params: &Params) -> Schedule;
+    /// Whether this algorithm can run with the ranks placed on hosts as
+    /// `topo` says (hierarchical algorithms need a shape); true by default.
+    fn supports_topology(&self, topo: &Topology) -> bool {
+        let _ = topo;
+        true
+    }
+
+    /// Whether this algorithm's schedules for `kind` are also correct in
+    /// place (NCCL's aliased buffers); true by default.
+    fn supports_in_place(&self, kind: CollKind) -> bool {
+        let _ = kind;
+        true
+    }
+
+    /// The schedule of `rank` for `spec`, cut as `params` says, for ranks
+    /// placed on hosts as `topo` says.
+    fn schedule(&self, spec: &CollSpec, rank: Rank, params: &Params, topo: &Topology) -> Schedule;
 }

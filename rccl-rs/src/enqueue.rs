@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use rccl_algorithms::{p2p_schedule, CollKind, CollSpec, P2pOp, Schedule};
+use rccl_algorithms::{p2p_schedule, CollKind, CollSpec, P2pOp, Schedule, Topology};
 use rccl_transports::tcp::TcpConnection;
 
 use crate::comm::{deadline, CommInner};
@@ -272,7 +272,12 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
         count: op.count,
     };
     let choice = tuning::choose(&comm.config, &spec, op.dtype.size());
-    let schedule = choice.algorithm.schedule(&spec, comm.rank, &choice.params);
+    // The engine runs every rank as if on one host until it passes the real
+    // placement.
+    let topo = Topology::flat(comm.nranks);
+    let schedule = choice
+        .algorithm
+        .schedule(&spec, comm.rank, &choice.params, &topo);
     let reduction = if kind.reduces() {
         Some(Arc::new(Reduction {
             input: ReduceKernel::new(op.dtype, red_op, comm.nranks)?,
