@@ -8,10 +8,16 @@
 //! the right inputs, each exactly once, and that no rank waits for a message
 //! nobody sends.
 //!
-//! Built in: [`Ring`] (AllReduce, Broadcast, Reduce, AllGather,
-//! ReduceScatter) and [`Direct`] (AlltoAll, Gather, Scatter, and grouped
-//! point-to-point calls through [`p2p_schedule`]); [`builtin`] looks one up
-//! by name and [`default_for`] picks one for a collective.
+//! Built in, one algorithm per module: [`Ring`] (AllReduce, Broadcast,
+//! Reduce, AllGather, ReduceScatter), [`Direct`] (AlltoAll, Gather, Scatter,
+//! and grouped point-to-point calls through [`p2p_schedule`]), [`Tree`]
+//! (NCCL's double binary tree AllReduce, tree Broadcast),
+//! [`HalvingDoubling`] (Rabenseifner's AllReduce, any rank count),
+//! [`Hierarchical`] (AllReduce, AllGather, ReduceScatter over hosts, given a
+//! [`Topology`]) and [`OneShot`] (all-pairs AllReduce for tiny messages);
+//! [`builtin`] looks one up by name and [`default_for`] picks one for a
+//! collective. [`load_schedule_file`] loads a researcher's schedule from a
+//! JSON file and proves it before use (`docs/SCHEDULES.md`).
 //!
 //! # Example
 //!
@@ -37,20 +43,38 @@
 //! ```
 
 pub mod direct;
+pub mod file;
+pub mod halving_doubling;
+pub mod hierarchical;
+pub mod one_shot;
+mod pieces;
 pub mod ring;
 pub mod schedule;
 pub mod topology;
+pub mod tree;
 pub mod verify;
 
 pub use direct::{p2p_schedule, Direct, P2pOp};
+pub use file::{load_schedule_file, parse_schedule, FileError, LoadedAlgorithm};
+pub use halving_doubling::HalvingDoubling;
+pub use hierarchical::Hierarchical;
+pub use one_shot::OneShot;
 pub use ring::Ring;
 pub use schedule::{
     split_even, Buf, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step,
 };
 pub use topology::Topology;
+pub use tree::Tree;
 pub use verify::{verify, verify_on, verify_schedules, Stats, VerifyError};
 
-static BUILTINS: [&dyn Algorithm; 2] = [&Ring, &Direct];
+static BUILTINS: [&dyn Algorithm; 6] = [
+    &Ring,
+    &Direct,
+    &Tree,
+    &HalvingDoubling,
+    &Hierarchical,
+    &OneShot,
+];
 
 /// Every built-in algorithm.
 pub fn builtins() -> &'static [&'static dyn Algorithm] {
