@@ -11,25 +11,28 @@
 //! ```
 //!
 //! **Scaling with count.** A file fits every call whose count is a
-//! multiple of `parts`: a slice `[buf, offset, len]` covers elements
-//! `offset * u .. (offset + len) * u` with `u = count / parts`. Scaling every
-//! slice by the same factor maps each element of the unit schedule to `u`
-//! elements that behave alike, so the file is proved for `u = 1` and
-//! `u = 2`, with FIFOs of one element (the least buffering the engine may
-//! have), out of place (required) and in place (recorded: the loaded
-//! algorithm refuses the in-place form when that fails). Counts that are
-//! not a multiple of `parts`, other collectives and other rank counts are
-//! refused ([`LoadedAlgorithm::fits`]).
+//! multiple of `parts`: unit `i` of a buffer is elements `i * q .. (i + 1) *
+//! q` with `q = count / parts` (so for AllGather's receive buffer, units
+//! `b * parts ..` are rank `b`'s block). The file describes one pipeline
+//! loop: the call runs the file's steps once per loop, each loop moving
+//! the next at most `chunk_elems` elements of every unit, so messages stay
+//! within a pipeline chunk whatever the count; an operation over several
+//! units becomes one primitive per unit. Loading proves the file at
+//! several counts and chunk sizes (one and several loops, a short last
+//! loop), out of place (required) and in place (recorded: the loaded
+//! algorithm refuses the in-place form when that fails). Other counts,
+//! collectives, rank counts and roots are refused
+//! ([`LoadedAlgorithm::fits`]).
 //!
 //! The file's channels are used as they are: `params.nchannels` must be at
 //! least [`LoadedAlgorithm::nchannels`] (the schedule is padded with empty
-//! channels up to it); `params.chunk_elems` is not used, as the file fixes
-//! its messages.
+//! channels up to it).
 
 use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::pieces::chunks;
 use crate::{
     verify_schedules, Algorithm, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step,
     Topology, VerifyError,
@@ -156,16 +159,28 @@ enum FileOp {
 }
 
 impl FileOp {
-    /// The primitive, with slices scaled by `u` elements per unit.
-    fn prim(self, u: usize) -> Prim {
-        let s = |(buf, offset, len): FileSlice| Slice {
-            buf: match buf {
-                FileBuf::Send => crate::Buf::Send,
-                FileBuf::Recv => crate::Buf::Recv,
-            },
-            offset: offset * u,
-            len: len * u,
-        };
+    /// Units each slice of the operation covers (all slices agree, as
+    /// checked at load).
+    fn units(&self) -> usize {
+        self.slices().first().map_or(0, |s| s.2)
+    }
+
+    fn slices(&self) -> Vec<FileSlice> {
+        match *self {
+            FileOp::Send { src, .. } | FileOp::RecvReduceSend { src, .. } => vec![src],
+            FileOp::Recv { dst, .. } | FileOp::RecvCopySend { dst, .. } => vec![dst],
+            FileOp::Copy { src, dst }
+            | FileOp::CopySend { src, dst, .. }
+            | FileOp::RecvReduceCopy { src, dst, .. }
+            | FileOp::RecvReduceCopySend { src, dst, .. }
+            | FileOp::RecvReduceCopyPartial { src, dst, .. }
+            | FileOp::ReduceCopy { src, dst }
+            | FileOp::ReduceCopyPartial { src, dst } => vec![src, dst],
+        }
+    }
+
+    /// The primitive with every slice mapped by `s`.
+    fn map(self, s: impl Fn(FileSlice) -> Slice) -> Prim {
         match self {
             FileOp::Send { to, src } => Prim::Send { to, src: s(src) },
             FileOp::Recv { from, dst } => Prim::Recv { from, dst: s(dst) },
@@ -214,6 +229,23 @@ impl FileOp {
             },
         }
     }
+
+    /// The primitives of one pipeline loop: unit `i` of a buffer is
+    /// elements `i * q .. (i + 1) * q`, of which the loop moves
+    /// `base .. base + len`; an operation over several units becomes one
+    /// primitive per unit, in order.
+    fn pieces(self, q: usize, base: usize, len: usize) -> impl Iterator<Item = Prim> {
+        (0..self.units()).map(move |k| {
+            self.map(|(buf, offset, _)| Slice {
+                buf: match buf {
+                    FileBuf::Send => crate::Buf::Send,
+                    FileBuf::Recv => crate::Buf::Recv,
+                },
+                offset: (offset + k) * q + base,
+                len,
+            })
+        })
+    }
 }
 
 /// A schedule file, loaded and proved: an [`Algorithm`] for the collective
@@ -260,23 +292,23 @@ impl LoadedAlgorithm {
             && (!spec.kind.has_root() || spec.root == self.root)
     }
 
-    /// Every rank's schedule at `u` elements per unit.
-    fn schedules(&self, u: usize) -> Vec<Schedule> {
-        (0..self.nranks).map(|r| self.scaled(r, u, 0)).collect()
-    }
-
-    fn scaled(&self, rank: Rank, u: usize, min_channels: usize) -> Schedule {
+    /// The schedule of `rank` for `count` elements, pipelined in loops of
+    /// at most `chunk` elements per unit, over at least `min_channels`
+    /// channels.
+    fn scaled(&self, rank: Rank, count: usize, chunk: usize, min_channels: usize) -> Schedule {
         let mut schedule = Schedule::new(self.nchannels().max(min_channels));
-        if u == 0 {
-            return schedule;
-        }
+        let q = count / self.parts;
         for (c, steps) in self.ranks[rank].iter().enumerate() {
-            schedule.channels[c] = steps
-                .iter()
-                .map(|step| Step {
-                    prims: step.iter().map(|op| op.prim(u)).collect(),
-                })
-                .collect();
+            let out = &mut schedule.channels[c];
+            for (base, len) in chunks(0, q, chunk) {
+                for step in steps {
+                    let prims: Vec<Prim> =
+                        step.iter().flat_map(|op| op.pieces(q, base, len)).collect();
+                    if !prims.is_empty() {
+                        out.push(Step { prims });
+                    }
+                }
+            }
         }
         schedule
     }
@@ -305,7 +337,12 @@ impl Algorithm for LoadedAlgorithm {
             self.nranks,
             self.parts
         );
-        self.scaled(rank, spec.count / self.parts, params.nchannels)
+        self.scaled(
+            rank,
+            spec.count,
+            params.chunk_elems.max(1),
+            params.nchannels,
+        )
     }
 }
 
@@ -364,21 +401,39 @@ pub fn parse_schedule(origin: &str, text: &str) -> Result<LoadedAlgorithm, FileE
         in_place: false,
         ranks: file.ranks.into_iter().map(|r| r.channels).collect(),
     };
+    for (r, rank) in alg.ranks.iter().enumerate() {
+        for (c, steps) in rank.iter().enumerate() {
+            for (st, step) in steps.iter().enumerate() {
+                for (p, op) in step.iter().enumerate() {
+                    let slices = op.slices();
+                    if slices.iter().any(|s| s.2 == 0 || s.2 != slices[0].2) {
+                        return Err(invalid(format!(
+                            "rank {r} channel {c} step {st} prim {p}: slices must cover the \
+                             same number of units, at least one"
+                        )));
+                    }
+                }
+            }
+        }
+    }
     let mut in_place = true;
-    for u in [1, 2] {
+    for (units, chunk) in [(1, 1), (2, 1), (3, 2), (5, 2)] {
+        let count = alg.parts * units;
         let spec = CollSpec {
             kind,
             nranks: alg.nranks,
             root: alg.root,
-            count: alg.parts * u,
+            count,
         };
-        let schedules = alg.schedules(u);
-        verify_schedules(&spec, &schedules, false, 1).map_err(|error| FileError::Verify {
+        let schedules: Vec<Schedule> = (0..alg.nranks)
+            .map(|r| alg.scaled(r, count, chunk, 0))
+            .collect();
+        verify_schedules(&spec, &schedules, false, chunk).map_err(|error| FileError::Verify {
             path: origin.to_string(),
-            context: format!("count {} out of place", spec.count),
+            context: format!("count {count}, chunk {chunk}, out of place"),
             error,
         })?;
-        in_place &= verify_schedules(&spec, &schedules, true, 1).is_ok();
+        in_place &= verify_schedules(&spec, &schedules, true, chunk).is_ok();
     }
     Ok(LoadedAlgorithm { in_place, ..alg })
 }
