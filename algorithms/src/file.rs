@@ -74,7 +74,7 @@ pub enum FileError {
         /// The shape it failed for.
         context: String,
         /// The verifier's error.
-        error: VerifyError,
+        error: Box<VerifyError>,
     },
 }
 
@@ -288,7 +288,7 @@ impl LoadedAlgorithm {
     pub fn fits(&self, spec: &CollSpec) -> bool {
         spec.kind == self.kind
             && spec.nranks == self.nranks
-            && spec.count % self.parts == 0
+            && spec.count.checked_rem(self.parts) == Some(0)
             && (!spec.kind.has_root() || spec.root == self.root)
     }
 
@@ -431,7 +431,7 @@ pub fn parse_schedule(origin: &str, text: &str) -> Result<LoadedAlgorithm, FileE
         verify_schedules(&spec, &schedules, false, chunk).map_err(|error| FileError::Verify {
             path: origin.to_string(),
             context: format!("count {count}, chunk {chunk}, out of place"),
-            error,
+            error: Box::new(error),
         })?;
         in_place &= verify_schedules(&spec, &schedules, true, chunk).is_ok();
     }

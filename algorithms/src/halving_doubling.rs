@@ -67,7 +67,7 @@ impl Algorithm for HalvingDoubling {
         let extra = n - p;
         // Renumbered rank of a rank taking part, and back.
         let me = if rank < 2 * extra {
-            (rank % 2 == 1).then_some(rank / 2)
+            (rank & 1 == 1).then_some(rank / 2)
         } else {
             Some(rank - extra)
         };
@@ -88,7 +88,7 @@ impl Algorithm for HalvingDoubling {
             // 1. Fold in the extra ranks.
             let mut partial_in_recv = false;
             if rank < 2 * extra {
-                if rank % 2 == 0 {
+                if rank & 1 == 0 {
                     out.step(sends(rank + 1, Slice::send, whole).collect());
                 } else {
                     out.step(
@@ -168,7 +168,7 @@ impl Algorithm for HalvingDoubling {
 
             // 4. Unfold.
             if rank < 2 * extra {
-                if rank % 2 == 1 {
+                if rank & 1 == 1 {
                     out.step(sends(rank - 1, Slice::recv, whole).collect());
                 } else {
                     out.step(

@@ -24,22 +24,17 @@ fn count_for(nchannels: usize, chunk: usize, chunks: usize, fill: usize) -> usiz
     nchannels * ((chunks - 1) * chunk + 1 + fill % chunk)
 }
 
-/// Every algorithm and collective of this file, each with whether it runs
-/// in place.
+/// Every algorithm and collective this file proves.
 fn cases() -> Vec<(&'static dyn Algorithm, CollKind)> {
-    let mut v: Vec<(&'static dyn Algorithm, CollKind)> = Vec::new();
-    v.push((&Tree, CollKind::AllReduce));
-    v.push((&Tree, CollKind::Broadcast));
-    v.push((&HalvingDoubling, CollKind::AllReduce));
-    v.push((&OneShot, CollKind::AllReduce));
-    for kind in [
-        CollKind::AllReduce,
-        CollKind::AllGather,
-        CollKind::ReduceScatter,
-    ] {
-        v.push((&Hierarchical, kind));
-    }
-    v
+    vec![
+        (&Tree, CollKind::AllReduce),
+        (&Tree, CollKind::Broadcast),
+        (&HalvingDoubling, CollKind::AllReduce),
+        (&OneShot, CollKind::AllReduce),
+        (&Hierarchical, CollKind::AllReduce),
+        (&Hierarchical, CollKind::AllGather),
+        (&Hierarchical, CollKind::ReduceScatter),
+    ]
 }
 
 #[test]
@@ -165,8 +160,8 @@ fn halving_doubling_every_rank_count() {
     }
 }
 
-/// The double binary tree: every rank is a leaf in at most one tree... and
-/// interior in at most one, when the rank count is even.
+/// The double binary tree: two trees of one root each, children that
+/// name their parent, and (for even rank counts) no rank interior in both.
 #[test]
 fn double_tree_shape() {
     for n in 2..=64 {
@@ -219,4 +214,35 @@ fn refusals() {
         verify_on(&Hierarchical, &spec, &params, &uneven, false),
         Err(VerifyError::InvalidCall(_))
     ));
+}
+
+/// In place, a rank's input read through the receive buffer would skip the
+/// op's input transform in the engine: refused.
+#[test]
+fn untransformed_input_through_recv_is_refused() {
+    use rccl_algorithms::{verify_schedules, Prim, Schedule, Slice, Step};
+    let spec = CollSpec {
+        kind: CollKind::AllReduce,
+        nranks: 2,
+        root: 0,
+        count: 1,
+    };
+    let sched = |me: usize| Schedule {
+        channels: vec![vec![
+            Step::one(Prim::Send {
+                to: 1 - me,
+                src: Slice::recv(0, 1),
+            }),
+            Step::one(Prim::RecvReduceCopy {
+                from: 1 - me,
+                src: Slice::send(0, 1),
+                dst: Slice::recv(0, 1),
+            }),
+        ]],
+    };
+    let err = verify_schedules(&spec, &[sched(0), sched(1)], true, 1).unwrap_err();
+    assert!(
+        matches!(err, VerifyError::UntransformedInput { index: 0, .. }),
+        "{err}"
+    );
 }
