@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
+use rccl_algorithms::Topology;
 use rccl_transports::net::TcpTransport;
 
 use crate::bootstrap::{Bootstrap, UniqueId};
@@ -124,6 +125,8 @@ pub(crate) struct CommInner {
     pub next_p2p_seq: AtomicU64,
     /// Whether every peer is reached through shared memory.
     pub all_shm: bool,
+    /// Which ranks share a host.
+    pub topology: Topology,
     pub exec: Mutex<ExecState>,
     splits: AtomicU64,
 }
@@ -251,6 +254,12 @@ impl Communicator {
         }
         let all_shm =
             (0..nranks).all(|peer| !config.shm_disable && peers[peer].host_id == me.host_id);
+        // Hosts numbered by the first rank seen on each.
+        let host_of = peers
+            .iter()
+            .map(|p| peers.iter().position(|q| q.host_id == p.host_id).unwrap_or(0))
+            .collect();
+        let topology = Topology::from_hosts(host_of);
         let links = (0..config.max_channels)
             .map(|_| (0..nranks).map(|_| None).collect())
             .collect();
@@ -267,6 +276,7 @@ impl Communicator {
                 next_seq: AtomicU64::new(0),
                 next_p2p_seq: AtomicU64::new(0),
                 all_shm,
+                topology,
                 exec: Mutex::new(ExecState { links }),
                 splits: AtomicU64::new(0),
             }),

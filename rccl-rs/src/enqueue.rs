@@ -272,8 +272,20 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
         root,
         count: op.count,
     };
-    let choice = tuning::choose(&comm.config, &spec, op.dtype.size(), comm.all_shm)?;
-    let schedule = choice.algorithm.schedule(&spec, comm.rank, &choice.params);
+    let in_place = is_in_place(op, kind, root, comm.rank);
+    let choice = tuning::choose(
+        &comm.config,
+        &spec,
+        op.dtype.size(),
+        &tuning::Placement {
+            all_shm: comm.all_shm,
+            topology: &comm.topology,
+            in_place,
+        },
+    )?;
+    let schedule = choice
+        .algorithm
+        .schedule(&spec, comm.rank, &choice.params, &comm.topology);
     let reduction = if kind.reduces() {
         Some(Arc::new(Reduction {
             input: ReduceKernel::new(op.dtype, red_op, comm.nranks)?,
@@ -296,6 +308,17 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
     };
     push_schedule(launch, schedule, &work, || Binding::Shared(buffers));
     Ok(())
+}
+
+/// Whether a call is in place by NCCL's conventions: the send buffer at
+/// the collective's offset inside the receive buffer, or the reverse.
+fn is_in_place(op: &RawOp, kind: CollKind, root: usize, rank: usize) -> bool {
+    let size = op.dtype.size();
+    let at = |base: *const u8, offset: Option<usize>| {
+        offset.map(|o| base.wrapping_add(o * size))
+    };
+    at(op.recv, kind.in_place_send_offset(op.count, rank, root)) == Some(op.send)
+        || at(op.send, kind.in_place_recv_offset(op.count, rank, root)) == Some(op.recv as *const u8)
 }
 
 /// What every channel's work of one operation shares.

@@ -457,6 +457,31 @@ impl<'a> Piece<'_, 'a> {
                     };
                     *moved = len;
                 }
+                Prim::ReduceCopy { src, dst } | Prim::ReduceCopyPartial { src, dst } => {
+                    // dst = src op dst. The kernel transforms its `input`
+                    // operand when that is read from the send buffer; the
+                    // op is commutative, so either slice may take that role.
+                    let (acc, input) = if dst.buf == Buf::Send && src.buf != Buf::Send {
+                        (src, dst)
+                    } else {
+                        (dst, src)
+                    };
+                    let finish = matches!(prim, Prim::ReduceCopy { .. });
+                    // SAFETY: both slices lie inside the validated buffers;
+                    // `out` equals `dst`, which is disjoint from `src` in a
+                    // verified schedule.
+                    unsafe {
+                        self.reduce(
+                            input.buf,
+                            self.ptr(acc, done),
+                            self.ptr(input, done),
+                            self.ptr(dst, done),
+                            remaining,
+                            finish,
+                        )?
+                    };
+                    *moved = len;
+                }
                 Prim::Send { to, src } | Prim::CopySend { to, src, .. } => {
                     let (slot, cap) = match self.reserve(to)? {
                         Ok(found) => found,
@@ -492,11 +517,13 @@ impl<'a> Piece<'_, 'a> {
                     self.release(from)?;
                     *moved += n;
                 }
-                Prim::RecvReduceCopy { from, src, dst } => {
+                Prim::RecvReduceCopy { from, src, dst }
+                | Prim::RecvReduceCopyPartial { from, src, dst } => {
                     let (slot, n) = match self.peek(from, remaining)? {
                         Ok(found) => found,
                         Err(park) => return Ok(PrimPoll::Blocked(park, from, true)),
                     };
+                    let finish = matches!(prim, Prim::RecvReduceCopy { .. });
                     // SAFETY: as for Recv; src and dst are equal or disjoint.
                     unsafe {
                         self.reduce(
@@ -505,7 +532,7 @@ impl<'a> Piece<'_, 'a> {
                             self.ptr(src, done),
                             self.ptr(dst, done),
                             n,
-                            true,
+                            finish,
                         )?
                     };
                     self.release(from)?;

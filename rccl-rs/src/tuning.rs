@@ -2,7 +2,7 @@
 //! chunk size each operation gets, and NCCL's `NCCL_ALGO` / `NCCL_PROTO`
 //! syntax that narrows its choice.
 
-use rccl_algorithms::{Algorithm, CollKind, CollSpec, Params};
+use rccl_algorithms::{Algorithm, CollKind, CollSpec, Params, Topology};
 use rccl_transports::Protocol;
 
 use crate::config::{Config, FIFO_SLOTS};
@@ -112,14 +112,30 @@ pub struct Choice {
     pub params: Params,
 }
 
+/// Where an operation runs: what the tuner needs to know beyond the call.
+pub struct Placement<'a> {
+    /// Whether every peer is reached through shared memory (network
+    /// connections carry every protocol as Simple, so the lighter protocols
+    /// only pay within a host).
+    pub all_shm: bool,
+    /// Which ranks share a host.
+    pub topology: &'a Topology,
+    /// Whether the call is in place (some algorithms need separate
+    /// buffers).
+    pub in_place: bool,
+}
+
 /// Picks algorithm, protocol and parameters for `spec` with
-/// `elem_size`-byte elements. `all_shm` says whether every peer is reached
-/// through shared memory (network connections carry every protocol as
-/// Simple, so the lighter protocols only pay within a host).
-pub fn choose(config: &Config, spec: &CollSpec, elem_size: usize, all_shm: bool) -> Result<Choice> {
+/// `elem_size`-byte elements.
+pub fn choose(
+    config: &Config,
+    spec: &CollSpec,
+    elem_size: usize,
+    placement: &Placement<'_>,
+) -> Result<Choice> {
     let bytes = spec.count * elem_size;
-    let protocol = choose_protocol(config, spec.kind, bytes, all_shm)?;
-    let algorithm = choose_algorithm(config, spec.kind)?;
+    let protocol = choose_protocol(config, spec.kind, bytes, placement.all_shm)?;
+    let algorithm = choose_algorithm(config, spec.kind, placement)?;
     Ok(Choice {
         algorithm,
         protocol,
@@ -153,19 +169,31 @@ fn choose_protocol(
         })
 }
 
-fn choose_algorithm(config: &Config, kind: CollKind) -> Result<&'static dyn Algorithm> {
+fn choose_algorithm(
+    config: &Config,
+    kind: CollKind,
+    placement: &Placement<'_>,
+) -> Result<&'static dyn Algorithm> {
+    let fits = |a: &&'static dyn Algorithm| {
+        a.supports(kind)
+            && a.supports_topology(placement.topology)
+            && (!placement.in_place || a.supports_in_place(kind))
+            && config.algo.allows(kind, a.name())
+    };
     let default = rccl_algorithms::default_for(kind);
-    if config.algo.allows(kind, default.name()) {
+    if fits(&default) {
         return Ok(default);
     }
     rccl_algorithms::builtins()
         .iter()
         .copied()
-        .find(|a| a.supports(kind) && config.algo.allows(kind, a.name()))
+        .find(fits)
         .ok_or_else(|| {
             Error::InvalidUsage(format!(
-                "NCCL_ALGO leaves no algorithm that implements {}",
-                kind.name()
+                "NCCL_ALGO={:?} leaves no algorithm that implements {}{} on this placement",
+                config.algo,
+                kind.name(),
+                if placement.in_place { " in place" } else { "" }
             ))
         })
 }
