@@ -1,16 +1,17 @@
 //! Every collective x datatype x op x count, in place and out of place,
-//! for 1, 2, 3, 4, 7 and 8 ranks as threads of this process.
+//! for 1, 2, 3, 4, 7 and 8 ranks as threads of this process, over shared
+//! memory and over TCP sockets.
 
 mod common;
 
 use std::collections::HashMap;
 
-use common::{all_cases, check, test_config, CaseBuffers};
+use common::{all_cases, check, tcp_config, test_config, CaseBuffers};
 use parking_lot::Mutex;
-use rccl::{CollKind, Communicator, DataType, RedOp};
+use rccl::{CollKind, Communicator, Config, DataType, RedOp};
 
-fn run_suite_on_threads(nranks: usize) {
-    let comms = Communicator::init_all_config(nranks, test_config()).unwrap();
+fn run_suite_on_threads(nranks: usize, config: Config) {
+    let comms = Communicator::init_all_config(nranks, config).unwrap();
     let cases = all_cases(nranks, &CollKind::ALL, &DataType::ALL);
     let failures = Mutex::new(Vec::<String>::new());
     let all_reduce_outputs = Mutex::new(HashMap::<usize, Vec<Vec<u8>>>::new());
@@ -55,33 +56,63 @@ fn run_suite_on_threads(nranks: usize) {
 }
 
 #[test]
-fn one_rank() {
-    run_suite_on_threads(1);
+fn one_rank_shm() {
+    run_suite_on_threads(1, test_config());
 }
 
 #[test]
-fn two_ranks() {
-    run_suite_on_threads(2);
+fn one_rank_tcp() {
+    run_suite_on_threads(1, tcp_config());
 }
 
 #[test]
-fn three_ranks() {
-    run_suite_on_threads(3);
+fn two_ranks_shm() {
+    run_suite_on_threads(2, test_config());
 }
 
 #[test]
-fn four_ranks() {
-    run_suite_on_threads(4);
+fn two_ranks_tcp() {
+    run_suite_on_threads(2, tcp_config());
 }
 
 #[test]
-fn seven_ranks() {
-    run_suite_on_threads(7);
+fn three_ranks_shm() {
+    run_suite_on_threads(3, test_config());
 }
 
 #[test]
-fn eight_ranks() {
-    run_suite_on_threads(8);
+fn three_ranks_tcp() {
+    run_suite_on_threads(3, tcp_config());
+}
+
+#[test]
+fn four_ranks_shm() {
+    run_suite_on_threads(4, test_config());
+}
+
+#[test]
+fn four_ranks_tcp() {
+    run_suite_on_threads(4, tcp_config());
+}
+
+#[test]
+fn seven_ranks_shm() {
+    run_suite_on_threads(7, test_config());
+}
+
+#[test]
+fn seven_ranks_tcp() {
+    run_suite_on_threads(7, tcp_config());
+}
+
+#[test]
+fn eight_ranks_shm() {
+    run_suite_on_threads(8, test_config());
+}
+
+#[test]
+fn eight_ranks_tcp() {
+    run_suite_on_threads(8, tcp_config());
 }
 
 /// Random floats: order-dependent sums must still be bitwise identical on

@@ -43,9 +43,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[test]
-fn four_processes() {
-    let nranks = 4;
+fn run_processes(nranks: usize, shm_disable: bool) {
     let port = free_port().to_string();
     let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..nranks)
@@ -67,6 +65,7 @@ fn four_processes() {
                 .env("NCCL_MIN_NCHANNELS", "2")
                 .env("NCCL_MAX_NCHANNELS", "2")
                 .env("RCCL_TIMEOUT_MS", "60000")
+                .env("NCCL_SHM_DISABLE", if shm_disable { "1" } else { "0" })
                 .spawn()
                 .unwrap()
         })
@@ -76,4 +75,14 @@ fn four_processes() {
         .map(|mut child| child.wait().unwrap())
         .collect();
     assert!(statuses.iter().all(|s| s.success()), "{statuses:?}");
+}
+
+#[test]
+fn four_processes_shm() {
+    run_processes(4, false);
+}
+
+#[test]
+fn four_processes_tcp() {
+    run_processes(4, true);
 }

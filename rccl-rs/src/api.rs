@@ -65,6 +65,16 @@ fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     Ok(())
 }
 
+fn check_root(kind: CollKind, root: usize, nranks: usize) -> Result<()> {
+    if kind.has_root() && root >= nranks {
+        return Err(Error::InvalidArgument(format!(
+            "{}: root {root} is out of range for {nranks} ranks",
+            kind.name()
+        )));
+    }
+    Ok(())
+}
+
 fn per_rank(what: &str, len: usize, nranks: usize) -> Result<usize> {
     if !len.is_multiple_of(nranks) {
         return Err(Error::InvalidArgument(format!(
@@ -96,12 +106,7 @@ impl Communicator {
             root,
         } = call;
         let (rank, nranks) = (self.rank(), self.count());
-        if kind.has_root() && root >= nranks {
-            return Err(Error::InvalidArgument(format!(
-                "{}: root {root} is out of range for {nranks} ranks",
-                kind.name()
-            )));
-        }
+        check_root(kind, root, nranks)?;
         let send_len = kind.send_len(count, nranks, rank, root);
         let recv_len = kind.recv_len(count, nranks, rank, root);
         let bytes = |len: usize| {
@@ -235,6 +240,7 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         let (rank, n) = (self.rank(), self.count());
+        check_root(kind, root, n)?;
         check_len(
             "the send buffer",
             send.len(),
@@ -270,6 +276,7 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         let (rank, n) = (self.rank(), self.count());
+        check_root(kind, root, n)?;
         let send_len = kind.send_len(count, n, rank, root);
         let recv_len = kind.recv_len(count, n, rank, root);
         check_len("the buffer", buf.len(), send_len.max(recv_len))?;

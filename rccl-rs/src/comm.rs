@@ -21,18 +21,25 @@ pub(crate) struct PeerInfo {
     pub data_addr: SocketAddr,
     /// Its host name, for messages.
     pub host: String,
+    /// What identifies its host: ranks with equal ids share memory
+    /// (`NCCL_HOSTID`, or the host name and boot id).
+    pub host_id: String,
     /// Its process id, for messages.
     pub pid: u32,
     /// Settings that must agree across ranks: buffsize, min and max
-    /// channels.
-    pub shape: [u64; 3],
+    /// channels, shared memory disabled.
+    pub shape: [u64; 4],
 }
 
 impl PeerInfo {
     fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         let addr = self.data_addr.to_string();
-        for field in [addr.as_bytes(), self.host.as_bytes()] {
+        for field in [
+            addr.as_bytes(),
+            self.host.as_bytes(),
+            self.host_id.as_bytes(),
+        ] {
             out.extend_from_slice(&(field.len() as u32).to_le_bytes());
             out.extend_from_slice(field);
         }
@@ -48,11 +55,13 @@ impl PeerInfo {
         let parsed = (|| {
             let addr = reader.string()?;
             let host = reader.string()?;
+            let host_id = reader.string()?;
             let pid = reader.u32()?;
-            let shape = [reader.u64()?, reader.u64()?, reader.u64()?];
+            let shape = [reader.u64()?, reader.u64()?, reader.u64()?, reader.u64()?];
             Some(PeerInfo {
                 data_addr: addr.parse().ok()?,
                 host,
+                host_id,
                 pid,
                 shape,
             })
@@ -110,6 +119,12 @@ pub(crate) struct CommInner {
 }
 
 impl CommInner {
+    /// Whether `peer` runs on this rank's host and may be reached through
+    /// shared memory.
+    pub fn shares_memory_with(&self, peer: usize) -> bool {
+        !self.config.shm_disable && self.peers[peer].host_id == self.peers[self.rank].host_id
+    }
+
     /// "rank 3 (host h, pid 42)".
     pub fn describe(&self, rank: usize) -> String {
         match self.peers.get(rank) {
@@ -206,11 +221,13 @@ impl Communicator {
         let me = PeerInfo {
             data_addr: tcp.local_addr(),
             host: hostname(),
+            host_id: host_id(),
             pid: std::process::id(),
             shape: [
                 config.buffsize as u64,
                 config.min_channels as u64,
                 config.max_channels as u64,
+                u64::from(config.shm_disable),
             ],
         };
         let peers = bootstrap
@@ -222,7 +239,7 @@ impl Communicator {
         if let Some((r, p)) = peers.iter().enumerate().find(|(_, p)| p.shape != me.shape) {
             return Err(Error::InvalidUsage(format!(
                 "rank {rank} and rank {r} disagree on NCCL_BUFFSIZE / NCCL_MIN_NCHANNELS / \
-                 NCCL_MAX_NCHANNELS ({:?} against {:?}); set them alike on every rank",
+                 NCCL_MAX_NCHANNELS / NCCL_SHM_DISABLE ({:?} against {:?}); set them alike on every rank",
                 me.shape, p.shape
             )));
         }
@@ -396,6 +413,16 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
+}
+
+/// What identifies this host: `NCCL_HOSTID` when set (test beds that
+/// emulate hosts on one machine set it), else the host name and boot id.
+fn host_id() -> String {
+    if let Ok(id) = std::env::var("NCCL_HOSTID") {
+        return id;
+    }
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{}/{}", hostname(), boot.trim())
 }
 
 fn env_required(name: &str) -> Result<String> {

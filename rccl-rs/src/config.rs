@@ -21,6 +21,9 @@ pub struct Config {
     /// Bytes of FIFO per connection and direction (`NCCL_BUFFSIZE`,
     /// default 4 MiB), split into [`FIFO_SLOTS`] slots.
     pub buffsize: usize,
+    /// Never use shared memory between ranks of one host; go through the
+    /// network transport instead (`NCCL_SHM_DISABLE=1`).
+    pub shm_disable: bool,
 }
 
 impl Default for Config {
@@ -30,6 +33,7 @@ impl Default for Config {
             min_channels: 1,
             max_channels: 2,
             buffsize: 4 << 20,
+            shm_disable: false,
         }
     }
 }
@@ -49,6 +53,9 @@ impl Config {
         }
         if let Some(bytes) = env_usize("NCCL_BUFFSIZE")? {
             config.buffsize = bytes;
+        }
+        if let Some(flag) = env_usize("NCCL_SHM_DISABLE")? {
+            config.shm_disable = flag != 0;
         }
         config.validate()?;
         Ok(config)

@@ -10,7 +10,9 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use rccl_algorithms::{p2p_schedule, CollKind, CollSpec, P2pOp, Schedule};
+use rccl_transports::shm::{self, ShmConnection, ShmSegment};
 use rccl_transports::tcp::TcpConnection;
+use rccl_transports::Connection;
 
 use crate::comm::{deadline, CommInner};
 use crate::error::{Error, Result};
@@ -436,26 +438,10 @@ fn connect(
                     if guard.links[channel][peer].is_some() || comm.tcp.dials(peer) != dialing {
                         continue;
                     }
-                    let stream = if dialing {
-                        comm.tcp
-                            .dial(peer, comm.peers[peer].data_addr, channel, deadline)
-                    } else {
-                        comm.tcp.accept_from(peer, channel, deadline, &comm.abort)
-                    }
-                    .map_err(|e| {
-                        let err = Error::Remote(format!(
-                            "rank {}: connecting to {} on channel {channel}: {e}",
-                            comm.rank,
-                            comm.describe(peer)
-                        ));
-                        comm.poison(&err);
-                        err
-                    })?;
-                    let slot_bytes = comm.config.slot_bytes();
-                    let conn = TcpConnection::start(stream, crate::config::FIFO_SLOTS, slot_bytes)
-                        .map_err(|e| Error::io("starting connection proxies", e))?;
+                    let conn = open_connection(comm, peer, channel, dialing, deadline)
+                        .inspect_err(|err| comm.poison(err))?;
                     guard.links[channel][peer] = Some(Link {
-                        conn: Box::new(conn),
+                        conn,
                         peer_name: comm.describe(peer),
                     });
                 }
@@ -463,6 +449,67 @@ fn connect(
         }
     }
     Ok(())
+}
+
+/// Bootstrap tags of shared-memory segment names, one per channel.
+const SHM_TAG_BASE: u64 = 2 << 40;
+
+/// Opens this rank's side of the connection to `peer` on `channel`: the
+/// dialing (lower) rank creates it, the other side joins what was created.
+/// Shared memory within a host, TCP otherwise.
+fn open_connection(
+    comm: &CommInner,
+    peer: usize,
+    channel: usize,
+    creating: bool,
+    deadline: std::time::Instant,
+) -> Result<Box<dyn Connection>> {
+    let nslots = crate::config::FIFO_SLOTS;
+    let slot_bytes = comm.config.slot_bytes();
+    let failed = |what: &str, e: std::io::Error| {
+        Error::Remote(format!(
+            "rank {}: {what} {} on channel {channel}: {e}",
+            comm.rank,
+            comm.describe(peer)
+        ))
+    };
+    if comm.shares_memory_with(peer) {
+        let tag = SHM_TAG_BASE + channel as u64;
+        let len = shm::segment_bytes(nslots, slot_bytes);
+        let segment = if creating {
+            let segment =
+                ShmSegment::create(len).map_err(|e| failed("creating shared memory for", e))?;
+            comm.bootstrap.send(peer, tag, segment.name().as_bytes())?;
+            segment
+        } else {
+            let name = comm.bootstrap.recv(peer, tag)?;
+            let name = String::from_utf8(name).map_err(|_| {
+                Error::Remote(format!(
+                    "{} sent a malformed segment name",
+                    comm.describe(peer)
+                ))
+            })?;
+            let segment =
+                ShmSegment::open(&name, len).map_err(|e| failed("mapping shared memory of", e))?;
+            segment
+                .unlink()
+                .map_err(|e| failed("unlinking shared memory of", e))?;
+            segment
+        };
+        return Ok(Box::new(ShmConnection::new(
+            segment, creating, nslots, slot_bytes,
+        )));
+    }
+    let stream = if creating {
+        comm.tcp
+            .dial(peer, comm.peers[peer].data_addr, channel, deadline)
+    } else {
+        comm.tcp.accept_from(peer, channel, deadline, &comm.abort)
+    }
+    .map_err(|e| failed("connecting to", e))?;
+    let conn = TcpConnection::start(stream, nslots, slot_bytes)
+        .map_err(|e| Error::io("starting connection proxies", e))?;
+    Ok(Box::new(conn))
 }
 
 fn peers_of(work: &[OpWork]) -> Vec<usize> {

@@ -23,6 +23,12 @@ use crate::kernels::ReduceKernel;
 /// primitives sharing a thread take turns.
 const PIECES_PER_POLL: usize = 16;
 
+/// Longest park while one run is blocked (it is woken when its FIFO
+/// moves; this bounds checks of the abort flag and deadline).
+const SINGLE_WAIT_PARK_MAX: std::time::Duration = std::time::Duration::from_millis(5);
+/// Longest park while several runs are blocked (only one FIFO wakes us).
+const MULTI_WAIT_PARK_MAX: std::time::Duration = std::time::Duration::from_micros(200);
+
 /// The user's buffers of one operation, as raw host pointers.
 #[derive(Clone, Copy, Debug)]
 pub struct Buffers {
@@ -577,6 +583,7 @@ pub fn drive(
         let mut progressed = false;
         let mut all_done = true;
         let mut park = None;
+        let mut blocked = 0;
         for driven in runs.iter_mut() {
             if driven.abort.load(std::sync::atomic::Ordering::Relaxed) {
                 return Err(DriveError {
@@ -593,6 +600,7 @@ pub fn drive(
                 }
                 Ok(Poll::Blocked(p)) => {
                     all_done = false;
+                    blocked += 1;
                     park.get_or_insert(p);
                 }
                 Err(error) => {
@@ -611,6 +619,13 @@ pub fn drive(
             backoff.reset();
             continue;
         }
+        // Parked on one of several blocked runs, wake up soon enough to see
+        // the others move.
+        backoff.set_park_max(if blocked > 1 {
+            MULTI_WAIT_PARK_MAX
+        } else {
+            SINGLE_WAIT_PARK_MAX
+        });
         if let Err(WaitError::TimedOut | WaitError::Aborted) =
             backoff.snooze(park, deadline, &never_aborted)
         {

@@ -11,13 +11,23 @@ use rccl::{CollKind, Communicator, Config, DataType, RedOp};
 /// several pipeline chunks and slots.
 pub const TEST_BUFFSIZE: usize = 8 << 10;
 
-/// The settings every test communicator uses.
+/// The settings every test communicator uses: two channels, small FIFOs,
+/// shared memory between ranks of this host.
 pub fn test_config() -> Config {
     Config {
         timeout: std::time::Duration::from_secs(60),
         min_channels: 2,
         max_channels: 2,
         buffsize: TEST_BUFFSIZE,
+        ..Config::default()
+    }
+}
+
+/// As [`test_config`], through TCP sockets only.
+pub fn tcp_config() -> Config {
+    Config {
+        shm_disable: true,
+        ..test_config()
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod fifo;
 pub mod futex;
 pub mod net;
+pub mod shm;
 pub mod socket;
 pub mod tcp;
 pub mod wait;

@@ -11,9 +11,13 @@ use std::time::{Duration, Instant};
 
 use crate::futex;
 
-const SPIN_ROUNDS: u32 = 64;
-const YIELD_ROUNDS: u32 = 16;
-const PARK_MIN: Duration = Duration::from_micros(20);
+/// How long a waiter spins before yielding: a peer on another core
+/// usually answers within this.
+const SPIN_FOR: Duration = Duration::from_micros(20);
+/// How long it then yields before parking: when ranks outnumber cores,
+/// yielding hands the core to the peer it waits for.
+const YIELD_FOR: Duration = Duration::from_micros(200);
+const PARK_MIN: Duration = Duration::from_micros(50);
 const PARK_MAX: Duration = Duration::from_millis(5);
 
 /// Why a wait ended without its condition becoming true.
@@ -40,6 +44,8 @@ pub struct ParkOn<'a> {
 /// Escalating backoff for one waiter; reset it whenever progress is made.
 #[derive(Debug)]
 pub struct Backoff {
+    /// When the current wait began (set by its first snooze).
+    since: Option<Instant>,
     rounds: u32,
     park: Duration,
     park_max: Duration,
@@ -61,14 +67,23 @@ impl Backoff {
     /// that are woken explicitly, such as proxies).
     pub fn with_max_park(park_max: Duration) -> Backoff {
         Backoff {
+            since: None,
             rounds: 0,
             park: PARK_MIN,
             park_max,
         }
     }
 
+    /// Caps how long one park may last from now on: a waiter that parks on
+    /// one of several things it waits for must look at the others soon.
+    pub fn set_park_max(&mut self, park_max: Duration) {
+        self.park_max = park_max;
+        self.park = self.park.min(park_max);
+    }
+
     /// Forgets the waiting so far (call after progress).
     pub fn reset(&mut self) {
+        self.since = None;
         self.rounds = 0;
         self.park = PARK_MIN;
     }
@@ -87,9 +102,11 @@ impl Backoff {
         if abort.load(Ordering::Relaxed) {
             return Err(WaitError::Aborted);
         }
-        self.rounds = self.rounds.saturating_add(1);
-        if self.rounds <= SPIN_ROUNDS {
-            for _ in 0..(1u32 << self.rounds.min(6)) {
+        self.rounds = self.rounds.wrapping_add(1);
+        // Reading the clock costs a few tens of nanoseconds: spin a little
+        // between readings.
+        if !self.rounds.is_multiple_of(16) {
+            for _ in 0..32 {
                 std::hint::spin_loop();
             }
             return Ok(());
@@ -98,7 +115,11 @@ impl Backoff {
         if now >= deadline {
             return Err(WaitError::TimedOut);
         }
-        if self.rounds <= SPIN_ROUNDS + YIELD_ROUNDS {
+        let waited = now - *self.since.get_or_insert(now);
+        if waited < SPIN_FOR {
+            return Ok(());
+        }
+        if waited < SPIN_FOR + YIELD_FOR {
             std::thread::yield_now();
             return Ok(());
         }

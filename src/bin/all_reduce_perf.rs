@@ -1,0 +1,5 @@
+//! `all_reduce_perf`: nccl-tests' all_reduce_perf over rccl-rs.
+
+fn main() -> std::process::ExitCode {
+    rccl_tests::perf::main(rccl_tests::perf::Coll::AllReduce)
+}

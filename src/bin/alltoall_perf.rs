@@ -1,0 +1,5 @@
+//! `alltoall_perf`: nccl-tests' alltoall_perf over rccl-rs.
+
+fn main() -> std::process::ExitCode {
+    rccl_tests::perf::main(rccl_tests::perf::Coll::AllToAll)
+}

@@ -1,0 +1,5 @@
+//! `gather_perf`: nccl-tests' gather_perf over rccl-rs.
+
+fn main() -> std::process::ExitCode {
+    rccl_tests::perf::main(rccl_tests::perf::Coll::Gather)
+}

@@ -1,0 +1,5 @@
+//! `hypercube_perf`: nccl-tests' hypercube_perf over rccl-rs.
+
+fn main() -> std::process::ExitCode {
+    rccl_tests::perf::main(rccl_tests::perf::Coll::HyperCube)
+}

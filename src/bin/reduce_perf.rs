@@ -1,0 +1,5 @@
+//! `reduce_perf`: nccl-tests' reduce_perf over rccl-rs.
+
+fn main() -> std::process::ExitCode {
+    rccl_tests::perf::main(rccl_tests::perf::Coll::Reduce)
+}

@@ -1,0 +1,5 @@
+//! `scatter_perf`: nccl-tests' scatter_perf over rccl-rs.
+
+fn main() -> std::process::ExitCode {
+    rccl_tests::perf::main(rccl_tests::perf::Coll::Scatter)
+}

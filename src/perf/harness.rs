@@ -1,0 +1,834 @@
+//! The test driver: launch modes, buffers, timing, checking and reporting,
+//! following nccl-tests' `common.cu` flow.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use rccl::{CollCall, CollKind, Communicator, DataType, RedOp};
+
+use super::args::{Args, TestOp};
+use super::coll::{Coll, Counts, Pattern};
+use super::format;
+
+/// Environment switch that corrupts one output element after the checked
+/// operation, so tests can see the checker report it.
+pub const CORRUPT_ENV: &str = "RCCL_PERF_CORRUPT";
+
+/// The seed of the data used while timing.
+const TIMING_SEED: usize = 99;
+
+type Res<T> = Result<T, String>;
+
+fn engine(what: &str) -> impl Fn(rccl::Error) -> String + '_ {
+    move |e| {
+        format!(
+            "{}: Test NCCL failure {what} '{e}' (ncclResult_t {})",
+            hostname(),
+            e.code()
+        )
+    }
+}
+
+/// Runs the perf test `coll` with this process's command line; the exit
+/// status follows nccl-tests (non-zero on wrong data or failures).
+pub fn main(coll: Coll) -> ExitCode {
+    let args = Args::parse();
+    match run(coll, &args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(msg) => {
+            println!("{msg}");
+            let _ = std::io::stdout().flush();
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The host's name.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// How ranks are laid out.
+enum Launch {
+    /// Every rank a thread of this process: -t threads of -g ranks.
+    Threads,
+    /// One rank per process, from the launcher's environment.
+    Process { rank: usize, nranks: usize },
+}
+
+fn launch_mode() -> Launch {
+    match rccl::comm::rank_from_env() {
+        Ok((rank, nranks)) if nranks > 1 => Launch::Process { rank, nranks },
+        _ => Launch::Threads,
+    }
+}
+
+fn local_rank_from_env() -> usize {
+    [
+        "LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+    .unwrap_or(0)
+}
+
+fn run(coll: Coll, args: &Args) -> Res<bool> {
+    if args.minbytes > args.maxbytes {
+        return Err(format!(
+            "invalid sizes for 'minbytes' and 'maxbytes': {} > {}",
+            args.minbytes, args.maxbytes
+        ));
+    }
+    if args.nthreads == 0 || args.ngpus == 0 {
+        return Err("-t and -g must be at least 1".into());
+    }
+    for flag in args.ignored() {
+        eprintln!("# note: {flag} is accepted but has no effect in rccl-tests yet");
+    }
+    if args.timeout > 0 {
+        std::env::set_var("RCCL_TIMEOUT_MS", (args.timeout * 1000).to_string());
+    }
+    let launch = launch_mode();
+    let is_main_proc = match launch {
+        Launch::Threads => true,
+        Launch::Process { rank, .. } => rank == 0,
+    };
+    if is_main_proc {
+        print!("{}", run_header(coll, args));
+    }
+    let mut comms: Vec<Vec<Communicator>> = Vec::new();
+    let mut device_base = 0;
+    match launch {
+        Launch::Threads => {
+            let all = Communicator::init_all(args.nthreads * args.ngpus)
+                .map_err(engine("ncclCommInitAll"))?;
+            let mut it = all.into_iter();
+            for _ in 0..args.nthreads {
+                comms.push(it.by_ref().take(args.ngpus).collect());
+            }
+        }
+        Launch::Process { nranks, .. } => {
+            if args.nthreads * args.ngpus != 1 {
+                return Err(format!(
+                    "with one process per rank ({nranks} ranks from the environment), -t and -g must be 1"
+                ));
+            }
+            comms.push(vec![
+                Communicator::from_env().map_err(engine("ncclCommInitRank"))?
+            ]);
+            device_base = local_rank_from_env();
+        }
+    }
+    let results: Vec<Res<Outcome>> = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        let mut first = None;
+        for (t, thread_comms) in comms.into_iter().enumerate() {
+            let worker = Worker::new(
+                coll,
+                args,
+                thread_comms,
+                is_main_proc && t == 0,
+                device_base + t * args.ngpus,
+            );
+            if t == 0 {
+                first = Some(worker);
+            } else {
+                handles.push(s.spawn(move || worker.and_then(|w| w.run_all())));
+            }
+        }
+        let mut out = vec![first.expect("one thread").and_then(|w| w.run_all())];
+        out.extend(handles.into_iter().map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err("a test thread panicked".into()))
+        }));
+        out
+    });
+    let mut ok = true;
+    for r in results {
+        match r {
+            Ok(o) => ok &= o.ok,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(ok)
+}
+
+fn run_header(coll: Coll, args: &Args) -> String {
+    let mut out = format!(
+        "# rccl-tests version {} rccl-rs={} revision={} memory=host\n",
+        env!("CARGO_PKG_VERSION"),
+        env!("CARGO_PKG_VERSION"),
+        env!("RCCL_BUILD_REVISION")
+    );
+    out += &format!("# Collective test starting: {}\n", coll.program_name());
+    let (step, kind) = if args.stepfactor > 1 {
+        (args.stepfactor, "factor")
+    } else {
+        (args.stepbytes, "bytes")
+    };
+    out += &format!(
+        "# nThread {} nGpus {} minBytes {} maxBytes {} step: {}({}) warmup iters: {} iters: {} agg iters: {} validation: {} graph: {} unalign: {}\n",
+        args.nthreads, args.ngpus, args.minbytes, args.maxbytes, step, kind, args.warmup_iters, args.iters,
+        args.agg_iters, args.check, args.cudagraph, args.unalign
+    );
+    if args.blocking == 1 {
+        out += "# Blocking Enabled: wait for completion and barrier after each collective \n";
+    }
+    if args.blocking > 1 {
+        out += "# Blocking Enabled: wait for completion after each collective (no barrier) \n";
+    }
+    if args.parallel_init != 0 {
+        out += "# Parallel Init Enabled: threads call into NcclInitRank concurrently \n";
+    }
+    out += "#\n";
+    out
+}
+
+/// Host memory of one buffer, 64-byte aligned.
+struct Buffer {
+    mem: Vec<u64>,
+    offset: usize,
+}
+
+impl Buffer {
+    fn new(bytes: usize) -> Buffer {
+        let mem = vec![0u64; bytes.div_ceil(8) + 16];
+        let offset = (64 - (mem.as_ptr() as usize % 64)) % 64;
+        Buffer { mem, offset }
+    }
+
+    fn ptr(&mut self) -> *mut u8 {
+        // SAFETY: offset < 64 bytes lies inside the 16-word slack.
+        unsafe { self.mem.as_mut_ptr().cast::<u8>().add(self.offset) }
+    }
+}
+
+struct Rank {
+    comm: Communicator,
+    send: Buffer,
+    recv: Buffer,
+}
+
+/// Sizes of one step of the sweep.
+#[derive(Clone, Copy)]
+struct Setup {
+    dtype: DataType,
+    counts: Counts,
+    /// nccl-tests' `maxbytes / max(send, recv bytes)`: buffer positions to
+    /// rotate through.
+    steps: usize,
+}
+
+impl Setup {
+    fn total_bytes(&self) -> usize {
+        self.counts.send.max(self.counts.recv) * self.dtype.size()
+    }
+}
+
+struct Outcome {
+    ok: bool,
+}
+
+/// One thread: drives its ranks (inside a group when more than one).
+struct Worker<'a> {
+    coll: Coll,
+    args: &'a Args,
+    ranks: Vec<Rank>,
+    main: bool,
+    nranks: usize,
+    errors: u64,
+    bw_sum: f64,
+    bw_count: usize,
+    rep: usize,
+    corrupt: bool,
+    device_base: usize,
+}
+
+impl Drop for Worker<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for r in &self.ranks {
+                r.comm.abort();
+            }
+        }
+    }
+}
+
+/// Runs `f` inside a group when `enabled`, always closing the group.
+fn grouped(enabled: bool, f: impl FnOnce() -> rccl::Result<()>) -> rccl::Result<()> {
+    if !enabled {
+        return f();
+    }
+    rccl::group_start();
+    let r = f();
+    let end = rccl::group_end();
+    r.and(end)
+}
+
+impl<'a> Worker<'a> {
+    fn new(
+        coll: Coll,
+        args: &'a Args,
+        comms: Vec<Communicator>,
+        main: bool,
+        device_base: usize,
+    ) -> Res<Worker<'a>> {
+        let nranks = comms.first().map_or(1, |c| c.count());
+        let bytes = args.maxbytes + args.unalign * 8;
+        let ranks = comms
+            .into_iter()
+            .map(|comm| Rank {
+                comm,
+                send: Buffer::new(bytes),
+                recv: Buffer::new(bytes),
+            })
+            .collect();
+        Ok(Worker {
+            coll,
+            args,
+            ranks,
+            main,
+            nranks,
+            errors: 0,
+            bw_sum: 0.0,
+            bw_count: 0,
+            rep: 0,
+            corrupt: std::env::var(CORRUPT_ENV).is_ok_and(|v| v == "1"),
+            device_base,
+        })
+    }
+
+    fn print(&self, text: &str) {
+        if self.main {
+            print!("{text}");
+            if text.ends_with('\n') {
+                let _ = std::io::stdout().flush();
+            }
+        }
+    }
+
+    fn run_all(mut self) -> Res<Outcome> {
+        let r = self.run_tests();
+        if r.is_err() {
+            for rank in &self.ranks {
+                rank.comm.abort();
+            }
+        }
+        r
+    }
+
+    fn run_tests(&mut self) -> Res<Outcome> {
+        self.device_report()?;
+        self.print(&format::result_header(
+            self.args.report_cputime != 0,
+            self.args.report_timestamps != 0,
+        ));
+        let types: Vec<DataType> = self
+            .args
+            .datatype
+            .0
+            .map_or(DataType::ALL.to_vec(), |d| vec![d]);
+        let ops: Vec<Option<TestOp>> = if self.coll.uses_op() {
+            self.args
+                .op
+                .0
+                .map_or(TestOp::ALL.iter().map(|&o| Some(o)).collect(), |o| {
+                    vec![Some(o)]
+                })
+        } else {
+            vec![None]
+        };
+        let roots: Vec<i32> = if !self.coll.has_root() {
+            vec![-1]
+        } else if self.args.root < 0 {
+            (0..self.nranks as i32).collect()
+        } else {
+            if self.args.root as usize >= self.nranks {
+                return Err(format!(
+                    "invalid root {} for {} ranks",
+                    self.args.root, self.nranks
+                ));
+            }
+            vec![self.args.root]
+        };
+        match self.coll.supports(self.nranks) {
+            Ok(()) => {
+                for &dtype in &types {
+                    for &op in &ops {
+                        for &root in &roots {
+                            self.time_test(dtype, op, root)?;
+                        }
+                    }
+                }
+            }
+            Err(msg) => self.print(&format!("{msg}\n")),
+        }
+        self.footer()
+    }
+
+    /// "# Using devices": every rank's pid, host and device, gathered
+    /// through the communicator to rank 0.
+    fn device_report(&mut self) -> Res<()> {
+        const REC: usize = 64;
+        let n = self.nranks;
+        let host = hostname();
+        let mut sends: Vec<[u8; REC]> = Vec::new();
+        for (i, _) in self.ranks.iter().enumerate() {
+            let mut rec = [0u8; REC];
+            rec[..4].copy_from_slice(&std::process::id().to_le_bytes());
+            rec[4..8].copy_from_slice(&((self.device_base + i) as u32).to_le_bytes());
+            let hb = host.as_bytes();
+            let len = hb.len().min(REC - 9);
+            rec[8..8 + len].copy_from_slice(&hb[..len]);
+            sends.push(rec);
+        }
+        let mut recvs = vec![vec![0u8; REC * n]; self.ranks.len()];
+        let multi = self.ranks.len() > 1;
+        grouped(multi, || {
+            for ((rank, s), r) in self.ranks.iter().zip(&sends).zip(recvs.iter_mut()) {
+                // SAFETY: s holds REC bytes and r holds REC * n bytes, both
+                // alive until the group ends below.
+                unsafe {
+                    rank.comm.collective_raw(
+                        CollCall {
+                            kind: CollKind::AllGather,
+                            count: REC,
+                            dtype: DataType::Uint8,
+                            op: RedOp::Sum,
+                            root: 0,
+                        },
+                        s.as_ptr(),
+                        r.as_mut_ptr(),
+                    )?
+                };
+            }
+            Ok(())
+        })
+        .map_err(engine("ncclAllGather"))?;
+        let mut text = String::from("# Using devices\n");
+        for (rank, rec) in recvs[0].chunks(REC).enumerate() {
+            let pid = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]);
+            let dev = u32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]]);
+            let end = rec[8..].iter().position(|&b| b == 0).map_or(REC, |p| 8 + p);
+            let host = String::from_utf8_lossy(&rec[8..end]);
+            text += &format!("#  Rank {rank:>2} Group {:>2} Pid {pid:>6} on {host:>10} device {dev:>2} [cpu] host memory\n", 0);
+        }
+        self.print(&text);
+        Ok(())
+    }
+
+    /// All-reduces one f64 per thread over every rank (`Sum`, `Min`, `Max`,
+    /// or with `None` the value of rank 0). Every rank of the thread
+    /// contributes `value` (a sum over ranks is then `ngpus` times the sum
+    /// over threads).
+    fn allreduce(&mut self, value: f64, op: Option<RedOp>) -> Res<f64> {
+        let sends = vec![value; self.ranks.len()];
+        self.allreduce_each(&sends, op)
+    }
+
+    /// Sums a per-thread count over every thread of every process.
+    fn sum_over_threads(&mut self, value: f64) -> Res<f64> {
+        let sends: Vec<f64> = (0..self.ranks.len())
+            .map(|i| if i == 0 { value } else { 0.0 })
+            .collect();
+        self.allreduce_each(&sends, Some(RedOp::Sum))
+    }
+
+    fn allreduce_each(&mut self, sends: &[f64], op: Option<RedOp>) -> Res<f64> {
+        let mut recvs = vec![0f64; self.ranks.len()];
+        let multi = self.ranks.len() > 1;
+        grouped(multi, || {
+            for ((rank, s), r) in self.ranks.iter().zip(sends).zip(recvs.iter_mut()) {
+                let (kind, op) = match op {
+                    Some(op) => (CollKind::AllReduce, op),
+                    None => (CollKind::Broadcast, RedOp::Sum),
+                };
+                // SAFETY: one f64 each, alive until the group ends.
+                unsafe {
+                    rank.comm.collective_raw(
+                        CollCall {
+                            kind,
+                            count: 1,
+                            dtype: DataType::Float64,
+                            op,
+                            root: 0,
+                        },
+                        (s as *const f64).cast(),
+                        (r as *mut f64).cast(),
+                    )?
+                };
+            }
+            Ok(())
+        })
+        .map_err(engine("stats all-reduce"))?;
+        Ok(recvs[0])
+    }
+
+    fn barrier(&mut self) -> Res<()> {
+        self.allreduce(0.0, Some(RedOp::Sum)).map(|_| ())
+    }
+
+    fn setup(&self, size: usize, dtype: DataType) -> Setup {
+        let elt = dtype.size();
+        let counts = self.coll.counts(size / elt, elt, self.nranks);
+        let total = counts.send.max(counts.recv) * elt;
+        let steps = self.args.maxbytes.checked_div(total).unwrap_or(1).max(1);
+        Setup {
+            dtype,
+            counts,
+            steps,
+        }
+    }
+
+    /// Send and receive pointers of rank `i` at buffer rotation `iter`.
+    fn pointers(
+        &mut self,
+        i: usize,
+        st: &Setup,
+        in_place: bool,
+        iter: usize,
+    ) -> (*mut u8, *mut u8) {
+        let elt = st.dtype.size();
+        let shift = st.total_bytes() * (iter % st.steps) + self.args.unalign * elt;
+        let rank = &mut self.ranks[i];
+        let r = rank.comm.rank();
+        // SAFETY (all adds below): shift + the call's extent stays inside
+        // the maxbytes (+ unalign) each buffer holds: steps * total <=
+        // maxbytes, and the in-place offsets stay inside recv's total.
+        unsafe {
+            let recv = rank.recv.ptr().add(shift);
+            if in_place {
+                (
+                    recv.add(st.counts.send_inplace_offset * elt * r),
+                    recv.add(st.counts.recv_inplace_offset * elt * r),
+                )
+            } else {
+                (rank.send.ptr().add(shift), recv)
+            }
+        }
+    }
+
+    /// One operation on every rank of this thread (nccl-tests' startColl).
+    fn start_coll(
+        &mut self,
+        st: &Setup,
+        op: Option<TestOp>,
+        root: i32,
+        in_place: bool,
+        iter: usize,
+    ) -> Res<()> {
+        let phases = self.coll.phases(self.nranks);
+        let multi = self.ranks.len() > 1;
+        let ptrs: Vec<_> = (0..self.ranks.len())
+            .map(|i| self.pointers(i, st, in_place, iter))
+            .collect();
+        let root = root.max(0) as usize;
+        let coll = self.coll;
+        for phase in 0..phases {
+            grouped(multi, || {
+                for (rank, &(send, recv)) in self.ranks.iter().zip(&ptrs) {
+                    let red = op.unwrap_or(TestOp::Sum).red_op(st.dtype, rank.comm.rank());
+                    // SAFETY: pointers() keeps both inside this rank's
+                    // buffers for the call's counts; they stay alive (self
+                    // is borrowed) until the group ends.
+                    unsafe {
+                        coll.issue(
+                            &rank.comm,
+                            send,
+                            recv,
+                            st.counts.param,
+                            st.dtype,
+                            red,
+                            root,
+                            phase,
+                        )?
+                    };
+                }
+                Ok(())
+            })
+            .map_err(engine(self.coll.program_name()))?;
+        }
+        Ok(())
+    }
+
+    fn pattern(&self, st: &Setup, op: Option<TestOp>, seed: usize) -> Pattern {
+        let op = if self.coll.reduces() { op } else { None };
+        Pattern::new(st.dtype, op, self.nranks, seed)
+    }
+
+    /// Fills every rank's input and clears its output region.
+    fn init_data(
+        &mut self,
+        st: &Setup,
+        op: Option<TestOp>,
+        root: i32,
+        in_place: bool,
+        seed: usize,
+    ) {
+        let pat = self.pattern(st, op, seed);
+        let elt = st.dtype.size();
+        let root = root.max(0) as usize;
+        for i in 0..self.ranks.len() {
+            let (send, recv) = self.pointers(i, st, in_place, 0);
+            let r = self.ranks[i].comm.rank();
+            // SAFETY: recv is valid for counts.recv elements (pointers()).
+            unsafe { std::ptr::write_bytes(recv, 0, st.counts.recv * elt) };
+            if self.coll.sends(r, root) {
+                // SAFETY: send is valid for counts.send elements and no
+                // other reference to the buffer is alive.
+                let out = unsafe { std::slice::from_raw_parts_mut(send, st.counts.send * elt) };
+                for (j, chunk) in out.chunks_exact_mut(elt).enumerate() {
+                    super::codec::encode(st.dtype, self.coll.input(&pat, r, j), chunk);
+                }
+            }
+        }
+    }
+
+    /// Wrong elements over this thread's ranks.
+    fn check_data(
+        &mut self,
+        st: &Setup,
+        op: Option<TestOp>,
+        root: i32,
+        in_place: bool,
+        seed: usize,
+    ) -> u64 {
+        let pat = self.pattern(st, op, seed);
+        let elt = st.dtype.size();
+        let root = root.max(0) as usize;
+        let mut wrong = 0;
+        for i in 0..self.ranks.len() {
+            let (_, recv) = self.pointers(i, st, in_place, 0);
+            let r = self.ranks[i].comm.rank();
+            if !self.coll.receives(r, root) {
+                continue;
+            }
+            // SAFETY: recv is valid for counts.recv elements; the operation
+            // has completed.
+            let got = unsafe { std::slice::from_raw_parts(recv, st.counts.recv * elt) };
+            for (j, chunk) in got.chunks_exact(elt).enumerate() {
+                let want = self.coll.expected(&pat, r, root, st.counts.param.max(1), j);
+                if !pat.matches(&want, chunk) {
+                    wrong += 1;
+                }
+            }
+        }
+        wrong
+    }
+
+    /// The test fault: flips a high bit of one output element of the first
+    /// checked rank.
+    fn corrupt_output(&mut self, st: &Setup, root: i32, in_place: bool) {
+        let elt = st.dtype.size();
+        let target = if self.coll.has_root() {
+            root.max(0) as usize
+        } else {
+            0
+        };
+        for i in 0..self.ranks.len() {
+            if self.ranks[i].comm.rank() == target && st.counts.recv > 0 {
+                let (_, recv) = self.pointers(i, st, in_place, 0);
+                // SAFETY: recv holds at least one element.
+                unsafe { *recv.add(elt - 1) ^= 0x40 };
+            }
+        }
+    }
+
+    /// Times and checks one size, out-of-place or in-place (nccl-tests'
+    /// BenchTime), printing its half of the row.
+    fn bench(&mut self, st: &Setup, op: Option<TestOp>, root: i32, in_place: bool) -> Res<()> {
+        let args = self.args;
+        if args.check > 0 {
+            self.init_data(st, op, root, in_place, TIMING_SEED);
+        }
+        self.start_coll(st, op, root, in_place, 0)?;
+        self.barrier()?;
+        let agg = args.agg_iters.max(1);
+        let iters = args.iters.max(1);
+        let agg_group = self.coll.phases(self.nranks) == 1 && agg > 1 && args.blocking != 1;
+        let start = Instant::now();
+        let mut coll_only = 0.0;
+        for iter in 0..args.iters {
+            let t0 = Instant::now();
+            if agg_group {
+                rccl::group_start();
+            }
+            let mut r = Ok(());
+            for a in 0..agg {
+                r = self.start_coll(st, op, root, in_place, iter * agg + a);
+                if r.is_err() {
+                    break;
+                }
+                if args.blocking == 1 {
+                    r = self.barrier();
+                }
+            }
+            if agg_group {
+                let end = rccl::group_end().map_err(engine(self.coll.program_name()));
+                r = r.and(end);
+            }
+            r?;
+            if args.blocking == 3 {
+                coll_only += t0.elapsed().as_secs_f64();
+                self.barrier()?;
+            }
+        }
+        let elapsed = if args.blocking == 3 {
+            coll_only
+        } else {
+            start.elapsed().as_secs_f64()
+        };
+        let local = elapsed / (iters * agg) as f64;
+        let delta = match args.average {
+            0 => self.allreduce(local, None)?,
+            2 => self.allreduce(local, Some(RedOp::Min))?,
+            3 => self.allreduce(local, Some(RedOp::Max))?,
+            _ => self.allreduce(local, Some(RedOp::Sum))? / self.nranks as f64,
+        };
+        let (algbw, busbw) =
+            self.coll
+                .bandwidth(st.counts.param, st.dtype.size(), delta, self.nranks);
+        self.barrier()?;
+
+        let report = args.check > 0 && (!in_place || self.coll.checks_in_place());
+        let mut wrong = 0u64;
+        for _ in 0..args.check {
+            self.rep += 1;
+            let seed = self.rep;
+            self.init_data(st, op, root, in_place, seed);
+            self.start_coll(st, op, root, in_place, 0)?;
+            if self.corrupt {
+                self.corrupt_output(st, root, in_place);
+            }
+            let local = self.check_data(st, op, root, in_place, seed);
+            wrong = self.sum_over_threads(local as f64)? as u64;
+            if wrong > 0 {
+                break;
+            }
+        }
+        let mut text = format::row_body(delta * 1e6, algbw, busbw, report.then_some(wrong));
+        if in_place && args.report_timestamps != 0 {
+            text += &format!("{:>21}", format::now_string());
+        }
+        self.print(&text);
+        if report && wrong > 0 {
+            self.errors += 1;
+        }
+        self.bw_sum += busbw;
+        self.bw_count += 1;
+        Ok(())
+    }
+
+    /// The size sweep for one type, op and root (nccl-tests' TimeTest).
+    fn time_test(&mut self, dtype: DataType, op: Option<TestOp>, root: i32) -> Res<()> {
+        let args = self.args;
+        self.barrier()?;
+        // Warm-up for every size, doubling.
+        let mut size = args.minbytes;
+        while size <= args.maxbytes {
+            let st = self.setup(size, dtype);
+            for iter in 0..args.warmup_iters {
+                self.start_coll(&st, op, root, false, iter)?;
+            }
+            if size == 0 {
+                break;
+            }
+            size *= 2;
+        }
+        let op_name = match op {
+            Some(o) => o.name(),
+            None => self.coll.fixed_op_name(),
+        };
+        let mut cycles = args.run_cycles;
+        loop {
+            let mut size = args.minbytes;
+            while size <= args.maxbytes {
+                let st = self.setup(size, dtype);
+                self.print(&format::row_preamble(
+                    st.total_bytes(),
+                    st.counts.param,
+                    dtype.name(),
+                    op_name,
+                    root,
+                ));
+                self.bench(&st, op, root, false)?;
+                self.bench(&st, op, root, true)?;
+                self.print("\n");
+                let next = if args.stepfactor > 1 {
+                    size * args.stepfactor
+                } else {
+                    size + args.stepbytes
+                };
+                if next == size {
+                    break;
+                }
+                size = next;
+            }
+            if cycles == 1 {
+                break;
+            }
+            cycles = cycles
+                .saturating_sub(1)
+                .max(if cycles == 0 { 0 } else { 1 });
+        }
+        Ok(())
+    }
+
+    fn footer(&mut self) -> Res<Outcome> {
+        // Errors are counted per thread, then summed over threads and
+        // processes, as nccl-tests does.
+        let errors = self.sum_over_threads(self.errors as f64)? as u64;
+        let bw = if self.bw_count > 0 {
+            self.bw_sum / self.bw_count as f64
+        } else {
+            0.0
+        };
+        let min_bw: Option<f64> = std::env::var("NCCL_TESTS_MIN_BW")
+            .ok()
+            .and_then(|v| v.trim().parse().ok());
+        let bw_fail = min_bw.is_some_and(|m| bw < m * 0.9);
+        let mut text = format!(
+            "# {:<20} : {} {}\n",
+            "Out of bounds values",
+            errors,
+            if errors > 0 { "FAILED" } else { "OK" }
+        );
+        let verdict = match min_bw {
+            None => "",
+            Some(_) if bw_fail => "FAILED",
+            Some(_) => "OK",
+        };
+        text += &format!(
+            "# {:<20} : {} {}\n",
+            "Avg bus bandwidth",
+            format::c_g(bw),
+            verdict
+        );
+        text += "#\n";
+        text += &format!(
+            "# Collective test concluded: {}\n",
+            self.coll.program_name()
+        );
+        text += "#\n\n";
+        self.print(&text);
+        // The communicators are destroyed when the worker drops them
+        // (Communicator::finalize is a blocking barrier per communicator, so
+        // one thread cannot finalize several of them).
+        Ok(Outcome {
+            ok: errors == 0 && !bw_fail,
+        })
+    }
+}

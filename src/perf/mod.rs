@@ -1,0 +1,12 @@
+//! The perf tests' shared harness, compatible with nccl-tests: the same
+//! flags, output format and bandwidth arithmetic, over host memory.
+
+pub mod args;
+pub mod codec;
+pub mod coll;
+pub mod format;
+pub mod harness;
+
+pub use args::{Args, TestOp};
+pub use coll::Coll;
+pub use harness::{main, CORRUPT_ENV};

@@ -1,0 +1,182 @@
+//! Communicator life cycle and group semantics: split, abort, errors,
+//! timeouts with a report of what was waited for, and one thread driving
+//! several ranks.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::test_config;
+use rccl::{Communicator, Config, Error, Group, RedOp};
+
+fn short_timeout() -> Config {
+    Config {
+        timeout: Duration::from_millis(1500),
+        ..test_config()
+    }
+}
+
+#[test]
+fn split_by_color_orders_by_key_and_leaves_out_no_color() {
+    let comms = Communicator::init_all_config(6, test_config()).unwrap();
+    let results: Vec<Option<(usize, usize, Vec<u32>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let rank = comm.rank();
+                    // Ranks 0..5: colors 0,1,0,1,0,none; keys reverse the order.
+                    let color = (rank != 5).then_some(rank as u32 % 2);
+                    let sub = comm.split(color, -(rank as i32)).unwrap()?;
+                    let mut all = vec![0u32; sub.count()];
+                    sub.all_gather(&[rank as u32], &mut all).unwrap();
+                    Some((sub.rank(), sub.count(), all))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(results[0], Some((2, 3, vec![4, 2, 0])));
+    assert_eq!(results[2], Some((1, 3, vec![4, 2, 0])));
+    assert_eq!(results[1], Some((1, 2, vec![3, 1])));
+    assert_eq!(results[3], Some((0, 2, vec![3, 1])));
+    assert_eq!(results[5], None);
+}
+
+#[test]
+fn one_thread_drives_every_rank_in_a_group() {
+    let comms = Communicator::init_all_config(4, test_config()).unwrap();
+    let inputs: Vec<Vec<i64>> = (0..4).map(|r| vec![r as i64 + 1; 1000]).collect();
+    let mut outputs = vec![vec![0i64; 1000]; 4];
+    let mut group = Group::new();
+    for ((comm, input), output) in comms.iter().zip(&inputs).zip(outputs.iter_mut()) {
+        group.all_reduce(comm, input, output, RedOp::Sum).unwrap();
+    }
+    group.run().unwrap();
+    assert!(outputs.iter().all(|o| o.iter().all(|&v| v == 10)));
+}
+
+#[test]
+fn grouped_sends_and_receives_exchange_around_a_ring() {
+    let n = 5;
+    let comms = Communicator::init_all_config(n, test_config()).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || {
+                let rank = comm.rank();
+                let mine = vec![rank as u32; 3001];
+                let mut from_prev = vec![0u32; 3001];
+                let mut group = Group::new();
+                group.send(comm, &mine, (rank + 1) % n).unwrap();
+                group
+                    .recv(comm, &mut from_prev, (rank + n - 1) % n)
+                    .unwrap();
+                group.run().unwrap();
+                assert!(from_prev.iter().all(|&v| v as usize == (rank + n - 1) % n));
+            });
+        }
+    });
+}
+
+#[test]
+fn bad_arguments_are_refused_with_a_clear_error() {
+    let comms = Communicator::init_all_config(1, test_config()).unwrap();
+    let comm = &comms[0];
+    let err = comm.broadcast(&[1u8], &mut [0u8], 3).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("root 3")),
+        "{err}"
+    );
+    let err = comm
+        .all_reduce(&[1f32; 4], &mut [0f32; 3], RedOp::Sum)
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("receive buffer")),
+        "{err}"
+    );
+    let err = comm.send(&[1u8], 1).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("peer 1")),
+        "{err}"
+    );
+    assert_eq!(err.code(), 4, "ncclInvalidArgument");
+}
+
+#[test]
+fn a_missing_peer_times_out_with_a_report_naming_it_and_poisons_the_comm() {
+    let comms = Communicator::init_all_config(2, short_timeout()).unwrap();
+    let start = Instant::now();
+    // Rank 1 never joins the all-reduce.
+    let err = comms[0]
+        .all_reduce(&[1f32; 8], &mut [0f32; 8], RedOp::Sum)
+        .unwrap_err();
+    let elapsed = start.elapsed();
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains("AllReduce") && message.contains("rank 1"),
+        "{message}"
+    );
+    assert_eq!(comms[0].async_error(), Some(err.clone()));
+    // Every later call reports the same failure.
+    assert_eq!(
+        comms[0]
+            .all_reduce(&[1f32], &mut [0f32], RedOp::Sum)
+            .unwrap_err(),
+        err
+    );
+}
+
+#[test]
+fn abort_from_another_thread_unblocks_an_operation_promptly() {
+    let comms = Communicator::init_all_config(2, test_config()).unwrap();
+    let comm = &comms[0];
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            comm.abort();
+        });
+        let start = Instant::now();
+        let mut buf = [0u32; 16];
+        let err = comm.recv(&mut buf, 1).unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(5));
+        assert!(
+            matches!(err, Error::InvalidUsage(ref m) if m.contains("aborted")),
+            "{err}"
+        );
+    });
+    assert!(comm.all_reduce(&[1u8], &mut [0u8], RedOp::Sum).is_err());
+}
+
+#[test]
+fn finalize_is_a_barrier_that_succeeds_on_a_healthy_comm() {
+    let comms = Communicator::init_all_config(3, test_config()).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || comm.finalize().unwrap());
+        }
+    });
+}
+
+#[test]
+fn ranks_that_disagree_on_settings_are_told_at_init() {
+    let id = rccl::UniqueId::new().unwrap();
+    let errors: Vec<Error> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let id = &id;
+                s.spawn(move || {
+                    let config = Config {
+                        buffsize: (8 << 10) * (rank + 1),
+                        ..test_config()
+                    };
+                    Communicator::init_rank_config(2, id, rank, config).unwrap_err()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for err in errors {
+        assert!(err.to_string().contains("NCCL_BUFFSIZE"), "{err}");
+    }
+}

@@ -1,0 +1,283 @@
+//! The shared-memory transport: both FIFOs of a connection live in one
+//! POSIX shared-memory segment that the two ranks map, so each side writes
+//! straight into memory the other reads. Works between threads of one
+//! process and between processes of one host alike.
+//!
+//! The lower rank of a pair creates the segment (mode 0600) and sends its
+//! name to the peer through the bootstrap; the peer maps it and unlinks the
+//! name at once, so nothing is left in `/dev/shm` once both sides hold
+//! their mapping, even if a process dies later.
+
+use std::ffi::CString;
+use std::io;
+use std::sync::Arc;
+
+use crate::fifo::{fifo_bytes, Fifo, FifoMemory};
+use crate::socket::fill_random;
+use crate::Connection;
+
+/// A mapped shared-memory segment.
+pub struct ShmSegment {
+    ptr: *mut u8,
+    len: usize,
+    name: String,
+}
+
+// SAFETY: the mapping is owned by this value and unmapped only on drop;
+// concurrent access to its bytes is ordered by the FIFO protocol's atomics.
+unsafe impl Send for ShmSegment {}
+// SAFETY: as above; shared references only expose the base pointer.
+unsafe impl Sync for ShmSegment {}
+
+impl ShmSegment {
+    /// Creates and maps a new zeroed segment of `len` bytes, readable and
+    /// writable by this user only.
+    pub fn create(len: usize) -> io::Result<ShmSegment> {
+        let mut random = [0u8; 8];
+        fill_random(&mut random)?;
+        let name = format!(
+            "/rccl-{}-{}",
+            std::process::id(),
+            random
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
+        let c_name = CString::new(name.clone()).expect("no NUL in segment name");
+        // SAFETY: c_name is a valid NUL-terminated string; O_EXCL refuses to
+        // reuse an existing name.
+        let fd = unsafe {
+            libc::shm_open(
+                c_name.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC,
+                0o600,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mapped = (|| {
+            // SAFETY: fd is an open shared-memory object we own.
+            if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            map(fd, len)
+        })();
+        // SAFETY: fd is open and no longer needed once mapped (or failed).
+        unsafe { libc::close(fd) };
+        match mapped {
+            Ok(ptr) => Ok(ShmSegment { ptr, len, name }),
+            Err(err) => {
+                // SAFETY: c_name is valid; removes the name we just created.
+                unsafe { libc::shm_unlink(c_name.as_ptr()) };
+                Err(err)
+            }
+        }
+    }
+
+    /// Maps the existing segment `name`, which must be `len` bytes long.
+    pub fn open(name: &str, len: usize) -> io::Result<ShmSegment> {
+        if !name.starts_with("/rccl-") || name[1..].contains('/') {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a segment name of ours",
+            ));
+        }
+        let c_name = CString::new(name)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in segment name"))?;
+        // SAFETY: c_name is a valid NUL-terminated string.
+        let fd = unsafe { libc::shm_open(c_name.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mapped = (|| {
+            // SAFETY: an all-zero stat is a valid value for fstat to fill.
+            let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: fd is open; stat is a valid out-pointer.
+            if unsafe { libc::fstat(fd, &mut stat) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if stat.st_size as usize != len {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("segment {name} is {} bytes, expected {len}", stat.st_size),
+                ));
+            }
+            map(fd, len)
+        })();
+        // SAFETY: fd is open and no longer needed.
+        unsafe { libc::close(fd) };
+        Ok(ShmSegment {
+            ptr: mapped?,
+            len,
+            name: name.to_string(),
+        })
+    }
+
+    /// The segment's name, for the peer to open.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Removes the segment's name; the mappings stay valid.
+    pub fn unlink(&self) -> io::Result<()> {
+        let c_name = CString::new(self.name.clone()).expect("no NUL in segment name");
+        // SAFETY: c_name is a valid NUL-terminated string.
+        if unsafe { libc::shm_unlink(c_name.as_ptr()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+fn map(fd: libc::c_int, len: usize) -> io::Result<*mut u8> {
+    // SAFETY: mapping a shared object we hold open, at a kernel-chosen
+    // address; the result is checked against MAP_FAILED.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ptr.cast())
+}
+
+impl Drop for ShmSegment {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len describe a mapping this value owns.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// A page-aligned window of a segment holding one FIFO.
+struct Window {
+    segment: Arc<ShmSegment>,
+    offset: usize,
+    len: usize,
+}
+
+impl FifoMemory for Window {
+    fn base(&self) -> *mut u8 {
+        self.segment.ptr.wrapping_add(self.offset)
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// Bytes of a segment holding both FIFOs of a connection.
+pub fn segment_bytes(nslots: usize, slot_bytes: usize) -> usize {
+    2 * fifo_bytes(nslots, slot_bytes)
+}
+
+/// A connection whose FIFOs live in a shared segment.
+pub struct ShmConnection {
+    send: Fifo,
+    recv: Fifo,
+}
+
+impl ShmConnection {
+    /// The connection over `segment`: the creator sends through the first
+    /// FIFO and receives through the second; the other side the reverse.
+    pub fn new(
+        segment: ShmSegment,
+        creator: bool,
+        nslots: usize,
+        slot_bytes: usize,
+    ) -> ShmConnection {
+        let one = fifo_bytes(nslots, slot_bytes);
+        assert!(segment.len >= 2 * one, "segment too small for its FIFOs");
+        let segment = Arc::new(segment);
+        let fifo = |index: usize| {
+            let window = Window {
+                segment: segment.clone(),
+                offset: index * one,
+                len: one,
+            };
+            Fifo::in_memory(Arc::new(window), nslots, slot_bytes)
+        };
+        let (first, second) = (fifo(0), fifo(1));
+        if creator {
+            ShmConnection {
+                send: first,
+                recv: second,
+            }
+        } else {
+            ShmConnection {
+                send: second,
+                recv: first,
+            }
+        }
+    }
+}
+
+impl Connection for ShmConnection {
+    fn send_fifo(&self) -> &Fifo {
+        &self.send
+    }
+    fn recv_fifo(&self) -> &Fifo {
+        &self.recv
+    }
+    fn failure(&self) -> Option<String> {
+        None
+    }
+    fn transport(&self) -> &'static str {
+        "SHM"
+    }
+}
+
+impl Drop for ShmConnection {
+    fn drop(&mut self) {
+        // Tell a peer still waiting on this connection that it is gone.
+        self.send.fail();
+        self.recv.fail();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_sides_see_each_others_slots_and_the_name_goes_away() {
+        let len = segment_bytes(4, 256);
+        let created = ShmSegment::create(len).unwrap();
+        let name = created.name().to_string();
+        let mode = std::fs::metadata(format!("/dev/shm{name}")).map(|m| {
+            use std::os::unix::fs::PermissionsExt;
+            m.permissions().mode() & 0o777
+        });
+        assert_eq!(mode.unwrap(), 0o600);
+        let a = ShmConnection::new(created, true, 4, 256);
+        let opened = ShmSegment::open(&name, len).unwrap();
+        opened.unlink().unwrap();
+        assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
+        let b = ShmConnection::new(opened, false, 4, 256);
+        let slot = a.send_fifo().try_reserve().unwrap();
+        // SAFETY: the slot holds 256 bytes.
+        unsafe { slot.write(42) };
+        a.send_fifo().publish(1);
+        let (got, len) = b.recv_fifo().try_peek().unwrap();
+        // SAFETY: published with one byte.
+        assert_eq!((unsafe { got.read() }, len), (42, 1));
+        b.recv_fifo().release();
+        assert!(b.send_fifo().try_reserve().is_some());
+    }
+
+    #[test]
+    fn open_refuses_foreign_names_and_wrong_sizes() {
+        assert!(ShmSegment::open("/etc-passwd", 4096).is_err());
+        assert!(ShmSegment::open("/rccl-../x", 4096).is_err());
+        let created = ShmSegment::create(8192).unwrap();
+        let err = ShmSegment::open(created.name(), 4096).err().unwrap();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        created.unlink().unwrap();
+    }
+}
