@@ -629,12 +629,6 @@ fn grow(
     Communicator::init_rank_config(nranks, &id, parent.rank(), config)
 }
 
-/// Makes sure no creation started in this group outlives the thread's
-/// bookkeeping by mistake (used by tests).
-pub fn pending_group_creations() -> usize {
-    GROUP_CREATIONS.with(|g| g.borrow().len())
-}
-
 /// The registrations of a communicator, for [`crate::misc`].
 pub fn regions(entry: &Entry, windows: bool) -> std::sync::MutexGuard<'_, registry::Regions> {
     if windows {

@@ -178,7 +178,7 @@ pub fn lookup(comm: ncclComm_t) -> Result<Arc<Entry>> {
     }
     let token = comm as usize;
     let issued = TOKEN_BASE + NEXT_TOKEN.load(Ordering::Relaxed) * TOKEN_STEP;
-    if (TOKEN_BASE..issued).contains(&token) && (token - TOKEN_BASE) % TOKEN_STEP == 0 {
+    if (TOKEN_BASE..issued).contains(&token) && (token - TOKEN_BASE).is_multiple_of(TOKEN_STEP) {
         Err(usage(format!(
             "communicator {comm:p} was destroyed or aborted; it cannot be used any more"
         )))
