@@ -96,8 +96,10 @@ pub fn group_depth() -> usize {
 }
 
 /// Records a failed call inside a group, so that the group's end reports
-/// it (NCCL reports argument errors at the call and again at group end).
-pub(crate) fn group_fail(err: &Error) {
+/// it (NCCL reports argument errors at the call and again at group end) and
+/// launches nothing. Outside a group it does nothing. Public for the C ABI,
+/// whose own argument checks fail calls before they reach the engine.
+pub fn group_fail(err: &Error) {
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth > 0 {
@@ -140,6 +142,8 @@ fn launch(ops: Vec<RawOp>) -> Result<()> {
     if ops.is_empty() {
         return Ok(());
     }
+    #[cfg(feature = "fault-injection")]
+    crate::fault::point("launch");
     let mut launches: Vec<CommLaunch> = Vec::new();
     let mut p2p: Vec<Vec<RawOp>> = Vec::new();
     for op in ops {

@@ -12,6 +12,8 @@ pub mod config;
 pub mod enqueue;
 pub mod error;
 pub mod executor;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 pub mod kernels;
 pub mod net;
 pub mod tuning;
@@ -21,7 +23,7 @@ pub use api::{CollCall, Element, Group, F8E4M3, F8E5M2};
 pub use bootstrap::{Bootstrap, UniqueId};
 pub use comm::Communicator;
 pub use config::Config;
-pub use enqueue::{group_end, group_start};
+pub use enqueue::{group_end, group_fail, group_start};
 pub use error::{Error, Result};
 pub use rccl_algorithms::CollKind;
 pub use types::{DataType, RedOp};
