@@ -9,6 +9,7 @@ pub mod api;
 pub mod bootstrap;
 pub mod comm;
 pub mod config;
+pub mod debug;
 pub mod enqueue;
 pub mod error;
 pub mod executor;
