@@ -98,11 +98,17 @@ pub fn join(launch: &Launch) -> Result<(Communicator, Option<MpiSession>), Strin
 }
 
 #[cfg(feature = "mpi")]
-fn join_mpi(_rank: usize, _nranks: usize) -> Result<(Communicator, Option<MpiSession>), String> {
+fn join_mpi(env_rank: usize, env_nranks: usize) -> Result<(Communicator, Option<MpiSession>), String> {
     use mpi::traits::{Communicator as _, Root as _};
     let universe = mpi::initialize().ok_or("MPI_Init failed (was MPI already initialized?)")?;
     let world = universe.world();
     let (rank, nranks) = (world.rank() as usize, world.size() as usize);
+    if (rank, nranks) != (env_rank, env_nranks) {
+        return Err(format!(
+            "MPI says rank {rank} of {nranks}, the launcher's variables rank {env_rank} of {env_nranks}: \
+             was this binary built against the MPI of this mpirun/mpiexec (MPICC)?"
+        ));
+    }
     // Rank 0 makes the id and broadcasts its 128 bytes; if it cannot, it
     // broadcasts zeros so the other ranks fail instead of waiting.
     let mut bytes = [0u8; 128];
