@@ -85,7 +85,12 @@ fn floats(v: &Value) -> Vec<f64> {
 /// results.
 fn check_document(doc: &Value, iters: i64, nprocs: usize, nranks: usize) -> Vec<Value> {
     assert_eq!(int(doc, "version"), 3);
-    let keys: Vec<&str> = doc.as_object().unwrap().keys().map(String::as_str).collect();
+    let keys: Vec<&str> = doc
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     assert_eq!(
         keys,
         [
@@ -169,7 +174,10 @@ fn check_per_iter(p: &Value, iters: usize, skip: usize, nprocs: usize) -> Vec<Ve
     let avg = summary.iter().sum::<f64>() / summary.len() as f64;
     assert!((float(p, "min_us") - min).abs() < 1e-6, "{p}");
     assert!((float(p, "max_us") - max).abs() < 1e-6, "{p}");
-    assert!((float(p, "avg_us") - avg).abs() < 1e-6 * avg.max(1.0), "{p}");
+    assert!(
+        (float(p, "avg_us") - avg).abs() < 1e-6 * avg.max(1.0),
+        "{p}"
+    );
     for k in ["p50_us", "p95_us", "p99_us"] {
         let v = float(p, k);
         assert!(v >= min && v <= max, "{k} {v} outside [{min}, {max}]");
@@ -198,7 +206,14 @@ fn check_per_iter(p: &Value, iters: usize, skip: usize, nprocs: usize) -> Vec<Ve
     }
 }
 
-fn check_rows(results: &[Value], sizes: &[i64], iters: usize, skip: usize, nprocs: usize, nranks: usize) {
+fn check_rows(
+    results: &[Value],
+    sizes: &[i64],
+    iters: usize,
+    skip: usize,
+    nprocs: usize,
+    nranks: usize,
+) {
     let got: Vec<i64> = results.iter().map(|r| int(r, "size")).collect();
     assert_eq!(got, sizes);
     for r in results {
@@ -238,11 +253,29 @@ fn four_processes_write_nccl_tests_json_with_process_rows() {
     let (out, text) = run(
         env!("CARGO_BIN_EXE_all_reduce_perf"),
         &[
-            "--procs", "4", "-b", "8", "-e", "32K", "-f", "8", "-n", "6", "-w", "1", "-I", "1",
-            "-J", path.to_str().unwrap(),
+            "--procs",
+            "4",
+            "-b",
+            "8",
+            "-e",
+            "32K",
+            "-f",
+            "8",
+            "-n",
+            "6",
+            "-w",
+            "1",
+            "-I",
+            "1",
+            "-J",
+            path.to_str().unwrap(),
         ],
     );
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains(&format!("# Writing JSON output to {}\n", path.display())));
     assert!(text.contains("i_min    i_max    i_p99    i_cv%"), "{text}");
     let doc = load(&path);
@@ -268,7 +301,21 @@ fn threads_json_skip_and_no_clobber() {
     let (out, text) = run(
         env!("CARGO_BIN_EXE_all_gather_perf"),
         &[
-            "-g", "4", "-b", "1K", "-e", "4K", "-f", "4", "-n", "5", "-I", "1", "-K", "2", "-J",
+            "-g",
+            "4",
+            "-b",
+            "1K",
+            "-e",
+            "4K",
+            "-f",
+            "4",
+            "-n",
+            "5",
+            "-I",
+            "1",
+            "-K",
+            "2",
+            "-J",
             path.to_str().unwrap(),
         ],
     );
@@ -287,13 +334,29 @@ fn threads_json_skip_and_no_clobber() {
 }
 
 /// Without -I the rows carry no per-iteration objects; a corrupted run
-/// records its wrong elements in the rows and the footer.
+/// records its wrong elements in the rows and the footer; --stragglers in
+/// one process only would desynchronize nothing either (covered by the
+/// screen test).
 #[test]
 fn json_without_per_iter_and_with_errors() {
     let dir = temp_dir("plain");
     let path = dir.join("bc.json");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_broadcast_perf"));
-    cmd.args(["-g", "4", "-b", "4K", "-e", "4K", "-n", "2", "-J", path.to_str().unwrap()]);
+    // Processes: only rank 0 writes the file, every rank gathers times.
+    cmd.args([
+        "--procs",
+        "4",
+        "-b",
+        "4K",
+        "-e",
+        "16K",
+        "-f",
+        "4",
+        "-n",
+        "2",
+        "-J",
+        path.to_str().unwrap(),
+    ]);
     for v in LAUNCHER_VARS {
         cmd.env_remove(v);
     }
@@ -314,7 +377,19 @@ fn json_without_per_iter_and_with_errors() {
 fn stragglers_on_screen() {
     let (out, text) = run(
         env!("CARGO_BIN_EXE_reduce_scatter_perf"),
-        &["-t", "4", "-b", "1K", "-e", "16K", "-f", "4", "-n", "3", "--stragglers"],
+        &[
+            "-t",
+            "4",
+            "-b",
+            "1K",
+            "-e",
+            "16K",
+            "-f",
+            "4",
+            "-n",
+            "3",
+            "--stragglers",
+        ],
     );
     assert!(out.status.success(), "{text}");
     let lines: Vec<&str> = text.lines().collect();
@@ -323,7 +398,10 @@ fn stragglers_on_screen() {
         if !l.starts_with('#') && !l.trim().is_empty() {
             rows += 1;
             let next = lines[i + 1];
-            assert!(next.starts_with("#  stragglers  out-of-place: min "), "{next}");
+            assert!(
+                next.starts_with("#  stragglers  out-of-place: min "),
+                "{next}"
+            );
             assert!(next.contains("|  in-place: min "), "{next}");
             for part in next.split("(rank ").skip(1) {
                 let r: usize = part.split(')').next().unwrap().parse().unwrap();
@@ -338,7 +416,7 @@ fn stragglers_on_screen() {
 #[test]
 fn per_iter_columns_on_screen() {
     let (out, text) = run(
-        env!("CARGO_BIN_EXE_sendrecv_perf"),
+        env!("CARGO_BIN_EXE_all_reduce_perf"),
         &["-g", "2", "-b", "64", "-e", "64", "-n", "4", "-I", "1"],
     );
     assert!(out.status.success(), "{text}");
@@ -356,5 +434,9 @@ fn per_iter_columns_on_screen() {
     }
     // Widths: "%12li  %12li  %8s  %6s  %6s" then "  %7s  %6s  %6s  %6g"
     // and "  %7s  %7s  %7s  %7s" per half.
-    assert_eq!(row.len(), 12 + 2 + 12 + 2 + 8 + 2 + 6 + 2 + 6 + 2 * (33 + 36), "{row:?}");
+    assert_eq!(
+        row.len(),
+        12 + 2 + 12 + 2 + 8 + 2 + 6 + 2 + 6 + 2 * (33 + 36),
+        "{row:?}"
+    );
 }

@@ -12,7 +12,10 @@ const BINS: &[(&str, &str)] = &[
     ("all_gather_perf", env!("CARGO_BIN_EXE_all_gather_perf")),
     ("broadcast_perf", env!("CARGO_BIN_EXE_broadcast_perf")),
     ("reduce_perf", env!("CARGO_BIN_EXE_reduce_perf")),
-    ("reduce_scatter_perf", env!("CARGO_BIN_EXE_reduce_scatter_perf")),
+    (
+        "reduce_scatter_perf",
+        env!("CARGO_BIN_EXE_reduce_scatter_perf"),
+    ),
     ("alltoall_perf", env!("CARGO_BIN_EXE_alltoall_perf")),
     ("gather_perf", env!("CARGO_BIN_EXE_gather_perf")),
     ("scatter_perf", env!("CARGO_BIN_EXE_scatter_perf")),
@@ -123,11 +126,11 @@ fn run_processes(
     let mut text = String::from_utf8_lossy(&outs[0].stdout).into_owned();
     if !ok {
         for (r, o) in outs.iter().enumerate() {
-            text += &format!(
-                "\n--- rank {r}: {}\n{}",
-                o.status,
-                String::from_utf8_lossy(&o.stderr)
-            );
+            // As comment lines, so the rows parse as before.
+            text += &format!("\n# --- rank {r}: {}", o.status);
+            for l in String::from_utf8_lossy(&o.stderr).lines() {
+                text += &format!("\n# {l}");
+            }
         }
     }
     // Ranks other than 0 print no results.

@@ -14,7 +14,10 @@ const BINS: &[(&str, &str)] = &[
     ("all_gather_perf", env!("CARGO_BIN_EXE_all_gather_perf")),
     ("broadcast_perf", env!("CARGO_BIN_EXE_broadcast_perf")),
     ("reduce_perf", env!("CARGO_BIN_EXE_reduce_perf")),
-    ("reduce_scatter_perf", env!("CARGO_BIN_EXE_reduce_scatter_perf")),
+    (
+        "reduce_scatter_perf",
+        env!("CARGO_BIN_EXE_reduce_scatter_perf"),
+    ),
     ("alltoall_perf", env!("CARGO_BIN_EXE_alltoall_perf")),
     ("gather_perf", env!("CARGO_BIN_EXE_gather_perf")),
     ("scatter_perf", env!("CARGO_BIN_EXE_scatter_perf")),
@@ -81,7 +84,8 @@ fn every_binary_under_mpi() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{name}:\n{text}\n{err}");
         assert_eq!(
-            text.matches(&format!("# Collective test starting: {name}")).count(),
+            text.matches(&format!("# Collective test starting: {name}"))
+                .count(),
             1,
             "only rank 0 reports:\n{text}"
         );
@@ -109,10 +113,27 @@ fn mpi_bootstrap_is_used_and_corruption_counted() {
     let bin = env!("CARGO_BIN_EXE_all_reduce_perf");
     let out = mpiexec(
         bin,
-        &["-b", "8", "-e", "1K", "-f", "8", "-n", "3", "-I", "1", "-J", path.to_str().unwrap()],
+        &[
+            "-b",
+            "8",
+            "-e",
+            "1K",
+            "-f",
+            "8",
+            "-n",
+            "3",
+            "-I",
+            "1",
+            "-J",
+            path.to_str().unwrap(),
+        ],
         false,
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(doc["config"]["rccl"]["launch"], "mpi");

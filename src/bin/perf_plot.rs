@@ -12,7 +12,7 @@ use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 use serde_json::Value;
 
-/// Draws busbw against size (log scale) from perf JSON files, one line each.
+/// Draws busbw against size (log2 scale) from perf JSON files, one line each.
 #[derive(Parser, Debug)]
 #[command(about)]
 struct Cli {
@@ -138,7 +138,12 @@ fn draw(cli: &Cli, series: &[Series], title: &str, font: bool) -> Result<(), Str
         .split_once('x')
         .and_then(|(w, h)| Some((w.parse::<u32>().ok()?, h.parse::<u32>().ok()?)))
         .filter(|&(w, h)| w >= 200 && h >= 150)
-        .ok_or_else(|| format!("--size {:?}: expected WIDTHxHEIGHT, at least 200x150", cli.size))?;
+        .ok_or_else(|| {
+            format!(
+                "--size {:?}: expected WIDTHxHEIGHT, at least 200x150",
+                cli.size
+            )
+        })?;
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", cli.output);
     let root = BitMapBackend::new(&cli.output, (w, h)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
@@ -146,7 +151,9 @@ fn draw(cli: &Cli, series: &[Series], title: &str, font: bool) -> Result<(), Str
     let (xmin, xmax, ymax) = all.fold((f64::MAX, 0f64, 0f64), |(a, b, c), &(x, y)| {
         (a.min(x), b.max(x), c.max(y))
     });
-    let xmax = if xmax > xmin { xmax } else { xmin * 2.0 };
+    // The x axis is log2(size), labelled with sizes, so that the ticks
+    // fall on powers of two as the sweeps (-f 2, -f 4) do.
+    let (lo, hi) = (xmin.log2() - 0.3, xmax.log2().max(xmin.log2() + 1.0) + 0.3);
     let ymax = if ymax > 0.0 { ymax * 1.1 } else { 1.0 };
     let mut builder = ChartBuilder::on(&root);
     builder.margin(16);
@@ -159,14 +166,21 @@ fn draw(cli: &Cli, series: &[Series], title: &str, font: bool) -> Result<(), Str
         builder.x_label_area_size(8).y_label_area_size(8);
     }
     let mut chart = builder
-        .build_cartesian_2d((xmin..xmax).log_scale(), 0f64..ymax)
+        .build_cartesian_2d(lo..hi, 0f64..ymax)
         .map_err(|e| err(&e))?;
     if font {
         chart
             .configure_mesh()
             .x_desc("message size (bytes)")
             .y_desc("bus bandwidth (GB/s)")
-            .x_label_formatter(&|x| size_label(*x))
+            .x_labels(((hi - lo) as usize + 1).min(16))
+            .x_label_formatter(&|x| {
+                if (x - x.round()).abs() < 1e-6 {
+                    size_label(x.round().exp2())
+                } else {
+                    String::new()
+                }
+            })
             .y_label_formatter(&|y| format!("{y:.2}"))
             .label_style(("sans-serif", 14))
             .axis_desc_style(("sans-serif", 16))
@@ -183,7 +197,10 @@ fn draw(cli: &Cli, series: &[Series], title: &str, font: bool) -> Result<(), Str
     for (i, s) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let line = chart
-            .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                s.points.iter().map(|&(x, y)| (x.log2(), y)),
+                color.stroke_width(2),
+            ))
             .map_err(|e| err(&e))?;
         if font {
             line.label(s.label.clone()).legend(move |(x, y)| {
@@ -194,7 +211,7 @@ fn draw(cli: &Cli, series: &[Series], title: &str, font: bool) -> Result<(), Str
             .draw_series(
                 s.points
                     .iter()
-                    .map(|&p| Circle::new(p, 3, color.filled())),
+                    .map(|&(x, y)| Circle::new((x.log2(), y), 3, color.filled())),
             )
             .map_err(|e| err(&e))?;
     }
@@ -217,9 +234,14 @@ fn main() -> ExitCode {
     let mut series = Vec::new();
     let mut first_what = None;
     for spec in &cli.files {
-        let (path, label) = match spec.rsplit_once('=') {
-            Some((p, l)) if !l.is_empty() && !l.contains('/') => (p, l.to_string()),
-            _ => (spec.as_str(), spec.rsplit('/').next().unwrap_or(spec).to_string()),
+        let (path, label) = match spec.split_once('=') {
+            Some((p, l)) if !l.is_empty() && !std::path::Path::new(spec).exists() => {
+                (p, l.to_string())
+            }
+            _ => (
+                spec.as_str(),
+                spec.rsplit('/').next().unwrap_or(spec).to_string(),
+            ),
         };
         match load(path, cli.in_place) {
             Ok((points, what)) => {
@@ -232,7 +254,11 @@ fn main() -> ExitCode {
             }
         }
     }
-    let half = if cli.in_place { "in-place" } else { "out-of-place" };
+    let half = if cli.in_place {
+        "in-place"
+    } else {
+        "out-of-place"
+    };
     let title = cli.title.clone().unwrap_or_else(|| {
         format!(
             "{}, {half} busbw",

@@ -199,6 +199,7 @@ fn run_ranks(
         skip: per_iter.1,
         ranks_per_proc,
         launch: launch.name(),
+        gather: args.output_file.is_some() || per_iter.0 || args.stragglers,
     };
     let results: Vec<Res<Outcome>> = std::thread::scope(|s| {
         let mut handles = Vec::new();
@@ -248,6 +249,10 @@ struct RunSetup {
     ranks_per_proc: usize,
     /// The launch's name, for the JSON file.
     launch: &'static str,
+    /// Whether every rank's times are gathered after each half (for -J,
+    /// -I 1 or --stragglers); the same on every rank, as it adds a
+    /// collective.
+    gather: bool,
 }
 
 fn run_header(coll: Coll, args: &Args, per_iter: (bool, usize)) -> String {
@@ -903,7 +908,7 @@ impl<'a> Worker<'a> {
                 .bandwidth(st.counts.param, st.dtype.size(), delta, self.nranks);
         // Every rank's own time (and per-iteration times with -I 1), for
         // the JSON file, the -I columns and --stragglers.
-        let spread = if self.json.is_some() || record || args.stragglers {
+        let spread = if self.setup.gather {
             let mut mine = vec![local];
             mine.extend_from_slice(&iter_times);
             Some(self.gather_f64(&mine)?)

@@ -98,7 +98,10 @@ pub fn join(launch: &Launch) -> Result<(Communicator, Option<MpiSession>), Strin
 }
 
 #[cfg(feature = "mpi")]
-fn join_mpi(env_rank: usize, env_nranks: usize) -> Result<(Communicator, Option<MpiSession>), String> {
+fn join_mpi(
+    env_rank: usize,
+    env_nranks: usize,
+) -> Result<(Communicator, Option<MpiSession>), String> {
     use mpi::traits::{Communicator as _, Root as _};
     let universe = mpi::initialize().ok_or("MPI_Init failed (was MPI already initialized?)")?;
     let world = universe.world();
