@@ -84,7 +84,7 @@ fn load(path: &str, in_place: bool) -> Result<(Vec<(f64, f64)>, String), String>
 fn size_label(bytes: f64) -> String {
     let b = bytes.round() as u64;
     for (unit, shift) in [("GB", 30), ("MB", 20), ("KB", 10)] {
-        if b >= 1 << shift && b % (1 << shift) == 0 {
+        if b >= 1 << shift && b.is_multiple_of(1 << shift) {
             return format!("{}{unit}", b >> shift);
         }
     }
