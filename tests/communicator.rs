@@ -180,3 +180,29 @@ fn ranks_that_disagree_on_settings_are_told_at_init() {
         assert!(err.to_string().contains("NCCL_BUFFSIZE"), "{err}");
     }
 }
+
+#[test]
+fn mismatched_collectives_fail_on_every_rank_naming_both_calls() {
+    let comms = Communicator::init_all_config(2, short_timeout()).unwrap();
+    let errors: Vec<Error> = std::thread::scope(|s| {
+        let a = s.spawn(|| {
+            comms[0]
+                .all_reduce(&[1f32; 64], &mut [0f32; 64], RedOp::Sum)
+                .unwrap_err()
+        });
+        let b = s.spawn(|| {
+            comms[1]
+                .all_gather(&[1i32; 32], &mut [0i32; 64])
+                .unwrap_err()
+        });
+        vec![a.join().unwrap(), b.join().unwrap()]
+    });
+    for err in errors {
+        let message = err.to_string();
+        assert!(matches!(err, Error::InvalidUsage(_)), "{message}");
+        assert!(
+            message.contains("AllReduce") && message.contains("AllGather"),
+            "{message}"
+        );
+    }
+}

@@ -18,7 +18,9 @@
 //! [`p2p_schedule`] builds the same kind of schedule for a group of user
 //! point-to-point calls.
 
-use crate::{split_even, Algorithm, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step};
+use crate::{
+    split_even, Algorithm, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step, Topology,
+};
 
 /// Direct sends and receives between every pair of ranks, for AlltoAll,
 /// Gather and Scatter.
@@ -37,7 +39,7 @@ impl Algorithm for Direct {
         )
     }
 
-    fn schedule(&self, spec: &CollSpec, rank: Rank, params: &Params) -> Schedule {
+    fn schedule(&self, spec: &CollSpec, rank: Rank, params: &Params, _topo: &Topology) -> Schedule {
         assert!(
             self.supports(spec.kind),
             "direct does not implement {}",

@@ -8,10 +8,16 @@
 //! the right inputs, each exactly once, and that no rank waits for a message
 //! nobody sends.
 //!
-//! Built in: [`Ring`] (AllReduce, Broadcast, Reduce, AllGather,
-//! ReduceScatter) and [`Direct`] (AlltoAll, Gather, Scatter, and grouped
-//! point-to-point calls through [`p2p_schedule`]); [`builtin`] looks one up
-//! by name and [`default_for`] picks one for a collective.
+//! Built in, one algorithm per module: [`Ring`] (AllReduce, Broadcast,
+//! Reduce, AllGather, ReduceScatter), [`Direct`] (AlltoAll, Gather, Scatter,
+//! and grouped point-to-point calls through [`p2p_schedule`]), [`Tree`]
+//! (NCCL's double binary tree AllReduce, tree Broadcast),
+//! [`HalvingDoubling`] (Rabenseifner's AllReduce, any rank count),
+//! [`Hierarchical`] (AllReduce, AllGather, ReduceScatter over hosts, given a
+//! [`Topology`]) and [`OneShot`] (all-pairs AllReduce for tiny messages);
+//! [`builtin`] looks one up by name and [`default_for`] picks one for a
+//! collective. [`load_schedule_file`] loads a researcher's schedule from a
+//! JSON file and proves it before use (`docs/SCHEDULES.md`).
 //!
 //! # Example
 //!
@@ -19,13 +25,13 @@
 //! elements, and prove it, out of place and in place:
 //!
 //! ```
-//! use rccl_algorithms::{verify, Algorithm, CollKind, CollSpec, Params, Prim, Ring};
+//! use rccl_algorithms::{verify, Algorithm, CollKind, CollSpec, Params, Prim, Ring, Topology};
 //!
 //! let spec = CollSpec { kind: CollKind::AllReduce, nranks: 4, root: 0, count: 24 };
 //! let params = Params { nchannels: 2, chunk_elems: 3 };
 //!
 //! // Rank 0's first step on channel 0 sends its chunk 3 (ring order).
-//! let schedule = Ring.schedule(&spec, 0, &params);
+//! let schedule = Ring.schedule(&spec, 0, &params, &Topology::flat(4));
 //! assert_eq!(schedule.channels.len(), 2);
 //! assert!(matches!(schedule.channels[0][0].prims[0], Prim::Send { to: 1, .. }));
 //!
@@ -37,18 +43,38 @@
 //! ```
 
 pub mod direct;
+pub mod file;
+pub mod halving_doubling;
+pub mod hierarchical;
+pub mod one_shot;
+mod pieces;
 pub mod ring;
 pub mod schedule;
+pub mod topology;
+pub mod tree;
 pub mod verify;
 
 pub use direct::{p2p_schedule, Direct, P2pOp};
+pub use file::{load_schedule_file, parse_schedule, FileError, LoadedAlgorithm};
+pub use halving_doubling::HalvingDoubling;
+pub use hierarchical::Hierarchical;
+pub use one_shot::OneShot;
 pub use ring::Ring;
 pub use schedule::{
     split_even, Buf, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step,
 };
-pub use verify::{verify, verify_schedules, Stats, VerifyError};
+pub use topology::Topology;
+pub use tree::Tree;
+pub use verify::{verify, verify_on, verify_schedules, Stats, VerifyError};
 
-static BUILTINS: [&dyn Algorithm; 2] = [&Ring, &Direct];
+static BUILTINS: [&dyn Algorithm; 6] = [
+    &Ring,
+    &Direct,
+    &Tree,
+    &HalvingDoubling,
+    &Hierarchical,
+    &OneShot,
+];
 
 /// Every built-in algorithm.
 pub fn builtins() -> &'static [&'static dyn Algorithm] {
@@ -86,6 +112,21 @@ pub trait Algorithm: Send + Sync {
     /// Whether this algorithm implements `kind`.
     fn supports(&self, kind: CollKind) -> bool;
 
-    /// The schedule of `rank` for `spec`, cut as `params` says.
-    fn schedule(&self, spec: &CollSpec, rank: Rank, params: &Params) -> Schedule;
+    /// Whether this algorithm can run with the ranks placed on hosts as
+    /// `topo` says (hierarchical algorithms need a shape); true by default.
+    fn supports_topology(&self, topo: &Topology) -> bool {
+        let _ = topo;
+        true
+    }
+
+    /// Whether this algorithm's schedules for `kind` are also correct in
+    /// place (NCCL's aliased buffers); true by default.
+    fn supports_in_place(&self, kind: CollKind) -> bool {
+        let _ = kind;
+        true
+    }
+
+    /// The schedule of `rank` for `spec`, cut as `params` says, for ranks
+    /// placed on hosts as `topo` says.
+    fn schedule(&self, spec: &CollSpec, rank: Rank, params: &Params, topo: &Topology) -> Schedule;
 }

@@ -25,7 +25,9 @@
 //! the receive buffer. Zero-length primitives are never emitted: every rank
 //! computes the same lengths, so sender and receiver skip the same messages.
 
-use crate::{split_even, Algorithm, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step};
+use crate::{
+    split_even, Algorithm, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step, Topology,
+};
 
 /// NCCL's ring algorithm for AllReduce, Broadcast, Reduce, AllGather and
 /// ReduceScatter.
@@ -48,7 +50,7 @@ impl Algorithm for Ring {
         )
     }
 
-    fn schedule(&self, spec: &CollSpec, rank: Rank, params: &Params) -> Schedule {
+    fn schedule(&self, spec: &CollSpec, rank: Rank, params: &Params, _topo: &Topology) -> Schedule {
         assert!(
             self.supports(spec.kind),
             "ring does not implement {}",

@@ -217,8 +217,10 @@ pub type Rank = usize;
 /// Reading the send buffer of a reducing collective applies the op's input
 /// transform (PreMulSum's scalar, Avg's 1/n for floats); the output written
 /// by `RecvReduceCopy` and `RecvReduceCopySend` is a final result and gets the
-/// op's output transform (Avg's division for integers). Every message a
-/// primitive sends or receives is as long as its slices.
+/// op's output transform (Avg's division for integers), as is that of
+/// `ReduceCopy`; the `...Partial` forms write partial results (NCCL's
+/// `postOp = false`) that more inputs join later. Every message a primitive
+/// sends or receives is as long as its slices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Prim {
     /// send(src)
@@ -242,6 +244,15 @@ pub enum Prim {
     },
     /// dst = recv(); send(dst)
     RecvCopySend { from: Rank, dst: Slice, to: Rank },
+    /// dst = recv() op src, a partial result: NCCL's `recvReduceCopy`
+    /// without its `postOp` (no output transform), for accumulating into the
+    /// receive buffer before more inputs join.
+    RecvReduceCopyPartial { from: Rank, src: Slice, dst: Slice },
+    /// dst = src op dst, a final result (output transform applied): a local
+    /// reduction, NCCL's `reduceCopy` of two sources into one of them.
+    ReduceCopy { src: Slice, dst: Slice },
+    /// dst = src op dst, a partial result (no output transform).
+    ReduceCopyPartial { src: Slice, dst: Slice },
 }
 
 impl Prim {
@@ -256,6 +267,8 @@ impl Prim {
             Prim::RecvReduceCopy { src, .. } => src.len,
             Prim::RecvReduceCopySend { src, .. } => src.len,
             Prim::RecvCopySend { dst, .. } => dst.len,
+            Prim::RecvReduceCopyPartial { src, .. } => src.len,
+            Prim::ReduceCopy { src, .. } | Prim::ReduceCopyPartial { src, .. } => src.len,
         }
     }
 
@@ -271,8 +284,13 @@ impl Prim {
             | Prim::RecvReduceSend { from, .. }
             | Prim::RecvReduceCopy { from, .. }
             | Prim::RecvReduceCopySend { from, .. }
-            | Prim::RecvCopySend { from, .. } => Some(from),
-            Prim::Send { .. } | Prim::Copy { .. } | Prim::CopySend { .. } => None,
+            | Prim::RecvCopySend { from, .. }
+            | Prim::RecvReduceCopyPartial { from, .. } => Some(from),
+            Prim::Send { .. }
+            | Prim::Copy { .. }
+            | Prim::CopySend { .. }
+            | Prim::ReduceCopy { .. }
+            | Prim::ReduceCopyPartial { .. } => None,
         }
     }
 
@@ -284,7 +302,12 @@ impl Prim {
             | Prim::RecvReduceSend { to, .. }
             | Prim::RecvReduceCopySend { to, .. }
             | Prim::RecvCopySend { to, .. } => Some(to),
-            Prim::Recv { .. } | Prim::Copy { .. } | Prim::RecvReduceCopy { .. } => None,
+            Prim::Recv { .. }
+            | Prim::Copy { .. }
+            | Prim::RecvReduceCopy { .. }
+            | Prim::RecvReduceCopyPartial { .. }
+            | Prim::ReduceCopy { .. }
+            | Prim::ReduceCopyPartial { .. } => None,
         }
     }
 
@@ -299,6 +322,9 @@ impl Prim {
             Prim::RecvReduceCopy { .. } => "recvReduceCopy",
             Prim::RecvReduceCopySend { .. } => "recvReduceCopySend",
             Prim::RecvCopySend { .. } => "recvCopySend",
+            Prim::RecvReduceCopyPartial { .. } => "recvReduceCopyPartial",
+            Prim::ReduceCopy { .. } => "reduceCopy",
+            Prim::ReduceCopyPartial { .. } => "reduceCopyPartial",
         }
     }
 }

@@ -49,7 +49,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 
-use crate::{Algorithm, Buf, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice};
+use crate::{Algorithm, Buf, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Topology};
 
 /// A symbolic input: element `index` of rank `rank`'s send buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -159,6 +159,25 @@ pub enum VerifyError {
         alg: &'static str,
         /// The collective's name.
         kind: &'static str,
+    },
+    /// The algorithm does not implement the in-place form of the
+    /// collective.
+    #[error("algorithm {alg} does not implement {kind} in place")]
+    InPlaceUnsupported {
+        /// The algorithm's name.
+        alg: &'static str,
+        /// The collective's name.
+        kind: &'static str,
+    },
+    /// A read, through the receive buffer, of an element that still holds
+    /// the rank's untouched input in a reducing collective: the engine
+    /// applies the op's input transform only to reads of the send buffer.
+    #[error("{at}: reads recv element {index}, which still holds an untransformed input (read it through the send buffer)")]
+    UntransformedInput {
+        /// The reading primitive.
+        at: Loc,
+        /// The element of the receive buffer.
+        index: usize,
     },
     /// Not one schedule per rank.
     #[error("{got} schedules given for {nranks} ranks")]
@@ -389,8 +408,9 @@ pub struct Stats {
     pub elements_copied: usize,
 }
 
-/// Build every rank's schedule with `alg` and verify them together, with
-/// FIFOs of `params.chunk_elems` elements.
+/// Build every rank's schedule with `alg` on one host and verify them
+/// together, with FIFOs of `params.chunk_elems` elements: [`verify_on`] with
+/// [`Topology::flat`].
 ///
 /// `in_place` aliases the buffers as NCCL's in-place forms do (see the
 /// module documentation); collectives without an in-place form (AlltoAll)
@@ -399,6 +419,19 @@ pub fn verify(
     alg: &dyn Algorithm,
     spec: &CollSpec,
     params: &Params,
+    in_place: bool,
+) -> Result<Stats, VerifyError> {
+    verify_on(alg, spec, params, &Topology::flat(spec.nranks), in_place)
+}
+
+/// Build every rank's schedule with `alg` for the ranks placed as `topo`
+/// says, and verify them together, with FIFOs of `params.chunk_elems`
+/// elements.
+pub fn verify_on(
+    alg: &dyn Algorithm,
+    spec: &CollSpec,
+    params: &Params,
+    topo: &Topology,
     in_place: bool,
 ) -> Result<Stats, VerifyError> {
     if !alg.supports(spec.kind) {
@@ -414,8 +447,27 @@ pub fn verify(
             params.nchannels, params.chunk_elems
         )));
     }
+    if topo.nranks() != spec.nranks {
+        return Err(VerifyError::InvalidCall(format!(
+            "topology of {} ranks for a call of {}",
+            topo.nranks(),
+            spec.nranks
+        )));
+    }
+    if !alg.supports_topology(topo) {
+        return Err(VerifyError::InvalidCall(format!(
+            "{} does not support this placement of ranks on hosts",
+            alg.name()
+        )));
+    }
+    if in_place && !alg.supports_in_place(spec.kind) {
+        return Err(VerifyError::InPlaceUnsupported {
+            alg: alg.name(),
+            kind: spec.kind.name(),
+        });
+    }
     let schedules: Vec<Schedule> = (0..spec.nranks)
-        .map(|r| alg.schedule(spec, r, params))
+        .map(|r| alg.schedule(spec, r, params, topo))
         .collect();
     verify_schedules(spec, &schedules, in_place, params.chunk_elems)
 }
@@ -702,7 +754,9 @@ struct Sim<'a> {
     scratch_b: Vec<Term>,
 }
 
-/// The slices a primitive reads and writes.
+/// The slices a primitive reads and writes (`reduceCopy` also reads its
+/// destination; it counts as written, which the race checks treat as the
+/// stronger access).
 fn footprint(p: &Prim) -> (Option<Slice>, Option<Slice>) {
     match *p {
         Prim::Send { src, .. } | Prim::RecvReduceSend { src, .. } => (Some(src), None),
@@ -710,7 +764,10 @@ fn footprint(p: &Prim) -> (Option<Slice>, Option<Slice>) {
         Prim::Copy { src, dst }
         | Prim::CopySend { src, dst, .. }
         | Prim::RecvReduceCopy { src, dst, .. }
-        | Prim::RecvReduceCopySend { src, dst, .. } => (Some(src), Some(dst)),
+        | Prim::RecvReduceCopySend { src, dst, .. }
+        | Prim::RecvReduceCopyPartial { src, dst, .. }
+        | Prim::ReduceCopy { src, dst }
+        | Prim::ReduceCopyPartial { src, dst } => (Some(src), Some(dst)),
     }
 }
 
@@ -1190,6 +1247,20 @@ impl<'a> Sim<'a> {
                 self.write(r, &dst, j, v, me);
                 Some(v)
             }
+            Prim::RecvReduceCopyPartial { src, dst, .. } => {
+                let v = self.read(r, &src, j, reduces, at)?;
+                let v = self.reduce(received(), v, j, at)?;
+                self.write(r, &dst, j, v, me);
+                None
+            }
+            Prim::ReduceCopy { src, dst } | Prim::ReduceCopyPartial { src, dst } => {
+                let a = self.read(r, &src, j, reduces, at)?;
+                let b = self.read(r, &dst, j, reduces, at)?;
+                let mut v = self.reduce(a, b, j, at)?;
+                v.finished = matches!(prim, Prim::ReduceCopy { .. });
+                self.write(r, &dst, j, v, me);
+                None
+            }
         })
     }
 
@@ -1215,6 +1286,12 @@ impl<'a> Sim<'a> {
                 at: at(),
                 index: src.offset + j,
                 writer: cell.writer.map(|w| self.loc_at(r, w)),
+            });
+        }
+        if reduces && src.buf == Buf::Recv && cell.input {
+            return Err(VerifyError::UntransformedInput {
+                at: at(),
+                index: src.offset + j,
             });
         }
         Ok(Val {

@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use rccl_algorithms::{
     builtin, builtins, default_for, p2p_schedule, verify, verify_schedules, Algorithm, CollKind,
-    CollSpec, Direct, P2pOp, Params, Prim, Ring, Schedule, Slice,
+    CollSpec, Direct, P2pOp, Params, Prim, Ring, Schedule, Slice, Topology,
 };
 
 /// Elements per channel that make a channel run exactly `loops` pipeline
@@ -81,7 +81,7 @@ fn pipeline_loops_match_chunk_count() {
                     _ => 2 * nranks - 1,
                 };
                 for c in 0..2 {
-                    let s = Ring.schedule(&spec, 0, &params);
+                    let s = Ring.schedule(&spec, 0, &params, &Topology::flat(nranks));
                     assert_eq!(
                         s.channels[c].len(),
                         loops * steps_per_loop,
@@ -149,6 +149,7 @@ fn empty_and_single_rank_schedules() {
             },
             1,
             &params,
+            &Topology::flat(4),
         );
         assert!(empty.channels.iter().all(|c| c.is_empty()), "{kind:?}");
         let one = alg.schedule(
@@ -160,6 +161,7 @@ fn empty_and_single_rank_schedules() {
             },
             0,
             &params,
+            &Topology::flat(1),
         );
         let prims: Vec<&Prim> = one
             .channels
@@ -193,7 +195,8 @@ fn no_zero_length_prims() {
                     chunk_elems: 2,
                 };
                 for r in 0..nranks {
-                    let s = default_for(kind).schedule(&spec, r, &params);
+                    let s =
+                        default_for(kind).schedule(&spec, r, &params, &Topology::flat(spec.nranks));
                     for step in s.channels.iter().flatten() {
                         assert!(!step.prims.is_empty());
                         assert!(step.prims.iter().all(|p| !p.is_empty()), "{spec:?}");
@@ -206,13 +209,16 @@ fn no_zero_length_prims() {
 
 #[test]
 fn registry() {
-    assert_eq!(builtins().len(), 2);
+    let names: Vec<&str> = builtins().iter().map(|a| a.name()).collect();
+    assert_eq!(names, ["ring", "direct", "tree", "rhd", "hier", "oneshot"]);
     assert_eq!(builtin("ring").unwrap().name(), "ring");
     assert_eq!(builtin("Direct").unwrap().name(), "direct");
-    assert!(builtin("tree").is_none());
+    assert!(builtin("nvls").is_none());
     for kind in CollKind::ALL {
         assert!(default_for(kind).supports(kind));
-        let n = builtins().iter().filter(|a| a.supports(kind)).count();
+        // Ring or direct, whichever implements it, is the only one of the
+        // two that does.
+        let n = builtins()[..2].iter().filter(|a| a.supports(kind)).count();
         assert_eq!(n, 1, "{kind:?}");
     }
     assert_eq!(default_for(CollKind::AllReduce).name(), "ring");
@@ -236,6 +242,7 @@ fn ring_allreduce_follows_nccl_order() {
             nchannels: 1,
             chunk_elems: 1,
         },
+        &Topology::flat(4),
     );
     let names: Vec<&str> = s.channels[0].iter().map(|st| st.prims[0].name()).collect();
     assert_eq!(
@@ -278,6 +285,7 @@ fn direct_lists_peers_spread() {
             nchannels: 1,
             chunk_elems: 1,
         },
+        &Topology::flat(4),
     );
     assert_eq!(s.channels[0].len(), 1);
     let sends: Vec<usize> = s.channels[0][0]

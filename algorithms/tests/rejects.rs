@@ -3,7 +3,7 @@
 use rccl_algorithms::verify::{Loc, Wait};
 use rccl_algorithms::{
     verify, verify_schedules, Algorithm, CollKind, CollSpec, Direct, Params, Prim, Ring, Schedule,
-    Slice, Step, VerifyError,
+    Slice, Step, Topology, VerifyError,
 };
 
 fn spec(kind: CollKind, nranks: usize, count: usize) -> CollSpec {
@@ -17,7 +17,7 @@ fn spec(kind: CollKind, nranks: usize, count: usize) -> CollSpec {
 
 fn schedules(alg: &dyn Algorithm, spec: &CollSpec, params: &Params) -> Vec<Schedule> {
     (0..spec.nranks)
-        .map(|r| alg.schedule(spec, r, params))
+        .map(|r| alg.schedule(spec, r, params, &Topology::flat(spec.nranks)))
         .collect()
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
+use rccl_algorithms::Topology;
 use rccl_transports::net::TcpTransport;
 
 use crate::bootstrap::{Bootstrap, UniqueId};
@@ -28,7 +29,7 @@ pub(crate) struct PeerInfo {
     pub pid: u32,
     /// Settings that must agree across ranks: buffsize, min and max
     /// channels, shared memory disabled.
-    pub shape: [u64; 4],
+    pub shape: [u64; SHAPE_WORDS],
 }
 
 impl PeerInfo {
@@ -57,7 +58,10 @@ impl PeerInfo {
             let host = reader.string()?;
             let host_id = reader.string()?;
             let pid = reader.u32()?;
-            let shape = [reader.u64()?, reader.u64()?, reader.u64()?, reader.u64()?];
+            let mut shape = [0u64; SHAPE_WORDS];
+            for word in &mut shape {
+                *word = reader.u64()?;
+            }
             Some(PeerInfo {
                 data_addr: addr.parse().ok()?,
                 host,
@@ -113,7 +117,16 @@ pub(crate) struct CommInner {
     pub abort: Arc<AtomicBool>,
     /// The first failure; every later call returns it.
     pub poisoned: Mutex<Option<Error>>,
+    /// Sequence number of the next collective (every rank counts the same
+    /// collectives, so it is part of each piece's tag).
     pub next_seq: AtomicU64,
+    /// Sequence number of the next batch of sends and receives (for
+    /// reports only: ranks take part in different batches).
+    pub next_p2p_seq: AtomicU64,
+    /// Whether every peer is reached through shared memory.
+    pub all_shm: bool,
+    /// Which ranks share a host.
+    pub topology: Topology,
     pub exec: Mutex<ExecState>,
     splits: AtomicU64,
 }
@@ -223,12 +236,7 @@ impl Communicator {
             host: hostname(),
             host_id: host_id(),
             pid: std::process::id(),
-            shape: [
-                config.buffsize as u64,
-                config.min_channels as u64,
-                config.max_channels as u64,
-                u64::from(config.shm_disable),
-            ],
+            shape: settings_shape(&config),
         };
         let peers = bootstrap
             .allgather(&me.encode())?
@@ -238,11 +246,25 @@ impl Communicator {
             .collect::<Result<Vec<_>>>()?;
         if let Some((r, p)) = peers.iter().enumerate().find(|(_, p)| p.shape != me.shape) {
             return Err(Error::InvalidUsage(format!(
-                "rank {rank} and rank {r} disagree on NCCL_BUFFSIZE / NCCL_MIN_NCHANNELS / \
-                 NCCL_MAX_NCHANNELS / NCCL_SHM_DISABLE ({:?} against {:?}); set them alike on every rank",
+                "rank {rank} and rank {r} disagree on NCCL_BUFFSIZE, NCCL_LL_BUFFSIZE, NCCL_LL128_BUFFSIZE, \
+                 NCCL_MIN_NCHANNELS, NCCL_MAX_NCHANNELS, NCCL_SHM_DISABLE, NCCL_PROTO or \
+                 NCCL_ALGO ({:?} against {:?}); set them alike on every rank",
                 me.shape, p.shape
             )));
         }
+        let all_shm =
+            (0..nranks).all(|peer| !config.shm_disable && peers[peer].host_id == me.host_id);
+        // Hosts numbered by the first rank seen on each.
+        let host_of = peers
+            .iter()
+            .map(|p| {
+                peers
+                    .iter()
+                    .position(|q| q.host_id == p.host_id)
+                    .unwrap_or(0)
+            })
+            .collect();
+        let topology = Topology::from_hosts(host_of);
         let links = (0..config.max_channels)
             .map(|_| (0..nranks).map(|_| None).collect())
             .collect();
@@ -257,6 +279,9 @@ impl Communicator {
                 abort,
                 poisoned: Mutex::new(None),
                 next_seq: AtomicU64::new(0),
+                next_p2p_seq: AtomicU64::new(0),
+                all_shm,
+                topology,
                 exec: Mutex::new(ExecState { links }),
                 splits: AtomicU64::new(0),
             }),
@@ -413,6 +438,25 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Words of settings every rank must share.
+const SHAPE_WORDS: usize = 7;
+
+/// The settings that must agree across ranks, as words to compare.
+fn settings_shape(config: &Config) -> [u64; SHAPE_WORDS] {
+    use std::hash::{Hash, Hasher};
+    let mut selections = std::collections::hash_map::DefaultHasher::new();
+    (&config.proto, &config.algo).hash(&mut selections);
+    [
+        config.buffsize as u64,
+        config.ll_buffsize as u64,
+        config.ll128_buffsize as u64,
+        config.min_channels as u64,
+        config.max_channels as u64,
+        u64::from(config.shm_disable),
+        selections.finish(),
+    ]
 }
 
 /// What identifies this host: `NCCL_HOSTID` when set (test beds that

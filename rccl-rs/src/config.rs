@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
+use rccl_transports::{FifoShape, Protocol};
+
 use crate::error::{Error, Result};
+use crate::tuning::Selection;
 
 /// Steps (slots) per connection FIFO, as NCCL's `NCCL_STEPS`.
 pub const FIFO_SLOTS: usize = 8;
@@ -21,9 +24,20 @@ pub struct Config {
     /// Bytes of FIFO per connection and direction (`NCCL_BUFFSIZE`,
     /// default 4 MiB), split into [`FIFO_SLOTS`] slots.
     pub buffsize: usize,
+    /// Bytes of LL FIFO payload per connection and direction
+    /// (`NCCL_LL_BUFFSIZE`, default 64 KiB).
+    pub ll_buffsize: usize,
+    /// Bytes of LL128 FIFO payload per connection and direction
+    /// (`NCCL_LL128_BUFFSIZE`, default 480 KiB).
+    pub ll128_buffsize: usize,
     /// Never use shared memory between ranks of one host; go through the
     /// network transport instead (`NCCL_SHM_DISABLE=1`).
     pub shm_disable: bool,
+    /// Which protocols the tuner may use (`NCCL_PROTO`, NCCL's syntax:
+    /// `LL,LL128`, `^LL`, per collective `allreduce:LL;broadcast:^LL128`).
+    pub proto: Selection,
+    /// Which algorithms the tuner may use (`NCCL_ALGO`, same syntax).
+    pub algo: Selection,
 }
 
 impl Default for Config {
@@ -33,7 +47,11 @@ impl Default for Config {
             min_channels: 1,
             max_channels: 2,
             buffsize: 4 << 20,
+            ll_buffsize: 64 << 10,
+            ll128_buffsize: 480 << 10,
             shm_disable: false,
+            proto: Selection::default(),
+            algo: Selection::default(),
         }
     }
 }
@@ -54,6 +72,18 @@ impl Config {
         if let Some(bytes) = env_usize("NCCL_BUFFSIZE")? {
             config.buffsize = bytes;
         }
+        if let Some(bytes) = env_usize("NCCL_LL_BUFFSIZE")? {
+            config.ll_buffsize = bytes;
+        }
+        if let Some(bytes) = env_usize("NCCL_LL128_BUFFSIZE")? {
+            config.ll128_buffsize = bytes;
+        }
+        if let Ok(text) = std::env::var("NCCL_PROTO") {
+            config.proto = Selection::parse("NCCL_PROTO", &text)?;
+        }
+        if let Ok(text) = std::env::var("NCCL_ALGO") {
+            config.algo = Selection::parse("NCCL_ALGO", &text)?;
+        }
         if let Some(flag) = env_usize("NCCL_SHM_DISABLE")? {
             config.shm_disable = flag != 0;
         }
@@ -65,12 +95,30 @@ impl Config {
     pub fn validate(&mut self) -> Result<()> {
         self.max_channels = self.max_channels.clamp(1, MAX_CHANNELS);
         self.min_channels = self.min_channels.clamp(1, self.max_channels);
-        if self.buffsize < FIFO_SLOTS * 64 || self.buffsize > (1 << 30) {
+        for (name, bytes) in [
+            ("NCCL_BUFFSIZE", self.buffsize),
+            ("NCCL_LL_BUFFSIZE", self.ll_buffsize),
+            ("NCCL_LL128_BUFFSIZE", self.ll128_buffsize),
+        ] {
+            if !(FIFO_SLOTS * 128..=(1 << 30)).contains(&bytes) {
+                return Err(Error::InvalidArgument(format!(
+                    "{name}={bytes} is outside {}..=1GiB",
+                    FIFO_SLOTS * 128
+                )));
+            }
+        }
+        if self.fifo_shape().slot_bytes.contains(&0) {
             return Err(Error::InvalidArgument(format!(
-                "NCCL_BUFFSIZE={} is outside {}..=1GiB",
-                self.buffsize,
-                FIFO_SLOTS * 64
+                "FIFO sizes leave a protocol without room for one slot: {:?}",
+                self.fifo_shape()
             )));
+        }
+        for name in self.proto.names() {
+            if protocol_by_name(name).is_none() {
+                return Err(Error::InvalidArgument(format!(
+                    "NCCL_PROTO names an unknown protocol {name:?} (LL, LL128, Simple)"
+                )));
+            }
         }
         if self.timeout.is_zero() {
             return Err(Error::InvalidArgument(
@@ -80,9 +128,23 @@ impl Config {
         Ok(())
     }
 
-    /// Bytes per FIFO slot (a multiple of 64).
-    pub fn slot_bytes(&self) -> usize {
-        (self.buffsize / FIFO_SLOTS) / 64 * 64
+    /// The slots of every connection: per protocol, the payload per slot
+    /// (a multiple of 8; for LL128 also of its 120-byte lines).
+    pub fn fifo_shape(&self) -> FifoShape {
+        let per_slot = |bytes: usize, unit: usize| (bytes / FIFO_SLOTS) / unit * unit;
+        FifoShape {
+            nslots: FIFO_SLOTS,
+            slot_bytes: [
+                per_slot(self.ll_buffsize, 64),
+                per_slot(self.ll128_buffsize, 960),
+                per_slot(self.buffsize, 64),
+            ],
+        }
+    }
+
+    /// Payload bytes per slot of `proto`.
+    pub fn slot_bytes(&self, proto: Protocol) -> usize {
+        self.fifo_shape().slot_bytes(proto)
     }
 }
 
@@ -98,4 +160,11 @@ fn env_usize(name: &str) -> Result<Option<usize>> {
             .map_err(|_| Error::InvalidArgument(format!("{name}={text:?} is not a number"))),
         Err(_) => Ok(None),
     }
+}
+
+/// The protocol NCCL calls `name` (any case).
+pub fn protocol_by_name(name: &str) -> Option<Protocol> {
+    Protocol::ALL
+        .into_iter()
+        .find(|p| p.name().eq_ignore_ascii_case(name))
 }

@@ -7,12 +7,13 @@
 //! communicator of the group from the calling thread until all complete.
 
 use std::cell::RefCell;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rccl_algorithms::{p2p_schedule, CollKind, CollSpec, P2pOp, Schedule};
 use rccl_transports::shm::{self, ShmConnection, ShmSegment};
 use rccl_transports::tcp::TcpConnection;
-use rccl_transports::Connection;
+use rccl_transports::{Connection, Protocol, Tag};
 
 use crate::comm::{deadline, CommInner};
 use crate::error::{Error, Result};
@@ -264,17 +265,27 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
         unreachable!("plan_collective takes collectives");
     };
     let comm = &launch.comm;
-    let seq = comm
-        .next_seq
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let seq = comm.next_seq.fetch_add(1, Ordering::Relaxed);
     let spec = CollSpec {
         kind,
         nranks: comm.nranks,
         root,
         count: op.count,
     };
-    let choice = tuning::choose(&comm.config, &spec, op.dtype.size());
-    let schedule = choice.algorithm.schedule(&spec, comm.rank, &choice.params);
+    let in_place = is_in_place(op, kind, root, comm.rank);
+    let choice = tuning::choose(
+        &comm.config,
+        &spec,
+        op.dtype.size(),
+        &tuning::Placement {
+            all_shm: comm.all_shm,
+            topology: &comm.topology,
+            in_place,
+        },
+    )?;
+    let schedule = choice
+        .algorithm
+        .schedule(&spec, comm.rank, &choice.params, &comm.topology);
     let reduction = if kind.reduces() {
         Some(Arc::new(Reduction {
             input: ReduceKernel::new(op.dtype, red_op, comm.nranks)?,
@@ -287,16 +298,95 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
         send: op.send,
         recv: op.recv,
     };
-    push_schedule(
-        launch,
-        schedule,
+    let work = Work {
         seq,
-        kind.name(),
-        || Binding::Shared(buffers),
-        op.dtype.size(),
+        name: kind.name(),
+        tag: call_tag(seq, kind, op.count, op.dtype, red_op, root),
+        protocol: choice.protocol,
+        elem_size: op.dtype.size(),
         reduction,
-    );
+    };
+    push_schedule(launch, schedule, &work, || Binding::Shared(buffers));
     Ok(())
+}
+
+/// Whether a call is in place by NCCL's conventions: the send buffer at
+/// the collective's offset inside the receive buffer, or the reverse.
+fn is_in_place(op: &RawOp, kind: CollKind, root: usize, rank: usize) -> bool {
+    // Empty buffers may share a dangling address without aliasing anything.
+    if op.count == 0 {
+        return false;
+    }
+    let size = op.dtype.size();
+    let at = |base: *const u8, offset: Option<usize>| offset.map(|o| base.wrapping_add(o * size));
+    at(op.recv, kind.in_place_send_offset(op.count, rank, root)) == Some(op.send)
+        || at(op.send, kind.in_place_recv_offset(op.count, rank, root))
+            == Some(op.recv as *const u8)
+}
+
+/// What every channel's work of one operation shares.
+struct Work {
+    seq: u64,
+    name: &'static str,
+    tag: Tag,
+    protocol: Protocol,
+    elem_size: usize,
+    reduction: Option<Arc<Reduction>>,
+}
+
+/// The tag of pieces of batched sends and receives: any send meets any
+/// receive, so only the kind of operation is checked.
+const P2P_CALL: u32 = 0xf;
+
+/// Packs a collective call into the tag its pieces carry.
+fn call_tag(
+    seq: u64,
+    kind: CollKind,
+    count: usize,
+    dtype: DataType,
+    op: RedOp,
+    root: usize,
+) -> Tag {
+    let kind_code = CollKind::ALL.iter().position(|&k| k == kind).unwrap_or(0) as u32;
+    let op_code = match op {
+        RedOp::Sum => 0,
+        RedOp::Prod => 1,
+        RedOp::Max => 2,
+        RedOp::Min => 3,
+        RedOp::Avg => 4,
+        RedOp::PreMulSum { .. } => 5,
+    };
+    Tag {
+        seq: seq as u32,
+        call: kind_code | (dtype as u32) << 4 | op_code << 8 | ((root as u32) & 0xf_ffff) << 12,
+        count: count as u32,
+    }
+}
+
+/// Describes the call a tag was packed from, for mismatch errors.
+pub(crate) fn describe_call(tag: Tag) -> String {
+    let kind_code = (tag.call & 0xf) as usize;
+    if tag.call == P2P_CALL {
+        return "Send/Recv".to_string();
+    }
+    let Some(kind) = CollKind::ALL.get(kind_code) else {
+        return format!("an unknown call ({:#x})", tag.call);
+    };
+    let dtype = DataType::from_raw(((tag.call >> 4) & 0xf) as i32)
+        .map(DataType::name)
+        .unwrap_or("?");
+    let op = ["sum", "prod", "max", "min", "avg", "premulsum"]
+        .get(((tag.call >> 8) & 0xf) as usize)
+        .copied()
+        .unwrap_or("?");
+    let mut text = format!("{} #{} (count {}, {dtype}", kind.name(), tag.seq, tag.count);
+    if kind.reduces() {
+        text += &format!(", {op}");
+    }
+    if kind.has_root() {
+        text += &format!(", root {}", tag.call >> 12);
+    }
+    text + ")"
 }
 
 /// The op that combines values already transformed on input: PreMulSum
@@ -312,23 +402,22 @@ fn partial_op(dtype: DataType, op: RedOp) -> RedOp {
 fn push_schedule(
     launch: &mut CommLaunch,
     schedule: Schedule,
-    seq: u64,
-    name: &'static str,
+    work: &Work,
     binding: impl Fn() -> Binding,
-    elem_size: usize,
-    reduction: Option<Arc<Reduction>>,
 ) {
     for (channel, steps) in schedule.channels.into_iter().enumerate() {
         if steps.is_empty() {
             continue;
         }
         launch.channels[channel].push(OpWork {
-            seq,
-            name,
+            seq: work.seq,
+            name: work.name,
+            tag: work.tag,
+            protocol: work.protocol,
             steps,
             binding: binding(),
-            elem_size,
-            reduction: reduction.clone(),
+            elem_size: work.elem_size,
+            reduction: work.reduction.clone(),
         });
     }
 }
@@ -339,9 +428,7 @@ fn push_schedule(
 /// back to its call's buffer.
 fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
     let comm = &launch.comm;
-    let seq = comm
-        .next_seq
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let seq = comm.next_p2p_seq.fetch_add(1, Ordering::Relaxed);
     let (mut sends, mut recvs) = (Vec::new(), Vec::new());
     let (mut send_end, mut recv_end) = (0, 0);
     let mut calls = Vec::with_capacity(ops.len());
@@ -379,18 +466,30 @@ fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
     let largest = calls.iter().map(|c| match *c {
         P2pOp::Send { len, .. } | P2pOp::Recv { len, .. } => len,
     });
-    let nchannels = tuning::p2p_channels(&comm.config, largest.max().unwrap_or(0));
+    let (nchannels, protocol) = tuning::p2p_choice(&comm.config, largest.max().unwrap_or(0));
     let schedule = p2p_schedule(
         comm.rank,
         &calls,
         nchannels,
-        tuning::chunk_bytes(&comm.config),
+        tuning::chunk_bytes(&comm.config, protocol),
     );
     let binding = || Binding::Segments {
         send: sends.clone(),
         recv: recvs.clone(),
     };
-    push_schedule(launch, schedule, seq, "Send/Recv", binding, 1, None);
+    let work = Work {
+        seq,
+        name: "Send/Recv",
+        tag: Tag {
+            seq: 0,
+            call: P2P_CALL,
+            count: 0,
+        },
+        protocol,
+        elem_size: 1,
+        reduction: None,
+    };
+    push_schedule(launch, schedule, &work, binding);
     Ok(())
 }
 
@@ -460,8 +559,7 @@ fn open_connection(
     creating: bool,
     deadline: std::time::Instant,
 ) -> Result<Box<dyn Connection>> {
-    let nslots = crate::config::FIFO_SLOTS;
-    let slot_bytes = comm.config.slot_bytes();
+    let shape = comm.config.fifo_shape();
     let failed = |what: &str, e: std::io::Error| {
         Error::Remote(format!(
             "rank {}: {what} {} on channel {channel}: {e}",
@@ -471,7 +569,7 @@ fn open_connection(
     };
     if comm.shares_memory_with(peer) {
         let tag = SHM_TAG_BASE + channel as u64;
-        let len = shm::segment_bytes(nslots, slot_bytes);
+        let len = shm::segment_bytes(&shape);
         let segment = if creating {
             let segment =
                 ShmSegment::create(len).map_err(|e| failed("creating shared memory for", e))?;
@@ -492,9 +590,7 @@ fn open_connection(
                 .map_err(|e| failed("unlinking shared memory of", e))?;
             segment
         };
-        return Ok(Box::new(ShmConnection::new(
-            segment, creating, nslots, slot_bytes,
-        )));
+        return Ok(Box::new(ShmConnection::new(segment, creating, &shape)));
     }
     let stream = if creating {
         comm.tcp
@@ -503,7 +599,7 @@ fn open_connection(
         comm.tcp.accept_from(peer, channel, deadline, &comm.abort)
     }
     .map_err(|e| failed("connecting to", e))?;
-    let conn = TcpConnection::start(stream, nslots, slot_bytes)
+    let conn = TcpConnection::start(stream, shape.nslots, shape.slot_bytes(Protocol::Simple))
         .map_err(|e| Error::io("starting connection proxies", e))?;
     Ok(Box::new(conn))
 }

@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use rccl_algorithms::{Buf, Prim, Slice, Step};
-use rccl_transports::{Backoff, Connection, Fifo, ParkOn, WaitError};
+use rccl_transports::{Backoff, Connection, Fifo, ParkOn, Protocol, Tag, WaitError};
 
 use crate::error::{Error, Result};
 use crate::kernels::ReduceKernel;
@@ -112,6 +112,11 @@ pub struct OpWork {
     pub seq: u64,
     /// What it is, for reports ("AllReduce", "Send/Recv").
     pub name: &'static str,
+    /// What every piece of it carries; a piece with another tag belongs
+    /// to a different call, so the ranks disagree on what they run.
+    pub tag: Tag,
+    /// How its pieces travel.
+    pub protocol: Protocol,
     /// The channel's steps.
     pub steps: Vec<Step>,
     /// Buffers the primitives read and write.
@@ -373,7 +378,7 @@ impl<'a> Piece<'_, 'a> {
     /// it holds.
     fn reserve(&self, peer: usize) -> Result<std::result::Result<(*mut u8, usize), ParkOn<'a>>> {
         let link = self.link(peer)?;
-        let fifo = link.conn.send_fifo();
+        let fifo = link.conn.send_fifo(self.op.protocol);
         let park = fifo.producer_park();
         match fifo.try_reserve() {
             Some(slot) => Ok(Ok((slot, fifo.slot_bytes() / self.op.elem_size))),
@@ -391,10 +396,18 @@ impl<'a> Piece<'_, 'a> {
         remaining: usize,
     ) -> Result<std::result::Result<(*const u8, usize), ParkOn<'a>>> {
         let link = self.link(peer)?;
-        let fifo = link.conn.recv_fifo();
+        let fifo = link.conn.recv_fifo(self.op.protocol);
         let park = fifo.consumer_park();
         match fifo.try_peek() {
-            Some((slot, bytes)) => {
+            Some((slot, bytes, tag)) => {
+                if tag != self.op.tag {
+                    return Err(Error::InvalidUsage(format!(
+                        "ranks disagree on the operation: this rank called {} but {} called {}",
+                        crate::enqueue::describe_call(self.op.tag),
+                        link.peer_name,
+                        crate::enqueue::describe_call(tag)
+                    )));
+                }
                 let elem = self.op.elem_size;
                 if bytes == 0 || bytes % elem != 0 || bytes / elem > remaining {
                     return Err(Error::Remote(format!(
@@ -415,13 +428,13 @@ impl<'a> Piece<'_, 'a> {
     fn publish(&self, peer: usize, elems: usize) -> Result<()> {
         self.link(peer)?
             .conn
-            .send_fifo()
-            .publish(elems * self.op.elem_size);
+            .send_fifo(self.op.protocol)
+            .publish(elems * self.op.elem_size, self.op.tag);
         Ok(())
     }
 
     fn release(&self, peer: usize) -> Result<()> {
-        self.link(peer)?.conn.recv_fifo().release();
+        self.link(peer)?.conn.recv_fifo(self.op.protocol).release();
         Ok(())
     }
 
@@ -441,6 +454,31 @@ impl<'a> Piece<'_, 'a> {
                     // SAFETY: both slices lie inside the validated buffers.
                     unsafe {
                         self.load(src.buf, self.ptr(src, done), self.ptr(dst, done), remaining)
+                    };
+                    *moved = len;
+                }
+                Prim::ReduceCopy { src, dst } | Prim::ReduceCopyPartial { src, dst } => {
+                    // dst = src op dst. The kernel transforms its `input`
+                    // operand when that is read from the send buffer; the
+                    // op is commutative, so either slice may take that role.
+                    let (acc, input) = if dst.buf == Buf::Send && src.buf != Buf::Send {
+                        (src, dst)
+                    } else {
+                        (dst, src)
+                    };
+                    let finish = matches!(prim, Prim::ReduceCopy { .. });
+                    // SAFETY: both slices lie inside the validated buffers;
+                    // `out` equals `dst`, which is disjoint from `src` in a
+                    // verified schedule.
+                    unsafe {
+                        self.reduce(
+                            input.buf,
+                            self.ptr(acc, done),
+                            self.ptr(input, done),
+                            self.ptr(dst, done),
+                            remaining,
+                            finish,
+                        )?
                     };
                     *moved = len;
                 }
@@ -479,11 +517,13 @@ impl<'a> Piece<'_, 'a> {
                     self.release(from)?;
                     *moved += n;
                 }
-                Prim::RecvReduceCopy { from, src, dst } => {
+                Prim::RecvReduceCopy { from, src, dst }
+                | Prim::RecvReduceCopyPartial { from, src, dst } => {
                     let (slot, n) = match self.peek(from, remaining)? {
                         Ok(found) => found,
                         Err(park) => return Ok(PrimPoll::Blocked(park, from, true)),
                     };
+                    let finish = matches!(prim, Prim::RecvReduceCopy { .. });
                     // SAFETY: as for Recv; src and dst are equal or disjoint.
                     unsafe {
                         self.reduce(
@@ -492,7 +532,7 @@ impl<'a> Piece<'_, 'a> {
                             self.ptr(src, done),
                             self.ptr(dst, done),
                             n,
-                            true,
+                            finish,
                         )?
                     };
                     self.release(from)?;

@@ -19,9 +19,15 @@ pub fn test_config() -> Config {
         min_channels: 2,
         max_channels: 2,
         buffsize: TEST_BUFFSIZE,
+        ll_buffsize: TEST_LL_BUFFSIZE,
+        ll128_buffsize: TEST_LL128_BUFFSIZE,
         ..Config::default()
     }
 }
+
+/// LL and LL128 FIFO bytes in tests: slots of 256 and 960 payload bytes.
+pub const TEST_LL_BUFFSIZE: usize = 2 << 10;
+pub const TEST_LL128_BUFFSIZE: usize = 7680;
 
 /// As [`test_config`], through TCP sockets only.
 pub fn tcp_config() -> Config {
@@ -31,9 +37,10 @@ pub fn tcp_config() -> Config {
     }
 }
 
-/// The pipeline chunk the tuner uses under [`test_config`], in bytes.
+/// The largest pipeline chunk the tuner uses under [`test_config`] (that
+/// of the Simple protocol), in bytes.
 pub fn chunk_bytes() -> usize {
-    rccl::tuning::chunk_bytes(&test_config())
+    rccl::tuning::chunk_bytes(&test_config(), rccl_transports::Protocol::Simple)
 }
 
 /// Every reduction op the suite runs, PreMulSum with the scalar 2.

@@ -1,20 +1,35 @@
-//! The slot FIFO every connection is made of.
+//! The slot FIFO every connection is made of, and the three protocols that
+//! say how a slot carries its bytes and their readiness.
 //!
-//! One producer fills slots and publishes them by advancing `tail`; one
-//! consumer reads them and frees them by advancing `head` (NCCL's Simple
-//! protocol). The header and the slots live in one block of memory that may
-//! be private heap memory (the network transport's staging buffers, read and
-//! written by a proxy thread) or a shared mapping written directly by a peer
-//! in another process.
+//! One producer fills slots; one consumer reads them and frees them by
+//! advancing `head`, which is the producer's credit. The header and the
+//! slots live in one block of memory that may be private heap memory (the
+//! network transport's staging buffers, moved by a proxy thread) or a
+//! shared mapping written directly by a peer in another process.
 //!
-//! Publication is release/acquire on `tail` and `head`; both counters double
-//! as futex words so either side can park until the other moves. A side
-//! that parks announces itself in `sleepers`, so the other side makes the
-//! wake-up system call only when someone sleeps.
+//! - **Simple**: the producer writes a piece and its [`Tag`] into the slot,
+//!   then publishes it by advancing `tail` with release ordering; the
+//!   consumer polls `tail`.
+//! - **LL** (low latency): the slot is a run of 16-byte lines, each two
+//!   8-byte words of (4 data bytes, 4-byte flag). Every word is written in
+//!   one store and carries the slot's flag for this use, so the consumer
+//!   polls the data itself: a word whose flag matches is valid, with no
+//!   separate fence or counter to read. Half the bytes are flags.
+//! - **LL128**: 128-byte lines of 120 data bytes and an 8-byte flag written
+//!   last with release ordering; the consumer polls each line's flag.
+//!
+//! LL and LL128 encode from, and decode into, a private staging buffer, so
+//! the executor sees the same "reserve, fill, publish" and "peek, read,
+//! release" for every protocol. Both counters double as futex words so
+//! either side can park until the other moves; a side that parks announces
+//! itself in `sleepers`, so the other side makes the wake-up system call
+//! only when someone sleeps.
 
 use std::alloc::{self, Layout};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::futex;
 use crate::wait::ParkOn;
@@ -39,8 +54,90 @@ struct Header {
     head: CacheLine,
     sleepers: CacheLine,
     state: CacheLine,
-    sizes: [AtomicU32; MAX_SLOTS],
 }
+
+/// How a slot carries its bytes and their readiness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// 8-byte words of 4 data bytes and a 4-byte flag.
+    Ll,
+    /// 128-byte lines of 120 data bytes and an 8-byte flag.
+    Ll128,
+    /// Whole pieces published by a tail counter.
+    Simple,
+}
+
+impl Protocol {
+    /// Every protocol, in NCCL's order.
+    pub const ALL: [Protocol; 3] = [Protocol::Ll, Protocol::Ll128, Protocol::Simple];
+
+    /// NCCL's name (`LL`, `LL128`, `Simple`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Ll => "LL",
+            Protocol::Ll128 => "LL128",
+            Protocol::Simple => "Simple",
+        }
+    }
+
+    /// Bytes of FIFO memory one slot of `slot_bytes` payload takes.
+    fn slot_stride(self, slot_bytes: usize) -> usize {
+        let raw = match self {
+            Protocol::Simple => SIMPLE_META + slot_bytes,
+            Protocol::Ll => (LL_HEADER_WORDS + slot_bytes.div_ceil(4)) * 8,
+            Protocol::Ll128 => (1 + slot_bytes.div_ceil(LL128_DATA)) * LL128_LINE,
+        };
+        round_up(raw, 64)
+    }
+}
+
+/// The slots of a connection's FIFOs: how many, and each protocol's
+/// payload per slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FifoShape {
+    /// Slots per FIFO.
+    pub nslots: usize,
+    /// Payload bytes per slot, indexed like [`Protocol::ALL`].
+    pub slot_bytes: [usize; 3],
+}
+
+impl FifoShape {
+    /// Payload bytes per slot for `proto`.
+    pub fn slot_bytes(&self, proto: Protocol) -> usize {
+        self.slot_bytes[proto.index()]
+    }
+}
+
+impl Protocol {
+    /// Position in [`Protocol::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            Protocol::Ll => 0,
+            Protocol::Ll128 => 1,
+            Protocol::Simple => 2,
+        }
+    }
+}
+
+/// What a piece says about the call it belongs to, so that a receiver can
+/// tell a piece of a different call from one of its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Tag {
+    /// The call's sequence number (low bits).
+    pub seq: u32,
+    /// The call's kind, datatype, op and root, packed by the engine.
+    pub call: u32,
+    /// The call's count (low bits).
+    pub count: u32,
+}
+
+/// Bytes in front of a Simple slot's payload: its length and tag.
+const SIMPLE_META: usize = 64;
+/// LL words in front of a slot's payload: length, seq, call, count.
+const LL_HEADER_WORDS: usize = 4;
+/// Bytes of an LL128 line, and the data bytes it carries.
+const LL128_LINE: usize = 128;
+const LL128_DATA: usize = 120;
 
 /// Memory that holds one FIFO: its header, then its slots.
 pub trait FifoMemory: Send + Sync {
@@ -96,9 +193,12 @@ impl FifoMemory for HeapMemory {
     }
 }
 
-/// Bytes a FIFO of `nslots` slots of `slot_bytes` each needs.
-pub fn fifo_bytes(nslots: usize, slot_bytes: usize) -> usize {
-    header_bytes() + nslots * round_up(slot_bytes, ALIGN)
+/// Bytes a FIFO of `nslots` slots of `slot_bytes` payload each needs.
+pub fn fifo_bytes(proto: Protocol, nslots: usize, slot_bytes: usize) -> usize {
+    round_up(
+        header_bytes() + nslots * proto.slot_stride(slot_bytes),
+        ALIGN,
+    )
 }
 
 fn header_bytes() -> usize {
@@ -109,18 +209,50 @@ fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to
 }
 
-/// A handle on a FIFO; the producer and the consumer each hold one.
-#[derive(Clone)]
+/// A private buffer the LL protocols encode from or decode into.
+struct Staging {
+    words: Box<[u64]>,
+    /// For the consumer: the `head` whose slot the buffer holds decoded,
+    /// so a piece peeked twice is decoded once.
+    decoded: Option<(u32, usize, Tag)>,
+}
+
+impl Staging {
+    fn new(bytes: usize) -> Mutex<Staging> {
+        Mutex::new(Staging {
+            words: vec![0u64; bytes.div_ceil(8)].into_boxed_slice(),
+            decoded: None,
+        })
+    }
+}
+
+/// A handle on a FIFO; the producer and the consumer each hold one (or
+/// clones of one). Each handle has its own staging buffers.
 pub struct Fifo {
     mem: Arc<dyn FifoMemory>,
+    proto: Protocol,
     nslots: u32,
     slot_bytes: usize,
     slot_stride: usize,
+    produce: Mutex<Staging>,
+    consume: Mutex<Staging>,
+}
+
+impl Clone for Fifo {
+    fn clone(&self) -> Fifo {
+        Fifo::in_memory(
+            self.mem.clone(),
+            self.proto,
+            self.nslots as usize,
+            self.slot_bytes,
+        )
+    }
 }
 
 impl std::fmt::Debug for Fifo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fifo")
+            .field("proto", &self.proto)
             .field("nslots", &self.nslots)
             .field("slot_bytes", &self.slot_bytes)
             .finish()
@@ -129,27 +261,48 @@ impl std::fmt::Debug for Fifo {
 
 impl Fifo {
     /// A FIFO in private heap memory.
-    pub fn on_heap(nslots: usize, slot_bytes: usize) -> Fifo {
-        let mem = Arc::new(HeapMemory::new(fifo_bytes(nslots, slot_bytes)));
-        Fifo::in_memory(mem, nslots, slot_bytes)
+    pub fn on_heap(proto: Protocol, nslots: usize, slot_bytes: usize) -> Fifo {
+        let mem = Arc::new(HeapMemory::new(fifo_bytes(proto, nslots, slot_bytes)));
+        Fifo::in_memory(mem, proto, nslots, slot_bytes)
     }
 
     /// A FIFO laid out in `mem`, which must be zeroed when first used and at
     /// least [`fifo_bytes`] long.
-    pub fn in_memory(mem: Arc<dyn FifoMemory>, nslots: usize, slot_bytes: usize) -> Fifo {
+    pub fn in_memory(
+        mem: Arc<dyn FifoMemory>,
+        proto: Protocol,
+        nslots: usize,
+        slot_bytes: usize,
+    ) -> Fifo {
         assert!((1..=MAX_SLOTS).contains(&nslots), "FIFO slot count");
-        assert!(slot_bytes > 0, "FIFO slot size");
         assert!(
-            mem.len() >= fifo_bytes(nslots, slot_bytes),
+            slot_bytes > 0 && slot_bytes.is_multiple_of(8),
+            "FIFO slot size"
+        );
+        assert!(
+            mem.len() >= fifo_bytes(proto, nslots, slot_bytes),
             "FIFO memory too small"
         );
         assert_eq!(mem.base() as usize % ALIGN, 0, "FIFO memory alignment");
+        let staging = if proto == Protocol::Simple {
+            0
+        } else {
+            slot_bytes
+        };
         Fifo {
             mem,
+            proto,
             nslots: nslots as u32,
             slot_bytes,
-            slot_stride: round_up(slot_bytes, ALIGN),
+            slot_stride: proto.slot_stride(slot_bytes),
+            produce: Staging::new(staging),
+            consume: Staging::new(staging),
         }
+    }
+
+    /// The protocol of this FIFO.
+    pub fn protocol(&self) -> Protocol {
+        self.proto
     }
 
     fn header(&self) -> &Header {
@@ -198,24 +351,47 @@ impl Fifo {
 
     // ---- producer side ----
 
-    /// The next free slot, if the consumer has left one.
+    /// Where the next piece is to be written, if the consumer has left a
+    /// slot free: the slot's payload (Simple) or the staging buffer.
     pub fn try_reserve(&self) -> Option<*mut u8> {
         let header = self.header();
         let tail = header.tail.0.load(Ordering::Relaxed);
         let head = header.head.0.load(Ordering::Acquire);
-        if tail.wrapping_sub(head) < self.nslots {
-            Some(self.slot_ptr(tail))
-        } else {
-            None
+        if tail.wrapping_sub(head) >= self.nslots {
+            return None;
         }
+        Some(match self.proto {
+            Protocol::Simple => self.slot_ptr(tail).wrapping_add(SIMPLE_META),
+            Protocol::Ll | Protocol::Ll128 => self.produce.lock().words.as_mut_ptr().cast(),
+        })
     }
 
-    /// Publishes the reserved slot holding `len` bytes.
-    pub fn publish(&self, len: usize) {
+    /// Publishes the reserved piece of `len` bytes, tagged with `tag`.
+    pub fn publish(&self, len: usize, tag: Tag) {
         debug_assert!(len <= self.slot_bytes);
         let header = self.header();
         let tail = header.tail.0.load(Ordering::Relaxed);
-        header.sizes[(tail % self.nslots) as usize].store(len as u32, Ordering::Relaxed);
+        let slot = self.slot_ptr(tail);
+        let meta = [len as u32, tag.seq, tag.call, tag.count];
+        match self.proto {
+            Protocol::Simple => {
+                // SAFETY: the slot starts with SIMPLE_META >= 16 bytes that
+                // only the producer writes until the tail moves past it.
+                unsafe { std::ptr::copy_nonoverlapping(meta.as_ptr(), slot.cast::<u32>(), 4) };
+            }
+            Protocol::Ll => {
+                let staging = self.produce.lock();
+                // SAFETY: the slot holds LL_HEADER_WORDS + slot_bytes/4
+                // words, 64-byte aligned, owned by the producer until
+                // published; the staging buffer holds slot_bytes.
+                unsafe { ll_encode(slot, &meta, &staging.words, len, tail.wrapping_add(1)) };
+            }
+            Protocol::Ll128 => {
+                let staging = self.produce.lock();
+                // SAFETY: as for LL, with 1 + slot_bytes/120 lines.
+                unsafe { ll128_encode(slot, &meta, &staging.words, len, tail.wrapping_add(1)) };
+            }
+        }
         header.tail.0.store(tail.wrapping_add(1), Ordering::SeqCst);
         if header.sleepers.0.load(Ordering::SeqCst) != 0 {
             futex::wake_all(&header.tail.0);
@@ -234,16 +410,55 @@ impl Fifo {
 
     // ---- consumer side ----
 
-    /// The oldest published slot and its length, if any.
-    pub fn try_peek(&self) -> Option<(*const u8, usize)> {
+    /// The oldest published piece: where its bytes are, how many, and its
+    /// tag.
+    pub fn try_peek(&self) -> Option<(*const u8, usize, Tag)> {
         let header = self.header();
         let head = header.head.0.load(Ordering::Relaxed);
-        let tail = header.tail.0.load(Ordering::Acquire);
-        if tail != head {
-            let len = header.sizes[(head % self.nslots) as usize].load(Ordering::Relaxed) as usize;
-            Some((self.slot_ptr(head) as *const u8, len.min(self.slot_bytes)))
-        } else {
-            None
+        let slot = self.slot_ptr(head);
+        let flag = head.wrapping_add(1);
+        let tag_of = |meta: [u32; 4]| Tag {
+            seq: meta[1],
+            call: meta[2],
+            count: meta[3],
+        };
+        match self.proto {
+            Protocol::Simple => {
+                if header.tail.0.load(Ordering::Acquire) == head {
+                    return None;
+                }
+                let mut meta = [0u32; 4];
+                // SAFETY: the tail passed this slot, so its meta and payload
+                // are published and stay put until `release`.
+                unsafe { std::ptr::copy_nonoverlapping(slot.cast::<u32>(), meta.as_mut_ptr(), 4) };
+                let len = (meta[0] as usize).min(self.slot_bytes);
+                Some((
+                    slot.wrapping_add(SIMPLE_META) as *const u8,
+                    len,
+                    tag_of(meta),
+                ))
+            }
+            Protocol::Ll | Protocol::Ll128 => {
+                let mut staging = self.consume.lock();
+                if let Some((at, len, tag)) = staging.decoded {
+                    if at == head {
+                        return Some((staging.words.as_ptr().cast(), len, tag));
+                    }
+                }
+                let cap = self.slot_bytes;
+                // SAFETY: the slot lies inside the FIFO memory with the
+                // protocol's stride; decoding only reads it and writes the
+                // staging buffer of slot_bytes.
+                let meta = unsafe {
+                    match self.proto {
+                        Protocol::Ll => ll_decode(slot, &mut staging.words, cap, flag),
+                        _ => ll128_decode(slot, &mut staging.words, cap, flag),
+                    }
+                }?;
+                let len = (meta[0] as usize).min(cap);
+                staging.decoded = Some((head, len, tag_of(meta)));
+                Some((staging.words.as_ptr().cast(), len, tag_of(meta)))
+            }
         }
     }
 
@@ -274,6 +489,128 @@ impl Fifo {
     }
 }
 
+/// Writes an LL slot: the header words (length, seq, call, count), then
+/// `len` payload bytes from `data`, four per word, every word paired with
+/// `flag` and stored whole. The first header word goes last, with release
+/// ordering, so a consumer that sees it sees a complete slot.
+///
+/// # Safety
+/// `slot` is 8-byte aligned and holds `LL_HEADER_WORDS + len/4` words
+/// owned by the producer; `data` holds at least `len` bytes.
+unsafe fn ll_encode(slot: *mut u8, meta: &[u32; 4], data: &[u64], len: usize, flag: u32) {
+    let words = slot.cast::<AtomicU64>();
+    let pair = |value: u32| u64::from(value) | (u64::from(flag) << 32);
+    let bytes: &[u8] = bytemuck::cast_slice::<u64, u8>(data);
+    for (i, chunk) in bytes[..len].chunks(4).enumerate() {
+        let mut value = [0u8; 4];
+        value[..chunk.len()].copy_from_slice(chunk);
+        // SAFETY: word LL_HEADER_WORDS + i is inside the slot (caller).
+        unsafe { &*words.add(LL_HEADER_WORDS + i) }
+            .store(pair(u32::from_le_bytes(value)), Ordering::Relaxed);
+    }
+    for (i, &value) in meta.iter().enumerate().skip(1) {
+        // SAFETY: header words are inside the slot.
+        unsafe { &*words.add(i) }.store(pair(value), Ordering::Relaxed);
+    }
+    // SAFETY: as above.
+    unsafe { &*words }.store(pair(meta[0]), Ordering::Release);
+}
+
+/// Reads an LL slot written with `flag` into `out`; `None` while any word
+/// of it does not carry the flag yet.
+///
+/// # Safety
+/// `slot` is 8-byte aligned and holds `LL_HEADER_WORDS + cap/4` words.
+unsafe fn ll_decode(slot: *const u8, out: &mut [u64], cap: usize, flag: u32) -> Option<[u32; 4]> {
+    let words = slot.cast::<AtomicU64>();
+    let read = |i: usize| -> Option<u32> {
+        // SAFETY: callers only pass indexes inside the slot.
+        let word = unsafe { &*words.add(i) }.load(Ordering::Acquire);
+        ((word >> 32) as u32 == flag).then_some(word as u32)
+    };
+    let mut meta = [0u32; 4];
+    for (i, value) in meta.iter_mut().enumerate() {
+        *value = read(i)?;
+    }
+    let len = (meta[0] as usize).min(cap);
+    let bytes = bytemuck::cast_slice_mut::<u64, u8>(out);
+    for i in 0..len.div_ceil(4) {
+        let value = read(LL_HEADER_WORDS + i)?.to_le_bytes();
+        let end = (i * 4 + 4).min(len);
+        bytes[i * 4..end].copy_from_slice(&value[..end - i * 4]);
+    }
+    Some(meta)
+}
+
+/// Writes an LL128 slot: a header line (length, seq, call, count), then
+/// `len` payload bytes, 120 per line; each line's flag word is stored
+/// last, with release ordering.
+///
+/// # Safety
+/// `slot` is 64-byte aligned and holds `1 + len/120` lines of 128 bytes
+/// owned by the producer; `data` holds at least `len` bytes.
+unsafe fn ll128_encode(slot: *mut u8, meta: &[u32; 4], data: &[u64], len: usize, flag: u32) {
+    let flag_of = |line: usize| {
+        // SAFETY: the flag word of a line inside the slot (caller).
+        unsafe { &*(slot.add(line * LL128_LINE + LL128_DATA) as *const AtomicU64) }
+    };
+    let bytes = bytemuck::cast_slice::<u64, u8>(data);
+    for (i, chunk) in bytes[..len].chunks(LL128_DATA).enumerate() {
+        // SAFETY: line 1 + i is inside the slot; the producer owns it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                chunk.as_ptr(),
+                slot.add((1 + i) * LL128_LINE),
+                chunk.len(),
+            )
+        };
+        flag_of(1 + i).store(u64::from(flag), Ordering::Release);
+    }
+    // SAFETY: the header line is inside the slot.
+    unsafe { std::ptr::copy_nonoverlapping(meta.as_ptr(), slot.cast::<u32>(), 4) };
+    flag_of(0).store(u64::from(flag), Ordering::Release);
+}
+
+/// Reads an LL128 slot written with `flag` into `out`; `None` while any
+/// line of it does not carry the flag yet.
+///
+/// # Safety
+/// `slot` is 64-byte aligned and holds `1 + cap/120` lines.
+unsafe fn ll128_decode(
+    slot: *const u8,
+    out: &mut [u64],
+    cap: usize,
+    flag: u32,
+) -> Option<[u32; 4]> {
+    let ready = |line: usize| {
+        // SAFETY: the flag word of a line inside the slot (caller).
+        let word = unsafe { &*(slot.add(line * LL128_LINE + LL128_DATA) as *const AtomicU64) };
+        word.load(Ordering::Acquire) == u64::from(flag)
+    };
+    if !ready(0) {
+        return None;
+    }
+    let mut meta = [0u32; 4];
+    // SAFETY: the header line's flag matched, so its bytes are published.
+    unsafe { std::ptr::copy_nonoverlapping(slot.cast::<u32>(), meta.as_mut_ptr(), 4) };
+    let len = (meta[0] as usize).min(cap);
+    let bytes = bytemuck::cast_slice_mut::<u64, u8>(out);
+    for (i, chunk) in bytes[..len].chunks_mut(LL128_DATA).enumerate() {
+        if !ready(1 + i) {
+            return None;
+        }
+        // SAFETY: this line's flag matched, so its data is published.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                slot.add((1 + i) * LL128_LINE),
+                chunk.as_mut_ptr(),
+                chunk.len(),
+            )
+        };
+    }
+    Some(meta)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,63 +619,95 @@ mod tests {
 
     use crate::wait::Backoff;
 
+    fn tag(i: u32) -> Tag {
+        Tag {
+            seq: i,
+            call: i ^ 0x55,
+            count: i * 3,
+        }
+    }
+
+    /// Pieces of every length from 0 to 300 bytes cross between two
+    /// threads in order, with their tags, for every protocol.
     #[test]
-    fn slots_flow_in_order_between_threads() {
-        let fifo = Fifo::on_heap(4, 64);
-        let consumer = fifo.clone();
-        let abort = AtomicBool::new(false);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        std::thread::scope(|s| {
-            s.spawn(|| {
+    fn pieces_flow_in_order_between_threads_for_every_protocol() {
+        for proto in Protocol::ALL {
+            let fifo = Fifo::on_heap(proto, 4, 304);
+            let consumer = fifo.clone();
+            let abort = AtomicBool::new(false);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let piece = |i: u32| -> Vec<u8> { (0..i % 301).map(|b| (b * 7 + i) as u8).collect() };
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let mut backoff = Backoff::new();
+                    for i in 0..2000u32 {
+                        let slot = loop {
+                            match fifo.try_reserve() {
+                                Some(slot) => break slot,
+                                None => backoff
+                                    .snooze(Some(fifo.producer_park()), deadline, &abort)
+                                    .unwrap(),
+                            }
+                        };
+                        let bytes = piece(i);
+                        // SAFETY: the slot holds 304 bytes.
+                        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot, bytes.len()) };
+                        fifo.publish(bytes.len(), tag(i));
+                    }
+                });
                 let mut backoff = Backoff::new();
-                for i in 0..1000u32 {
-                    let slot = loop {
-                        match fifo.try_reserve() {
-                            Some(slot) => break slot,
+                for i in 0..2000u32 {
+                    let (slot, len, got) = loop {
+                        match consumer.try_peek() {
+                            Some(found) => break found,
                             None => backoff
-                                .snooze(Some(fifo.producer_park()), deadline, &abort)
+                                .snooze(Some(consumer.consumer_park()), deadline, &abort)
                                 .unwrap(),
                         }
                     };
-                    // SAFETY: the slot is 64 bytes and reserved for us.
-                    unsafe { slot.cast::<u32>().write(i) };
-                    fifo.publish(4);
+                    assert_eq!(got, tag(i), "{proto:?}");
+                    // SAFETY: the piece was published with `len` bytes.
+                    let bytes = unsafe { std::slice::from_raw_parts(slot, len) };
+                    assert_eq!(bytes, piece(i).as_slice(), "{proto:?} piece {i}");
+                    consumer.release();
                 }
             });
-            let mut backoff = Backoff::new();
-            for i in 0..1000u32 {
-                let (slot, len) = loop {
-                    match consumer.try_peek() {
-                        Some(found) => break found,
-                        None => backoff
-                            .snooze(Some(consumer.consumer_park()), deadline, &abort)
-                            .unwrap(),
-                    }
-                };
-                assert_eq!(len, 4);
-                // SAFETY: the slot was published with 4 bytes.
-                assert_eq!(unsafe { slot.cast::<u32>().read() }, i);
-                consumer.release();
-            }
-        });
-        assert!(fifo.is_drained());
+            assert!(fifo.is_drained());
+        }
     }
 
     #[test]
     fn full_fifo_refuses_reservation_until_release() {
-        let fifo = Fifo::on_heap(2, 8);
-        for _ in 0..2 {
+        for proto in Protocol::ALL {
+            let fifo = Fifo::on_heap(proto, 2, 8);
+            for i in 0..2 {
+                assert!(fifo.try_reserve().is_some());
+                fifo.publish(8, tag(i));
+            }
+            assert!(fifo.try_reserve().is_none());
+            assert!(fifo.try_peek().is_some());
+            fifo.release();
             assert!(fifo.try_reserve().is_some());
-            fifo.publish(8);
         }
-        assert!(fifo.try_reserve().is_none());
-        fifo.release();
-        assert!(fifo.try_reserve().is_some());
+    }
+
+    #[test]
+    fn an_unpublished_ll_slot_is_not_seen() {
+        for proto in [Protocol::Ll, Protocol::Ll128] {
+            let fifo = Fifo::on_heap(proto, 2, 64);
+            assert!(fifo.try_peek().is_none());
+            fifo.try_reserve().unwrap();
+            fifo.publish(64, tag(1));
+            fifo.try_peek().unwrap();
+            fifo.release();
+            // The slot after it still holds zeros: flag 0 never matches.
+            assert!(fifo.try_peek().is_none());
+        }
     }
 
     #[test]
     fn failure_is_seen_by_both_handles() {
-        let fifo = Fifo::on_heap(2, 8);
+        let fifo = Fifo::on_heap(Protocol::Simple, 2, 8);
         let other = fifo.clone();
         assert!(!other.failed());
         fifo.fail();

@@ -14,15 +14,16 @@ pub mod socket;
 pub mod tcp;
 pub mod wait;
 
-pub use fifo::Fifo;
+pub use fifo::{Fifo, FifoShape, Protocol, Tag};
 pub use wait::{Backoff, ParkOn, WaitError};
 
-/// A connection to one peer as the executor sees it: a FIFO each way.
+/// A connection to one peer as the executor sees it: a FIFO each way for
+/// each protocol (a transport may carry every protocol in one FIFO).
 pub trait Connection: Send + Sync {
-    /// The FIFO this rank fills towards the peer.
-    fn send_fifo(&self) -> &Fifo;
-    /// The FIFO this rank drains from the peer.
-    fn recv_fifo(&self) -> &Fifo;
+    /// The FIFO this rank fills towards the peer with `proto`.
+    fn send_fifo(&self, proto: Protocol) -> &Fifo;
+    /// The FIFO this rank drains from the peer with `proto`.
+    fn recv_fifo(&self, proto: Protocol) -> &Fifo;
     /// Why the connection failed, once it has.
     fn failure(&self) -> Option<String>;
     /// The transport's name for logs (`NET/Socket`, `SHM`).
@@ -30,10 +31,10 @@ pub trait Connection: Send + Sync {
 }
 
 impl Connection for tcp::TcpConnection {
-    fn send_fifo(&self) -> &Fifo {
+    fn send_fifo(&self, _proto: Protocol) -> &Fifo {
         tcp::TcpConnection::send_fifo(self)
     }
-    fn recv_fifo(&self) -> &Fifo {
+    fn recv_fifo(&self, _proto: Protocol) -> &Fifo {
         tcp::TcpConnection::recv_fifo(self)
     }
     fn failure(&self) -> Option<String> {

@@ -12,7 +12,7 @@ use std::ffi::CString;
 use std::io;
 use std::sync::Arc;
 
-use crate::fifo::{fifo_bytes, Fifo, FifoMemory};
+use crate::fifo::{fifo_bytes, Fifo, FifoMemory, FifoShape, Protocol};
 use crate::socket::fill_random;
 use crate::Connection;
 
@@ -172,58 +172,65 @@ impl FifoMemory for Window {
     }
 }
 
-/// Bytes of a segment holding both FIFOs of a connection.
-pub fn segment_bytes(nslots: usize, slot_bytes: usize) -> usize {
-    2 * fifo_bytes(nslots, slot_bytes)
+/// Bytes of a segment holding a connection's FIFOs: one per protocol and
+/// direction.
+pub fn segment_bytes(shape: &FifoShape) -> usize {
+    2 * Protocol::ALL
+        .iter()
+        .map(|&p| fifo_bytes(p, shape.nslots, shape.slot_bytes(p)))
+        .sum::<usize>()
 }
 
 /// A connection whose FIFOs live in a shared segment.
 pub struct ShmConnection {
-    send: Fifo,
-    recv: Fifo,
+    /// Per protocol (indexed like `Protocol::ALL`), the FIFO each way.
+    send: Vec<Fifo>,
+    recv: Vec<Fifo>,
 }
 
 impl ShmConnection {
-    /// The connection over `segment`: the creator sends through the first
-    /// FIFO and receives through the second; the other side the reverse.
-    pub fn new(
-        segment: ShmSegment,
-        creator: bool,
-        nslots: usize,
-        slot_bytes: usize,
-    ) -> ShmConnection {
-        let one = fifo_bytes(nslots, slot_bytes);
-        assert!(segment.len >= 2 * one, "segment too small for its FIFOs");
+    /// The connection over `segment`: per protocol, the creator sends
+    /// through the first FIFO and receives through the second; the other
+    /// side the reverse.
+    pub fn new(segment: ShmSegment, creator: bool, shape: &FifoShape) -> ShmConnection {
+        assert!(
+            segment.len >= segment_bytes(shape),
+            "segment too small for its FIFOs"
+        );
         let segment = Arc::new(segment);
-        let fifo = |index: usize| {
-            let window = Window {
-                segment: segment.clone(),
-                offset: index * one,
-                len: one,
+        let (mut send, mut recv) = (Vec::new(), Vec::new());
+        let mut offset = 0;
+        for proto in Protocol::ALL {
+            let slot_bytes = shape.slot_bytes(proto);
+            let one = fifo_bytes(proto, shape.nslots, slot_bytes);
+            let mut fifo = || {
+                let window = Window {
+                    segment: segment.clone(),
+                    offset,
+                    len: one,
+                };
+                offset += one;
+                Fifo::in_memory(Arc::new(window), proto, shape.nslots, slot_bytes)
             };
-            Fifo::in_memory(Arc::new(window), nslots, slot_bytes)
-        };
-        let (first, second) = (fifo(0), fifo(1));
-        if creator {
-            ShmConnection {
-                send: first,
-                recv: second,
-            }
-        } else {
-            ShmConnection {
-                send: second,
-                recv: first,
-            }
+            let (first, second) = (fifo(), fifo());
+            let (out, inbound) = if creator {
+                (first, second)
+            } else {
+                (second, first)
+            };
+            send.push(out);
+            recv.push(inbound);
         }
+        ShmConnection { send, recv }
     }
 }
 
 impl Connection for ShmConnection {
-    fn send_fifo(&self) -> &Fifo {
-        &self.send
+    fn send_fifo(&self, proto: Protocol) -> &Fifo {
+        &self.send[proto.index()]
     }
-    fn recv_fifo(&self) -> &Fifo {
-        &self.recv
+    fn recv_fifo(&self, proto: Protocol) -> &Fifo {
+        &self.recv[proto.index()]
     }
     fn failure(&self) -> Option<String> {
         None
@@ -236,8 +243,9 @@ impl Connection for ShmConnection {
 impl Drop for ShmConnection {
     fn drop(&mut self) {
         // Tell a peer still waiting on this connection that it is gone.
-        self.send.fail();
-        self.recv.fail();
+        for fifo in self.send.iter().chain(&self.recv) {
+            fifo.fail();
+        }
     }
 }
 
@@ -245,9 +253,14 @@ impl Drop for ShmConnection {
 mod tests {
     use super::*;
 
+    const SHAPE: FifoShape = FifoShape {
+        nslots: 4,
+        slot_bytes: [256, 256, 256],
+    };
+
     #[test]
     fn both_sides_see_each_others_slots_and_the_name_goes_away() {
-        let len = segment_bytes(4, 256);
+        let len = segment_bytes(&SHAPE);
         let created = ShmSegment::create(len).unwrap();
         let name = created.name().to_string();
         let mode = std::fs::metadata(format!("/dev/shm{name}")).map(|m| {
@@ -255,20 +268,22 @@ mod tests {
             m.permissions().mode() & 0o777
         });
         assert_eq!(mode.unwrap(), 0o600);
-        let a = ShmConnection::new(created, true, 4, 256);
+        let a = ShmConnection::new(created, true, &SHAPE);
         let opened = ShmSegment::open(&name, len).unwrap();
         opened.unlink().unwrap();
         assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
-        let b = ShmConnection::new(opened, false, 4, 256);
-        let slot = a.send_fifo().try_reserve().unwrap();
-        // SAFETY: the slot holds 256 bytes.
-        unsafe { slot.write(42) };
-        a.send_fifo().publish(1);
-        let (got, len) = b.recv_fifo().try_peek().unwrap();
-        // SAFETY: published with one byte.
-        assert_eq!((unsafe { got.read() }, len), (42, 1));
-        b.recv_fifo().release();
-        assert!(b.send_fifo().try_reserve().is_some());
+        let b = ShmConnection::new(opened, false, &SHAPE);
+        for proto in Protocol::ALL {
+            let slot = a.send_fifo(proto).try_reserve().unwrap();
+            // SAFETY: the slot holds 256 bytes.
+            unsafe { slot.write(42) };
+            a.send_fifo(proto).publish(1, Default::default());
+            let (got, len, _) = b.recv_fifo(proto).try_peek().unwrap();
+            // SAFETY: published with one byte.
+            assert_eq!((unsafe { got.read() }, len), (42, 1));
+            b.recv_fifo(proto).release();
+            assert!(b.send_fifo(proto).try_reserve().is_some());
+        }
     }
 
     #[test]

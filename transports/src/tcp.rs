@@ -3,8 +3,8 @@
 //! and the wire.
 //!
 //! The executor sees only FIFOs. It fills `send` slots; the send proxy writes
-//! each published slot as one frame (a 4-byte little-endian length, then the
-//! bytes) and frees it. The receive proxy reads frames straight into free
+//! each published slot as one frame (a 16-byte header of length and tag,
+//! little-endian, then the bytes) and frees it. The receive proxy reads frames straight into free
 //! `recv` slots and publishes them. Any socket error, end of stream or
 //! malformed frame fails both FIFOs, so a waiting executor returns an error
 //! instead of hanging, and the reason is kept for its message.
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::fifo::Fifo;
+use crate::fifo::{Fifo, Protocol, Tag};
 use crate::wait::Backoff;
 
 /// How long an idle proxy parks before re-checking its stop flag; it is
@@ -45,11 +45,13 @@ impl std::fmt::Debug for TcpConnection {
 
 impl TcpConnection {
     /// Starts the proxies on an established, authenticated stream, with
-    /// FIFOs of `nslots` slots of `slot_bytes` each way.
+    /// FIFOs of `nslots` slots of `slot_bytes` each way. Every protocol
+    /// travels as Simple pieces: on a socket the frame header already says
+    /// how long a piece is and when it is complete.
     pub fn start(stream: TcpStream, nslots: usize, slot_bytes: usize) -> io::Result<TcpConnection> {
         stream.set_nodelay(true)?;
-        let send = Fifo::on_heap(nslots, slot_bytes);
-        let recv = Fifo::on_heap(nslots, slot_bytes);
+        let send = Fifo::on_heap(Protocol::Simple, nslots, slot_bytes);
+        let recv = Fifo::on_heap(Protocol::Simple, nslots, slot_bytes);
         let stop = Arc::new(AtomicBool::new(false));
         let failure = Arc::new(Mutex::new(None));
         let peer = stream.peer_addr()?;
@@ -184,8 +186,8 @@ fn wait_fifo<T>(
 
 fn send_proxy(fifo: &Fifo, mut stream: TcpStream, stop: &AtomicBool) -> io::Result<()> {
     loop {
-        let (slot, len) = wait_fifo(fifo, stop, false, || fifo.try_peek())?;
-        let header = (len as u32).to_le_bytes();
+        let (slot, len, tag) = wait_fifo(fifo, stop, false, || fifo.try_peek())?;
+        let header = encode_frame_header(len, tag);
         // SAFETY: the slot was published with `len` bytes and stays ours
         // until `release`.
         let body = unsafe { std::slice::from_raw_parts(slot, len) };
@@ -208,15 +210,41 @@ fn write_all_vectored(stream: &mut TcpStream, header: &[u8], body: &[u8]) -> io:
     Ok(())
 }
 
+/// Bytes of a frame header: length, then the tag's seq, call and count.
+const FRAME_HEADER: usize = 16;
+
+fn encode_frame_header(len: usize, tag: Tag) -> [u8; FRAME_HEADER] {
+    let mut header = [0u8; FRAME_HEADER];
+    for (i, word) in [len as u32, tag.seq, tag.call, tag.count]
+        .iter()
+        .enumerate()
+    {
+        header[i * 4..i * 4 + 4].copy_from_slice(&word.to_le_bytes());
+    }
+    header
+}
+
+fn decode_frame_header(header: &[u8; FRAME_HEADER]) -> (usize, Tag) {
+    let word = |i: usize| u32::from_le_bytes(header[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
+    (
+        word(0) as usize,
+        Tag {
+            seq: word(1),
+            call: word(2),
+            count: word(3),
+        },
+    )
+}
+
 fn recv_proxy(fifo: &Fifo, mut stream: TcpStream, stop: &AtomicBool) -> io::Result<()> {
     loop {
-        let mut header = [0u8; 4];
+        let mut header = [0u8; FRAME_HEADER];
         match stream.read_exact(&mut header) {
             Ok(()) => {}
             Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(err) => return Err(err),
         }
-        let len = u32::from_le_bytes(header) as usize;
+        let (len, tag) = decode_frame_header(&header);
         if len > fifo.slot_bytes() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -231,7 +259,7 @@ fn recv_proxy(fifo: &Fifo, mut stream: TcpStream, stop: &AtomicBool) -> io::Resu
         // ours until `publish`.
         let body = unsafe { std::slice::from_raw_parts_mut(slot, len) };
         stream.read_exact(body)?;
-        fifo.publish(len);
+        fifo.publish(len, tag);
     }
 }
 
@@ -269,12 +297,21 @@ mod tests {
                         std::ptr::write_bytes(slot, i as u8, len);
                         slot.cast::<u32>().write_unaligned(i);
                     }
-                    fifo.publish(len);
+                    fifo.publish(
+                        len,
+                        Tag {
+                            seq: i,
+                            call: 0,
+                            count: 0,
+                        },
+                    );
                 }
             });
             for i in 0..200u32 {
                 let fifo = b.recv_fifo();
-                let (slot, len) = wait_until(|| fifo.try_peek(), None, deadline, &abort).unwrap();
+                let (slot, len, tag) =
+                    wait_until(|| fifo.try_peek(), None, deadline, &abort).unwrap();
+                assert_eq!(tag.seq, i);
                 assert_eq!(len, (i as usize % 1000) + 4);
                 // SAFETY: the slot was published with `len` >= 4 bytes.
                 assert_eq!(unsafe { slot.cast::<u32>().read_unaligned() }, i);

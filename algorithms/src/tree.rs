@@ -1,0 +1,299 @@
+//! NCCL's double binary tree.
+//!
+//! **The trees.** Tree 0 is NCCL's binary tree over ranks (`ncclGetBtree`):
+//! rank 0 is the root with one child, the largest power of two below `n`;
+//! a rank whose lowest set bit is `b` has children `rank - b/2` and
+//! `rank + b/2` (the latter shrunk to stay below `n`). Tree 1 is tree 0
+//! mirrored (`rank -> n - 1 - rank`) when `n` is even and shifted by one
+//! (`rank -> rank + 1`) when `n` is odd (`ncclGetDtree`), so that most ranks
+//! are a leaf in one tree and interior in the other.
+//!
+//! **AllReduce.** Each channel splits its elements in two halves, one per
+//! tree. Within a tree, pipelined in chunks of at most `chunk_elems`:
+//!
+//! * *reduce up*, for each chunk: a leaf `send`s its input to its parent;
+//!   a rank with one child does `recvReduceSend` (child's partial op own
+//!   input, to the parent); a rank with two children first accumulates the
+//!   first child's partial with its input in its receive buffer
+//!   (`recvReduceCopyPartial`), then `recvReduceSend`s the second child's
+//!   partial with that; the root ends with `recvReduceCopy`, the final
+//!   result;
+//! * *broadcast down*, for each chunk: the root `send`s the result to its
+//!   children, interior ranks `recvCopySend` it to their first child (and
+//!   `send` it to the second), leaves `recv` it.
+//!
+//! As in NCCL's `runTreeUpDown`, the broadcast starts once a rank has sent
+//! all its chunks up. Each rank runs the phases in the order: reduce up
+//! tree 0, reduce up tree 1, broadcast down tree 0, broadcast down tree 1.
+//! A phase depends only on the same phase at other ranks and on earlier
+//! phases, so the trees overlap (a rank done with tree 0's reduction feeds
+//! tree 1's while others still work on tree 0) and cannot deadlock each
+//! other, which running both trees' primitives in shared steps could: a
+//! step ends only when both trees' primitives in it are done. The result is
+//! computed once per element, at a root, so every rank holds the same bits.
+//!
+//! **Broadcast**: one tree rooted at the call's root (tree 0 with ranks
+//! renumbered from the root), pipelined the same way: the root
+//! `copySend`s, interior ranks `recvCopySend` (and `send` to a second
+//! child), leaves `recv`.
+//!
+//! (Reduce would need a scratch area at interior ranks with two children,
+//! whose receive buffer is empty in NCCL's Reduce; ring serves it.)
+
+use crate::pieces::{chunks, Steps};
+use crate::{
+    split_even, Algorithm, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Topology,
+};
+
+/// NCCL's double binary tree for AllReduce, and a pipelined binary tree for
+/// Broadcast.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Tree;
+
+/// A rank's place in one tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    /// The parent, `None` at the root.
+    pub parent: Option<Rank>,
+    /// The children, at most two, lower rank first in tree 0.
+    pub children: Vec<Rank>,
+}
+
+/// NCCL's binary tree (`ncclGetBtree`) over `n` ranks rooted at 0: the
+/// place of `rank`.
+pub fn btree(n: usize, rank: Rank) -> Node {
+    let mut bit = 1;
+    while bit < n {
+        if bit & rank != 0 {
+            break;
+        }
+        bit <<= 1;
+    }
+    if rank == 0 {
+        let children = if n > 1 { vec![bit >> 1] } else { vec![] };
+        return Node {
+            parent: None,
+            children,
+        };
+    }
+    let mut up = (rank ^ bit) | (bit << 1);
+    if up >= n {
+        up = rank ^ bit;
+    }
+    let mut children = Vec::new();
+    let lowbit = bit >> 1;
+    if lowbit > 0 {
+        children.push(rank - lowbit);
+        let mut low = lowbit;
+        while low > 0 && rank + low >= n {
+            low >>= 1;
+        }
+        if low > 0 {
+            children.push(rank + low);
+        }
+    }
+    Node {
+        parent: Some(up),
+        children,
+    }
+}
+
+/// The place of `rank` in tree 0 and tree 1 of NCCL's double binary tree
+/// (`ncclGetDtree`).
+pub fn dtree(n: usize, rank: Rank) -> [Node; 2] {
+    let t0 = btree(n, rank);
+    let t1 = if n % 2 == 1 {
+        // Shift: virtual rank v = rank - 1.
+        renumber(n, rank, |r| (r + n - 1) % n, |v| (v + 1) % n)
+    } else {
+        // Mirror.
+        renumber(n, rank, |r| n - 1 - r, |v| n - 1 - v)
+    };
+    [t0, t1]
+}
+
+/// The binary tree over virtual ranks `to_virtual(r)`, seen from `rank`.
+fn renumber(
+    n: usize,
+    rank: Rank,
+    to_virtual: impl Fn(Rank) -> Rank,
+    to_real: impl Fn(Rank) -> Rank,
+) -> Node {
+    let v = btree(n, to_virtual(rank));
+    Node {
+        parent: v.parent.map(&to_real),
+        children: v.children.into_iter().map(&to_real).collect(),
+    }
+}
+
+impl Algorithm for Tree {
+    fn name(&self) -> &'static str {
+        "tree"
+    }
+
+    fn supports(&self, kind: CollKind) -> bool {
+        matches!(kind, CollKind::AllReduce | CollKind::Broadcast)
+    }
+
+    fn schedule(&self, spec: &CollSpec, rank: Rank, params: &Params, _topo: &Topology) -> Schedule {
+        assert!(
+            self.supports(spec.kind),
+            "tree does not implement {}",
+            spec.kind.name()
+        );
+        let nchannels = params.nchannels.max(1);
+        let chunk = params.chunk_elems.max(1);
+        let n = spec.nranks;
+        let mut schedule = Schedule::new(nchannels);
+        if spec.count == 0 {
+            return schedule;
+        }
+        if n == 1 {
+            schedule.channels[0].push(crate::Step::one(Prim::Copy {
+                src: Slice::send(0, spec.count),
+                dst: Slice::recv(0, spec.count),
+            }));
+            return schedule;
+        }
+        for (steps, (offset, len)) in schedule
+            .channels
+            .iter_mut()
+            .zip(split_even(spec.count, nchannels))
+        {
+            let mut out = Steps::default();
+            match spec.kind {
+                CollKind::AllReduce => {
+                    let trees = dtree(n, rank);
+                    let halves: Vec<(usize, usize)> = split_even(len, 2).collect();
+                    let up: Vec<Vec<Vec<Prim>>> = (0..2)
+                        .map(|t| reduce_up(&trees[t], offset + halves[t].0, halves[t].1, chunk))
+                        .collect();
+                    let down: Vec<Vec<Vec<Prim>>> = (0..2)
+                        .map(|t| {
+                            broadcast_down(&trees[t], offset + halves[t].0, halves[t].1, chunk)
+                        })
+                        .collect();
+                    // Reduce up tree 0, then tree 1, then broadcast down
+                    // each: a rank starts on a phase once it is done with
+                    // the previous one, so the trees overlap without ever
+                    // waiting on each other.
+                    for phase in [&up[0], &up[1], &down[0], &down[1]] {
+                        for step in phase {
+                            out.step(step.clone());
+                        }
+                    }
+                }
+                CollKind::Broadcast => {
+                    let node = renumber(
+                        n,
+                        rank,
+                        |r| (r + n - spec.root) % n,
+                        |v| (v + spec.root) % n,
+                    );
+                    for (o, l) in chunks(offset, len, chunk) {
+                        let (send, recv) = (Slice::send(o, l), Slice::recv(o, l));
+                        let first = node.children.first().copied();
+                        match (node.parent, first) {
+                            (None, Some(c)) => out.one(Prim::CopySend {
+                                src: send,
+                                dst: recv,
+                                to: c,
+                            }),
+                            (None, None) => out.one(Prim::Copy {
+                                src: send,
+                                dst: recv,
+                            }),
+                            (Some(p), Some(c)) => out.one(Prim::RecvCopySend {
+                                from: p,
+                                dst: recv,
+                                to: c,
+                            }),
+                            (Some(p), None) => out.one(Prim::Recv { from: p, dst: recv }),
+                        }
+                        for &c in node.children.iter().skip(1) {
+                            out.one(Prim::Send { to: c, src: recv });
+                        }
+                    }
+                }
+                _ => unreachable!(),
+            }
+            *steps = out.steps;
+        }
+        schedule
+    }
+}
+
+/// The reduce-up steps of one tree over `[offset, offset + len)`.
+fn reduce_up(node: &Node, offset: usize, len: usize, chunk: usize) -> Vec<Vec<Prim>> {
+    let mut steps = Vec::new();
+    for (o, l) in chunks(offset, len, chunk) {
+        let (send, recv) = (Slice::send(o, l), Slice::recv(o, l));
+        match (node.parent, node.children.as_slice()) {
+            (Some(p), []) => steps.push(vec![Prim::Send { to: p, src: send }]),
+            (Some(p), &[c]) => steps.push(vec![Prim::RecvReduceSend {
+                from: c,
+                src: send,
+                to: p,
+            }]),
+            (Some(p), &[c0, c1]) => {
+                steps.push(vec![Prim::RecvReduceCopyPartial {
+                    from: c0,
+                    src: send,
+                    dst: recv,
+                }]);
+                steps.push(vec![Prim::RecvReduceSend {
+                    from: c1,
+                    src: recv,
+                    to: p,
+                }]);
+            }
+            (None, &[c]) => steps.push(vec![Prim::RecvReduceCopy {
+                from: c,
+                src: send,
+                dst: recv,
+            }]),
+            (None, &[c0, c1]) => {
+                steps.push(vec![Prim::RecvReduceCopyPartial {
+                    from: c0,
+                    src: send,
+                    dst: recv,
+                }]);
+                steps.push(vec![Prim::RecvReduceCopy {
+                    from: c1,
+                    src: recv,
+                    dst: recv,
+                }]);
+            }
+            _ => unreachable!("binary trees have at most two children and n > 1"),
+        }
+    }
+    steps
+}
+
+/// The broadcast-down steps of one tree over `[offset, offset + len)`.
+fn broadcast_down(node: &Node, offset: usize, len: usize, chunk: usize) -> Vec<Vec<Prim>> {
+    let mut steps = Vec::new();
+    for (o, l) in chunks(offset, len, chunk) {
+        let recv = Slice::recv(o, l);
+        match (node.parent, node.children.as_slice()) {
+            (None, children) => steps.push(
+                children
+                    .iter()
+                    .map(|&c| Prim::Send { to: c, src: recv })
+                    .collect(),
+            ),
+            (Some(p), []) => steps.push(vec![Prim::Recv { from: p, dst: recv }]),
+            (Some(p), &[c, ref rest @ ..]) => {
+                steps.push(vec![Prim::RecvCopySend {
+                    from: p,
+                    dst: recv,
+                    to: c,
+                }]);
+                for &c in rest {
+                    steps.push(vec![Prim::Send { to: c, src: recv }]);
+                }
+            }
+        }
+    }
+    steps
+}

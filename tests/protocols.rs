@@ -1,0 +1,139 @@
+//! The correctness suite with each protocol forced (`NCCL_PROTO`) and with
+//! 1, 2 and 4 channels, for ranks as threads and as processes.
+
+mod common;
+
+use std::process::Command;
+
+use common::{all_cases, check, test_config, CaseBuffers};
+use rccl::tuning::Selection;
+use rccl::{CollKind, Communicator, Config, DataType};
+
+fn forced(proto: &str, channels: usize) -> Config {
+    Config {
+        proto: Selection::parse("NCCL_PROTO", proto).unwrap(),
+        min_channels: channels,
+        max_channels: channels,
+        ..test_config()
+    }
+}
+
+/// Runs every case on `nranks` threads; returns the failures.
+fn suite_on_threads(nranks: usize, config: Config) -> Vec<String> {
+    let comms = Communicator::init_all_config(nranks, config).unwrap();
+    let cases = all_cases(nranks, &CollKind::ALL, &DataType::ALL);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|comm| {
+                let cases = &cases;
+                s.spawn(move || {
+                    let rank = comm.rank();
+                    let mut failures = Vec::new();
+                    for case in cases {
+                        let mut bufs = CaseBuffers::new(case, nranks, rank);
+                        if let Err(err) = bufs.run(comm, case) {
+                            failures.push(format!("{case:?} on rank {rank}: {err}"));
+                            break;
+                        }
+                        if let Err(msg) = check(case, nranks, rank, bufs.output(case, nranks, rank))
+                        {
+                            failures.push(msg);
+                        }
+                    }
+                    failures
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    })
+}
+
+fn threads(proto: &str) {
+    for channels in [1, 2, 4] {
+        for nranks in [3, 4] {
+            let failures = suite_on_threads(nranks, forced(proto, channels));
+            assert!(
+                failures.is_empty(),
+                "{proto}, {channels} channels, {nranks} ranks: {} failures:\n{}",
+                failures.len(),
+                failures[..failures.len().min(5)].join("\n")
+            );
+        }
+    }
+}
+
+#[test]
+fn ll_on_threads() {
+    threads("LL");
+}
+
+#[test]
+fn ll128_on_threads() {
+    threads("LL128");
+}
+
+#[test]
+fn simple_on_threads() {
+    threads("Simple");
+}
+
+const CHILD_MARKER: &str = "RCCL_PROTOCOL_CHILD";
+
+/// One rank of `processes`; a no-op when the harness runs it directly.
+#[test]
+fn child_rank() {
+    if std::env::var_os(CHILD_MARKER).is_none() {
+        return;
+    }
+    let comm = Communicator::from_env().expect("init from the environment");
+    let (rank, nranks) = (comm.rank(), comm.count());
+    for case in all_cases(nranks, &CollKind::ALL, &DataType::ALL) {
+        let mut bufs = CaseBuffers::new(&case, nranks, rank);
+        bufs.run(&comm, &case)
+            .unwrap_or_else(|e| panic!("{case:?} on rank {rank}: {e}"));
+        if let Err(msg) = check(&case, nranks, rank, bufs.output(&case, nranks, rank)) {
+            panic!("{msg}");
+        }
+    }
+}
+
+#[test]
+fn each_protocol_with_four_processes() {
+    let exe = std::env::current_exe().unwrap();
+    let config = test_config();
+    for (proto, channels) in [("LL", 1), ("LL128", 4), ("Simple", 2)] {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+            .to_string();
+        let children: Vec<_> = (0..4)
+            .map(|rank| {
+                Command::new(&exe)
+                    .args(["--exact", "child_rank", "--test-threads", "1"])
+                    .env(CHILD_MARKER, "1")
+                    .env("RANK", rank.to_string())
+                    .env("WORLD_SIZE", "4")
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", &port)
+                    .env("NCCL_PROTO", proto)
+                    .env("NCCL_MIN_NCHANNELS", channels.to_string())
+                    .env("NCCL_MAX_NCHANNELS", channels.to_string())
+                    .env("NCCL_BUFFSIZE", config.buffsize.to_string())
+                    .env("NCCL_LL_BUFFSIZE", config.ll_buffsize.to_string())
+                    .env("NCCL_LL128_BUFFSIZE", config.ll128_buffsize.to_string())
+                    .env("RCCL_TIMEOUT_MS", "60000")
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for mut child in children {
+            assert!(child.wait().unwrap().success(), "{proto} with 4 processes");
+        }
+    }
+}
