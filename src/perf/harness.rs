@@ -1067,12 +1067,14 @@ impl<'a> Worker<'a> {
         Ok(recvs.swap_remove(0))
     }
 
-    /// What the tuner picks for this call: algorithm, protocol, channels.
+    /// What the tuner picks for this call on the first rank of this
+    /// thread: algorithm, protocol and channels, out-of-place and in-place
+    /// (the tuner may pick differently for an in-place call).
     fn tuning_json(&self, st: &Setup, root: i32) -> Value {
         let Some(first) = self.ranks.first() else {
             return Value::Null;
         };
-        let config = first.comm.config();
+        let comm = &first.comm;
         let elt = st.dtype.size();
         let kind = match self.coll {
             Coll::AllReduce => Some(CollKind::AllReduce),
@@ -1085,31 +1087,46 @@ impl<'a> Worker<'a> {
             Coll::Scatter => Some(CollKind::Scatter),
             Coll::SendRecv | Coll::HyperCube => None,
         };
-        let (algorithm, channels) = match kind {
-            Some(kind) => {
-                let spec = rccl_algorithms::CollSpec {
-                    kind,
-                    nranks: self.nranks,
-                    root: root.max(0) as usize,
-                    count: st.counts.param,
-                };
-                let choice = rccl::tuning::choose(config, &spec, elt);
-                (choice.algorithm.name(), choice.params.nchannels)
-            }
-            None => {
-                // Point-to-point: the largest message of one call.
-                let largest = match self.coll {
-                    Coll::HyperCube => st.counts.param * (self.nranks / 2).max(1),
-                    _ => st.counts.param,
-                };
-                ("p2p", rccl::tuning::p2p_channels(config, largest * elt))
-            }
+        let pick = |in_place: bool| -> Value {
+            let (algorithm, protocol, channels) = match kind {
+                Some(kind) => {
+                    match comm.tuning_choice(
+                        kind,
+                        st.counts.param,
+                        elt,
+                        root.max(0) as usize,
+                        in_place,
+                    ) {
+                        Ok(c) => (c.algorithm.name(), c.protocol.name(), c.params.nchannels),
+                        Err(e) => return serde_json::json!({ "error": e.to_string() }),
+                    }
+                }
+                None => {
+                    // Sends and receives: the largest message of one call.
+                    let largest = match self.coll {
+                        Coll::HyperCube => st.counts.param * (self.nranks / 2).max(1),
+                        _ => st.counts.param,
+                    };
+                    let (channels, protocol) =
+                        rccl::tuning::p2p_choice(comm.config(), largest * elt);
+                    ("p2p", protocol.name(), channels)
+                }
+            };
+            serde_json::json!({
+                "algorithm": algorithm,
+                "protocol": protocol,
+                "channels": channels,
+            })
         };
-        serde_json::json!({
-            "algorithm": algorithm,
-            "protocol": "Simple",
-            "channels": channels,
-        })
+        let (out, inp) = (pick(false), pick(true));
+        let mut m = Map::new();
+        if let Value::Object(o) = &out {
+            m.extend(o.clone());
+        }
+        if inp != out {
+            m.insert("in_place_choice".into(), inp);
+        }
+        Value::Object(m)
     }
 
     /// The size sweep for one type, op and root (nccl-tests' TimeTest).
