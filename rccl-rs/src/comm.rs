@@ -399,6 +399,36 @@ impl Communicator {
         &self.inner.config
     }
 
+    /// What the tuner picks on this rank for a collective call of `count`
+    /// elements of `elem_size` bytes (NCCL's count; `root` for rooted
+    /// calls): algorithm, protocol and channels, as the call itself would
+    /// get them. For reports (the perf tests' JSON); nothing is run.
+    pub fn tuning_choice(
+        &self,
+        kind: rccl_algorithms::CollKind,
+        count: usize,
+        elem_size: usize,
+        root: usize,
+        in_place: bool,
+    ) -> Result<crate::tuning::Choice> {
+        let spec = rccl_algorithms::CollSpec {
+            kind,
+            nranks: self.inner.nranks,
+            root,
+            count,
+        };
+        crate::tuning::choose(
+            &self.inner.config,
+            &spec,
+            elem_size,
+            &crate::tuning::Placement {
+                all_shm: self.inner.all_shm,
+                topology: &self.inner.topology,
+                in_place,
+            },
+        )
+    }
+
     /// Splits the communicator (`ncclCommSplit`): ranks passing the same
     /// `color` form a new communicator, ordered by `key` then by rank;
     /// ranks passing `None` (NCCL's `NCCL_SPLIT_NOCOLOR`) take part but get
