@@ -325,6 +325,14 @@ impl Communicator {
             exec: Mutex::new(ExecState { links }),
             splits: AtomicU64::new(0),
         });
+        let local_ranks = inner
+            .topology
+            .local_ranks(inner.topology.host_of(inner.rank))
+            .len();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if local_ranks > cores {
+            rccl_transports::wait::spin_before_yielding(std::time::Duration::ZERO);
+        }
         inner.log_init();
         Ok(Communicator { inner })
     }
