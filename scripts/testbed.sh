@@ -3,7 +3,7 @@
 # each with one veth link into a bridge that lives in its own "switch"
 # namespace, optionally shaped; L ranks per host.
 #
-#   scripts/testbed.sh up K L [--delay 20us] [--rate 10gbit] [--name NAME]
+#   scripts/testbed.sh up K L [--delay 20us] [--rate 10gbit] [--name NAME] [--owner PID]
 #   scripts/testbed.sh run [--name NAME] [--env VAR=VALUE]... -- CMD [ARGS...]
 #   scripts/testbed.sh down [--name NAME]
 #   scripts/testbed.sh with K L [up options] [--env VAR=VALUE]... -- CMD [ARGS...]
@@ -28,6 +28,9 @@
 # cannot add delay: the host side then falls back to tbf "rate R", a
 # warning says so, and the state file records delay=none.
 #
+# "up --owner PID" marks the bed as belonging to process PID (a script
+# that runs "down" itself): if PID dies without doing so, the next "up" or
+# "sweep" removes the bed; beds without an owner stay until "down".
 # "up" writes the bed's description to $RCCL_TB_DIR/NAME.env (default
 # /run/rccl-testbed) and prints how to run ranks. "run" starts K*L
 # processes, rank r on host r/L, each inside its host's namespace with
@@ -120,17 +123,18 @@ cmd_up() {
     shift 2 || die "usage: up K L [--delay D] [--rate R] [--name NAME]"
     [[ "$k" =~ ^[0-9]+$ && "$k" -ge 1 && "$k" -le 200 ]] || die "K must be 1..200"
     [[ "$l" =~ ^[0-9]+$ && "$l" -ge 1 ]] || die "L must be at least 1"
-    local delay="" rate="" name="" owner=$$ keep=1
+    local delay="" rate="" name="" owner="" keep=1
     while [ $# -gt 0 ]; do
         case $1 in
             --delay) delay=$2; shift 2 ;;
             --rate) rate=$2; shift 2 ;;
             --name) name=$2; shift 2 ;;
-            --ephemeral) keep=0; shift ;;
+            --owner) owner=$2; shift 2 ;;
+            --ephemeral) keep=0; owner=$$; shift ;;
             *) die "unknown option $1" ;;
         esac
     done
-    [ -n "$name" ] || name="rccl-tb-$owner-$(head -c4 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+    [ -n "$name" ] || name="rccl-tb-${owner:-$$}-$(head -c4 /dev/urandom | od -An -tx1 | tr -d ' \n')"
     [[ "$name" =~ ^[A-Za-z0-9-]+$ ]] || die "bad name $name"
     need_tools
     sweep
@@ -191,7 +195,7 @@ IFACE=$IFACE
 DELAY=$delay_note
 RATE=${rate:-none}
 SHAPER=$([ "$use_netem" = 1 ] && echo netem || { [ -n "$rate" ] && echo tbf || echo none; })
-OWNER=$([ "$keep" = 1 ] && echo none || echo "$owner")
+OWNER=${owner:-none}
 EOF
     # A plain "up" keeps the bed; "with" removes it when it exits.
     [ "$keep" = 0 ] || CLEANUP_NAME=""
@@ -285,5 +289,5 @@ case ${1:-} in
     down) shift; need_tools; cmd_down "$@" ;;
     with) shift; need_tools; cmd_with "$@" ;;
     sweep) need_tools; sweep ;;
-    *) sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2 ;;
 esac
