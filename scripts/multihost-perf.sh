@@ -8,14 +8,16 @@
 #   2. tree vs ring time from 8 B to 64 KiB;
 #   3. the tuner's choice vs the best forced algorithm at every size
 #      (time ratio; target <= 1.10).
-# Times are the out-of-place column of all_reduce_perf (float, sum; oneshot
-# is out of place only). Every configuration runs ROUNDS times, the rounds
+# Times are the out-of-place column of all_reduce_perf (float, sum).
+# oneshot is out of place only: all_reduce_perf stops at its first
+# in-place call, so oneshot runs once per size and keeps that size's
+# out-of-place line. Every configuration runs ROUNDS times, the rounds
 # interleaved, and the fastest time per size is kept, which damps the
 # noise of a shared machine.
 #
 # Usage: scripts/multihost-perf.sh [OUTDIR]
 # Environment: HOSTS (4), PER_HOST (2), DELAY (20us), RATE (10gbit),
-#   MAXBYTES (64M), ROUNDS (2), SMALL_ITERS (50), LARGE_ITERS (5),
+#   MAXBYTES (64M), ROUNDS (3), SMALL_ITERS (100), LARGE_ITERS (5),
 #   ALGOS ("ring tree rhd hier oneshot"), PERF (the binary; default
 #   target/release/all_reduce_perf under CARGO_TARGET_DIR, built if absent).
 set -euo pipefail
@@ -27,8 +29,8 @@ PER_HOST=${PER_HOST:-2}
 DELAY=${DELAY:-20us}
 RATE=${RATE:-10gbit}
 MAXBYTES=${MAXBYTES:-64M}
-ROUNDS=${ROUNDS:-2}
-SMALL_ITERS=${SMALL_ITERS:-50}
+ROUNDS=${ROUNDS:-3}
+SMALL_ITERS=${SMALL_ITERS:-100}
 LARGE_ITERS=${LARGE_ITERS:-5}
 ALGOS=${ALGOS:-ring tree rhd hier oneshot}
 target=${CARGO_TARGET_DIR:-$root/target}
@@ -66,14 +68,34 @@ run_perf() {
     "$here/testbed.sh" run --name "$bed" "${envs[@]}" -- \
         "$PERF" -g 1 -c 0 -w 2 -d float -o sum "$@" \
         >>"$out/$label.r$round.txt" 2>>"$out/$label.r$round.log" ||
+        [ "$algo" = oneshot ] ||
         echo "WARNING: $label round $round failed (see $out/$label.r$round.log)" >&2
 }
+
+to_bytes() {
+    local n=${1%[KMGkmg]}
+    case $1 in
+        *[Kk]) echo $((n << 10)) ;;
+        *[Mm]) echo $((n << 20)) ;;
+        *[Gg]) echo $((n << 30)) ;;
+        *) echo "$n" ;;
+    esac
+}
+max=$(to_bytes "$MAXBYTES")
 
 for ((round = 1; round <= ROUNDS; round++)); do
     for algo in auto $ALGOS; do
         a=$algo
         [ "$a" != auto ] || a=""
         echo "== round $round: $algo" >&2
+        if [ "$algo" = oneshot ]; then
+            for ((s = 8; s <= max; s *= 2)); do
+                iters=$SMALL_ITERS
+                [ $s -le 65536 ] || iters=$LARGE_ITERS
+                run_perf "$algo" "$a" "$round" -b $s -e $s -n "$iters"
+            done
+            continue
+        fi
         run_perf "$algo" "$a" "$round" -b 8 -e 64K -f 2 -n "$SMALL_ITERS"
         run_perf "$algo" "$a" "$round" -b 128K -e "$MAXBYTES" -f 2 -n "$LARGE_ITERS"
     done
@@ -128,7 +150,7 @@ lines.append("### hier vs ring, bus bandwidth (GB/s), >= 16 MiB\n")
 lines.append("| size | ring busbw | hier busbw | hier / ring |")
 lines.append("|---:|---:|---:|---:|")
 for s in sizes:
-    if s < 16 * MiB or s not in data["ring"] or s not in data.get("hier", {}):
+    if s < 16 * MiB or s not in data.get("ring", {}) or s not in data.get("hier", {}):
         continue
     r, h = data["ring"][s][1], data["hier"][s][1]
     lines.append(f"| {human(s)} | {r:.3f} | {h:.3f} | {h / r if r else float('nan'):.2f} |")
@@ -136,7 +158,7 @@ lines.append("\n### tree vs ring, time (us), 8 B - 64 KiB\n")
 lines.append("| size | ring | tree | tree / ring |")
 lines.append("|---:|---:|---:|---:|")
 for s in sizes:
-    if s > 64 * 1024 or s not in data["ring"] or s not in data.get("tree", {}):
+    if s > 64 * 1024 or s not in data.get("ring", {}) or s not in data.get("tree", {}):
         continue
     r, t = data["ring"][s][0], data["tree"][s][0]
     lines.append(f"| {human(s)} | {r:.1f} | {t:.1f} | {t / r:.2f} |")
