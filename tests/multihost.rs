@@ -221,13 +221,19 @@ fn debug_info_reports_topology_transports_and_choices() {
             } else {
                 format!("NET/Socket {}", netns::host_addr(peer / 2))
             };
-            must_all(&[&format!("{tag}Transport to rank {peer} ("), &format!("): {via}")]);
+            must_all(&[
+                &format!("{tag}Transport to rank {peer} ("),
+                &format!("): {via}"),
+            ]);
         }
         // Connections as made, and per operation the call, algorithm and
         // protocol.
         let partner = rank ^ 1;
         must(format!("{rank} -> {partner} via SHM/direct"));
-        must(format!("via NET/Socket ({}", netns::host_addr(1 - rank / 2)));
+        must(format!(
+            "via NET/Socket ({}",
+            netns::host_addr(1 - rank / 2)
+        ));
         must(format!("{tag}AllReduce: opCount"));
         must(format!("{tag}AllReduce: 8 Bytes -> Algo "));
         must(format!("{tag}AllReduce: 262144 Bytes -> Algo "));

@@ -196,7 +196,9 @@ impl TestBed {
                 .env("NCCL_HOSTID", format!("host{host}"))
                 .stdin(Stdio::null());
             configure(rank, &mut cmd);
-            let child = cmd.spawn().map_err(|e| format!("starting rank {rank}: {e}"))?;
+            let child = cmd
+                .spawn()
+                .map_err(|e| format!("starting rank {rank}: {e}"))?;
             self.ranks.push(child);
         }
         Ok(())
@@ -244,7 +246,12 @@ impl TestBed {
         readers
             .into_iter()
             .zip(status)
-            .map(|(r, s)| (s, r.map(|h| h.join().unwrap_or_default()).unwrap_or_default()))
+            .map(|(r, s)| {
+                (
+                    s,
+                    r.map(|h| h.join().unwrap_or_default()).unwrap_or_default(),
+                )
+            })
             .collect()
     }
 }
