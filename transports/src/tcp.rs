@@ -119,8 +119,26 @@ impl TcpConnection {
     }
 }
 
+/// How long closing a connection waits for the send proxy to put pieces
+/// already published on the wire: a rank that returns from its last
+/// operation and exits at once must not take its last sends with it.
+const DRAIN_ON_CLOSE: Duration = Duration::from_secs(5);
+
 impl Drop for TcpConnection {
     fn drop(&mut self) {
+        let deadline = Instant::now() + DRAIN_ON_CLOSE;
+        let mut backoff = Backoff::new();
+        let never_aborted = AtomicBool::new(false);
+        while !self.send.is_drained() && !self.send.failed() {
+            let park = self.send.producer_park();
+            if self.send.is_drained()
+                || backoff
+                    .snooze(Some(park), deadline, &never_aborted)
+                    .is_err()
+            {
+                break;
+            }
+        }
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.stream.shutdown(Shutdown::Both);
         self.send.fail();
@@ -318,6 +336,27 @@ mod tests {
                 fifo.release();
             }
         });
+    }
+
+    #[test]
+    fn pieces_published_before_close_still_arrive() {
+        let (a, b) = pair();
+        for i in 0..4u32 {
+            let slot = a.send_fifo().try_reserve().unwrap();
+            // SAFETY: the slot holds 1024 bytes.
+            unsafe { slot.cast::<u32>().write_unaligned(i) };
+            a.send_fifo().publish(4, Tag::default());
+        }
+        drop(a);
+        let abort = AtomicBool::new(false);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for i in 0..4u32 {
+            let fifo = b.recv_fifo();
+            let (slot, _, _) = wait_until(|| fifo.try_peek(), None, deadline, &abort).unwrap();
+            // SAFETY: published with 4 bytes.
+            assert_eq!(unsafe { slot.cast::<u32>().read_unaligned() }, i);
+            fifo.release();
+        }
     }
 
     #[test]
