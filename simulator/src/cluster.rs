@@ -369,7 +369,10 @@ impl ClusterSpec {
             let mut count = vec![0usize; self.hosts];
             for (r, &h) in p.iter().enumerate() {
                 if h >= self.hosts {
-                    return err(format!("placement puts rank {r} on host {h} of {}", self.hosts));
+                    return err(format!(
+                        "placement puts rank {r} on host {h} of {}",
+                        self.hosts
+                    ));
                 }
                 count[h] += 1;
                 if count[h] > self.ranks_per_host {

@@ -10,7 +10,10 @@ use rccl_simulator::report::{self, Row};
 use rccl_simulator::{default_params, default_protocol, simulate, ClusterSpec, Protocol};
 
 #[derive(Parser, Debug)]
-#[command(name = "rccl-sim", about = "Simulate rccl-rs collectives on a modeled cluster")]
+#[command(
+    name = "rccl-sim",
+    about = "Simulate rccl-rs collectives on a modeled cluster"
+)]
 struct Args {
     /// Cluster: a preset (h100, local-shm, local-tcp) or a JSON file.
     #[arg(long, default_value = "h100")]

@@ -438,7 +438,9 @@ pub fn simulate_with(
         )));
     }
     if spec.count * elem_size > u32::MAX as usize {
-        return Err(SimError("calls above 4 GiB per rank are not modeled".into()));
+        return Err(SimError(
+            "calls above 4 GiB per rank are not modeled".into(),
+        ));
     }
     let topo = Topology::from_hosts(cluster.host_of());
     if !algorithm.supports_topology(&topo) {
@@ -486,7 +488,12 @@ pub fn simulate_with(
         (*spec, *params, 1.0)
     };
     let (spec, params) = (&sim_spec, &sim_params);
-    for v in net.bw.iter_mut().chain(&mut net.reduce).chain(&mut net.copy) {
+    for v in net
+        .bw
+        .iter_mut()
+        .chain(&mut net.reduce)
+        .chain(&mut net.copy)
+    {
         *v /= share;
     }
     let nch = params.nchannels.max(1);
@@ -537,7 +544,8 @@ pub fn simulate_with(
     for th in 0..nthreads {
         heap.push(Reverse((Time(0.0), th)));
     }
-    let key = |from: u32, to: u32, ch: usize| ((from as u64) << 40) | ((to as u64) << 16) | ch as u64;
+    let key =
+        |from: u32, to: u32, ch: usize| ((from as u64) << 40) | ((to as u64) << 16) | ch as u64;
     let piece_cap = proto.slot_bytes as f64 * proto.efficiency;
     let mut prims: u64 = 0;
     let mut mask: Vec<Vec<bool>> = vec![Vec::new(); nthreads];
@@ -573,7 +581,7 @@ pub fn simulate_with(
             let op = ops[th][i];
             let recv_blocked = op.flags & RECV != 0 && {
                 let k = key(op.from, rank as u32, ch);
-                let empty = queues.get(&k).is_none_or(VecDeque::is_empty);
+                let empty = queues.get(&k).map_or(true, VecDeque::is_empty);
                 if empty {
                     waiting.insert(k, th);
                 }

@@ -76,7 +76,11 @@ fn ring_all_reduce_matches_the_closed_form() {
         let chunk_bytes = (count / n * 4) as f64;
         let want = overhead + 2.0 * (n - 1) as f64 * (chunk_bytes / (b * 1e3) + l);
         close(r.time_us, want, 1e-6);
-        close(r.busbw, (count * 4) as f64 / want / 1e3 * 2.0 * (n - 1) as f64 / n as f64, 1e-6);
+        close(
+            r.busbw,
+            (count * 4) as f64 / want / 1e3 * 2.0 * (n - 1) as f64 / n as f64,
+            1e-6,
+        );
     }
 }
 
@@ -169,7 +173,9 @@ fn slower_links_and_ranks_are_slower() {
     };
     let t = |c: &ClusterSpec| {
         let p = default_params(c, &spec, 4, Protocol::Simple);
-        simulate(c, &spec, 4, &Ring, Protocol::Simple, &p).unwrap().time_us
+        simulate(c, &spec, 4, &Ring, Protocol::Simple, &p)
+            .unwrap()
+            .time_us
     };
     let t0 = t(&base);
     let mut slow_nic = base.clone();
@@ -222,7 +228,12 @@ fn a_tensor_parallel_group_across_two_hosts_is_slower() {
     let p = default_params(&one, &spec, 4, Protocol::Simple);
     let a = simulate(&one, &spec, 4, &Ring, Protocol::Simple, &p).unwrap();
     let b = simulate(&split, &spec, 4, &Ring, Protocol::Simple, &p).unwrap();
-    assert!(b.time_us > 5.0 * a.time_us, "{} vs {}", b.time_us, a.time_us);
+    assert!(
+        b.time_us > 5.0 * a.time_us,
+        "{} vs {}",
+        b.time_us,
+        a.time_us
+    );
     // The NIC bounds the split group: busbw near 46 GB/s.
     assert!(b.busbw > 35.0 && b.busbw < 50.0, "{}", b.busbw);
 }
@@ -304,7 +315,12 @@ fn protocols_trade_latency_for_bandwidth() {
     // Small: LL beats Simple; large: Simple beats LL (half the bandwidth).
     assert!(at(1024, Protocol::Ll).time_us < at(1024, Protocol::Simple).time_us);
     let (ll, simple) = (at(64 << 20, Protocol::Ll), at(64 << 20, Protocol::Simple));
-    assert!(simple.busbw > 1.8 * ll.busbw, "{} {}", simple.busbw, ll.busbw);
+    assert!(
+        simple.busbw > 1.8 * ll.busbw,
+        "{} {}",
+        simple.busbw,
+        ll.busbw
+    );
 }
 
 #[test]
@@ -323,7 +339,12 @@ fn four_thousand_ranks_simulate_quickly() {
         nchannels: 4,
         ..default_params(&c, &spec, 4, Protocol::Simple)
     };
-    for a in [&Ring as &dyn rccl_algorithms::Algorithm, &Tree, &Hierarchical, &HalvingDoubling] {
+    for a in [
+        &Ring as &dyn rccl_algorithms::Algorithm,
+        &Tree,
+        &Hierarchical,
+        &HalvingDoubling,
+    ] {
         let start = std::time::Instant::now();
         let r = simulate(&c, &spec, 4, a, Protocol::Simple, &p).unwrap();
         let wall = start.elapsed().as_secs_f64();
@@ -335,7 +356,11 @@ fn four_thousand_ranks_simulate_quickly() {
 
 #[test]
 fn cluster_descriptions_round_trip_and_reject_nonsense() {
-    for c in [cluster::h100(4), cluster::local(2, false), cluster::local(3, true)] {
+    for c in [
+        cluster::h100(4),
+        cluster::local(2, false),
+        cluster::local(3, true),
+    ] {
         assert_eq!(ClusterSpec::from_json(&c.to_json()).unwrap(), c);
         c.validate().unwrap();
     }
@@ -351,7 +376,23 @@ fn cluster_descriptions_round_trip_and_reject_nonsense() {
 #[test]
 fn the_table_follows_nccl_tests() {
     let c = cluster::h100(1);
-    let r = run(&c, CollKind::AllGather, 1 << 16, "ring", default_params(&c, &CollSpec { kind: CollKind::AllGather, nranks: 8, root: 0, count: 1 << 16 }, 4, Protocol::Simple));
+    let r = run(
+        &c,
+        CollKind::AllGather,
+        1 << 16,
+        "ring",
+        default_params(
+            &c,
+            &CollSpec {
+                kind: CollKind::AllGather,
+                nranks: 8,
+                root: 0,
+                count: 1 << 16,
+            },
+            4,
+            Protocol::Simple,
+        ),
+    );
     assert_eq!(r.size_bytes, 8 * (1 << 16) * 4);
     let row = report::Row {
         size: r.size_bytes,
