@@ -257,7 +257,12 @@ impl Communicator {
         // Hosts numbered by the first rank seen on each.
         let host_of = peers
             .iter()
-            .map(|p| peers.iter().position(|q| q.host_id == p.host_id).unwrap_or(0))
+            .map(|p| {
+                peers
+                    .iter()
+                    .position(|q| q.host_id == p.host_id)
+                    .unwrap_or(0)
+            })
             .collect();
         let topology = Topology::from_hosts(host_of);
         let links = (0..config.max_channels)

@@ -314,11 +314,10 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
 /// the collective's offset inside the receive buffer, or the reverse.
 fn is_in_place(op: &RawOp, kind: CollKind, root: usize, rank: usize) -> bool {
     let size = op.dtype.size();
-    let at = |base: *const u8, offset: Option<usize>| {
-        offset.map(|o| base.wrapping_add(o * size))
-    };
+    let at = |base: *const u8, offset: Option<usize>| offset.map(|o| base.wrapping_add(o * size));
     at(op.recv, kind.in_place_send_offset(op.count, rank, root)) == Some(op.send)
-        || at(op.send, kind.in_place_recv_offset(op.count, rank, root)) == Some(op.recv as *const u8)
+        || at(op.send, kind.in_place_recv_offset(op.count, rank, root))
+            == Some(op.recv as *const u8)
 }
 
 /// What every channel's work of one operation shares.
