@@ -1,0 +1,535 @@
+//! The cluster description: hosts, links, fabric, protocols and faults, as
+//! read from JSON (`docs/SIMULATOR.md` documents every field), and the
+//! resolved form the simulator runs on.
+//!
+//! Units: bandwidths in GB/s (10^9 bytes per second) except the NIC line
+//! rate, given in Gb/s as NICs are sold; latencies and overheads in
+//! microseconds; sizes in bytes.
+
+use serde::{Deserialize, Serialize};
+
+/// The whole description of a modeled cluster.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// A label printed in reports.
+    pub name: String,
+    /// Number of hosts.
+    pub hosts: usize,
+    /// Ranks (accelerators) per host.
+    pub ranks_per_host: usize,
+    /// `placement[r]` is the host of rank `r`, overriding the default of
+    /// `ranks_per_host` consecutive ranks per host. Each host may hold at
+    /// most `ranks_per_host` ranks (its NICs and switch ports).
+    #[serde(default)]
+    pub placement: Option<Vec<usize>>,
+    /// The link between ranks on one host; `null`: ranks on one host talk
+    /// through their NICs (a TCP-only setup).
+    pub intra: Option<IntraLink>,
+    /// The network interfaces.
+    pub nic: Nic,
+    /// The switched network between hosts.
+    #[serde(default)]
+    pub fabric: Fabric,
+    /// Per-rank reduction throughput (GB/s of output): how fast a rank
+    /// combines a received piece with its own data.
+    pub reduce_gbs: f64,
+    /// Per-rank local copy throughput (GB/s): copies out of a FIFO and
+    /// local copies between buffers.
+    pub copy_gbs: f64,
+    /// The three protocols.
+    pub protocols: Protocols,
+    /// How calls are cut into channels and chunks when the caller does not
+    /// say (the engine's tuner rules).
+    #[serde(default)]
+    pub tuning: Tuning,
+    /// Slow ranks and degraded links.
+    #[serde(default)]
+    pub faults: Faults,
+}
+
+/// The intra-host interconnect: a switch (NVSwitch-class, or shared memory
+/// seen as one) where every rank has one port; a transfer crosses the
+/// sender's port out and the receiver's port in.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntraLink {
+    /// Per-rank port bandwidth, each direction, GB/s.
+    pub port_gbs: f64,
+    /// One-way latency of a transfer, microseconds.
+    pub latency_us: f64,
+}
+
+/// The network interfaces of a host.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Nic {
+    /// Line rate, Gb/s, each direction.
+    pub gbit: f64,
+    /// Fraction of the line rate a transfer achieves (headers, protocol).
+    #[serde(default = "one")]
+    pub efficiency: f64,
+    /// NICs per host (default: one per rank, "rails"); local rank `i` uses
+    /// NIC `i * nics / ranks_per_host`.
+    #[serde(default)]
+    pub per_host: Option<usize>,
+    /// One-way latency NIC to NIC, excluding switch hops, microseconds.
+    pub latency_us: f64,
+}
+
+/// A two-level (leaf / spine) fat tree.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fabric {
+    /// Hosts under one leaf switch (per rail when rail optimized).
+    pub hosts_per_leaf: usize,
+    /// Leaf downlink capacity / uplink capacity (1.0: non-blocking).
+    pub oversubscription: f64,
+    /// Latency added per switch crossed, microseconds (1 switch within a
+    /// leaf, 3 through a spine).
+    pub hop_latency_us: f64,
+    /// Rail optimized: NIC `i` of every host in a leaf group connects to
+    /// leaf `i` of that group; otherwise all NICs of a host share its leaf.
+    pub rail_optimized: bool,
+}
+
+impl Default for Fabric {
+    fn default() -> Self {
+        Fabric {
+            hosts_per_leaf: usize::MAX,
+            oversubscription: 1.0,
+            hop_latency_us: 0.0,
+            rail_optimized: false,
+        }
+    }
+}
+
+/// Efficiency and overheads of one protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProtoSpec {
+    /// Payload fraction of the bytes on the wire (LL 0.5, LL128 120/128,
+    /// Simple 1.0).
+    pub efficiency: f64,
+    /// Fixed cost of each primitive (step) on a rank, microseconds: flag
+    /// polling, synchronisation, kernel step overhead.
+    pub step_overhead_us: f64,
+    /// Extra latency of each message for this protocol (Simple's
+    /// fences/flags on top of the wire), microseconds.
+    #[serde(default)]
+    pub extra_latency_us: f64,
+    /// FIFO slot size in bytes (one piece); a connection has 8 slots.
+    pub slot_bytes: usize,
+}
+
+/// The protocols, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Protocols {
+    /// LL: 8-byte lines of 4 data and 4 flag bytes.
+    pub ll: ProtoSpec,
+    /// LL128: 128-byte lines of 120 data bytes.
+    pub ll128: ProtoSpec,
+    /// Simple: bulk copies with a flag per slot.
+    pub simple: ProtoSpec,
+}
+
+/// A protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Protocol {
+    /// Low latency.
+    #[serde(rename = "LL")]
+    Ll,
+    /// Low latency, 128-byte lines.
+    #[serde(rename = "LL128")]
+    Ll128,
+    /// Simple.
+    Simple,
+}
+
+impl Protocol {
+    /// Every protocol.
+    pub const ALL: [Protocol; 3] = [Protocol::Ll, Protocol::Ll128, Protocol::Simple];
+
+    /// NCCL's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Ll => "LL",
+            Protocol::Ll128 => "LL128",
+            Protocol::Simple => "Simple",
+        }
+    }
+
+    /// The protocol called `name` (case-insensitive).
+    pub fn parse(name: &str) -> Option<Protocol> {
+        Protocol::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(name))
+    }
+}
+
+impl Protocols {
+    /// The figures of `p`.
+    pub fn get(&self, p: Protocol) -> &ProtoSpec {
+        match p {
+            Protocol::Ll => &self.ll,
+            Protocol::Ll128 => &self.ll128,
+            Protocol::Simple => &self.simple,
+        }
+    }
+}
+
+/// The engine's tuner rules, used when the caller gives no parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tuning {
+    /// Fewest channels.
+    pub min_channels: usize,
+    /// Most channels.
+    pub max_channels: usize,
+    /// Bytes per call per channel below which no channel is added.
+    pub bytes_per_channel: usize,
+    /// Largest call (bytes) given LL when every peer is on one host.
+    pub ll_max_bytes: usize,
+    /// Largest call given LL128 when every peer is on one host.
+    pub ll128_max_bytes: usize,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        // The engine's defaults (rccl-rs/src/tuning.rs, config.rs).
+        Tuning {
+            min_channels: 1,
+            max_channels: 2,
+            bytes_per_channel: 512 << 10,
+            ll_max_bytes: 16 << 10,
+            ll128_max_bytes: 256 << 10,
+        }
+    }
+}
+
+/// Imbalance and faults.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Faults {
+    /// Ranks slower than the rest.
+    #[serde(default)]
+    pub slow_ranks: Vec<SlowRank>,
+    /// Links slower than the rest.
+    #[serde(default)]
+    pub degraded_links: Vec<DegradedLink>,
+}
+
+/// A rank whose reduction/copy throughput and/or links are divided by a
+/// factor.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlowRank {
+    /// The rank.
+    pub rank: usize,
+    /// Reduction and copy throughput divided by this (1: unaffected).
+    #[serde(default = "one")]
+    pub compute_factor: f64,
+    /// Bandwidth of the rank's switch port and NIC divided by this.
+    #[serde(default = "one")]
+    pub link_factor: f64,
+}
+
+/// Which link of a rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkKind {
+    /// The rank's intra-host switch port (both directions).
+    Intra,
+    /// The NIC the rank uses (both directions; shared with any rank on
+    /// the same NIC).
+    Nic,
+}
+
+/// One degraded link.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DegradedLink {
+    /// The rank whose link it is.
+    pub rank: usize,
+    /// Which of its links.
+    pub link: LinkKind,
+    /// Bandwidth divided by this.
+    pub factor: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// Errors in a cluster description or a request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimError(pub String);
+
+impl std::fmt::Display for SimError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SimError {}
+
+fn err<T>(msg: impl Into<String>) -> Result<T, SimError> {
+    Err(SimError(msg.into()))
+}
+
+impl ClusterSpec {
+    /// Parse a JSON description.
+    pub fn from_json(text: &str) -> Result<ClusterSpec, SimError> {
+        serde_json::from_str(text).map_err(|e| SimError(format!("cluster description: {e}")))
+    }
+
+    /// The description as pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a cluster description serializes")
+    }
+
+    /// Ranks in the cluster.
+    pub fn nranks(&self) -> usize {
+        self.placement
+            .as_ref()
+            .map_or(self.hosts * self.ranks_per_host, Vec::len)
+    }
+
+    /// The host of every rank.
+    pub fn host_of(&self) -> Vec<usize> {
+        match &self.placement {
+            Some(p) => p.clone(),
+            None => (0..self.hosts * self.ranks_per_host)
+                .map(|r| r / self.ranks_per_host.max(1))
+                .collect(),
+        }
+    }
+
+    /// The same cluster with `hosts` hosts (and the default placement).
+    pub fn with_hosts(&self, hosts: usize) -> ClusterSpec {
+        ClusterSpec {
+            hosts,
+            placement: None,
+            ..self.clone()
+        }
+    }
+
+    /// Checks the description for values the model cannot use.
+    pub fn validate(&self) -> Result<(), SimError> {
+        if self.hosts == 0 || self.ranks_per_host == 0 {
+            return err("hosts and ranks_per_host must be at least 1");
+        }
+        let positive = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                err(format!("{name} must be positive, not {v}"))
+            }
+        };
+        let non_negative = |name: &str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                err(format!("{name} must be >= 0, not {v}"))
+            }
+        };
+        positive("reduce_gbs", self.reduce_gbs)?;
+        positive("copy_gbs", self.copy_gbs)?;
+        positive("nic.gbit", self.nic.gbit)?;
+        positive("nic.efficiency", self.nic.efficiency)?;
+        non_negative("nic.latency_us", self.nic.latency_us)?;
+        if let Some(intra) = self.intra {
+            positive("intra.port_gbs", intra.port_gbs)?;
+            non_negative("intra.latency_us", intra.latency_us)?;
+        }
+        if self.fabric.hosts_per_leaf == 0 {
+            return err("fabric.hosts_per_leaf must be at least 1");
+        }
+        positive("fabric.oversubscription", self.fabric.oversubscription)?;
+        non_negative("fabric.hop_latency_us", self.fabric.hop_latency_us)?;
+        for p in Protocol::ALL {
+            let s = self.protocols.get(p);
+            if !(s.efficiency > 0.0 && s.efficiency <= 1.0) {
+                return err(format!("{} efficiency must be in (0, 1]", p.name()));
+            }
+            non_negative("step_overhead_us", s.step_overhead_us)?;
+            non_negative("extra_latency_us", s.extra_latency_us)?;
+            if s.slot_bytes == 0 {
+                return err(format!("{} slot_bytes must be positive", p.name()));
+            }
+        }
+        if let Some(n) = self.nic.per_host {
+            if n == 0 || n > self.ranks_per_host {
+                return err("nic.per_host must be in 1..=ranks_per_host");
+            }
+        }
+        let n = self.nranks();
+        if let Some(p) = &self.placement {
+            let mut count = vec![0usize; self.hosts];
+            for (r, &h) in p.iter().enumerate() {
+                if h >= self.hosts {
+                    return err(format!(
+                        "placement puts rank {r} on host {h} of {}",
+                        self.hosts
+                    ));
+                }
+                count[h] += 1;
+                if count[h] > self.ranks_per_host {
+                    return err(format!(
+                        "placement puts more than {} ranks on host {h}",
+                        self.ranks_per_host
+                    ));
+                }
+            }
+        }
+        for s in &self.faults.slow_ranks {
+            if s.rank >= n {
+                return err(format!("slow rank {} is not below {n}", s.rank));
+            }
+            positive("compute_factor", s.compute_factor)?;
+            positive("link_factor", s.link_factor)?;
+        }
+        for d in &self.faults.degraded_links {
+            if d.rank >= n {
+                return err(format!("degraded link of rank {} is not below {n}", d.rank));
+            }
+            positive("factor", d.factor)?;
+        }
+        Ok(())
+    }
+
+    /// Whether every rank is on one host and has a host link (the engine
+    /// then picks LL / LL128 for small calls).
+    pub fn all_intra(&self) -> bool {
+        self.intra.is_some() && self.host_of().iter().all(|&h| h == self.host_of()[0])
+    }
+}
+
+/// Standard protocol figures: efficiencies as NCCL's wire formats give
+/// them, slot sizes as the engine's default FIFOs (4 MiB Simple, 480 KiB
+/// LL128, 64 KiB LL buffers over 8 slots).
+fn protocols(ll_oh: f64, ll128_oh: f64, simple_oh: f64, simple_extra: f64) -> Protocols {
+    Protocols {
+        ll: ProtoSpec {
+            efficiency: 0.5,
+            step_overhead_us: ll_oh,
+            extra_latency_us: 0.0,
+            slot_bytes: 8 << 10,
+        },
+        ll128: ProtoSpec {
+            efficiency: 120.0 / 128.0,
+            step_overhead_us: ll128_oh,
+            extra_latency_us: 0.0,
+            slot_bytes: 60 << 10,
+        },
+        simple: ProtoSpec {
+            efficiency: 1.0,
+            step_overhead_us: simple_oh,
+            extra_latency_us: simple_extra,
+            slot_bytes: 512 << 10,
+        },
+    }
+}
+
+/// Preset (a): `hosts` DGX-H100-class hosts. Figures and sources are in
+/// `docs/SIMULATOR.md`: 8 GPUs per host on NVSwitch (NVLink4, 900 GB/s
+/// bidirectional = 450 GB/s per direction per GPU, taken at 80% achievable
+/// for NCCL's copy kernels = 360 GB/s), one 400 Gb/s NIC per GPU at 92%
+/// achievable payload rate, a rail-optimized leaf/spine fat tree of 32
+/// hosts per leaf (per rail), non-blocking (1:1) by default.
+pub fn h100(hosts: usize) -> ClusterSpec {
+    ClusterSpec {
+        name: "h100-nvswitch-ib400".into(),
+        hosts,
+        ranks_per_host: 8,
+        placement: None,
+        intra: Some(IntraLink {
+            port_gbs: 360.0,
+            latency_us: 0.6,
+        }),
+        nic: Nic {
+            gbit: 400.0,
+            efficiency: 0.92,
+            per_host: None,
+            latency_us: 2.0,
+        },
+        fabric: Fabric {
+            hosts_per_leaf: 32,
+            oversubscription: 1.0,
+            hop_latency_us: 0.3,
+            rail_optimized: true,
+        },
+        reduce_gbs: 1100.0,
+        copy_gbs: 1600.0,
+        protocols: protocols(0.2, 0.5, 1.0, 2.0),
+        tuning: Tuning {
+            min_channels: 1,
+            max_channels: 16,
+            bytes_per_channel: 512 << 10,
+            ll_max_bytes: 16 << 10,
+            ll128_max_bytes: 256 << 10,
+        },
+        faults: Faults::default(),
+    }
+}
+
+/// Preset (b): this development machine, ranks as processes on one host
+/// over shared memory (`intra`) or over TCP loopback (`nic`, used when
+/// `tcp_only`). Figures measured as `docs/SIMULATOR.md` describes.
+pub fn local(ranks: usize, tcp_only: bool) -> ClusterSpec {
+    ClusterSpec {
+        name: if tcp_only { "local-tcp" } else { "local-shm" }.into(),
+        hosts: 1,
+        ranks_per_host: ranks,
+        placement: None,
+        intra: (!tcp_only).then_some(IntraLink {
+            port_gbs: LOCAL_SHM_GBS,
+            latency_us: LOCAL_SHM_LATENCY_US,
+        }),
+        nic: Nic {
+            gbit: LOCAL_TCP_GBIT,
+            efficiency: 1.0,
+            per_host: Some(1),
+            latency_us: LOCAL_TCP_LATENCY_US,
+        },
+        fabric: Fabric::default(),
+        reduce_gbs: LOCAL_REDUCE_GBS,
+        copy_gbs: LOCAL_COPY_GBS,
+        protocols: protocols(
+            LOCAL_STEP_OVERHEAD_US,
+            LOCAL_STEP_OVERHEAD_US,
+            LOCAL_STEP_OVERHEAD_US,
+            0.0,
+        ),
+        tuning: Tuning::default(),
+        faults: Faults::default(),
+    }
+}
+
+/// Shared-memory transfer bandwidth per rank (a memcpy into and out of
+/// the segment), GB/s.
+pub const LOCAL_SHM_GBS: f64 = 5.0;
+/// Shared-memory wake-up latency, microseconds.
+pub const LOCAL_SHM_LATENCY_US: f64 = 20.0;
+/// TCP loopback throughput, Gb/s.
+pub const LOCAL_TCP_GBIT: f64 = 16.0;
+/// TCP loopback one-way latency, microseconds.
+pub const LOCAL_TCP_LATENCY_US: f64 = 30.0;
+/// Reduction throughput of one rank (float sum), GB/s.
+pub const LOCAL_REDUCE_GBS: f64 = 7.0;
+/// Copy throughput of one rank, GB/s.
+pub const LOCAL_COPY_GBS: f64 = 10.0;
+/// Fixed cost of a primitive on a CPU rank (thread hand-offs), µs.
+pub const LOCAL_STEP_OVERHEAD_US: f64 = 10.0;
+
+/// A preset by name: `h100` (with `hosts`), `local-shm` / `local-tcp`
+/// (with `ranks_per_host` ranks).
+pub fn preset(name: &str, hosts: usize, ranks: usize) -> Option<ClusterSpec> {
+    match name {
+        "h100" => Some(h100(hosts)),
+        "local-shm" | "local" => Some(local(ranks, false)),
+        "local-tcp" => Some(local(ranks, true)),
+        _ => None,
+    }
+}

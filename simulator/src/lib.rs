@@ -1,0 +1,34 @@
+//! A simulator that replays the real collective schedules of
+//! `rccl-algorithms` on modeled clusters and predicts their time and bus
+//! bandwidth, in nccl-tests' terms.
+//!
+//! * [`ClusterSpec`] describes a cluster (JSON; presets [`cluster::h100`]
+//!   and [`cluster::local`]): hosts, an intra-host switch, NICs on rails, a
+//!   two-level fat tree, per-rank reduction bandwidth, protocol figures,
+//!   slow ranks and degraded links.
+//! * [`simulate`] builds every rank's schedule with the real algorithm and
+//!   replays it (`docs/SIMULATOR.md` explains the model).
+//! * [`report`] prints nccl-tests' table and a JSON form.
+//!
+//! # Example
+//!
+//! ```
+//! use rccl_algorithms::{CollKind, CollSpec, Ring};
+//! use rccl_simulator::{cluster, default_params, simulate, Protocol};
+//!
+//! let c = cluster::h100(2); // 16 ranks
+//! let spec = CollSpec { kind: CollKind::AllReduce, nranks: 16, root: 0, count: 1 << 24 };
+//! let params = default_params(&c, &spec, 4, Protocol::Simple);
+//! let r = simulate(&c, &spec, 4, &Ring, Protocol::Simple, &params).unwrap();
+//! assert!(r.busbw > 10.0 && r.busbw < 100.0, "{}", r.busbw);
+//! ```
+
+pub mod cluster;
+pub mod report;
+pub mod sim;
+
+pub use cluster::{ClusterSpec, Protocol, SimError};
+pub use sim::{
+    bus_factor, default_params, default_protocol, simulate, simulate_with, size_bytes, SimOptions,
+    SimResult, MAX_PRIMS,
+};

@@ -1,0 +1,236 @@
+//! `rccl-sim`: replay a collective on a modeled cluster and print
+//! nccl-tests' table (and optionally JSON).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use rccl_algorithms::{builtin, default_for, CollKind, CollSpec, Params};
+use rccl_simulator::cluster::{self, DegradedLink, LinkKind, SlowRank};
+use rccl_simulator::report::{self, Row};
+use rccl_simulator::{default_params, default_protocol, simulate, ClusterSpec, Protocol};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rccl-sim",
+    about = "Simulate rccl-rs collectives on a modeled cluster"
+)]
+struct Args {
+    /// Cluster: a preset (h100, local-shm, local-tcp) or a JSON file.
+    #[arg(long, default_value = "h100")]
+    cluster: String,
+    /// Hosts (presets; overrides a file's value).
+    #[arg(long)]
+    hosts: Option<usize>,
+    /// Ranks per host (presets local-*: the rank count; overrides a file's).
+    #[arg(long)]
+    ranks_per_host: Option<usize>,
+    /// Collective: all_reduce, all_gather, reduce_scatter, broadcast,
+    /// reduce, alltoall, gather, scatter.
+    #[arg(long, default_value = "all_reduce")]
+    coll: String,
+    /// Algorithm (ring, tree, rhd, hier, oneshot, direct); default as the engine.
+    #[arg(long)]
+    algo: Option<String>,
+    /// Protocol (LL, LL128, Simple); default as the engine's tuner.
+    #[arg(long)]
+    proto: Option<String>,
+    /// Channels (default as the engine's tuner).
+    #[arg(long)]
+    nchannels: Option<usize>,
+    /// Pipeline chunk in bytes (default half a FIFO).
+    #[arg(long)]
+    chunk_bytes: Option<usize>,
+    /// Smallest size, bytes (K, M, G suffixes).
+    #[arg(short = 'b', long, default_value = "64K", value_parser = parse_size)]
+    minbytes: usize,
+    /// Largest size.
+    #[arg(short = 'e', long, default_value = "256M", value_parser = parse_size)]
+    maxbytes: usize,
+    /// Size multiplier between rows.
+    #[arg(short = 'f', long, default_value = "4")]
+    stepfactor: usize,
+    /// Element size in bytes (4: float).
+    #[arg(long, default_value = "4")]
+    elem_size: usize,
+    /// A slow rank: RANK:COMPUTE_FACTOR[:LINK_FACTOR] (repeatable).
+    #[arg(long)]
+    slow_rank: Vec<String>,
+    /// A degraded link: RANK:intra|nic:FACTOR (repeatable).
+    #[arg(long)]
+    degrade: Vec<String>,
+    /// Placement: a file holding a JSON array of host per rank.
+    #[arg(long)]
+    placement: Option<String>,
+    /// Write the results as JSON to this file.
+    #[arg(short = 'J', long)]
+    json: Option<String>,
+    /// Print the cluster description as JSON and exit.
+    #[arg(long)]
+    dump_cluster: bool,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>()
+        .map(|v| v * mult)
+        .map_err(|e| format!("{s}: {e}"))
+}
+
+fn kind_of(name: &str) -> Option<CollKind> {
+    Some(match name.to_ascii_lowercase().replace('-', "_").as_str() {
+        "all_reduce" | "allreduce" => CollKind::AllReduce,
+        "all_gather" | "allgather" => CollKind::AllGather,
+        "reduce_scatter" | "reducescatter" => CollKind::ReduceScatter,
+        "broadcast" => CollKind::Broadcast,
+        "reduce" => CollKind::Reduce,
+        "alltoall" | "all_to_all" => CollKind::AllToAll,
+        "gather" => CollKind::Gather,
+        "scatter" => CollKind::Scatter,
+        _ => return None,
+    })
+}
+
+fn build_cluster(a: &Args) -> Result<ClusterSpec, String> {
+    let mut c = match cluster::preset(
+        &a.cluster,
+        a.hosts.unwrap_or(1),
+        a.ranks_per_host.unwrap_or(2),
+    ) {
+        Some(c) => c,
+        None => {
+            let text = std::fs::read_to_string(&a.cluster)
+                .map_err(|e| format!("{}: {e} (presets: h100, local-shm, local-tcp)", a.cluster))?;
+            let mut c = ClusterSpec::from_json(&text).map_err(|e| e.to_string())?;
+            if let Some(h) = a.hosts {
+                c.hosts = h;
+            }
+            if let Some(m) = a.ranks_per_host {
+                c.ranks_per_host = m;
+            }
+            c
+        }
+    };
+    if let Some(path) = &a.placement {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        c.placement = Some(serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?);
+    }
+    let num = |s: &str| s.parse::<f64>().map_err(|e| format!("{s}: {e}"));
+    for s in &a.slow_rank {
+        let f: Vec<&str> = s.split(':').collect();
+        if f.len() < 2 {
+            return Err(format!("--slow-rank {s}: want RANK:COMPUTE[:LINK]"));
+        }
+        c.faults.slow_ranks.push(SlowRank {
+            rank: f[0].parse().map_err(|e| format!("{s}: {e}"))?,
+            compute_factor: num(f[1])?,
+            link_factor: f.get(2).map_or(Ok(1.0), |x| num(x))?,
+        });
+    }
+    for s in &a.degrade {
+        let f: Vec<&str> = s.split(':').collect();
+        if f.len() != 3 {
+            return Err(format!("--degrade {s}: want RANK:intra|nic:FACTOR"));
+        }
+        c.faults.degraded_links.push(DegradedLink {
+            rank: f[0].parse().map_err(|e| format!("{s}: {e}"))?,
+            link: match f[1] {
+                "intra" => LinkKind::Intra,
+                "nic" => LinkKind::Nic,
+                x => return Err(format!("--degrade {s}: unknown link {x}")),
+            },
+            factor: num(f[2])?,
+        });
+    }
+    c.validate().map_err(|e| e.to_string())?;
+    Ok(c)
+}
+
+fn run(a: Args) -> Result<(), String> {
+    let c = build_cluster(&a)?;
+    if a.dump_cluster {
+        println!("{}", c.to_json());
+        return Ok(());
+    }
+    let kind = kind_of(&a.coll).ok_or_else(|| format!("unknown collective {}", a.coll))?;
+    let algo = match &a.algo {
+        Some(name) => builtin(name).ok_or_else(|| format!("unknown algorithm {name}"))?,
+        None => default_for(kind),
+    };
+    let n = c.nranks();
+    let elem = a.elem_size.max(1);
+    println!(
+        "# rccl-sim: {} on {} ({} hosts, {} ranks), algorithm {}",
+        kind.name(),
+        c.name,
+        c.hosts,
+        n,
+        algo.name()
+    );
+    print!("{}", report::header());
+    let mut rows = Vec::new();
+    let mut bytes = a.minbytes.max(elem);
+    while bytes <= a.maxbytes.max(a.minbytes) {
+        // nccl-tests sizes: the count is per rank for AllGather-like calls.
+        let total_elems = bytes / elem;
+        let count = match kind {
+            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => total_elems,
+            _ => total_elems / n,
+        };
+        let spec = CollSpec {
+            kind,
+            nranks: n,
+            root: 0,
+            count,
+        };
+        if count > 0 {
+            let proto = match &a.proto {
+                Some(p) => Protocol::parse(p).ok_or_else(|| format!("unknown protocol {p}"))?,
+                None => default_protocol(&c, &spec, elem),
+            };
+            let mut params: Params = default_params(&c, &spec, elem, proto);
+            if let Some(ch) = a.nchannels {
+                params.nchannels = ch.max(1);
+            }
+            if let Some(cb) = a.chunk_bytes {
+                params.chunk_elems = (cb / elem).max(1);
+            }
+            let result =
+                simulate(&c, &spec, elem, algo, proto, &params).map_err(|e| e.to_string())?;
+            let row = Row {
+                size: result.size_bytes,
+                count: report::count_column(kind, count, n),
+                dtype: if elem == 4 { "float" } else { "bytes" }.into(),
+                redop: if kind.reduces() { "sum" } else { "none" }.into(),
+                root: if kind.has_root() { 0 } else { -1 },
+                result,
+            };
+            println!("{}", report::line(&row));
+            rows.push(row);
+        }
+        if a.stepfactor <= 1 {
+            break;
+        }
+        bytes *= a.stepfactor;
+    }
+    if let Some(path) = &a.json {
+        std::fs::write(path, report::json(&c.name, kind, n, &rows))
+            .map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rccl-sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,758 @@
+//! The replay: every rank's real schedule, run as a discrete-event
+//! simulation at message level (see `docs/SIMULATOR.md`, "The model").
+//!
+//! Each (rank, channel) is a pipeline that runs its steps in order; a step
+//! ends when all its primitives are done. A message is described by two
+//! times, when its first piece (one FIFO slot) and its last piece reach
+//! the receiver; a forwarding primitive starts sending once the first
+//! piece is in and cannot finish before the last piece is in and
+//! processed (cut-through at piece granularity). Each link is a resource
+//! with a "free at" time: a message occupies every link of its path for
+//! bytes / bandwidth, so concurrent flows on a link are served one message
+//! (chunk) at a time, which gives each an equal share over a few chunks.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+use rccl_algorithms::{Algorithm, Buf, CollKind, CollSpec, Params, Prim, Topology};
+
+use crate::cluster::{ClusterSpec, LinkKind, ProtoSpec, Protocol, SimError};
+
+const RECV: u8 = 1;
+const SEND: u8 = 2;
+const REDUCE: u8 = 4;
+const LOCAL: u8 = 8;
+
+/// One primitive, compacted: 16 bytes.
+#[derive(Clone, Copy, Debug)]
+struct Op {
+    from: u32,
+    to: u32,
+    bytes: u32,
+    flags: u8,
+}
+
+/// The outcome of one simulated call.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct SimResult {
+    /// Time from the start until the last rank finishes, microseconds.
+    pub time_us: f64,
+    /// Time the first rank finishes, microseconds.
+    pub first_done_us: f64,
+    /// Bytes of the call as nccl-tests counts its size.
+    pub size_bytes: usize,
+    /// size / time, GB/s.
+    pub algbw: f64,
+    /// algbw times nccl-tests' bus factor for the collective, GB/s.
+    pub busbw: f64,
+    /// The algorithm simulated.
+    pub algorithm: String,
+    /// The protocol simulated.
+    pub protocol: Protocol,
+    /// Channels and chunking simulated.
+    pub nchannels: usize,
+    /// Chunk, elements.
+    pub chunk_elems: usize,
+    /// Ranks whose schedules were replayed (fewer than the communicator's
+    /// when symmetry folding applied).
+    pub ranks_replayed: usize,
+    /// Primitives executed.
+    pub prims: u64,
+    /// The rank that finished last.
+    pub last_rank: usize,
+}
+
+/// nccl-tests' size (bytes) of a call.
+pub fn size_bytes(spec: &CollSpec, elem_size: usize) -> usize {
+    let n = spec.nranks;
+    let elems = match spec.kind {
+        CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => spec.count,
+        CollKind::AllGather
+        | CollKind::ReduceScatter
+        | CollKind::AllToAll
+        | CollKind::Gather
+        | CollKind::Scatter => spec.count * n,
+    };
+    elems * elem_size
+}
+
+/// nccl-tests' bus bandwidth factor of a collective over `n` ranks.
+pub fn bus_factor(kind: CollKind, n: usize) -> f64 {
+    let n = n as f64;
+    match kind {
+        CollKind::AllReduce => 2.0 * (n - 1.0) / n,
+        CollKind::Broadcast | CollKind::Reduce => 1.0,
+        CollKind::AllGather
+        | CollKind::ReduceScatter
+        | CollKind::AllToAll
+        | CollKind::Gather
+        | CollKind::Scatter => (n - 1.0) / n,
+    }
+}
+
+/// The resolved cluster: placement and link capacities (bytes / µs).
+struct Net {
+    host_of: Vec<usize>,
+    local: Vec<usize>,
+    /// Link bandwidths, bytes per microsecond.
+    bw: Vec<f64>,
+    intra_tx: usize,
+    intra_rx: usize,
+    nic_tx: usize,
+    nic_rx: usize,
+    leaf_up: usize,
+    leaf_down: usize,
+    nics: usize,
+    reduce: Vec<f64>,
+    copy: Vec<f64>,
+}
+
+/// A transfer's route: up to 4 links and its latency.
+struct Path {
+    links: [usize; 4],
+    len: usize,
+    latency: f64,
+}
+
+impl Net {
+    fn new(c: &ClusterSpec) -> Net {
+        let host_of = c.host_of();
+        let n = host_of.len();
+        let mut seen = vec![0usize; c.hosts];
+        let local: Vec<usize> = host_of
+            .iter()
+            .map(|&h| {
+                seen[h] += 1;
+                seen[h] - 1
+            })
+            .collect();
+        let nics = c.nic.per_host.unwrap_or(c.ranks_per_host);
+        let hpl = c.fabric.hosts_per_leaf.min(c.hosts).max(1);
+        let groups = c.hosts.div_ceil(hpl);
+        let leaves = if c.fabric.rail_optimized {
+            groups * nics
+        } else {
+            groups
+        };
+        let intra_tx = 0;
+        let intra_rx = n;
+        let nic_tx = 2 * n;
+        let nic_rx = nic_tx + c.hosts * nics;
+        let leaf_up = nic_rx + c.hosts * nics;
+        let leaf_down = leaf_up + leaves;
+        let total = leaf_down + leaves;
+        let gbs = |g: f64| g * 1e3; // GB/s -> bytes/µs
+        let port = gbs(c.intra.map_or(1.0, |i| i.port_gbs));
+        let nic = gbs(c.nic.gbit / 8.0 * c.nic.efficiency);
+        let nics_per_leaf = if c.fabric.rail_optimized { 1 } else { nics };
+        let leaf = nic * (hpl * nics_per_leaf) as f64 / c.fabric.oversubscription;
+        let mut bw = vec![0.0; total];
+        bw[intra_tx..nic_tx].fill(port);
+        bw[nic_tx..leaf_up].fill(nic);
+        bw[leaf_up..total].fill(leaf);
+        let mut reduce = vec![gbs(c.reduce_gbs); n];
+        let mut copy = vec![gbs(c.copy_gbs); n];
+        let mut net = Net {
+            host_of,
+            local,
+            bw,
+            intra_tx,
+            intra_rx,
+            nic_tx,
+            nic_rx,
+            leaf_up,
+            leaf_down,
+            nics,
+            reduce: Vec::new(),
+            copy: Vec::new(),
+        };
+        let rph = c.ranks_per_host;
+        let nic_of = |net: &Net, r: usize| net.host_of[r] * nics + net.local[r] * nics / rph;
+        for s in &c.faults.slow_ranks {
+            reduce[s.rank] /= s.compute_factor;
+            copy[s.rank] /= s.compute_factor;
+            let k = nic_of(&net, s.rank);
+            for l in [intra_tx + s.rank, intra_rx + s.rank, nic_tx + k, nic_rx + k] {
+                net.bw[l] /= s.link_factor;
+            }
+        }
+        for d in &c.faults.degraded_links {
+            let links = match d.link {
+                LinkKind::Intra => [intra_tx + d.rank, intra_rx + d.rank],
+                LinkKind::Nic => {
+                    let k = nic_of(&net, d.rank);
+                    [nic_tx + k, nic_rx + k]
+                }
+            };
+            for l in links {
+                net.bw[l] /= d.factor;
+            }
+        }
+        net.reduce = reduce;
+        net.copy = copy;
+        let _ = (groups, hpl);
+        net
+    }
+}
+
+/// Geometry the path computation needs.
+struct Geo {
+    rph: usize,
+    hpl: usize,
+    rail: bool,
+    intra: Option<f64>,
+    nic_lat: f64,
+    hop_lat: f64,
+    extra_lat: f64,
+}
+
+impl Geo {
+    fn path(&self, net: &Net, src: usize, dst: usize) -> Path {
+        let (hs, hd) = (net.host_of[src], net.host_of[dst]);
+        if hs == hd {
+            if let Some(lat) = self.intra {
+                return Path {
+                    links: [net.intra_tx + src, net.intra_rx + dst, 0, 0],
+                    len: 2,
+                    latency: lat + self.extra_lat,
+                };
+            }
+        }
+        let nics = net.nics;
+        let ks = net.local[src] * nics / self.rph;
+        let kd = net.local[dst] * nics / self.rph;
+        let leaf = |h: usize, k: usize| {
+            if self.rail {
+                (h / self.hpl) * nics + k
+            } else {
+                h / self.hpl
+            }
+        };
+        let tx = net.nic_tx + hs * nics + ks;
+        let rx = net.nic_rx + hd * nics + kd;
+        if hs == hd {
+            // Loopback through the NIC (no host link): no switch.
+            return Path {
+                links: [tx, rx, 0, 0],
+                len: 2,
+                latency: self.nic_lat + self.extra_lat,
+            };
+        }
+        let (ls, ld) = (leaf(hs, ks), leaf(hd, kd));
+        if ls == ld {
+            Path {
+                links: [tx, rx, 0, 0],
+                len: 2,
+                latency: self.nic_lat + self.hop_lat + self.extra_lat,
+            }
+        } else {
+            Path {
+                links: [tx, net.leaf_up + ls, net.leaf_down + ld, rx],
+                len: 4,
+                latency: self.nic_lat + 3.0 * self.hop_lat + self.extra_lat,
+            }
+        }
+    }
+}
+
+/// Most primitives one simulation may hold (about 16 bytes each).
+pub const MAX_PRIMS: u64 = 400_000_000;
+
+/// Algorithms whose schedule of rank `r + p` is that of rank `r` shifted
+/// by `p` (ring-shaped): replaying one period of ranks is exact when the
+/// cluster has the same symmetry.
+fn shift_symmetric(name: &str) -> bool {
+    matches!(name, "ring" | "hier")
+}
+
+/// Algorithms whose channels run in lockstep and saturate their links
+/// together, so one channel at 1/nchannels of the bandwidth is exact.
+fn channel_lockstep(name: &str) -> bool {
+    name == "ring"
+}
+
+/// The number of ranks to replay: a period `p` of the cluster under which
+/// rank `r` and `r + p` see identical links, when the algorithm is
+/// shift-symmetric, or every rank.
+fn fold_period(c: &ClusterSpec, algo: &str, n: usize) -> usize {
+    let uniform = c.placement.is_none()
+        && c.faults.slow_ranks.is_empty()
+        && c.faults.degraded_links.is_empty();
+    if !uniform || !shift_symmetric(algo) {
+        return n;
+    }
+    let hpl = c.fabric.hosts_per_leaf.min(c.hosts).max(1);
+    let p = c.ranks_per_host * hpl;
+    if p < n && n % p == 0 && c.hosts % hpl == 0 {
+        p
+    } else {
+        n
+    }
+}
+
+/// The parameters the engine's tuner would pick for `spec` on `cluster`
+/// with protocol `proto`: channels by size, chunk = half a FIFO.
+pub fn default_params(
+    cluster: &ClusterSpec,
+    spec: &CollSpec,
+    elem_size: usize,
+    proto: Protocol,
+) -> Params {
+    let bytes = spec.count * elem_size;
+    let t = &cluster.tuning;
+    let slot = cluster.protocols.get(proto).slot_bytes;
+    Params {
+        nchannels: (bytes / t.bytes_per_channel.max(1)).clamp(t.min_channels, t.max_channels),
+        chunk_elems: (slot * 8 / 2 / elem_size).max(1),
+    }
+}
+
+/// The protocol the engine's tuner would pick.
+pub fn default_protocol(cluster: &ClusterSpec, spec: &CollSpec, elem_size: usize) -> Protocol {
+    let bytes = spec.count * elem_size;
+    if !cluster.all_intra() {
+        Protocol::Simple
+    } else if bytes <= cluster.tuning.ll_max_bytes {
+        Protocol::Ll
+    } else if bytes <= cluster.tuning.ll128_max_bytes {
+        Protocol::Ll128
+    } else {
+        Protocol::Simple
+    }
+}
+
+fn compact(prim: &Prim, elem: usize, fold: usize) -> Op {
+    let bytes = (prim.len() * elem) as u32;
+    let m = |r: usize| (r % fold) as u32;
+    let (flags, from, to) = match *prim {
+        Prim::Send { to, .. } => (SEND, 0, m(to)),
+        Prim::Recv { from, .. } => (RECV, m(from), 0),
+        Prim::Copy { src, dst } => {
+            let same = src.buf == dst.buf && src.offset == dst.offset;
+            (if same { 0 } else { LOCAL }, 0, 0)
+        }
+        Prim::CopySend { src, dst, to } => {
+            let copy = if src.buf == dst.buf && src.offset == dst.offset {
+                0
+            } else {
+                LOCAL
+            };
+            (SEND | copy, 0, m(to))
+        }
+        Prim::RecvReduceSend { from, to, .. } | Prim::RecvReduceCopySend { from, to, .. } => {
+            (RECV | SEND | REDUCE, m(from), m(to))
+        }
+        Prim::RecvReduceCopy { from, .. } | Prim::RecvReduceCopyPartial { from, .. } => {
+            (RECV | REDUCE, m(from), 0)
+        }
+        Prim::RecvCopySend { from, to, .. } => (RECV | SEND, m(from), m(to)),
+        Prim::ReduceCopy { .. } | Prim::ReduceCopyPartial { .. } => (LOCAL | REDUCE, 0, 0),
+    };
+    let _ = Buf::Send;
+    Op {
+        from,
+        to,
+        bytes,
+        flags,
+    }
+}
+
+/// Times of a message at its receiver: first piece in, last piece in.
+#[derive(Clone, Copy)]
+struct Msg {
+    head: f64,
+    tail: f64,
+}
+
+/// Which symmetry reductions the replay may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimOptions {
+    /// Replay one period of ranks when the algorithm and the cluster are
+    /// invariant under a shift of ranks (ring-shaped algorithms on a
+    /// uniform cluster without faults).
+    pub fold_ranks: bool,
+    /// Replay one channel at 1/nchannels of every link's and rank's
+    /// throughput, for the ring (whose channels split the work evenly and
+    /// run in lockstep, sharing links equally).
+    pub fold_channels: bool,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            fold_ranks: true,
+            fold_channels: true,
+        }
+    }
+}
+
+/// Simulates one call of `spec` (elements of `elem_size` bytes) with
+/// `algorithm`, `protocol` and `params` on `cluster`, with the default
+/// symmetry reductions ([`SimOptions`]).
+///
+/// The communicator's ranks are the cluster's ranks (`spec.nranks` must
+/// equal `cluster.nranks()`).
+pub fn simulate(
+    cluster: &ClusterSpec,
+    spec: &CollSpec,
+    elem_size: usize,
+    algorithm: &dyn Algorithm,
+    protocol: Protocol,
+    params: &Params,
+) -> Result<SimResult, SimError> {
+    simulate_with(
+        cluster,
+        spec,
+        elem_size,
+        algorithm,
+        protocol,
+        params,
+        SimOptions::default(),
+    )
+}
+
+/// [`simulate`] with explicit symmetry options.
+pub fn simulate_with(
+    cluster: &ClusterSpec,
+    spec: &CollSpec,
+    elem_size: usize,
+    algorithm: &dyn Algorithm,
+    protocol: Protocol,
+    params: &Params,
+    options: SimOptions,
+) -> Result<SimResult, SimError> {
+    cluster.validate()?;
+    let full_spec = *spec;
+    let n = spec.nranks;
+    if n != cluster.nranks() {
+        return Err(SimError(format!(
+            "the call has {n} ranks, the cluster {}",
+            cluster.nranks()
+        )));
+    }
+    if !algorithm.supports(spec.kind) {
+        return Err(SimError(format!(
+            "{} does not implement {}",
+            algorithm.name(),
+            spec.kind.name()
+        )));
+    }
+    if spec.count * elem_size > u32::MAX as usize {
+        return Err(SimError(
+            "calls above 4 GiB per rank are not modeled".into(),
+        ));
+    }
+    let topo = Topology::from_hosts(cluster.host_of());
+    if !algorithm.supports_topology(&topo) {
+        return Err(SimError(format!(
+            "{} cannot run on this placement",
+            algorithm.name()
+        )));
+    }
+    let fold = if options.fold_ranks {
+        fold_period(cluster, algorithm.name(), n)
+    } else {
+        n
+    };
+    let proto: ProtoSpec = *cluster.protocols.get(protocol);
+    let mut net = Net::new(cluster);
+    let geo = Geo {
+        rph: cluster.ranks_per_host,
+        hpl: cluster.fabric.hosts_per_leaf.min(cluster.hosts).max(1),
+        rail: cluster.fabric.rail_optimized,
+        intra: cluster.intra.map(|i| i.latency_us),
+        nic_lat: cluster.nic.latency_us,
+        hop_lat: cluster.fabric.hop_latency_us,
+        extra_lat: proto.extra_latency_us,
+    };
+    let real_nch = params.nchannels.max(1);
+    // Only the ring's channels run in lockstep, link-bound; folding the
+    // channels of tree, hier or rhd was measured 1.3-2x pessimistic (a
+    // folded channel cannot borrow the bandwidth others leave idle).
+    let fold_ch = options.fold_channels && real_nch > 1 && channel_lockstep(algorithm.name());
+    // With channels folded: one channel with the largest share of the
+    // elements, on links and ranks of 1/nchannels the throughput.
+    let (sim_spec, sim_params, share) = if fold_ch {
+        (
+            CollSpec {
+                count: spec.count.div_ceil(real_nch),
+                ..*spec
+            },
+            Params {
+                nchannels: 1,
+                ..*params
+            },
+            real_nch as f64,
+        )
+    } else {
+        (*spec, *params, 1.0)
+    };
+    let (spec, params) = (&sim_spec, &sim_params);
+    for v in net
+        .bw
+        .iter_mut()
+        .chain(&mut net.reduce)
+        .chain(&mut net.copy)
+    {
+        *v /= share;
+    }
+    let nch = params.nchannels.max(1);
+
+    // Compact schedules of the replayed ranks: ops and step boundaries per
+    // (rank, channel) thread.
+    let nthreads = fold * nch;
+    let mut ops: Vec<Vec<Op>> = Vec::with_capacity(nthreads);
+    let mut steps: Vec<Vec<u32>> = Vec::with_capacity(nthreads);
+    let mut total: u64 = 0;
+    for rank in 0..fold {
+        let schedule = algorithm.schedule(spec, rank, params, &topo);
+        let mut chans = schedule.channels;
+        chans.resize(nch, Vec::new());
+        for ch in chans {
+            let mut o = Vec::new();
+            let mut s = vec![0u32];
+            for step in &ch {
+                for p in &step.prims {
+                    o.push(compact(p, elem_size, fold));
+                }
+                s.push(o.len() as u32);
+            }
+            total += o.len() as u64;
+            if total > MAX_PRIMS {
+                return Err(SimError(format!(
+                    "more than {MAX_PRIMS} primitives to replay: choose a larger chunk or fewer ranks"
+                )));
+            }
+            ops.push(o);
+            steps.push(s);
+        }
+        if rank == 0 && (ops[0].len() as u64) * (fold as u64) * nch as u64 > MAX_PRIMS * 2 {
+            return Err(SimError(format!(
+                "about {} primitives to replay: too many",
+                ops[0].len() as u64 * fold as u64 * nch as u64
+            )));
+        }
+    }
+
+    let mut free = vec![0.0f64; net.bw.len()];
+    let mut cursor = vec![0usize; nthreads];
+    let mut ready = vec![0.0f64; nthreads];
+    let mut done_at = vec![0.0f64; fold];
+    let mut queues: HashMap<u64, VecDeque<Msg>, Fx> = HashMap::default();
+    let mut waiting: HashMap<u64, usize, Fx> = HashMap::default();
+    let mut heap: BinaryHeap<Reverse<(Time, usize)>> = BinaryHeap::new();
+    for th in 0..nthreads {
+        heap.push(Reverse((Time(0.0), th)));
+    }
+    let key =
+        |from: u32, to: u32, ch: usize| ((from as u64) << 40) | ((to as u64) << 16) | ch as u64;
+    let piece_cap = proto.slot_bytes as f64 * proto.efficiency;
+    let mut prims: u64 = 0;
+    let mut mask: Vec<Vec<bool>> = vec![Vec::new(); nthreads];
+    let mut step_end = vec![0.0f64; nthreads];
+    let mut blocked_recv: Vec<u32> = Vec::new();
+    let mut blocked_send: Vec<u32> = Vec::new();
+
+    while let Some(Reverse((Time(now), th))) = heap.pop() {
+        let rank = th / nch;
+        let ch = th % nch;
+        let s = cursor[th];
+        if s + 1 >= steps[th].len() {
+            done_at[rank] = done_at[rank].max(ready[th]);
+            continue;
+        }
+        let (lo, hi) = (steps[th][s] as usize, steps[th][s + 1] as usize);
+        if mask[th].len() != hi - lo {
+            mask[th].clear();
+            mask[th].resize(hi - lo, false);
+        }
+        // The step's primitives progress independently: run every one
+        // whose message is in, keeping each peer's messages in order.
+        blocked_recv.clear();
+        blocked_send.clear();
+        let t = ready[th];
+        let mut end = step_end[th].max(t);
+        let mut complete = true;
+        let (reduce_bw, copy_bw) = (net.reduce[rank], net.copy[rank]);
+        for i in lo..hi {
+            if mask[th][i - lo] {
+                continue;
+            }
+            let op = ops[th][i];
+            let recv_blocked = op.flags & RECV != 0 && {
+                let k = key(op.from, rank as u32, ch);
+                let empty = queues.get(&k).map_or(true, VecDeque::is_empty);
+                if empty {
+                    waiting.insert(k, th);
+                }
+                empty || blocked_recv.contains(&op.from)
+            };
+            let send_blocked = op.flags & SEND != 0 && blocked_send.contains(&op.to);
+            if recv_blocked || send_blocked {
+                complete = false;
+                if op.flags & RECV != 0 {
+                    blocked_recv.push(op.from);
+                }
+                if op.flags & SEND != 0 {
+                    blocked_send.push(op.to);
+                }
+                continue;
+            }
+            mask[th][i - lo] = true;
+            prims += 1;
+            let bytes = op.bytes as f64;
+            let s0 = t + proto.step_overhead_us;
+            let piece = bytes.min(piece_cap);
+            let proc_bw = if op.flags & REDUCE != 0 {
+                reduce_bw
+            } else {
+                copy_bw
+            };
+            let mut op_end = s0;
+            let mut input: Option<Msg> = None;
+            if op.flags & RECV != 0 {
+                let k = key(op.from, rank as u32, ch);
+                let m = queues
+                    .get_mut(&k)
+                    .and_then(VecDeque::pop_front)
+                    .expect("checked above");
+                let start = s0.max(m.head);
+                op_end = op_end.max((start + bytes / proc_bw).max(m.tail + piece / proc_bw));
+                input = Some(m);
+            }
+            if op.flags & LOCAL != 0 {
+                op_end = op_end.max(s0 + bytes / proc_bw);
+            }
+            if op.flags & SEND != 0 {
+                let dst = op.to as usize;
+                let path = geo.path(&net, rank, dst);
+                let src_ready = match input {
+                    Some(m) => s0.max(m.head) + piece / proc_bw,
+                    None => s0,
+                };
+                let mut last_start = src_ready;
+                let mut depart = src_ready;
+                let mut min_bw = f64::INFINITY;
+                for &l in &path.links[..path.len] {
+                    let bw = net.bw[l] * proto.efficiency;
+                    min_bw = min_bw.min(bw);
+                    let start = src_ready.max(free[l]);
+                    free[l] = start + bytes / bw;
+                    last_start = last_start.max(start);
+                    depart = depart.max(free[l]);
+                }
+                if let Some(m) = input {
+                    // Cannot outrun the input, nor its processing.
+                    depart = depart
+                        .max(m.tail + piece / proc_bw + piece / min_bw)
+                        .max(src_ready + bytes / proc_bw);
+                } else if op.flags & LOCAL != 0 {
+                    depart = depart.max(src_ready + bytes / proc_bw);
+                }
+                let msg = Msg {
+                    head: last_start + piece / min_bw + path.latency,
+                    tail: depart + path.latency,
+                };
+                let k = key(rank as u32, op.to, ch);
+                queues.entry(k).or_default().push_back(msg);
+                if let Some(w) = waiting.remove(&k) {
+                    heap.push(Reverse((Time(now), w)));
+                }
+                op_end = op_end.max(depart);
+            }
+            end = end.max(op_end);
+        }
+        if !complete {
+            step_end[th] = end;
+            continue;
+        }
+        mask[th].clear();
+        step_end[th] = 0.0;
+        cursor[th] += 1;
+        ready[th] = end;
+        heap.push(Reverse((Time(end), th)));
+    }
+    if let Some((&k, &th)) = waiting.iter().next() {
+        return Err(SimError(format!(
+            "deadlock: rank {} channel {} waits for a message from rank {} that never comes",
+            th / nch,
+            th % nch,
+            k >> 40
+        )));
+    }
+    let (last_rank, time_us) = done_at
+        .iter()
+        .copied()
+        .enumerate()
+        .fold((0, 0.0f64), |a, (r, t)| if t > a.1 { (r, t) } else { a });
+    let first_done_us = done_at.iter().copied().fold(f64::INFINITY, f64::min);
+    let size = size_bytes(&full_spec, elem_size);
+    let algbw = if time_us > 0.0 {
+        size as f64 / time_us / 1e3
+    } else {
+        0.0
+    };
+    Ok(SimResult {
+        time_us,
+        first_done_us,
+        size_bytes: size,
+        algbw,
+        busbw: algbw * bus_factor(spec.kind, n),
+        algorithm: algorithm.name().to_string(),
+        protocol,
+        nchannels: real_nch,
+        chunk_elems: params.chunk_elems,
+        ranks_replayed: fold,
+        prims: prims * (n / fold) as u64 * if fold_ch { real_nch as u64 } else { 1 },
+        last_rank,
+    })
+}
+
+/// A time ordered by `total_cmp`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Time(f64);
+
+impl Eq for Time {}
+
+impl PartialOrd for Time {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Time {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// A multiplicative hasher for the u64 connection keys.
+#[derive(Clone, Copy, Default)]
+struct Fx;
+
+impl std::hash::BuildHasher for Fx {
+    type Hasher = FxHasher;
+    fn build_hasher(&self) -> FxHasher {
+        FxHasher(0)
+    }
+}
+
+struct FxHasher(u64);
+
+impl std::hash::Hasher for FxHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        // splitmix64's finalizer: every input bit reaches the low bits.
+        let mut z = (self.0 ^ v).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        self.0 = z ^ (z >> 31);
+    }
+}

@@ -1,0 +1,414 @@
+//! The simulator against closed forms, monotonicity, placement, symmetry
+//! folding and scale.
+
+use rccl_algorithms::{
+    builtin, builtins, tree::dtree, CollKind, CollSpec, HalvingDoubling, Hierarchical, Params,
+    Ring, Tree,
+};
+use rccl_simulator::cluster::{self, ClusterSpec, DegradedLink, IntraLink, LinkKind, SlowRank};
+use rccl_simulator::{
+    default_params, report, simulate, simulate_with, Protocol, SimOptions, SimResult,
+};
+
+/// One host of `n` ranks on a switch of `gbs` GB/s ports and `lat` µs
+/// latency; computation free, one piece per message, no overheads.
+fn uniform(n: usize, gbs: f64, lat: f64, overhead: f64) -> ClusterSpec {
+    let mut c = cluster::local(n, false);
+    c.intra = Some(IntraLink {
+        port_gbs: gbs,
+        latency_us: lat,
+    });
+    c.reduce_gbs = 1e9;
+    c.copy_gbs = 1e9;
+    for p in [
+        &mut c.protocols.ll,
+        &mut c.protocols.ll128,
+        &mut c.protocols.simple,
+    ] {
+        p.efficiency = 1.0;
+        p.step_overhead_us = overhead;
+        p.extra_latency_us = 0.0;
+        p.slot_bytes = 1 << 30;
+    }
+    c
+}
+
+fn run(c: &ClusterSpec, kind: CollKind, count: usize, algo: &str, params: Params) -> SimResult {
+    let spec = CollSpec {
+        kind,
+        nranks: c.nranks(),
+        root: 0,
+        count,
+    };
+    simulate(
+        c,
+        &spec,
+        4,
+        builtin(algo).unwrap(),
+        Protocol::Simple,
+        &params,
+    )
+    .unwrap()
+}
+
+fn one_channel(chunk_elems: usize) -> Params {
+    Params {
+        nchannels: 1,
+        chunk_elems,
+    }
+}
+
+fn close(got: f64, want: f64, rel: f64) {
+    assert!(
+        (got - want).abs() <= rel * want,
+        "got {got}, want {want} (tolerance {rel})"
+    );
+}
+
+#[test]
+fn ring_all_reduce_matches_the_closed_form() {
+    // T = o + 2(n-1) (S/(n B) + L) with one piece per chunk and o <= L.
+    for (n, overhead) in [(2, 0.0), (8, 0.0), (8, 3.0), (13, 1.0)] {
+        let (b, l) = (100.0, 5.0); // GB/s, µs
+        let c = uniform(n, b, l, overhead);
+        let count = n * (1 << 18); // 1 MiB per chunk
+        let r = run(&c, CollKind::AllReduce, count, "ring", one_channel(1 << 20));
+        let chunk_bytes = (count / n * 4) as f64;
+        let want = overhead + 2.0 * (n - 1) as f64 * (chunk_bytes / (b * 1e3) + l);
+        close(r.time_us, want, 1e-6);
+        close(
+            r.busbw,
+            (count * 4) as f64 / want / 1e3 * 2.0 * (n - 1) as f64 / n as f64,
+            1e-6,
+        );
+    }
+}
+
+#[test]
+fn ring_all_gather_and_reduce_scatter_match_the_closed_form() {
+    // T = (n-1) (S/(n B) + L), S/n = count per rank.
+    let (n, b, l) = (8, 50.0, 2.0);
+    let c = uniform(n, b, l, 0.0);
+    let count = 1 << 18;
+    let want = (n - 1) as f64 * ((count * 4) as f64 / (b * 1e3) + l);
+    for kind in [CollKind::AllGather, CollKind::ReduceScatter] {
+        let r = run(&c, kind, count, "ring", one_channel(1 << 20));
+        close(r.time_us, want, 1e-6);
+    }
+}
+
+#[test]
+fn pieces_pipeline_the_latency_away() {
+    // A 4 MiB chunk cut into 512 KiB pieces: each hop forwards the first
+    // piece before the last arrives, so the time falls from the
+    // store-and-forward closed form towards the bandwidth bound, and is
+    // the bandwidth term plus one piece per hop: 2(n-1)/n S/B <= T.
+    let (n, b, l) = (8, 100.0, 5.0);
+    let mut c = uniform(n, b, l, 0.0);
+    let count = n * (1 << 20);
+    let whole = run(&c, CollKind::AllReduce, count, "ring", one_channel(1 << 20)).time_us;
+    c.protocols.simple.slot_bytes = 512 << 10;
+    let piecewise = run(&c, CollKind::AllReduce, count, "ring", one_channel(1 << 20)).time_us;
+    let bound = 2.0 * (n - 1) as f64 / n as f64 * (count * 4) as f64 / (b * 1e3);
+    assert!(piecewise < whole, "{piecewise} < {whole}");
+    assert!(piecewise >= bound, "{piecewise} >= {bound}");
+    // Cut-through: (2n-1) steps of one chunk's serialization plus one
+    // latency, plus one piece per hop at most.
+    let chunk = (count / n * 4) as f64 / (b * 1e3);
+    let piece = (512 << 10) as f64 / (b * 1e3);
+    assert!(piecewise <= (2 * n - 1) as f64 * (chunk + piece) + 2.0 * l);
+}
+
+#[test]
+fn tree_latency_grows_with_depth() {
+    // A tiny message: reduce up the deeper of the two trees and broadcast
+    // back down; each hop costs one latency (and the data is negligible).
+    let (b, l) = (100.0, 10.0);
+    let mut times = Vec::new();
+    for n in [4usize, 16, 64, 256] {
+        let c = uniform(n, b, l, 0.0);
+        let r = run(&c, CollKind::AllReduce, 2 * n, "tree", one_channel(1 << 20));
+        let depth = (0..2)
+            .map(|t| {
+                (0..n)
+                    .map(|mut r| {
+                        let mut d = 0;
+                        while let Some(p) = dtree(n, r)[t].parent {
+                            r = p;
+                            d += 1;
+                        }
+                        d
+                    })
+                    .max()
+                    .unwrap()
+            })
+            .max()
+            .unwrap() as f64;
+        // The two trees' phases run in order on each rank (up 0, up 1,
+        // down 0, down 1), so tree 1 can lag tree 0 by up to a depth.
+        assert!(
+            r.time_us >= 2.0 * depth * l - 1.0 && r.time_us <= 4.0 * depth * l + 1.0,
+            "n {n}: {} vs depth {depth}",
+            r.time_us
+        );
+        times.push(r.time_us);
+        // The ring pays 2(n-1) latencies instead.
+        let ring = run(&c, CollKind::AllReduce, 2 * n, "ring", one_channel(1 << 20));
+        if n >= 16 {
+            assert!(ring.time_us > 2.0 * r.time_us);
+        }
+    }
+    // 64x the ranks, about 4x the depth: logarithmic.
+    assert!(times[3] < 5.0 * times[0], "{times:?}");
+}
+
+#[test]
+fn slower_links_and_ranks_are_slower() {
+    let base = cluster::h100(2);
+    let spec = CollSpec {
+        kind: CollKind::AllReduce,
+        nranks: 16,
+        root: 0,
+        count: 16 << 20,
+    };
+    let t = |c: &ClusterSpec| {
+        let p = default_params(c, &spec, 4, Protocol::Simple);
+        simulate(c, &spec, 4, &Ring, Protocol::Simple, &p)
+            .unwrap()
+            .time_us
+    };
+    let t0 = t(&base);
+    let mut slow_nic = base.clone();
+    slow_nic.nic.gbit = 200.0;
+    let mut slow_nvl = base.clone();
+    slow_nvl.intra.as_mut().unwrap().port_gbs = 20.0;
+    let mut degraded = base.clone();
+    degraded.faults.degraded_links.push(DegradedLink {
+        rank: 7,
+        link: LinkKind::Nic,
+        factor: 4.0,
+    });
+    let mut slow_rank = base.clone();
+    slow_rank.reduce_gbs = 50.0; // compute-bound everywhere ...
+    let mut one_slow = slow_rank.clone();
+    one_slow.faults.slow_ranks.push(SlowRank {
+        rank: 3,
+        compute_factor: 4.0,
+        link_factor: 1.0,
+    });
+    let mut higher_latency = base.clone();
+    higher_latency.nic.latency_us *= 10.0;
+    for (what, c) in [
+        ("200G NIC", &slow_nic),
+        ("NVLink 100", &slow_nvl),
+        ("one degraded NIC", &degraded),
+        ("slow reductions", &slow_rank),
+        ("NIC latency x10", &higher_latency),
+    ] {
+        assert!(t(c) > t0, "{what}: {} vs {t0}", t(c));
+    }
+    // ... and one rank slower still slows the whole ring.
+    assert!(t(&one_slow) > t(&slow_rank) * 1.5);
+    // Bandwidth-bound: halving the NIC rate nearly doubles the time.
+    close(t(&slow_nic) / t0, 2.0, 0.1);
+}
+
+#[test]
+fn a_tensor_parallel_group_across_two_hosts_is_slower() {
+    // 8 ranks on one host versus 4 + 4 on two hosts.
+    let one = cluster::h100(1);
+    let mut split = cluster::h100(2);
+    split.placement = Some(vec![0, 0, 0, 0, 1, 1, 1, 1]);
+    let spec = CollSpec {
+        kind: CollKind::AllReduce,
+        nranks: 8,
+        root: 0,
+        count: 64 << 20,
+    };
+    let p = default_params(&one, &spec, 4, Protocol::Simple);
+    let a = simulate(&one, &spec, 4, &Ring, Protocol::Simple, &p).unwrap();
+    let b = simulate(&split, &spec, 4, &Ring, Protocol::Simple, &p).unwrap();
+    assert!(
+        b.time_us > 5.0 * a.time_us,
+        "{} vs {}",
+        b.time_us,
+        a.time_us
+    );
+    // The NIC bounds the split group: busbw near 46 GB/s.
+    assert!(b.busbw > 35.0 && b.busbw < 50.0, "{}", b.busbw);
+}
+
+#[test]
+fn symmetry_folding_matches_full_replay() {
+    // 8 hosts of 8, 2 hosts per leaf: rank period 16 of 64 ranks.
+    let mut c = cluster::h100(8);
+    c.fabric.hosts_per_leaf = 2;
+    c.fabric.oversubscription = 2.0;
+    for (algo, kind) in [
+        ("ring", CollKind::AllReduce),
+        ("ring", CollKind::AllGather),
+        ("hier", CollKind::AllReduce),
+        ("hier", CollKind::ReduceScatter),
+        ("tree", CollKind::AllReduce),
+    ] {
+        let spec = CollSpec {
+            kind,
+            nranks: 64,
+            root: 0,
+            count: 8 << 20,
+        };
+        let p = default_params(&c, &spec, 4, Protocol::Simple);
+        let a = builtin(algo).unwrap();
+        let full = SimOptions {
+            fold_ranks: false,
+            fold_channels: false,
+        };
+        let exact = simulate_with(&c, &spec, 4, a, Protocol::Simple, &p, full).unwrap();
+        let folded = simulate(&c, &spec, 4, a, Protocol::Simple, &p).unwrap();
+        if algo != "tree" {
+            assert_eq!(folded.ranks_replayed, 16, "{algo}");
+        }
+        assert_eq!(exact.ranks_replayed, 64);
+        // Rank folding is exact; the ring's channel folding within 1%.
+        close(folded.time_us, exact.time_us, 0.01);
+    }
+}
+
+#[test]
+fn every_builtin_runs_every_collective_it_supports() {
+    let mut c = cluster::h100(2);
+    c.ranks_per_host = 4;
+    for a in builtins() {
+        for kind in CollKind::ALL {
+            if !a.supports(kind) {
+                continue;
+            }
+            for count in [1, 1000, 1 << 20] {
+                let spec = CollSpec {
+                    kind,
+                    nranks: 8,
+                    root: 3,
+                    count,
+                };
+                let p = default_params(&c, &spec, 4, Protocol::Simple);
+                let r = simulate(&c, &spec, 4, *a, Protocol::Simple, &p)
+                    .unwrap_or_else(|e| panic!("{} {}: {e}", a.name(), kind.name()));
+                assert!(r.time_us > 0.0 && r.time_us.is_finite());
+            }
+        }
+    }
+}
+
+#[test]
+fn protocols_trade_latency_for_bandwidth() {
+    let c = cluster::h100(1);
+    let at = |count: usize, proto| {
+        let spec = CollSpec {
+            kind: CollKind::AllReduce,
+            nranks: 8,
+            root: 0,
+            count,
+        };
+        let p = default_params(&c, &spec, 4, proto);
+        simulate(&c, &spec, 4, &Ring, proto, &p).unwrap()
+    };
+    // Small: LL beats Simple; large: Simple beats LL (half the bandwidth).
+    assert!(at(1024, Protocol::Ll).time_us < at(1024, Protocol::Simple).time_us);
+    let (ll, simple) = (at(64 << 20, Protocol::Ll), at(64 << 20, Protocol::Simple));
+    assert!(
+        simple.busbw > 1.8 * ll.busbw,
+        "{} {}",
+        simple.busbw,
+        ll.busbw
+    );
+}
+
+#[test]
+fn four_thousand_ranks_simulate_quickly() {
+    // 512 hosts of 8: ring (folded to one leaf group of 256 ranks) and
+    // tree (full replay of all 4096 ranks).
+    let c = cluster::h100(512);
+    let spec = CollSpec {
+        kind: CollKind::AllReduce,
+        nranks: 4096,
+        root: 0,
+        count: 64 << 20,
+    };
+    // Four channels keep the full replays (tree, hier, rhd) CI-sized.
+    let p = Params {
+        nchannels: 4,
+        ..default_params(&c, &spec, 4, Protocol::Simple)
+    };
+    for a in [
+        &Ring as &dyn rccl_algorithms::Algorithm,
+        &Tree,
+        &Hierarchical,
+        &HalvingDoubling,
+    ] {
+        let start = std::time::Instant::now();
+        let r = simulate(&c, &spec, 4, a, Protocol::Simple, &p).unwrap();
+        let wall = start.elapsed().as_secs_f64();
+        assert!(r.busbw > 1.0, "{}: {}", a.name(), r.busbw);
+        eprintln!("{}: 4096 ranks in {wall:.2} s", a.name());
+        assert!(wall < 20.0, "{} took {wall} s", a.name());
+    }
+}
+
+#[test]
+fn cluster_descriptions_round_trip_and_reject_nonsense() {
+    for c in [
+        cluster::h100(4),
+        cluster::local(2, false),
+        cluster::local(3, true),
+    ] {
+        assert_eq!(ClusterSpec::from_json(&c.to_json()).unwrap(), c);
+        c.validate().unwrap();
+    }
+    let mut bad = cluster::h100(2);
+    bad.placement = Some(vec![0; 16]);
+    assert!(bad.validate().is_err(), "16 ranks on a host of 8");
+    let mut bad = cluster::h100(2);
+    bad.nic.gbit = 0.0;
+    assert!(bad.validate().is_err());
+    assert!(ClusterSpec::from_json("{\"name\": \"x\"}").is_err());
+}
+
+#[test]
+fn the_table_follows_nccl_tests() {
+    let c = cluster::h100(1);
+    let r = run(
+        &c,
+        CollKind::AllGather,
+        1 << 16,
+        "ring",
+        default_params(
+            &c,
+            &CollSpec {
+                kind: CollKind::AllGather,
+                nranks: 8,
+                root: 0,
+                count: 1 << 16,
+            },
+            4,
+            Protocol::Simple,
+        ),
+    );
+    assert_eq!(r.size_bytes, 8 * (1 << 16) * 4);
+    let row = report::Row {
+        size: r.size_bytes,
+        count: report::count_column(CollKind::AllGather, 1 << 16, 8),
+        dtype: "float".into(),
+        redop: "none".into(),
+        root: -1,
+        result: r,
+    };
+    let line = report::line(&row);
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cols.len(), 9, "{line}");
+    assert_eq!(cols[0], "2097152");
+    assert_eq!(cols[1], "524288");
+    let json = report::json("h100", CollKind::AllGather, 8, &[row]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["rows"][0]["size"], 2097152);
+    assert!(v["rows"][0]["busbw"].as_f64().unwrap() > 0.0);
+}
