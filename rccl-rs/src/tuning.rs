@@ -355,7 +355,7 @@ pub fn choose(
         }
     }
     let (_, mut algorithm, mut protocol) = best.expect("candidates and protocols are not empty");
-    let mut nchannels = channels_for(config, bytes);
+    let mut nchannels = channels_for(config, bytes, placement.all_shm);
     if let Some(hint) = PLUGIN
         .read()
         .as_ref()
@@ -481,10 +481,18 @@ pub fn register_schedule_files_from_env() -> Result<()> {
 /// Channels and protocol for a batch of sends and receives whose largest
 /// message is `bytes` long.
 pub fn p2p_choice(config: &Config, bytes: usize) -> (usize, Protocol) {
-    (channels_for(config, bytes), Protocol::Simple)
+    (channels_for(config, bytes, false), Protocol::Simple)
 }
 
-fn channels_for(config: &Config, bytes: usize) -> usize {
+/// Channels for `bytes`: extra channels pay where transfers proceed on
+/// their own (network connections, moved by proxy threads); within a host
+/// the calling thread does every copy itself, so more channels only
+/// interleave the same work (measured: 1 MiB all-reduce over two processes
+/// ran at 5.7 GB/s on two channels against 9.4 GB/s at 512 KiB on one).
+fn channels_for(config: &Config, bytes: usize, all_shm: bool) -> usize {
+    if all_shm {
+        return config.min_channels;
+    }
     (bytes / BYTES_PER_CHANNEL).clamp(config.min_channels, config.max_channels)
 }
 
