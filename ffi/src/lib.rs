@@ -1,1 +1,49 @@
-//! The nccl.h-compatible C ABI.
+//! The nccl.h-compatible C ABI of rccl-rs (`librcclrs.so` / `librcclrs.a`).
+//!
+//! `ffi/include/nccl.h` declares every function of NCCL 2.32's `nccl.h`;
+//! this crate defines them all, plus the `pnccl*` profiling aliases NCCL
+//! exports. Buffers are host memory; `cudaStream_t` arguments are accepted
+//! and ignored, since every operation completes before its call returns
+//! (or at the end of the enclosing group). `docs/C-API.md` lists what each
+//! function does here.
+//!
+//! Every entry point catches panics (returning `ncclInternalError`),
+//! checks its arguments, looks its communicator handle up in a registry of
+//! live handles (so a destroyed or made-up `ncclComm_t` is reported, not
+//! dereferenced), and records a message for `ncclGetLastError`.
+
+// The entry points are C functions: their safety contract is nccl.h's, as
+// docs/C-API.md describes, and their names are NCCL's.
+#![allow(clippy::missing_safety_doc, non_snake_case, non_upper_case_globals)]
+
+/// Defines a C entry point `ncclX` and its profiling alias `pncclX`.
+macro_rules! nccl_api {
+    ($(
+        $(#[$meta:meta])*
+        fn $name:ident / $pname:ident ( $($arg:ident : $ty:ty),* $(,)? ) $(-> $ret:ty)? $body:block
+    )*) => {$(
+        $(#[$meta])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? $body
+
+        #[doc = concat!("The profiling alias of [`", stringify!($name), "`].")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $pname($($arg: $ty),*) $(-> $ret)? {
+            unsafe { $name($($arg),*) }
+        }
+    )*};
+}
+
+pub mod abi;
+pub mod comms;
+pub mod error;
+pub mod misc;
+pub mod ops;
+pub mod params;
+pub mod registry;
+
+pub use abi::*;
+pub use comms::*;
+pub use misc::*;
+pub use ops::*;
+pub use params::*;

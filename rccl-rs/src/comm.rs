@@ -239,6 +239,45 @@ impl CommInner {
         text
     }
 
+    /// Logs what init found: the placement, the rings and trees, and how
+    /// peers will be reached (`NCCL_DEBUG=INFO`, subsystems INIT and GRAPH).
+    fn log_init(&self) {
+        use crate::debug::{GRAPH, INIT};
+        let (rank, n) = (self.rank, self.nranks);
+        tracing::info!(
+            target: INIT,
+            "[{rank}] comm {:p} rank {rank} nRanks {n} nHosts {} host {} - Init COMPLETE",
+            self,
+            self.topology.nhosts(),
+            self.peers[rank].host
+        );
+        if !tracing::enabled!(target: GRAPH, tracing::Level::INFO) {
+            return;
+        }
+        for (host, ranks) in self.topology.hosts().iter().enumerate() {
+            let name = &self.peers[ranks[0]].host;
+            tracing::info!(target: GRAPH, "[{rank}] Topology: host {host} ({name}): ranks {ranks:?}");
+        }
+        let ring: Vec<String> = (0..n).map(|r| r.to_string()).collect();
+        tracing::info!(target: GRAPH, "[{rank}] Ring : {}", ring.join(" "));
+        for (t, node) in rccl_algorithms::tree::dtree(n, rank).iter().enumerate() {
+            let parent = node.parent.map_or("-1".to_string(), |p| p.to_string());
+            tracing::info!(
+                target: GRAPH,
+                "[{rank}] Tree {t} : {parent} -> {rank} -> {:?}",
+                node.children
+            );
+        }
+        for peer in (0..n).filter(|&p| p != rank) {
+            let via = if self.shares_memory_with(peer) {
+                "SHM/direct".to_string()
+            } else {
+                format!("NET/Socket {}", self.peers[peer].data_addr)
+            };
+            tracing::info!(target: GRAPH, "[{rank}] Transport to rank {peer} ({}): {via}", self.peers[peer].host);
+        }
+    }
+
     /// Fails if the communicator was aborted or has failed.
     pub fn check_usable(&self) -> Result<()> {
         if self.abort.load(Ordering::Relaxed) {
@@ -319,6 +358,7 @@ impl Communicator {
             )));
         }
         config.validate()?;
+        crate::debug::init();
         let abort = Arc::new(AtomicBool::new(false));
         let bootstrap = Bootstrap::init(id, rank, nranks, config.timeout, abort.clone())?;
         let ip = bootstrap.peer_addr(rank).ip();
@@ -381,6 +421,7 @@ impl Communicator {
             splits: AtomicU64::new(0),
         });
         register(&inner);
+        inner.log_init();
         Ok(Communicator { inner })
     }
 

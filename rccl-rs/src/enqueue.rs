@@ -97,8 +97,10 @@ pub fn group_depth() -> usize {
 }
 
 /// Records a failed call inside a group, so that the group's end reports
-/// it (NCCL reports argument errors at the call and again at group end).
-pub(crate) fn group_fail(err: &Error) {
+/// it (NCCL reports argument errors at the call and again at group end) and
+/// launches nothing. Outside a group it does nothing. Public for the C ABI,
+/// whose own argument checks fail calls before they reach the engine.
+pub fn group_fail(err: &Error) {
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth > 0 {
@@ -141,6 +143,8 @@ fn launch(ops: Vec<RawOp>) -> Result<()> {
     if ops.is_empty() {
         return Ok(());
     }
+    #[cfg(feature = "fault-injection")]
+    crate::fault::point("launch");
     let mut launches: Vec<CommLaunch> = Vec::new();
     let mut p2p: Vec<Vec<RawOp>> = Vec::new();
     for op in ops {
@@ -362,6 +366,31 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
     let schedule = choice
         .algorithm
         .schedule(&spec, comm.rank, &choice.params, &comm.topology);
+    tracing::info!(
+        target: crate::debug::COLL,
+        "[{}] {}: opCount {seq} sendbuff {:p} recvbuff {:p} count {} datatype {} op {} root {root} comm {:p} [nranks={}]",
+        comm.rank,
+        kind.name(),
+        op.send,
+        op.recv,
+        op.count,
+        op.dtype.name(),
+        red_op.name(),
+        Arc::as_ptr(comm),
+        comm.nranks
+    );
+    tracing::info!(
+        target: crate::debug::TUNING,
+        "[{}] {}: {} Bytes -> Algo {} proto {} channel {} chunk {} elements{}",
+        comm.rank,
+        kind.name(),
+        op.count * op.dtype.size(),
+        choice.algorithm.name(),
+        choice.protocol.name(),
+        choice.params.nchannels,
+        choice.params.chunk_elems,
+        if in_place { " (in place)" } else { "" }
+    );
     let reduction = if kind.reduces() {
         Some(Arc::new(Reduction {
             input: ReduceKernel::new(op.dtype, red_op, comm.nranks)?,
@@ -389,6 +418,10 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
 /// Whether a call is in place by NCCL's conventions: the send buffer at
 /// the collective's offset inside the receive buffer, or the reverse.
 fn is_in_place(op: &RawOp, kind: CollKind, root: usize, rank: usize) -> bool {
+    // Empty buffers may share a dangling address without aliasing anything.
+    if op.count == 0 {
+        return false;
+    }
     let size = op.dtype.size();
     let at = |base: *const u8, offset: Option<usize>| offset.map(|o| base.wrapping_add(o * size));
     at(op.recv, kind.in_place_send_offset(op.count, rank, root)) == Some(op.send)
@@ -662,6 +695,12 @@ fn open_connection(
                 .map_err(|e| failed("unlinking shared memory of", e))?;
             segment
         };
+        tracing::info!(
+            target: crate::debug::SHM,
+            "[{}] Channel {channel:02} : {} -> {peer} via SHM/direct",
+            comm.rank,
+            comm.rank
+        );
         let mut conn = ShmConnection::new(segment, creating, &shape);
         let info = &comm.peers[peer];
         if info.start != 0 {
@@ -679,6 +718,13 @@ fn open_connection(
         comm.tcp.accept_from(peer, channel, deadline, &comm.abort)
     }
     .map_err(|e| failed("connecting to", e))?;
+    tracing::info!(
+        target: crate::debug::NET,
+        "[{}] Channel {channel:02} : {} -> {peer} via NET/Socket ({})",
+        comm.rank,
+        comm.rank,
+        comm.peers[peer].data_addr
+    );
     let conn = TcpConnection::start(stream, shape.nslots, shape.slot_bytes(Protocol::Simple))
         .map_err(|e| Error::io("starting connection proxies", e))?;
     Ok(Box::new(conn))

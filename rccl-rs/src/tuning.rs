@@ -22,7 +22,14 @@ const LL128_MAX_BYTES: usize = 256 << 10;
 /// separated by `;` may apply to one collective (`allreduce:tree;^ll`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Selection {
+    text: String,
     rules: Vec<Rule>,
+}
+
+impl std::fmt::Display for Selection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -73,7 +80,10 @@ impl Selection {
                 names,
             });
         }
-        Ok(Selection { rules })
+        Ok(Selection {
+            text: text.to_string(),
+            rules,
+        })
     }
 
     /// Every name the selection mentions.
@@ -190,7 +200,7 @@ fn choose_algorithm(
         .find(fits)
         .ok_or_else(|| {
             Error::InvalidUsage(format!(
-                "NCCL_ALGO={:?} leaves no algorithm that implements {}{} on this placement",
+                "NCCL_ALGO=\"{}\" leaves no algorithm that implements {}{} on this placement",
                 config.algo,
                 kind.name(),
                 if placement.in_place { " in place" } else { "" }

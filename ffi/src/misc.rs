@@ -1,0 +1,188 @@
+//! Version, error strings, memory, registration, windows, one-sided
+//! operations and encryption.
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use crate::abi::*;
+use crate::comms::{comm_of, regions};
+use crate::error::{self, guard, invalid, non_null, usage};
+use crate::registry::{self, next_token};
+
+const PAGE: usize = 4096;
+
+nccl_api! {
+    /// The API level implemented (NCCL_VERSION_CODE of ffi/include/nccl.h).
+    fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> ncclResult_t {
+        guard("ncclGetVersion", std::ptr::null_mut(), || {
+            non_null(version, "version")?;
+            unsafe { *version = NCCL_VERSION_CODE };
+            Ok(ncclSuccess)
+        })
+    }
+
+    fn ncclGetErrorString / pncclGetErrorString(result: ncclResult_t) -> *const c_char {
+        error::error_string(result).as_ptr()
+    }
+
+    /// The communicator's last error message (NULL or a communicator
+    /// without one: this thread's). Never NULL; "" when nothing failed.
+    fn ncclGetLastError / pncclGetLastError(comm: ncclComm_t) -> *const c_char {
+        std::panic::catch_unwind(|| error::last_error(comm)).unwrap_or(c"".as_ptr())
+    }
+
+    /// Deprecated upstream; nothing to reset here.
+    fn ncclResetDebugInit / pncclResetDebugInit() {}
+
+    /// Page-aligned host memory.
+    fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
+        guard("ncclMemAlloc", std::ptr::null_mut(), || {
+            non_null(ptr, "ptr")?;
+            let mut out: *mut c_void = std::ptr::null_mut();
+            let rc = unsafe { libc::posix_memalign(&mut out, PAGE, size.max(1)) };
+            if rc != 0 {
+                return Err(rccl::Error::System(format!(
+                    "cannot allocate {size} bytes: {}",
+                    std::io::Error::from_raw_os_error(rc)
+                )));
+            }
+            unsafe { *ptr = out };
+            Ok(ncclSuccess)
+        })
+    }
+
+    /// Frees what ncclMemAlloc returned (NULL: nothing to do).
+    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> ncclResult_t {
+        guard("ncclMemFree", std::ptr::null_mut(), || {
+            unsafe { libc::free(ptr) };
+            Ok(ncclSuccess)
+        })
+    }
+
+    /// Host memory needs no registration: returns a handle to deregister.
+    fn ncclCommRegister / pncclCommRegister(
+        comm: ncclComm_t, buff: *mut c_void, size: usize, handle: *mut *mut c_void
+    ) -> ncclResult_t {
+        guard("ncclCommRegister", comm, || {
+            non_null(handle, "handle")?;
+            non_null(buff, "buff")?;
+            let entry = registry::lookup(comm)?;
+            let token = next_token();
+            regions(&entry, false).insert(token, (buff as usize, size));
+            unsafe { *handle = token as *mut c_void };
+            Ok(ncclSuccess)
+        })
+    }
+
+    fn ncclCommDeregister / pncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
+        guard("ncclCommDeregister", comm, || {
+            let entry = registry::lookup(comm)?;
+            if regions(&entry, false).remove(&(handle as usize)).is_none() {
+                return Err(invalid(format!("{handle:p} is not a registration of this communicator")));
+            }
+            Ok(ncclSuccess)
+        })
+    }
+
+    /// Records the buffer as a window of this rank; windows serve
+    /// ncclWinGetUserPtr (the one-sided operations are not supported).
+    fn ncclCommWindowRegister / pncclCommWindowRegister(
+        comm: ncclComm_t, buff: *mut c_void, size: usize, win: *mut ncclWindow_t, winFlags: c_int
+    ) -> ncclResult_t {
+        guard("ncclCommWindowRegister", comm, || {
+            non_null(win, "win")?;
+            non_null(buff, "buff")?;
+            let (entry, _) = comm_of(comm)?;
+            if winFlags & !0x0f != 0 {
+                return Err(invalid(format!("unknown winFlags {winFlags:#x}")));
+            }
+            let token = next_token();
+            regions(&entry, true).insert(token, (buff as usize, size));
+            unsafe { *win = token as ncclWindow_t };
+            Ok(ncclSuccess)
+        })
+    }
+
+    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
+        guard("ncclCommWindowDeregister", comm, || {
+            let entry = registry::lookup(comm)?;
+            if regions(&entry, true).remove(&(win as usize)).is_none() {
+                return Err(invalid(format!("{win:p} is not a window of this communicator")));
+            }
+            Ok(ncclSuccess)
+        })
+    }
+
+    fn ncclWinGetUserPtr / pncclWinGetUserPtr(
+        comm: ncclComm_t, win: ncclWindow_t, outUserPtr: *mut *mut c_void
+    ) -> ncclResult_t {
+        guard("ncclWinGetUserPtr", comm, || {
+            non_null(outUserPtr, "outUserPtr")?;
+            let entry = registry::lookup(comm)?;
+            let Some(&(addr, _)) = regions(&entry, true).get(&(win as usize)) else {
+                return Err(invalid(format!("{win:p} is not a window of this communicator")));
+            };
+            unsafe { *outUserPtr = addr as *mut c_void };
+            Ok(ncclSuccess)
+        })
+    }
+
+    fn ncclPutSignal / pncclPutSignal(
+        _localbuff: *const c_void, _count: usize, _datatype: ncclDataType_t, _peer: c_int,
+        _peerWin: ncclWindow_t, _peerWinOffset: usize, _sigIdx: c_int, _ctx: c_int,
+        _flags: c_uint, comm: ncclComm_t, _stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclPutSignal", comm, || {
+            comm_of(comm)?;
+            Err(one_sided())
+        })
+    }
+
+    fn ncclSignal / pncclSignal(
+        _peer: c_int, _sigIdx: c_int, _ctx: c_int, _flags: c_uint, comm: ncclComm_t,
+        _stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclSignal", comm, || {
+            comm_of(comm)?;
+            Err(one_sided())
+        })
+    }
+
+    fn ncclWaitSignal / pncclWaitSignal(
+        _nDesc: c_int, _signalDescs: *mut ncclWaitSignalDesc_t, comm: ncclComm_t,
+        _stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclWaitSignal", comm, || {
+            comm_of(comm)?;
+            Err(one_sided())
+        })
+    }
+
+    /// Plaintext (NCCL_ENCRYPTION_MODE_NONE) is what rccl-rs does; a PSK
+    /// cannot be honoured.
+    fn ncclSetEncryption / pncclSetEncryption(config: *const ncclEncryptionConfig_t) -> ncclResult_t {
+        guard("ncclSetEncryption", std::ptr::null_mut(), || {
+            non_null(config, "config")?;
+            let (magic, mode) = unsafe { ((*config).magic, (*config).mode) };
+            if magic != NCCL_API_MAGIC {
+                return Err(invalid(format!(
+                    "config->magic is {magic:#x}: initialize it with NCCL_ENCRYPTION_CONFIG_INITIALIZER"
+                )));
+            }
+            match mode {
+                0 => Ok(ncclSuccess),
+                1 => Err(usage(
+                    "not supported: rccl-rs authenticates its connections (HMAC with the \
+                     communicator's secret) but does not encrypt them",
+                )),
+                other => Err(invalid(format!("unknown encryption mode {other}"))),
+            }
+        })
+    }
+}
+
+fn one_sided() -> rccl::Error {
+    usage(
+        "not supported: one-sided operations (ncclPutSignal, ncclSignal, ncclWaitSignal) \
+         need remote memory access, which the host transports of rccl-rs do not have",
+    )
+}

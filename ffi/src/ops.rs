@@ -1,0 +1,420 @@
+//! Collectives, point-to-point, groups and reduction operators.
+
+use std::ffi::{c_int, c_void};
+
+use rccl::{CollCall, CollKind, DataType, Error, RedOp, Result};
+
+use crate::abi::*;
+use crate::comms::{comm_of, finish_group_creations};
+use crate::error::{guard, guard_op, invalid, non_null, usage, Outcome};
+use crate::registry::{self, lock, Entry, PreMul, Scalar};
+
+fn datatype(raw: ncclDataType_t) -> Result<DataType> {
+    DataType::from_raw(raw)
+        .map_err(|_| invalid(format!("unknown datatype {raw} (ncclDataType_t is 0..=11)")))
+}
+
+/// The operator `raw` for `dtype` on `entry`'s communicator: a built-in one,
+/// or one of its PreMulSum operators.
+unsafe fn red_op(entry: &Entry, raw: ncclRedOp_t, dtype: DataType) -> Result<RedOp> {
+    if (0..ncclNumOps).contains(&raw) {
+        return RedOp::from_raw(raw);
+    }
+    let op = lock(&entry.ops).1.get(&raw).copied();
+    let Some(PreMul {
+        dtype: op_dtype,
+        scalar,
+    }) = op
+    else {
+        return Err(invalid(format!(
+            "unknown reduction op {raw}: not a built-in op (0..=4) nor a live \
+             ncclRedOpCreatePreMulSum op of this communicator"
+        )));
+    };
+    if op_dtype != dtype {
+        return Err(invalid(format!(
+            "reduction op {raw} was created for {} and cannot reduce {}",
+            op_dtype.name(),
+            dtype.name()
+        )));
+    }
+    let scalar = match scalar {
+        Scalar::Immediate(bytes) => bytes,
+        Scalar::Pointer(addr) => {
+            let mut bytes = [0u8; 8];
+            // SAFETY: ncclScalarDevice promises the scalar stays readable
+            // while the op lives (a host pointer here).
+            unsafe {
+                std::ptr::copy_nonoverlapping(addr as *const u8, bytes.as_mut_ptr(), dtype.size())
+            };
+            bytes
+        }
+    };
+    Ok(RedOp::PreMulSum { scalar })
+}
+
+/// A collective's shared path: handle, datatype, op, root and count checks,
+/// then the engine.
+#[allow(clippy::too_many_arguments)]
+unsafe fn collective(
+    comm: ncclComm_t,
+    kind: CollKind,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: ncclDataType_t,
+    op: Option<ncclRedOp_t>,
+    root: c_int,
+) -> Outcome {
+    let (entry, c) = comm_of(comm)?;
+    let dtype = datatype(dtype)?;
+    let op = match op {
+        Some(raw) => unsafe { red_op(&entry, raw, dtype)? },
+        None => RedOp::Sum,
+    };
+    let n = c.count();
+    let root = if kind.has_root() {
+        usize::try_from(root)
+            .ok()
+            .filter(|&r| r < n)
+            .ok_or_else(|| invalid(format!("root {root} is out of range for {n} ranks")))?
+    } else {
+        0
+    };
+    if count
+        .checked_mul(n)
+        .and_then(|e| e.checked_mul(dtype.size()))
+        .is_none_or(|b| b > isize::MAX as usize)
+    {
+        return Err(invalid(format!(
+            "count {count} of {} over {n} ranks overflows the address space",
+            dtype.name()
+        )));
+    }
+    let call = CollCall {
+        kind,
+        count,
+        dtype,
+        op,
+        root,
+    };
+    // SAFETY: nccl.h's contract: the buffers are valid host memory for the
+    // call's lengths until it completes.
+    unsafe { c.collective_raw(call, send.cast(), recv.cast())? };
+    Ok(ncclSuccess)
+}
+
+unsafe fn p2p(
+    comm: ncclComm_t,
+    sending: bool,
+    buf: *mut c_void,
+    count: usize,
+    dtype: ncclDataType_t,
+    peer: c_int,
+) -> Outcome {
+    let (_, c) = comm_of(comm)?;
+    let dtype = datatype(dtype)?;
+    let n = c.count();
+    let peer = usize::try_from(peer)
+        .ok()
+        .filter(|&p| p < n)
+        .ok_or_else(|| invalid(format!("peer {peer} is out of range for {n} ranks")))?;
+    // SAFETY: as for collectives.
+    unsafe {
+        if sending {
+            c.send_raw(buf.cast(), count, dtype, peer)?;
+        } else {
+            c.recv_raw(buf.cast(), count, dtype, peer)?;
+        }
+    }
+    Ok(ncclSuccess)
+}
+
+/// Checks an optional `ncclCollConfig_t` (its hints do not apply on host
+/// memory).
+unsafe fn coll_config(config: *const ncclCollConfig_t) -> Result<()> {
+    if config.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-NULL config is an initialized ncclCollConfig_t.
+    let magic = unsafe { (*config).magic };
+    if magic != NCCL_API_MAGIC {
+        return Err(invalid(format!(
+            "config->magic is {magic:#x}, not NCCL_API_MAGIC: initialize it with NCCL_COLLCONFIG_INITIALIZER"
+        )));
+    }
+    Ok(())
+}
+
+nccl_api! {
+    fn ncclAllReduce / pncclAllReduce(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
+        op: ncclRedOp_t, comm: ncclComm_t, _stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard_op("ncclAllReduce", comm, || unsafe {
+            collective(comm, CollKind::AllReduce, sendbuff, recvbuff, count, datatype, Some(op), 0)
+        })
+    }
+
+    fn ncclBroadcast / pncclBroadcast(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
+        root: c_int, comm: ncclComm_t, _stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard_op("ncclBroadcast", comm, || unsafe {
+            collective(comm, CollKind::Broadcast, sendbuff, recvbuff, count, datatype, None, root)
+        })
+    }
+
+    /// In-place broadcast.
+    fn ncclBcast / pncclBcast(
+        buff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int,
+        comm: ncclComm_t, _stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard_op("ncclBcast", comm, || unsafe {
+            collective(comm, CollKind::Broadcast, buff, buff, count, datatype, None, root)
+        })
+    }
+
+    fn ncclReduce / pncclReduce(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
+        op: ncclRedOp_t, root: c_int, comm: ncclComm_t, _stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard_op("ncclReduce", comm, || unsafe {
+            collective(comm, CollKind::Reduce, sendbuff, recvbuff, count, datatype, Some(op), root)
+        })
+    }
+
+    fn ncclAllGather / pncclAllGather(
+        sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize,
+        datatype: ncclDataType_t, comm: ncclComm_t, _stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard_op("ncclAllGather", comm, || unsafe {
+            collective(comm, CollKind::AllGather, sendbuff, recvbuff, sendcount, datatype, None, 0)
+        })
+    }
+
+    fn ncclReduceScatter / pncclReduceScatter(
+        sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize,
+        datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, _stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard_op("ncclReduceScatter", comm, || unsafe {
+            collective(comm, CollKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, Some(op), 0)
+        })
+    }
+
+    fn ncclAlltoAll / pncclAlltoAll(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
+        comm: ncclComm_t, _stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard_op("ncclAlltoAll", comm, || unsafe {
+            collective(comm, CollKind::AllToAll, sendbuff, recvbuff, count, datatype, None, 0)
+        })
+    }
+
+    fn ncclGather / pncclGather(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
+        root: c_int, comm: ncclComm_t, _stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard_op("ncclGather", comm, || unsafe {
+            collective(comm, CollKind::Gather, sendbuff, recvbuff, count, datatype, None, root)
+        })
+    }
+
+    fn ncclScatter / pncclScatter(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
+        root: c_int, comm: ncclComm_t, _stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard_op("ncclScatter", comm, || unsafe {
+            collective(comm, CollKind::Scatter, sendbuff, recvbuff, count, datatype, None, root)
+        })
+    }
+
+    fn ncclAllReduceConfig / pncclAllReduceConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
+        op: ncclRedOp_t, comm: ncclComm_t, _stream: cudaStream_t, config: *const ncclCollConfig_t,
+    ) -> ncclResult_t {
+        guard_op("ncclAllReduceConfig", comm, || unsafe {
+            coll_config(config)?;
+            collective(comm, CollKind::AllReduce, sendbuff, recvbuff, count, datatype, Some(op), 0)
+        })
+    }
+
+    fn ncclBroadcastConfig / pncclBroadcastConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
+        root: c_int, comm: ncclComm_t, _stream: cudaStream_t, config: *const ncclCollConfig_t,
+    ) -> ncclResult_t {
+        guard_op("ncclBroadcastConfig", comm, || unsafe {
+            coll_config(config)?;
+            collective(comm, CollKind::Broadcast, sendbuff, recvbuff, count, datatype, None, root)
+        })
+    }
+
+    fn ncclReduceConfig / pncclReduceConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
+        op: ncclRedOp_t, root: c_int, comm: ncclComm_t, _stream: cudaStream_t,
+        config: *const ncclCollConfig_t,
+    ) -> ncclResult_t {
+        guard_op("ncclReduceConfig", comm, || unsafe {
+            coll_config(config)?;
+            collective(comm, CollKind::Reduce, sendbuff, recvbuff, count, datatype, Some(op), root)
+        })
+    }
+
+    fn ncclAllGatherConfig / pncclAllGatherConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize,
+        datatype: ncclDataType_t, comm: ncclComm_t, _stream: cudaStream_t,
+        config: *const ncclCollConfig_t,
+    ) -> ncclResult_t {
+        guard_op("ncclAllGatherConfig", comm, || unsafe {
+            coll_config(config)?;
+            collective(comm, CollKind::AllGather, sendbuff, recvbuff, sendcount, datatype, None, 0)
+        })
+    }
+
+    fn ncclReduceScatterConfig / pncclReduceScatterConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize,
+        datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, _stream: cudaStream_t,
+        config: *const ncclCollConfig_t,
+    ) -> ncclResult_t {
+        guard_op("ncclReduceScatterConfig", comm, || unsafe {
+            coll_config(config)?;
+            collective(comm, CollKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, Some(op), 0)
+        })
+    }
+
+    fn ncclAlltoAllConfig / pncclAlltoAllConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
+        comm: ncclComm_t, _stream: cudaStream_t, config: *const ncclCollConfig_t,
+    ) -> ncclResult_t {
+        guard_op("ncclAlltoAllConfig", comm, || unsafe {
+            coll_config(config)?;
+            collective(comm, CollKind::AllToAll, sendbuff, recvbuff, count, datatype, None, 0)
+        })
+    }
+
+    fn ncclGatherConfig / pncclGatherConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
+        root: c_int, comm: ncclComm_t, _stream: cudaStream_t, config: *const ncclCollConfig_t,
+    ) -> ncclResult_t {
+        guard_op("ncclGatherConfig", comm, || unsafe {
+            coll_config(config)?;
+            collective(comm, CollKind::Gather, sendbuff, recvbuff, count, datatype, None, root)
+        })
+    }
+
+    fn ncclScatterConfig / pncclScatterConfig(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
+        root: c_int, comm: ncclComm_t, _stream: cudaStream_t, config: *const ncclCollConfig_t,
+    ) -> ncclResult_t {
+        guard_op("ncclScatterConfig", comm, || unsafe {
+            coll_config(config)?;
+            collective(comm, CollKind::Scatter, sendbuff, recvbuff, count, datatype, None, root)
+        })
+    }
+
+    fn ncclSend / pncclSend(
+        sendbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: c_int,
+        comm: ncclComm_t, _stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard_op("ncclSend", comm, || unsafe {
+            p2p(comm, true, sendbuff as *mut c_void, count, datatype, peer)
+        })
+    }
+
+    fn ncclRecv / pncclRecv(
+        recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, peer: c_int,
+        comm: ncclComm_t, _stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard_op("ncclRecv", comm, || unsafe { p2p(comm, false, recvbuff, count, datatype, peer) })
+    }
+
+    fn ncclGroupStart / pncclGroupStart() -> ncclResult_t {
+        guard("ncclGroupStart", std::ptr::null_mut(), || {
+            rccl::group_start();
+            Ok(ncclSuccess)
+        })
+    }
+
+    /// Launches everything queued since the outermost ncclGroupStart and
+    /// returns when it has completed; waits for communicators created in
+    /// the group.
+    fn ncclGroupEnd / pncclGroupEnd() -> ncclResult_t {
+        guard("ncclGroupEnd", std::ptr::null_mut(), || {
+            let outermost = rccl::enqueue::group_depth() == 1;
+            let launched = rccl::group_end();
+            let created = if outermost { finish_group_creations() } else { Ok(ncclSuccess) };
+            launched?;
+            created
+        })
+    }
+
+    /// Not modeled yet: closes the group without running what it queued and
+    /// returns ncclInvalidUsage.
+    fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t {
+        guard("ncclGroupSimulateEnd", std::ptr::null_mut(), || {
+            non_null(simInfo, "simInfo")?;
+            let depth = rccl::enqueue::group_depth();
+            if depth == 0 {
+                return Err(usage("ncclGroupSimulateEnd without ncclGroupStart"));
+            }
+            let err = usage(
+                "ncclGroupSimulateEnd is not yet modeled by rccl-rs: the group was closed \
+                 and its operations were not run",
+            );
+            rccl::group_fail(&err);
+            let _ = rccl::group_end();
+            if depth == 1 {
+                let _ = finish_group_creations();
+            }
+            Err(err)
+        })
+    }
+
+    /// A PreMulSum operator of `comm` for `datatype`. `ncclScalarDevice`
+    /// takes a host pointer, read at each call that uses the op;
+    /// `ncclScalarHostImmediate` reads the value now.
+    fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
+        op: *mut ncclRedOp_t, scalar: *mut c_void, datatype_: ncclDataType_t,
+        residence: ncclScalarResidence_t, comm: ncclComm_t,
+    ) -> ncclResult_t {
+        guard("ncclRedOpCreatePreMulSum", comm, || {
+            non_null(op, "op")?;
+            non_null(scalar, "scalar")?;
+            let entry = registry::lookup(comm)?;
+            let dtype = datatype(datatype_)?;
+            let scalar = match residence {
+                ncclScalarHostImmediate => {
+                    let mut bytes = [0u8; 8];
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(scalar as *const u8, bytes.as_mut_ptr(), dtype.size())
+                    };
+                    Scalar::Immediate(bytes)
+                }
+                ncclScalarDevice => Scalar::Pointer(scalar as usize),
+                other => return Err(invalid(format!("unknown ncclScalarResidence_t {other}"))),
+            };
+            let mut ops = lock(&entry.ops);
+            let id = ops.0;
+            if id == c_int::MAX {
+                return Err(Error::Internal("reduction op ids are exhausted".into()));
+            }
+            ops.0 += 1;
+            ops.1.insert(id, PreMul { dtype, scalar });
+            unsafe { *op = id };
+            Ok(ncclSuccess)
+        })
+    }
+
+    fn ncclRedOpDestroy / pncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t {
+        guard("ncclRedOpDestroy", comm, || {
+            let entry = registry::lookup(comm)?;
+            if (0..ncclNumOps).contains(&op) {
+                return Err(invalid(format!("op {op} is a built-in operator and cannot be destroyed")));
+            }
+            if lock(&entry.ops).1.remove(&op).is_none() {
+                return Err(invalid(format!("op {op} is not a live PreMulSum operator of this communicator")));
+            }
+            Ok(ncclSuccess)
+        })
+    }
+}

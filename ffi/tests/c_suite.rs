@@ -1,0 +1,193 @@
+//! Builds the C suite (tests/c) with `cc` against ffi/include/nccl.h and,
+//! when `RCCLRS_NVIDIA_NCCL_INCLUDE` names NVIDIA's include folders
+//! (colon-separated: nccl's and CUDA's, as `.ci/run` downloads them),
+//! against NVIDIA's nccl.h too; links it as `libnccl.so.2` (a link to
+//! librcclrs.so, the drop-in way) and runs every case.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// librcclrs.so of this build (cargo builds the cdylib with the rlib).
+fn cdylib() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [
+        deps.join("librcclrs.so"),
+        deps.parent().unwrap().join("librcclrs.so"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .expect("librcclrs.so next to the test binary")
+}
+
+/// A folder where `libnccl.so.2` is librcclrs.so.
+fn dropin_dir(tag: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c-suite-{tag}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("libnccl.so.2");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(cdylib(), &link).unwrap();
+    dir
+}
+
+fn compile(source: &str, out: &Path, includes: &[PathBuf], extra: &[&str], link: &[String]) {
+    let mut cmd = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
+    cmd.args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror"])
+        .args(extra);
+    for inc in includes {
+        cmd.arg("-I").arg(inc);
+    }
+    cmd.arg(repo().join("tests/c").join(source))
+        .arg("-o")
+        .arg(out);
+    cmd.args(link).args(["-lpthread", "-lm", "-ldl"]);
+    let status = cmd.status().expect("running cc");
+    assert!(status.success(), "cc failed: {cmd:?}");
+}
+
+fn dropin_link(dir: &Path) -> Vec<String> {
+    vec![
+        format!("-L{}", dir.display()),
+        "-l:libnccl.so.2".to_string(),
+    ]
+}
+
+fn run(binary: &Path, lib_dir: &Path, arg: &str) -> String {
+    let mut child = Command::new(binary)
+        .arg(arg)
+        .env("LD_LIBRARY_PATH", lib_dir)
+        .env("RCCL_TIMEOUT_MS", "60000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(300) {
+            let _ = child.kill();
+            panic!("{} {arg} timed out", binary.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{} {arg} failed:\n{text}",
+        binary.display()
+    );
+    text
+}
+
+/// Compiles abi.c and suite.c with `includes` and runs every case;
+/// returns abi.c's output.
+fn suite(tag: &str, includes: &[PathBuf]) -> String {
+    let dir = dropin_dir(tag);
+    let (abi, suite) = (dir.join("abi"), dir.join("suite"));
+    compile("abi.c", &abi, includes, &[], &dropin_link(&dir));
+    compile("suite.c", &suite, includes, &[], &dropin_link(&dir));
+    let layout = run(&abi, &dir, "");
+    let list = run(&suite, &dir, "list");
+    let cases: Vec<&str> = list.lines().collect();
+    assert!(cases.len() >= 10, "too few cases: {cases:?}");
+    for case in cases {
+        let start = Instant::now();
+        let out = run(&suite, &dir, case);
+        eprintln!(
+            "[{tag}] {case}: {:.2}s: {}",
+            start.elapsed().as_secs_f64(),
+            out.trim().replace('\n', " | ")
+        );
+    }
+    layout
+}
+
+fn own_include() -> Vec<PathBuf> {
+    vec![repo().join("ffi/include")]
+}
+
+fn nvidia_include() -> Option<Vec<PathBuf>> {
+    let dirs = std::env::var_os("RCCLRS_NVIDIA_NCCL_INCLUDE")?;
+    Some(std::env::split_paths(&dirs).collect())
+}
+
+#[test]
+fn c_suite_with_our_header() {
+    let layout = suite("own", &own_include());
+    assert!(layout.contains("functions: 144"), "{layout}");
+}
+
+#[test]
+fn c_suite_with_nvidia_header_and_identical_abi() {
+    let Some(nvidia) = nvidia_include() else {
+        eprintln!(
+            "SKIPPED: RCCLRS_NVIDIA_NCCL_INCLUDE is not set \
+             (.ci/run downloads NVIDIA's headers and sets it)"
+        );
+        return;
+    };
+    let theirs = suite("nvidia", &nvidia);
+    let dir = dropin_dir("abi-compare");
+    compile(
+        "abi.c",
+        &dir.join("abi-own"),
+        &own_include(),
+        &[],
+        &dropin_link(&dir),
+    );
+    let ours = run(&dir.join("abi-own"), &dir, "");
+    assert_eq!(
+        ours, theirs,
+        "sizes, offsets, values or functions differ from NVIDIA's nccl.h"
+    );
+    // Our header after CUDA's own: cudaStream_t comes from CUDA's headers.
+    let mut includes = own_include();
+    includes.extend(nvidia);
+    let mixed = dir.join("abi-mixed");
+    compile(
+        "abi.c",
+        &mixed,
+        &includes,
+        &["-include", "cuda_runtime.h"],
+        &dropin_link(&dir),
+    );
+    assert_eq!(run(&mixed, &dir, ""), ours);
+}
+
+#[test]
+fn static_library_links() {
+    let lib = cdylib().with_file_name("librcclrs.a");
+    let lib = if lib.exists() {
+        lib
+    } else {
+        cdylib()
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .join("librcclrs.a")
+    };
+    assert!(lib.exists(), "{} missing", lib.display());
+    let dir = dropin_dir("static");
+    let out = dir.join("abi-static");
+    compile(
+        "abi.c",
+        &out,
+        &own_include(),
+        &[],
+        &[lib.display().to_string()],
+    );
+    assert!(run(&out, &dir, "").contains("functions: 144"));
+}
