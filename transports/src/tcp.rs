@@ -26,6 +26,10 @@ use crate::{bounded_note, MAX_NOTE};
 /// also woken explicitly, so this bounds only a lost wake-up.
 const PROXY_PARK_MAX: Duration = Duration::from_millis(100);
 
+/// Longest a closing side waits for the send proxy to put pieces already
+/// published on the wire before its closing note.
+const DRAIN_MAX: Duration = Duration::from_secs(1);
+
 /// One TCP connection to a peer: a FIFO each way, moved by proxy threads.
 pub struct TcpConnection {
     send: Fifo,
@@ -119,6 +123,18 @@ impl TcpConnection {
         {
             let mut sent = self.note_out.lock();
             if sent.is_none() {
+                // Pieces already published go first: a peer may still be
+                // receiving the last pieces of an operation this rank has
+                // finished (the proxy is quick unless the peer stopped
+                // reading, hence the bound).
+                let until = Instant::now() + DRAIN_MAX;
+                while !self.send.is_drained()
+                    && !self.send.failed()
+                    && self.failure.lock().is_none()
+                    && Instant::now() < until
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 let note = bounded_note(note).to_string();
                 // The send proxy writes whole frames under this lock; a
                 // proxy stuck in a write (the peer stopped reading) holds
