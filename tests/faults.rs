@@ -344,6 +344,13 @@ fn hang_child() {
         return;
     }
     let comms = Communicator::init_all(2).unwrap();
+    // A line on standard input aborts the wait, so the process ends
+    // normally and removes what it created.
+    let aborter = comms[0].clone();
+    std::thread::spawn(move || {
+        let _ = std::io::stdin().read_line(&mut String::new());
+        aborter.abort();
+    });
     println!("READY");
     let mut buf = [0u8; 64];
     let _ = comms[0].recv(&mut buf, 1);
@@ -363,6 +370,7 @@ fn sigusr1_prints_what_every_communicator_waits_for() {
         .env("RCCL_HANG_CHILD", "1")
         .env("RCCL_HANG_REPORT_SIGNAL", "SIGUSR1")
         .env("RCCL_TIMEOUT_MS", "20000")
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -411,4 +419,17 @@ fn sigusr1_prints_what_every_communicator_waits_for() {
         text.contains("rank 1 of 2: no operation in flight"),
         "{text}"
     );
+    // End the child through abort and check it left nothing in /dev/shm.
+    use std::io::Write;
+    child.0[0].stdin.take().unwrap().write_all(b"\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.0[0].try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the child did not end after abort"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left = shm_names_of(&[pid as u32]);
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }
