@@ -359,6 +359,7 @@ impl Communicator {
         }
         config.validate()?;
         crate::debug::init();
+        crate::tuning::register_schedule_files_from_env()?;
         let abort = Arc::new(AtomicBool::new(false));
         let bootstrap = Bootstrap::init(id, rank, nranks, config.timeout, abort.clone())?;
         let ip = bootstrap.peer_addr(rank).ip();
@@ -421,6 +422,14 @@ impl Communicator {
             splits: AtomicU64::new(0),
         });
         register(&inner);
+        let local_ranks = inner
+            .topology
+            .local_ranks(inner.topology.host_of(inner.rank))
+            .len();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if local_ranks > cores {
+            rccl_transports::wait::spin_before_yielding(std::time::Duration::ZERO);
+        }
         inner.log_init();
         Ok(Communicator { inner })
     }
@@ -493,6 +502,36 @@ impl Communicator {
     /// The settings in force.
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// What the tuner picks on this rank for a collective call of `count`
+    /// elements of `elem_size` bytes (NCCL's count; `root` for rooted
+    /// calls): algorithm, protocol and channels, as the call itself would
+    /// get them. For reports (the perf tests' JSON); nothing is run.
+    pub fn tuning_choice(
+        &self,
+        kind: rccl_algorithms::CollKind,
+        count: usize,
+        elem_size: usize,
+        root: usize,
+        in_place: bool,
+    ) -> Result<crate::tuning::Choice> {
+        let spec = rccl_algorithms::CollSpec {
+            kind,
+            nranks: self.inner.nranks,
+            root,
+            count,
+        };
+        crate::tuning::choose(
+            &self.inner.config,
+            &spec,
+            elem_size,
+            &crate::tuning::Placement {
+                all_shm: self.inner.all_shm,
+                topology: &self.inner.topology,
+                in_place,
+            },
+        )
     }
 
     /// Splits the communicator (`ncclCommSplit`): ranks passing the same

@@ -1265,8 +1265,11 @@ mod tests {
             RedOp::Avg => Some(f64::from(1.0f32 / nranks as f32)),
             _ => None,
         };
+        // The kernels scale in the compute type (f32 below float64): the
+        // product is rounded to f32 before it is rounded to the datatype.
         let pre = match scale {
-            Some(s) if s != 1.0 => round(dtype, x * s),
+            Some(s) if s != 1.0 && dtype == DataType::Float64 => round(dtype, x * s),
+            Some(s) if s != 1.0 => round(dtype, f64::from((x as f32) * (s as f32))),
             _ => x,
         };
         let r = match acc.map(|a| decode_f64(dtype, a)) {

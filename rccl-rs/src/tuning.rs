@@ -12,11 +12,6 @@ use crate::error::{Error, Result};
 /// channel's connection and pipeline have a fixed cost.
 const BYTES_PER_CHANNEL: usize = 512 << 10;
 
-/// Largest call (bytes per rank) the LL protocol is picked for.
-const LL_MAX_BYTES: usize = 16 << 10;
-/// Largest call the LL128 protocol is picked for.
-const LL128_MAX_BYTES: usize = 256 << 10;
-
 /// A user's narrowing of a choice, in NCCL's syntax: a comma list of names
 /// allows those names; a leading `^` excludes them instead; entries
 /// separated by `;` may apply to one collective (`allreduce:tree;^ll`).
@@ -135,8 +130,164 @@ pub struct Placement<'a> {
     pub in_place: bool,
 }
 
+/// Link figures of the cost model: the latency of one step and the
+/// bandwidth of one stream, within a host (shared memory) and between
+/// hosts (the network). Defaults were measured on a 2-core host; override
+/// them with `RCCL_SHM_LAT_US`, `RCCL_SHM_BW_GBS`, `RCCL_NET_LAT_US`,
+/// `RCCL_NET_BW_GBS`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkModel {
+    /// Microseconds per step through shared memory (Simple protocol).
+    pub shm_latency_us: f64,
+    /// GB/s of one stream through shared memory.
+    pub shm_bandwidth_gbs: f64,
+    /// Microseconds per step across the network.
+    pub net_latency_us: f64,
+    /// GB/s of one stream across the network.
+    pub net_bandwidth_gbs: f64,
+}
+
+impl Default for LinkModel {
+    fn default() -> Self {
+        LinkModel {
+            shm_latency_us: 1.0,
+            shm_bandwidth_gbs: 5.0,
+            net_latency_us: 40.0,
+            net_bandwidth_gbs: 1.0,
+        }
+    }
+}
+
+impl LinkModel {
+    /// The defaults overridden by the environment.
+    pub fn from_env() -> LinkModel {
+        let var = |name: &str, default: f64| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|v| *v > 0.0)
+                .unwrap_or(default)
+        };
+        let d = LinkModel::default();
+        LinkModel {
+            shm_latency_us: var("RCCL_SHM_LAT_US", d.shm_latency_us),
+            shm_bandwidth_gbs: var("RCCL_SHM_BW_GBS", d.shm_bandwidth_gbs),
+            net_latency_us: var("RCCL_NET_LAT_US", d.net_latency_us),
+            net_bandwidth_gbs: var("RCCL_NET_BW_GBS", d.net_bandwidth_gbs),
+        }
+    }
+}
+
+/// Per protocol: the share of a step's latency it costs and the share of
+/// the bandwidth it delivers, within a host. (Across hosts every protocol
+/// travels as Simple.)
+fn protocol_factors(protocol: Protocol) -> (f64, f64) {
+    match protocol {
+        Protocol::Ll => (0.4, 0.35),
+        Protocol::Ll128 => (0.6, 0.8),
+        Protocol::Simple => (1.0, 1.0),
+    }
+}
+
+/// The modeled time in microseconds of `algorithm` moving a call of
+/// `bytes` (per rank) with `protocol`, or `None` when the model does not
+/// know the algorithm (a user's algorithm is only run when selected).
+pub fn estimate_us(
+    model: &LinkModel,
+    algorithm: &str,
+    kind: CollKind,
+    bytes: usize,
+    topology: &Topology,
+    protocol: Protocol,
+) -> Option<f64> {
+    let n = topology.nranks() as f64;
+    let hosts = topology.nhosts() as f64;
+    if n <= 1.0 {
+        return Some(0.0);
+    }
+    let b = bytes as f64;
+    let (lat_factor, bw_factor) = protocol_factors(protocol);
+    let (shm_lat, shm_bw) = (
+        model.shm_latency_us * lat_factor,
+        model.shm_bandwidth_gbs * bw_factor * 1e3,
+    );
+    let (net_lat, net_bw) = (model.net_latency_us, model.net_bandwidth_gbs * 1e3);
+    // A step that crosses hosts anywhere runs at the network's pace.
+    let (lat, bw) = if hosts > 1.0 {
+        (net_lat, net_bw)
+    } else {
+        (shm_lat, shm_bw)
+    };
+    let log2 = n.log2().ceil();
+    let factor = match kind {
+        CollKind::AllReduce => 2.0 * (n - 1.0) / n,
+        CollKind::Broadcast | CollKind::Reduce => 1.0,
+        _ => (n - 1.0) / n,
+    };
+    let ring_steps = match kind {
+        CollKind::AllReduce => 2.0 * (n - 1.0),
+        _ => n - 1.0,
+    };
+    // Bytes for AllGather / ReduceScatter count is per rank block.
+    let total = match kind {
+        CollKind::AllGather | CollKind::ReduceScatter | CollKind::AllToAll => b * n,
+        _ => b,
+    };
+    let time = match algorithm {
+        "ring" => ring_steps * lat + factor * total / bw,
+        "tree" => 2.0 * log2 * lat + 2.0 * total / bw,
+        "rhd" => 2.0 * log2 * lat + factor * total / bw,
+        "oneshot" => lat + (n - 1.0) * total / bw,
+        "direct" => lat + factor * total / bw,
+        "hier" => {
+            let local = n / hosts;
+            let intra =
+                2.0 * (local - 1.0) * shm_lat + 2.0 * (local - 1.0) / local * total / shm_bw;
+            let inter = if hosts > 1.0 {
+                2.0 * (hosts - 1.0) * net_lat
+                    + 2.0 * (hosts - 1.0) / hosts * (total / local) / net_bw
+            } else {
+                0.0
+            };
+            intra + inter
+        }
+        _ => return None,
+    };
+    Some(time)
+}
+
+/// A tuner plug-in: may override any part of the choice for a call. What
+/// it names must still be allowed by `NCCL_ALGO` / `NCCL_PROTO` and fit the
+/// call, or the built-in choice stands.
+pub trait TunerPlugin: Send + Sync {
+    /// The plug-in's name, for logs.
+    fn name(&self) -> &str;
+    /// The choice for a call of `bytes` per rank on `topology`, or `None`
+    /// to leave it to the built-in model.
+    fn choose(&self, kind: CollKind, bytes: usize, topology: &Topology) -> Option<TunerHint>;
+}
+
+/// What a plug-in asks for; `None` fields are left to the model.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TunerHint {
+    /// Algorithm name.
+    pub algorithm: Option<String>,
+    /// Protocol.
+    pub protocol: Option<Protocol>,
+    /// Channel count.
+    pub nchannels: Option<usize>,
+}
+
+static PLUGIN: parking_lot::RwLock<Option<Box<dyn TunerPlugin>>> = parking_lot::RwLock::new(None);
+
+/// Installs (or with `None`, removes) the process-wide tuner plug-in.
+pub fn set_tuner_plugin(plugin: Option<Box<dyn TunerPlugin>>) {
+    *PLUGIN.write() = plugin;
+}
+
 /// Picks algorithm, protocol and parameters for `spec` with
-/// `elem_size`-byte elements.
+/// `elem_size`-byte elements: the cheapest allowed pair under the cost
+/// model, unless a tuner plug-in asks otherwise.
 pub fn choose(
     config: &Config,
     spec: &CollSpec,
@@ -144,68 +295,187 @@ pub fn choose(
     placement: &Placement<'_>,
 ) -> Result<Choice> {
     let bytes = spec.count * elem_size;
-    let protocol = choose_protocol(config, spec.kind, bytes, placement.all_shm)?;
-    let algorithm = choose_algorithm(config, spec.kind, placement)?;
-    Ok(Choice {
-        algorithm,
-        protocol,
-        params: Params {
-            nchannels: channels_for(config, bytes),
-            chunk_elems: (chunk_bytes(config, protocol) / elem_size).max(1),
-        },
-    })
-}
-
-fn choose_protocol(
-    config: &Config,
-    kind: CollKind,
-    bytes: usize,
-    all_shm: bool,
-) -> Result<Protocol> {
-    let preferred = if !all_shm {
-        [Protocol::Simple, Protocol::Ll128, Protocol::Ll]
-    } else if bytes <= LL_MAX_BYTES {
-        [Protocol::Ll, Protocol::Ll128, Protocol::Simple]
-    } else if bytes <= LL128_MAX_BYTES {
-        [Protocol::Ll128, Protocol::Simple, Protocol::Ll]
+    let kind = spec.kind;
+    let protocols: Vec<Protocol> = if placement.all_shm {
+        Protocol::ALL.to_vec()
     } else {
-        [Protocol::Simple, Protocol::Ll128, Protocol::Ll]
-    };
-    preferred
-        .into_iter()
-        .find(|p| config.proto.allows(kind, p.name()))
-        .ok_or_else(|| {
-            Error::InvalidUsage(format!("NCCL_PROTO leaves no protocol for {}", kind.name()))
-        })
-}
-
-fn choose_algorithm(
-    config: &Config,
-    kind: CollKind,
-    placement: &Placement<'_>,
-) -> Result<&'static dyn Algorithm> {
+        // Across hosts every protocol travels as Simple: only its chunk
+        // size would differ, so Simple's larger chunks are best.
+        vec![Protocol::Simple, Protocol::Ll128, Protocol::Ll]
+    }
+    .into_iter()
+    .filter(|p| config.proto.allows(kind, p.name()))
+    .collect();
+    if protocols.is_empty() {
+        return Err(Error::InvalidUsage(format!(
+            "NCCL_PROTO=\"{}\" leaves no protocol for {}",
+            config.proto,
+            kind.name()
+        )));
+    }
     let fits = |a: &&'static dyn Algorithm| {
         a.supports(kind)
             && a.supports_topology(placement.topology)
             && (!placement.in_place || a.supports_in_place(kind))
             && config.algo.allows(kind, a.name())
     };
-    let default = rccl_algorithms::default_for(kind);
-    if fits(&default) {
-        return Ok(default);
+    let candidates: Vec<&'static dyn Algorithm> = algorithms().into_iter().filter(fits).collect();
+    if candidates.is_empty() {
+        return Err(Error::InvalidUsage(format!(
+            "NCCL_ALGO=\"{}\" leaves no algorithm that implements {}{} on this placement",
+            config.algo,
+            kind.name(),
+            if placement.in_place { " in place" } else { "" }
+        )));
     }
-    rccl_algorithms::builtins()
+    let model = LinkModel::from_env();
+    let default = rccl_algorithms::default_for(kind);
+    let mut best: Option<(f64, &'static dyn Algorithm, Protocol)> = None;
+    for &algorithm in &candidates {
+        for &protocol in &protocols {
+            // Unmodeled (user) algorithms run only when nothing else is
+            // allowed; among modeled ones, the default wins ties.
+            let cost = estimate_us(
+                &model,
+                algorithm.name(),
+                kind,
+                bytes,
+                placement.topology,
+                protocol,
+            )
+            .unwrap_or(f64::MAX / 2.0)
+                - if std::ptr::eq(algorithm, default) {
+                    1e-9
+                } else {
+                    0.0
+                };
+            if best.is_none_or(|(c, _, _)| cost < c) {
+                best = Some((cost, algorithm, protocol));
+            }
+        }
+    }
+    let (_, mut algorithm, mut protocol) = best.expect("candidates and protocols are not empty");
+    let mut nchannels = channels_for(config, bytes);
+    if let Some(hint) = PLUGIN
+        .read()
+        .as_ref()
+        .and_then(|p| p.choose(kind, bytes, placement.topology))
+    {
+        if let Some(a) = hint
+            .algorithm
+            .as_deref()
+            .and_then(|n| candidates.iter().find(|a| a.name().eq_ignore_ascii_case(n)))
+        {
+            algorithm = *a;
+        }
+        if let Some(p) = hint.protocol.filter(|p| protocols.contains(p)) {
+            protocol = p;
+        }
+        if let Some(c) = hint.nchannels {
+            nchannels = c.clamp(config.min_channels, config.max_channels);
+        }
+    }
+    Ok(Choice {
+        algorithm,
+        protocol,
+        params: Params {
+            nchannels,
+            chunk_elems: (chunk_bytes(config, protocol) / elem_size).max(1),
+        },
+    })
+}
+
+/// Algorithms registered by the application, besides the built-in ones.
+static REGISTERED: parking_lot::RwLock<Vec<&'static dyn Algorithm>> =
+    parking_lot::RwLock::new(Vec::new());
+
+/// Every algorithm the tuner may pick: the built-in ones, then those
+/// registered with [`register_algorithm`].
+pub fn algorithms() -> Vec<&'static dyn Algorithm> {
+    let mut all: Vec<_> = rccl_algorithms::builtins().to_vec();
+    all.extend(REGISTERED.read().iter().copied());
+    all
+}
+
+/// Makes a researcher's algorithm selectable by name through `NCCL_ALGO`.
+///
+/// Before it is accepted, its schedules are run through the symbolic
+/// executor for every collective it claims, 1 to 8 ranks, several counts,
+/// 1 and 2 channels, in and out of place where it claims so; the first
+/// wrong schedule refuses it, with the verifier's message naming the rank,
+/// channel, step and primitive.
+pub fn register_algorithm(algorithm: &'static dyn Algorithm) -> Result<()> {
+    let name = algorithm.name();
+    if algorithms()
         .iter()
-        .copied()
-        .find(fits)
-        .ok_or_else(|| {
-            Error::InvalidUsage(format!(
-                "NCCL_ALGO=\"{}\" leaves no algorithm that implements {}{} on this placement",
-                config.algo,
-                kind.name(),
-                if placement.in_place { " in place" } else { "" }
-            ))
+        .any(|a| a.name().eq_ignore_ascii_case(name))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "an algorithm named {name:?} is already registered"
+        )));
+    }
+    for kind in CollKind::ALL.into_iter().filter(|&k| algorithm.supports(k)) {
+        for nranks in 1..=8 {
+            for count in [0, 1, 7, 64, 1000] {
+                for nchannels in [1, 2] {
+                    let spec = CollSpec {
+                        kind,
+                        nranks,
+                        root: nranks - 1,
+                        count,
+                    };
+                    let params = Params {
+                        nchannels,
+                        chunk_elems: 16,
+                    };
+                    let topology = Topology::flat(nranks);
+                    for in_place in [false, true] {
+                        if in_place
+                            && (!algorithm.supports_in_place(kind) || kind == CollKind::AllToAll)
+                        {
+                            continue;
+                        }
+                        rccl_algorithms::verify_on(algorithm, &spec, &params, &topology, in_place)
+                            .map_err(|e| {
+                                Error::InvalidArgument(format!(
+                                    "algorithm {name:?} refused: {} on {nranks} ranks, count {count}, \
+                                     {nchannels} channel(s){}: {e}",
+                                    kind.name(),
+                                    if in_place { ", in place" } else { "" }
+                                ))
+                            })?;
+                    }
+                }
+            }
+        }
+    }
+    REGISTERED.write().push(algorithm);
+    Ok(())
+}
+
+/// Loads and registers the schedule files named in `RCCL_SCHEDULE_FILES`
+/// (a `:`-separated list), once per process; each is verified as it loads.
+pub fn register_schedule_files_from_env() -> Result<()> {
+    static LOADED: std::sync::OnceLock<std::result::Result<(), Error>> = std::sync::OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            let Ok(list) = std::env::var("RCCL_SCHEDULE_FILES") else {
+                return Ok(());
+            };
+            for path in list.split(':').filter(|p| !p.is_empty()) {
+                let loaded = rccl_algorithms::file::load_schedule_file(std::path::Path::new(path))
+                    .map_err(|e| Error::InvalidArgument(format!("RCCL_SCHEDULE_FILES: {e}")))?;
+                let leaked: &'static dyn Algorithm = Box::leak(Box::new(loaded));
+                if !algorithms()
+                    .iter()
+                    .any(|a| a.name().eq_ignore_ascii_case(leaked.name()))
+                {
+                    REGISTERED.write().push(leaked);
+                }
+            }
+            Ok(())
         })
+        .clone()
 }
 
 /// Channels and protocol for a batch of sends and receives whose largest
@@ -248,26 +518,108 @@ mod tests {
         assert!(Selection::parse("NCCL_ALGO", "^").is_err());
     }
 
+    fn placement(topology: &Topology, all_shm: bool) -> Placement<'_> {
+        Placement {
+            all_shm,
+            topology,
+            in_place: false,
+        }
+    }
+
+    fn pick(
+        config: &Config,
+        kind: CollKind,
+        bytes: usize,
+        topology: &Topology,
+        shm: bool,
+    ) -> (&'static str, Protocol) {
+        let spec = CollSpec {
+            kind,
+            nranks: topology.nranks(),
+            root: 0,
+            count: bytes / 4,
+        };
+        let choice = choose(config, &spec, 4, &placement(topology, shm)).unwrap();
+        (choice.algorithm.name(), choice.protocol)
+    }
+
     #[test]
-    fn the_protocol_follows_size_and_transport_unless_overridden() {
+    fn the_model_picks_light_protocols_for_small_calls_and_simple_rings_for_large() {
         let config = Config::default();
-        let pick = |bytes, shm| choose_protocol(&config, CollKind::AllReduce, bytes, shm).unwrap();
-        assert_eq!(pick(8, true), Protocol::Ll);
-        assert_eq!(pick(64 << 10, true), Protocol::Ll128);
-        assert_eq!(pick(16 << 20, true), Protocol::Simple);
-        assert_eq!(pick(8, false), Protocol::Simple);
+        let one_host = Topology::flat(4);
+        let (_, proto) = pick(&config, CollKind::AllReduce, 8, &one_host, true);
+        assert_eq!(proto, Protocol::Ll);
+        // Large calls go to a bandwidth-optimal algorithm with Simple.
+        let (algorithm, proto) = pick(&config, CollKind::AllReduce, 64 << 20, &one_host, true);
+        assert!(matches!(algorithm, "ring" | "rhd"), "{algorithm}");
+        assert_eq!(proto, Protocol::Simple);
+        // Across hosts, everything travels as Simple.
+        let two_hosts = Topology::from_hosts(vec![0, 0, 1, 1]);
+        assert_eq!(
+            pick(&config, CollKind::AllReduce, 8, &two_hosts, false).1,
+            Protocol::Simple
+        );
+        // Large all-reduces across hosts cross the network once per rail.
+        assert_eq!(
+            pick(&config, CollKind::AllReduce, 64 << 20, &two_hosts, false).0,
+            "hier"
+        );
+    }
+
+    #[test]
+    fn user_selections_narrow_the_choice_or_fail_clearly() {
+        let topology = Topology::flat(4);
         let forced = Config {
             proto: Selection::parse("NCCL_PROTO", "LL128").unwrap(),
+            algo: Selection::parse("NCCL_ALGO", "allreduce:tree").unwrap(),
             ..Config::default()
         };
         assert_eq!(
-            choose_protocol(&forced, CollKind::AllReduce, 8, true).unwrap(),
-            Protocol::Ll128
+            pick(&forced, CollKind::AllReduce, 8, &topology, true),
+            ("tree", Protocol::Ll128)
         );
         let none = Config {
             proto: Selection::parse("NCCL_PROTO", "^LL,LL128,Simple").unwrap(),
             ..Config::default()
         };
-        assert!(choose_protocol(&none, CollKind::AllReduce, 8, true).is_err());
+        let spec = CollSpec {
+            kind: CollKind::AllReduce,
+            nranks: 4,
+            root: 0,
+            count: 2,
+        };
+        let err = choose(&none, &spec, 4, &placement(&topology, true))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("NCCL_PROTO"), "{err}");
+    }
+
+    #[test]
+    fn the_model_follows_the_closed_forms() {
+        let model = LinkModel::default();
+        let topology = Topology::flat(4);
+        let ring = estimate_us(
+            &model,
+            "ring",
+            CollKind::AllReduce,
+            1 << 20,
+            &topology,
+            Protocol::Simple,
+        )
+        .unwrap();
+        let expected =
+            6.0 * model.shm_latency_us + 1.5 * (1 << 20) as f64 / (model.shm_bandwidth_gbs * 1e3);
+        assert!((ring - expected).abs() < 1e-9);
+        assert_eq!(
+            estimate_us(
+                &model,
+                "user-made",
+                CollKind::AllReduce,
+                8,
+                &topology,
+                Protocol::Ll
+            ),
+            None
+        );
     }
 }

@@ -235,7 +235,7 @@ pub struct Args {
     /// Append a timestamp to each result row.
     #[arg(short = 'S', long = "report_timestamps", default_value = "0", value_parser = parse_i32)]
     pub report_timestamps: i32,
-    /// JSON output file (not written yet by rccl-tests).
+    /// JSON output file (nccl-tests' format; the name must end in .json).
     #[arg(short = 'J', long = "output_file")]
     pub output_file: Option<String>,
     /// Time reported: 0 rank 0, 1 average, 2 minimum, 3 maximum over threads.
@@ -259,12 +259,22 @@ pub struct Args {
     /// Misalign buffers by this many elements.
     #[arg(short = 'u', long = "unalign", default_value = "0", value_parser = parse_count)]
     pub unalign: usize,
-    /// Per-iteration timing (accepted, not reported yet).
+    /// Per-iteration timing: 1 adds i_min, i_max, i_p99 and i_cv% columns
+    /// and per-iteration times in the JSON file.
     #[arg(short = 'I', long = "per_iter_timing", default_value = "0", value_parser = parse_i32)]
     pub per_iter_timing: i32,
-    /// Leading samples skipped by -I (accepted).
+    /// Leading samples left out of the -I summary statistics.
     #[arg(short = 'K', long = "per_iter_skip", default_value = "0", value_parser = parse_i32)]
     pub per_iter_skip: i32,
+    /// (rccl-tests) After each result row, a comment line with the
+    /// fastest and slowest rank's time (stragglers).
+    #[arg(long = "stragglers")]
+    pub stragglers: bool,
+    /// (rccl-tests) Start this many processes of this program on this host
+    /// as ranks 0..N (torchrun's variables, 127.0.0.1); nccl-tests' -n is
+    /// the iteration count, hence the long name.
+    #[arg(long = "procs", default_value = "0", value_parser = parse_count)]
+    pub procs: usize,
 }
 
 impl Args {
@@ -281,9 +291,6 @@ impl Args {
                 "-D/--device_implementation",
             ),
             (self.memory != 0, "-M/--memory"),
-            (self.per_iter_timing != 0, "-I/--per_iter_timing"),
-            (self.per_iter_skip != 0, "-K/--per_iter_skip"),
-            (self.output_file.is_some(), "-J/--output_file"),
         ];
         for (set, name) in flags {
             if set {

@@ -99,6 +99,75 @@ pub fn result_header(report_cputime: bool, report_timestamps: bool) -> String {
     out
 }
 
+/// The column headers with -I 1: each half gains i_min, i_max, i_p99
+/// and i_cv% columns.
+pub fn result_header_per_iter(report_cputime: bool, report_timestamps: bool) -> String {
+    let time = if report_cputime { "cputime" } else { "time" };
+    let (ts_lbl, ts_pad, ts_fmt) = if report_timestamps {
+        ("timestamp", 19, "%Y-%m-%d %H:%M:%S")
+    } else {
+        ("", 0, "")
+    };
+    let mut out = String::from("#\n");
+    out += &format!(
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}              out-of-place (+ per-iteration)                                in-place (+ per-iteration)\n",
+        "", "", "", "", ""
+    );
+    let half = |t: &str, a: &str, b: &str, w: &str, i: [&str; 4]| {
+        format!(
+            "  {t:>7}  {a:>6}  {b:>6}  {w:>6}  {:>7}  {:>7}  {:>7}  {:>7}",
+            i[0], i[1], i[2], i[3]
+        )
+    };
+    out += &format!(
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}{}{} {:>ts_pad$}\n",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        half(
+            time,
+            "algbw",
+            "busbw",
+            "#wrong",
+            ["i_min", "i_max", "i_p99", "i_cv%"]
+        ),
+        half(
+            time,
+            "algbw",
+            "busbw",
+            "#wrong",
+            ["i_min", "i_max", "i_p99", "i_cv%"]
+        ),
+        ts_lbl
+    );
+    out += &format!(
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}{}{} {:>ts_pad$}\n",
+        "(B)",
+        "(elements)",
+        "",
+        "",
+        "",
+        half(
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+            ["(us)", "(us)", "(us)", "(%)"]
+        ),
+        half(
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+            ["(us)", "(us)", "(us)", "(%)"]
+        ),
+        ts_fmt
+    );
+    out
+}
+
 /// The start of a result row: size, count, type, op and root.
 pub fn row_preamble(
     bytes: usize,

@@ -8,9 +8,15 @@ use std::time::Instant;
 use clap::Parser;
 use rccl::{CollCall, CollKind, Communicator, DataType, RedOp};
 
+use std::sync::Mutex;
+
+use serde_json::{Map, Value};
+
 use super::args::{Args, TestOp};
 use super::coll::{Coll, Counts, Pattern};
 use super::format;
+use super::json::{self, IterStats, JsonDoc};
+use super::launch::{self, Launch};
 
 /// Environment switch that corrupts one output element after the checked
 /// operation, so tests can see the checker report it.
@@ -21,7 +27,8 @@ const TIMING_SEED: usize = 99;
 
 type Res<T> = Result<T, String>;
 
-fn engine(what: &str) -> impl Fn(rccl::Error) -> String + '_ {
+/// Formats an engine error as nccl-tests reports a failed NCCL call.
+pub fn engine_error(what: &str) -> impl Fn(rccl::Error) -> String + '_ {
     move |e| {
         format!(
             "{}: Test NCCL failure {what} '{e}' (ncclResult_t {})",
@@ -31,11 +38,19 @@ fn engine(what: &str) -> impl Fn(rccl::Error) -> String + '_ {
     }
 }
 
+fn engine(what: &str) -> impl Fn(rccl::Error) -> String + '_ {
+    engine_error(what)
+}
+
 /// Runs the perf test `coll` with this process's command line; the exit
 /// status follows nccl-tests (non-zero on wrong data or failures).
 pub fn main(coll: Coll) -> ExitCode {
     let args = Args::parse();
-    match run(coll, &args) {
+    let launch = Launch::detect();
+    if args.procs > 1 && matches!(launch, Launch::Threads) {
+        return launch::spawn_local(args.procs);
+    }
+    match run(coll, &args, launch) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(msg) => {
@@ -58,34 +73,32 @@ pub fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// How ranks are laid out.
-enum Launch {
-    /// Every rank a thread of this process: -t threads of -g ranks.
-    Threads,
-    /// One rank per process, from the launcher's environment.
-    Process { rank: usize, nranks: usize },
-}
-
-fn launch_mode() -> Launch {
-    match rccl::comm::rank_from_env() {
-        Ok((rank, nranks)) if nranks > 1 => Launch::Process { rank, nranks },
-        _ => Launch::Threads,
+/// -I and -K after nccl-tests' checks (which disable them with a note).
+fn per_iter_settings(args: &Args) -> (bool, usize) {
+    let mut on = args.per_iter_timing == 1;
+    if args.per_iter_timing != 0 && args.per_iter_timing != 1 {
+        eprintln!("per-iteration timing (-I) only supports 0=off or 1=on. Disabling.");
     }
+    let mut skip = args.per_iter_skip;
+    let iters = args.iters.max(1) as i64;
+    if skip < 0 || i64::from(skip) >= iters {
+        eprintln!(
+            "per-iteration skip (-K) must be between 0 and {}. Disabling.",
+            iters - 1
+        );
+        skip = 0;
+    }
+    if skip != 0 && !on {
+        eprintln!("per-iteration skip (-K) requires per-iteration timing (-I 1). Disabling.");
+        skip = 0;
+    }
+    if args.iters == 0 {
+        on = false;
+    }
+    (on, skip as usize)
 }
 
-fn local_rank_from_env() -> usize {
-    [
-        "LOCAL_RANK",
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "MPI_LOCALRANKID",
-        "SLURM_LOCALID",
-    ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
-    .unwrap_or(0)
-}
-
-fn run(coll: Coll, args: &Args) -> Res<bool> {
+fn run(coll: Coll, args: &Args, launch: Launch) -> Res<bool> {
     if args.minbytes > args.maxbytes {
         return Err(format!(
             "invalid sizes for 'minbytes' and 'maxbytes': {} > {}",
@@ -101,16 +114,64 @@ fn run(coll: Coll, args: &Args) -> Res<bool> {
     if args.timeout > 0 {
         std::env::set_var("RCCL_TIMEOUT_MS", (args.timeout * 1000).to_string());
     }
-    let launch = launch_mode();
+    let (per_iter, skip) = per_iter_settings(args);
     let is_main_proc = match launch {
         Launch::Threads => true,
-        Launch::Process { rank, .. } => rank == 0,
+        Launch::Env { rank, .. } | Launch::Mpi { rank, .. } => rank == 0,
     };
+    let json = match (&args.output_file, is_main_proc) {
+        (Some(path), true) => {
+            let argv: Vec<String> = std::env::args().collect();
+            match JsonDoc::create(path, &argv) {
+                Ok(doc) => {
+                    println!("# Writing JSON output to {}", doc.path);
+                    Some(Mutex::new(doc))
+                }
+                Err(line) => {
+                    println!("{line}");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let result = run_ranks(
+        coll,
+        args,
+        &launch,
+        is_main_proc,
+        json.as_ref(),
+        (per_iter, skip),
+    );
+    if let Some(doc) = json {
+        let mut doc = doc.into_inner().unwrap_or_else(|e| e.into_inner());
+        if let Err(msg) = &result {
+            doc.error(msg.clone());
+        }
+        let path = doc.path.clone();
+        if let Err(e) = doc.finish() {
+            eprintln!("# writing {path}: {e}");
+        }
+    }
+    result
+}
+
+fn run_ranks(
+    coll: Coll,
+    args: &Args,
+    launch: &Launch,
+    is_main_proc: bool,
+    json: Option<&Mutex<JsonDoc>>,
+    per_iter: (bool, usize),
+) -> Res<bool> {
     if is_main_proc {
-        print!("{}", run_header(coll, args));
+        print!("{}", run_header(coll, args, per_iter));
     }
     let mut comms: Vec<Vec<Communicator>> = Vec::new();
     let mut device_base = 0;
+    let mut ranks_per_proc = args.nthreads * args.ngpus;
+    // Keeps MPI initialized until every rank is done.
+    let mut _mpi = None;
     match launch {
         Launch::Threads => {
             let all = Communicator::init_all(args.nthreads * args.ngpus)
@@ -120,28 +181,39 @@ fn run(coll: Coll, args: &Args) -> Res<bool> {
                 comms.push(it.by_ref().take(args.ngpus).collect());
             }
         }
-        Launch::Process { nranks, .. } => {
+        Launch::Env { nranks, .. } | Launch::Mpi { nranks, .. } => {
             if args.nthreads * args.ngpus != 1 {
                 return Err(format!(
                     "with one process per rank ({nranks} ranks from the environment), -t and -g must be 1"
                 ));
             }
-            comms.push(vec![
-                Communicator::from_env().map_err(engine("ncclCommInitRank"))?
-            ]);
-            device_base = local_rank_from_env();
+            let (comm, session) = launch::join(launch)?;
+            _mpi = session;
+            comms.push(vec![comm]);
+            device_base = launch::local_rank_from_env();
+            ranks_per_proc = 1;
         }
     }
+    let setup = RunSetup {
+        per_iter: per_iter.0,
+        skip: per_iter.1,
+        ranks_per_proc,
+        launch: launch.name(),
+        gather: args.output_file.is_some() || per_iter.0 || args.stragglers,
+    };
     let results: Vec<Res<Outcome>> = std::thread::scope(|s| {
         let mut handles = Vec::new();
         let mut first = None;
         for (t, thread_comms) in comms.into_iter().enumerate() {
+            let main = is_main_proc && t == 0;
             let worker = Worker::new(
                 coll,
                 args,
                 thread_comms,
-                is_main_proc && t == 0,
+                main,
                 device_base + t * args.ngpus,
+                if main { json } else { None },
+                setup,
             );
             if t == 0 {
                 first = Some(worker);
@@ -166,7 +238,24 @@ fn run(coll: Coll, args: &Args) -> Res<bool> {
     Ok(ok)
 }
 
-fn run_header(coll: Coll, args: &Args) -> String {
+/// Settings shared by every thread of a run.
+#[derive(Clone, Copy)]
+struct RunSetup {
+    /// -I 1 in force.
+    per_iter: bool,
+    /// -K in force.
+    skip: usize,
+    /// Ranks each process drives (nccl-tests' process rows group these).
+    ranks_per_proc: usize,
+    /// The launch's name, for the JSON file.
+    launch: &'static str,
+    /// Whether every rank's times are gathered after each half (for -J,
+    /// -I 1 or --stragglers); the same on every rank, as it adds a
+    /// collective.
+    gather: bool,
+}
+
+fn run_header(coll: Coll, args: &Args, per_iter: (bool, usize)) -> String {
     let mut out = format!(
         "# rccl-tests version {} rccl-rs={} revision={} memory=host\n",
         env!("CARGO_PKG_VERSION"),
@@ -189,6 +278,13 @@ fn run_header(coll: Coll, args: &Args) -> String {
     }
     if args.blocking > 1 {
         out += "# Blocking Enabled: wait for completion after each collective (no barrier) \n";
+    }
+    if per_iter.0 {
+        out += "# Per-Iteration Report: host clock timing; i_* uses max over process rows";
+        if per_iter.1 > 0 {
+            out += &format!("; summary skips first {} iterations", per_iter.1);
+        }
+        out += " \n";
     }
     if args.parallel_init != 0 {
         out += "# Parallel Init Enabled: threads call into NcclInitRank concurrently \n";
@@ -255,6 +351,13 @@ struct Worker<'a> {
     rep: usize,
     corrupt: bool,
     device_base: usize,
+    /// The JSON document (main thread of the main process only).
+    json: Option<&'a Mutex<JsonDoc>>,
+    setup: RunSetup,
+    /// The JSON result row being filled.
+    row: Map<String, Value>,
+    /// The straggler summaries of the row being filled (--stragglers).
+    stragglers: Vec<String>,
 }
 
 impl Drop for Worker<'_> {
@@ -265,6 +368,26 @@ impl Drop for Worker<'_> {
             }
         }
     }
+}
+
+/// Locks the JSON document (a panicked holder leaves it usable).
+fn lock(doc: &Mutex<JsonDoc>) -> std::sync::MutexGuard<'_, JsonDoc> {
+    doc.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Indices of the smallest and largest of `v` (the first of equals).
+fn extremes(v: &[f64]) -> (usize, usize) {
+    let mut lo = 0;
+    let mut hi = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x < v[lo] {
+            lo = i;
+        }
+        if x > v[hi] {
+            hi = i;
+        }
+    }
+    (lo, hi)
 }
 
 /// Runs `f` inside a group when `enabled`, always closing the group.
@@ -285,6 +408,8 @@ impl<'a> Worker<'a> {
         comms: Vec<Communicator>,
         main: bool,
         device_base: usize,
+        json: Option<&'a Mutex<JsonDoc>>,
+        setup: RunSetup,
     ) -> Res<Worker<'a>> {
         let nranks = comms.first().map_or(1, |c| c.count());
         let bytes = args.maxbytes + args.unalign * 8;
@@ -308,6 +433,10 @@ impl<'a> Worker<'a> {
             rep: 0,
             corrupt: std::env::var(CORRUPT_ENV).is_ok_and(|v| v == "1"),
             device_base,
+            json,
+            setup,
+            row: Map::new(),
+            stragglers: Vec::new(),
         })
     }
 
@@ -332,10 +461,18 @@ impl<'a> Worker<'a> {
 
     fn run_tests(&mut self) -> Res<Outcome> {
         self.device_report()?;
-        self.print(&format::result_header(
-            self.args.report_cputime != 0,
-            self.args.report_timestamps != 0,
-        ));
+        let header = if self.setup.per_iter {
+            format::result_header_per_iter(
+                self.args.report_cputime != 0,
+                self.args.report_timestamps != 0,
+            )
+        } else {
+            format::result_header(
+                self.args.report_cputime != 0,
+                self.args.report_timestamps != 0,
+            )
+        };
+        self.print(&header);
         let types: Vec<DataType> = self
             .args
             .datatype
@@ -419,15 +556,77 @@ impl<'a> Worker<'a> {
         })
         .map_err(engine("ncclAllGather"))?;
         let mut text = String::from("# Using devices\n");
+        let mut devices = Vec::new();
+        let mut all_ranks = Vec::new();
         for (rank, rec) in recvs[0].chunks(REC).enumerate() {
             let pid = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]);
             let dev = u32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]]);
             let end = rec[8..].iter().position(|&b| b == 0).map_or(REC, |p| 8 + p);
             let host = String::from_utf8_lossy(&rec[8..end]);
             text += &format!("#  Rank {rank:>2} Group {:>2} Pid {pid:>6} on {host:>10} device {dev:>2} [cpu] host memory\n", 0);
+            // nccl-tests lists one device per process: its first rank's.
+            let entry = serde_json::json!({
+                "rank": rank, "group": 0, "pid": pid, "hostname": host,
+                "device": dev, "device_hex": "cpu", "device_info": "host memory",
+            });
+            if rank % self.setup.ranks_per_proc == 0 {
+                devices.push(entry.clone());
+            }
+            all_ranks.push(entry);
         }
         self.print(&text);
+        if let Some(doc) = self.json {
+            let config = self.json_config(devices, all_ranks);
+            lock(doc).set_config(config);
+        }
         Ok(())
+    }
+
+    /// nccl-tests' `config` object, with rccl-rs' additions under `rccl`.
+    fn json_config(&self, devices: Vec<Value>, all_ranks: Vec<Value>) -> Value {
+        let a = self.args;
+        let mut c = Map::new();
+        c.insert("nthreads".into(), a.nthreads.into());
+        c.insert("ngpus".into(), a.ngpus.into());
+        c.insert("minimum_bytes".into(), a.minbytes.into());
+        c.insert("maximum_bytes".into(), a.maxbytes.into());
+        if a.stepfactor > 1 {
+            c.insert("step_factor".into(), a.stepfactor.into());
+        } else {
+            c.insert("step_bytes".into(), a.stepbytes.into());
+        }
+        c.insert("warmup_iters".into(), a.warmup_iters.into());
+        c.insert("iterations".into(), a.iters.into());
+        c.insert("aggregated_iterations".into(), a.agg_iters.into());
+        c.insert("validation".into(), a.check.into());
+        c.insert("graph".into(), a.cudagraph.into());
+        c.insert(
+            "blocking_collectives".into(),
+            json::bool_str(a.blocking != 0),
+        );
+        c.insert(
+            "per_iter_timing".into(),
+            json::bool_str(self.setup.per_iter),
+        );
+        c.insert("per_iter_skip".into(), self.setup.skip.into());
+        c.insert("parallel_init".into(), json::bool_str(a.parallel_init != 0));
+        c.insert("devices".into(), Value::Array(devices));
+        let config = self.ranks.first().map(|r| r.comm.config());
+        c.insert(
+            "rccl".into(),
+            serde_json::json!({
+                "version": env!("CARGO_PKG_VERSION"),
+                "revision": env!("RCCL_BUILD_REVISION"),
+                "memory": "host",
+                "launch": self.setup.launch,
+                "nranks": self.nranks,
+                "ranks_per_process": self.setup.ranks_per_proc,
+                "min_channels": config.map(|c| c.min_channels),
+                "max_channels": config.map(|c| c.max_channels),
+                "ranks": all_ranks,
+            }),
+        );
+        Value::Object(c)
     }
 
     /// All-reduces one f64 per thread over every rank (`Sum`, `Min`, `Max`,
@@ -659,6 +858,8 @@ impl<'a> Worker<'a> {
         let agg = args.agg_iters.max(1);
         let iters = args.iters.max(1);
         let agg_group = self.coll.phases(self.nranks) == 1 && agg > 1 && args.blocking != 1;
+        let record = self.setup.per_iter;
+        let mut iter_times: Vec<f64> = Vec::with_capacity(if record { args.iters } else { 0 });
         let start = Instant::now();
         let mut coll_only = 0.0;
         for iter in 0..args.iters {
@@ -681,8 +882,12 @@ impl<'a> Worker<'a> {
                 r = r.and(end);
             }
             r?;
+            let took = t0.elapsed().as_secs_f64();
+            if record {
+                iter_times.push(took / agg as f64);
+            }
             if args.blocking == 3 {
-                coll_only += t0.elapsed().as_secs_f64();
+                coll_only += took;
                 self.barrier()?;
             }
         }
@@ -701,6 +906,15 @@ impl<'a> Worker<'a> {
         let (algbw, busbw) =
             self.coll
                 .bandwidth(st.counts.param, st.dtype.size(), delta, self.nranks);
+        // Every rank's own time (and per-iteration times with -I 1), for
+        // the JSON file, the -I columns and --stragglers.
+        let spread = if self.setup.gather {
+            let mut mine = vec![local];
+            mine.extend_from_slice(&iter_times);
+            Some(self.gather_f64(&mine)?)
+        } else {
+            None
+        };
         self.barrier()?;
 
         let report = args.check > 0 && (!in_place || self.coll.checks_in_place());
@@ -720,6 +934,97 @@ impl<'a> Worker<'a> {
             }
         }
         let mut text = format::row_body(delta * 1e6, algbw, busbw, report.then_some(wrong));
+        let half = if in_place { "in_place" } else { "out_of_place" };
+        if self.main && self.json.is_some() {
+            let mut h = Map::new();
+            let time_key = if args.report_cputime != 0 {
+                "cpu_time"
+            } else {
+                "time"
+            };
+            h.insert(time_key.into(), json::num(delta * 1e6));
+            h.insert("alg_bw".into(), json::num(algbw));
+            h.insert("bus_bw".into(), json::num(busbw));
+            h.insert(
+                "nwrong".into(),
+                if report {
+                    json::num(wrong as f64)
+                } else {
+                    Value::Null
+                },
+            );
+            self.row.insert(half.into(), Value::Object(h));
+        }
+        if let (true, Some(all)) = (self.main, spread.as_ref()) {
+            let n = self.nranks;
+            let width = 1 + iter_times.len();
+            let rank_times: Vec<f64> = (0..n).map(|r| all[r * width]).collect();
+            if record && !iter_times.is_empty() {
+                let rpp = self.setup.ranks_per_proc.max(1);
+                let process_rows: Vec<Vec<f64>> = (0..n / rpp)
+                    .map(|p| {
+                        (0..iter_times.len())
+                            .map(|i| {
+                                (p * rpp..(p + 1) * rpp)
+                                    .map(|r| all[r * width + 1 + i])
+                                    .fold(0.0, f64::max)
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let times: Vec<f64> = (0..iter_times.len())
+                    .map(|i| process_rows.iter().map(|row| row[i]).fold(0.0, f64::max))
+                    .collect();
+                let skip = self.setup.skip.min(times.len() - 1);
+                let stats = IterStats::of(&times[skip..]);
+                text += &format!(
+                    "  {:>7}  {:>7}  {:>7}  {:>7}",
+                    format::float_str(stats.min * 1e6, 7),
+                    format::float_str(stats.max * 1e6, 7),
+                    format::float_str(stats.p99 * 1e6, 7),
+                    format::float_str(stats.cv_pct(), 7)
+                );
+                if self.json.is_some() {
+                    self.row.insert(
+                        format!("{half}_per_iter"),
+                        json::per_iter_object(&times, skip, &process_rows),
+                    );
+                }
+            }
+            let (fast, slow) = extremes(&rank_times);
+            let (tmin, tmax) = (rank_times[fast], rank_times[slow]);
+            if self.json.is_some() {
+                let extra = self
+                    .row
+                    .entry("rccl")
+                    .or_insert_with(|| Value::Object(Map::new()));
+                if let Value::Object(m) = extra {
+                    m.insert(
+                        half.into(),
+                        serde_json::json!({
+                            "rank_time_us": rank_times.iter().map(|t| json::num(t * 1e6)).collect::<Vec<_>>(),
+                            "min_rank_time_us": json::num(tmin * 1e6),
+                            "max_rank_time_us": json::num(tmax * 1e6),
+                            "fastest_rank": fast,
+                            "slowest_rank": slow,
+                        }),
+                    );
+                }
+            }
+            if args.stragglers {
+                let pct = if tmin > 0.0 {
+                    (tmax - tmin) / tmin * 100.0
+                } else {
+                    0.0
+                };
+                self.stragglers.push(format!(
+                    "{}: min {:.2} us (rank {fast})  max {:.2} us (rank {slow})  spread {pct:.1}%",
+                    if in_place { "in-place" } else { "out-of-place" },
+                    tmin * 1e6,
+                    tmax * 1e6,
+                ));
+            }
+        }
         if in_place && args.report_timestamps != 0 {
             text += &format!("{:>21}", format::now_string());
         }
@@ -730,6 +1035,98 @@ impl<'a> Worker<'a> {
         self.bw_sum += busbw;
         self.bw_count += 1;
         Ok(())
+    }
+
+    /// All-gathers `values` (the same length on every rank; every rank of
+    /// this thread contributes the same values) into rank order.
+    fn gather_f64(&mut self, values: &[f64]) -> Res<Vec<f64>> {
+        let len = values.len();
+        let mut recvs = vec![vec![0f64; len * self.nranks]; self.ranks.len()];
+        let multi = self.ranks.len() > 1;
+        grouped(multi, || {
+            for (rank, r) in self.ranks.iter().zip(recvs.iter_mut()) {
+                // SAFETY: values holds len f64 and r holds len * nranks, both
+                // alive until the group ends.
+                unsafe {
+                    rank.comm.collective_raw(
+                        CollCall {
+                            kind: CollKind::AllGather,
+                            count: len,
+                            dtype: DataType::Float64,
+                            op: RedOp::Sum,
+                            root: 0,
+                        },
+                        values.as_ptr().cast(),
+                        r.as_mut_ptr().cast(),
+                    )?
+                };
+            }
+            Ok(())
+        })
+        .map_err(engine("per-rank times all-gather"))?;
+        Ok(recvs.swap_remove(0))
+    }
+
+    /// What the tuner picks for this call on the first rank of this
+    /// thread: algorithm, protocol and channels, out-of-place and in-place
+    /// (the tuner may pick differently for an in-place call).
+    fn tuning_json(&self, st: &Setup, root: i32) -> Value {
+        let Some(first) = self.ranks.first() else {
+            return Value::Null;
+        };
+        let comm = &first.comm;
+        let elt = st.dtype.size();
+        let kind = match self.coll {
+            Coll::AllReduce => Some(CollKind::AllReduce),
+            Coll::AllGather => Some(CollKind::AllGather),
+            Coll::Broadcast => Some(CollKind::Broadcast),
+            Coll::Reduce => Some(CollKind::Reduce),
+            Coll::ReduceScatter => Some(CollKind::ReduceScatter),
+            Coll::AllToAll => Some(CollKind::AllToAll),
+            Coll::Gather => Some(CollKind::Gather),
+            Coll::Scatter => Some(CollKind::Scatter),
+            Coll::SendRecv | Coll::HyperCube => None,
+        };
+        let pick = |in_place: bool| -> Value {
+            let (algorithm, protocol, channels) = match kind {
+                Some(kind) => {
+                    match comm.tuning_choice(
+                        kind,
+                        st.counts.param,
+                        elt,
+                        root.max(0) as usize,
+                        in_place,
+                    ) {
+                        Ok(c) => (c.algorithm.name(), c.protocol.name(), c.params.nchannels),
+                        Err(e) => return serde_json::json!({ "error": e.to_string() }),
+                    }
+                }
+                None => {
+                    // Sends and receives: the largest message of one call.
+                    let largest = match self.coll {
+                        Coll::HyperCube => st.counts.param * (self.nranks / 2).max(1),
+                        _ => st.counts.param,
+                    };
+                    let (channels, protocol) =
+                        rccl::tuning::p2p_choice(comm.config(), largest * elt);
+                    ("p2p", protocol.name(), channels)
+                }
+            };
+            serde_json::json!({
+                "algorithm": algorithm,
+                "protocol": protocol,
+                "channels": channels,
+            })
+        };
+        let (out, inp) = (pick(false), pick(true));
+        let mut m = Map::new();
+        if let Value::Object(o) = &out {
+            m.extend(o.clone());
+        }
+        if inp != out {
+            m.insert("in_place_choice".into(), inp);
+        }
+        Value::Object(m)
     }
 
     /// The size sweep for one type, op and root (nccl-tests' TimeTest).
@@ -764,9 +1161,40 @@ impl<'a> Worker<'a> {
                     op_name,
                     root,
                 ));
+                self.row = Map::new();
+                self.stragglers.clear();
+                if self.main && self.json.is_some() {
+                    self.row.insert("size".into(), st.total_bytes().into());
+                    self.row.insert("count".into(), st.counts.param.into());
+                    self.row.insert("type".into(), dtype.name().into());
+                    self.row.insert("redop".into(), op_name.into());
+                    self.row.insert("root".into(), format!("{root:>6}").into());
+                }
                 self.bench(&st, op, root, false)?;
                 self.bench(&st, op, root, true)?;
                 self.print("\n");
+                if !self.stragglers.is_empty() {
+                    self.print(&format!(
+                        "#  stragglers  {}\n",
+                        self.stragglers.join("  |  ")
+                    ));
+                }
+                if let (true, Some(doc)) = (self.main, self.json) {
+                    let mut row = std::mem::take(&mut self.row);
+                    row.insert("actual_iterations".into(), args.iters.into());
+                    row.insert("experiment_name".into(), "".into());
+                    let tuning = self.tuning_json(&st, root);
+                    let extra = row
+                        .entry("rccl")
+                        .or_insert_with(|| Value::Object(Map::new()));
+                    if let (Value::Object(m), Value::Object(t)) = (extra, tuning) {
+                        // The tuner's choice first, then the per-rank times.
+                        let times = std::mem::take(m);
+                        m.extend(t);
+                        m.extend(times);
+                    }
+                    lock(doc).results.push(Value::Object(row));
+                }
                 let next = if args.stepfactor > 1 {
                     size * args.stepfactor
                 } else {
@@ -800,6 +1228,9 @@ impl<'a> Worker<'a> {
             .ok()
             .and_then(|v| v.trim().parse().ok());
         let bw_fail = min_bw.is_some_and(|m| bw < m * 0.9);
+        if let (true, Some(doc)) = (self.main, self.json) {
+            lock(doc).set_footer(errors, bw, min_bw);
+        }
         let mut text = format!(
             "# {:<20} : {} {}\n",
             "Out of bounds values",

@@ -6,6 +6,8 @@ pub mod codec;
 pub mod coll;
 pub mod format;
 pub mod harness;
+pub mod json;
+pub mod launch;
 
 pub use args::{Args, TestOp};
 pub use coll::Coll;

@@ -6,14 +6,25 @@
 //! another core), then yields (lets a peer on this core run), then parks on
 //! a futex word with a growing timeout.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::futex;
 
-/// How long a waiter spins before yielding: a peer on another core
-/// usually answers within this.
-const SPIN_FOR: Duration = Duration::from_micros(20);
+/// How long a waiter spins before yielding, in nanoseconds: a peer on
+/// another core usually answers within this. Zero when ranks outnumber
+/// cores ([`spin_before_yielding`]).
+static SPIN_FOR_NS: AtomicU64 = AtomicU64::new(20_000);
+
+/// Sets how long waiters of this process spin before they yield. A process
+/// whose host runs more ranks than it has cores sets it to zero: a spinning
+/// waiter would only keep the core from the peer it waits for.
+pub fn spin_before_yielding(spin: Duration) {
+    SPIN_FOR_NS.store(
+        spin.as_nanos().min(u128::from(u64::MAX)) as u64,
+        Ordering::Relaxed,
+    );
+}
 /// How long it then yields before parking: when ranks outnumber cores,
 /// yielding hands the core to the peer it waits for.
 const YIELD_FOR: Duration = Duration::from_micros(200);
@@ -116,10 +127,11 @@ impl Backoff {
             return Err(WaitError::TimedOut);
         }
         let waited = now - *self.since.get_or_insert(now);
-        if waited < SPIN_FOR {
+        let spin_for = Duration::from_nanos(SPIN_FOR_NS.load(Ordering::Relaxed));
+        if waited < spin_for {
             return Ok(());
         }
-        if waited < SPIN_FOR + YIELD_FOR {
+        if waited < spin_for + YIELD_FOR {
             std::thread::yield_now();
             return Ok(());
         }

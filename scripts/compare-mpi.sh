@@ -1,0 +1,317 @@
+#!/usr/bin/env bash
+# All-reduce (float32 sum, host memory, one host) of rccl-rs against MPI.
+#
+# Builds rccl-tests' all_reduce_perf and benches/mpi/allreduce_mpi.c (an
+# nccl-tests-style harness for MPI_Allreduce), then, in one run:
+#   - rccl-rs all_reduce_perf, one process per rank (torchrun variables,
+#     127.0.0.1, a free port), 2 and 4 processes;
+#   - OpenMPI MPI_Allreduce, mpirun -np 2 and -np 4, default settings and
+#     with the tuned component forced to the ring algorithm
+#     (--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4);
+#   - MPICH MPI_Allreduce, default settings, if MPICH is installed
+#     (COMPARE_MPICH=0 skips it); only with no more processes than CPUs
+#     unless MPICH_OVERSUBSCRIBE=1: Debian's MPICH polls without yielding,
+#     and 4 processes on 2 cores took 20-40 ms per 8-byte operation, so
+#     its sweeps would not finish in the time limit;
+#   - rccl-rs at 8 bytes with NCCL_PROTO=LL, LL128 and Simple;
+# and prints a markdown table (also written to target/compare-mpi.md; the
+# raw outputs go to target/compare-mpi/).
+#
+# Sizes 8 B .. 256 MiB, factor 2, in three sweeps with different iteration
+# counts (small sizes need many iterations for a stable average, large
+# ones few): 8 B..64 KiB, 128 KiB..4 MiB, 8 MiB..256 MiB.
+#
+# Installs openmpi-bin/libopenmpi-dev (and mpich/libmpich-dev) with apt-get
+# when missing. Takes about 5-10 minutes on 2 cores. Run it on an idle
+# machine: the load average is recorded at the start and the end.
+#
+# Environment knobs: SMALL_ITERS, MID_ITERS, LARGE_ITERS, MAXBYTES,
+# COMPARE_MPICH (1/0), MPICH_OVERSUBSCRIBE (1/0), RUN_TIMEOUT (seconds per run), REPORT_ONLY=1 (only
+# rebuild the report from the raw outputs of the last run).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+OUT_DIR="$ROOT/target/compare-mpi"
+REPORT="$ROOT/target/compare-mpi.md"
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+SMALL_ITERS=${SMALL_ITERS:-1000}
+MID_ITERS=${MID_ITERS:-100}
+LARGE_ITERS=${LARGE_ITERS:-10}
+MAXBYTES=${MAXBYTES:-256M}
+COMPARE_MPICH=${COMPARE_MPICH:-1}
+MPICH_OVERSUBSCRIBE=${MPICH_OVERSUBSCRIBE:-0}
+RUN_TIMEOUT=${RUN_TIMEOUT:-300}
+REPORT_ONLY=${REPORT_ONLY:-0}
+
+log() { echo "== $*" >&2; }
+
+if [ "$REPORT_ONLY" != 1 ]; then
+# ---------------------------------------------------------------- packages
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+apt_install() {
+    log "installing $*"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" >&2
+}
+if ! command -v mpicc.openmpi >/dev/null || ! command -v mpirun.openmpi >/dev/null; then
+    apt_install openmpi-bin libopenmpi-dev
+fi
+if [ "$COMPARE_MPICH" = 1 ] && ! command -v mpicc.mpich >/dev/null; then
+    # Debian's MPICH and OpenMPI coexist (update-alternatives picks the
+    # unsuffixed names; this script only uses the suffixed ones).
+    apt_install mpich libmpich-dev || { log "MPICH not installable; skipping it"; COMPARE_MPICH=0; }
+fi
+if [ "$COMPARE_MPICH" = 1 ] && ! command -v mpirun.mpich >/dev/null; then
+    COMPARE_MPICH=0
+fi
+if ! command -v cargo >/dev/null; then
+    echo "cargo not found" >&2
+    exit 1
+fi
+
+# ------------------------------------------------------------------- build
+mkdir -p "$OUT_DIR"
+rm -f "$OUT_DIR"/*.txt
+log "building all_reduce_perf"
+cargo build --release --bin all_reduce_perf >&2
+OURS="$TARGET_DIR/release/all_reduce_perf"
+log "building allreduce_mpi"
+mpicc.openmpi -O2 -Wall -o "$OUT_DIR/allreduce_openmpi" benches/mpi/allreduce_mpi.c
+if [ "$COMPARE_MPICH" = 1 ]; then
+    mpicc.mpich -O2 -Wall -o "$OUT_DIR/allreduce_mpich" benches/mpi/allreduce_mpi.c
+fi
+
+# OpenMPI refuses to run as root without these.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+OMPI_RING=(--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4)
+
+free_port() {
+    local p
+    for _ in $(seq 100); do
+        p=$((20000 + RANDOM % 40000))
+        # Nothing listening there: connecting fails.
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            echo "$p"
+            return
+        fi
+    done
+    echo "no free port found" >&2
+    exit 1
+}
+
+# ours NPROCS LOGFILE [VAR=VALUE ...] -- perf args...
+ours() {
+    local n=$1 logf=$2
+    shift 2
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    local port pids=() rc=0
+    port=$(free_port)
+    for ((r = 0; r < n; r++)); do
+        local dest=/dev/null
+        [ "$r" -eq 0 ] && dest=$logf
+        env "${envs[@]}" RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n \
+            MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
+            timeout "$RUN_TIMEOUT" "$OURS" -g 1 -t 1 "$@" >"$dest" 2>&1 &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+    [ "$rc" -eq 0 ] || log "rccl-rs run exited $rc (see $logf)"
+}
+
+# ompi NPROCS LOGFILE [mpirun options ...] -- harness args...
+ompi() {
+    local n=$1 logf=$2
+    shift 2
+    local opts=()
+    while [ "$1" != "--" ]; do opts+=("$1"); shift; done
+    shift
+    # 4 processes on 2 cores need --oversubscribe to start at all.
+    local over=()
+    [ "$n" -gt "$(nproc)" ] && over=(--oversubscribe)
+    timeout "$RUN_TIMEOUT" mpirun.openmpi -np "$n" "${over[@]}" "${opts[@]}" \
+        "$OUT_DIR/allreduce_openmpi" "$@" >"$logf" 2>&1 || log "OpenMPI run exited $? (see $logf)"
+}
+
+mpich() {
+    local n=$1 logf=$2
+    shift 2
+    timeout "$RUN_TIMEOUT" mpirun.mpich -np "$n" "$OUT_DIR/allreduce_mpich" "$@" >"$logf" 2>&1 \
+        || log "MPICH run exited $? (see $logf)"
+}
+
+SWEEPS=(
+    "small:-b 8 -e 64K -f 2 -n $SMALL_ITERS -w 50"
+    "mid:-b 128K -e 4M -f 2 -n $MID_ITERS -w 5"
+    "large:-b 8M -e $MAXBYTES -f 2 -n $LARGE_ITERS -w 2"
+)
+
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+START=$(date +%s)
+log "load average at start: $LOAD_START"
+
+for np in 2 4; do
+    for sweep in "${SWEEPS[@]}"; do
+        name=${sweep%%:*}
+        read -r -a a <<<"${sweep#*:}"
+        log "np=$np $name: rccl-rs"
+        ours "$np" "$OUT_DIR/ours-$np-$name.txt" -- "${a[@]}"
+        log "np=$np $name: OpenMPI default"
+        ompi "$np" "$OUT_DIR/ompi-$np-$name.txt" -- "${a[@]}"
+        log "np=$np $name: OpenMPI ring"
+        ompi "$np" "$OUT_DIR/ompiring-$np-$name.txt" "${OMPI_RING[@]}" -- "${a[@]}"
+        if [ "$COMPARE_MPICH" = 1 ] && { [ "$np" -le "$(nproc)" ] || [ "$MPICH_OVERSUBSCRIBE" = 1 ]; }; then
+            log "np=$np $name: MPICH default"
+            mpich "$np" "$OUT_DIR/mpich-$np-$name.txt" "${a[@]}"
+        fi
+    done
+    for proto in LL LL128 Simple; do
+        log "np=$np 8 B: rccl-rs NCCL_PROTO=$proto"
+        ours "$np" "$OUT_DIR/ours-$np-proto-$proto.txt" NCCL_PROTO=$proto -- \
+            -b 8 -e 8 -n "$SMALL_ITERS" -w 50
+    done
+done
+
+LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
+ELAPSED=$(($(date +%s) - START))
+log "load average at end: $LOAD_END ($ELAPSED s of runs)"
+printf 'LOAD_START="%s"\nLOAD_END="%s"\nELAPSED=%s\nCOMPARE_MPICH=%s\n' \
+    "$LOAD_START" "$LOAD_END" "$ELAPSED" "$COMPARE_MPICH" >"$OUT_DIR/meta.env"
+
+else
+    # shellcheck disable=SC1091
+    . "$OUT_DIR/meta.env"
+fi
+
+# ---------------------------------------------------------------- report
+# field SIZE COLUMN FILES...: the value of a result column (6 = out-of-place
+# time, 8 = out-of-place busbw, 12 = in-place busbw) for SIZE bytes.
+existing() { # the arguments that are readable files
+    local f
+    for f in "$@"; do [ -r "$f" ] && echo "$f"; done
+    return 0
+}
+field() {
+    local size=$1 col=$2 files
+    shift 2
+    mapfile -t files < <(existing "$@")
+    [ "${#files[@]}" -gt 0 ] || { echo "-"; return 0; }
+    awk -v s="$size" -v c="$col" \
+        '$1 !~ /^#/ && NF >= 13 && $1 == s && !found { v = $c; found = 1 } END { print (found ? v : "-") }' "${files[@]}"
+}
+wrong_total() {
+    local files
+    mapfile -t files < <(existing "$@")
+    [ "${#files[@]}" -gt 0 ] || { echo "no results"; return 0; }
+    awk '$1 !~ /^#/ && NF >= 13 { w += $9 + $13; n++ } END { printf "%d wrong in %d rows", w, n }' "${files[@]}"
+}
+bus() { # bus bandwidth in GB/s from SIZE bytes, TIME us and NP ranks, 3 digits
+    awk -v s="$1" -v t="$2" -v n="$3" 'BEGIN { if (t == "-" || t + 0 == 0) print "-"; else printf "%.3g", s / (t * 1e3) * 2 * (n - 1) / n }'
+}
+ratio() {
+    awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'
+}
+best() { # the larger of two numbers ("-" counts as missing)
+    awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-") print b; else if (b == "-") print a; else print (a + 0 >= b + 0 ? a : b) }'
+}
+lowest() {
+    awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-") print b; else if (b == "-") print a; else print (a + 0 <= b + 0 ? a : b) }'
+}
+human() {
+    awk -v s="$1" 'BEGIN { if (s >= 1048576) printf "%d MiB", s / 1048576; else if (s >= 1024) printf "%d KiB", s / 1024; else printf "%d B", s }'
+}
+
+declare -A RATIO
+SIZES=()
+s=8
+max=$(awk '$1 !~ /^#/ && NF >= 13 && $1 + 0 > m { m = $1 + 0 } END { print m }' /dev/null "$OUT_DIR"/*-large.txt 2>/dev/null || true)
+[ -n "$max" ] && [ "$max" != 0 ] || max=268435456
+while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
+
+{
+    echo "### All-reduce float32 sum, busbw (GB/s, out-of-place)"
+    echo
+    echo "Revision $(git rev-parse --short=12 HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo '+changes'), $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')),"
+    echo "$(mpirun.openmpi --version 2>/dev/null | head -1)$( [ "$COMPARE_MPICH" = 1 ] && echo ", MPICH $(mpichversion 2>/dev/null | awk '/Version:/ {print $3}')")."
+    echo "Load average (1/5/15 min) at start: $LOAD_START; at end: $LOAD_END; runs took ${ELAPSED} s."
+    echo "Iterations: $SMALL_ITERS (8 B-64 KiB), $MID_ITERS (128 KiB-4 MiB), $LARGE_ITERS (8 MiB and up)."
+    echo
+    for np in 2 4; do
+        hdr="| size | rccl-rs ${np}p | OpenMPI default ${np}p | OpenMPI ring ${np}p |"
+        sep="|---:|---:|---:|---:|"
+        [ "$COMPARE_MPICH" = 1 ] && { hdr+=" MPICH ${np}p |"; sep+="---:|"; }
+        hdr+=" rccl-rs / best OpenMPI |"
+        sep+="---:|"
+        echo "$hdr"
+        echo "$sep"
+        below=()
+        for size in "${SIZES[@]}"; do
+            o=$(field "$size" 6 "$OUT_DIR"/ours-$np-{small,mid,large}.txt)
+            d=$(field "$size" 6 "$OUT_DIR"/ompi-$np-{small,mid,large}.txt)
+            r=$(field "$size" 6 "$OUT_DIR"/ompiring-$np-{small,mid,large}.txt)
+            row="| $(human "$size") | $(bus "$size" "$o" "$np") | $(bus "$size" "$d" "$np") | $(bus "$size" "$r" "$np") |"
+            if [ "$COMPARE_MPICH" = 1 ]; then
+                row+=" $(bus "$size" "$(field "$size" 6 "$OUT_DIR"/mpich-$np-{small,mid,large}.txt)" "$np") |"
+            fi
+            # Same size, same factor: the busbw ratio is the inverse time ratio.
+            q=$(ratio "$(lowest "$d" "$r")" "$o")
+            row+=" $q |"
+            echo "$row"
+            RATIO[$np:$size]=$q
+        done
+        echo
+    done
+
+    echo "### 8-byte all-reduce latency (us, out-of-place, $SMALL_ITERS iterations)"
+    echo
+    echo "| setting | 2 processes | 4 processes |"
+    echo "|---|---:|---:|"
+    for np_row in "rccl-rs default:ours-%s-small" "rccl-rs NCCL_PROTO=LL:ours-%s-proto-LL" \
+        "rccl-rs NCCL_PROTO=LL128:ours-%s-proto-LL128" "rccl-rs NCCL_PROTO=Simple:ours-%s-proto-Simple" \
+        "OpenMPI default:ompi-%s-small" "OpenMPI ring:ompiring-%s-small"; do
+        label=${np_row%%:*}
+        pat=${np_row#*:}
+        # shellcheck disable=SC2059
+        echo "| $label | $(field 8 6 "$OUT_DIR/$(printf "$pat" 2).txt") | $(field 8 6 "$OUT_DIR/$(printf "$pat" 4).txt") |"
+    done
+    if [ "$COMPARE_MPICH" = 1 ]; then
+        echo "| MPICH default | $(field 8 6 "$OUT_DIR/mpich-2-small.txt") | $(field 8 6 "$OUT_DIR/mpich-4-small.txt") |"
+    fi
+    echo
+    echo "Latency ratio rccl-rs default / best OpenMPI: 2p $(ratio "$(field 8 6 "$OUT_DIR/ours-2-small.txt")" "$(lowest "$(field 8 6 "$OUT_DIR/ompi-2-small.txt")" "$(field 8 6 "$OUT_DIR/ompiring-2-small.txt")")"), 4p $(ratio "$(field 8 6 "$OUT_DIR/ours-4-small.txt")" "$(lowest "$(field 8 6 "$OUT_DIR/ompi-4-small.txt")" "$(field 8 6 "$OUT_DIR/ompiring-4-small.txt")")") (below 1 is better)."
+    echo
+    echo "### Targets"
+    echo
+    for size in 65536 1048576 16777216 268435456; do
+        q=${RATIO[2:$size]:-"-"}
+        ok=$(awk -v q="$q" 'BEGIN { print (q != "-" && q + 0 >= 1.5) ? "holds" : "does not hold" }')
+        echo "* 2 processes, $(human "$size"): busbw ratio $q (target >= 1.5): $ok"
+    done
+    for np in 2 4; do
+        o=$(field 8 6 "$OUT_DIR/ours-$np-small.txt")
+        m=$(lowest "$(field 8 6 "$OUT_DIR/ompi-$np-small.txt")" "$(field 8 6 "$OUT_DIR/ompiring-$np-small.txt")")
+        ok=$(awk -v o="$o" -v m="$m" 'BEGIN { print (o != "-" && m != "-" && o + 0 <= m + 0) ? "holds" : "does not hold" }')
+        echo "* $np processes, 8-byte latency: rccl-rs $o us, best OpenMPI $m us (target: at or below): $ok"
+    done
+    n_ok=0
+    n_all=0
+    short=()
+    for size in "${SIZES[@]}"; do
+        q=${RATIO[4:$size]:-"-"}
+        n_all=$((n_all + 1))
+        if awk -v q="$q" 'BEGIN { exit !(q != "-" && q + 0 >= 1.0) }'; then
+            n_ok=$((n_ok + 1))
+        else
+            short+=("$(human "$size")")
+        fi
+    done
+    echo "* 4 processes, busbw at or above the better OpenMPI setting: $n_ok of $n_all sizes$( [ "${#short[@]}" -gt 0 ] && printf '; below at: %s' "$(IFS=,; echo "${short[*]}" | sed 's/,/, /g')")"
+    echo
+    echo "Data checks: rccl-rs $(wrong_total "$OUT_DIR"/ours-*.txt); OpenMPI $(wrong_total "$OUT_DIR"/ompi*.txt)$( [ "$COMPARE_MPICH" = 1 ] && echo "; MPICH $(wrong_total "$OUT_DIR"/mpich-*.txt)")."
+    echo
+} | tee "$REPORT"
+log "report: $REPORT; raw outputs: $OUT_DIR/"

@@ -1,0 +1,300 @@
+//! The correctness suite across emulated hosts: network namespaces joined
+//! by a bridge (`tests/common/netns.rs`, the shape of
+//! `scripts/testbed.sh`), 2 ranks per host sharing memory, TCP between
+//! hosts, with each built-in algorithm forced through `NCCL_ALGO`; and the
+//! `NCCL_DEBUG=INFO` report of such a run. Every test skips itself, saying
+//! why, when it cannot make namespaces (not root, no `ip`).
+//!
+//! To stay CI-friendly the multi-host runs use four datatypes (int32,
+//! float32, bfloat16, f8e4m3: an integer, the common float, a 16-bit and an
+//! 8-bit float with their own kernels) with every collective the algorithm
+//! implements, every op, every count of the suite and both placements
+//! (in place only where the algorithm supports it).
+
+mod common;
+#[path = "common/netns.rs"]
+mod netns;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{all_cases, check, test_config, CaseBuffers};
+use netns::TestBed;
+use rccl::{CollKind, Communicator, DataType, RedOp};
+
+const CHILD_MARKER: &str = "RCCL_MULTIHOST_CHILD";
+/// The forced algorithm of a suite child, or "debug" for the log test.
+const MODE: &str = "RCCL_MULTIHOST_MODE";
+
+const DTYPES: [DataType; 4] = [
+    DataType::Int32,
+    DataType::Float32,
+    DataType::Bfloat16,
+    DataType::Float8e4m3,
+];
+
+/// How long one run of ranks may take before it is killed.
+const RUN_LIMIT: Duration = Duration::from_secs(240);
+
+fn skip_reason() -> Option<String> {
+    let reason = netns::unavailable()?;
+    eprintln!("skipping multi-host test: {reason}");
+    Some(reason)
+}
+
+/// One rank, started inside a namespace by the tests below; does nothing
+/// when the harness runs it directly.
+#[test]
+fn child_rank() {
+    if std::env::var_os(CHILD_MARKER).is_none() {
+        return;
+    }
+    let mode = std::env::var(MODE).unwrap();
+    let comm = Communicator::from_env().expect("init from the environment");
+    let (rank, nranks) = (comm.rank(), comm.count());
+    if mode == "debug" {
+        let send = vec![1.0f32; 1 << 16];
+        let mut recv = vec![0f32; 1 << 16];
+        comm.all_reduce(&send[..2], &mut recv[..2], RedOp::Sum)
+            .unwrap();
+        comm.all_reduce(&send, &mut recv, RedOp::Sum).unwrap();
+        assert!(recv.iter().all(|&v| v == nranks as f32));
+        comm.broadcast_in_place(&mut recv[..1000], 1).unwrap();
+        let mut gathered = vec![0f32; 4 * nranks];
+        comm.all_gather(&send[..4], &mut gathered).unwrap();
+        comm.finalize().unwrap();
+        return;
+    }
+    let algorithm = rccl_algorithms::builtin(&mode).unwrap();
+    let kinds: Vec<CollKind> = CollKind::ALL
+        .into_iter()
+        .filter(|&k| algorithm.supports(k))
+        .collect();
+    let cases: Vec<_> = all_cases(nranks, &kinds, &DTYPES)
+        .into_iter()
+        .filter(|c| !c.in_place || algorithm.supports_in_place(c.kind))
+        .collect();
+    let mut failures = Vec::new();
+    for case in &cases {
+        let mut bufs = CaseBuffers::new(case, nranks, rank);
+        bufs.run(&comm, case)
+            .unwrap_or_else(|e| panic!("{mode}: {case:?} on rank {rank}: {e}"));
+        if let Err(msg) = check(case, nranks, rank, bufs.output(case, nranks, rank)) {
+            failures.push(msg);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{mode}: {} failures:\n{}",
+        failures.len(),
+        failures[..failures.len().min(10)].join("\n")
+    );
+}
+
+/// The `NCCL_ALGO` rule forcing `name` for every collective it implements.
+fn algo_rule(name: &str) -> String {
+    let algorithm = rccl_algorithms::builtin(name).unwrap();
+    CollKind::ALL
+        .into_iter()
+        .filter(|&k| algorithm.supports(k))
+        .map(|k| format!("{}:{name}", k.name().to_ascii_lowercase()))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// Sets the suite's engine settings (those of `test_config`) on a rank.
+fn suite_env(cmd: &mut Command) {
+    let config = test_config();
+    cmd.env(CHILD_MARKER, "1")
+        .env("NCCL_MIN_NCHANNELS", config.min_channels.to_string())
+        .env("NCCL_MAX_NCHANNELS", config.max_channels.to_string())
+        .env("NCCL_BUFFSIZE", config.buffsize.to_string())
+        .env("NCCL_LL_BUFFSIZE", config.ll_buffsize.to_string())
+        .env("NCCL_LL128_BUFFSIZE", config.ll128_buffsize.to_string())
+        .env("RCCL_TIMEOUT_MS", "60000")
+        .env_remove("NCCL_DEBUG")
+        .env_remove("NCCL_PROTO");
+}
+
+const CHILD_ARGS: [&str; 5] = [
+    "--exact",
+    "child_rank",
+    "--nocapture",
+    "--test-threads",
+    "1",
+];
+
+fn suite_on_hosts(hosts: usize) {
+    if skip_reason().is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut bed = TestBed::up(hosts, 2).expect("building the test bed");
+    for algorithm in rccl_algorithms::builtins() {
+        let name = algorithm.name();
+        let started = std::time::Instant::now();
+        bed.spawn(&exe, &CHILD_ARGS, |_, cmd| {
+            suite_env(cmd);
+            cmd.env(MODE, name).env("NCCL_ALGO", algo_rule(name));
+        })
+        .unwrap();
+        let results = bed.wait(RUN_LIMIT);
+        let statuses: Vec<_> = results.iter().map(|(s, _)| *s).collect();
+        assert!(
+            statuses.iter().all(|s| s.is_some_and(|s| s.success())),
+            "{name} on {hosts} hosts x 2 ranks: {statuses:?} (None: killed after {RUN_LIMIT:?})"
+        );
+        eprintln!(
+            "{name} on {hosts} hosts x 2 ranks: passed in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+#[test]
+fn each_algorithm_on_two_hosts_of_two_ranks() {
+    suite_on_hosts(2);
+}
+
+#[test]
+fn each_algorithm_on_four_hosts_of_two_ranks() {
+    suite_on_hosts(4);
+}
+
+#[test]
+fn debug_info_reports_topology_transports_and_choices() {
+    if skip_reason().is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut bed = TestBed::up(2, 2).expect("building the test bed");
+    bed.spawn(&exe, &CHILD_ARGS, |_, cmd| {
+        suite_env(cmd);
+        cmd.env(MODE, "debug")
+            .env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", "INIT,GRAPH,TUNING,COLL,NET,SHM")
+            .stderr(Stdio::piped());
+    })
+    .unwrap();
+    let results = bed.wait(RUN_LIMIT);
+    for (rank, (status, stderr)) in results.iter().enumerate() {
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "rank {rank}: {status:?}\n{stderr}"
+        );
+        // A line with all of `parts`, in order.
+        let has = |parts: &[&str]| {
+            stderr.lines().any(|l| {
+                let mut rest = l;
+                parts.iter().all(|p| match rest.find(p) {
+                    Some(at) => {
+                        rest = &rest[at + p.len()..];
+                        true
+                    }
+                    None => false,
+                })
+            })
+        };
+        let tag = format!("[{rank}] ");
+        let must_all = |parts: &[&str]| {
+            assert!(
+                has(parts),
+                "rank {rank} does not report {parts:?}:\n{stderr}"
+            )
+        };
+        let must = |needle: String| must_all(&[&needle]);
+        // (Host names print as the machine's: namespaces share it; the
+        // placement comes from NCCL_HOSTID.)
+        must(format!("{tag}comm"));
+        must(format!("rank {rank} nRanks 4 nHosts 2 host "));
+        // Topology: which ranks share each host.
+        must_all(&[&tag, "Topology: host 0 (", "): ranks [0, 1]"]);
+        must_all(&[&tag, "Topology: host 1 (", "): ranks [2, 3]"]);
+        must(format!("{tag}Ring : "));
+        must(format!("{tag}Tree 0 : "));
+        must(format!("{tag}Tree 1 : "));
+        // The transport to each peer: shared memory on the same host,
+        // sockets on the bed's network across hosts.
+        for peer in (0..4).filter(|&p| p != rank) {
+            let via = if peer / 2 == rank / 2 {
+                "SHM/direct".to_string()
+            } else {
+                format!("NET/Socket {}", netns::host_addr(peer / 2))
+            };
+            must_all(&[
+                &format!("{tag}Transport to rank {peer} ("),
+                &format!("): {via}"),
+            ]);
+        }
+        // Connections as made, and per operation the call, algorithm and
+        // protocol.
+        let partner = rank ^ 1;
+        must(format!("{rank} -> {partner} via SHM/direct"));
+        must(format!(
+            "via NET/Socket ({}",
+            netns::host_addr(1 - rank / 2)
+        ));
+        must(format!("{tag}AllReduce: opCount"));
+        must(format!("{tag}AllReduce: 8 Bytes -> Algo "));
+        must(format!("{tag}AllReduce: 262144 Bytes -> Algo "));
+        must(format!("{tag}Broadcast: 4000 Bytes -> Algo "));
+        must(format!("{tag}AllGather: 16 Bytes -> Algo "));
+        let choices: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains(" Bytes -> Algo "))
+            .collect();
+        assert!(
+            choices.iter().all(|l| l.contains(" proto ")),
+            "a choice without its protocol: {choices:?}"
+        );
+    }
+}
+
+#[test]
+fn testbed_script_runs_ranks_per_host_and_cleans_up() {
+    if skip_reason().is_some() {
+        return;
+    }
+    if Command::new("bash").arg("--version").output().is_err() {
+        eprintln!("skipping: no bash");
+        return;
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/testbed.sh");
+    let state = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("testbed-state");
+    let out = Command::new("bash")
+        .args([script, "with", "3", "2", "--rate", "1gbit", "--", "sh", "-c"])
+        .arg(
+            "test \"$WORLD_SIZE\" = 6 && test \"$NCCL_HOSTID\" = host$((RANK / 2)) && \
+             test \"$LOCAL_RANK\" = $((RANK % 2)) && test \"$MASTER_ADDR\" = 10.231.0.1 && \
+             ip -4 -o addr show \"$NCCL_SOCKET_IFNAME\" | grep -q \"10.231.0.$((RANK / 2 + 1))/24\" && \
+             ip netns identify $$",
+        )
+        .env("RCCL_TB_DIR", &state)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("exit codes by rank: 0 0 0 0 0 0"),
+        "{stderr}"
+    );
+    // Each rank ran in its host's namespace; all of them are gone now.
+    let names: Vec<&str> = stdout.lines().map(str::trim).collect();
+    assert_eq!(names.len(), 6, "{stdout}");
+    let bed = names[0].rsplit_once("-h").unwrap().0;
+    assert!(names.iter().all(|n| n.starts_with(bed)), "{stdout}");
+    let mut hosts: Vec<&str> = names.clone();
+    hosts.sort_unstable();
+    hosts.dedup();
+    assert_eq!(hosts.len(), 3, "{stdout}");
+    let left = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let left = String::from_utf8_lossy(&left.stdout);
+    assert!(!left.contains(bed), "namespaces left behind:\n{left}");
+    assert!(
+        std::fs::read_dir(&state).map_or(true, |mut d| d.next().is_none()),
+        "state file left behind"
+    );
+}

@@ -1,0 +1,248 @@
+//! Every perf binary checks clean (`-d all -o all`, 0 in every #wrong
+//! column) on 4 ranks in each launch mode without MPI: threads, processes
+//! joining through torchrun's variables, Slurm's and MPI launchers'
+//! variables with `NCCL_COMM_ID`, and `--procs`; the corruption switch is
+//! counted as wrong in process mode too.
+
+use std::process::{Child, Command, Output, Stdio};
+
+/// Every binary with its program name.
+const BINS: &[(&str, &str)] = &[
+    ("all_reduce_perf", env!("CARGO_BIN_EXE_all_reduce_perf")),
+    ("all_gather_perf", env!("CARGO_BIN_EXE_all_gather_perf")),
+    ("broadcast_perf", env!("CARGO_BIN_EXE_broadcast_perf")),
+    ("reduce_perf", env!("CARGO_BIN_EXE_reduce_perf")),
+    (
+        "reduce_scatter_perf",
+        env!("CARGO_BIN_EXE_reduce_scatter_perf"),
+    ),
+    ("alltoall_perf", env!("CARGO_BIN_EXE_alltoall_perf")),
+    ("gather_perf", env!("CARGO_BIN_EXE_gather_perf")),
+    ("scatter_perf", env!("CARGO_BIN_EXE_scatter_perf")),
+    ("sendrecv_perf", env!("CARGO_BIN_EXE_sendrecv_perf")),
+    ("hypercube_perf", env!("CARGO_BIN_EXE_hypercube_perf")),
+];
+
+/// One size, one timed iteration, every type and op.
+const ALL: &[&str] = &[
+    "-b", "1K", "-e", "1K", "-n", "1", "-w", "1", "-d", "all", "-o", "all",
+];
+
+const LAUNCHER_VARS: &[&str] = &[
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NCCL_COMM_ID",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "PMIX_RANK",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "NCCL_TESTS_MIN_BW",
+    "RCCL_PERF_CORRUPT",
+];
+
+fn command(bin: &str, args: &[&str], corrupt: bool) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.args(args);
+    for v in LAUNCHER_VARS {
+        cmd.env_remove(v);
+    }
+    if corrupt {
+        cmd.env("RCCL_PERF_CORRUPT", "1");
+    }
+    cmd
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The #wrong values of every result row (the last column of each half).
+fn wrong_columns(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert!(f.len() >= 12, "not a result row: {line:?}");
+        out.push(f[f.len() - 5].to_string());
+        out.push(f[f.len() - 1].to_string());
+    }
+    out
+}
+
+/// Checks a clean run: success, rows present, every #wrong 0.
+fn assert_clean(name: &str, mode: &str, status_ok: bool, text: &str) {
+    assert!(status_ok, "{name} ({mode}) failed:\n{text}");
+    assert!(
+        text.contains(&format!("# Collective test concluded: {name}")),
+        "{name} ({mode}):\n{text}"
+    );
+    let wrong = wrong_columns(text);
+    assert!(!wrong.is_empty(), "{name} ({mode}): no rows\n{text}");
+    // Out-of-place halves (even indices) are always checked; in-place
+    // halves of collectives that are not checked in place say N/A.
+    assert!(
+        wrong
+            .iter()
+            .enumerate()
+            .all(|(i, w)| w == "0" || (i % 2 == 1 && w == "N/A")),
+        "{name} ({mode}): wrong elements\n{text}"
+    );
+    assert!(text.contains("# Out of bounds values : 0 OK"), "{text}");
+}
+
+/// Starts 4 ranks as processes with `env(rank)`; returns rank 0's output
+/// and whether every process succeeded.
+fn run_processes(
+    bin: &str,
+    args: &[&str],
+    corrupt: bool,
+    env: impl Fn(usize) -> Vec<(String, String)>,
+) -> (bool, String) {
+    let children: Vec<Child> = (0..4)
+        .map(|rank| {
+            let mut cmd = command(bin, args, corrupt);
+            cmd.envs(env(rank));
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+            cmd.spawn().expect("start a rank")
+        })
+        .collect();
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let ok = outs.iter().all(|o| o.status.success());
+    let mut text = String::from_utf8_lossy(&outs[0].stdout).into_owned();
+    if !ok {
+        for (r, o) in outs.iter().enumerate() {
+            // As comment lines, so the rows parse as before.
+            text += &format!("\n# --- rank {r}: {}", o.status);
+            for l in String::from_utf8_lossy(&o.stderr).lines() {
+                text += &format!("\n# {l}");
+            }
+        }
+    }
+    // Ranks other than 0 print no results.
+    for o in &outs[1..] {
+        assert!(wrong_columns(&String::from_utf8_lossy(&o.stdout)).is_empty());
+    }
+    (ok, text)
+}
+
+fn torchrun_env(port: u16) -> impl Fn(usize) -> Vec<(String, String)> {
+    move |rank| {
+        [
+            ("RANK", rank.to_string()),
+            ("WORLD_SIZE", "4".to_string()),
+            ("LOCAL_RANK", rank.to_string()),
+            ("MASTER_ADDR", "127.0.0.1".to_string()),
+            ("MASTER_PORT", port.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+#[test]
+fn every_binary_threads() {
+    for (name, bin) in BINS {
+        let mut args = vec!["-g", "4"];
+        args.extend_from_slice(ALL);
+        let out = command(bin, &args, false).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_clean(name, "threads", out.status.success(), &text);
+    }
+}
+
+#[test]
+fn every_binary_torchrun_processes() {
+    for (name, bin) in BINS {
+        let (ok, text) = run_processes(bin, ALL, false, torchrun_env(free_port()));
+        assert_clean(name, "torchrun variables", ok, &text);
+        // Four processes: four different pids in the device list.
+        let pids: std::collections::HashSet<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("#  Rank "))
+            .filter_map(|l| l.split("Pid").nth(1)?.split_whitespace().next())
+            .collect();
+        assert_eq!(pids.len(), 4, "{text}");
+    }
+}
+
+/// Slurm's and the MPI launchers' rank variables, with the rendezvous
+/// address from NCCL_COMM_ID (they set no MASTER_ADDR).
+#[test]
+fn slurm_openmpi_and_mpich_variables_with_nccl_comm_id() {
+    let families: [(&str, &str, &str); 3] = [
+        ("slurm", "SLURM_PROCID", "SLURM_NTASKS"),
+        ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("mpich", "PMI_RANK", "PMI_SIZE"),
+    ];
+    for (i, (family, rank_var, size_var)) in families.into_iter().enumerate() {
+        let (name, bin) = BINS[i];
+        let port = free_port();
+        let (ok, text) = run_processes(bin, ALL, false, |rank| {
+            vec![
+                (rank_var.to_string(), rank.to_string()),
+                (size_var.to_string(), "4".to_string()),
+                ("NCCL_COMM_ID".to_string(), format!("127.0.0.1:{port}")),
+            ]
+        });
+        assert_clean(name, family, ok, &text);
+    }
+}
+
+#[test]
+fn procs_launcher_runs_every_binary() {
+    for (name, bin) in BINS {
+        let mut args = vec!["--procs", "4"];
+        args.extend_from_slice(ALL);
+        let out = command(bin, &args, false).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_clean(name, "--procs 4", out.status.success(), &text);
+        assert_eq!(text.matches("#  Rank ").count(), 4, "{text}");
+    }
+}
+
+#[test]
+fn corruption_is_counted_in_process_modes() {
+    let bin = env!("CARGO_BIN_EXE_all_reduce_perf");
+    let args = ["-b", "1K", "-e", "1K", "-n", "1"];
+    let (ok, text) = run_processes(bin, &args, true, torchrun_env(free_port()));
+    assert!(!ok, "a corrupted run must fail:\n{text}");
+    assert!(wrong_columns(&text).iter().any(|w| w != "0"), "{text}");
+    assert!(text.contains("FAILED"), "{text}");
+
+    let mut with_procs = vec!["--procs", "4"];
+    with_procs.extend_from_slice(&args);
+    let out = command(bin, &with_procs, true).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(wrong_columns(&text).iter().any(|w| w != "0"), "{text}");
+}
+
+/// Processes refuse -t/-g above 1 rather than miscounting ranks.
+#[test]
+fn processes_reject_threads_per_process() {
+    let out = command(
+        env!("CARGO_BIN_EXE_all_reduce_perf"),
+        &["--procs", "2", "-g", "2", "-b", "8", "-e", "8"],
+        false,
+    )
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("-t and -g must be 1"));
+}
