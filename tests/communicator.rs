@@ -206,3 +206,126 @@ fn mismatched_collectives_fail_on_every_rank_naming_both_calls() {
         );
     }
 }
+
+#[test]
+fn abort_unblocks_a_group_spanning_several_communicators() {
+    let a = Communicator::init_all_config(2, test_config()).unwrap();
+    let b = Communicator::init_all_config(2, test_config()).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            a[0].abort();
+        });
+        let start = Instant::now();
+        let (mut x, mut y) = ([0f32; 64], [0f32; 64]);
+        let mut group = Group::new();
+        group
+            .all_reduce(&a[0], &[1f32; 64], &mut x, RedOp::Sum)
+            .unwrap();
+        group
+            .all_reduce(&b[0], &[1f32; 64], &mut y, RedOp::Sum)
+            .unwrap();
+        let err = group.run().unwrap_err();
+        let took = start.elapsed();
+        println!("abort inside a group of two communicators: returned {took:?} after the call");
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+        assert!(err.to_string().contains("aborted"), "{err}");
+    });
+    // Both communicators of the group stopped mid-flight: both are poisoned.
+    assert!(a[0].async_error().is_some() && b[0].async_error().is_some());
+    // The peer, blocked in nothing, learns it at once when it next needs
+    // rank 0 (its first call may complete from pieces rank 0 sent before
+    // the abort, as one-shot algorithms send everything first).
+    let start = Instant::now();
+    let err = (0..2)
+        .find_map(|_| {
+            b[1].all_reduce(&[1f32; 64], &mut [0f32; 64], RedOp::Sum)
+                .err()
+        })
+        .expect("the peer of an aborted rank failed");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert!(err.to_string().contains("rank 0"), "{err}");
+}
+
+#[test]
+fn a_failing_rank_tells_its_peers_at_once_instead_of_letting_them_time_out() {
+    // Rank 0 aborts while rank 1 waits for it: rank 1 hears why through
+    // the connection, long before its 60 s timeout.
+    for config in [test_config(), common::tcp_config()] {
+        let comms = Communicator::init_all_config(2, config).unwrap();
+        // Connect first (an abort during connection setup reaches peers
+        // waiting there only by their timeout).
+        std::thread::scope(|s| {
+            for comm in &comms {
+                s.spawn(move || {
+                    comm.all_reduce(&[1f32; 4096], &mut [0f32; 4096], RedOp::Sum)
+                        .unwrap()
+                });
+            }
+        });
+        let err = std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let start = Instant::now();
+                let err = comms[1]
+                    .all_reduce(&[1f32; 4096], &mut [0f32; 4096], RedOp::Sum)
+                    .unwrap_err();
+                (start.elapsed(), err)
+            });
+            std::thread::sleep(Duration::from_millis(200));
+            comms[0].abort();
+            let _ = comms[0].all_reduce(&[1f32; 4096], &mut [0f32; 4096], RedOp::Sum);
+            waiter.join().unwrap()
+        });
+        let (took, err) = err;
+        println!("peer abort seen after {took:?}: {err}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        assert!(err.to_string().contains("rank 0 (host"), "{err}");
+        assert_eq!(err.code(), 6, "ncclRemoteError");
+    }
+}
+
+#[test]
+fn hang_report_on_request_names_operation_channel_step_and_peer() {
+    let comms = Communicator::init_all_config(2, test_config()).unwrap();
+    assert!(comms[0]
+        .hang_report()
+        .contains("rank 0 of 2: no operation in flight"));
+    std::thread::scope(|s| {
+        let blocked = s.spawn(|| {
+            comms[0]
+                .all_reduce(&[1f32; 256], &mut [0f32; 256], RedOp::Sum)
+                .unwrap_err()
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let report = loop {
+            let report = comms[0].hang_report();
+            if report.contains("waiting for data from rank 1") || Instant::now() > deadline {
+                break report;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        println!("{report}");
+        assert!(
+            report.contains("rank 0 of 2: operation #0 AllReduce in flight"),
+            "{report}"
+        );
+        assert!(report.contains("no progress for"), "{report}");
+        assert!(
+            report.contains("channel 0: operation #0 AllReduce, step "),
+            "{report}"
+        );
+        assert!(
+            report.contains("waiting for data from rank 1 (host"),
+            "{report}"
+        );
+        let all = rccl::hang_report();
+        assert!(all.contains(&report.lines().next().unwrap()[..20]), "{all}");
+        comms[0].abort();
+        blocked.join().unwrap();
+    });
+    let report = comms[0].hang_report();
+    assert!(
+        report.contains("aborted") && report.contains("failed:"),
+        "{report}"
+    );
+}

@@ -1033,3 +1033,48 @@ impl Receiver {
         Ok(())
     }
 }
+
+/// Fuzzing of the bootstrap's wire decoders over arbitrary bytes: they
+/// refuse or decode, never panic (bounded cases, part of `cargo test`).
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn addresses_decode_or_refuse(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            if let Ok(addr) = decode_addr(&bytes) {
+                let mut again = Vec::new();
+                encode_addr(&addr, &mut again);
+                prop_assert_eq!(decode_addr(&again), Ok(addr));
+            }
+        }
+
+        #[test]
+        fn unique_ids_decode_or_refuse(bytes in proptest::collection::vec(any::<u8>(), 128), keep_magic in any::<bool>()) {
+            let mut raw: [u8; 128] = bytes.try_into().unwrap();
+            if keep_magic {
+                raw[..4].copy_from_slice(&UID_MAGIC);
+                raw[4] = UID_VERSION;
+            }
+            let id = UniqueId(raw);
+            let _ = id.root_addr();
+            let _ = id.secret();
+            let _ = format!("{id:?}");
+        }
+
+        #[test]
+        fn root_answers_decode_or_refuse(
+            bytes in proptest::collection::vec(any::<u8>(), 0..200),
+            nranks in 1usize..6,
+            rank in 0usize..6,
+        ) {
+            let root: SocketAddr = "127.0.0.1:9".parse().unwrap();
+            let me: SocketAddr = "127.0.0.1:10".parse().unwrap();
+            let _ = Bootstrap::parse_table(&bytes, rank % nranks, nranks, root, me);
+        }
+    }
+}

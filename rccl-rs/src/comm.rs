@@ -27,13 +27,17 @@ pub(crate) struct PeerInfo {
     pub host_id: String,
     /// Its process id, for messages.
     pub pid: u32,
+    /// Its process's start time (clock ticks since boot, 0 if unknown):
+    /// with the pid, what a peer on the same host watches to learn
+    /// promptly that it died.
+    pub start: u64,
     /// Settings that must agree across ranks: buffsize, min and max
     /// channels, shared memory disabled.
     pub shape: [u64; SHAPE_WORDS],
 }
 
 impl PeerInfo {
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         let addr = self.data_addr.to_string();
         for field in [
@@ -45,19 +49,21 @@ impl PeerInfo {
             out.extend_from_slice(field);
         }
         out.extend_from_slice(&self.pid.to_le_bytes());
+        out.extend_from_slice(&self.start.to_le_bytes());
         for word in self.shape {
             out.extend_from_slice(&word.to_le_bytes());
         }
         out
     }
 
-    fn decode(bytes: &[u8], rank: usize) -> Result<PeerInfo> {
+    pub(crate) fn decode(bytes: &[u8], rank: usize) -> Result<PeerInfo> {
         let mut reader = Reader(bytes);
         let parsed = (|| {
             let addr = reader.string()?;
             let host = reader.string()?;
             let host_id = reader.string()?;
             let pid = reader.u32()?;
+            let start = reader.u64()?;
             let mut shape = [0u64; SHAPE_WORDS];
             for word in &mut shape {
                 *word = reader.u64()?;
@@ -67,9 +73,11 @@ impl PeerInfo {
                 host,
                 host_id,
                 pid,
+                start,
                 shape,
             })
-        })();
+        })()
+        .filter(|_| reader.0.is_empty());
         parsed.ok_or_else(|| Error::Remote(format!("rank {rank} sent malformed init information")))
     }
 }
@@ -107,6 +115,45 @@ pub(crate) struct ExecState {
     pub links: Vec<Vec<Option<Link>>>,
 }
 
+/// What a communicator is doing, for hang reports on request: set when a
+/// launch starts and ends, and refreshed while it is stuck.
+#[derive(Default)]
+pub(crate) struct Activity {
+    /// When the launch in flight started.
+    pub since: Option<Instant>,
+    /// Its first operation (sequence number and name) and how many
+    /// operations it holds.
+    pub first: (u64, &'static str),
+    pub ops: usize,
+    /// How long it had made no progress, and what each stuck channel
+    /// waited for, at the last check.
+    pub stalled: Option<std::time::Duration>,
+    pub waiting: Vec<String>,
+}
+
+/// Every live communicator of this process, for hang reports.
+static LIVE: Mutex<Vec<std::sync::Weak<CommInner>>> = Mutex::new(Vec::new());
+
+fn register(inner: &Arc<CommInner>) {
+    let mut live = LIVE.lock();
+    live.retain(|w| w.strong_count() > 0);
+    live.push(Arc::downgrade(inner));
+}
+
+/// The state of every live communicator of this process, one block per
+/// communicator: the operation in flight (sequence number, collective),
+/// and per stuck channel the step, primitive and the peer waited for.
+pub fn hang_report() -> String {
+    let live: Vec<Arc<CommInner>> = LIVE.lock().iter().filter_map(|w| w.upgrade()).collect();
+    if live.is_empty() {
+        return "rccl: no live communicators".to_string();
+    }
+    live.iter()
+        .map(|c| c.report())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 pub(crate) struct CommInner {
     pub rank: usize,
     pub nranks: usize,
@@ -128,6 +175,7 @@ pub(crate) struct CommInner {
     /// Which ranks share a host.
     pub topology: Topology,
     pub exec: Mutex<ExecState>,
+    pub activity: Mutex<Activity>,
     splits: AtomicU64,
 }
 
@@ -138,12 +186,57 @@ impl CommInner {
         !self.config.shm_disable && self.peers[peer].host_id == self.peers[self.rank].host_id
     }
 
-    /// "rank 3 (host h, pid 42)".
+    /// "rank 3 (host h, pid 42)"; for a rank on another host, with its
+    /// address: "rank 3 (host h, 10.0.0.2, pid 42)".
     pub fn describe(&self, rank: usize) -> String {
         match self.peers.get(rank) {
+            Some(p) if p.host_id != self.peers[self.rank].host_id => format!(
+                "rank {rank} (host {}, {}, pid {})",
+                p.host,
+                p.data_addr.ip(),
+                p.pid
+            ),
             Some(p) => format!("rank {rank} (host {}, pid {})", p.host, p.pid),
             None => format!("rank {rank}"),
         }
+    }
+
+    /// This communicator's part of a hang report.
+    pub fn report(&self) -> String {
+        let head = format!("rank {} of {}", self.rank, self.nranks);
+        let activity = self.activity.lock();
+        let mut text = match activity.since {
+            None => format!("{head}: no operation in flight"),
+            Some(since) => {
+                let (seq, name) = activity.first;
+                let more = match activity.ops {
+                    0 | 1 => String::new(),
+                    n => format!(" and {} more", n - 1),
+                };
+                let mut text = format!(
+                    "{head}: operation #{seq} {name}{more} in flight for {:?}",
+                    since.elapsed()
+                );
+                match activity.stalled {
+                    Some(stalled) => {
+                        text += &format!(", no progress for {stalled:?}");
+                        for line in &activity.waiting {
+                            text += &format!("\n  {line}");
+                        }
+                    }
+                    None => text += ", progressing",
+                }
+                text
+            }
+        };
+        drop(activity);
+        if self.abort.load(Ordering::Relaxed) {
+            text += "\n  aborted";
+        }
+        if let Some(err) = self.poisoned.lock().as_ref() {
+            text += &format!("\n  failed: {err}");
+        }
+        text
     }
 
     /// Logs what init found: the placement, the rings and trees, and how
@@ -277,6 +370,7 @@ impl Communicator {
             host: hostname(),
             host_id: host_id(),
             pid: std::process::id(),
+            start: rccl_transports::process::ProcessId::current().map_or(0, |p| p.start),
             shape: settings_shape(&config),
         };
         let peers = bootstrap
@@ -309,6 +403,7 @@ impl Communicator {
         let links = (0..config.max_channels)
             .map(|_| (0..nranks).map(|_| None).collect())
             .collect();
+        crate::signal::install_from_env();
         let inner = Arc::new(CommInner {
             rank,
             nranks,
@@ -323,8 +418,10 @@ impl Communicator {
             all_shm,
             topology,
             exec: Mutex::new(ExecState { links }),
+            activity: Mutex::new(Activity::default()),
             splits: AtomicU64::new(0),
         });
+        register(&inner);
         let local_ranks = inner
             .topology
             .local_ranks(inner.topology.host_of(inner.rank))
@@ -501,13 +598,41 @@ impl Communicator {
 
     /// Stops every operation in flight on this communicator, from any
     /// thread (`ncclCommAbort`); they and every later call fail.
+    ///
+    /// Peers waiting on this rank learn it at once through its connections
+    /// (an operation in flight tells them as it stops).
     pub fn abort(&self) {
-        self.inner.abort.store(true, Ordering::SeqCst);
+        let inner = &self.inner;
+        inner.abort.store(true, Ordering::SeqCst);
+        if let Some(state) = inner.exec.try_lock() {
+            let error = Error::InvalidUsage("the communicator was aborted".into());
+            crate::enqueue::close_links(inner, &state, &error);
+        }
+    }
+
+    /// What this communicator is doing, for diagnosing a hang: the
+    /// operation in flight (sequence number, collective), how long it has
+    /// made no progress, and per stuck channel the step, primitive and the
+    /// peer (rank, host, pid) it waits for. Callable from any thread while
+    /// another is blocked in the operation; refreshed every 100 ms of
+    /// waiting. [`crate::hang_report`] reports every live communicator.
+    pub fn hang_report(&self) -> String {
+        self.inner.report()
     }
 
     /// The communicator's first failure, if any (`ncclCommGetAsyncError`).
     pub fn async_error(&self) -> Option<Error> {
         self.inner.poisoned.lock().clone()
+    }
+}
+
+impl Drop for CommInner {
+    fn drop(&mut self) {
+        // Peers still waiting on this rank hear why instead of timing out.
+        let note = format!("{} destroyed its communicator", self.describe(self.rank));
+        for link in self.exec.get_mut().links.iter().flatten().flatten() {
+            link.conn.close_with(&note);
+        }
     }
 }
 
@@ -592,4 +717,52 @@ pub fn rank_from_env() -> Result<(usize, usize)> {
 /// The deadline of an operation starting now.
 pub(crate) fn deadline(config: &Config) -> Instant {
     Instant::now() + config.timeout
+}
+
+/// Fuzzing of the init information each rank decodes from every other.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn info() -> PeerInfo {
+        PeerInfo {
+            data_addr: "10.0.0.2:4242".parse().unwrap(),
+            host: "node".into(),
+            host_id: "node/boot".into(),
+            pid: 42,
+            start: 7,
+            shape: [1, 2, 3, 4, 5, 6, 7],
+        }
+    }
+
+    #[test]
+    fn peer_info_round_trips_and_refuses_trailing_bytes() {
+        let bytes = info().encode();
+        assert_eq!(PeerInfo::decode(&bytes, 1), Ok(info()));
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(PeerInfo::decode(&longer, 1).is_err());
+        assert!(PeerInfo::decode(&bytes[..bytes.len() - 1], 1).is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn arbitrary_bytes_decode_or_refuse(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            if let Err(err) = PeerInfo::decode(&bytes, 3) {
+                prop_assert!(err.to_string().contains("rank 3"));
+            }
+        }
+
+        #[test]
+        fn mutated_info_decodes_or_refuses(at in 0usize..120, value in any::<u8>(), cut in 0usize..130) {
+            let mut bytes = info().encode();
+            let n = bytes.len();
+            bytes[at % n] = value;
+            bytes.truncate(cut.max(1));
+            let _ = PeerInfo::decode(&bytes, 0);
+        }
+    }
 }

@@ -11,11 +11,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rccl_algorithms::{p2p_schedule, CollKind, CollSpec, P2pOp, Schedule};
+use rccl_transports::process::ProcessId;
 use rccl_transports::shm::{self, ShmConnection, ShmSegment};
 use rccl_transports::tcp::TcpConnection;
 use rccl_transports::{Connection, Protocol, Tag};
 
-use crate::comm::{deadline, CommInner};
+use crate::comm::{deadline, Activity, CommInner};
 use crate::error::{Error, Result};
 use crate::executor::{
     self, Binding, Buffers, ChannelRun, Driven, Link, OpWork, Reduction, Segment,
@@ -183,6 +184,19 @@ fn launch(ops: Vec<RawOp>) -> Result<()> {
         .map(|l| deadline(&l.comm.config))
         .min()
         .expect("a launch has at least one communicator");
+    let started = std::time::Instant::now();
+    for launch in &launches {
+        let mut ops = launch.channels.iter().flatten().map(|w| (w.seq, w.name));
+        let first = ops.next().unwrap_or((0, "nothing"));
+        let count = 1 + ops.filter(|&op| op != first).count();
+        *launch.comm.activity.lock() = Activity {
+            since: Some(started),
+            first,
+            ops: count,
+            stalled: None,
+            waiting: Vec::new(),
+        };
+    }
     let mut runs = Vec::new();
     for (index, (launch, guard)) in launches.iter_mut().zip(&guards).enumerate() {
         for (channel, work) in launch.channels.iter_mut().enumerate() {
@@ -200,10 +214,14 @@ fn launch(ops: Vec<RawOp>) -> Result<()> {
             });
         }
     }
-    let result = executor::drive(&mut runs, deadline);
+    let result = executor::drive(&mut runs, deadline, &mut |runs, stalled| {
+        publish_stall(&comms, runs, stalled)
+    });
     drop(runs);
-    drop(guards);
-    result.map_err(|failure| {
+    for comm in &comms {
+        *comm.activity.lock() = Activity::default();
+    }
+    let result = result.map_err(|failure| {
         let error = if failure.waiting.is_empty() {
             failure.error
         } else {
@@ -213,11 +231,69 @@ fn launch(ops: Vec<RawOp>) -> Result<()> {
         };
         // The group's other operations stopped mid-flight too, with pieces
         // left in their connections: none of its communicators can go on.
-        for comm in &comms {
+        for (comm, guard) in comms.iter().zip(guards.iter()) {
             comm.poison(&error);
+            close_links(comm, guard, &error);
         }
         error
-    })
+    });
+    drop(guards);
+    result
+}
+
+/// Closes every connection of a failed communicator, telling each peer
+/// why, so that ranks waiting on this one stop at once with the cause
+/// instead of timing out. A failure that came from a peer's note is passed
+/// on unchanged: every rank names the rank where it started.
+pub(crate) fn close_links(comm: &CommInner, state: &crate::comm::ExecState, error: &Error) {
+    let links = || state.links.iter().flatten().flatten();
+    let note = links()
+        .find_map(|link| link.conn.peer_note())
+        .unwrap_or_else(|| {
+            if comm.abort.load(Ordering::Relaxed) {
+                return format!("{} aborted its communicator", comm.describe(comm.rank));
+            }
+            let usage = matches!(error, Error::InvalidUsage(_));
+            format!(
+                "{}{} failed: {error}",
+                if usage { executor::USAGE_NOTE } else { "" },
+                comm.describe(comm.rank)
+            )
+        });
+    for link in links() {
+        link.conn.close_with(&note);
+    }
+}
+
+/// Records what the stuck channels of a launch wait for, for hang reports
+/// on request.
+fn publish_stall(comms: &[Arc<CommInner>], runs: &[Driven<'_, '_>], stalled: std::time::Duration) {
+    for (index, comm) in comms.iter().enumerate() {
+        let waiting = runs
+            .iter()
+            .filter(|d| d.comm == index && d.run.busy())
+            .map(|d| match d.run.blocked() {
+                Some(b) => format!(
+                    "channel {}: operation #{} {}, step {} ({}), waiting {} {}",
+                    d.run.channel(),
+                    b.seq,
+                    b.op,
+                    b.step,
+                    b.prim,
+                    if b.receiving {
+                        "for data from"
+                    } else {
+                        "for FIFO space from"
+                    },
+                    comm.describe(b.peer)
+                ),
+                None => format!("channel {}: not started", d.run.channel()),
+            })
+            .collect();
+        let mut activity = comm.activity.lock();
+        activity.stalled = Some(stalled);
+        activity.waiting = waiting;
+    }
 }
 
 /// What each rank waits for, one line per stuck channel, so a user can
@@ -625,7 +701,15 @@ fn open_connection(
             comm.rank,
             comm.rank
         );
-        return Ok(Box::new(ShmConnection::new(segment, creating, &shape)));
+        let mut conn = ShmConnection::new(segment, creating, &shape);
+        let info = &comm.peers[peer];
+        if info.start != 0 {
+            conn.watch_peer(ProcessId {
+                pid: info.pid,
+                start: info.start,
+            });
+        }
+        return Ok(Box::new(conn));
     }
     let stream = if creating {
         comm.tcp

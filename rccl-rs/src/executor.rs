@@ -302,15 +302,24 @@ impl<'a> Piece<'_, 'a> {
     }
 
     /// Fails with the connection's reason if it has failed.
-    fn check(&self, link: &Link, fifo: &Fifo, peer: usize) -> Result<()> {
+    fn check(&self, link: &Link, fifo: &Fifo) -> Result<()> {
         if fifo.failed() {
+            if let Some(note) = link.conn.peer_note() {
+                return Err(note_error(
+                    &note,
+                    &format!(
+                        "{} #{} on channel {}: {} closed the connection",
+                        self.op.name, self.op.seq, self.channel, link.peer_name
+                    ),
+                ));
+            }
             let why = link
                 .conn
                 .failure()
                 .unwrap_or_else(|| "connection closed".to_string());
             return Err(Error::Remote(format!(
-                "{} on channel {} (rank {peer}, {}): {why}",
-                self.op.name, self.channel, link.peer_name
+                "{} #{} on channel {}: connection to {}: {why}",
+                self.op.name, self.op.seq, self.channel, link.peer_name
             )));
         }
         Ok(())
@@ -383,7 +392,7 @@ impl<'a> Piece<'_, 'a> {
         match fifo.try_reserve() {
             Some(slot) => Ok(Ok((slot, fifo.slot_bytes() / self.op.elem_size))),
             None => {
-                self.check(link, fifo, peer)?;
+                self.check(link, fifo)?;
                 Ok(Err(park))
             }
         }
@@ -419,7 +428,7 @@ impl<'a> Piece<'_, 'a> {
                 Ok(Ok((slot, bytes / elem)))
             }
             None => {
-                self.check(link, fifo, peer)?;
+                self.check(link, fifo)?;
                 Ok(Err(park))
             }
         }
@@ -600,6 +609,41 @@ pub struct Driven<'a, 'f> {
     pub comm: usize,
 }
 
+/// Prefix of a closing note that says the sender's failure was a usage
+/// error every rank shares (ranks disagree on the calls), so receivers
+/// report it as one too; other notes become remote errors.
+pub const USAGE_NOTE: &str = "usage|";
+
+/// The error a rank reports when a peer closed a connection with `note`.
+fn note_error(note: &str, context: &str) -> Error {
+    match note.strip_prefix(USAGE_NOTE) {
+        Some(rest) => Error::InvalidUsage(format!("{context}: {rest}")),
+        None => Error::Remote(format!("{context}: {note}")),
+    }
+}
+
+/// How often a wait that has made no progress checks whether the peers it
+/// waits for are still alive, and publishes what it waits for.
+pub const STALL_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl ChannelRun<'_> {
+    /// The peer this run last blocked on, if the transport knows it died.
+    fn peer_gone(&self) -> Option<Error> {
+        let b = self.blocked.as_ref()?;
+        let link = self.links.get(b.peer)?.as_ref()?;
+        let why = link.conn.peer_gone()?;
+        Some(Error::Remote(format!(
+            "{} #{} on channel {}, step {} ({}): {} died: {why}",
+            b.op, b.seq, self.channel, b.step, b.prim, link.peer_name
+        )))
+    }
+
+    /// Whether the run still has work queued.
+    pub fn busy(&self) -> bool {
+        !self.ops.is_empty()
+    }
+}
+
 /// Why driving a group stopped early.
 pub struct DriveError {
     /// Index of the communicator whose run failed (or first timed out).
@@ -613,12 +657,18 @@ pub struct DriveError {
 
 /// Drives `runs` round-robin until all are done, the deadline passes, a
 /// communicator is aborted, or a run fails.
+///
+/// While nothing moves, every [`STALL_CHECK_EVERY`] it asks the transports
+/// whether the peers the blocked runs wait for are still alive, and calls
+/// `stalled` with the runs and how long they have been stuck.
 pub fn drive(
     runs: &mut [Driven<'_, '_>],
     deadline: Instant,
+    stalled: &mut dyn FnMut(&[Driven<'_, '_>], std::time::Duration),
 ) -> std::result::Result<(), DriveError> {
     let mut backoff = Backoff::new();
     let never_aborted = AtomicBool::new(false);
+    let mut stall: Option<(Instant, u32)> = None;
     loop {
         let mut progressed = false;
         let mut all_done = true;
@@ -657,7 +707,23 @@ pub fn drive(
         }
         if progressed {
             backoff.reset();
+            stall = None;
             continue;
+        }
+        let now = Instant::now();
+        let (since, checks) = stall.get_or_insert((now, 0));
+        if now >= *since + STALL_CHECK_EVERY * (*checks + 1) {
+            *checks += 1;
+            for driven in runs.iter().filter(|d| d.run.busy()) {
+                if let Some(error) = driven.run.peer_gone() {
+                    return Err(DriveError {
+                        comm: driven.comm,
+                        error,
+                        waiting: Vec::new(),
+                    });
+                }
+            }
+            stalled(runs, now - *since);
         }
         // Parked on one of several blocked runs, wake up soon enough to see
         // the others move.

@@ -17,14 +17,16 @@ pub mod executor;
 pub mod fault;
 pub mod kernels;
 pub mod net;
+pub mod signal;
 pub mod tuning;
 pub mod types;
 
 pub use api::{CollCall, Element, Group, F8E4M3, F8E5M2};
 pub use bootstrap::{Bootstrap, UniqueId};
-pub use comm::Communicator;
+pub use comm::{hang_report, Communicator};
 pub use config::Config;
 pub use enqueue::{group_end, group_fail, group_start};
 pub use error::{Error, Result};
 pub use rccl_algorithms::CollKind;
+pub use signal::report_hangs_on_signal;
 pub use types::{DataType, RedOp};

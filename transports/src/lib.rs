@@ -9,6 +9,7 @@
 pub mod fifo;
 pub mod futex;
 pub mod net;
+pub mod process;
 pub mod shm;
 pub mod socket;
 pub mod tcp;
@@ -28,6 +29,33 @@ pub trait Connection: Send + Sync {
     fn failure(&self) -> Option<String>;
     /// The transport's name for logs (`NET/Socket`, `SHM`).
     fn transport(&self) -> &'static str;
+    /// Gives up on the connection and tells the peer why, so that its
+    /// waits end at once with the original cause (at most [`MAX_NOTE`]
+    /// bytes of `note` travel). Only the first call's note is sent.
+    fn close_with(&self, note: &str);
+    /// What the peer said when it gave up on the connection, if it did.
+    fn peer_note(&self) -> Option<String>;
+    /// Whether the peer is known to be gone, with the reason: a check for
+    /// waits that have been blocked a while (it may make a system call),
+    /// never for the fast path.
+    fn peer_gone(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Most bytes of a note a closing side leaves for its peer.
+pub const MAX_NOTE: usize = 2048;
+
+/// `note` cut to at most [`MAX_NOTE`] bytes at a character boundary.
+pub fn bounded_note(note: &str) -> &str {
+    if note.len() <= MAX_NOTE {
+        return note;
+    }
+    let mut end = MAX_NOTE;
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    &note[..end]
 }
 
 impl Connection for tcp::TcpConnection {
@@ -42,5 +70,11 @@ impl Connection for tcp::TcpConnection {
     }
     fn transport(&self) -> &'static str {
         "NET/Socket"
+    }
+    fn close_with(&self, note: &str) {
+        tcp::TcpConnection::close_with(self, note)
+    }
+    fn peer_note(&self) -> Option<String> {
+        tcp::TcpConnection::peer_note(self)
     }
 }

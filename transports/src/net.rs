@@ -202,4 +202,40 @@ mod tests {
         assert_eq!(decode_hello(b"garbage"), None);
         assert_eq!(decode_hello(&[0; 12]), None);
     }
+
+    #[test]
+    fn intruders_at_the_data_listener_do_not_disturb_connections() {
+        use std::io::Write;
+        let secret = Secret::random();
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let low = TcpTransport::listen(ip, 0, secret).unwrap();
+        let high = TcpTransport::listen(ip, 1, secret).unwrap();
+        let addr = high.local_addr();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // Garbage, a truncated handshake, a wrong secret, and a client with
+        // the right secret but a malformed hello.
+        let mut garbage = std::net::TcpStream::connect(addr).unwrap();
+        let _ = garbage.write_all(b"GET / HTTP/1.0\r\n\r\n and more garbage than a handshake");
+        let mut truncated = std::net::TcpStream::connect(addr).unwrap();
+        let _ = truncated.write_all(b"RCCLAUTH");
+        drop(truncated);
+        let wrong = crate::socket::connect(addr, &Secret::random(), &encode_hello(0, 0), deadline);
+        assert_eq!(wrong.unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+        let _bad_hello = crate::socket::connect(addr, &secret, b"not a hello", deadline).unwrap();
+        let abort = AtomicBool::new(false);
+        let _c = low.dial(1, addr, 0, deadline).unwrap();
+        high.accept_from(0, 0, deadline, &abort).unwrap();
+        drop(garbage);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn hellos_decode_or_refuse(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..20)) {
+            if let Some((rank, channel)) = decode_hello(&bytes) {
+                proptest::prop_assert_eq!(encode_hello(rank, channel), bytes);
+            }
+        }
+    }
 }

@@ -10,17 +10,22 @@
 
 use std::ffi::CString;
 use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crate::fifo::{fifo_bytes, Fifo, FifoMemory, FifoShape, Protocol};
+use crate::process::ProcessId;
 use crate::socket::fill_random;
-use crate::Connection;
+use crate::{bounded_note, Connection, MAX_NOTE};
 
 /// A mapped shared-memory segment.
 pub struct ShmSegment {
     ptr: *mut u8,
     len: usize,
     name: String,
+    /// Whether this side created the name and must remove it if the peer
+    /// never did (it never joined).
+    created: bool,
 }
 
 // SAFETY: the mapping is owned by this value and unmapped only on drop;
@@ -66,7 +71,12 @@ impl ShmSegment {
         // SAFETY: fd is open and no longer needed once mapped (or failed).
         unsafe { libc::close(fd) };
         match mapped {
-            Ok(ptr) => Ok(ShmSegment { ptr, len, name }),
+            Ok(ptr) => Ok(ShmSegment {
+                ptr,
+                len,
+                name,
+                created: true,
+            }),
             Err(err) => {
                 // SAFETY: c_name is valid; removes the name we just created.
                 unsafe { libc::shm_unlink(c_name.as_ptr()) };
@@ -111,6 +121,7 @@ impl ShmSegment {
             ptr: mapped?,
             len,
             name: name.to_string(),
+            created: false,
         })
     }
 
@@ -151,6 +162,11 @@ fn map(fd: libc::c_int, len: usize) -> io::Result<*mut u8> {
 
 impl Drop for ShmSegment {
     fn drop(&mut self) {
+        if self.created {
+            // The peer unlinks the name as soon as it maps the segment; if
+            // it never came, nobody else will (ENOENT otherwise: ignored).
+            let _ = self.unlink();
+        }
         // SAFETY: ptr/len describe a mapping this value owns.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
@@ -172,13 +188,23 @@ impl FifoMemory for Window {
     }
 }
 
-/// Bytes of a segment holding a connection's FIFOs: one per protocol and
-/// direction.
-pub fn segment_bytes(shape: &FifoShape) -> usize {
+/// Bytes of one side's note area: a length word, then the note.
+const NOTE_AREA: usize = 4096;
+/// Where a note's bytes start in its area.
+const NOTE_TEXT: usize = 64;
+const _: () = assert!(NOTE_TEXT + MAX_NOTE <= NOTE_AREA);
+
+fn fifos_bytes(shape: &FifoShape) -> usize {
     2 * Protocol::ALL
         .iter()
         .map(|&p| fifo_bytes(p, shape.nslots, shape.slot_bytes(p)))
         .sum::<usize>()
+}
+
+/// Bytes of a segment holding a connection's FIFOs (one per protocol and
+/// direction), then each side's note area: why it closed the connection.
+pub fn segment_bytes(shape: &FifoShape) -> usize {
+    fifos_bytes(shape) + 2 * NOTE_AREA
 }
 
 /// A connection whose FIFOs live in a shared segment.
@@ -186,6 +212,13 @@ pub struct ShmConnection {
     /// Per protocol (indexed like `Protocol::ALL`), the FIFO each way.
     send: Vec<Fifo>,
     recv: Vec<Fifo>,
+    segment: Arc<ShmSegment>,
+    /// Offsets of this side's note area and the peer's.
+    my_note: usize,
+    peer_note: usize,
+    closed: AtomicBool,
+    /// The peer's process, when it is another process visible here.
+    peer: Option<ProcessId>,
 }
 
 impl ShmConnection {
@@ -221,7 +254,37 @@ impl ShmConnection {
             send.push(out);
             recv.push(inbound);
         }
-        ShmConnection { send, recv }
+        let notes = fifos_bytes(shape);
+        let (my_note, peer_note) = if creator {
+            (notes, notes + NOTE_AREA)
+        } else {
+            (notes + NOTE_AREA, notes)
+        };
+        ShmConnection {
+            send,
+            recv,
+            segment,
+            my_note,
+            peer_note,
+            closed: AtomicBool::new(false),
+            peer: None,
+        }
+    }
+
+    /// Watches the peer's process: a wait blocked on this connection
+    /// learns that the peer died (it cannot close the connection itself)
+    /// from [`Connection::peer_gone`]. Ignored for this process and for a
+    /// process not visible here (another pid namespace).
+    pub fn watch_peer(&mut self, peer: ProcessId) {
+        if peer.pid != std::process::id() && peer.visible() {
+            self.peer = Some(peer);
+        }
+    }
+
+    fn note_len(&self, offset: usize) -> &AtomicU32 {
+        // SAFETY: the note area lies inside the mapping, 4096-aligned, and
+        // its first word is only accessed atomically.
+        unsafe { &*self.segment.ptr.add(offset).cast::<AtomicU32>() }
     }
 }
 
@@ -237,6 +300,40 @@ impl Connection for ShmConnection {
     }
     fn transport(&self) -> &'static str {
         "SHM"
+    }
+    fn close_with(&self, note: &str) {
+        if !self.closed.swap(true, Ordering::SeqCst) {
+            let note = bounded_note(note).as_bytes();
+            // SAFETY: this side's note area lies inside the mapping and only
+            // this side writes it, once; the peer reads it after the length.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    note.as_ptr(),
+                    self.segment.ptr.add(self.my_note + NOTE_TEXT),
+                    note.len(),
+                )
+            };
+            self.note_len(self.my_note)
+                .store(note.len() as u32, Ordering::Release);
+        }
+        for fifo in self.send.iter().chain(&self.recv) {
+            fifo.fail();
+        }
+    }
+    fn peer_note(&self) -> Option<String> {
+        let len = (self.note_len(self.peer_note).load(Ordering::Acquire) as usize).min(MAX_NOTE);
+        if len == 0 {
+            return None;
+        }
+        // SAFETY: the peer wrote `len` bytes before publishing the length;
+        // the area holds MAX_NOTE bytes, and `len` is bounded by it.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(self.segment.ptr.add(self.peer_note + NOTE_TEXT), len)
+        };
+        Some(String::from_utf8_lossy(bytes).into_owned())
+    }
+    fn peer_gone(&self) -> Option<String> {
+        self.peer.as_ref().and_then(ProcessId::gone)
     }
 }
 
@@ -294,5 +391,50 @@ mod tests {
         let err = ShmSegment::open(created.name(), 4096).err().unwrap();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         created.unlink().unwrap();
+    }
+
+    #[test]
+    fn a_closing_note_reaches_the_peer_and_a_dead_peer_is_seen() {
+        let len = segment_bytes(&SHAPE);
+        let created = ShmSegment::create(len).unwrap();
+        let name = created.name().to_string();
+        let a = ShmConnection::new(created, true, &SHAPE);
+        let opened = ShmSegment::open(&name, len).unwrap();
+        opened.unlink().unwrap();
+        let mut b = ShmConnection::new(opened, false, &SHAPE);
+        assert_eq!(b.peer_note(), None);
+        a.close_with("rank 0 (host h, pid 1) failed: it was tested");
+        assert!(b.recv_fifo(Protocol::Simple).failed());
+        assert_eq!(
+            b.peer_note().as_deref(),
+            Some("rank 0 (host h, pid 1) failed: it was tested")
+        );
+        assert_eq!(a.peer_note(), None);
+        // A process that exited.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let start = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|t| crate::process::parse_stat(&t))
+            .map_or(0, |s| s.1);
+        b.watch_peer(ProcessId { pid, start });
+        child.wait().unwrap();
+        if b.peer.is_some() {
+            assert!(b.peer_gone().is_some());
+        }
+        // This process is never watched.
+        let mut c = b;
+        c.peer = None;
+        c.watch_peer(ProcessId::current().unwrap());
+        assert!(c.peer.is_none() && c.peer_gone().is_none());
+    }
+
+    #[test]
+    fn a_creator_whose_peer_never_came_removes_the_name() {
+        let created = ShmSegment::create(8192).unwrap();
+        let path = format!("/dev/shm{}", created.name());
+        assert!(std::path::Path::new(&path).exists());
+        drop(created);
+        assert!(!std::path::Path::new(&path).exists());
     }
 }

@@ -20,10 +20,15 @@ use parking_lot::Mutex;
 
 use crate::fifo::{Fifo, Protocol, Tag};
 use crate::wait::Backoff;
+use crate::{bounded_note, MAX_NOTE};
 
 /// How long an idle proxy parks before re-checking its stop flag; it is
 /// also woken explicitly, so this bounds only a lost wake-up.
 const PROXY_PARK_MAX: Duration = Duration::from_millis(100);
+
+/// Longest a closing side waits for the send proxy to put pieces already
+/// published on the wire before its closing note.
+const DRAIN_MAX: Duration = Duration::from_secs(1);
 
 /// One TCP connection to a peer: a FIFO each way, moved by proxy threads.
 pub struct TcpConnection {
@@ -32,6 +37,13 @@ pub struct TcpConnection {
     stream: TcpStream,
     stop: Arc<AtomicBool>,
     failure: Arc<Mutex<Option<String>>>,
+    /// Why this side closed the connection, once it has.
+    note_out: Mutex<Option<String>>,
+    /// Held while a whole frame is written, so a closing note lands
+    /// between frames.
+    writing: Arc<Mutex<()>>,
+    /// Why the peer closed it, as its last frame said.
+    note_in: Arc<Mutex<Option<String>>>,
     proxies: Vec<JoinHandle<()>>,
 }
 
@@ -54,28 +66,31 @@ impl TcpConnection {
         let recv = Fifo::on_heap(Protocol::Simple, nslots, slot_bytes);
         let stop = Arc::new(AtomicBool::new(false));
         let failure = Arc::new(Mutex::new(None));
+        let note_out: Mutex<Option<String>> = Mutex::new(None);
+        let writing = Arc::new(Mutex::new(()));
+        let note_in: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
         let peer = stream.peer_addr()?;
         let mut proxies = Vec::with_capacity(2);
         {
             let (fifo, other, stream) = (send.clone(), recv.clone(), stream.try_clone()?);
-            let (stop, failure) = (stop.clone(), failure.clone());
+            let (stop, failure, writing) = (stop.clone(), failure.clone(), writing.clone());
             proxies.push(
                 std::thread::Builder::new()
                     .name("rccl-tcp-send".into())
                     .spawn(move || {
-                        let result = send_proxy(&fifo, stream, &stop);
+                        let result = send_proxy(&fifo, stream, &stop, &writing);
                         finish(result, &fifo, &other, &stop, &failure, peer, "sending to");
                     })?,
             );
         }
         {
             let (fifo, other, stream) = (recv.clone(), send.clone(), stream.try_clone()?);
-            let (stop, failure) = (stop.clone(), failure.clone());
+            let (stop, failure, note) = (stop.clone(), failure.clone(), note_in.clone());
             proxies.push(
                 std::thread::Builder::new()
                     .name("rccl-tcp-recv".into())
                     .spawn(move || {
-                        let result = recv_proxy(&fifo, stream, &stop);
+                        let result = recv_proxy(&fifo, stream, &stop, &note);
                         finish(
                             result,
                             &fifo,
@@ -94,8 +109,57 @@ impl TcpConnection {
             stream,
             stop,
             failure,
+            note_out,
+            writing,
+            note_in,
             proxies,
         })
+    }
+
+    /// Gives up on the connection: sends `note` (why) as a closing frame
+    /// right after the last whole frame, if the socket takes it without
+    /// waiting, and stops both proxies' work.
+    pub fn close_with(&self, note: &str) {
+        {
+            let mut sent = self.note_out.lock();
+            if sent.is_none() {
+                // Pieces already published go first: a peer may still be
+                // receiving the last pieces of an operation this rank has
+                // finished (the proxy is quick unless the peer stopped
+                // reading, hence the bound).
+                let until = Instant::now() + DRAIN_MAX;
+                while !self.send.is_drained()
+                    && !self.send.failed()
+                    && self.failure.lock().is_none()
+                    && Instant::now() < until
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let note = bounded_note(note).to_string();
+                // The send proxy writes whole frames under this lock; a
+                // proxy stuck in a write (the peer stopped reading) holds
+                // it, and then the peer is not listening anyway.
+                if let Some(_writing) = self.writing.try_lock_for(Duration::from_millis(100)) {
+                    let header = encode_frame_header(
+                        NOTE_FRAME,
+                        Tag {
+                            seq: note.len() as u32,
+                            ..Tag::default()
+                        },
+                    );
+                    send_now(&self.stream, &header, note.as_bytes());
+                    let _ = self.stream.shutdown(Shutdown::Write);
+                }
+                *sent = Some(note);
+            }
+        }
+        self.send.fail();
+        self.recv.fail();
+    }
+
+    /// Why the peer closed the connection, if its last frame said.
+    pub fn peer_note(&self) -> Option<String> {
+        self.note_in.lock().clone()
     }
 
     /// The FIFO the executor fills towards the peer.
@@ -202,15 +266,58 @@ fn wait_fifo<T>(
     }
 }
 
-fn send_proxy(fifo: &Fifo, mut stream: TcpStream, stop: &AtomicBool) -> io::Result<()> {
+fn send_proxy(
+    fifo: &Fifo,
+    mut stream: TcpStream,
+    stop: &AtomicBool,
+    writing: &Mutex<()>,
+) -> io::Result<()> {
     loop {
         let (slot, len, tag) = wait_fifo(fifo, stop, false, || fifo.try_peek())?;
         let header = encode_frame_header(len, tag);
         // SAFETY: the slot was published with `len` bytes and stays ours
         // until `release`.
         let body = unsafe { std::slice::from_raw_parts(slot, len) };
-        write_all_vectored(&mut stream, &header, body)?;
+        {
+            let _writing = writing.lock();
+            if fifo.failed() {
+                // Closed: a closing note may already be on the wire.
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "connection closed locally",
+                ));
+            }
+            write_all_vectored(&mut stream, &header, body)?;
+        }
         fifo.release();
+    }
+}
+
+/// Writes `header` and `body` without blocking, as far as the socket
+/// takes them (for a closing note: best effort).
+fn send_now(stream: &TcpStream, header: &[u8], body: &[u8]) {
+    use std::os::fd::AsRawFd;
+    let mut bytes = Vec::with_capacity(header.len() + body.len());
+    bytes.extend_from_slice(header);
+    bytes.extend_from_slice(body);
+    let mut at = 0;
+    while at < bytes.len() {
+        // SAFETY: sending from a valid buffer on a socket we own.
+        let n = unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                bytes[at..].as_ptr().cast(),
+                bytes.len() - at,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n <= 0 {
+            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        at += n as usize;
     }
 }
 
@@ -230,6 +337,9 @@ fn write_all_vectored(stream: &mut TcpStream, header: &[u8], body: &[u8]) -> io:
 
 /// Bytes of a frame header: length, then the tag's seq, call and count.
 const FRAME_HEADER: usize = 16;
+/// The length of a closing frame: the sender gave up on the connection;
+/// the tag's seq is the length of the note (why) that follows.
+const NOTE_FRAME: usize = u32::MAX as usize;
 
 fn encode_frame_header(len: usize, tag: Tag) -> [u8; FRAME_HEADER] {
     let mut header = [0u8; FRAME_HEADER];
@@ -254,7 +364,12 @@ fn decode_frame_header(header: &[u8; FRAME_HEADER]) -> (usize, Tag) {
     )
 }
 
-fn recv_proxy(fifo: &Fifo, mut stream: TcpStream, stop: &AtomicBool) -> io::Result<()> {
+fn recv_proxy(
+    fifo: &Fifo,
+    mut stream: TcpStream,
+    stop: &AtomicBool,
+    note: &Mutex<Option<String>>,
+) -> io::Result<()> {
     loop {
         let mut header = [0u8; FRAME_HEADER];
         match stream.read_exact(&mut header) {
@@ -263,6 +378,14 @@ fn recv_proxy(fifo: &Fifo, mut stream: TcpStream, stop: &AtomicBool) -> io::Resu
             Err(err) => return Err(err),
         }
         let (len, tag) = decode_frame_header(&header);
+        if len == NOTE_FRAME {
+            let text = read_note(&mut stream, tag.seq as usize)?;
+            note.lock().get_or_insert(text.clone());
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                format!("the peer closed the connection: {text}"),
+            ));
+        }
         if len > fifo.slot_bytes() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -281,9 +404,23 @@ fn recv_proxy(fifo: &Fifo, mut stream: TcpStream, stop: &AtomicBool) -> io::Resu
     }
 }
 
+/// Reads the `len`-byte note of a closing frame.
+fn read_note(stream: &mut impl Read, len: usize) -> io::Result<String> {
+    if len > MAX_NOTE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("closing note of {len} bytes exceeds {MAX_NOTE}"),
+        ));
+    }
+    let mut bytes = vec![0u8; len];
+    stream.read_exact(&mut bytes)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
     use std::net::TcpListener;
     use std::sync::atomic::AtomicBool;
 
@@ -373,5 +510,81 @@ mod tests {
         )
         .unwrap();
         assert!(b.failure().unwrap().contains("closed"), "{:?}", b.failure());
+    }
+
+    #[test]
+    fn a_closing_note_reaches_the_peer() {
+        let (a, b) = pair();
+        a.close_with("rank 0 (host h, pid 1) aborted its communicator");
+        let abort = AtomicBool::new(false);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        wait_until(
+            || b.recv_fifo().failed().then_some(()),
+            None,
+            deadline,
+            &abort,
+        )
+        .unwrap();
+        assert_eq!(
+            b.peer_note().as_deref(),
+            Some("rank 0 (host h, pid 1) aborted its communicator")
+        );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn frame_headers_round_trip(len in 0usize..1 << 31, seq in proptest::prelude::any::<u32>(), call in proptest::prelude::any::<u32>()) {
+            let tag = Tag { seq, call, count: seq ^ call };
+            proptest::prop_assert_eq!(decode_frame_header(&encode_frame_header(len, tag)), (len, tag));
+        }
+
+        #[test]
+        fn closing_notes_are_bounded(len in 0usize..10_000, bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            match read_note(&mut &bytes[..], len) {
+                Ok(_) => proptest::prop_assert!(len <= bytes.len() && len <= MAX_NOTE),
+                Err(_) => proptest::prop_assert!(len > MAX_NOTE || len > bytes.len()),
+            }
+        }
+    }
+
+    /// Arbitrary bytes from an unauthenticated-looking peer straight into
+    /// the receive proxy: frames are taken or the connection fails with a
+    /// reason; nothing panics or hangs.
+    #[test]
+    fn arbitrary_wire_bytes_fail_the_connection_or_deliver_frames() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, TestRunner};
+        let mut runner = TestRunner::new(Config::with_cases(32));
+        runner
+            .run(&proptest::collection::vec(any::<u8>(), 0..300), |bytes| {
+                let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+                let mut raw = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+                let (b, _) = listener.accept().unwrap();
+                let conn = TcpConnection::start(b, 4, 64).unwrap();
+                raw.write_all(&bytes).unwrap();
+                drop(raw);
+                let abort = AtomicBool::new(false);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                // Drain whatever frames came; the stream then ends.
+                let fifo = conn.recv_fifo();
+                let ended = wait_until(
+                    || {
+                        while let Some((_, len, _)) = fifo.try_peek() {
+                            assert!(len <= 64);
+                            fifo.release();
+                        }
+                        fifo.failed().then_some(())
+                    },
+                    None,
+                    deadline,
+                    &abort,
+                );
+                prop_assert!(ended.is_ok());
+                prop_assert!(conn.failure().is_some());
+                Ok(())
+            })
+            .unwrap();
     }
 }

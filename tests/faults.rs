@@ -1,0 +1,435 @@
+//! Faults injected into running communicators, with the time each takes
+//! to reach the user: a rank SIGKILLed mid-all-reduce (shared memory and
+//! TCP), a network link cut between two network namespaces, and hang
+//! reports on a signal. Ranks are child processes of this test binary.
+//!
+//! Detection times are printed (`cargo test -- --nocapture`) and recorded
+//! in docs/RELIABILITY.md.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rccl::{Communicator, RedOp};
+
+const CHILD_MARKER: &str = "RCCL_FAULT_CHILD";
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+/// One rank: a warm-up all-reduce, "READY", then all-reduces until one
+/// fails; prints "FAILED <unix ms> <error>" and exits.
+#[test]
+fn fault_child_rank() {
+    if std::env::var_os(CHILD_MARKER).is_none() {
+        return;
+    }
+    let comm = Communicator::from_env().expect("init from the environment");
+    let mine = vec![comm.rank() as f32; 1 << 16];
+    let mut sum = vec![0f32; 1 << 16];
+    comm.all_reduce(&mine, &mut sum, RedOp::Sum).unwrap();
+    println!("READY {}", comm.rank());
+    loop {
+        if let Err(err) = comm.all_reduce(&mine, &mut sum, RedOp::Sum) {
+            println!(
+                "FAILED {} {}",
+                now_ms(),
+                err.to_string().replace('\n', " | ")
+            );
+            std::process::exit(0);
+        }
+    }
+}
+
+/// Children killed when dropped, whatever the test's outcome.
+struct Ranks(Vec<Child>);
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// What the children print, line by line, tagged with their rank.
+fn collect_lines(ranks: &mut Ranks) -> mpsc::Receiver<(usize, String)> {
+    let (tx, rx) = mpsc::channel();
+    for (rank, child) in ranks.0.iter_mut().enumerate() {
+        let out = child.stdout.take().unwrap();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                // libtest may print "test name ... " in front.
+                let at = ["READY", "FAILED"]
+                    .iter()
+                    .filter_map(|m| line.find(m))
+                    .min()
+                    .unwrap_or(0);
+                let _ = tx.send((rank, line[at..].to_string()));
+            }
+        });
+    }
+    rx
+}
+
+fn wait_ready(rx: &mpsc::Receiver<(usize, String)>, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut ready = 0;
+    while ready < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (rank, line) = rx.recv_timeout(left).expect("ranks did not get ready");
+        if line.starts_with("READY") {
+            ready += 1;
+        } else if line.starts_with("FAILED") {
+            panic!("rank {rank} failed before the fault: {line}");
+        }
+    }
+}
+
+/// Collects each survivor's "FAILED" line: (rank, detection ms, error).
+fn failures(
+    rx: &mpsc::Receiver<(usize, String)>,
+    survivors: &[usize],
+    fault_ms: u128,
+) -> Vec<(usize, u128, String)> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut got = Vec::new();
+    while got.len() < survivors.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok((rank, line)) = rx.recv_timeout(left) else {
+            panic!("only {got:?} of ranks {survivors:?} reported an error within 20 s");
+        };
+        if let Some(rest) = line.strip_prefix("FAILED ") {
+            let (ms, text) = rest.split_once(' ').unwrap();
+            let ms: u128 = ms.parse().unwrap();
+            got.push((rank, ms.saturating_sub(fault_ms), text.to_string()));
+        }
+    }
+    got.sort();
+    got
+}
+
+fn spawn_rank(cmd: &mut Command, rank: usize, nranks: usize, addr: &str, port: &str) -> Child {
+    cmd.args([
+        "--exact",
+        "fault_child_rank",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env(CHILD_MARKER, "1")
+    .env("RANK", rank.to_string())
+    .env("WORLD_SIZE", nranks.to_string())
+    .env("MASTER_ADDR", addr)
+    .env("MASTER_PORT", port)
+    .env("NCCL_BUFFSIZE", (64 << 10).to_string())
+    .env("NCCL_MIN_NCHANNELS", "2")
+    .env("NCCL_MAX_NCHANNELS", "2")
+    .env("RCCL_TIMEOUT_MS", "3000")
+    .env_remove("RCCL_HANG_REPORT_SIGNAL")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap()
+}
+
+fn shm_names_of(pids: &[u32]) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| pids.iter().any(|p| name.starts_with(&format!("rccl-{p}-"))))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn kill_one_of_four(shm_disable: bool) {
+    let (nranks, victim) = (4, 2);
+    let port = free_port().to_string();
+    let exe = std::env::current_exe().unwrap();
+    let mut ranks = Ranks(
+        (0..nranks)
+            .map(|rank| {
+                let mut cmd = Command::new(&exe);
+                cmd.env("NCCL_SHM_DISABLE", if shm_disable { "1" } else { "0" });
+                spawn_rank(&mut cmd, rank, nranks, "127.0.0.1", &port)
+            })
+            .collect(),
+    );
+    let pids: Vec<u32> = ranks.0.iter().map(Child::id).collect();
+    let rx = collect_lines(&mut ranks);
+    wait_ready(&rx, nranks);
+    std::thread::sleep(Duration::from_millis(200));
+    let killed = now_ms();
+    ranks.0[victim].kill().unwrap();
+    ranks.0[victim].wait().unwrap();
+    let survivors: Vec<usize> = (0..nranks).filter(|&r| r != victim).collect();
+    let got = failures(&rx, &survivors, killed);
+    let transport = if shm_disable { "TCP" } else { "shared memory" };
+    for (rank, ms, text) in &got {
+        println!(
+            "SIGKILL of rank {victim} over {transport}: rank {rank} failed after {ms} ms: {text}"
+        );
+    }
+    for (rank, ms, text) in &got {
+        assert!(*ms < 10_000, "rank {rank} took {ms} ms");
+        assert!(
+            text.contains(&format!("rank {victim} ")),
+            "rank {rank} does not name the dead rank: {text}"
+        );
+    }
+    if !shm_disable {
+        // The dead rank is seen by its process going away, well before
+        // the 3 s timeout.
+        assert!(got.iter().all(|(_, ms, _)| *ms < 2_500), "{got:?}");
+        assert!(got.iter().any(|(_, _, t)| t.contains("died")), "{got:?}");
+    }
+    for child in &mut ranks.0 {
+        let _ = child.wait();
+    }
+    let left = shm_names_of(&pids);
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
+}
+
+#[test]
+fn sigkill_of_one_of_four_ranks_over_shared_memory() {
+    kill_one_of_four(false);
+}
+
+#[test]
+fn sigkill_of_one_of_four_ranks_over_tcp() {
+    kill_one_of_four(true);
+}
+
+/// Runs `ip` with `args`, true on success.
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Two network namespaces joined by a veth pair, removed on drop.
+struct Namespaces {
+    names: [String; 2],
+    veths: [String; 2],
+}
+
+impl Namespaces {
+    fn create() -> Result<Namespaces, String> {
+        let id = std::process::id() % 100_000;
+        let names = [format!("rccl-fa-{id}"), format!("rccl-fb-{id}")];
+        let veths = [format!("rva{id}"), format!("rvb{id}")];
+        let ns = Namespaces { names, veths };
+        let [a, b] = &ns.names;
+        let [va, vb] = &ns.veths;
+        let steps: Vec<Vec<&str>> = vec![
+            vec!["netns", "add", a],
+            vec!["netns", "add", b],
+            vec!["link", "add", va, "type", "veth", "peer", "name", vb],
+            vec!["link", "set", va, "netns", a],
+            vec!["link", "set", vb, "netns", b],
+            vec!["-n", a, "addr", "add", "10.231.0.1/24", "dev", va],
+            vec!["-n", b, "addr", "add", "10.231.0.2/24", "dev", vb],
+            vec!["-n", a, "link", "set", va, "up"],
+            vec!["-n", b, "link", "set", vb, "up"],
+            vec!["-n", a, "link", "set", "lo", "up"],
+            vec!["-n", b, "link", "set", "lo", "up"],
+        ];
+        for step in steps {
+            if !ip(&step) {
+                return Err(format!("`ip {}` failed", step.join(" ")));
+            }
+        }
+        Ok(ns)
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for name in &self.names {
+            ip(&["netns", "del", name]);
+        }
+    }
+}
+
+#[test]
+fn link_cut_between_two_hosts_is_reported_naming_the_peer_and_its_host() {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    if !root || !ip(&["-V"]) {
+        println!("SKIPPED link cut test: needs root and iproute2 (`ip`)");
+        return;
+    }
+    let ns = match Namespaces::create() {
+        Ok(ns) => ns,
+        Err(why) => {
+            println!("SKIPPED link cut test: cannot build network namespaces: {why}");
+            return;
+        }
+    };
+    let exe = std::env::current_exe().unwrap();
+    let port = "29517";
+    let mut ranks = Ranks(
+        (0..2)
+            .map(|rank| {
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", &ns.names[rank]])
+                    .arg(&exe)
+                    .env("NCCL_SOCKET_IFNAME", &ns.veths[rank])
+                    .env("NCCL_HOSTID", format!("host-{rank}"));
+                spawn_rank(&mut cmd, rank, 2, "10.231.0.1", port)
+            })
+            .collect(),
+    );
+    let rx = collect_lines(&mut ranks);
+    wait_ready(&rx, 2);
+    std::thread::sleep(Duration::from_millis(200));
+    let cut = now_ms();
+    assert!(ip(&[
+        "-n",
+        &ns.names[0],
+        "link",
+        "set",
+        &ns.veths[0],
+        "down"
+    ]));
+    let got = failures(&rx, &[0, 1], cut);
+    for (rank, ms, text) in &got {
+        println!("link cut: rank {rank} failed after {ms} ms: {text}");
+    }
+    for (rank, ms, text) in &got {
+        let (peer, peer_ip) = if *rank == 0 {
+            (1, "10.231.0.2")
+        } else {
+            (0, "10.231.0.1")
+        };
+        assert!(*ms < 10_000, "rank {rank} took {ms} ms");
+        assert!(
+            text.contains(&format!("rank {peer} (host ")) && text.contains(peer_ip),
+            "rank {rank} does not name rank {peer} and its host: {text}"
+        );
+    }
+    drop(ranks);
+    drop(ns);
+}
+
+/// A rank blocked in a receive nobody answers, with hang reports on
+/// SIGUSR1 (from the environment).
+#[test]
+fn hang_child() {
+    if std::env::var_os("RCCL_HANG_CHILD").is_none() {
+        return;
+    }
+    let comms = Communicator::init_all(2).unwrap();
+    // A line on standard input aborts the wait, so the process ends
+    // normally and removes what it created.
+    let aborter = comms[0].clone();
+    std::thread::spawn(move || {
+        let _ = std::io::stdin().read_line(&mut String::new());
+        aborter.abort();
+    });
+    println!("READY");
+    let mut buf = [0u8; 64];
+    let _ = comms[0].recv(&mut buf, 1);
+}
+
+#[test]
+fn sigusr1_prints_what_every_communicator_waits_for() {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Ranks(vec![Command::new(&exe)
+        .args([
+            "--exact",
+            "hang_child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("RCCL_HANG_CHILD", "1")
+        .env("RCCL_HANG_REPORT_SIGNAL", "SIGUSR1")
+        .env("RCCL_TIMEOUT_MS", "20000")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()]);
+    let mut out = BufReader::new(child.0[0].stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("READY") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
+    }
+    let pid = child.0[0].id() as i32;
+    let err = child.0[0].stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut seen = Vec::new();
+    let mut next_signal = Instant::now();
+    while !seen
+        .iter()
+        .any(|l: &String| l.contains("waiting for data from rank 1"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no report naming rank 1: {seen:?}"
+        );
+        if Instant::now() >= next_signal {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(pid, libc::SIGUSR1) };
+            next_signal = Instant::now() + Duration::from_millis(300);
+        }
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
+            seen.push(line);
+        }
+    }
+    let text = seen.join("\n");
+    println!("{text}");
+    assert!(
+        text.contains("rank 0 of 2: operation #0 Send/Recv in flight"),
+        "{text}"
+    );
+    assert!(
+        text.contains("rank 1 of 2: no operation in flight"),
+        "{text}"
+    );
+    // End the child through abort and check it left nothing in /dev/shm.
+    use std::io::Write;
+    child.0[0].stdin.take().unwrap().write_all(b"\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.0[0].try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the child did not end after abort"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left = shm_names_of(&[pid as u32]);
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
+}
