@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{all_cases, check, test_config, CaseBuffers};
+use common::{all_cases, suite_on_threads, test_config};
 use rccl::tuning::Selection;
 use rccl::{CollKind, Communicator, Config, DataType};
 
@@ -23,39 +23,11 @@ fn run_forced(name: &str, nranks: usize) {
         algo: Selection::parse("NCCL_ALGO", &rule).unwrap(),
         ..test_config()
     };
-    let comms = Communicator::init_all_config(nranks, config).unwrap();
     let cases: Vec<_> = all_cases(nranks, &kinds, &DataType::ALL)
         .into_iter()
         .filter(|c| !c.in_place || algorithm.supports_in_place(c.kind))
         .collect();
-    let failures: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .iter()
-            .map(|comm| {
-                let cases = &cases;
-                s.spawn(move || {
-                    let rank = comm.rank();
-                    let mut failures = Vec::new();
-                    for case in cases {
-                        let mut bufs = CaseBuffers::new(case, nranks, rank);
-                        if let Err(err) = bufs.run(comm, case) {
-                            failures.push(format!("{case:?} on rank {rank}: {err}"));
-                            break;
-                        }
-                        if let Err(msg) = check(case, nranks, rank, bufs.output(case, nranks, rank))
-                        {
-                            failures.push(msg);
-                        }
-                    }
-                    failures
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
-    });
+    let failures = suite_on_threads(nranks, config, &cases);
     assert!(
         failures.is_empty(),
         "{name} on {nranks} ranks: {} failures:\n{}",

@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{all_cases, check, test_config, CaseBuffers};
+use common::{all_cases, check, suite_on_threads, test_config, CaseBuffers};
 use rccl::tuning::Selection;
 use rccl::{CollKind, Communicator, Config, DataType};
 
@@ -18,44 +18,11 @@ fn forced(proto: &str, channels: usize) -> Config {
     }
 }
 
-/// Runs every case on `nranks` threads; returns the failures.
-fn suite_on_threads(nranks: usize, config: Config) -> Vec<String> {
-    let comms = Communicator::init_all_config(nranks, config).unwrap();
-    let cases = all_cases(nranks, &CollKind::ALL, &DataType::ALL);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .iter()
-            .map(|comm| {
-                let cases = &cases;
-                s.spawn(move || {
-                    let rank = comm.rank();
-                    let mut failures = Vec::new();
-                    for case in cases {
-                        let mut bufs = CaseBuffers::new(case, nranks, rank);
-                        if let Err(err) = bufs.run(comm, case) {
-                            failures.push(format!("{case:?} on rank {rank}: {err}"));
-                            break;
-                        }
-                        if let Err(msg) = check(case, nranks, rank, bufs.output(case, nranks, rank))
-                        {
-                            failures.push(msg);
-                        }
-                    }
-                    failures
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
-    })
-}
-
 fn threads(proto: &str) {
     for channels in [1, 2, 4] {
         for nranks in [3, 4] {
-            let failures = suite_on_threads(nranks, forced(proto, channels));
+            let cases = all_cases(nranks, &CollKind::ALL, &DataType::ALL);
+            let failures = suite_on_threads(nranks, forced(proto, channels), &cases);
             assert!(
                 failures.is_empty(),
                 "{proto}, {channels} channels, {nranks} ranks: {} failures:\n{}",

@@ -11,7 +11,7 @@ use rccl_algorithms::Topology;
 use rccl_transports::net::TcpTransport;
 
 use crate::bootstrap::{Bootstrap, UniqueId};
-use crate::config::Config;
+use crate::config::{env_usize, Config};
 use crate::error::{Error, Result};
 use crate::executor::Link;
 
@@ -677,17 +677,6 @@ fn env_required(name: &str) -> Result<String> {
     std::env::var(name).map_err(|_| Error::InvalidArgument(format!("{name} is not set")))
 }
 
-fn env_number(name: &str) -> Result<Option<usize>> {
-    match std::env::var(name) {
-        Ok(text) => text
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| Error::InvalidArgument(format!("{name}={text:?} is not a number"))),
-        Err(_) => Ok(None),
-    }
-}
-
 /// This process's rank and the world size, from the variables of the
 /// launchers in use: torchrun (`RANK`, `WORLD_SIZE`), Slurm
 /// (`SLURM_PROCID`, `SLURM_NTASKS`), OpenMPI (`OMPI_COMM_WORLD_RANK`,
@@ -699,7 +688,7 @@ pub fn rank_from_env() -> Result<(usize, usize)> {
         ("PMI_RANK", "PMI_SIZE"),
         ("SLURM_PROCID", "SLURM_NTASKS"),
     ] {
-        if let (Some(rank), Some(size)) = (env_number(rank_var)?, env_number(size_var)?) {
+        if let (Some(rank), Some(size)) = (env_usize(rank_var)?, env_usize(size_var)?) {
             if rank >= size {
                 return Err(Error::InvalidArgument(format!(
                     "{rank_var}={rank} is out of range for {size_var}={size}"

@@ -151,7 +151,8 @@ impl Config {
 /// The most channels a communicator can use.
 pub const MAX_CHANNELS: usize = 32;
 
-fn env_usize(name: &str) -> Result<Option<usize>> {
+/// The number in environment variable `name`, if it is set.
+pub(crate) fn env_usize(name: &str) -> Result<Option<usize>> {
     match std::env::var(name) {
         Ok(text) => text
             .trim()

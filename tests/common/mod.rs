@@ -373,3 +373,36 @@ pub fn check(case: &Case, nranks: usize, rank: usize, out: &[u8]) -> Result<(), 
     }
     Ok(())
 }
+
+/// Runs `cases` on `nranks` ranks as threads, each rank checking its own
+/// output; returns every failure (a rank stops at its first error).
+pub fn suite_on_threads(nranks: usize, config: Config, cases: &[Case]) -> Vec<String> {
+    let comms = Communicator::init_all_config(nranks, config).unwrap();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let rank = comm.rank();
+                    let mut failures = Vec::new();
+                    for case in cases {
+                        let mut bufs = CaseBuffers::new(case, nranks, rank);
+                        if let Err(err) = bufs.run(comm, case) {
+                            failures.push(format!("{case:?} on rank {rank}: {err}"));
+                            break;
+                        }
+                        if let Err(msg) = check(case, nranks, rank, bufs.output(case, nranks, rank))
+                        {
+                            failures.push(msg);
+                        }
+                    }
+                    failures
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    })
+}
