@@ -114,9 +114,13 @@ ours() {
     for ((r = 0; r < n; r++)); do
         local dest=/dev/null
         [ "$r" -eq 0 ] && dest=$logf
+        # Bound to a core each when they fit, as mpirun binds OpenMPI's
+        # ranks (and as all_reduce_perf --procs does).
+        local bind=()
+        [ "$n" -le "$(nproc)" ] && bind=(taskset -c "$r")
         env "${envs[@]}" RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n \
             MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
-            timeout "$RUN_TIMEOUT" "$OURS" -g 1 -t 1 "$@" >"$dest" 2>&1 &
+            timeout "$RUN_TIMEOUT" "${bind[@]}" "$OURS" -g 1 -t 1 "$@" >"$dest" 2>&1 &
         pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p" || rc=$?; done
