@@ -25,9 +25,9 @@
 //! receives of a round progressing together. Every element's result is
 //! computed once, by its owner, so every rank holds the same bits.
 
-use crate::pieces::{chunks, Steps};
+use crate::pieces::{chunks, local_only, Steps};
 use crate::{
-    split_even, Algorithm, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step, Topology,
+    split_even, Algorithm, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Topology,
 };
 
 /// Recursive halving-doubling (Rabenseifner) AllReduce, for any rank count.
@@ -52,17 +52,10 @@ impl Algorithm for HalvingDoubling {
         let nchannels = params.nchannels.max(1);
         let chunk = params.chunk_elems.max(1);
         let n = spec.nranks;
+        if let Some(schedule) = local_only(spec, nchannels) {
+            return schedule;
+        }
         let mut schedule = Schedule::new(nchannels);
-        if spec.count == 0 {
-            return schedule;
-        }
-        if n == 1 {
-            schedule.channels[0].push(Step::one(Prim::Copy {
-                src: Slice::send(0, spec.count),
-                dst: Slice::recv(0, spec.count),
-            }));
-            return schedule;
-        }
         let p = 1 << n.ilog2();
         let extra = n - p;
         // Renumbered rank of a rank taking part, and back.

@@ -29,9 +29,9 @@
 //! host, ring algorithms over the rail. Results are computed once per
 //! element and copied, so every rank holds the same bits.
 
-use crate::pieces::{chunks, Steps};
+use crate::pieces::{chunks, local_only, Steps};
 use crate::{
-    split_even, Algorithm, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step, Topology,
+    split_even, Algorithm, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Topology,
 };
 
 /// Hierarchical AllReduce, AllGather and ReduceScatter over hosts of equal
@@ -71,18 +71,10 @@ impl Algorithm for Hierarchical {
         );
         let nchannels = params.nchannels.max(1);
         let chunk = params.chunk_elems.max(1);
+        if let Some(schedule) = local_only(spec, nchannels) {
+            return schedule;
+        }
         let mut schedule = Schedule::new(nchannels);
-        if spec.count == 0 {
-            return schedule;
-        }
-        if spec.nranks == 1 {
-            let len = spec.kind.recv_len(spec.count, 1, 0, 0);
-            schedule.channels[0].push(Step::one(Prim::Copy {
-                src: Slice::send(0, len),
-                dst: Slice::recv(0, len),
-            }));
-            return schedule;
-        }
         let host = topo.host_of(rank);
         let local = topo.local_index(rank);
         let host_ring = RingOf::new(topo.local_ranks(host).to_vec(), local);

@@ -1,7 +1,7 @@
 //! Small helpers the algorithms share: pipeline chunks and step lists that
 //! drop zero-length primitives.
 
-use crate::{Prim, Step};
+use crate::{CollSpec, Prim, Schedule, Slice, Step};
 
 /// Pipeline chunks `(offset, len)` of `[offset, offset + len)`, each at most
 /// `chunk` elements.
@@ -36,4 +36,23 @@ impl Steps {
             self.steps.push(Step { prims });
         }
     }
+}
+
+/// The schedule of a call whose ranks have nothing to exchange: no steps
+/// for an empty call, and on a single rank one `copy` of its receive
+/// buffer's length from the send buffer. `None` when ranks must talk.
+pub(crate) fn local_only(spec: &CollSpec, nchannels: usize) -> Option<Schedule> {
+    let mut schedule = Schedule::new(nchannels);
+    if spec.count == 0 {
+        return Some(schedule);
+    }
+    if spec.nranks != 1 {
+        return None;
+    }
+    let len = spec.kind.recv_len(spec.count, 1, 0, 0);
+    schedule.channels[0].push(Step::one(Prim::Copy {
+        src: Slice::send(0, len),
+        dst: Slice::recv(0, len),
+    }));
+    Some(schedule)
 }

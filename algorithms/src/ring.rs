@@ -25,6 +25,7 @@
 //! the receive buffer. Zero-length primitives are never emitted: every rank
 //! computes the same lengths, so sender and receiver skip the same messages.
 
+use crate::pieces::local_only;
 use crate::{
     split_even, Algorithm, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step, Topology,
 };
@@ -58,18 +59,10 @@ impl Algorithm for Ring {
         );
         let nchannels = params.nchannels.max(1);
         let chunk = params.chunk_elems.max(1);
+        if let Some(schedule) = local_only(spec, nchannels) {
+            return schedule;
+        }
         let mut schedule = Schedule::new(nchannels);
-        if spec.count == 0 {
-            return schedule;
-        }
-        if spec.nranks == 1 {
-            let len = spec.kind.recv_len(spec.count, 1, 0, 0);
-            schedule.channels[0].push(Step::one(Prim::Copy {
-                src: Slice::send(0, len),
-                dst: Slice::recv(0, len),
-            }));
-            return schedule;
-        }
         let ring = RingPos::new(spec.nranks, rank);
         for (steps, (offset, len)) in schedule
             .channels

@@ -40,7 +40,7 @@
 //! (Reduce would need a scratch area at interior ranks with two children,
 //! whose receive buffer is empty in NCCL's Reduce; ring serves it.)
 
-use crate::pieces::{chunks, Steps};
+use crate::pieces::{chunks, local_only, Steps};
 use crate::{
     split_even, Algorithm, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Topology,
 };
@@ -144,17 +144,10 @@ impl Algorithm for Tree {
         let nchannels = params.nchannels.max(1);
         let chunk = params.chunk_elems.max(1);
         let n = spec.nranks;
+        if let Some(schedule) = local_only(spec, nchannels) {
+            return schedule;
+        }
         let mut schedule = Schedule::new(nchannels);
-        if spec.count == 0 {
-            return schedule;
-        }
-        if n == 1 {
-            schedule.channels[0].push(crate::Step::one(Prim::Copy {
-                src: Slice::send(0, spec.count),
-                dst: Slice::recv(0, spec.count),
-            }));
-            return schedule;
-        }
         for (steps, (offset, len)) in schedule
             .channels
             .iter_mut()
