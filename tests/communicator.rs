@@ -181,30 +181,74 @@ fn ranks_that_disagree_on_settings_are_told_at_init() {
     }
 }
 
-#[test]
-fn mismatched_collectives_fail_on_every_rank_naming_both_calls() {
-    let comms = Communicator::init_all_config(2, short_timeout()).unwrap();
-    let errors: Vec<Error> = std::thread::scope(|s| {
-        let a = s.spawn(|| {
-            comms[0]
-                .all_reduce(&[1f32; 64], &mut [0f32; 64], RedOp::Sum)
-                .unwrap_err()
-        });
-        let b = s.spawn(|| {
-            comms[1]
-                .all_gather(&[1i32; 32], &mut [0i32; 64])
-                .unwrap_err()
-        });
+/// Runs `a` on rank 0 and `b` on rank 1 of `comms`, both expected to fail.
+fn both_fail(
+    comms: &[Communicator],
+    a: impl FnOnce(&Communicator) -> rccl::Result<()> + Send,
+    b: impl FnOnce(&Communicator) -> rccl::Result<()> + Send,
+) -> Vec<Error> {
+    std::thread::scope(|s| {
+        let a = s.spawn(|| a(&comms[0]).unwrap_err());
+        let b = s.spawn(|| b(&comms[1]).unwrap_err());
         vec![a.join().unwrap(), b.join().unwrap()]
-    });
+    })
+}
+
+fn assert_names_both(errors: &[Error], first: &str, second: &str) {
     for err in errors {
         let message = err.to_string();
         assert!(matches!(err, Error::InvalidUsage(_)), "{message}");
         assert!(
-            message.contains("AllReduce") && message.contains("AllGather"),
+            message.contains(first) && message.contains(second),
             "{message}"
         );
     }
+}
+
+#[test]
+fn mismatched_collectives_fail_on_every_rank_naming_both_calls() {
+    // Through FIFOs on both sides (no board).
+    let no_board = Config {
+        board_bytes: 0,
+        ..short_timeout()
+    };
+    let comms = Communicator::init_all_config(2, no_board).unwrap();
+    let errors = both_fail(
+        &comms,
+        |c| c.all_reduce(&[1f32; 64], &mut [0f32; 64], RedOp::Sum),
+        |c| c.all_gather(&[1i32; 32], &mut [0i32; 64]),
+    );
+    assert_names_both(&errors, "AllReduce", "AllGather");
+
+    // Both through the board: the posts carry the call.
+    let comms = Communicator::init_all_config(2, short_timeout()).unwrap();
+    let errors = both_fail(
+        &comms,
+        |c| c.all_reduce(&[1f32; 64], &mut [0f32; 64], RedOp::Sum),
+        |c| c.all_reduce(&[1i32; 64], &mut [0i32; 64], RedOp::Max),
+    );
+    assert_names_both(&errors, "float, sum", "int32, max");
+
+    // One through the board, the other through FIFOs: a stuck rank looks at
+    // what the peer sent or posted (once connections exist).
+    let comms = Communicator::init_all_config(2, short_timeout()).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || {
+                let big = vec![1f32; 64 << 10];
+                comm.all_reduce(&big, &mut vec![0f32; 64 << 10], RedOp::Sum)
+                    .unwrap();
+                comm.all_gather(&big[..16 << 10], &mut vec![0f32; 32 << 10])
+                    .unwrap();
+            });
+        }
+    });
+    let errors = both_fail(
+        &comms,
+        |c| c.all_reduce(&[1f32; 64], &mut [0f32; 64], RedOp::Sum),
+        |c| c.all_gather(&[1i32; 32], &mut [0i32; 64]),
+    );
+    assert_names_both(&errors, "AllReduce", "AllGather");
 }
 
 #[test]
@@ -286,7 +330,19 @@ fn a_failing_rank_tells_its_peers_at_once_instead_of_letting_them_time_out() {
 
 #[test]
 fn hang_report_on_request_names_operation_channel_step_and_peer() {
-    let comms = Communicator::init_all_config(2, test_config()).unwrap();
+    let no_board = Config {
+        board_bytes: 0,
+        ..test_config()
+    };
+    hang_report_names(no_board, "channel 0: operation #0 AllReduce, step ");
+    hang_report_names(
+        test_config(),
+        "the board: operation #0 AllReduce, step 0 (readPosts)",
+    );
+}
+
+fn hang_report_names(config: Config, place: &str) {
+    let comms = Communicator::init_all_config(2, config).unwrap();
     assert!(comms[0]
         .hang_report()
         .contains("rank 0 of 2: no operation in flight"));
@@ -310,10 +366,7 @@ fn hang_report_on_request_names_operation_channel_step_and_peer() {
             "{report}"
         );
         assert!(report.contains("no progress for"), "{report}");
-        assert!(
-            report.contains("channel 0: operation #0 AllReduce, step "),
-            "{report}"
-        );
+        assert!(report.contains(place), "{report}");
         assert!(
             report.contains("waiting for data from rank 1 (host"),
             "{report}"

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rccl::{Communicator, RedOp};
 
 const CHILD_MARKER: &str = "RCCL_FAULT_CHILD";
+/// Elements each child rank all-reduces per call.
+const COUNT_VAR: &str = "RCCL_FAULT_COUNT";
 
 fn now_ms() -> u128 {
     SystemTime::now()
@@ -30,8 +32,9 @@ fn fault_child_rank() {
         return;
     }
     let comm = Communicator::from_env().expect("init from the environment");
-    let mine = vec![comm.rank() as f32; 1 << 16];
-    let mut sum = vec![0f32; 1 << 16];
+    let count = std::env::var(COUNT_VAR).map_or(1 << 16, |v| v.parse().unwrap());
+    let mine = vec![comm.rank() as f32; count];
+    let mut sum = vec![0f32; count];
     comm.all_reduce(&mine, &mut sum, RedOp::Sum).unwrap();
     println!("READY {}", comm.rank());
     loop {
@@ -159,7 +162,8 @@ fn shm_names_of(pids: &[u32]) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn kill_one_of_four(shm_disable: bool) {
+/// Kills one of four ranks looping over all-reduces of `count` floats.
+fn kill_one_of_four(shm_disable: bool, count: usize) {
     let (nranks, victim) = (4, 2);
     let port = free_port().to_string();
     let exe = std::env::current_exe().unwrap();
@@ -167,7 +171,8 @@ fn kill_one_of_four(shm_disable: bool) {
         (0..nranks)
             .map(|rank| {
                 let mut cmd = Command::new(&exe);
-                cmd.env("NCCL_SHM_DISABLE", if shm_disable { "1" } else { "0" });
+                cmd.env("NCCL_SHM_DISABLE", if shm_disable { "1" } else { "0" })
+                    .env(COUNT_VAR, count.to_string());
                 spawn_rank(&mut cmd, rank, nranks, "127.0.0.1", &port)
             })
             .collect(),
@@ -181,7 +186,11 @@ fn kill_one_of_four(shm_disable: bool) {
     ranks.0[victim].wait().unwrap();
     let survivors: Vec<usize> = (0..nranks).filter(|&r| r != victim).collect();
     let got = failures(&rx, &survivors, killed);
-    let transport = if shm_disable { "TCP" } else { "shared memory" };
+    let transport = match (shm_disable, count) {
+        (true, _) => "TCP",
+        (false, 1024) => "the board",
+        (false, _) => "shared memory",
+    };
     for (rank, ms, text) in &got {
         println!(
             "SIGKILL of rank {victim} over {transport}: rank {rank} failed after {ms} ms: {text}"
@@ -209,12 +218,18 @@ fn kill_one_of_four(shm_disable: bool) {
 
 #[test]
 fn sigkill_of_one_of_four_ranks_over_shared_memory() {
-    kill_one_of_four(false);
+    kill_one_of_four(false, 1 << 16);
+}
+
+#[test]
+fn sigkill_of_one_of_four_ranks_waiting_on_the_board() {
+    // 4 KiB per rank: one-shot through the board.
+    kill_one_of_four(false, 1024);
 }
 
 #[test]
 fn sigkill_of_one_of_four_ranks_over_tcp() {
-    kill_one_of_four(true);
+    kill_one_of_four(true, 1 << 16);
 }
 
 /// Runs `ip` with `args`, true on success.

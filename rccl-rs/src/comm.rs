@@ -113,7 +113,32 @@ impl Reader<'_> {
 /// and peer rank. Locked for the duration of each launch.
 pub(crate) struct ExecState {
     pub links: Vec<Vec<Option<Link>>>,
+    /// The board, once a call has needed it.
+    pub board: Option<crate::executor::BoardLink>,
 }
+
+/// Tuner choices remembered per call shape: a training loop repeats the
+/// same few calls, and choosing costs more than the smallest call itself.
+#[derive(Default)]
+pub(crate) struct ChoiceCache {
+    /// The tuner generation the entries were made under.
+    generation: u64,
+    entries: Vec<(ChoiceKey, crate::tuning::Choice)>,
+    /// The entry replaced next once the cache is full.
+    next_victim: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct ChoiceKey {
+    kind: rccl_algorithms::CollKind,
+    count: usize,
+    elem_size: usize,
+    root: usize,
+    in_place: bool,
+}
+
+/// Call shapes a communicator remembers the choice for.
+const CHOICE_CACHE_ENTRIES: usize = 16;
 
 /// What a communicator is doing, for hang reports on request: set when a
 /// launch starts and ends, and refreshed while it is stuck.
@@ -177,9 +202,78 @@ pub(crate) struct CommInner {
     pub exec: Mutex<ExecState>,
     pub activity: Mutex<Activity>,
     splits: AtomicU64,
+    /// The cost model's link figures, read once at init.
+    pub link_model: crate::tuning::LinkModel,
+    choices: Mutex<ChoiceCache>,
 }
 
 impl CommInner {
+    /// Bytes each rank may post on the board: the configured size when
+    /// every rank shares this host, else 0 (no board).
+    pub fn board_bytes(&self) -> usize {
+        if self.all_shm && self.nranks > 1 {
+            self.config.board_bytes
+        } else {
+            0
+        }
+    }
+
+    /// What the tuner picks for a collective call, remembered per call
+    /// shape (while no tuner plug-in is installed).
+    pub fn choose(
+        &self,
+        spec: &rccl_algorithms::CollSpec,
+        elem_size: usize,
+        in_place: bool,
+    ) -> Result<crate::tuning::Choice> {
+        let key = ChoiceKey {
+            kind: spec.kind,
+            count: spec.count,
+            elem_size,
+            root: spec.root,
+            in_place,
+        };
+        let generation = crate::tuning::generation();
+        let cacheable = !crate::tuning::has_plugin();
+        if cacheable {
+            let cache = self.choices.lock();
+            if cache.generation == generation {
+                if let Some((_, choice)) = cache.entries.iter().find(|(k, _)| *k == key) {
+                    return Ok(*choice);
+                }
+            }
+        }
+        let choice = crate::tuning::choose(
+            &self.config,
+            spec,
+            elem_size,
+            &crate::tuning::Placement {
+                all_shm: self.all_shm,
+                topology: &self.topology,
+                in_place,
+                board_bytes: self.board_bytes(),
+                model: &self.link_model,
+            },
+        )?;
+        if cacheable {
+            let mut cache = self.choices.lock();
+            if cache.generation != generation {
+                *cache = ChoiceCache {
+                    generation,
+                    ..ChoiceCache::default()
+                };
+            }
+            if cache.entries.len() < CHOICE_CACHE_ENTRIES {
+                cache.entries.push((key, choice));
+            } else {
+                let victim = cache.next_victim;
+                cache.entries[victim] = (key, choice);
+                cache.next_victim = (victim + 1) % CHOICE_CACHE_ENTRIES;
+            }
+        }
+        Ok(choice)
+    }
+
     /// Whether `peer` runs on this rank's host and may be reached through
     /// shared memory.
     pub fn shares_memory_with(&self, peer: usize) -> bool {
@@ -382,8 +476,8 @@ impl Communicator {
         if let Some((r, p)) = peers.iter().enumerate().find(|(_, p)| p.shape != me.shape) {
             return Err(Error::InvalidUsage(format!(
                 "rank {rank} and rank {r} disagree on NCCL_BUFFSIZE, NCCL_LL_BUFFSIZE, NCCL_LL128_BUFFSIZE, \
-                 NCCL_MIN_NCHANNELS, NCCL_MAX_NCHANNELS, NCCL_SHM_DISABLE, NCCL_PROTO or \
-                 NCCL_ALGO ({:?} against {:?}); set them alike on every rank",
+                 NCCL_MIN_NCHANNELS, NCCL_MAX_NCHANNELS, NCCL_SHM_DISABLE, NCCL_PROTO, \
+                 NCCL_ALGO or RCCL_BOARD_BYTES ({:?} against {:?}); set them alike on every rank",
                 me.shape, p.shape
             )));
         }
@@ -417,9 +511,11 @@ impl Communicator {
             next_p2p_seq: AtomicU64::new(0),
             all_shm,
             topology,
-            exec: Mutex::new(ExecState { links }),
+            exec: Mutex::new(ExecState { links, board: None }),
             activity: Mutex::new(Activity::default()),
             splits: AtomicU64::new(0),
+            link_model: crate::tuning::LinkModel::from_env(),
+            choices: Mutex::new(ChoiceCache::default()),
         });
         register(&inner);
         let local_ranks = inner
@@ -522,16 +618,7 @@ impl Communicator {
             root,
             count,
         };
-        crate::tuning::choose(
-            &self.inner.config,
-            &spec,
-            elem_size,
-            &crate::tuning::Placement {
-                all_shm: self.inner.all_shm,
-                topology: &self.inner.topology,
-                in_place,
-            },
-        )
+        self.inner.choose(&spec, elem_size, in_place)
     }
 
     /// Splits the communicator (`ncclCommSplit`): ranks passing the same
@@ -645,7 +732,7 @@ fn hostname() -> String {
 }
 
 /// Words of settings every rank must share.
-const SHAPE_WORDS: usize = 7;
+const SHAPE_WORDS: usize = 8;
 
 /// The settings that must agree across ranks, as words to compare.
 fn settings_shape(config: &Config) -> [u64; SHAPE_WORDS] {
@@ -660,6 +747,7 @@ fn settings_shape(config: &Config) -> [u64; SHAPE_WORDS] {
         config.max_channels as u64,
         u64::from(config.shm_disable),
         selections.finish(),
+        config.board_bytes as u64,
     ]
 }
 
@@ -721,7 +809,7 @@ mod fuzz {
             host_id: "node/boot".into(),
             pid: 42,
             start: 7,
-            shape: [1, 2, 3, 4, 5, 6, 7],
+            shape: [1, 2, 3, 4, 5, 6, 7, 8],
         }
     }
 

@@ -38,6 +38,10 @@ pub struct Config {
     pub proto: Selection,
     /// Which algorithms the tuner may use (`NCCL_ALGO`, same syntax).
     pub algo: Selection,
+    /// Bytes each rank may post on the board, the shared segment through
+    /// which one-shot all-reduce runs when every rank shares a host
+    /// (`RCCL_BOARD_BYTES`, default 64 KiB; 0 turns the board off).
+    pub board_bytes: usize,
 }
 
 impl Default for Config {
@@ -52,6 +56,7 @@ impl Default for Config {
             shm_disable: false,
             proto: Selection::default(),
             algo: Selection::default(),
+            board_bytes: 64 << 10,
         }
     }
 }
@@ -83,6 +88,9 @@ impl Config {
         }
         if let Ok(text) = std::env::var("NCCL_ALGO") {
             config.algo = Selection::parse("NCCL_ALGO", &text)?;
+        }
+        if let Some(bytes) = env_usize("RCCL_BOARD_BYTES")? {
+            config.board_bytes = bytes;
         }
         if let Some(flag) = env_usize("NCCL_SHM_DISABLE")? {
             config.shm_disable = flag != 0;
@@ -120,6 +128,12 @@ impl Config {
                 )));
             }
         }
+        if self.board_bytes > MAX_BOARD_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "RCCL_BOARD_BYTES={} is above {MAX_BOARD_BYTES}",
+                self.board_bytes
+            )));
+        }
         if self.timeout.is_zero() {
             return Err(Error::InvalidArgument(
                 "the timeout must be positive".into(),
@@ -150,6 +164,9 @@ impl Config {
 
 /// The most channels a communicator can use.
 pub const MAX_CHANNELS: usize = 32;
+
+/// Most bytes one rank may post on the board (it holds two posts per rank).
+pub const MAX_BOARD_BYTES: usize = 16 << 20;
 
 /// The number in environment variable `name`, if it is set.
 pub(crate) fn env_usize(name: &str) -> Result<Option<usize>> {

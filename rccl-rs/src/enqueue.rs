@@ -19,7 +19,8 @@ use rccl_transports::{Connection, Protocol, Tag};
 use crate::comm::{deadline, Activity, CommInner};
 use crate::error::{Error, Result};
 use crate::executor::{
-    self, Binding, Buffers, ChannelRun, Driven, Link, OpWork, Reduction, Segment,
+    self, Binding, BoardLink, BoardOp, BoardRun, Buffers, ChannelRun, Driven, Link, OpWork,
+    Reduction, Run, Segment,
 };
 use crate::kernels::ReduceKernel;
 use crate::tuning;
@@ -137,6 +138,8 @@ struct CommLaunch {
     comm: Arc<CommInner>,
     /// Per channel, the work queued on it.
     channels: Vec<Vec<OpWork>>,
+    /// The work run through the board.
+    board: Vec<BoardOp>,
 }
 
 fn launch(ops: Vec<RawOp>) -> Result<()> {
@@ -157,6 +160,7 @@ fn launch(ops: Vec<RawOp>) -> Result<()> {
                     channels: (0..op.comm.config.max_channels)
                         .map(|_| Vec::new())
                         .collect(),
+                    board: Vec::new(),
                 });
                 p2p.push(Vec::new());
                 launches.len() - 1
@@ -186,7 +190,13 @@ fn launch(ops: Vec<RawOp>) -> Result<()> {
         .expect("a launch has at least one communicator");
     let started = std::time::Instant::now();
     for launch in &launches {
-        let mut ops = launch.channels.iter().flatten().map(|w| (w.seq, w.name));
+        let board_ops = launch.board.iter().map(|w| (w.seq, w.name));
+        let mut ops = launch
+            .channels
+            .iter()
+            .flatten()
+            .map(|w| (w.seq, w.name))
+            .chain(board_ops);
         let first = ops.next().unwrap_or((0, "nothing"));
         let count = 1 + ops.filter(|&op| op != first).count();
         *launch.comm.activity.lock() = Activity {
@@ -208,14 +218,30 @@ fn launch(ops: Vec<RawOp>) -> Result<()> {
                 run.push(op);
             }
             runs.push(Driven {
-                run,
+                run: Run::Channel(run),
+                abort: &comms[index].abort,
+                comm: index,
+            });
+        }
+        if !launch.board.is_empty() {
+            let link = guard
+                .board
+                .as_ref()
+                .expect("connect made the board of every launch that uses it");
+            let mut run = BoardRun::new(launch.comm.rank, link);
+            for op in launch.board.drain(..) {
+                run.push(op);
+            }
+            runs.push(Driven {
+                run: Run::Board(run),
                 abort: &comms[index].abort,
                 comm: index,
             });
         }
     }
     let result = executor::drive(&mut runs, deadline, &mut |runs, stalled| {
-        publish_stall(&comms, runs, stalled)
+        publish_stall(&comms, runs, stalled);
+        find_mismatch(&comms, &guards, runs)
     });
     drop(runs);
     for comm in &comms {
@@ -249,6 +275,7 @@ pub(crate) fn close_links(comm: &CommInner, state: &crate::comm::ExecState, erro
     let links = || state.links.iter().flatten().flatten();
     let note = links()
         .find_map(|link| link.conn.peer_note())
+        .or_else(|| state.board.as_ref().and_then(|link| link.board.note()))
         .unwrap_or_else(|| {
             if comm.abort.load(Ordering::Relaxed) {
                 return format!("{} aborted its communicator", comm.describe(comm.rank));
@@ -263,6 +290,9 @@ pub(crate) fn close_links(comm: &CommInner, state: &crate::comm::ExecState, erro
     for link in links() {
         link.conn.close_with(&note);
     }
+    if let Some(link) = &state.board {
+        link.board.close_with(&note);
+    }
 }
 
 /// Records what the stuck channels of a launch wait for, for hang reports
@@ -274,8 +304,8 @@ fn publish_stall(comms: &[Arc<CommInner>], runs: &[Driven<'_, '_>], stalled: std
             .filter(|d| d.comm == index && d.run.busy())
             .map(|d| match d.run.blocked() {
                 Some(b) => format!(
-                    "channel {}: operation #{} {}, step {} ({}), waiting {} {}",
-                    d.run.channel(),
+                    "{}: operation #{} {}, step {} ({}), waiting {} {}",
+                    d.run.place(),
                     b.seq,
                     b.op,
                     b.step,
@@ -287,7 +317,7 @@ fn publish_stall(comms: &[Arc<CommInner>], runs: &[Driven<'_, '_>], stalled: std
                     },
                     comm.describe(b.peer)
                 ),
-                None => format!("channel {}: not started", d.run.channel()),
+                None => format!("{}: not started", d.run.place()),
             })
             .collect();
         let mut activity = comm.activity.lock();
@@ -296,25 +326,71 @@ fn publish_stall(comms: &[Arc<CommInner>], runs: &[Driven<'_, '_>], stalled: std
     }
 }
 
+/// A peer that runs another call than a stuck run: found when one side
+/// runs through the board and the other through FIFOs, where neither
+/// receives the other's tagged pieces. A board run looks at the pieces its
+/// FIFOs from the peer hold; a FIFO run looks at the peer's posts.
+fn find_mismatch(
+    comms: &[Arc<CommInner>],
+    states: &[parking_lot::MutexGuard<'_, crate::comm::ExecState>],
+    runs: &[Driven<'_, '_>],
+) -> Option<(usize, Error)> {
+    for driven in runs.iter().filter(|d| d.run.busy()) {
+        // Sends and receives pair with any call of the peer's: only
+        // collectives are compared.
+        let Some(blocked) = driven.run.blocked().filter(|b| b.tag.call != P2P_CALL) else {
+            continue;
+        };
+        let (comm, state) = (&comms[driven.comm], &states[driven.comm]);
+        let peer = blocked.peer;
+        let theirs = match driven.run {
+            Run::Board(_) => state
+                .links
+                .iter()
+                .filter_map(|channel| channel[peer].as_ref())
+                .flat_map(|link| Protocol::ALL.map(|p| link.conn.recv_fifo(p).try_peek()))
+                .flatten()
+                .map(|(_, _, tag)| tag)
+                .find(|tag| {
+                    tag.call != P2P_CALL && tag.seq == blocked.tag.seq && *tag != blocked.tag
+                }),
+            Run::Channel(_) => state
+                .board
+                .as_ref()
+                .and_then(|link| link.board.posted_call(peer, blocked.tag.seq))
+                .filter(|tag| *tag != blocked.tag),
+        };
+        if let Some(tag) = theirs {
+            let error = Error::InvalidUsage(format!(
+                "ranks disagree on the operation: this rank called {} but {} called {}",
+                describe_call(blocked.tag),
+                comm.describe(peer),
+                describe_call(tag)
+            ));
+            return Some((driven.comm, error));
+        }
+    }
+    None
+}
+
 /// What each rank waits for, one line per stuck channel, so a user can
 /// find the one bad rank from every rank's log.
 fn hang_report(
     launches: &[CommLaunch],
-    waiting: &[(usize, usize, Option<executor::Blocked>)],
+    waiting: &[(usize, String, Option<executor::Blocked>)],
 ) -> String {
     let mut lines = Vec::new();
-    for (comm_index, channel, blocked) in waiting {
+    for (comm_index, place, blocked) in waiting {
         let comm = &launches[*comm_index].comm;
         let line = match blocked {
             Some(b) => format!(
-                "rank {} of {}: timed out after {:?} in operation #{} {} on channel {}, step {} \
+                "rank {} of {}: timed out after {:?} in operation #{} {} on {place}, step {} \
                  ({}), waiting {} {}",
                 comm.rank,
                 comm.nranks,
                 comm.config.timeout,
                 b.seq,
                 b.op,
-                channel,
                 b.step,
                 b.prim,
                 if b.receiving {
@@ -325,7 +401,7 @@ fn hang_report(
                 comm.describe(b.peer)
             ),
             None => format!(
-                "rank {} of {}: timed out after {:?} on channel {channel}",
+                "rank {} of {}: timed out after {:?} on {place}",
                 comm.rank, comm.nranks, comm.config.timeout
             ),
         };
@@ -353,19 +429,12 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
         count: op.count,
     };
     let in_place = is_in_place(op, kind, root, comm.rank);
-    let choice = tuning::choose(
-        &comm.config,
-        &spec,
-        op.dtype.size(),
-        &tuning::Placement {
-            all_shm: comm.all_shm,
-            topology: &comm.topology,
-            in_place,
-        },
-    )?;
-    let schedule = choice
-        .algorithm
-        .schedule(&spec, comm.rank, &choice.params, &comm.topology);
+    let choice = comm.choose(&spec, op.dtype.size(), in_place)?;
+    let bytes = op.count * op.dtype.size();
+    let on_board = kind == CollKind::AllReduce
+        && choice.algorithm.name() == tuning::BOARD_ALGORITHM
+        && bytes > 0
+        && bytes <= comm.board_bytes();
     tracing::info!(
         target: crate::debug::COLL,
         "[{}] {}: opCount {seq} sendbuff {:p} recvbuff {:p} count {} datatype {} op {} root {root} comm {:p} [nranks={}]",
@@ -381,15 +450,16 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
     );
     tracing::info!(
         target: crate::debug::TUNING,
-        "[{}] {}: {} Bytes -> Algo {} proto {} channel {} chunk {} elements{}",
+        "[{}] {}: {} Bytes -> Algo {} proto {} channel {} chunk {} elements{}{}",
         comm.rank,
         kind.name(),
-        op.count * op.dtype.size(),
+        bytes,
         choice.algorithm.name(),
         choice.protocol.name(),
         choice.params.nchannels,
         choice.params.chunk_elems,
-        if in_place { " (in place)" } else { "" }
+        if in_place { " (in place)" } else { "" },
+        if on_board { " via the board" } else { "" }
     );
     let reduction = if kind.reduces() {
         Some(Arc::new(Reduction {
@@ -399,6 +469,23 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
     } else {
         None
     };
+    let tag = call_tag(seq, kind, op.count, op.dtype, red_op, root);
+    if on_board {
+        launch.board.push(BoardOp {
+            seq,
+            name: kind.name(),
+            tag,
+            send: op.send,
+            recv: op.recv,
+            count: op.count,
+            elem_size: op.dtype.size(),
+            reduction: reduction.expect("all-reduce reduces"),
+        });
+        return Ok(());
+    }
+    let schedule = choice
+        .algorithm
+        .schedule(&spec, comm.rank, &choice.params, &comm.topology);
     let buffers = Buffers {
         send: op.send,
         recv: op.recv,
@@ -406,7 +493,7 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
     let work = Work {
         seq,
         name: kind.name(),
-        tag: call_tag(seq, kind, op.count, op.dtype, red_op, root),
+        tag,
         protocol: choice.protocol,
         elem_size: op.dtype.size(),
         reduction,
@@ -632,6 +719,10 @@ fn connect(
         for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
             let comm = &launch.comm;
             let deadline = deadline(&comm.config);
+            // Rank 0 makes the board (while dialing), the others map it.
+            if !launch.board.is_empty() && guard.board.is_none() && (comm.rank == 0) == dialing {
+                guard.board = Some(open_board(comm).inspect_err(|err| comm.poison(err))?);
+            }
             for (channel, work) in launch.channels.iter().enumerate() {
                 let peers = peers_of(work);
                 for peer in peers {
@@ -653,6 +744,56 @@ fn connect(
 
 /// Bootstrap tags of shared-memory segment names, one per channel.
 const SHM_TAG_BASE: u64 = 2 << 40;
+/// Bootstrap tag of the board's segment name.
+const BOARD_TAG: u64 = 3 << 40;
+
+/// Makes (rank 0) or maps (the others) the communicator's board. Rank 0
+/// removes the segment's name once every rank has posted on it, which
+/// proves they all mapped it.
+fn open_board(comm: &CommInner) -> Result<BoardLink> {
+    let (nranks, capacity) = (comm.nranks, comm.config.board_bytes);
+    let failed = |what: &str, e: std::io::Error| {
+        Error::Remote(format!("rank {}: {what} the board: {e}", comm.rank))
+    };
+    let board = if comm.rank == 0 {
+        let board =
+            rccl_transports::Board::create(nranks, capacity).map_err(|e| failed("creating", e))?;
+        for peer in 1..nranks {
+            comm.bootstrap
+                .send(peer, BOARD_TAG, board.name().as_bytes())?;
+        }
+        board
+    } else {
+        let name = comm.bootstrap.recv(0, BOARD_TAG)?;
+        let name = String::from_utf8(name).map_err(|_| {
+            Error::Remote(format!("{} sent a malformed board name", comm.describe(0)))
+        })?;
+        rccl_transports::Board::open(&name, nranks, capacity).map_err(|e| failed("mapping", e))?
+    };
+    tracing::info!(
+        target: crate::debug::SHM,
+        "[{}] Board: {nranks} ranks x 2 posts of {capacity} bytes via SHM",
+        comm.rank
+    );
+    let own_pid = std::process::id();
+    let watch = comm
+        .peers
+        .iter()
+        .map(|info| {
+            let process = ProcessId {
+                pid: info.pid,
+                start: info.start,
+            };
+            (info.start != 0 && info.pid != own_pid && process.visible()).then_some(process)
+        })
+        .collect();
+    Ok(BoardLink {
+        board,
+        watch,
+        names: (0..nranks).map(|r| comm.describe(r)).collect(),
+        named: std::sync::atomic::AtomicBool::new(comm.rank == 0),
+    })
+}
 
 /// Opens this rank's side of the connection to `peer` on `channel`: the
 /// dialing (lower) rank creates it, the other side joins what was created.

@@ -14,7 +14,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use rccl_algorithms::{Buf, Prim, Slice, Step};
-use rccl_transports::{Backoff, Connection, Fifo, ParkOn, Protocol, Tag, WaitError};
+use rccl_transports::process::ProcessId;
+use rccl_transports::{Backoff, Board, Connection, Fifo, ParkOn, Protocol, Tag, WaitError};
 
 use crate::error::{Error, Result};
 use crate::kernels::ReduceKernel;
@@ -134,6 +135,8 @@ pub struct Blocked {
     pub seq: u64,
     /// The operation's name.
     pub op: &'static str,
+    /// What the operation's pieces carry.
+    pub tag: Tag,
     /// Step index within the channel.
     pub step: usize,
     /// The primitive's name.
@@ -239,6 +242,7 @@ impl<'a> ChannelRun<'a> {
                             self.blocked = Some(Blocked {
                                 seq: op.seq,
                                 op: op.name,
+                                tag: op.tag,
                                 step: self.step,
                                 prim: prim.name(),
                                 peer,
@@ -598,11 +602,278 @@ impl<'a> Piece<'_, 'a> {
     }
 }
 
-/// A group of channel runs driven together by the calling thread, each
-/// with the abort flag of its communicator.
+/// One all-reduce run through the board (see `rccl_transports::board`):
+/// every rank posts its input once and reduces every rank's post in the
+/// order of the one-shot schedule, `x0 op (x1 op (... op x(n-1)))`, so its
+/// results are bitwise those of one-shot over FIFOs, on every rank.
+pub struct BoardOp {
+    /// The communicator's sequence number of the operation.
+    pub seq: u64,
+    /// What it is, for reports.
+    pub name: &'static str,
+    /// What this rank called; every post must carry the same.
+    pub tag: Tag,
+    /// The send buffer (`count` elements).
+    pub send: *const u8,
+    /// The receive buffer (`count` elements; may be the send buffer: the
+    /// input is staged on the board before the result is written).
+    pub recv: *mut u8,
+    /// Elements per rank.
+    pub count: usize,
+    /// Bytes per element.
+    pub elem_size: usize,
+    /// The reduction.
+    pub reduction: std::sync::Arc<Reduction>,
+}
+
+/// A communicator's board with what a wait on it needs.
+pub struct BoardLink {
+    /// The board.
+    pub board: Board,
+    /// The process of each rank, where its death can be seen from here.
+    pub watch: Vec<Option<ProcessId>>,
+    /// What logs call each rank.
+    pub names: Vec<String>,
+    /// Whether this rank still has to remove the segment's name (the
+    /// creator does, once every rank has posted: they have all mapped it).
+    pub named: std::sync::atomic::AtomicBool,
+}
+
+/// The state machine of a communicator's board operations, run one after
+/// another: post this rank's input, then collect every peer's post, then
+/// reduce.
+pub struct BoardRun<'a> {
+    link: &'a BoardLink,
+    rank: usize,
+    ops: VecDeque<BoardOp>,
+    /// The round of the front operation once it is posted.
+    round: Option<u64>,
+    /// The next rank whose post the front operation waits for.
+    next_peer: usize,
+    blocked: Option<Blocked>,
+}
+
+impl<'a> BoardRun<'a> {
+    /// A run for `rank` over `link`.
+    pub fn new(rank: usize, link: &'a BoardLink) -> BoardRun<'a> {
+        BoardRun {
+            link,
+            rank,
+            ops: VecDeque::new(),
+            round: None,
+            next_peer: 0,
+            blocked: None,
+        }
+    }
+
+    /// Queues an operation behind those already queued.
+    pub fn push(&mut self, op: BoardOp) {
+        self.ops.push_back(op);
+    }
+
+    /// Advances as far as possible without waiting.
+    pub fn poll(&mut self) -> Result<Poll<'a>> {
+        let board = &self.link.board;
+        let nranks = self.link.names.len();
+        let mut progressed = false;
+        loop {
+            let Some(op) = self.ops.front() else {
+                return Ok(Poll::Done);
+            };
+            let bytes = op.count * op.elem_size;
+            let round = match self.round {
+                Some(round) => round,
+                None => {
+                    let round = board.next_round();
+                    let post = board.post_data(self.rank, round);
+                    // SAFETY: the send buffer holds `count` elements and the
+                    // post `capacity` >= bytes (checked when planned); board
+                    // memory never aliases user memory.
+                    unsafe {
+                        if op.reduction.input.has_input_transform() {
+                            op.reduction.input.run(None, op.send, post, op.count, false);
+                        } else {
+                            std::ptr::copy_nonoverlapping(op.send, post, bytes);
+                        }
+                    }
+                    board.publish(self.rank, round, op.tag, bytes);
+                    self.round = Some(round);
+                    self.next_peer = 0;
+                    progressed = true;
+                    round
+                }
+            };
+            while self.next_peer < nranks {
+                let peer = self.next_peer;
+                if peer != self.rank {
+                    match board.read(peer, round) {
+                        Ok(post) => self.check(op, peer, post.tag, post.len)?,
+                        Err(park) => {
+                            if let Some(note) = board.note() {
+                                return Err(note_error(
+                                    &note,
+                                    &format!("{} #{} on the board", op.name, op.seq),
+                                ));
+                            }
+                            self.blocked = Some(Blocked {
+                                seq: op.seq,
+                                op: op.name,
+                                tag: op.tag,
+                                step: 0,
+                                prim: "readPosts",
+                                peer,
+                                receiving: true,
+                            });
+                            return Ok(if progressed {
+                                Poll::Progress
+                            } else {
+                                Poll::Blocked(park)
+                            });
+                        }
+                    }
+                }
+                self.next_peer += 1;
+            }
+            self.reduce_posts(op, round)?;
+            if self
+                .link
+                .named
+                .swap(false, std::sync::atomic::Ordering::Relaxed)
+            {
+                // Every rank has posted, so every rank holds its mapping.
+                // A failure leaves the name to the segment's drop, which
+                // removes it too.
+                let _ = board.unlink();
+            }
+            self.ops.pop_front();
+            self.round = None;
+            progressed = true;
+        }
+    }
+
+    fn check(&self, op: &BoardOp, peer: usize, tag: Tag, len: usize) -> Result<()> {
+        if tag != op.tag {
+            return Err(Error::InvalidUsage(format!(
+                "ranks disagree on the operation: this rank called {} but {} called {}",
+                crate::enqueue::describe_call(op.tag),
+                self.link.names[peer],
+                crate::enqueue::describe_call(tag)
+            )));
+        }
+        if len != op.count * op.elem_size {
+            return Err(Error::Remote(format!(
+                "{} #{}: {} posted {len} bytes where {} were expected",
+                op.name,
+                op.seq,
+                self.link.names[peer],
+                op.count * op.elem_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// recv = x0 op (x1 op (... op x(n-1))), every input read from its
+    /// post (inputs were transformed when posted).
+    fn reduce_posts(&self, op: &BoardOp, round: u64) -> Result<()> {
+        let board = &self.link.board;
+        let last = self.link.names.len() - 1;
+        // SAFETY: every post of this round holds `count` transformed
+        // elements (checked above) and stays unchanged until every rank
+        // has finished the round; the receive buffer holds `count`
+        // elements and never aliases board memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                board.post_data(last, round),
+                op.recv,
+                op.count * op.elem_size,
+            );
+            for j in (0..last).rev() {
+                op.reduction.partial.run(
+                    Some(op.recv),
+                    board.post_data(j, round),
+                    op.recv,
+                    op.count,
+                    j == 0,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the run still has work queued.
+    pub fn busy(&self) -> bool {
+        !self.ops.is_empty()
+    }
+
+    /// What the run waited for when it last blocked.
+    pub fn blocked(&self) -> Option<&Blocked> {
+        self.blocked.as_ref()
+    }
+
+    fn peer_gone(&self) -> Option<Error> {
+        let b = self.blocked.as_ref()?;
+        let why = self.link.watch.get(b.peer)?.as_ref()?.gone()?;
+        Some(Error::Remote(format!(
+            "{} #{} on the board: {} died: {why}",
+            b.op, b.seq, self.link.names[b.peer]
+        )))
+    }
+}
+
+/// Work driven by the calling thread: one channel's FIFO schedules, or a
+/// communicator's board.
+pub enum Run<'a> {
+    /// A channel's schedules.
+    Channel(ChannelRun<'a>),
+    /// Board operations.
+    Board(BoardRun<'a>),
+}
+
+impl<'a> Run<'a> {
+    fn poll(&mut self) -> Result<Poll<'a>> {
+        match self {
+            Run::Channel(run) => run.poll(),
+            Run::Board(run) => run.poll(),
+        }
+    }
+
+    /// Whether the run still has work queued.
+    pub fn busy(&self) -> bool {
+        match self {
+            Run::Channel(run) => run.busy(),
+            Run::Board(run) => run.busy(),
+        }
+    }
+
+    /// What the run waited for when it last blocked.
+    pub fn blocked(&self) -> Option<&Blocked> {
+        match self {
+            Run::Channel(run) => run.blocked(),
+            Run::Board(run) => run.blocked(),
+        }
+    }
+
+    /// Where the run moves data, for reports: "channel 2" or "the board".
+    pub fn place(&self) -> String {
+        match self {
+            Run::Channel(run) => format!("channel {}", run.channel()),
+            Run::Board(_) => "the board".to_string(),
+        }
+    }
+
+    fn peer_gone(&self) -> Option<Error> {
+        match self {
+            Run::Channel(run) => run.peer_gone(),
+            Run::Board(run) => run.peer_gone(),
+        }
+    }
+}
+
+/// A group of runs driven together by the calling thread, each with the
+/// abort flag of its communicator.
 pub struct Driven<'a, 'f> {
     /// The run.
-    pub run: ChannelRun<'a>,
+    pub run: Run<'a>,
     /// Its communicator's abort flag.
     pub abort: &'f AtomicBool,
     /// Index of its communicator in the group, to report errors against.
@@ -651,20 +922,26 @@ pub struct DriveError {
     /// The failure.
     pub error: Error,
     /// For a timeout, what each unfinished run waited for, per
-    /// communicator index and channel.
-    pub waiting: Vec<(usize, usize, Option<Blocked>)>,
+    /// communicator index and place ([`Run::place`]).
+    pub waiting: Vec<(usize, String, Option<Blocked>)>,
 }
+
+/// Called while a drive is stuck, with its runs and how long they have
+/// been stuck; an error (with the index of its communicator) ends it.
+pub type StallCheck<'c> =
+    dyn FnMut(&[Driven<'_, '_>], std::time::Duration) -> Option<(usize, Error)> + 'c;
 
 /// Drives `runs` round-robin until all are done, the deadline passes, a
 /// communicator is aborted, or a run fails.
 ///
 /// While nothing moves, every [`STALL_CHECK_EVERY`] it asks the transports
 /// whether the peers the blocked runs wait for are still alive, and calls
-/// `stalled` with the runs and how long they have been stuck.
+/// `stalled` with the runs and how long they have been stuck; an error it
+/// returns (with the index of the communicator) ends the drive.
 pub fn drive(
     runs: &mut [Driven<'_, '_>],
     deadline: Instant,
-    stalled: &mut dyn FnMut(&[Driven<'_, '_>], std::time::Duration),
+    stalled: &mut StallCheck<'_>,
 ) -> std::result::Result<(), DriveError> {
     let mut backoff = Backoff::new();
     let never_aborted = AtomicBool::new(false);
@@ -723,7 +1000,13 @@ pub fn drive(
                     });
                 }
             }
-            stalled(runs, now - *since);
+            if let Some((comm, error)) = stalled(runs, now - *since) {
+                return Err(DriveError {
+                    comm,
+                    error,
+                    waiting: Vec::new(),
+                });
+            }
         }
         // Parked on one of several blocked runs, wake up soon enough to see
         // the others move.
@@ -737,8 +1020,8 @@ pub fn drive(
         {
             let waiting: Vec<_> = runs
                 .iter()
-                .filter(|d| !d.run.ops.is_empty())
-                .map(|d| (d.comm, d.run.channel, d.run.blocked.clone()))
+                .filter(|d| d.run.busy())
+                .map(|d| (d.comm, d.run.place(), d.run.blocked().cloned()))
                 .collect();
             let comm = waiting.first().map_or(0, |w| w.0);
             return Err(DriveError {

@@ -108,6 +108,7 @@ impl Selection {
 }
 
 /// What the tuner picked for one operation.
+#[derive(Clone, Copy)]
 pub struct Choice {
     /// The algorithm whose schedule runs.
     pub algorithm: &'static dyn Algorithm,
@@ -128,7 +129,16 @@ pub struct Placement<'a> {
     /// Whether the call is in place (some algorithms need separate
     /// buffers).
     pub in_place: bool,
+    /// Bytes each rank can post on the communicator's board (0 without
+    /// one): one-shot all-reduce calls that fit run through the board,
+    /// which stages the input, so they may also be in place.
+    pub board_bytes: usize,
+    /// The link figures of the cost model.
+    pub model: &'a LinkModel,
 }
+
+/// Name of the algorithm that runs through the board when the call fits.
+pub const BOARD_ALGORITHM: &str = "oneshot";
 
 /// Link figures of the cost model: the latency of one step and the
 /// bandwidth of one stream, within a host (shared memory) and between
@@ -149,16 +159,19 @@ pub struct LinkModel {
 
 impl Default for LinkModel {
     fn default() -> Self {
-        LinkModel {
-            shm_latency_us: 1.0,
-            shm_bandwidth_gbs: 5.0,
-            net_latency_us: 40.0,
-            net_bandwidth_gbs: 1.0,
-        }
+        LinkModel::MEASURED
     }
 }
 
 impl LinkModel {
+    /// The figures measured on a 2-core host (the defaults).
+    pub const MEASURED: LinkModel = LinkModel {
+        shm_latency_us: 1.0,
+        shm_bandwidth_gbs: 5.0,
+        net_latency_us: 40.0,
+        net_bandwidth_gbs: 1.0,
+    };
+
     /// The defaults overridden by the environment.
     pub fn from_env() -> LinkModel {
         let var = |name: &str, default: f64| {
@@ -288,6 +301,23 @@ static PLUGIN: parking_lot::RwLock<Option<Box<dyn TunerPlugin>>> = parking_lot::
 /// Installs (or with `None`, removes) the process-wide tuner plug-in.
 pub fn set_tuner_plugin(plugin: Option<Box<dyn TunerPlugin>>) {
     *PLUGIN.write() = plugin;
+    GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Counts changes to what the tuner may choose from (plug-in, registered
+/// algorithms), so that communicators know when their remembered choices
+/// are stale.
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The current count of changes to the tuner's options.
+pub fn generation() -> u64 {
+    GENERATION.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether a tuner plug-in is installed: its answers may differ from call
+/// to call, so choices are not remembered while one is.
+pub fn has_plugin() -> bool {
+    PLUGIN.read().is_some()
 }
 
 /// Picks algorithm, protocol and parameters for `spec` with
@@ -318,10 +348,13 @@ pub fn choose(
             kind.name()
         )));
     }
+    let on_board = bytes <= placement.board_bytes && kind == CollKind::AllReduce;
     let fits = |a: &&'static dyn Algorithm| {
         a.supports(kind)
             && a.supports_topology(placement.topology)
-            && (!placement.in_place || a.supports_in_place(kind))
+            && (!placement.in_place
+                || a.supports_in_place(kind)
+                || (on_board && a.name() == BOARD_ALGORITHM))
             && config.algo.allows(kind, a.name())
     };
     let candidates: Vec<&'static dyn Algorithm> = algorithms().into_iter().filter(fits).collect();
@@ -333,7 +366,7 @@ pub fn choose(
             if placement.in_place { " in place" } else { "" }
         )));
     }
-    let model = LinkModel::from_env();
+    let model = placement.model;
     let default = rccl_algorithms::default_for(kind);
     let mut best: Option<(f64, &'static dyn Algorithm, Protocol)> = None;
     for &algorithm in &candidates {
@@ -341,7 +374,7 @@ pub fn choose(
             // Unmodeled (user) algorithms run only when nothing else is
             // allowed; among modeled ones, the default wins ties.
             let cost = estimate_us(
-                &model,
+                model,
                 algorithm.name(),
                 kind,
                 bytes,
@@ -455,6 +488,7 @@ pub fn register_algorithm(algorithm: &'static dyn Algorithm) -> Result<()> {
         }
     }
     REGISTERED.write().push(algorithm);
+    GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }
 
@@ -476,6 +510,7 @@ pub fn register_schedule_files_from_env() -> Result<()> {
                     .any(|a| a.name().eq_ignore_ascii_case(leaked.name()))
                 {
                     REGISTERED.write().push(leaked);
+                    GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             }
             Ok(())
@@ -536,7 +571,32 @@ mod tests {
             all_shm,
             topology,
             in_place: false,
+            board_bytes: 0,
+            model: &LinkModel::MEASURED,
         }
+    }
+
+    #[test]
+    fn in_place_one_shot_only_through_the_board() {
+        let config = Config::default();
+        let topology = Topology::flat(2);
+        let spec = CollSpec {
+            kind: CollKind::AllReduce,
+            nranks: 2,
+            root: 0,
+            count: 16,
+        };
+        let mut on = placement(&topology, true);
+        on.in_place = true;
+        on.board_bytes = 64;
+        let name = |p: &Placement<'_>| choose(&config, &spec, 4, p).unwrap().algorithm.name();
+        assert_eq!(name(&on), BOARD_ALGORITHM);
+        on.board_bytes = 32;
+        assert_ne!(
+            name(&on),
+            BOARD_ALGORITHM,
+            "64 bytes do not fit a 32-byte post"
+        );
     }
 
     fn pick(

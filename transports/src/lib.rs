@@ -6,6 +6,7 @@
 //! in local memory and a proxy thread per direction moves them over a
 //! socket.
 
+pub mod board;
 pub mod fifo;
 pub mod futex;
 pub mod net;
@@ -15,6 +16,7 @@ pub mod socket;
 pub mod tcp;
 pub mod wait;
 
+pub use board::Board;
 pub use fifo::{Fifo, FifoShape, Protocol, Tag};
 pub use wait::{Backoff, ParkOn, WaitError};
 

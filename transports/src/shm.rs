@@ -125,6 +125,22 @@ impl ShmSegment {
         })
     }
 
+    /// The first byte of the mapping (page-aligned, zeroed at creation,
+    /// valid for [`ShmSegment::len`] bytes while the segment lives).
+    pub fn base(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Size of the mapping in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the mapping is empty (never, for a created segment).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The segment's name, for the peer to open.
     pub fn name(&self) -> &str {
         &self.name

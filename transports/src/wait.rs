@@ -28,6 +28,9 @@ pub fn spin_before_yielding(spin: Duration) {
 /// How long it then yields before parking: when ranks outnumber cores,
 /// yielding hands the core to the peer it waits for.
 const YIELD_FOR: Duration = Duration::from_micros(200);
+/// Pause instructions per spinning snooze, and snoozes per clock reading.
+const PAUSES_PER_SPIN: u32 = 4;
+const SPINS_PER_CLOCK_READ: u32 = 64;
 const PARK_MIN: Duration = Duration::from_micros(50);
 const PARK_MAX: Duration = Duration::from_millis(5);
 
@@ -115,9 +118,11 @@ impl Backoff {
         }
         self.rounds = self.rounds.wrapping_add(1);
         // Reading the clock costs a few tens of nanoseconds: spin a little
-        // between readings.
-        if !self.rounds.is_multiple_of(16) {
-            for _ in 0..32 {
+        // between readings. Each spin is short (a pause instruction takes
+        // tens of cycles), so the caller looks at its condition again
+        // within about 0.1 us of it becoming true.
+        if !self.rounds.is_multiple_of(SPINS_PER_CLOCK_READ) {
+            for _ in 0..PAUSES_PER_SPIN {
                 std::hint::spin_loop();
             }
             return Ok(());

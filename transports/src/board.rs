@@ -1,0 +1,350 @@
+//! The board: one shared-memory segment for all ranks of a communicator
+//! that live on one host, where each rank posts its input to a small
+//! collective once and reads every peer's post in place.
+//!
+//! One-shot all-reduce over per-pair FIFOs writes the same bytes into
+//! `n - 1` FIFOs and pays each FIFO's bookkeeping; ranks of one host can all
+//! read one another's memory, so one post per rank is enough. Posting is a
+//! copy and a release store of the round number into the post's header;
+//! reading is an acquire load of that word, then the data.
+//!
+//! Each rank owns two posts and uses them in alternate rounds. It writes a
+//! post again two rounds later, when every peer has read it: a rank enters
+//! round `r` only after completing round `r - 1`, which needed every peer's
+//! post of round `r - 1`; a peer posts round `r - 1` only after completing
+//! round `r - 2`, the last round in which it read this rank's post of the
+//! same parity. So no acknowledgement travels back.
+//!
+//! A waiter parks on the round word of the post it waits for; the poster
+//! makes the wake-up system call only when the post's sleeper count says
+//! someone parked. A rank that gives up leaves a note in the control page
+//! and wakes every waiter, which then fails with the note.
+
+use std::io;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::futex;
+use crate::shm::ShmSegment;
+use crate::wait::ParkOn;
+use crate::{bounded_note, Tag, MAX_NOTE};
+
+/// Bytes of the control page that holds the closing note.
+const CONTROL: usize = 4096;
+/// Bytes of a post's header: two cache lines, so the post's data never
+/// shares a line (or an adjacent-line prefetch pair) with the header.
+const HEADER: usize = 128;
+
+// Words of a post's header.
+const ROUND: usize = 0;
+const SLEEPERS: usize = 1;
+const TAG_SEQ: usize = 2;
+const TAG_CALL: usize = 3;
+const TAG_COUNT: usize = 4;
+const LEN: usize = 5;
+
+// Words of the control page, and where the note's text starts.
+const CLOSED: usize = 0;
+const NOTE_LEN: usize = 1;
+const NOTE_TEXT: usize = 64;
+/// `CLOSED` values: open, note being written, note readable.
+const OPEN: u32 = 0;
+const WRITING: u32 = 1;
+const NOTED: u32 = 2;
+
+/// One rank's mapping of a communicator's board.
+pub struct Board {
+    segment: ShmSegment,
+    nranks: usize,
+    capacity: usize,
+    stride: usize,
+    /// Rounds this rank has started.
+    rounds: AtomicU64,
+}
+
+/// A post read from the board.
+#[derive(Clone, Copy, Debug)]
+pub struct Post {
+    /// The call the poster made.
+    pub tag: Tag,
+    /// Bytes posted.
+    pub len: usize,
+    /// The posted bytes.
+    pub data: *const u8,
+}
+
+impl Board {
+    /// Bytes of a board for `nranks` ranks posting at most `capacity`
+    /// bytes each.
+    pub fn segment_bytes(nranks: usize, capacity: usize) -> usize {
+        CONTROL + nranks * 2 * stride(capacity)
+    }
+
+    /// Creates a board (mode 0600) for the others to open by its name.
+    pub fn create(nranks: usize, capacity: usize) -> io::Result<Board> {
+        let segment = ShmSegment::create(Board::segment_bytes(nranks, capacity))?;
+        Ok(Board::over(segment, nranks, capacity))
+    }
+
+    /// Maps the board `name` created by a peer with the same shape.
+    pub fn open(name: &str, nranks: usize, capacity: usize) -> io::Result<Board> {
+        let segment = ShmSegment::open(name, Board::segment_bytes(nranks, capacity))?;
+        Ok(Board::over(segment, nranks, capacity))
+    }
+
+    fn over(segment: ShmSegment, nranks: usize, capacity: usize) -> Board {
+        Board {
+            segment,
+            nranks,
+            capacity,
+            stride: stride(capacity),
+            rounds: AtomicU64::new(0),
+        }
+    }
+
+    /// The segment's name, for the peers to open.
+    pub fn name(&self) -> &str {
+        self.segment.name()
+    }
+
+    /// Removes the segment's name once every peer has mapped it.
+    pub fn unlink(&self) -> io::Result<()> {
+        self.segment.unlink()
+    }
+
+    /// Most bytes one post holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Starts this rank's next round, returning its number (1, 2, ...).
+    /// Every rank counts the same rounds.
+    pub fn next_round(&self) -> u64 {
+        self.rounds.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn post_base(&self, rank: usize, round: u64) -> *mut u8 {
+        assert!(rank < self.nranks, "rank {rank} is not on this board");
+        let index = rank * 2 + (round & 1) as usize;
+        // In bounds: index < 2 * nranks posts of `stride` bytes follow the
+        // control page.
+        self.segment
+            .base()
+            .wrapping_add(CONTROL + index * self.stride)
+    }
+
+    fn header(&self, rank: usize, round: u64, word: usize) -> &AtomicU32 {
+        // SAFETY: the header lies inside the mapping (post_base is in
+        // bounds), is 128-byte aligned, and its words are only accessed
+        // atomically; the mapping lives as long as `self`.
+        unsafe { &*self.post_base(rank, round).cast::<AtomicU32>().add(word) }
+    }
+
+    fn control(&self, word: usize) -> &AtomicU32 {
+        // SAFETY: the control page starts the page-aligned mapping and its
+        // first words are only accessed atomically.
+        unsafe { &*self.segment.base().cast::<AtomicU32>().add(word) }
+    }
+
+    /// Where `rank` writes its post of `round`: [`Board::capacity`] bytes,
+    /// 128-byte aligned. Write it only between starting the round and
+    /// [`Board::publish`].
+    pub fn post_data(&self, rank: usize, round: u64) -> *mut u8 {
+        self.post_base(rank, round).wrapping_add(HEADER)
+    }
+
+    /// Makes `rank`'s post of `round` (`len` bytes, already written)
+    /// visible to the peers, and wakes those parked on it.
+    pub fn publish(&self, rank: usize, round: u64, tag: Tag, len: usize) {
+        assert!(
+            len <= self.capacity,
+            "a post of {len} bytes overflows the board"
+        );
+        self.header(rank, round, TAG_CALL)
+            .store(tag.call, Ordering::Relaxed);
+        self.header(rank, round, TAG_COUNT)
+            .store(tag.count, Ordering::Relaxed);
+        // Released after the call's words, for `latest_calls`.
+        self.header(rank, round, TAG_SEQ)
+            .store(tag.seq, Ordering::Release);
+        self.header(rank, round, LEN)
+            .store(len as u32, Ordering::Relaxed);
+        // SeqCst orders this store before the sleeper count's load below,
+        // against a waiter's count increment before its futex wait: either
+        // the waiter's wait sees the new round, or this load sees the waiter.
+        self.header(rank, round, ROUND)
+            .store(round as u32, Ordering::SeqCst);
+        if self.header(rank, round, SLEEPERS).load(Ordering::SeqCst) != 0 {
+            futex::wake_all(self.header(rank, round, ROUND));
+        }
+    }
+
+    /// `peer`'s post of `round`, or where to park until it comes.
+    pub fn read(&self, peer: usize, round: u64) -> Result<Post, ParkOn<'_>> {
+        let word = self.header(peer, round, ROUND);
+        let seen = word.load(Ordering::Acquire);
+        if seen != round as u32 {
+            return Err(ParkOn {
+                word,
+                seen,
+                sleepers: Some(self.header(peer, round, SLEEPERS)),
+            });
+        }
+        let tag = Tag {
+            seq: self.header(peer, round, TAG_SEQ).load(Ordering::Relaxed),
+            call: self.header(peer, round, TAG_CALL).load(Ordering::Relaxed),
+            count: self.header(peer, round, TAG_COUNT).load(Ordering::Relaxed),
+        };
+        let len =
+            (self.header(peer, round, LEN).load(Ordering::Relaxed) as usize).min(self.capacity);
+        Ok(Post {
+            tag,
+            len,
+            data: self.post_data(peer, round),
+        })
+    }
+
+    /// The call `peer` posted as its operation `seq`, if one of its two
+    /// latest posts is that operation: for telling a peer that runs another
+    /// call than this rank apart from a slow one. Consistent while the peer
+    /// posts: the sequence number is read first, with acquire, and written
+    /// last, with release.
+    pub fn posted_call(&self, peer: usize, seq: u32) -> Option<Tag> {
+        [0, 1].into_iter().find_map(|parity| {
+            if self.header(peer, parity, ROUND).load(Ordering::Acquire) == 0 {
+                return None;
+            }
+            let posted = self.header(peer, parity, TAG_SEQ).load(Ordering::Acquire);
+            (posted == seq).then(|| Tag {
+                seq,
+                call: self.header(peer, parity, TAG_CALL).load(Ordering::Relaxed),
+                count: self.header(peer, parity, TAG_COUNT).load(Ordering::Relaxed),
+            })
+        })
+    }
+
+    /// Gives up on the board, leaving `note` (the first closer's only) for
+    /// every peer, and wakes every waiter.
+    pub fn close_with(&self, note: &str) {
+        if self
+            .control(CLOSED)
+            .compare_exchange(OPEN, WRITING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let note = bounded_note(note).as_bytes();
+            // SAFETY: the note area (NOTE_TEXT + MAX_NOTE bytes) lies inside
+            // the control page; only the winner of the exchange above writes
+            // it, once, and readers read it only after NOTED is published.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    note.as_ptr(),
+                    self.segment.base().add(NOTE_TEXT),
+                    note.len(),
+                )
+            };
+            self.control(NOTE_LEN)
+                .store(note.len() as u32, Ordering::Relaxed);
+            self.control(CLOSED).store(NOTED, Ordering::Release);
+        }
+        for rank in 0..self.nranks {
+            for round in [0, 1] {
+                futex::wake_all(self.header(rank, round, ROUND));
+            }
+        }
+    }
+
+    /// The note of the rank that closed the board, once it is readable.
+    pub fn note(&self) -> Option<String> {
+        if self.control(CLOSED).load(Ordering::Acquire) != NOTED {
+            return None;
+        }
+        let len = (self.control(NOTE_LEN).load(Ordering::Relaxed) as usize).min(MAX_NOTE);
+        // SAFETY: the closer wrote `len` bytes before publishing NOTED; the
+        // area holds MAX_NOTE bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(self.segment.base().add(NOTE_TEXT), len) };
+        Some(String::from_utf8_lossy(bytes).into_owned())
+    }
+}
+
+const _: () = assert!(NOTE_TEXT + MAX_NOTE <= CONTROL);
+
+/// Bytes from one post to the next: header, then data rounded to lines.
+fn stride(capacity: usize) -> usize {
+    HEADER + capacity.div_ceil(HEADER) * HEADER
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(seq: u32) -> Tag {
+        Tag {
+            seq,
+            call: 7,
+            count: 3,
+        }
+    }
+
+    #[test]
+    fn posts_alternate_and_carry_their_tag() {
+        let a = Board::create(2, 256).unwrap();
+        let b = Board::open(a.name(), 2, 256).unwrap();
+        a.unlink().unwrap();
+        for seq in 0..5u32 {
+            let (ra, rb) = (a.next_round(), b.next_round());
+            assert_eq!(ra, rb);
+            assert!(
+                b.read(0, ra).is_err(),
+                "round {ra} read before it was posted"
+            );
+            // SAFETY: the post holds 256 bytes; nobody reads it before publish.
+            unsafe { a.post_data(0, ra).write_bytes(seq as u8 + 1, 100) };
+            a.publish(0, ra, tag(seq), 100);
+            let post = b.read(0, rb).unwrap();
+            assert_eq!((post.tag, post.len), (tag(seq), 100));
+            // SAFETY: the post was published with 100 bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(post.data, 100) };
+            assert!(bytes.iter().all(|&x| x == seq as u8 + 1));
+            // The other parity still holds the previous round, not this one.
+            assert!(b.read(0, rb + 1).is_err());
+        }
+    }
+
+    #[test]
+    fn a_parked_reader_is_woken_by_the_post() {
+        let board = std::sync::Arc::new(Board::create(2, 64).unwrap());
+        let reader = {
+            let board = board.clone();
+            std::thread::spawn(move || {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                let mut backoff = crate::Backoff::new();
+                let never = std::sync::atomic::AtomicBool::new(false);
+                loop {
+                    match board.read(1, 1) {
+                        Ok(post) => return post.tag,
+                        Err(park) => backoff.snooze(Some(park), deadline, &never).unwrap(),
+                    }
+                }
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        board.publish(1, 1, tag(9), 0);
+        assert_eq!(reader.join().unwrap(), tag(9));
+    }
+
+    #[test]
+    fn the_first_closing_note_wins() {
+        let a = Board::create(3, 64).unwrap();
+        let b = Board::open(a.name(), 3, 64).unwrap();
+        assert_eq!(b.note(), None);
+        a.close_with("rank 0 failed: out of memory");
+        b.close_with("rank 1 failed too");
+        assert_eq!(b.note().as_deref(), Some("rank 0 failed: out of memory"));
+        assert_eq!(a.note().as_deref(), Some("rank 0 failed: out of memory"));
+    }
+
+    #[test]
+    fn a_board_of_another_shape_is_refused() {
+        let a = Board::create(2, 64).unwrap();
+        assert!(Board::open(a.name(), 4, 64).is_err());
+    }
+}
