@@ -41,6 +41,7 @@ pub mod misc;
 pub mod ops;
 pub mod params;
 pub mod registry;
+pub mod simulate;
 
 pub use abi::*;
 pub use comms::*;

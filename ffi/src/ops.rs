@@ -1,6 +1,6 @@
 //! Collectives, point-to-point, groups and reduction operators.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
 use rccl::{CollCall, CollKind, DataType, Error, RedOp, Result};
 
@@ -141,6 +141,44 @@ unsafe fn coll_config(config: *const ncclCollConfig_t) -> Result<()> {
     if magic != NCCL_API_MAGIC {
         return Err(invalid(format!(
             "config->magic is {magic:#x}, not NCCL_API_MAGIC: initialize it with NCCL_COLLCONFIG_INITIALIZER"
+        )));
+    }
+    Ok(())
+}
+
+/// The magic of `NCCL_SIM_INFO_INITIALIZER`.
+const SIM_INFO_MAGIC: c_uint = 0x7468_5283;
+
+/// The API level that introduced `ncclSimInfo_t` (NCCL 2.22.0).
+const SIM_INFO_FIRST_VERSION: c_uint = 22200;
+
+/// Checks a `ncclSimInfo_t` before it is used: not NULL, large enough to
+/// hold `estimatedTime`, with the initializer's magic (the check NCCL
+/// makes) and an API level that has the struct (`NCCL_VERSION_CODE` of
+/// 2.22 or later). Only `size` is read before it is known to fit.
+unsafe fn check_sim_info(info: *const ncclSimInfo_t) -> Result<()> {
+    non_null(info, "simInfo")?;
+    let init = "initialize it with NCCL_SIM_INFO_INITIALIZER";
+    // SAFETY: a non-NULL simInfo points at an ncclSimInfo_t of some
+    // version, and `size` leads every version.
+    let size = unsafe { (*info).size };
+    let needed = std::mem::offset_of!(ncclSimInfo_t, estimatedTime) + std::mem::size_of::<f32>();
+    if size < needed {
+        return Err(invalid(format!(
+            "simInfo->size is {size}, too small to hold estimatedTime ({needed} bytes): {init}"
+        )));
+    }
+    // SAFETY: `size` says the struct extends past estimatedTime.
+    let (magic, version) = unsafe { ((*info).magic, (*info).version) };
+    if magic != SIM_INFO_MAGIC {
+        return Err(invalid(format!(
+            "simInfo->magic is {magic:#x}, not {SIM_INFO_MAGIC:#x}: {init}"
+        )));
+    }
+    if version < SIM_INFO_FIRST_VERSION {
+        return Err(invalid(format!(
+            "simInfo->version is {version}, older than ncclSimInfo_t (NCCL 2.22.0, \
+             {SIM_INFO_FIRST_VERSION}): {init}"
         )));
     }
     Ok(())
@@ -348,25 +386,38 @@ nccl_api! {
         })
     }
 
-    /// Not modeled yet: closes the group without running what it queued and
-    /// returns ncclInvalidUsage.
+    /// Closes the group as ncclGroupEnd does but runs none of what it
+    /// queued, and sets `simInfo->estimatedTime` to the simulator's
+    /// estimate of the group in microseconds: the engine's plan of every
+    /// collective replayed on the communicator's modeled cluster, summed
+    /// per communicator, the largest over communicators (`crate::simulate`
+    /// describes the model). An inner level of nested groups only closes
+    /// that level and leaves `estimatedTime` as it was. A NULL or
+    /// uninitialized `simInfo`, or a group holding sends and receives,
+    /// fails, with the group closed and nothing run.
     fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t {
         guard("ncclGroupSimulateEnd", std::ptr::null_mut(), || {
-            non_null(simInfo, "simInfo")?;
             let depth = rccl::enqueue::group_depth();
             if depth == 0 {
                 return Err(usage("ncclGroupSimulateEnd without ncclGroupStart"));
             }
-            let err = usage(
-                "ncclGroupSimulateEnd is not yet modeled by rccl-rs: the group was closed \
-                 and its operations were not run",
-            );
-            rccl::group_fail(&err);
-            let _ = rccl::group_end();
-            if depth == 1 {
-                let _ = finish_group_creations();
+            // A bad simInfo fails the group, which still closes.
+            let checked = unsafe { check_sim_info(simInfo) };
+            if let Err(err) = &checked {
+                rccl::group_fail(err);
             }
-            Err(err)
+            let planned = rccl::group_simulate_end();
+            let created = if depth == 1 { finish_group_creations() } else { Ok(ncclSuccess) };
+            checked?;
+            let planned = planned?;
+            let code = created?;
+            if let Some(comms) = planned {
+                let us = crate::simulate::group_us(&comms)?;
+                // SAFETY: check_sim_info found simInfo non-NULL and at
+                // least large enough to hold estimatedTime.
+                unsafe { (*simInfo).estimatedTime = us as f32 };
+            }
+            Ok(code)
         })
     }
 

@@ -5,18 +5,21 @@
 //! A launch turns each operation into per-channel schedules, makes sure the
 //! connections they need exist, and drives every channel of every
 //! communicator of the group from the calling thread until all complete.
+//! A simulated end ([`group_simulate_end`]) plans the operations the same
+//! way and hands the plan back instead of running it.
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use rccl_algorithms::{p2p_schedule, CollKind, CollSpec, P2pOp, Schedule};
+use rccl_algorithms::{p2p_schedule, CollKind, CollSpec, P2pOp, Schedule, Topology};
 use rccl_transports::process::ProcessId;
 use rccl_transports::shm::{self, ShmConnection, ShmSegment};
 use rccl_transports::tcp::TcpConnection;
 use rccl_transports::{Connection, Protocol, Tag};
 
 use crate::comm::{deadline, Activity, CommInner};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::executor::{
     self, Binding, BoardLink, BoardOp, BoardRun, Buffers, ChannelRun, Driven, Link, OpWork,
@@ -72,24 +75,117 @@ pub fn group_start() {
 /// completed, or with the first error (including one raised by a call
 /// inside the group).
 pub fn group_end() -> Result<()> {
+    match close_group()? {
+        Some(ops) => launch(ops),
+        None => Ok(()),
+    }
+}
+
+/// Closes one level of the group: `None` while an outer level stays open,
+/// else what the group collected, or the first error raised inside it.
+fn close_group() -> Result<Option<Vec<RawOp>>> {
     let (ops, error) = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
             return (
-                Vec::new(),
+                None,
                 Some(Error::InvalidUsage("group end without group start".into())),
             );
         }
         g.depth -= 1;
         if g.depth > 0 {
-            return (Vec::new(), None);
+            return (None, None);
         }
-        (std::mem::take(&mut g.ops), g.error.take())
+        (Some(std::mem::take(&mut g.ops)), g.error.take())
     });
-    if let Some(err) = error {
-        return Err(err);
+    match error {
+        Some(err) => Err(err),
+        None => Ok(ops),
     }
-    launch(ops)
+}
+
+/// A collective of a simulated group, as the engine would have run it: the
+/// call and the tuner's choice for it on its communicator.
+pub struct PlannedCollective {
+    /// The call (its `count` is NCCL's count).
+    pub spec: CollSpec,
+    /// Bytes per element.
+    pub elem_size: usize,
+    /// Algorithm, protocol, channels and chunk, as the launch would use.
+    pub choice: tuning::Choice,
+}
+
+/// One communicator's share of a simulated group.
+pub struct PlannedComm {
+    /// The rank of this communicator.
+    pub rank: usize,
+    /// Which ranks share a host.
+    pub topology: Topology,
+    /// The communicator's settings (shared memory, FIFO sizes, ...).
+    pub config: Config,
+    /// The group's collectives on this communicator, in call order.
+    pub collectives: Vec<PlannedCollective>,
+    /// How many sends and receives the group holds on it.
+    pub sends_and_receives: usize,
+}
+
+/// Closes a group as [`group_end`] does, but runs none of what it
+/// collected (`ncclGroupSimulateEnd`): returns, per communicator in the
+/// order first used, what a launch would have run, with the tuner's choice
+/// for every collective. Nothing is sent, no connection is opened and no
+/// sequence number is taken, so the communicators go on as if the group
+/// had been empty. `None` when only an inner level of nested groups closed
+/// (the outermost end decides).
+pub fn group_simulate_end() -> Result<Option<Vec<PlannedComm>>> {
+    let Some(ops) = close_group()? else {
+        return Ok(None);
+    };
+    let mut comms: Vec<(Arc<CommInner>, PlannedComm)> = Vec::new();
+    for op in &ops {
+        let index = match comms.iter().position(|(c, _)| Arc::ptr_eq(c, &op.comm)) {
+            Some(i) => i,
+            None => {
+                op.comm.check_usable()?;
+                comms.push((
+                    op.comm.clone(),
+                    PlannedComm {
+                        rank: op.comm.rank,
+                        topology: op.comm.topology.clone(),
+                        config: op.comm.config.clone(),
+                        collectives: Vec::new(),
+                        sends_and_receives: 0,
+                    },
+                ));
+                comms.len() - 1
+            }
+        };
+        let planned = &mut comms[index].1;
+        match op.kind {
+            OpKind::Coll { .. } => {
+                let (spec, choice, in_place) = choose_collective(op)?;
+                tracing::info!(
+                    target: crate::debug::TUNING,
+                    "[{}] {}: {} Bytes -> Algo {} proto {} channel {} chunk {} elements{} \
+                     (simulated, not run)",
+                    op.comm.rank,
+                    spec.kind.name(),
+                    op.count * op.dtype.size(),
+                    choice.algorithm.name(),
+                    choice.protocol.name(),
+                    choice.params.nchannels,
+                    choice.params.chunk_elems,
+                    if in_place { " (in place)" } else { "" }
+                );
+                planned.collectives.push(PlannedCollective {
+                    spec,
+                    elem_size: op.dtype.size(),
+                    choice,
+                });
+            }
+            OpKind::Send { .. } | OpKind::Recv { .. } => planned.sends_and_receives += 1,
+        }
+    }
+    Ok(Some(comms.into_iter().map(|(_, p)| p).collect()))
 }
 
 /// The depth of groups open on this thread.
@@ -421,15 +517,8 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
         unreachable!("plan_collective takes collectives");
     };
     let comm = &launch.comm;
+    let (spec, choice, in_place) = choose_collective(op)?;
     let seq = comm.next_seq.fetch_add(1, Ordering::Relaxed);
-    let spec = CollSpec {
-        kind,
-        nranks: comm.nranks,
-        root,
-        count: op.count,
-    };
-    let in_place = is_in_place(op, kind, root, comm.rank);
-    let choice = comm.choose(&spec, op.dtype.size(), in_place)?;
     let bytes = op.count * op.dtype.size();
     let on_board = kind == CollKind::AllReduce
         && choice.algorithm.name() == tuning::BOARD_ALGORITHM
@@ -500,6 +589,24 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
     };
     push_schedule(launch, schedule, &work, || Binding::Shared(buffers));
     Ok(())
+}
+
+/// The call a collective op makes, the tuner's choice for it on its
+/// communicator, and whether it is in place.
+fn choose_collective(op: &RawOp) -> Result<(CollSpec, tuning::Choice, bool)> {
+    let OpKind::Coll { kind, root, .. } = op.kind else {
+        unreachable!("choose_collective takes collectives");
+    };
+    let comm = &op.comm;
+    let spec = CollSpec {
+        kind,
+        nranks: comm.nranks,
+        root,
+        count: op.count,
+    };
+    let in_place = is_in_place(op, kind, root, comm.rank);
+    let choice = comm.choose(&spec, op.dtype.size(), in_place)?;
+    Ok((spec, choice, in_place))
 }
 
 /// Whether a call is in place by NCCL's conventions: the send buffer at

@@ -25,7 +25,7 @@ pub use api::{CollCall, Element, Group, F8E4M3, F8E5M2};
 pub use bootstrap::{Bootstrap, UniqueId};
 pub use comm::{hang_report, Communicator};
 pub use config::Config;
-pub use enqueue::{group_end, group_fail, group_start};
+pub use enqueue::{group_end, group_fail, group_simulate_end, group_start};
 pub use error::{Error, Result};
 pub use rccl_algorithms::CollKind;
 pub use signal::report_hangs_on_signal;

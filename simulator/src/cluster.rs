@@ -315,6 +315,31 @@ impl ClusterSpec {
         }
     }
 
+    /// The same cluster with its ranks placed as `host_of` says
+    /// (`host_of[r]` the host of rank `r`, hosts numbered from 0): as many
+    /// hosts as it names, as many ranks per host as the fullest holds, and
+    /// an explicit `placement` only when it is not the default blocks of
+    /// consecutive ranks (which keeps symmetry folding available).
+    pub fn with_placement(&self, host_of: &[usize]) -> ClusterSpec {
+        let hosts = host_of.iter().max().map_or(1, |&h| h + 1);
+        let mut count = vec![0usize; hosts];
+        for &h in host_of {
+            count[h] += 1;
+        }
+        let ranks_per_host = count.iter().copied().max().unwrap_or(1).max(1);
+        let blocks = host_of.len() == hosts * ranks_per_host
+            && host_of
+                .iter()
+                .enumerate()
+                .all(|(r, &h)| h == r / ranks_per_host);
+        ClusterSpec {
+            hosts,
+            ranks_per_host,
+            placement: (!blocks).then(|| host_of.to_vec()),
+            ..self.clone()
+        }
+    }
+
     /// Checks the description for values the model cannot use.
     pub fn validate(&self) -> Result<(), SimError> {
         if self.hosts == 0 || self.ranks_per_host == 0 {

@@ -374,6 +374,30 @@ fn cluster_descriptions_round_trip_and_reject_nonsense() {
 }
 
 #[test]
+fn a_placement_shapes_the_cluster() {
+    let base = cluster::local(1, false);
+    // Default blocks: no explicit placement, so folding stays available.
+    let blocks = base.with_placement(&[0, 0, 0, 1, 1, 1]);
+    assert_eq!((blocks.hosts, blocks.ranks_per_host), (2, 3));
+    assert_eq!(blocks.placement, None);
+    assert_eq!(blocks.host_of(), vec![0, 0, 0, 1, 1, 1]);
+    // Uneven or interleaved: kept as given.
+    for host_of in [vec![0, 0, 0, 1], vec![0, 1, 0, 1]] {
+        let c = base.with_placement(&host_of);
+        assert_eq!(c.hosts, 2);
+        assert_eq!(c.ranks_per_host, if host_of[1] == 0 { 3 } else { 2 });
+        assert_eq!(c.host_of(), host_of);
+        c.validate().unwrap();
+    }
+    // One host: the preset itself.
+    assert_eq!(base.with_placement(&[0; 4]), cluster::local(4, false));
+    // Everything else is kept.
+    let shaped = cluster::h100(1).with_placement(&[0, 0, 1, 1]);
+    assert_eq!(shaped.nic, cluster::h100(1).nic);
+    assert_eq!(shaped.nranks(), 4);
+}
+
+#[test]
 fn the_table_follows_nccl_tests() {
     let c = cluster::h100(1);
     let r = run(

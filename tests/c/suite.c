@@ -679,13 +679,25 @@ static void case_errors(void) {
   EXPECT_RC(ncclCommInitRank(&comm, 1, id, 0), ncclInvalidArgument, NULL);
   EXPECT_RC(ncclCommSplit(c0, -5, 0, &comm, NULL), ncclInvalidArgument, c0);
 
-  /* Not supported on host memory. */
-  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  /* A simulated group runs nothing and reports an estimate (us); a bad
+     simInfo fails with the group closed. */
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER, bad_sim = NCCL_SIM_INFO_INITIALIZER;
+  for (int i = 0; i < MAXLEN; i++) out[i] = -7.0f;
   CHECK(ncclGroupStart());
   CHECK(ncclAllReduce(buf, out, 4, ncclFloat, ncclSum, c0, NULL));
+  CHECK(ncclGroupSimulateEnd(&sim));
+  EXPECT(sim.estimatedTime > 0.0f);
+  EXPECT(out[0] == -7.0f && out[3] == -7.0f);
   EXPECT_RC(ncclGroupSimulateEnd(&sim), ncclInvalidUsage, NULL);
-  EXPECT(strstr(ncclGetLastError(NULL), "not yet modeled") != NULL);
-  EXPECT_RC(ncclGroupSimulateEnd(&sim), ncclInvalidUsage, NULL);
+  bad_sim.magic = 0;
+  CHECK(ncclGroupStart());
+  CHECK(ncclAllReduce(buf, out, 4, ncclFloat, ncclSum, c0, NULL));
+  EXPECT_RC(ncclGroupSimulateEnd(&bad_sim), ncclInvalidArgument, NULL);
+  EXPECT(strstr(ncclGetLastError(NULL), "NCCL_SIM_INFO_INITIALIZER") != NULL);
+  EXPECT_RC(ncclGroupEnd(), ncclInvalidUsage, NULL);
+  EXPECT(out[0] == -7.0f);
+
+  /* Not supported on host memory. */
   EXPECT_RC(ncclSignal(1, 0, 0, 0, c0, NULL), ncclInvalidUsage, c0);
   EXPECT_RC(ncclPutSignal(buf, 1, ncclFloat, 1, NULL, 0, 0, 0, 0, c0, NULL), ncclInvalidUsage, c0);
   EXPECT_RC(ncclWaitSignal(0, NULL, c0, NULL), ncclInvalidUsage, c0);
