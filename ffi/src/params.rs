@@ -23,6 +23,7 @@ const KNOWN: &[(&str, Option<&str>)] = &[
     ("NCCL_COMM_SECRET", None),
     ("NCCL_SOCKET_IFNAME", None),
     ("RCCL_TIMEOUT_MS", Some("300000")),
+    ("RCCL_BOARD_BYTES", Some("65536")),
     ("RCCL_BOOTSTRAP_ROOT_TIMEOUT", Some("300")),
 ];
 
