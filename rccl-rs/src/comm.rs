@@ -792,10 +792,6 @@ pub fn rank_from_env() -> Result<(usize, usize)> {
 }
 
 /// The deadline of an operation starting now.
-pub(crate) fn deadline(config: &Config) -> Instant {
-    Instant::now() + config.timeout
-}
-
 /// Fuzzing of the init information each rank decodes from every other.
 #[cfg(test)]
 mod fuzz {

@@ -18,7 +18,7 @@ use rccl_transports::shm::{self, ShmConnection, ShmSegment};
 use rccl_transports::tcp::TcpConnection;
 use rccl_transports::{Connection, Protocol, Tag};
 
-use crate::comm::{deadline, Activity, CommInner};
+use crate::comm::{Activity, CommInner};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::executor::{
@@ -224,7 +224,7 @@ pub(crate) unsafe fn enqueue(op: RawOp) -> Result<()> {
         }
     });
     match queued {
-        Some(op) => launch(vec![op]),
+        Some(op) => launch(std::iter::once(op)),
         None => Ok(()),
     }
 }
@@ -232,20 +232,22 @@ pub(crate) unsafe fn enqueue(op: RawOp) -> Result<()> {
 /// One communicator's share of a launch.
 struct CommLaunch {
     comm: Arc<CommInner>,
-    /// Per channel, the work queued on it.
+    /// Per channel, the work queued on it (empty until a schedule is
+    /// queued: a launch that only uses the board allocates none).
     channels: Vec<Vec<OpWork>>,
     /// The work run through the board.
     board: Vec<BoardOp>,
+    /// The sends and receives, planned together once all are known.
+    p2p: Vec<RawOp>,
 }
 
-fn launch(ops: Vec<RawOp>) -> Result<()> {
-    if ops.is_empty() {
-        return Ok(());
-    }
+/// Runs `ops` (a group, or a single call) to completion. Allocates little
+/// for a lone call: the smallest calls cost about as much as this
+/// bookkeeping.
+fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
     #[cfg(feature = "fault-injection")]
     crate::fault::point("launch");
     let mut launches: Vec<CommLaunch> = Vec::new();
-    let mut p2p: Vec<Vec<RawOp>> = Vec::new();
     for op in ops {
         let index = match launches.iter().position(|l| Arc::ptr_eq(&l.comm, &op.comm)) {
             Some(i) => i,
@@ -253,22 +255,24 @@ fn launch(ops: Vec<RawOp>) -> Result<()> {
                 op.comm.check_usable()?;
                 launches.push(CommLaunch {
                     comm: op.comm.clone(),
-                    channels: (0..op.comm.config.max_channels)
-                        .map(|_| Vec::new())
-                        .collect(),
+                    channels: Vec::new(),
                     board: Vec::new(),
+                    p2p: Vec::new(),
                 });
-                p2p.push(Vec::new());
                 launches.len() - 1
             }
         };
         match op.kind {
             OpKind::Coll { .. } => plan_collective(&mut launches[index], &op)?,
-            OpKind::Send { .. } | OpKind::Recv { .. } => p2p[index].push(op),
+            OpKind::Send { .. } | OpKind::Recv { .. } => launches[index].p2p.push(op),
         }
     }
-    for (launch, p2p) in launches.iter_mut().zip(p2p) {
-        if !p2p.is_empty() {
+    if launches.is_empty() {
+        return Ok(());
+    }
+    for launch in &mut launches {
+        if !launch.p2p.is_empty() {
+            let p2p = std::mem::take(&mut launch.p2p);
             plan_p2p(launch, &p2p)?;
         }
     }
@@ -277,14 +281,15 @@ fn launch(ops: Vec<RawOp>) -> Result<()> {
     launches.sort_by_key(|l| Arc::as_ptr(&l.comm) as usize);
     let comms: Vec<Arc<CommInner>> = launches.iter().map(|l| l.comm.clone()).collect();
     let mut guards: Vec<_> = comms.iter().map(|comm| comm.exec.lock()).collect();
-    connect(&launches, &mut guards)?;
+    // One clock reading bounds both the connection setup and the run.
+    let started = std::time::Instant::now();
+    connect(&launches, &mut guards, started)?;
 
     let deadline = launches
         .iter()
-        .map(|l| deadline(&l.comm.config))
+        .map(|l| started + l.comm.config.timeout)
         .min()
         .expect("a launch has at least one communicator");
-    let started = std::time::Instant::now();
     for launch in &launches {
         let board_ops = launch.board.iter().map(|w| (w.seq, w.name));
         let mut ops = launch
@@ -551,10 +556,10 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
         if on_board { " via the board" } else { "" }
     );
     let reduction = if kind.reduces() {
-        Some(Arc::new(Reduction {
+        Some(Reduction {
             input: ReduceKernel::new(op.dtype, red_op, comm.nranks)?,
             partial: ReduceKernel::new(op.dtype, partial_op(op.dtype, red_op), comm.nranks)?,
-        }))
+        })
     } else {
         None
     };
@@ -585,7 +590,7 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
         tag,
         protocol: choice.protocol,
         elem_size: op.dtype.size(),
-        reduction,
+        reduction: reduction.map(Arc::new),
     };
     push_schedule(launch, schedule, &work, || Binding::Shared(buffers));
     Ok(())
@@ -708,6 +713,10 @@ fn push_schedule(
         if steps.is_empty() {
             continue;
         }
+        if launch.channels.is_empty() {
+            let nchannels = launch.comm.config.max_channels;
+            launch.channels.resize_with(nchannels, Vec::new);
+        }
         launch.channels[channel].push(OpWork {
             seq: work.seq,
             name: work.name,
@@ -821,11 +830,12 @@ fn check_self_pairs(rank: usize, calls: &[P2pOp]) -> Result<()> {
 fn connect(
     launches: &[CommLaunch],
     guards: &mut [parking_lot::MutexGuard<'_, crate::comm::ExecState>],
+    started: std::time::Instant,
 ) -> Result<()> {
     for dialing in [true, false] {
         for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
             let comm = &launch.comm;
-            let deadline = deadline(&comm.config);
+            let deadline = started + comm.config.timeout;
             // Rank 0 makes the board (while dialing), the others map it.
             if !launch.board.is_empty() && guard.board.is_none() && (comm.rank == 0) == dialing {
                 guard.board = Some(open_board(comm).inspect_err(|err| comm.poison(err))?);

@@ -623,7 +623,7 @@ pub struct BoardOp {
     /// Bytes per element.
     pub elem_size: usize,
     /// The reduction.
-    pub reduction: std::sync::Arc<Reduction>,
+    pub reduction: Reduction,
 }
 
 /// A communicator's board with what a wait on it needs.
