@@ -9,21 +9,9 @@
 
 use std::process::{Command, Output};
 
-const BINS: &[(&str, &str)] = &[
-    ("all_reduce_perf", env!("CARGO_BIN_EXE_all_reduce_perf")),
-    ("all_gather_perf", env!("CARGO_BIN_EXE_all_gather_perf")),
-    ("broadcast_perf", env!("CARGO_BIN_EXE_broadcast_perf")),
-    ("reduce_perf", env!("CARGO_BIN_EXE_reduce_perf")),
-    (
-        "reduce_scatter_perf",
-        env!("CARGO_BIN_EXE_reduce_scatter_perf"),
-    ),
-    ("alltoall_perf", env!("CARGO_BIN_EXE_alltoall_perf")),
-    ("gather_perf", env!("CARGO_BIN_EXE_gather_perf")),
-    ("scatter_perf", env!("CARGO_BIN_EXE_scatter_perf")),
-    ("sendrecv_perf", env!("CARGO_BIN_EXE_sendrecv_perf")),
-    ("hypercube_perf", env!("CARGO_BIN_EXE_hypercube_perf")),
-];
+#[path = "common/perf_bins.rs"]
+mod perf_bins;
+use perf_bins::BINS;
 
 const ALL: &[&str] = &[
     "-b", "1K", "-e", "1K", "-n", "1", "-w", "1", "-d", "all", "-o", "all",
