@@ -6,7 +6,7 @@
     import rcclrs  # noqa: F401
 
     dist.init_process_group("rcclrs")      # under torchrun
-    # or a CPU/GPU split: dist.init_process_group("cpu:rcclrs,cuda:nccl")
+    group = dist.new_group(backend="rcclrs")  # or beside another default group
 
 The library, librcclrs.so, is found through $RCCLRS_LIBRARY, else in the
 cargo target folder of the repository this package lives in.
