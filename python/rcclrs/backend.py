@@ -60,10 +60,10 @@ _OPS = {_R.SUM: nccl.SUM, _R.PRODUCT: nccl.PROD, _R.MAX: nccl.MAX, _R.MIN: nccl.
 _BOOL_OPS = {_R.SUM: nccl.MAX, _R.PRODUCT: nccl.MIN, _R.MAX: nccl.MAX, _R.MIN: nccl.MIN,
              _R.BOR: nccl.MAX, _R.BAND: nccl.MIN}
 
-# RCCL_TIMEOUT_MS as the user's environment set it, before this module
-# ever sets it: when set, it wins over the process group's timeout.
+# The group's timeout reaches the library as RCCL_TIMEOUT_MS; a value of
+# the user's (any value this module did not write) wins.
 _TIMEOUT_ENV = "RCCL_TIMEOUT_MS"
-_USER_TIMEOUT = os.environ.get(_TIMEOUT_ENV)
+_written_timeout: str | None = None
 _env_lock = threading.Lock()
 _groups_created = itertools.count()
 
@@ -206,6 +206,8 @@ class ProcessGroupRccl(dist.ProcessGroup):
         super().__init__(rank, size)
         self._rank = rank
         self._size = size
+        self._group_name = ""
+        self._group_desc = ""
         self._timeout = _seconds(timeout)
         self._comm = None
         self._failed: RcclError | None = None
@@ -248,14 +250,18 @@ class ProcessGroupRccl(dist.ProcessGroup):
     def _apply_timeout(self) -> None:
         """The communicator's waits are bounded by RCCL_TIMEOUT_MS, which
         the library reads when it creates a communicator: it is set to this
-        group's timeout unless the user's environment set it. It is only
-        written when the value changes (so a program whose groups share one
-        timeout writes it once, before any communicator exists)."""
-        if _USER_TIMEOUT is not None or self._timeout is None:
+        group's timeout unless the user set it. It is only written when the
+        value changes, so a program whose groups share one timeout writes
+        it once, before any communicator exists (the library's threads read
+        the environment too, and a write is not synchronized with them)."""
+        global _written_timeout
+        current = os.environ.get(_TIMEOUT_ENV)
+        if self._timeout is None or (current is not None and current != _written_timeout):
             return
         ms = str(max(1, int(self._timeout * 1000)))
-        if os.environ.get(_TIMEOUT_ENV) != ms:
+        if current != ms:
             os.environ[_TIMEOUT_ENV] = ms
+            _written_timeout = ms
 
     def _stop_worker(self, wait: float | None) -> bool:
         if self._worker.is_alive():
@@ -287,6 +293,29 @@ class ProcessGroupRccl(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
+
+    # The group's name and description: torch sets them after creation.
+    # Kept here because the C++ base would look for them on its (absent)
+    # C++ backend; functional collectives find the group by this name.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
 
     def name(self) -> str:
         return BACKEND_NAME

@@ -412,6 +412,26 @@ def _(s):
     assert dist.barrier(group=ours, async_op=True).wait()
 
 
+# ---- functional collectives (what DTensor and FSDP2 use) -------------------------
+@case("functional[all_reduce, all_gather_tensor, reduce_scatter_tensor, all_to_all_single]")
+def _(s):
+    import torch.distributed._functional_collectives as fc
+
+    x = data("float32", (world * 4,), s)
+    ref = x.clone()
+    dist.all_reduce(ref, group=gloo)
+    same(fc.all_reduce(x, "sum", ours).wait(), ref, "all_reduce")
+    ref = torch.empty(world * world * 4)
+    dist.all_gather_into_tensor(ref, x, group=gloo)
+    same(fc.all_gather_tensor(x, 0, ours).wait(), ref, "all_gather_tensor")
+    ref = torch.empty(4)
+    dist.reduce_scatter_tensor(ref, x, group=gloo)
+    same(fc.reduce_scatter_tensor(x, "sum", 0, ours).wait(), ref, "reduce_scatter_tensor")
+    ref = torch.empty_like(x)
+    dist.all_to_all_single(ref, x, group=gloo)
+    same(fc.all_to_all_single(x, None, None, ours).wait(), ref, "all_to_all_single")
+
+
 # ---- refused input: clear errors --------------------------------------------------
 def refused(fn, exc, words):
     try:

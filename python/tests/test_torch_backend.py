@@ -23,7 +23,8 @@ REPO = PYTHON_DIR.parent
 FAMILIES = [
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
     "reduce_scatter_tensor", "reduce_scatter", "all_to_all_single", "all_to_all",
-    "gather", "scatter", "send_recv", "isend_irecv", "batch_isend_irecv", "barrier", "errors",
+    "gather", "scatter", "send_recv", "isend_irecv", "batch_isend_irecv", "barrier", "functional",
+    "errors",
 ]
 
 
@@ -60,6 +61,45 @@ def test_timeout_is_a_python_exception(tmp_path):
     assert 2.5 <= r0["elapsed"] < 30, r0
     assert "timed out after 3s" in r0["message"], r0["message"]
     assert "earlier failure" in r0["after"], r0["after"]
+
+
+def test_library_lookup_says_how_to_build(tmp_path, monkeypatch):
+    sys.path.insert(0, str(PYTHON_DIR))
+    from rcclrs import _nccl
+
+    monkeypatch.setenv("RCCLRS_LIBRARY", str(tmp_path / "missing.so"))
+    with pytest.raises(FileNotFoundError, match="RCCLRS_LIBRARY=.*missing.so: no such file"):
+        _nccl.find_library()
+    monkeypatch.delenv("RCCLRS_LIBRARY")
+    monkeypatch.setenv("CARGO_TARGET_DIR", str(tmp_path))
+    monkeypatch.setattr(_nccl, "_repo_root", lambda: tmp_path / "repo")
+    with pytest.raises(FileNotFoundError, match="cargo build --release -p rccl-ffi"):
+        _nccl.find_library()
+    built = tmp_path / "release" / "librcclrs.so"
+    built.parent.mkdir()
+    built.write_bytes(b"")
+    assert _nccl.find_library() == built
+
+
+def test_group_timeout_becomes_rccl_timeout_ms_unless_the_user_set_it(monkeypatch):
+    sys.path.insert(0, str(PYTHON_DIR))
+    from rcclrs import backend
+
+    class Group:
+        _apply_timeout = backend.ProcessGroupRccl._apply_timeout
+
+    g = Group()
+    monkeypatch.delenv("RCCL_TIMEOUT_MS", raising=False)
+    monkeypatch.setattr(backend, "_written_timeout", None)
+    g._timeout = 2.5
+    g._apply_timeout()
+    assert backend.os.environ["RCCL_TIMEOUT_MS"] == "2500"
+    g._timeout = 60
+    g._apply_timeout()  # a later group with another timeout
+    assert backend.os.environ["RCCL_TIMEOUT_MS"] == "60000"
+    monkeypatch.setenv("RCCL_TIMEOUT_MS", "1234")  # the user's
+    g._apply_timeout()
+    assert backend.os.environ["RCCL_TIMEOUT_MS"] == "1234"
 
 
 def _installed() -> bool:
