@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import datetime
-import itertools
 import os
 import queue
 import threading
@@ -65,7 +64,6 @@ _BOOL_OPS = {_R.SUM: nccl.MAX, _R.PRODUCT: nccl.MIN, _R.MAX: nccl.MAX, _R.MIN: n
 _TIMEOUT_ENV = "RCCL_TIMEOUT_MS"
 _written_timeout: str | None = None
 _env_lock = threading.Lock()
-_groups_created = itertools.count()
 
 
 def _supported() -> str:
@@ -225,10 +223,14 @@ class ProcessGroupRccl(dist.ProcessGroup):
 
     def _create_comm(self, store):
         lib = nccl.lib()
-        # Every rank creates its groups in the same order, so the count names
-        # the same group everywhere, even when a group name comes back after
-        # destroy_process_group.
-        key = f"rcclrs/unique_id/{next(_groups_created)}"
+        # The store is this group's (torch prefixes it with the group's
+        # name). A name can come back (destroy_process_group, then a new
+        # group over the same store): each creation round adds `size` to a
+        # counter before anyone can start the next round (creation waits
+        # for every rank), so the round number is the same on every rank
+        # and an earlier round's id is never read.
+        generation = (store.add("rcclrs/joined", 1) - 1) // self._size
+        key = f"rcclrs/unique_id/{generation}"
         with _env_lock:
             self._apply_timeout()
             uid = nccl.UniqueId()

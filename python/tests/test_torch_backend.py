@@ -63,6 +63,17 @@ def test_timeout_is_a_python_exception(tmp_path):
     assert "earlier failure" in r0["after"], r0["after"]
 
 
+def test_subgroups_and_a_default_group_created_twice(tmp_path):
+    """A group that leaves ranks out, then groups over everyone; the default
+    group destroyed and created again over the same store."""
+    world = 4
+    results = run_ranks("_groups.py", world, tmp_path, timeout=120)
+    everyone = world * (world + 1) / 2
+    for rank, r in enumerate(results):
+        expected = ([1 + 2] if rank < 2 else []) + [everyone, everyone]
+        assert r["sums"] == expected * 2, (rank, r)
+
+
 def test_library_lookup_says_how_to_build(tmp_path, monkeypatch):
     sys.path.insert(0, str(PYTHON_DIR))
     from rcclrs import _nccl
