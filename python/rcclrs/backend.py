@@ -17,6 +17,7 @@ import datetime
 import os
 import queue
 import threading
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -77,6 +78,11 @@ def _seconds(timeout) -> float | None:
     if isinstance(timeout, datetime.timedelta):
         timeout = timeout.total_seconds()
     return float(timeout) if timeout > 0 else None
+
+
+def _as_list(tensors):
+    """ProcessGroup methods take a list of tensors; a lone tensor is one."""
+    return [tensors] if isinstance(tensors, torch.Tensor) else tensors
 
 
 class Work(dist._Work):
@@ -371,7 +377,10 @@ class ProcessGroupRccl(dist.ProcessGroup):
             with self._state_lock:
                 self._pending -= 1
             for work in works:
-                work._complete(error)
+                try:
+                    work._complete(error)
+                except Exception:  # noqa: BLE001 - a future's callback; the worker must go on
+                    traceback.print_exc()
 
     def _execute(self, calls: list[_Call]) -> BaseException | None:
         lib = nccl.lib()
@@ -462,6 +471,7 @@ class ProcessGroupRccl(dist.ProcessGroup):
     # ---- collectives ------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
+        tensors = _as_list(tensors)
         if opts is None or not hasattr(opts, "reduceOp"):
             # allreduce(tensors) or allreduce(tensors, op)
             reduce_op = _R.SUM if opts is None else opts
@@ -487,6 +497,7 @@ class ProcessGroupRccl(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         opts = opts or BroadcastOptions()
+        tensors = _as_list(tensors)
         root = self._root(opts.rootRank, "broadcast root")
         bufs = [self._buf(t, "broadcast tensor", output=True) for t in tensors]
 
@@ -600,18 +611,16 @@ class ProcessGroupRccl(dist.ProcessGroup):
         if len(output_tensors) != 1:
             raise ValueError("rcclrs: scatter takes one output tensor per process")
         dst = self._buf(output_tensors[0], "scatter output", output=True)
-        src_ptr = None
-        packed = None
+        packed = None  # the root's inputs, end to end
         if self._rank == root:
             if len(input_tensors) != 1 or len(input_tensors[0]) != self._size:
                 raise ValueError(f"rcclrs: scatter needs {self._size} input tensors on the root")
             ins = [self._tensor(t, "scatter input") for t in input_tensors[0]]
             self._same(ins, dst.count, dst.t.dtype, "scatter inputs")
-            packed = torch.cat([t.reshape(-1) for t in ins]) if ins else None
-            src_ptr = packed.data_ptr() if packed is not None and packed.numel() else None
+            packed = torch.cat([t.reshape(-1) for t in ins])
 
         def launch(ctx):
-            _keep = packed  # noqa: F841 - alive until the call returned
+            src_ptr = packed.data_ptr() if packed is not None and packed.numel() else None
             nccl.check(nccl.lib().ncclScatter(src_ptr, dst.ptr, dst.count, dst.dtype, root, ctx.comm, None),
                        "ncclScatter", ctx.comm)
         return self._submit([_Call(launch, dst.finish)], output_tensors, getattr(opts, "asyncOp", True))

@@ -170,6 +170,16 @@ def _(s):
     same(a.contiguous(), b)
 
 
+@case("all_reduce[empty tensors]")
+def _(s):
+    a = torch.empty(0)
+    dist.all_reduce(a, group=ours)
+    out = torch.empty(0, 3)
+    dist.all_to_all_single(out, torch.empty(0, 3), [0] * world, [0] * world, group=ours)
+    dist.all_gather_into_tensor(torch.empty(0), torch.empty(0), group=ours)
+    assert a.numel() == 0 and out.numel() == 0
+
+
 @case("all_reduce[bool-SUM-is-OR]")
 def _(s):
     x = data("int32", (N,), s) > 5

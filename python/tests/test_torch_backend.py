@@ -5,14 +5,11 @@ one set of processes (starting Python with torch is most of the cost);
 the tests below check the cases of one collective each.
 """
 
-import datetime
 import importlib.metadata
 import json
 import pathlib
-import re
 import subprocess
 import sys
-import time
 
 import pytest
 
