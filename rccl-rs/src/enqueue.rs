@@ -12,6 +12,8 @@ use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use rccl_algorithms::{p2p_schedule, CollKind, CollSpec, P2pOp, Schedule, Topology};
 use rccl_transports::process::ProcessId;
 use rccl_transports::shm::{self, ShmConnection, ShmSegment};
@@ -236,7 +238,7 @@ struct CommLaunch {
     /// queued: a launch that only uses the board allocates none).
     channels: Vec<Vec<OpWork>>,
     /// The work run through the board.
-    board: Vec<BoardOp>,
+    board: SmallVec<[BoardOp; 1]>,
     /// The sends and receives, planned together once all are known.
     p2p: Vec<RawOp>,
 }
@@ -247,7 +249,8 @@ struct CommLaunch {
 fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
     #[cfg(feature = "fault-injection")]
     crate::fault::point("launch");
-    let mut launches: Vec<CommLaunch> = Vec::new();
+    // Inline storage: a lone call allocates nothing here.
+    let mut launches: SmallVec<[CommLaunch; 1]> = SmallVec::new();
     for op in ops {
         let index = match launches.iter().position(|l| Arc::ptr_eq(&l.comm, &op.comm)) {
             Some(i) => i,
@@ -256,7 +259,7 @@ fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
                 launches.push(CommLaunch {
                     comm: op.comm.clone(),
                     channels: Vec::new(),
-                    board: Vec::new(),
+                    board: SmallVec::new(),
                     p2p: Vec::new(),
                 });
                 launches.len() - 1
@@ -279,8 +282,8 @@ fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
     // Lock communicators in address order so that two threads launching
     // overlapping groups cannot deadlock.
     launches.sort_by_key(|l| Arc::as_ptr(&l.comm) as usize);
-    let comms: Vec<Arc<CommInner>> = launches.iter().map(|l| l.comm.clone()).collect();
-    let mut guards: Vec<_> = comms.iter().map(|comm| comm.exec.lock()).collect();
+    let comms: SmallVec<[Arc<CommInner>; 1]> = launches.iter().map(|l| l.comm.clone()).collect();
+    let mut guards: SmallVec<[_; 1]> = comms.iter().map(|comm| comm.exec.lock()).collect();
     // One clock reading bounds both the connection setup and the run.
     let started = std::time::Instant::now();
     connect(&launches, &mut guards, started)?;
@@ -290,25 +293,24 @@ fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
         .map(|l| started + l.comm.config.timeout)
         .min()
         .expect("a launch has at least one communicator");
-    for launch in &launches {
-        let board_ops = launch.board.iter().map(|w| (w.seq, w.name));
-        let mut ops = launch
-            .channels
-            .iter()
-            .flatten()
-            .map(|w| (w.seq, w.name))
-            .chain(board_ops);
-        let first = ops.next().unwrap_or((0, "nothing"));
-        let count = 1 + ops.filter(|&op| op != first).count();
-        *launch.comm.activity.lock() = Activity {
-            since: Some(started),
-            first,
-            ops: count,
-            stalled: None,
-            waiting: Vec::new(),
-        };
-    }
-    let mut runs = Vec::new();
+    // What each communicator runs, published for hang reports once the
+    // launch is stuck (most launches finish long before).
+    let summaries: SmallVec<[((u64, &'static str), usize); 1]> = launches
+        .iter()
+        .map(|launch| {
+            let board_ops = launch.board.iter().map(|w| (w.seq, w.name));
+            let mut ops = launch
+                .channels
+                .iter()
+                .flatten()
+                .map(|w| (w.seq, w.name))
+                .chain(board_ops);
+            let first = ops.next().unwrap_or((0, "nothing"));
+            (first, 1 + ops.filter(|&op| op != first).count())
+        })
+        .collect();
+    let mut published = false;
+    let mut runs: SmallVec<[Driven<'_, '_>; 2]> = SmallVec::new();
     for (index, (launch, guard)) in launches.iter_mut().zip(&guards).enumerate() {
         for (channel, work) in launch.channels.iter_mut().enumerate() {
             if work.is_empty() {
@@ -329,10 +331,7 @@ fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
                 .board
                 .as_ref()
                 .expect("connect made the board of every launch that uses it");
-            let mut run = BoardRun::new(launch.comm.rank, link);
-            for op in launch.board.drain(..) {
-                run.push(op);
-            }
+            let run = BoardRun::new(launch.comm.rank, link, std::mem::take(&mut launch.board));
             runs.push(Driven {
                 run: Run::Board(run),
                 abort: &comms[index].abort,
@@ -341,12 +340,26 @@ fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
         }
     }
     let result = executor::drive(&mut runs, deadline, &mut |runs, stalled| {
+        if !published {
+            for (comm, &(first, ops)) in comms.iter().zip(&summaries) {
+                *comm.activity.lock() = Activity {
+                    since: Some(started),
+                    first,
+                    ops,
+                    stalled: None,
+                    waiting: Vec::new(),
+                };
+            }
+            published = true;
+        }
         publish_stall(&comms, runs, stalled);
         find_mismatch(&comms, &guards, runs)
     });
     drop(runs);
-    for comm in &comms {
-        *comm.activity.lock() = Activity::default();
+    if published {
+        for comm in &comms {
+            *comm.activity.lock() = Activity::default();
+        }
     }
     let result = result.map_err(|failure| {
         let error = if failure.waiting.is_empty() {
@@ -832,6 +845,12 @@ fn connect(
     guards: &mut [parking_lot::MutexGuard<'_, crate::comm::ExecState>],
     started: std::time::Instant,
 ) -> Result<()> {
+    let nothing_to_open = launches.iter().zip(guards.iter()).all(|(launch, guard)| {
+        launch.channels.is_empty() && (launch.board.is_empty() || guard.board.is_some())
+    });
+    if nothing_to_open {
+        return Ok(());
+    }
     for dialing in [true, false] {
         for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
             let comm = &launch.comm;

@@ -645,7 +645,10 @@ pub struct BoardLink {
 pub struct BoardRun<'a> {
     link: &'a BoardLink,
     rank: usize,
-    ops: VecDeque<BoardOp>,
+    /// The operations, in call order (usually one: held inline).
+    ops: smallvec::SmallVec<[BoardOp; 1]>,
+    /// How many of them are done.
+    done: usize,
     /// The round of the front operation once it is posted.
     round: Option<u64>,
     /// The next rank whose post the front operation waits for.
@@ -654,21 +657,21 @@ pub struct BoardRun<'a> {
 }
 
 impl<'a> BoardRun<'a> {
-    /// A run for `rank` over `link`.
-    pub fn new(rank: usize, link: &'a BoardLink) -> BoardRun<'a> {
+    /// A run of `ops`, in order, for `rank` over `link`.
+    pub fn new(
+        rank: usize,
+        link: &'a BoardLink,
+        ops: smallvec::SmallVec<[BoardOp; 1]>,
+    ) -> BoardRun<'a> {
         BoardRun {
             link,
             rank,
-            ops: VecDeque::new(),
+            ops,
+            done: 0,
             round: None,
             next_peer: 0,
             blocked: None,
         }
-    }
-
-    /// Queues an operation behind those already queued.
-    pub fn push(&mut self, op: BoardOp) {
-        self.ops.push_back(op);
     }
 
     /// Advances as far as possible without waiting.
@@ -677,7 +680,7 @@ impl<'a> BoardRun<'a> {
         let nranks = self.link.names.len();
         let mut progressed = false;
         loop {
-            let Some(op) = self.ops.front() else {
+            let Some(op) = self.ops.get(self.done) else {
                 return Ok(Poll::Done);
             };
             let bytes = op.count * op.elem_size;
@@ -745,7 +748,7 @@ impl<'a> BoardRun<'a> {
                 // removes it too.
                 let _ = board.unlink();
             }
-            self.ops.pop_front();
+            self.done += 1;
             self.round = None;
             progressed = true;
         }
@@ -802,7 +805,7 @@ impl<'a> BoardRun<'a> {
 
     /// Whether the run still has work queued.
     pub fn busy(&self) -> bool {
-        !self.ops.is_empty()
+        self.done < self.ops.len()
     }
 
     /// What the run waited for when it last blocked.
@@ -893,6 +896,13 @@ fn note_error(note: &str, context: &str) -> Error {
     }
 }
 
+/// Fruitless spinning polls of a drive between readings of the clock for
+/// its stall checks.
+const POLLS_PER_CLOCK_READ: u32 = 64;
+/// Fruitless polls after which a drive is surely yielding or parking
+/// between polls (spinning polls take about 0.1 us each).
+const SPINNING_POLLS: u32 = 4096;
+
 /// How often a wait that has made no progress checks whether the peers it
 /// waits for are still alive, and publishes what it waits for.
 pub const STALL_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
@@ -946,6 +956,7 @@ pub fn drive(
     let mut backoff = Backoff::new();
     let never_aborted = AtomicBool::new(false);
     let mut stall: Option<(Instant, u32)> = None;
+    let mut blocked_polls: u32 = 0;
     loop {
         let mut progressed = false;
         let mut all_done = true;
@@ -985,11 +996,23 @@ pub fn drive(
         if progressed {
             backoff.reset();
             stall = None;
+            blocked_polls = 0;
             continue;
         }
-        let now = Instant::now();
-        let (since, checks) = stall.get_or_insert((now, 0));
-        if now >= *since + STALL_CHECK_EVERY * (*checks + 1) {
+        // While spinning, read the clock only every so many fruitless polls
+        // (a reading costs as much as a poll); once polls are spaced by
+        // yields and parks, at every one.
+        blocked_polls = blocked_polls.saturating_add(1);
+        let now = if blocked_polls > SPINNING_POLLS || blocked_polls % POLLS_PER_CLOCK_READ == 1 {
+            Some(Instant::now())
+        } else {
+            None
+        };
+        let stall_due = now.and_then(|now| {
+            let (since, checks) = stall.get_or_insert((now, 0));
+            (now >= *since + STALL_CHECK_EVERY * (*checks + 1)).then_some((now, since, checks))
+        });
+        if let Some((now, since, checks)) = stall_due {
             *checks += 1;
             for driven in runs.iter().filter(|d| d.run.busy()) {
                 if let Some(error) = driven.run.peer_gone() {

@@ -300,9 +300,14 @@ static PLUGIN: parking_lot::RwLock<Option<Box<dyn TunerPlugin>>> = parking_lot::
 
 /// Installs (or with `None`, removes) the process-wide tuner plug-in.
 pub fn set_tuner_plugin(plugin: Option<Box<dyn TunerPlugin>>) {
+    let installed = plugin.is_some();
     *PLUGIN.write() = plugin;
+    PLUGIN_INSTALLED.store(installed, std::sync::atomic::Ordering::Relaxed);
     GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
+
+/// Whether [`PLUGIN`] holds a plug-in, readable without its lock.
+static PLUGIN_INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Counts changes to what the tuner may choose from (plug-in, registered
 /// algorithms), so that communicators know when their remembered choices
@@ -317,7 +322,7 @@ pub fn generation() -> u64 {
 /// Whether a tuner plug-in is installed: its answers may differ from call
 /// to call, so choices are not remembered while one is.
 pub fn has_plugin() -> bool {
-    PLUGIN.read().is_some()
+    PLUGIN_INSTALLED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Picks algorithm, protocol and parameters for `spec` with

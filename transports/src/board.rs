@@ -15,10 +15,15 @@
 //! round `r - 2`, the last round in which it read this rank's post of the
 //! same parity. So no acknowledgement travels back.
 //!
+//! A post's header (round number and the call's tag) shares its cache line
+//! with the first bytes of its data, so a reader of a small post takes one
+//! line from the poster's cache, not two.
+//!
 //! A waiter parks on the round word of the post it waits for; the poster
-//! makes the wake-up system call only when the post's sleeper count says
-//! someone parked. A rank that gives up leaves a note in the control page
-//! and wakes every waiter, which then fails with the note.
+//! makes the wake-up system call only when the post's sleeper count (kept
+//! apart from the posts, so that readers never write to a poster's lines)
+//! says someone parked. A rank that gives up leaves a note in the control
+//! page and wakes every waiter, which then fails with the note.
 
 use std::io;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -30,17 +35,18 @@ use crate::{bounded_note, Tag, MAX_NOTE};
 
 /// Bytes of the control page that holds the closing note.
 const CONTROL: usize = 4096;
-/// Bytes of a post's header: two cache lines, so the post's data never
-/// shares a line (or an adjacent-line prefetch pair) with the header.
-const HEADER: usize = 128;
+/// Bytes of a post's header; its data follows at once, in the same line.
+const HEADER: usize = 32;
+/// Posts start on 128-byte boundaries (adjacent-line prefetch pairs), so
+/// no two ranks' posts share a line.
+const POST_ALIGN: usize = 128;
 
 // Words of a post's header.
 const ROUND: usize = 0;
-const SLEEPERS: usize = 1;
-const TAG_SEQ: usize = 2;
-const TAG_CALL: usize = 3;
-const TAG_COUNT: usize = 4;
-const LEN: usize = 5;
+const TAG_SEQ: usize = 1;
+const TAG_CALL: usize = 2;
+const TAG_COUNT: usize = 3;
+const LEN: usize = 4;
 
 // Words of the control page, and where the note's text starts.
 const CLOSED: usize = 0;
@@ -76,7 +82,7 @@ impl Board {
     /// Bytes of a board for `nranks` ranks posting at most `capacity`
     /// bytes each.
     pub fn segment_bytes(nranks: usize, capacity: usize) -> usize {
-        CONTROL + nranks * 2 * stride(capacity)
+        CONTROL + sleepers_bytes(nranks) + nranks * 2 * stride(capacity)
     }
 
     /// Creates a board (mode 0600) for the others to open by its name.
@@ -122,14 +128,18 @@ impl Board {
         self.rounds.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    fn post_base(&self, rank: usize, round: u64) -> *mut u8 {
+    /// Which of the 2 x nranks posts `rank` uses in `round`.
+    fn post_index(&self, rank: usize, round: u64) -> usize {
         assert!(rank < self.nranks, "rank {rank} is not on this board");
-        let index = rank * 2 + (round & 1) as usize;
-        // In bounds: index < 2 * nranks posts of `stride` bytes follow the
-        // control page.
-        self.segment
-            .base()
-            .wrapping_add(CONTROL + index * self.stride)
+        rank * 2 + (round & 1) as usize
+    }
+
+    fn post_base(&self, rank: usize, round: u64) -> *mut u8 {
+        // In bounds: the 2 * nranks posts of `stride` bytes follow the
+        // control page and the sleeper counts.
+        self.segment.base().wrapping_add(
+            CONTROL + sleepers_bytes(self.nranks) + self.post_index(rank, round) * self.stride,
+        )
     }
 
     fn header(&self, rank: usize, round: u64, word: usize) -> &AtomicU32 {
@@ -139,6 +149,20 @@ impl Board {
         unsafe { &*self.post_base(rank, round).cast::<AtomicU32>().add(word) }
     }
 
+    /// How many waiters sleep on `rank`'s post of `round`.
+    fn sleepers(&self, rank: usize, round: u64) -> &AtomicU32 {
+        // SAFETY: the counts follow the control page, one aligned word per
+        // post, only accessed atomically.
+        unsafe {
+            &*self
+                .segment
+                .base()
+                .add(CONTROL)
+                .cast::<AtomicU32>()
+                .add(self.post_index(rank, round))
+        }
+    }
+
     fn control(&self, word: usize) -> &AtomicU32 {
         // SAFETY: the control page starts the page-aligned mapping and its
         // first words are only accessed atomically.
@@ -146,7 +170,7 @@ impl Board {
     }
 
     /// Where `rank` writes its post of `round`: [`Board::capacity`] bytes,
-    /// 128-byte aligned. Write it only between starting the round and
+    /// 32-byte aligned. Write it only between starting the round and
     /// [`Board::publish`].
     pub fn post_data(&self, rank: usize, round: u64) -> *mut u8 {
         self.post_base(rank, round).wrapping_add(HEADER)
@@ -173,7 +197,7 @@ impl Board {
         // the waiter's wait sees the new round, or this load sees the waiter.
         self.header(rank, round, ROUND)
             .store(round as u32, Ordering::SeqCst);
-        if self.header(rank, round, SLEEPERS).load(Ordering::SeqCst) != 0 {
+        if self.sleepers(rank, round).load(Ordering::SeqCst) != 0 {
             futex::wake_all(self.header(rank, round, ROUND));
         }
     }
@@ -186,7 +210,7 @@ impl Board {
             return Err(ParkOn {
                 word,
                 seen,
-                sleepers: Some(self.header(peer, round, SLEEPERS)),
+                sleepers: Some(self.sleepers(peer, round)),
             });
         }
         let tag = Tag {
@@ -267,9 +291,14 @@ impl Board {
 
 const _: () = assert!(NOTE_TEXT + MAX_NOTE <= CONTROL);
 
-/// Bytes from one post to the next: header, then data rounded to lines.
+/// Bytes from one post to the next: header and data, rounded up.
 fn stride(capacity: usize) -> usize {
-    HEADER + capacity.div_ceil(HEADER) * HEADER
+    (HEADER + capacity).div_ceil(POST_ALIGN) * POST_ALIGN
+}
+
+/// Bytes of the sleeper counts, one word per post, rounded up.
+fn sleepers_bytes(nranks: usize) -> usize {
+    (nranks * 2 * 4).div_ceil(POST_ALIGN) * POST_ALIGN
 }
 
 #[cfg(test)]
