@@ -13,7 +13,11 @@
 #     unless MPICH_OVERSUBSCRIBE=1: Debian's MPICH polls without yielding,
 #     and 4 processes on 2 cores took 20-40 ms per 8-byte operation, so
 #     its sweeps would not finish in the time limit;
-#   - rccl-rs at 8 bytes with NCCL_PROTO=LL, LL128 and Simple;
+#   - the 8-byte latency on its own, LAT_ITERS iterations each: rccl-rs,
+#     OpenMPI (both settings), MPICH (as above), and rccl-rs with
+#     NCCL_PROTO=LL, LL128 and Simple with the board off
+#     (RCCL_BOARD_BYTES=0: the protocols shape FIFO traffic only; the
+#     board, which carries the smallest all-reduces by default, has none);
 # and prints a markdown table (also written to target/compare-mpi.md; the
 # raw outputs go to target/compare-mpi/).
 #
@@ -25,7 +29,7 @@
 # when missing. Takes about 5-10 minutes on 2 cores. Run it on an idle
 # machine: the load average is recorded at the start and the end.
 #
-# Environment knobs: SMALL_ITERS, MID_ITERS, LARGE_ITERS, MAXBYTES,
+# Environment knobs: SMALL_ITERS, MID_ITERS, LARGE_ITERS, LAT_ITERS, MAXBYTES,
 # COMPARE_MPICH (1/0), MPICH_OVERSUBSCRIBE (1/0), RUN_TIMEOUT (seconds per run), REPORT_ONLY=1 (only
 # rebuild the report from the raw outputs of the last run).
 set -euo pipefail
@@ -36,6 +40,7 @@ OUT_DIR="$ROOT/target/compare-mpi"
 REPORT="$ROOT/target/compare-mpi.md"
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 SMALL_ITERS=${SMALL_ITERS:-1000}
+LAT_ITERS=${LAT_ITERS:-100000}
 MID_ITERS=${MID_ITERS:-100}
 LARGE_ITERS=${LARGE_ITERS:-10}
 MAXBYTES=${MAXBYTES:-256M}
@@ -173,10 +178,18 @@ for np in 2 4; do
             mpich "$np" "$OUT_DIR/mpich-$np-$name.txt" "${a[@]}"
         fi
     done
+    lat=(-b 8 -e 8 -n "$LAT_ITERS" -w 1000)
+    log "np=$np 8 B latency: rccl-rs, OpenMPI default and ring"
+    ours "$np" "$OUT_DIR/ours-$np-lat.txt" -- "${lat[@]}"
+    ompi "$np" "$OUT_DIR/ompi-$np-lat.txt" -- "${lat[@]}"
+    ompi "$np" "$OUT_DIR/ompiring-$np-lat.txt" "${OMPI_RING[@]}" -- "${lat[@]}"
+    if [ "$COMPARE_MPICH" = 1 ] && { [ "$np" -le "$(nproc)" ] || [ "$MPICH_OVERSUBSCRIBE" = 1 ]; }; then
+        mpich "$np" "$OUT_DIR/mpich-$np-lat.txt" "${lat[@]}"
+    fi
     for proto in LL LL128 Simple; do
-        log "np=$np 8 B: rccl-rs NCCL_PROTO=$proto"
-        ours "$np" "$OUT_DIR/ours-$np-proto-$proto.txt" NCCL_PROTO=$proto -- \
-            -b 8 -e 8 -n "$SMALL_ITERS" -w 50
+        log "np=$np 8 B: rccl-rs NCCL_PROTO=$proto, board off"
+        ours "$np" "$OUT_DIR/ours-$np-proto-$proto.txt" NCCL_PROTO=$proto RCCL_BOARD_BYTES=0 -- \
+            "${lat[@]}"
     done
 done
 
@@ -270,23 +283,24 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
         echo
     done
 
-    echo "### 8-byte all-reduce latency (us, out-of-place, $SMALL_ITERS iterations)"
+    echo "### 8-byte all-reduce latency (us, out-of-place, $LAT_ITERS iterations)"
     echo
     echo "| setting | 2 processes | 4 processes |"
     echo "|---|---:|---:|"
-    for np_row in "rccl-rs default:ours-%s-small" "rccl-rs NCCL_PROTO=LL:ours-%s-proto-LL" \
-        "rccl-rs NCCL_PROTO=LL128:ours-%s-proto-LL128" "rccl-rs NCCL_PROTO=Simple:ours-%s-proto-Simple" \
-        "OpenMPI default:ompi-%s-small" "OpenMPI ring:ompiring-%s-small"; do
+    for np_row in "rccl-rs default:ours-%s-lat" "rccl-rs NCCL_PROTO=LL, board off:ours-%s-proto-LL" \
+        "rccl-rs NCCL_PROTO=LL128, board off:ours-%s-proto-LL128" \
+        "rccl-rs NCCL_PROTO=Simple, board off:ours-%s-proto-Simple" \
+        "OpenMPI default:ompi-%s-lat" "OpenMPI ring:ompiring-%s-lat"; do
         label=${np_row%%:*}
         pat=${np_row#*:}
         # shellcheck disable=SC2059
         echo "| $label | $(field 8 6 "$OUT_DIR/$(printf "$pat" 2).txt") | $(field 8 6 "$OUT_DIR/$(printf "$pat" 4).txt") |"
     done
     if [ "$COMPARE_MPICH" = 1 ]; then
-        echo "| MPICH default | $(field 8 6 "$OUT_DIR/mpich-2-small.txt") | $(field 8 6 "$OUT_DIR/mpich-4-small.txt") |"
+        echo "| MPICH default | $(field 8 6 "$OUT_DIR/mpich-2-lat.txt") | $(field 8 6 "$OUT_DIR/mpich-4-lat.txt") |"
     fi
     echo
-    echo "Latency ratio rccl-rs default / best OpenMPI: 2p $(ratio "$(field 8 6 "$OUT_DIR/ours-2-small.txt")" "$(lowest "$(field 8 6 "$OUT_DIR/ompi-2-small.txt")" "$(field 8 6 "$OUT_DIR/ompiring-2-small.txt")")"), 4p $(ratio "$(field 8 6 "$OUT_DIR/ours-4-small.txt")" "$(lowest "$(field 8 6 "$OUT_DIR/ompi-4-small.txt")" "$(field 8 6 "$OUT_DIR/ompiring-4-small.txt")")") (below 1 is better)."
+    echo "Latency ratio rccl-rs default / best OpenMPI: 2p $(ratio "$(field 8 6 "$OUT_DIR/ours-2-lat.txt")" "$(lowest "$(field 8 6 "$OUT_DIR/ompi-2-lat.txt")" "$(field 8 6 "$OUT_DIR/ompiring-2-lat.txt")")"), 4p $(ratio "$(field 8 6 "$OUT_DIR/ours-4-lat.txt")" "$(lowest "$(field 8 6 "$OUT_DIR/ompi-4-lat.txt")" "$(field 8 6 "$OUT_DIR/ompiring-4-lat.txt")")") (below 1 is better)."
     echo
     echo "### Targets"
     echo
@@ -296,8 +310,8 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
         echo "* 2 processes, $(human "$size"): busbw ratio $q (target >= 1.5): $ok"
     done
     for np in 2 4; do
-        o=$(field 8 6 "$OUT_DIR/ours-$np-small.txt")
-        m=$(lowest "$(field 8 6 "$OUT_DIR/ompi-$np-small.txt")" "$(field 8 6 "$OUT_DIR/ompiring-$np-small.txt")")
+        o=$(field 8 6 "$OUT_DIR/ours-$np-lat.txt")
+        m=$(lowest "$(field 8 6 "$OUT_DIR/ompi-$np-lat.txt")" "$(field 8 6 "$OUT_DIR/ompiring-$np-lat.txt")")
         ok=$(awk -v o="$o" -v m="$m" 'BEGIN { print (o != "-" && m != "-" && o + 0 <= m + 0) ? "holds" : "does not hold" }')
         echo "* $np processes, 8-byte latency: rccl-rs $o us, best OpenMPI $m us (target: at or below): $ok"
     done

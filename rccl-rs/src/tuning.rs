@@ -254,8 +254,8 @@ pub fn estimate_us(
     let time = match algorithm {
         "ring" => ring_steps * lat + factor * total / bw,
         "tree" => 2.0 * log2 * lat + 2.0 * total / bw,
-        "rhd" => 2.0 * log2 * lat + factor * total / bw,
-        "oneshot" => lat + (n - 1.0) * total / bw,
+        "rhd" => 2.0 * log2 * lat + RHD_BYTE_FACTOR * factor * total / bw,
+        "oneshot" => lat + ONE_SHOT_BYTE_FACTOR * (n - 1.0) * total / bw,
         "direct" => lat + factor * total / bw,
         "hier" => {
             let local = n / hosts;
@@ -273,6 +273,20 @@ pub fn estimate_us(
     };
     Some(time)
 }
+
+/// One-shot moves `n - 1` inputs to every rank, and every rank then
+/// reduces all `n` of them (ring reduces a `1/n` share each): its bytes
+/// cost this much more than the transfer alone. Fitted on 2 processes of
+/// a 2-core host, where one-shot ran at 1.2-1.45x ring's time from 64 KiB
+/// to 512 KiB and ring overtook it between 16 and 64 KiB.
+const ONE_SHOT_BYTE_FACTOR: f64 = 1.25;
+
+/// Recursive halving-doubling moves ring's bytes, but in a few large
+/// exchanges with distant ranks that overlap copying and reducing less
+/// than ring's pipeline: measured with 4 processes on 2 cores, it took
+/// 1.4x ring's time at 512 KiB and 1.75x at 2 MiB (and 0.9x at 128 KiB,
+/// where its fewer steps still pay).
+const RHD_BYTE_FACTOR: f64 = 1.15;
 
 /// A tuner plug-in: may override any part of the choice for a call. What
 /// it names must still be allowed by `NCCL_ALGO` / `NCCL_PROTO` and fit the
