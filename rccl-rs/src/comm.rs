@@ -522,8 +522,7 @@ impl Communicator {
             .topology
             .local_ranks(inner.topology.host_of(inner.rank))
             .len();
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if local_ranks > cores {
+        if local_ranks > host_cpus() {
             rccl_transports::wait::spin_before_yielding(std::time::Duration::ZERO);
         }
         inner.log_init();
@@ -749,6 +748,30 @@ fn settings_shape(config: &Config) -> [u64; SHAPE_WORDS] {
         selections.finish(),
         config.board_bytes as u64,
     ]
+}
+
+/// CPUs the host's ranks share: the online CPUs, not this process's
+/// affinity mask (a launcher that binds each rank to its own core leaves
+/// every rank one CPU, yet the ranks do not compete), at most the
+/// process's cgroup quota where one is set (which the standard library's
+/// count honours, along with the mask).
+fn host_cpus() -> usize {
+    // SAFETY: sysconf only reads a system setting.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    let online = usize::try_from(online).unwrap_or(1).max(1);
+    let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if allowed < online && quota_limited() {
+        allowed
+    } else {
+        online
+    }
+}
+
+/// Whether a cgroup CPU quota (cgroup v2 `cpu.max`) limits this process.
+fn quota_limited() -> bool {
+    std::fs::read_to_string("/sys/fs/cgroup/cpu.max")
+        .map(|text| !text.trim_start().starts_with("max"))
+        .unwrap_or(false)
 }
 
 /// What identifies this host: `NCCL_HOSTID` when set (test beds that

@@ -117,13 +117,13 @@ impl Backoff {
             return Err(WaitError::Aborted);
         }
         self.rounds = self.rounds.wrapping_add(1);
-        let spin_for = Duration::from_nanos(SPIN_FOR_NS.load(Ordering::Relaxed));
+        let spin_for_ns = SPIN_FOR_NS.load(Ordering::Relaxed);
         // Reading the clock costs a few tens of nanoseconds: spin a little
         // between readings. Each spin is short (a pause instruction takes
         // tens of cycles), so the caller looks at its condition again
         // within about 0.1 us of it becoming true. A waiter that must not
         // spin (ranks outnumber cores) goes straight to yielding.
-        if !spin_for.is_zero() && !self.rounds.is_multiple_of(SPINS_PER_CLOCK_READ) {
+        if spin_for_ns != 0 && !self.rounds.is_multiple_of(SPINS_PER_CLOCK_READ) {
             for _ in 0..PAUSES_PER_SPIN {
                 std::hint::spin_loop();
             }
@@ -134,6 +134,7 @@ impl Backoff {
             return Err(WaitError::TimedOut);
         }
         let waited = now - *self.since.get_or_insert(now);
+        let spin_for = Duration::from_nanos(spin_for_ns);
         if waited < spin_for {
             return Ok(());
         }
