@@ -198,12 +198,25 @@ int main(int argc, char **argv) {
     char host[256] = "localhost";
     gethostname(host, sizeof host);
     host[sizeof host - 1] = '\0';
-    for (int r = 0; r < nranks; r++) {
-        if (r == rank) {
-            printf("#  Rank %2d Group  0 Pid %6d on %10s device  0 [host] host memory\n", rank, (int)getpid(), host);
-            fflush(stdout);
-        }
-        MPI_Barrier(MPI_COMM_WORLD);
+    /* Rank 0 prints every rank's line: lines printed by each rank reach
+     * the launcher's output in no fixed order, and could land inside the
+     * results table. */
+    int pid = (int)getpid();
+    int *pids = rank == 0 ? malloc(sizeof(int) * (size_t)nranks) : NULL;
+    char *hosts = rank == 0 ? malloc(sizeof host * (size_t)nranks) : NULL;
+    if (rank == 0 && (!pids || !hosts)) {
+        fprintf(stderr, "rank 0: out of memory for the device list\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    MPI_Gather(&pid, 1, MPI_INT, pids, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    MPI_Gather(host, sizeof host, MPI_CHAR, hosts, sizeof host, MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (rank == 0) {
+        for (int r = 0; r < nranks; r++)
+            printf("#  Rank %2d Group  0 Pid %6d on %10s device  0 [host] host memory\n", r, pids[r],
+                   hosts + (size_t)r * sizeof host);
+        fflush(stdout);
+        free(pids);
+        free(hosts);
     }
 
     size_t buf_bytes = o.maxbytes < 64 ? 64 : o.maxbytes;
