@@ -532,21 +532,27 @@ pub fn local(ranks: usize, tcp_only: bool) -> ClusterSpec {
     }
 }
 
+// The local-shm figures below were fitted to this machine's perf binaries
+// (2 processes bound to a core each, ring, 64 KiB-256 MiB, all-reduce,
+// all-gather and reduce-scatter, medians of 3 rounds on an idle machine):
+// `scripts/sim-validate.sh`, docs/SIMULATOR.md "Against this machine".
+
 /// Shared-memory transfer bandwidth per rank (a memcpy into and out of
 /// the segment), GB/s.
-pub const LOCAL_SHM_GBS: f64 = 5.0;
+pub const LOCAL_SHM_GBS: f64 = 10.0;
 /// Shared-memory wake-up latency, microseconds.
-pub const LOCAL_SHM_LATENCY_US: f64 = 20.0;
+pub const LOCAL_SHM_LATENCY_US: f64 = 0.5;
 /// TCP loopback throughput, Gb/s.
 pub const LOCAL_TCP_GBIT: f64 = 16.0;
 /// TCP loopback one-way latency, microseconds.
 pub const LOCAL_TCP_LATENCY_US: f64 = 30.0;
 /// Reduction throughput of one rank (float sum), GB/s.
-pub const LOCAL_REDUCE_GBS: f64 = 7.0;
+pub const LOCAL_REDUCE_GBS: f64 = 14.0;
 /// Copy throughput of one rank, GB/s.
-pub const LOCAL_COPY_GBS: f64 = 10.0;
-/// Fixed cost of a primitive on a CPU rank (thread hand-offs), µs.
-pub const LOCAL_STEP_OVERHEAD_US: f64 = 10.0;
+pub const LOCAL_COPY_GBS: f64 = 8.0;
+/// Fixed cost of a primitive on a CPU rank (its share of the per-call
+/// path and the drive loop), µs.
+pub const LOCAL_STEP_OVERHEAD_US: f64 = 0.5;
 
 /// A preset by name: `h100` (with `hosts`), `local-shm` / `local-tcp`
 /// (with `ranks_per_host` ranks).
