@@ -226,9 +226,108 @@ pub(crate) unsafe fn enqueue(op: RawOp) -> Result<()> {
         }
     });
     match queued {
-        Some(op) => launch(std::iter::once(op)),
+        Some(op) => match on_board_alone(&op) {
+            Some(done) => done,
+            None => launch(std::iter::once(op)),
+        },
         None => Ok(()),
     }
+}
+
+/// Polls a lone board call inline this many times before it waits the
+/// general way (with stall checks, parking and hang reports): covers a
+/// peer that is a few microseconds behind.
+const INLINE_POLLS: u32 = 256;
+
+/// A lone all-reduce that the tuner sends through a board that already
+/// exists (the first one, which makes the board, goes the general way):
+/// run without a launch's bookkeeping, which costs more than the smallest
+/// calls themselves. `None` when the call is not one.
+fn on_board_alone(op: &RawOp) -> Option<Result<()>> {
+    let OpKind::Coll {
+        kind: CollKind::AllReduce,
+        root,
+        op: red_op,
+    } = op.kind
+    else {
+        return None;
+    };
+    let comm = &op.comm;
+    let bytes = op.count * op.dtype.size();
+    if bytes == 0 || bytes > comm.board_bytes() {
+        return None;
+    }
+    let guards = [comm.exec.lock()];
+    let link = guards[0].board.as_ref()?;
+    let (_, choice, in_place) = match choose_collective(op) {
+        Ok(chosen) => chosen,
+        Err(err) => return Some(Err(err)),
+    };
+    if choice.algorithm.name() != tuning::BOARD_ALGORITHM {
+        return None;
+    }
+    let seq = comm.next_seq.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(
+        target: crate::debug::COLL,
+        "[{}] AllReduce: opCount {seq} sendbuff {:p} recvbuff {:p} count {} datatype {} op {} root {root} comm {:p} [nranks={}]",
+        comm.rank,
+        op.send,
+        op.recv,
+        op.count,
+        op.dtype.name(),
+        red_op.name(),
+        Arc::as_ptr(comm),
+        comm.nranks
+    );
+    tracing::info!(
+        target: crate::debug::TUNING,
+        "[{}] AllReduce: {bytes} Bytes -> Algo {} proto {} channel {} chunk {} elements{} via the board",
+        comm.rank,
+        choice.algorithm.name(),
+        choice.protocol.name(),
+        choice.params.nchannels,
+        choice.params.chunk_elems,
+        if in_place { " (in place)" } else { "" },
+    );
+    let reduction = match reduction_of(op.dtype, red_op, comm.nranks) {
+        Ok(reduction) => reduction,
+        Err(err) => return Some(Err(err)),
+    };
+    let work = BoardOp {
+        seq,
+        name: CollKind::AllReduce.name(),
+        tag: call_tag(seq, CollKind::AllReduce, op.count, op.dtype, red_op, root),
+        send: op.send,
+        recv: op.recv,
+        count: op.count,
+        elem_size: op.dtype.size(),
+        reduction,
+    };
+    let mut run = BoardRun::new(comm.rank, link, smallvec::smallvec![work]);
+    for _ in 0..INLINE_POLLS {
+        match run.poll() {
+            Ok(executor::Poll::Done) => return Some(Ok(())),
+            Ok(_) => std::hint::spin_loop(),
+            // The general path reports it, with everything a failure does.
+            Err(_) => break,
+        }
+    }
+    // The deadline counts from here: the inline polls took microseconds.
+    let started = std::time::Instant::now();
+    let comms = [comm.clone()];
+    let mut runs = [Driven {
+        run: Run::Board(run),
+        abort: &comm.abort,
+        comm: 0,
+    }];
+    Some(drive_to_the_end(
+        &comms,
+        &guards,
+        &mut runs,
+        &[((seq, CollKind::AllReduce.name()), 1)],
+        started,
+        started + comm.config.timeout,
+    ))
 }
 
 /// One communicator's share of a launch.
@@ -295,7 +394,7 @@ fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
         .expect("a launch has at least one communicator");
     // What each communicator runs, published for hang reports once the
     // launch is stuck (most launches finish long before).
-    let summaries: SmallVec<[((u64, &'static str), usize); 1]> = launches
+    let summaries: SmallVec<[Summary; 1]> = launches
         .iter()
         .map(|launch| {
             let board_ops = launch.board.iter().map(|w| (w.seq, w.name));
@@ -309,7 +408,6 @@ fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
             (first, 1 + ops.filter(|&op| op != first).count())
         })
         .collect();
-    let mut published = false;
     let mut runs: SmallVec<[Driven<'_, '_>; 2]> = SmallVec::new();
     for (index, (launch, guard)) in launches.iter_mut().zip(&guards).enumerate() {
         for (channel, work) in launch.channels.iter_mut().enumerate() {
@@ -339,9 +437,32 @@ fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
             });
         }
     }
-    let result = executor::drive(&mut runs, deadline, &mut |runs, stalled| {
+    let result = drive_to_the_end(&comms, &guards, &mut runs, &summaries, started, deadline);
+    drop(runs);
+    drop(guards);
+    result
+}
+
+/// What a launch runs on one communicator, for hang reports: the first
+/// operation (sequence number and name) and how many there are.
+type Summary = ((u64, &'static str), usize);
+
+/// Drives `runs` (over `comms`, whose executor states `guards` are) until
+/// they finish, publishing what they wait for once stuck; on failure,
+/// poisons every communicator of the launch and closes its connections,
+/// telling the peers why.
+fn drive_to_the_end(
+    comms: &[Arc<CommInner>],
+    guards: &[parking_lot::MutexGuard<'_, crate::comm::ExecState>],
+    runs: &mut [Driven<'_, '_>],
+    summaries: &[Summary],
+    started: std::time::Instant,
+    deadline: std::time::Instant,
+) -> Result<()> {
+    let mut published = false;
+    let result = executor::drive(runs, deadline, &mut |runs, stalled| {
         if !published {
-            for (comm, &(first, ops)) in comms.iter().zip(&summaries) {
+            for (comm, &(first, ops)) in comms.iter().zip(summaries) {
                 *comm.activity.lock() = Activity {
                     since: Some(started),
                     first,
@@ -352,33 +473,30 @@ fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
             }
             published = true;
         }
-        publish_stall(&comms, runs, stalled);
-        find_mismatch(&comms, &guards, runs)
+        publish_stall(comms, runs, stalled);
+        find_mismatch(comms, guards, runs)
     });
-    drop(runs);
     if published {
-        for comm in &comms {
+        for comm in comms {
             *comm.activity.lock() = Activity::default();
         }
     }
-    let result = result.map_err(|failure| {
+    result.map_err(|failure| {
         let error = if failure.waiting.is_empty() {
             failure.error
         } else {
-            let report = hang_report(&launches, &failure.waiting);
+            let report = hang_report(comms, &failure.waiting);
             eprintln!("{report}");
             Error::System(report)
         };
         // The group's other operations stopped mid-flight too, with pieces
         // left in their connections: none of its communicators can go on.
-        for (comm, guard) in comms.iter().zip(guards.iter()) {
+        for (comm, guard) in comms.iter().zip(guards) {
             comm.poison(&error);
             close_links(comm, guard, &error);
         }
         error
-    });
-    drop(guards);
-    result
+    })
 }
 
 /// Closes every connection of a failed communicator, telling each peer
@@ -490,12 +608,12 @@ fn find_mismatch(
 /// What each rank waits for, one line per stuck channel, so a user can
 /// find the one bad rank from every rank's log.
 fn hang_report(
-    launches: &[CommLaunch],
+    comms: &[Arc<CommInner>],
     waiting: &[(usize, String, Option<executor::Blocked>)],
 ) -> String {
     let mut lines = Vec::new();
     for (comm_index, place, blocked) in waiting {
-        let comm = &launches[*comm_index].comm;
+        let comm = &comms[*comm_index];
         let line = match blocked {
             Some(b) => format!(
                 "rank {} of {}: timed out after {:?} in operation #{} {} on {place}, step {} \
@@ -569,10 +687,7 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
         if on_board { " via the board" } else { "" }
     );
     let reduction = if kind.reduces() {
-        Some(Reduction {
-            input: ReduceKernel::new(op.dtype, red_op, comm.nranks)?,
-            partial: ReduceKernel::new(op.dtype, partial_op(op.dtype, red_op), comm.nranks)?,
-        })
+        Some(reduction_of(op.dtype, red_op, comm.nranks)?)
     } else {
         None
     };
@@ -607,6 +722,14 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
     };
     push_schedule(launch, schedule, &work, || Binding::Shared(buffers));
     Ok(())
+}
+
+/// The kernels of a reduction by `op` over `nranks` ranks.
+fn reduction_of(dtype: DataType, op: RedOp, nranks: usize) -> Result<Reduction> {
+    Ok(Reduction {
+        input: ReduceKernel::new(dtype, op, nranks)?,
+        partial: ReduceKernel::new(dtype, partial_op(dtype, op), nranks)?,
+    })
 }
 
 /// The call a collective op makes, the tuner's choice for it on its
