@@ -236,7 +236,8 @@ pub(crate) unsafe fn enqueue(op: RawOp) -> Result<()> {
 
 /// Polls a lone board call inline this many times before it waits the
 /// general way (with stall checks, parking and hang reports): covers a
-/// peer that is a few microseconds behind.
+/// peer that is a few microseconds behind, where ranks have cores of
+/// their own.
 const INLINE_POLLS: u32 = 256;
 
 /// A lone all-reduce that the tuner sends through a board that already
@@ -304,7 +305,13 @@ fn on_board_alone(op: &RawOp) -> Option<Result<()>> {
         reduction,
     };
     let mut run = BoardRun::new(comm.rank, link, smallvec::smallvec![work]);
-    for _ in 0..INLINE_POLLS {
+    // Spinning only pays where the peers have cores of their own.
+    let inline_polls = if rccl_transports::wait::spinning() {
+        INLINE_POLLS
+    } else {
+        1
+    };
+    for _ in 0..inline_polls {
         match run.poll() {
             Ok(executor::Poll::Done) => return Some(Ok(())),
             Ok(_) => std::hint::spin_loop(),

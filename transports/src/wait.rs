@@ -25,6 +25,12 @@ pub fn spin_before_yielding(spin: Duration) {
         Ordering::Relaxed,
     );
 }
+/// Whether waiters of this process spin before they yield (they do not
+/// when its host runs more ranks than it has cores).
+pub fn spinning() -> bool {
+    SPIN_FOR_NS.load(Ordering::Relaxed) != 0
+}
+
 /// How long it then yields before parking: when ranks outnumber cores,
 /// yielding hands the core to the peer it waits for.
 const YIELD_FOR: Duration = Duration::from_micros(200);
