@@ -188,7 +188,7 @@ pub(crate) struct CommInner {
     pub peers: Vec<PeerInfo>,
     pub abort: Arc<AtomicBool>,
     /// The first failure; every later call returns it.
-    pub poisoned: Mutex<Option<Error>>,
+    pub poisoned: std::sync::OnceLock<Error>,
     /// Sequence number of the next collective (every rank counts the same
     /// collectives, so it is part of each piece's tag).
     pub next_seq: AtomicU64,
@@ -327,7 +327,7 @@ impl CommInner {
         if self.abort.load(Ordering::Relaxed) {
             text += "\n  aborted";
         }
-        if let Some(err) = self.poisoned.lock().as_ref() {
+        if let Some(err) = self.poisoned.get() {
             text += &format!("\n  failed: {err}");
         }
         text
@@ -380,15 +380,16 @@ impl CommInner {
                 self.rank
             )));
         }
-        if let Some(err) = self.poisoned.lock().clone() {
-            return Err(err);
+        if let Some(err) = self.poisoned.get() {
+            return Err(err.clone());
         }
         Ok(())
     }
 
     /// Records the communicator's first failure.
     pub fn poison(&self, err: &Error) {
-        self.poisoned.lock().get_or_insert_with(|| err.clone());
+        // The first failure stays; later ones are its consequences.
+        let _ = self.poisoned.set(err.clone());
     }
 }
 
@@ -506,7 +507,7 @@ impl Communicator {
             tcp,
             peers,
             abort,
-            poisoned: Mutex::new(None),
+            poisoned: std::sync::OnceLock::new(),
             next_seq: AtomicU64::new(0),
             next_p2p_seq: AtomicU64::new(0),
             all_shm,
@@ -708,7 +709,7 @@ impl Communicator {
 
     /// The communicator's first failure, if any (`ncclCommGetAsyncError`).
     pub fn async_error(&self) -> Option<Error> {
-        self.inner.poisoned.lock().clone()
+        self.inner.poisoned.get().cloned()
     }
 }
 
