@@ -245,65 +245,22 @@ const INLINE_POLLS: u32 = 256;
 /// run without a launch's bookkeeping, which costs more than the smallest
 /// calls themselves. `None` when the call is not one.
 fn on_board_alone(op: &RawOp) -> Option<Result<()>> {
-    let OpKind::Coll {
-        kind: CollKind::AllReduce,
-        root,
-        op: red_op,
-    } = op.kind
-    else {
-        return None;
-    };
     let comm = &op.comm;
-    let bytes = op.count * op.dtype.size();
-    if bytes == 0 || bytes > comm.board_bytes() {
-        return None;
-    }
     let guards = [comm.exec.lock()];
     let link = guards[0].board.as_ref()?;
     let (_, choice, in_place) = match choose_collective(op) {
         Ok(chosen) => chosen,
         Err(err) => return Some(Err(err)),
     };
-    if choice.algorithm.name() != tuning::BOARD_ALGORITHM {
+    if !runs_on_board(op, &choice) {
         return None;
     }
-    let seq = comm.next_seq.fetch_add(1, Ordering::Relaxed);
-    tracing::info!(
-        target: crate::debug::COLL,
-        "[{}] AllReduce: opCount {seq} sendbuff {:p} recvbuff {:p} count {} datatype {} op {} root {root} comm {:p} [nranks={}]",
-        comm.rank,
-        op.send,
-        op.recv,
-        op.count,
-        op.dtype.name(),
-        red_op.name(),
-        Arc::as_ptr(comm),
-        comm.nranks
-    );
-    tracing::info!(
-        target: crate::debug::TUNING,
-        "[{}] AllReduce: {bytes} Bytes -> Algo {} proto {} channel {} chunk {} elements{} via the board",
-        comm.rank,
-        choice.algorithm.name(),
-        choice.protocol.name(),
-        choice.params.nchannels,
-        choice.params.chunk_elems,
-        if in_place { " (in place)" } else { "" },
-    );
-    let reduction = match reduction_of(op.dtype, red_op, comm.nranks) {
-        Ok(reduction) => reduction,
+    let started = match start_collective(op, &choice, in_place, true) {
+        Ok(started) => started,
         Err(err) => return Some(Err(err)),
     };
-    let work = BoardOp {
-        seq,
-        name: CollKind::AllReduce.name(),
-        tag: call_tag(seq, CollKind::AllReduce, op.count, op.dtype, red_op, root),
-        send: op.send,
-        recv: op.recv,
-        count: op.count,
-        elem_size: op.dtype.size(),
-        reduction,
-    };
+    let seq = started.seq;
+    let work = board_op(op, started);
     let mut run = BoardRun::new(comm.rank, link, smallvec::smallvec![work]);
     // Spinning only pays where the peers have cores of their own.
     let inline_polls = if rccl_transports::wait::spinning() {
@@ -651,22 +608,82 @@ fn hang_report(
 
 /// Builds the per-channel work of a collective.
 fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
+    let comm = &launch.comm;
+    let (spec, choice, in_place) = choose_collective(op)?;
+    let on_board = runs_on_board(op, &choice);
+    let started = start_collective(op, &choice, in_place, on_board)?;
+    if on_board {
+        launch.board.push(board_op(op, started));
+        return Ok(());
+    }
+    let Started {
+        seq,
+        tag,
+        reduction,
+    } = started;
+    let schedule = choice
+        .algorithm
+        .schedule(&spec, comm.rank, &choice.params, &comm.topology);
+    let buffers = Buffers {
+        send: op.send,
+        recv: op.recv,
+    };
+    let work = Work {
+        seq,
+        name: spec.kind.name(),
+        tag,
+        protocol: choice.protocol,
+        elem_size: op.dtype.size(),
+        reduction: reduction.map(Arc::new),
+    };
+    push_schedule(launch, schedule, &work, || Binding::Shared(buffers));
+    Ok(())
+}
+
+/// Whether a collective that the tuner gave `choice` runs through its
+/// communicator's board: a one-shot all-reduce that fits a post.
+fn runs_on_board(op: &RawOp, choice: &tuning::Choice) -> bool {
+    let bytes = op.count * op.dtype.size();
+    matches!(
+        op.kind,
+        OpKind::Coll {
+            kind: CollKind::AllReduce,
+            ..
+        }
+    ) && choice.algorithm.name() == tuning::BOARD_ALGORITHM
+        && bytes > 0
+        && bytes <= op.comm.board_bytes()
+}
+
+/// A collective call on its way to run.
+struct Started {
+    /// The communicator's sequence number of the call.
+    seq: u64,
+    /// What its pieces (or posts) carry.
+    tag: Tag,
+    /// Its reduction, for reducing collectives.
+    reduction: Option<Reduction>,
+}
+
+/// Takes a collective call's sequence number, logs the call and the
+/// tuner's choice for it (`NCCL_DEBUG` subsystems COLL and TUNING), and
+/// prepares its reduction.
+fn start_collective(
+    op: &RawOp,
+    choice: &tuning::Choice,
+    in_place: bool,
+    on_board: bool,
+) -> Result<Started> {
     let OpKind::Coll {
         kind,
         root,
         op: red_op,
     } = op.kind
     else {
-        unreachable!("plan_collective takes collectives");
+        unreachable!("start_collective takes collectives");
     };
-    let comm = &launch.comm;
-    let (spec, choice, in_place) = choose_collective(op)?;
+    let comm = &op.comm;
     let seq = comm.next_seq.fetch_add(1, Ordering::Relaxed);
-    let bytes = op.count * op.dtype.size();
-    let on_board = kind == CollKind::AllReduce
-        && choice.algorithm.name() == tuning::BOARD_ALGORITHM
-        && bytes > 0
-        && bytes <= comm.board_bytes();
     tracing::info!(
         target: crate::debug::COLL,
         "[{}] {}: opCount {seq} sendbuff {:p} recvbuff {:p} count {} datatype {} op {} root {root} comm {:p} [nranks={}]",
@@ -685,7 +702,7 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
         "[{}] {}: {} Bytes -> Algo {} proto {} channel {} chunk {} elements{}{}",
         comm.rank,
         kind.name(),
-        bytes,
+        op.count * op.dtype.size(),
         choice.algorithm.name(),
         choice.protocol.name(),
         choice.params.nchannels,
@@ -698,37 +715,25 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
     } else {
         None
     };
-    let tag = call_tag(seq, kind, op.count, op.dtype, red_op, root);
-    if on_board {
-        launch.board.push(BoardOp {
-            seq,
-            name: kind.name(),
-            tag,
-            send: op.send,
-            recv: op.recv,
-            count: op.count,
-            elem_size: op.dtype.size(),
-            reduction: reduction.expect("all-reduce reduces"),
-        });
-        return Ok(());
-    }
-    let schedule = choice
-        .algorithm
-        .schedule(&spec, comm.rank, &choice.params, &comm.topology);
-    let buffers = Buffers {
+    Ok(Started {
+        seq,
+        tag: call_tag(seq, kind, op.count, op.dtype, red_op, root),
+        reduction,
+    })
+}
+
+/// The board operation of an all-reduce that [`runs_on_board`].
+fn board_op(op: &RawOp, started: Started) -> BoardOp {
+    BoardOp {
+        seq: started.seq,
+        name: CollKind::AllReduce.name(),
+        tag: started.tag,
         send: op.send,
         recv: op.recv,
-    };
-    let work = Work {
-        seq,
-        name: kind.name(),
-        tag,
-        protocol: choice.protocol,
+        count: op.count,
         elem_size: op.dtype.size(),
-        reduction: reduction.map(Arc::new),
-    };
-    push_schedule(launch, schedule, &work, || Binding::Shared(buffers));
-    Ok(())
+        reduction: started.reduction.expect("all-reduce reduces"),
+    }
 }
 
 /// The kernels of a reduction by `op` over `nranks` ranks.
