@@ -146,6 +146,11 @@ ompi() {
         "$OUT_DIR/allreduce_openmpi" "$@" >"$logf" 2>&1 || log "OpenMPI run exited $? (see $logf)"
 }
 
+# mpich_runs NPROCS: whether MPICH is compared at this process count.
+mpich_runs() {
+    [ "$COMPARE_MPICH" = 1 ] && { [ "$1" -le "$(nproc)" ] || [ "$MPICH_OVERSUBSCRIBE" = 1 ]; }
+}
+
 mpich() {
     local n=$1 logf=$2
     shift 2
@@ -173,7 +178,7 @@ for np in 2 4; do
         ompi "$np" "$OUT_DIR/ompi-$np-$name.txt" -- "${a[@]}"
         log "np=$np $name: OpenMPI ring"
         ompi "$np" "$OUT_DIR/ompiring-$np-$name.txt" "${OMPI_RING[@]}" -- "${a[@]}"
-        if [ "$COMPARE_MPICH" = 1 ] && { [ "$np" -le "$(nproc)" ] || [ "$MPICH_OVERSUBSCRIBE" = 1 ]; }; then
+        if mpich_runs "$np"; then
             log "np=$np $name: MPICH default"
             mpich "$np" "$OUT_DIR/mpich-$np-$name.txt" "${a[@]}"
         fi
@@ -183,7 +188,7 @@ for np in 2 4; do
     ours "$np" "$OUT_DIR/ours-$np-lat.txt" -- "${lat[@]}"
     ompi "$np" "$OUT_DIR/ompi-$np-lat.txt" -- "${lat[@]}"
     ompi "$np" "$OUT_DIR/ompiring-$np-lat.txt" "${OMPI_RING[@]}" -- "${lat[@]}"
-    if [ "$COMPARE_MPICH" = 1 ] && { [ "$np" -le "$(nproc)" ] || [ "$MPICH_OVERSUBSCRIBE" = 1 ]; }; then
+    if mpich_runs "$np"; then
         mpich "$np" "$OUT_DIR/mpich-$np-lat.txt" "${lat[@]}"
     fi
     for proto in LL LL128 Simple; do
