@@ -246,6 +246,11 @@ const INLINE_POLLS: u32 = 256;
 /// calls themselves. `None` when the call is not one.
 fn on_board_alone(op: &RawOp) -> Option<Result<()>> {
     let comm = &op.comm;
+    // Larger calls go the general way without taking the lock or asking
+    // the tuner twice.
+    if op.count * op.dtype.size() > comm.board_bytes() {
+        return None;
+    }
     let guards = [comm.exec.lock()];
     let link = guards[0].board.as_ref()?;
     let (_, choice, in_place) = match choose_collective(op) {
