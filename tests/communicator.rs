@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::test_config;
-use rccl::{Communicator, Config, Error, Group, RedOp};
+use rccl::{Communicator, Config, DataType, Error, Group, RedOp};
 
 fn short_timeout() -> Config {
     Config {
@@ -73,6 +73,48 @@ fn grouped_sends_and_receives_exchange_around_a_ring() {
                     .unwrap();
                 group.run().unwrap();
                 assert!(from_prev.iter().all(|&v| v as usize == (rank + n - 1) % n));
+            });
+        }
+    });
+}
+
+#[test]
+fn lone_sends_and_receives_run_beside_board_all_reduces() {
+    // The first small all-reduce makes the board; lone calls of every
+    // kind after it must still take their own paths.
+    let comms = Communicator::init_all_config(2, test_config()).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || {
+                let rank = comm.rank();
+                let mut sum = [0f32; 4];
+                comm.all_reduce(&[1f32; 4], &mut sum, RedOp::Sum).unwrap();
+                // The raw calls, as the C ABI makes them (the typed ones
+                // run as groups of one).
+                let peer = 1 - rank;
+                let mine = [7u32; 16];
+                let mut got = [0u32; 16];
+                let send = || unsafe {
+                    // SAFETY: `mine` holds 16 elements and outlives the call.
+                    comm.send_raw(mine.as_ptr().cast(), 16, DataType::Uint32, peer)
+                };
+                let mut recv = || unsafe {
+                    // SAFETY: `got` holds 16 elements, borrowed only here.
+                    comm.recv_raw(got.as_mut_ptr().cast(), 16, DataType::Uint32, peer)
+                };
+                if rank == 0 {
+                    send().unwrap();
+                    recv().unwrap();
+                } else {
+                    recv().unwrap();
+                    send().unwrap();
+                }
+                assert_eq!(got, [7; 16]);
+                let mut gathered = [0u32; 2];
+                comm.all_gather(&[rank as u32], &mut gathered).unwrap();
+                assert_eq!(gathered, [0, 1]);
+                comm.all_reduce(&[1f32; 4], &mut sum, RedOp::Sum).unwrap();
+                assert_eq!(sum, [2.0; 4]);
             });
         }
     });

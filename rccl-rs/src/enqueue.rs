@@ -246,9 +246,16 @@ const INLINE_POLLS: u32 = 256;
 /// calls themselves. `None` when the call is not one.
 fn on_board_alone(op: &RawOp) -> Option<Result<()>> {
     let comm = &op.comm;
-    // Larger calls go the general way without taking the lock or asking
-    // the tuner twice.
-    if op.count * op.dtype.size() > comm.board_bytes() {
+    // Other calls, and larger ones, go the general way without taking the
+    // lock or asking the tuner twice.
+    let all_reduce = matches!(
+        op.kind,
+        OpKind::Coll {
+            kind: CollKind::AllReduce,
+            ..
+        }
+    );
+    if !all_reduce || op.count * op.dtype.size() > comm.board_bytes() {
         return None;
     }
     let guards = [comm.exec.lock()];
