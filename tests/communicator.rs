@@ -121,6 +121,53 @@ fn lone_sends_and_receives_run_beside_board_all_reduces() {
 }
 
 #[test]
+fn repeated_board_all_reduces_follow_every_change_of_call() {
+    // A lone all-reduce that repeats the previous one reuses its plan; any
+    // change of op, scalar, type, count or placement must be planned anew.
+    fn premul(scalar: f32) -> RedOp {
+        let mut bytes = [0u8; 8];
+        bytes[..4].copy_from_slice(&scalar.to_le_bytes());
+        RedOp::PreMulSum { scalar: bytes }
+    }
+    for n in [2usize, 3] {
+        let comms = Communicator::init_all_config(n, test_config()).unwrap();
+        std::thread::scope(|s| {
+            for comm in &comms {
+                s.spawn(move || {
+                    let rank = comm.rank() as f32;
+                    let ranks = n as f32;
+                    let sum_of_ranks = (0..n).map(|r| r as f32).sum::<f32>();
+                    let input = [rank + 1.0; 4];
+                    let mut out = [0f32; 4];
+                    for _ in 0..3 {
+                        comm.all_reduce(&input, &mut out, RedOp::Sum).unwrap();
+                        assert_eq!(out, [sum_of_ranks + ranks; 4]);
+                    }
+                    comm.all_reduce(&input, &mut out, RedOp::Max).unwrap();
+                    assert_eq!(out, [ranks; 4]);
+                    for scalar in [2.0f32, 4.0] {
+                        comm.all_reduce(&input, &mut out, premul(scalar)).unwrap();
+                        assert_eq!(out, [scalar * (sum_of_ranks + ranks); 4]);
+                    }
+                    let mut buf = input;
+                    comm.all_reduce_in_place(&mut buf, RedOp::Sum).unwrap();
+                    assert_eq!(buf, [sum_of_ranks + ranks; 4]);
+                    let mut longer = [0f32; 5];
+                    comm.all_reduce(&[1.0; 5], &mut longer, RedOp::Sum).unwrap();
+                    assert_eq!(longer, [ranks; 5]);
+                    let mut ints = [0i32; 4];
+                    comm.all_reduce(&[comm.rank() as i32 - 7; 4], &mut ints, RedOp::Sum)
+                        .unwrap();
+                    assert_eq!(ints, [sum_of_ranks as i32 - 7 * n as i32; 4]);
+                    comm.all_reduce(&input, &mut out, RedOp::Sum).unwrap();
+                    assert_eq!(out, [sum_of_ranks + ranks; 4]);
+                });
+            }
+        });
+    }
+}
+
+#[test]
 fn bad_arguments_are_refused_with_a_clear_error() {
     let comms = Communicator::init_all_config(1, test_config()).unwrap();
     let comm = &comms[0];

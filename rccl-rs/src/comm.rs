@@ -115,6 +115,8 @@ pub(crate) struct ExecState {
     pub links: Vec<Vec<Option<Link>>>,
     /// The board, once a call has needed it.
     pub board: Option<crate::executor::BoardLink>,
+    /// The last lone all-reduce asked about the board, remembered whole.
+    pub lone: Option<crate::enqueue::LoneBoardCall>,
 }
 
 /// Tuner choices remembered per call shape: a training loop repeats the
@@ -512,7 +514,11 @@ impl Communicator {
             next_p2p_seq: AtomicU64::new(0),
             all_shm,
             topology,
-            exec: Mutex::new(ExecState { links, board: None }),
+            exec: Mutex::new(ExecState {
+                links,
+                board: None,
+                lone: None,
+            }),
             activity: Mutex::new(Activity::default()),
             splits: AtomicU64::new(0),
             link_model: crate::tuning::LinkModel::from_env(),

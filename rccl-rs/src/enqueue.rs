@@ -248,31 +248,27 @@ fn on_board_alone(op: &RawOp) -> Option<Result<()>> {
     let comm = &op.comm;
     // Other calls, and larger ones, go the general way without taking the
     // lock or asking the tuner twice.
-    let all_reduce = matches!(
-        op.kind,
-        OpKind::Coll {
-            kind: CollKind::AllReduce,
-            ..
-        }
-    );
-    if !all_reduce || op.count * op.dtype.size() > comm.board_bytes() {
+    let OpKind::Coll {
+        kind: CollKind::AllReduce,
+        op: red_op,
+        ..
+    } = op.kind
+    else {
+        return None;
+    };
+    if op.count * op.dtype.size() > comm.board_bytes() {
         return None;
     }
-    let guards = [comm.exec.lock()];
+    let mut guard = comm.exec.lock();
+    guard.board.as_ref()?;
+    let work = match lone_board_work(&mut guard.lone, op, red_op) {
+        Ok(Some(work)) => work,
+        Ok(None) => return None,
+        Err(err) => return Some(Err(err)),
+    };
+    let seq = work.seq;
+    let guards = [guard];
     let link = guards[0].board.as_ref()?;
-    let (_, choice, in_place) = match choose_collective(op) {
-        Ok(chosen) => chosen,
-        Err(err) => return Some(Err(err)),
-    };
-    if !runs_on_board(op, &choice) {
-        return None;
-    }
-    let started = match start_collective(op, &choice, in_place, true) {
-        Ok(started) => started,
-        Err(err) => return Some(Err(err)),
-    };
-    let seq = started.seq;
-    let work = board_op(op, started);
     let mut run = BoardRun::new(comm.rank, link, smallvec::smallvec![work]);
     // Spinning only pays where the peers have cores of their own.
     let inline_polls = if rccl_transports::wait::spinning() {
@@ -304,6 +300,89 @@ fn on_board_alone(op: &RawOp) -> Option<Result<()>> {
         started,
         started + comm.config.timeout,
     ))
+}
+
+/// The last lone all-reduce that asked whether it runs on the board, with
+/// the answer and, when it does, what its run needs: a training loop
+/// repeats the same call, and asking the tuner, building the reduction and
+/// packing the call's tag cost more than the exchange of a small one.
+pub(crate) struct LoneBoardCall {
+    /// The tuner generation the answer was given under.
+    generation: u64,
+    count: usize,
+    dtype: DataType,
+    op: RedOp,
+    in_place: bool,
+    choice: tuning::Choice,
+    /// The call's reduction when it runs on the board; `None` when the
+    /// tuner sends it elsewhere.
+    reduction: Option<Reduction>,
+    /// The call word of its tag (all but the sequence number and count).
+    call: u32,
+}
+
+/// The board work of a lone all-reduce, taken from the remembered call
+/// when this one repeats it (same count, type, op and placement, same
+/// tuner generation, no tuner plug-in), else planned afresh and
+/// remembered. `None` when the tuner does not send the call through the
+/// board.
+fn lone_board_work(
+    memo: &mut Option<LoneBoardCall>,
+    op: &RawOp,
+    red_op: RedOp,
+) -> Result<Option<BoardOp>> {
+    let comm = &op.comm;
+    let in_place = is_in_place(op, CollKind::AllReduce, 0, comm.rank);
+    let generation = tuning::generation();
+    let repeated = memo.as_ref().filter(|m| {
+        m.generation == generation
+            && m.count == op.count
+            && m.dtype == op.dtype
+            && m.op == red_op
+            && m.in_place == in_place
+            && !tuning::has_plugin()
+    });
+    if let Some(memo) = repeated {
+        let Some(reduction) = &memo.reduction else {
+            return Ok(None);
+        };
+        let seq = comm.next_seq.fetch_add(1, Ordering::Relaxed);
+        log_start(op, seq, &memo.choice, in_place, true);
+        return Ok(Some(BoardOp {
+            seq,
+            name: CollKind::AllReduce.name(),
+            tag: Tag {
+                seq: seq as u32,
+                call: memo.call,
+                count: op.count as u32,
+            },
+            send: op.send,
+            recv: op.recv,
+            count: op.count,
+            elem_size: op.dtype.size(),
+            reduction: reduction.clone(),
+        }));
+    }
+    let (_, choice, _) = choose_collective(op)?;
+    let remember = |reduction: Option<Reduction>, call: u32| {
+        (!tuning::has_plugin()).then_some(LoneBoardCall {
+            generation,
+            count: op.count,
+            dtype: op.dtype,
+            op: red_op,
+            in_place,
+            choice,
+            reduction,
+            call,
+        })
+    };
+    if !runs_on_board(op, &choice) {
+        *memo = remember(None, 0);
+        return Ok(None);
+    }
+    let started = start_collective(op, &choice, in_place, true)?;
+    *memo = remember(started.reduction.clone(), started.tag.call);
+    Ok(Some(board_op(op, started)))
 }
 
 /// One communicator's share of a launch.
@@ -696,6 +775,31 @@ fn start_collective(
     };
     let comm = &op.comm;
     let seq = comm.next_seq.fetch_add(1, Ordering::Relaxed);
+    log_start(op, seq, choice, in_place, on_board);
+    let reduction = if kind.reduces() {
+        Some(reduction_of(op.dtype, red_op, comm.nranks)?)
+    } else {
+        None
+    };
+    Ok(Started {
+        seq,
+        tag: call_tag(seq, kind, op.count, op.dtype, red_op, root),
+        reduction,
+    })
+}
+
+/// Logs a collective call (`NCCL_DEBUG` subsystem COLL) and the tuner's
+/// choice for it (TUNING).
+fn log_start(op: &RawOp, seq: u64, choice: &tuning::Choice, in_place: bool, on_board: bool) {
+    let OpKind::Coll {
+        kind,
+        root,
+        op: red_op,
+    } = op.kind
+    else {
+        return;
+    };
+    let comm = &op.comm;
     tracing::info!(
         target: crate::debug::COLL,
         "[{}] {}: opCount {seq} sendbuff {:p} recvbuff {:p} count {} datatype {} op {} root {root} comm {:p} [nranks={}]",
@@ -722,16 +826,6 @@ fn start_collective(
         if in_place { " (in place)" } else { "" },
         if on_board { " via the board" } else { "" }
     );
-    let reduction = if kind.reduces() {
-        Some(reduction_of(op.dtype, red_op, comm.nranks)?)
-    } else {
-        None
-    };
-    Ok(Started {
-        seq,
-        tag: call_tag(seq, kind, op.count, op.dtype, red_op, root),
-        reduction,
-    })
 }
 
 /// The board operation of an all-reduce that [`runs_on_board`].

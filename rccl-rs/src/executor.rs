@@ -48,6 +48,7 @@ pub struct Link {
 }
 
 /// The reduction of a reducing collective.
+#[derive(Clone)]
 pub struct Reduction {
     /// Applied when a primitive reads the user's send buffer: includes the
     /// op's input transform (PreMulSum's scalar, Avg's 1/n for floats).
@@ -653,6 +654,9 @@ pub struct BoardRun<'a> {
     round: Option<u64>,
     /// The next rank whose post the front operation waits for.
     next_peer: usize,
+    /// Whether peers parked on this rank's post of the front operation
+    /// have been woken (done once, after the first pass over the posts).
+    woken: bool,
     blocked: Option<Blocked>,
 }
 
@@ -670,6 +674,7 @@ impl<'a> BoardRun<'a> {
             done: 0,
             round: None,
             next_peer: 0,
+            woken: false,
             blocked: None,
         }
     }
@@ -702,6 +707,7 @@ impl<'a> BoardRun<'a> {
                     board.publish(self.rank, round, op.tag, bytes);
                     self.round = Some(round);
                     self.next_peer = 0;
+                    self.woken = false;
                     progressed = true;
                     round
                 }
@@ -712,6 +718,12 @@ impl<'a> BoardRun<'a> {
                     match board.read(peer, round) {
                         Ok(post) => self.check(op, peer, post.tag, post.len)?,
                         Err(park) => {
+                            // Before this rank waits, so that no two wait
+                            // on each other's wake-up.
+                            if !self.woken {
+                                board.wake_readers(self.rank, round);
+                                self.woken = true;
+                            }
                             if let Some(note) = board.note() {
                                 return Err(note_error(
                                     &note,
@@ -737,11 +749,19 @@ impl<'a> BoardRun<'a> {
                 }
                 self.next_peer += 1;
             }
+            // After reading the peers' posts, by when this rank's own post
+            // has usually left its store buffer and the fence costs little.
+            if !self.woken {
+                board.wake_readers(self.rank, round);
+                self.woken = true;
+            }
             self.reduce_posts(op, round)?;
-            if self
-                .link
-                .named
-                .swap(false, std::sync::atomic::Ordering::Relaxed)
+            // Loaded first: a swap on every call would write the line.
+            if self.link.named.load(std::sync::atomic::Ordering::Relaxed)
+                && self
+                    .link
+                    .named
+                    .swap(false, std::sync::atomic::Ordering::Relaxed)
             {
                 // Every rank has posted, so every rank holds its mapping.
                 // A failure leaves the name to the segment's drop, which

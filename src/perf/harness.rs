@@ -731,22 +731,21 @@ impl<'a> Worker<'a> {
     ) -> Res<()> {
         let phases = self.coll.phases(self.nranks);
         let multi = self.ranks.len() > 1;
-        // Inline for the usual one rank per process: no allocation per call.
-        let ptrs: smallvec::SmallVec<[_; 1]> = (0..self.ranks.len())
-            .map(|i| self.pointers(i, st, in_place, iter))
-            .collect();
         let root = root.max(0) as usize;
         let coll = self.coll;
+        let program = coll.program_name();
         for phase in 0..phases {
             grouped(multi, || {
-                for (rank, &(send, recv)) in self.ranks.iter().zip(&ptrs) {
-                    let red = op.unwrap_or(TestOp::Sum).red_op(st.dtype, rank.comm.rank());
+                for i in 0..self.ranks.len() {
+                    let (send, recv) = self.pointers(i, st, in_place, iter);
+                    let comm = &self.ranks[i].comm;
+                    let red = op.unwrap_or(TestOp::Sum).red_op(st.dtype, comm.rank());
                     // SAFETY: pointers() keeps both inside this rank's
                     // buffers for the call's counts; they stay alive (self
                     // is borrowed) until the group ends.
                     unsafe {
                         coll.issue(
-                            &rank.comm,
+                            comm,
                             send,
                             recv,
                             st.counts.param,
@@ -759,7 +758,7 @@ impl<'a> Worker<'a> {
                 }
                 Ok(())
             })
-            .map_err(engine(self.coll.program_name()))?;
+            .map_err(engine(program))?;
         }
         Ok(())
     }

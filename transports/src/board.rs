@@ -63,6 +63,8 @@ pub struct Board {
     nranks: usize,
     capacity: usize,
     stride: usize,
+    /// Offset of the first post in the segment.
+    posts: usize,
     /// Rounds this rank has started.
     rounds: AtomicU64,
 }
@@ -103,6 +105,7 @@ impl Board {
             nranks,
             capacity,
             stride: stride(capacity),
+            posts: CONTROL + sleepers_bytes(nranks),
             rounds: AtomicU64::new(0),
         }
     }
@@ -137,16 +140,20 @@ impl Board {
     fn post_base(&self, rank: usize, round: u64) -> *mut u8 {
         // In bounds: the 2 * nranks posts of `stride` bytes follow the
         // control page and the sleeper counts.
-        self.segment.base().wrapping_add(
-            CONTROL + sleepers_bytes(self.nranks) + self.post_index(rank, round) * self.stride,
-        )
+        self.segment
+            .base()
+            .wrapping_add(self.posts + self.post_index(rank, round) * self.stride)
+    }
+
+    fn post(&self, rank: usize, round: u64) -> PostAt<'_> {
+        PostAt {
+            base: self.post_base(rank, round),
+            board: std::marker::PhantomData,
+        }
     }
 
     fn header(&self, rank: usize, round: u64, word: usize) -> &AtomicU32 {
-        // SAFETY: the header lies inside the mapping (post_base is in
-        // bounds), is 128-byte aligned, and its words are only accessed
-        // atomically; the mapping lives as long as `self`.
-        unsafe { &*self.post_base(rank, round).cast::<AtomicU32>().add(word) }
+        self.post(rank, round).word(word)
     }
 
     /// How many waiters sleep on `rank`'s post of `round`.
@@ -177,34 +184,41 @@ impl Board {
     }
 
     /// Makes `rank`'s post of `round` (`len` bytes, already written)
-    /// visible to the peers, and wakes those parked on it.
+    /// visible to the peers. Peers parked on it are woken by
+    /// [`Board::wake_readers`], which the poster must call before it waits
+    /// on anything: kept apart so that the post's line can travel while
+    /// the poster goes on to read its peers' posts, rather than stalling
+    /// the poster on the fence a wake-up decision needs.
     pub fn publish(&self, rank: usize, round: u64, tag: Tag, len: usize) {
         assert!(
             len <= self.capacity,
             "a post of {len} bytes overflows the board"
         );
-        self.header(rank, round, TAG_CALL)
-            .store(tag.call, Ordering::Relaxed);
-        self.header(rank, round, TAG_COUNT)
-            .store(tag.count, Ordering::Relaxed);
+        let post = self.post(rank, round);
+        post.word(TAG_CALL).store(tag.call, Ordering::Relaxed);
+        post.word(TAG_COUNT).store(tag.count, Ordering::Relaxed);
         // Released after the call's words, for `latest_calls`.
-        self.header(rank, round, TAG_SEQ)
-            .store(tag.seq, Ordering::Release);
-        self.header(rank, round, LEN)
-            .store(len as u32, Ordering::Relaxed);
-        // SeqCst orders this store before the sleeper count's load below,
-        // against a waiter's count increment before its futex wait: either
-        // the waiter's wait sees the new round, or this load sees the waiter.
-        self.header(rank, round, ROUND)
-            .store(round as u32, Ordering::SeqCst);
-        if self.sleepers(rank, round).load(Ordering::SeqCst) != 0 {
-            futex::wake_all(self.header(rank, round, ROUND));
+        post.word(TAG_SEQ).store(tag.seq, Ordering::Release);
+        post.word(LEN).store(len as u32, Ordering::Relaxed);
+        post.word(ROUND).store(round as u32, Ordering::Release);
+    }
+
+    /// Wakes the peers parked on `rank`'s post of `round`, if any.
+    pub fn wake_readers(&self, rank: usize, round: u64) {
+        // The fence orders the post's round store before the sleeper
+        // count's load, against a waiter's count increment (SeqCst) before
+        // its futex wait: either the waiter's wait sees the new round, or
+        // this load sees the waiter.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.sleepers(rank, round).load(Ordering::Relaxed) != 0 {
+            futex::wake_all(self.post(rank, round).word(ROUND));
         }
     }
 
     /// `peer`'s post of `round`, or where to park until it comes.
     pub fn read(&self, peer: usize, round: u64) -> Result<Post, ParkOn<'_>> {
-        let word = self.header(peer, round, ROUND);
+        let post = self.post(peer, round);
+        let word = post.word(ROUND);
         let seen = word.load(Ordering::Acquire);
         if seen != round as u32 {
             return Err(ParkOn {
@@ -214,16 +228,15 @@ impl Board {
             });
         }
         let tag = Tag {
-            seq: self.header(peer, round, TAG_SEQ).load(Ordering::Relaxed),
-            call: self.header(peer, round, TAG_CALL).load(Ordering::Relaxed),
-            count: self.header(peer, round, TAG_COUNT).load(Ordering::Relaxed),
+            seq: post.word(TAG_SEQ).load(Ordering::Relaxed),
+            call: post.word(TAG_CALL).load(Ordering::Relaxed),
+            count: post.word(TAG_COUNT).load(Ordering::Relaxed),
         };
-        let len =
-            (self.header(peer, round, LEN).load(Ordering::Relaxed) as usize).min(self.capacity);
+        let len = (post.word(LEN).load(Ordering::Relaxed) as usize).min(self.capacity);
         Ok(Post {
             tag,
             len,
-            data: self.post_data(peer, round),
+            data: post.data(),
         })
     }
 
@@ -291,6 +304,29 @@ impl Board {
 
 const _: () = assert!(NOTE_TEXT + MAX_NOTE <= CONTROL);
 
+/// One post of a board, located once for several accesses to its header.
+#[derive(Clone, Copy)]
+struct PostAt<'a> {
+    base: *mut u8,
+    board: std::marker::PhantomData<&'a Board>,
+}
+
+impl<'a> PostAt<'a> {
+    /// Word `word` of the post's header.
+    fn word(self, word: usize) -> &'a AtomicU32 {
+        // SAFETY: `base` is a post's base inside the mapping (only
+        // `Board::post` makes a `PostAt`), 128-byte aligned; header words
+        // are only accessed atomically; the mapping lives as long as the
+        // board borrowed for 'a.
+        unsafe { &*self.base.cast::<AtomicU32>().add(word) }
+    }
+
+    /// The post's data, right after its header.
+    fn data(self) -> *mut u8 {
+        self.base.wrapping_add(HEADER)
+    }
+}
+
 /// Bytes from one post to the next: header and data, rounded up.
 fn stride(capacity: usize) -> usize {
     (HEADER + capacity).div_ceil(POST_ALIGN) * POST_ALIGN
@@ -328,6 +364,7 @@ mod tests {
             // SAFETY: the post holds 256 bytes; nobody reads it before publish.
             unsafe { a.post_data(0, ra).write_bytes(seq as u8 + 1, 100) };
             a.publish(0, ra, tag(seq), 100);
+            a.wake_readers(0, ra);
             let post = b.read(0, rb).unwrap();
             assert_eq!((post.tag, post.len), (tag(seq), 100));
             // SAFETY: the post was published with 100 bytes.
@@ -340,24 +377,35 @@ mod tests {
 
     #[test]
     fn a_parked_reader_is_woken_by_the_post() {
+        // The reader parks the way waiters do, but for far longer than any
+        // backoff would: only the poster's wake-up can end its wait early.
         let board = std::sync::Arc::new(Board::create(2, 64).unwrap());
         let reader = {
             let board = board.clone();
             std::thread::spawn(move || {
-                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-                let mut backoff = crate::Backoff::new();
-                let never = std::sync::atomic::AtomicBool::new(false);
+                let started = std::time::Instant::now();
                 loop {
                     match board.read(1, 1) {
-                        Ok(post) => return post.tag,
-                        Err(park) => backoff.snooze(Some(park), deadline, &never).unwrap(),
+                        Ok(post) => return (post.tag, started.elapsed()),
+                        Err(park) => {
+                            let sleepers = park.sleepers.unwrap();
+                            sleepers.fetch_add(1, Ordering::SeqCst);
+                            futex::wait(park.word, park.seen, std::time::Duration::from_secs(30));
+                            sleepers.fetch_sub(1, Ordering::SeqCst);
+                        }
                     }
                 }
             })
         };
         std::thread::sleep(std::time::Duration::from_millis(20));
         board.publish(1, 1, tag(9), 0);
-        assert_eq!(reader.join().unwrap(), tag(9));
+        board.wake_readers(1, 1);
+        let (tag_read, waited) = reader.join().unwrap();
+        assert_eq!(tag_read, tag(9));
+        assert!(
+            waited < std::time::Duration::from_secs(10),
+            "woken after {waited:?}"
+        );
     }
 
     #[test]
