@@ -800,24 +800,25 @@ impl<'a> BoardRun<'a> {
     fn reduce_posts(&self, op: &BoardOp, round: u64) -> Result<()> {
         let board = &self.link.board;
         let last = self.link.names.len() - 1;
+        let post = |rank: usize| board.post_data(rank, round).cast_const();
         // SAFETY: every post of this round holds `count` transformed
         // elements (checked above) and stays unchanged until every rank
         // has finished the round; the receive buffer holds `count`
-        // elements and never aliases board memory.
+        // elements and never aliases board memory. A board serves at
+        // least two ranks, so `last >= 1`.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                board.post_data(last, round),
+            // The innermost step reads both posts, sparing a copy.
+            op.reduction.partial.run(
+                Some(post(last)),
+                post(last - 1),
                 op.recv,
-                op.count * op.elem_size,
+                op.count,
+                last == 1,
             );
-            for j in (0..last).rev() {
-                op.reduction.partial.run(
-                    Some(op.recv),
-                    board.post_data(j, round),
-                    op.recv,
-                    op.count,
-                    j == 0,
-                );
+            for j in (0..last - 1).rev() {
+                op.reduction
+                    .partial
+                    .run(Some(op.recv), post(j), op.recv, op.count, j == 0);
             }
         }
         Ok(())
