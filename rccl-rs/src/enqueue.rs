@@ -348,20 +348,16 @@ fn lone_board_work(
         };
         let seq = comm.next_seq.fetch_add(1, Ordering::Relaxed);
         log_start(op, seq, &memo.choice, in_place, true);
-        return Ok(Some(BoardOp {
+        let started = Started {
             seq,
-            name: CollKind::AllReduce.name(),
             tag: Tag {
                 seq: seq as u32,
                 call: memo.call,
                 count: op.count as u32,
             },
-            send: op.send,
-            recv: op.recv,
-            count: op.count,
-            elem_size: op.dtype.size(),
-            reduction: reduction.clone(),
-        }));
+            reduction: Some(reduction.clone()),
+        };
+        return Ok(Some(board_op(op, started)));
     }
     let (_, choice, _) = choose_collective(op)?;
     let remember = |reduction: Option<Reduction>, call: u32| {
