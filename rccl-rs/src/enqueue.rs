@@ -56,7 +56,6 @@ pub(crate) struct RawOp {
     pub dtype: DataType,
 }
 
-#[derive(Default)]
 struct GroupState {
     depth: usize,
     ops: Vec<RawOp>,
@@ -64,7 +63,15 @@ struct GroupState {
 }
 
 thread_local! {
-    static GROUP: RefCell<GroupState> = RefCell::new(GroupState::default());
+    // Initialized in place: every call checks the group, and a lazily
+    // initialized slot would test its state first.
+    static GROUP: RefCell<GroupState> = const {
+        RefCell::new(GroupState {
+            depth: 0,
+            ops: Vec::new(),
+            error: None,
+        })
+    };
 }
 
 /// Opens a group on this thread (`ncclGroupStart`); groups nest.
@@ -216,21 +223,15 @@ pub fn group_fail(err: &Error) {
 /// returns outside a group, or at the outermost [`group_end`].
 pub(crate) unsafe fn enqueue(op: RawOp) -> Result<()> {
     op.comm.check_usable()?;
-    let queued = GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        if g.depth > 0 {
-            g.ops.push(op);
-            None
-        } else {
-            Some(op)
-        }
-    });
-    match queued {
-        Some(op) => match on_board_alone(&op) {
-            Some(done) => done,
-            None => launch(std::iter::once(op)),
-        },
-        None => Ok(()),
+    // Asked before the op moves: a lone call need not travel through the
+    // group's slot.
+    if GROUP.with(|g| g.borrow().depth > 0) {
+        GROUP.with(|g| g.borrow_mut().ops.push(op));
+        return Ok(());
+    }
+    match on_board_alone(&op) {
+        Some(done) => done,
+        None => launch(std::iter::once(op)),
     }
 }
 
