@@ -30,7 +30,7 @@ pub mod report;
 pub mod sim;
 
 pub use cluster::{ClusterSpec, Protocol, SimError};
-pub use rccl_algorithms::P2pOp;
+pub use rccl_algorithms::{P2pOp, Params};
 pub use sim::{
     bus_factor, default_p2p_params, default_params, default_protocol, simulate, simulate_p2p,
     simulate_with, size_bytes, SimOptions, SimResult, MAX_PRIMS,
