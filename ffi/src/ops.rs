@@ -391,11 +391,12 @@ nccl_api! {
     /// estimate of the group in microseconds: the engine's plan of every
     /// collective, and of this rank's side of its sends and receives
     /// (peers taken to post the matching calls), replayed on the
-    /// communicator's modeled cluster, summed per communicator, the
-    /// largest over communicators (`crate::simulate` describes the model).
-    /// An inner level of nested groups only closes that level and leaves
-    /// `estimatedTime` as it was. A NULL or uninitialized `simInfo` fails,
-    /// with the group closed and nothing run.
+    /// communicator's modeled cluster (`RCCL_SIM_CLUSTER`, else the local
+    /// preset), summed per communicator, the largest over communicators
+    /// (`crate::simulate` describes the model). An inner level of nested
+    /// groups only closes that level and leaves `estimatedTime` as it was.
+    /// A NULL or uninitialized `simInfo`, or a bad `RCCL_SIM_CLUSTER`,
+    /// fails, with the group closed and nothing run.
     fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t {
         guard("ncclGroupSimulateEnd", std::ptr::null_mut(), || {
             let depth = rccl::enqueue::group_depth();

@@ -23,18 +23,24 @@
 //!   is a local copy. The time runs until the last transfer is copied out
 //!   at its receiver. What the peers do besides (their own traffic to
 //!   others) is not known, so not modeled.
-//! * **On what.** The simulator's preset for this kind of machine (ranks as
-//!   CPU processes): `local-shm`, or `local-tcp` when `NCCL_SHM_DISABLE=1`,
-//!   shaped as the communicator: its hosts and ranks per host (ranks of a
-//!   host on shared memory, hosts joined by TCP), with the communicator's
-//!   FIFO slot sizes (`NCCL_BUFFSIZE`, ...). The figures are the preset's,
-//!   not the tuner's `LinkModel`: that one is a closed form for ranking
+//! * **On what.** By default, the simulator's preset for this kind of
+//!   machine (ranks as CPU processes): `local-shm`, or `local-tcp` when
+//!   `NCCL_SHM_DISABLE=1`. `RCCL_SIM_CLUSTER` points the estimate at
+//!   another cluster: a preset name `rccl-sim --cluster` takes (`h100`,
+//!   `local-shm`, `local-tcp`) or a cluster JSON file (`rccl-sim
+//!   --dump-cluster` prints one); it is read at each simulated end, and
+//!   a bad value fails that end naming the variable. Either way the
+//!   cluster is shaped as the communicator: its hosts and ranks per host
+//!   (ranks of a host on the host link, hosts joined by the NICs), with
+//!   the communicator's FIFO slot sizes (`NCCL_BUFFSIZE`, ...), which the
+//!   engine's plan is cut for. The figures are the cluster's, not the
+//!   tuner's `LinkModel`: that one is a closed form for ranking
 //!   candidates (a latency per step and a stream bandwidth), while the
 //!   replay needs what it models separately (link bandwidth and latency,
 //!   per-primitive overhead, reduction and copy throughput, protocol
-//!   efficiency and slots). Taking the preset keeps one model: the answer
-//!   is what `rccl-sim --cluster local-shm` prints for the same call,
-//!   algorithm, protocol and channels.
+//!   efficiency and slots). Taking the simulator's figures keeps one
+//!   model: by default the answer is what `rccl-sim --cluster local-shm`
+//!   prints for the same call, algorithm, protocol and channels.
 //! * **How operations combine.** A communicator's channels run the group's
 //!   operations one after another (its sends and receives as one batch
 //!   after its collectives), so its estimate is their sum (an operation
@@ -51,21 +57,71 @@ use rccl::enqueue::{PlannedCollective, PlannedComm, PlannedP2p};
 use rccl::{Error, Result};
 use rccl_simulator::{cluster, simulate, simulate_p2p, ClusterSpec, Params, Protocol};
 
-/// The modeled cluster of a communicator: the `local-shm` preset
-/// (`local-tcp` without shared memory) with the communicator's hosts,
-/// ranks per host and FIFO slot sizes.
-pub fn cluster_of(comm: &PlannedComm) -> ClusterSpec {
+/// The variable that points the estimate at another cluster.
+pub const CLUSTER_VAR: &str = "RCCL_SIM_CLUSTER";
+
+/// The cluster `RCCL_SIM_CLUSTER` names, before it is shaped as a
+/// communicator: `None` when it is unset or empty.
+pub fn chosen_cluster() -> Result<Option<ClusterSpec>> {
+    let value = match std::env::var(CLUSTER_VAR) {
+        Ok(v) if v.is_empty() => return Ok(None),
+        Ok(v) => v,
+        Err(std::env::VarError::NotPresent) => return Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            return Err(Error::InvalidArgument(format!(
+                "{CLUSTER_VAR}={v:?} is not UTF-8: give a preset name (h100, local-shm, \
+                 local-tcp) or a cluster JSON file"
+            )))
+        }
+    };
+    // A preset's host and rank counts do not matter: the communicator's
+    // shape replaces them.
+    if let Some(c) = cluster::preset(&value, 1, 1) {
+        return Ok(Some(c));
+    }
+    let text = std::fs::read_to_string(&value).map_err(|e| {
+        Error::InvalidArgument(format!(
+            "{CLUSTER_VAR}={value}: not a preset (h100, local-shm, local-tcp) and not a \
+             readable cluster file: {e}"
+        ))
+    })?;
+    let c = ClusterSpec::from_json(&text)
+        .map_err(|e| Error::InvalidArgument(format!("{CLUSTER_VAR}={value}: {e}")))?;
+    c.validate().map_err(|e| {
+        Error::InvalidArgument(format!("{CLUSTER_VAR}={value}: not a usable cluster: {e}"))
+    })?;
+    Ok(Some(c))
+}
+
+/// The modeled cluster of a communicator: the cluster `RCCL_SIM_CLUSTER`
+/// names, else the `local-shm` preset (`local-tcp` without shared memory),
+/// with the communicator's hosts, ranks per host and FIFO slot sizes.
+pub fn cluster_of(comm: &PlannedComm) -> Result<ClusterSpec> {
+    let base = match chosen_cluster()? {
+        Some(c) => c,
+        None => cluster::local(1, comm.config.shm_disable),
+    };
     let topology = &comm.topology;
     let host_of: Vec<usize> = (0..topology.nranks())
         .map(|r| topology.host_of(r))
         .collect();
-    let mut cluster = cluster::local(1, comm.config.shm_disable).with_placement(&host_of);
+    let mut cluster = base.with_placement(&host_of);
     // Slots are indexed in NCCL's protocol order: LL, LL128, Simple.
     let [ll, ll128, simple] = comm.config.fifo_shape().slot_bytes;
     cluster.protocols.ll.slot_bytes = ll;
     cluster.protocols.ll128.slot_bytes = ll128;
     cluster.protocols.simple.slot_bytes = simple;
-    cluster
+    cluster.validate().map_err(|e| {
+        Error::InvalidUsage(format!(
+            "{CLUSTER_VAR}: cluster {} cannot hold this communicator ({} ranks on {} host(s), \
+             at most {} per host): {e}; the group was closed and nothing ran",
+            cluster.name,
+            host_of.len(),
+            cluster.hosts,
+            cluster.ranks_per_host
+        ))
+    })?;
+    Ok(cluster)
 }
 
 fn protocol_of(name: &str) -> Result<Protocol> {
@@ -124,7 +180,7 @@ pub fn p2p_us(cluster: &ClusterSpec, rank: usize, batch: &PlannedP2p) -> Result<
 pub fn group_us(comms: &[PlannedComm]) -> Result<f64> {
     let mut longest = 0.0f64;
     for comm in comms {
-        let cluster = cluster_of(comm);
+        let cluster = cluster_of(comm)?;
         let mut total = 0.0;
         for call in &comm.collectives {
             total += collective_us(&cluster, call)?;
