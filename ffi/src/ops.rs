@@ -389,11 +389,13 @@ nccl_api! {
     /// Closes the group as ncclGroupEnd does but runs none of what it
     /// queued, and sets `simInfo->estimatedTime` to the simulator's
     /// estimate of the group in microseconds: the engine's plan of every
-    /// collective replayed on the communicator's modeled cluster, summed
-    /// per communicator, the largest over communicators (`crate::simulate`
-    /// describes the model). An inner level of nested groups only closes
-    /// that level and leaves `estimatedTime` as it was. A NULL or
-    /// uninitialized `simInfo`, or a group holding sends and receives,
+    /// collective, and of this rank's side of its sends and receives
+    /// (peers taken to post the matching calls), replayed on the
+    /// communicator's modeled cluster (`RCCL_SIM_CLUSTER`, else the local
+    /// preset), summed per communicator, the largest over communicators
+    /// (`crate::simulate` describes the model). An inner level of nested
+    /// groups only closes that level and leaves `estimatedTime` as it was.
+    /// A NULL or uninitialized `simInfo`, or a bad `RCCL_SIM_CLUSTER`,
     /// fails, with the group closed and nothing run.
     fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t {
         guard("ncclGroupSimulateEnd", std::ptr::null_mut(), || {

@@ -25,6 +25,7 @@ const KNOWN: &[(&str, Option<&str>)] = &[
     ("RCCL_TIMEOUT_MS", Some("300000")),
     ("RCCL_BOARD_BYTES", Some("65536")),
     ("RCCL_BOOTSTRAP_ROOT_TIMEOUT", Some("300")),
+    ("RCCL_SIM_CLUSTER", None),
 ];
 
 static PARAMS: LazyLock<Vec<Param>> = LazyLock::new(|| {

@@ -8,61 +8,131 @@
 //!   `NCCL_PROTO`, `NCCL_MIN/MAX_NCHANNELS`, the `RCCL_*` link figures the
 //!   tuner ranks candidates with and a tuner plug-in all shape the estimate
 //!   as they would shape the call.
-//! * **On what.** The simulator's preset for this kind of machine (ranks as
-//!   CPU processes): `local-shm`, or `local-tcp` when `NCCL_SHM_DISABLE=1`,
-//!   shaped as the communicator: its hosts and ranks per host (ranks of a
-//!   host on shared memory, hosts joined by TCP), with the communicator's
-//!   FIFO slot sizes (`NCCL_BUFFSIZE`, ...). The figures are the preset's,
-//!   not the tuner's `LinkModel`: that one is a closed form for ranking
+//! * **Sends and receives.** A rank knows only its own side of them, so
+//!   its side is modeled with every peer posting the matching calls and
+//!   nothing else: the batch the launch would run (one after the
+//!   group's collectives; the Simple protocol, channels by the largest
+//!   message, chunks of half a FIFO, as the engine's point-to-point path)
+//!   replayed by `rccl_simulator::simulate_p2p` on the same links as the
+//!   collectives. Each transfer crosses the link between this rank and its
+//!   peer in the modeled cluster (a host link within a host, NICs across
+//!   hosts, with their latency and the protocol's efficiency); the batch's
+//!   transfers run at once, so sends to different peers share this rank's
+//!   outgoing link, receives its incoming one, and a send and a receive
+//!   overlap. A send to the rank itself paired with a receive from itself
+//!   is a local copy. The time runs until the last transfer is copied out
+//!   at its receiver. What the peers do besides (their own traffic to
+//!   others) is not known, so not modeled.
+//! * **On what.** By default, the simulator's preset for this kind of
+//!   machine (ranks as CPU processes): `local-shm`, or `local-tcp` when
+//!   `NCCL_SHM_DISABLE=1`. `RCCL_SIM_CLUSTER` points the estimate at
+//!   another cluster: a preset name `rccl-sim --cluster` takes (`h100`,
+//!   `local-shm`, `local-tcp`) or a cluster JSON file (`rccl-sim
+//!   --dump-cluster` prints one); it is read at each simulated end, and
+//!   a bad value fails that end naming the variable. Either way the
+//!   cluster is shaped as the communicator: its hosts and ranks per host
+//!   (ranks of a host on the host link, hosts joined by the NICs), with
+//!   the communicator's FIFO slot sizes (`NCCL_BUFFSIZE`, ...), which the
+//!   engine's plan is cut for. The figures are the cluster's, not the
+//!   tuner's `LinkModel`: that one is a closed form for ranking
 //!   candidates (a latency per step and a stream bandwidth), while the
 //!   replay needs what it models separately (link bandwidth and latency,
 //!   per-primitive overhead, reduction and copy throughput, protocol
-//!   efficiency and slots). Taking the preset keeps one model: the answer
-//!   is what `rccl-sim --cluster local-shm` prints for the same call,
-//!   algorithm, protocol and channels.
+//!   efficiency and slots). Taking the simulator's figures keeps one
+//!   model: by default the answer is what `rccl-sim --cluster local-shm`
+//!   prints for the same call, algorithm, protocol and channels.
 //! * **How operations combine.** A communicator's channels run the group's
-//!   operations one after another, so its estimate is their sum (an
-//!   operation on fewer channels may overlap the next a little, which the
-//!   sum does not credit). Communicators of one group progress together,
-//!   so the group's estimate is the largest of theirs; each replay covers
-//!   every rank of its collective, so a group that issues one collective on
-//!   all the ranks of one process reports that collective's time, not N
-//!   times it. (NCCL reports its cost model's time of the group's last
-//!   collective; for a group of one collective the two agree in meaning.)
-//! * **Not modeled.** Sends and receives: a rank only knows its own side of
-//!   them, and the replay needs every rank's schedule, so a group holding
-//!   any is refused with `ncclInvalidUsage` (and runs nothing).
+//!   operations one after another (its sends and receives as one batch
+//!   after its collectives), so its estimate is their sum (an operation
+//!   on fewer channels may overlap the next a little, which the sum does
+//!   not credit). Communicators of one group progress together, so the
+//!   group's estimate is the largest of theirs; each replay of a
+//!   collective covers every rank of it, so a group that issues one
+//!   collective on all the ranks of one process reports that collective's
+//!   time, not N times it. (NCCL reports its cost model's time of the
+//!   group's last collective; for a group of one collective the two agree
+//!   in meaning.)
 
-use rccl::enqueue::{PlannedCollective, PlannedComm};
+use rccl::enqueue::{PlannedCollective, PlannedComm, PlannedP2p};
 use rccl::{Error, Result};
-use rccl_simulator::{cluster, simulate, ClusterSpec, Protocol};
+use rccl_simulator::{cluster, simulate, simulate_p2p, ClusterSpec, Params, Protocol};
 
-/// The modeled cluster of a communicator: the `local-shm` preset
-/// (`local-tcp` without shared memory) with the communicator's hosts,
-/// ranks per host and FIFO slot sizes.
-pub fn cluster_of(comm: &PlannedComm) -> ClusterSpec {
+/// The variable that points the estimate at another cluster.
+pub const CLUSTER_VAR: &str = "RCCL_SIM_CLUSTER";
+
+/// The cluster `RCCL_SIM_CLUSTER` names, before it is shaped as a
+/// communicator: `None` when it is unset or empty.
+pub fn chosen_cluster() -> Result<Option<ClusterSpec>> {
+    let value = match std::env::var(CLUSTER_VAR) {
+        Ok(v) if v.is_empty() => return Ok(None),
+        Ok(v) => v,
+        Err(std::env::VarError::NotPresent) => return Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            return Err(Error::InvalidArgument(format!(
+                "{CLUSTER_VAR}={v:?} is not UTF-8: give a preset name (h100, local-shm, \
+                 local-tcp) or a cluster JSON file"
+            )))
+        }
+    };
+    // A preset's host and rank counts do not matter: the communicator's
+    // shape replaces them.
+    if let Some(c) = cluster::preset(&value, 1, 1) {
+        return Ok(Some(c));
+    }
+    let text = std::fs::read_to_string(&value).map_err(|e| {
+        Error::InvalidArgument(format!(
+            "{CLUSTER_VAR}={value}: not a preset (h100, local-shm, local-tcp) and not a \
+             readable cluster file: {e}"
+        ))
+    })?;
+    let c = ClusterSpec::from_json(&text)
+        .map_err(|e| Error::InvalidArgument(format!("{CLUSTER_VAR}={value}: {e}")))?;
+    c.validate().map_err(|e| {
+        Error::InvalidArgument(format!("{CLUSTER_VAR}={value}: not a usable cluster: {e}"))
+    })?;
+    Ok(Some(c))
+}
+
+/// The modeled cluster of a communicator: the cluster `RCCL_SIM_CLUSTER`
+/// names, else the `local-shm` preset (`local-tcp` without shared memory),
+/// with the communicator's hosts, ranks per host and FIFO slot sizes.
+pub fn cluster_of(comm: &PlannedComm) -> Result<ClusterSpec> {
+    let base = match chosen_cluster()? {
+        Some(c) => c,
+        None => cluster::local(1, comm.config.shm_disable),
+    };
     let topology = &comm.topology;
     let host_of: Vec<usize> = (0..topology.nranks())
         .map(|r| topology.host_of(r))
         .collect();
-    let mut cluster = cluster::local(1, comm.config.shm_disable).with_placement(&host_of);
+    let mut cluster = base.with_placement(&host_of);
     // Slots are indexed in NCCL's protocol order: LL, LL128, Simple.
     let [ll, ll128, simple] = comm.config.fifo_shape().slot_bytes;
     cluster.protocols.ll.slot_bytes = ll;
     cluster.protocols.ll128.slot_bytes = ll128;
     cluster.protocols.simple.slot_bytes = simple;
-    cluster
+    cluster.validate().map_err(|e| {
+        Error::InvalidUsage(format!(
+            "{CLUSTER_VAR}: cluster {} cannot hold this communicator ({} ranks on {} host(s), \
+             at most {} per host): {e}; the group was closed and nothing ran",
+            cluster.name,
+            host_of.len(),
+            cluster.hosts,
+            cluster.ranks_per_host
+        ))
+    })?;
+    Ok(cluster)
+}
+
+fn protocol_of(name: &str) -> Result<Protocol> {
+    Protocol::parse(name)
+        .ok_or_else(|| Error::Internal(format!("the simulator has no protocol {name}")))
 }
 
 /// The simulated time of one planned collective on `cluster`, µs.
 pub fn collective_us(cluster: &ClusterSpec, call: &PlannedCollective) -> Result<f64> {
     let choice = &call.choice;
-    let protocol = Protocol::parse(choice.protocol.name()).ok_or_else(|| {
-        Error::Internal(format!(
-            "the simulator has no protocol {}",
-            choice.protocol.name()
-        ))
-    })?;
+    let protocol = protocol_of(choice.protocol.name())?;
     simulate(
         cluster,
         &call.spec,
@@ -85,24 +155,38 @@ pub fn collective_us(cluster: &ClusterSpec, call: &PlannedCollective) -> Result<
     })
 }
 
+/// The simulated time of `rank`'s batch of sends and receives on
+/// `cluster`, its peers posting the matching calls, µs.
+pub fn p2p_us(cluster: &ClusterSpec, rank: usize, batch: &PlannedP2p) -> Result<f64> {
+    let protocol = protocol_of(batch.protocol.name())?;
+    let params = Params {
+        nchannels: batch.nchannels,
+        chunk_elems: batch.chunk_bytes,
+    };
+    simulate_p2p(cluster, rank, &batch.calls, protocol, &params)
+        .map(|r| r.time_us)
+        .map_err(|e| {
+            Error::InvalidUsage(format!(
+                "the {} send(s)/receive(s) of rank {rank} cannot be simulated: {e}; the group \
+                 was closed and nothing ran",
+                batch.calls.len()
+            ))
+        })
+}
+
 /// The estimate of a simulated group, µs: per communicator the sum of its
-/// collectives, the largest over communicators. Sends and receives are
-/// refused.
+/// collectives and its batch of sends and receives, the largest over
+/// communicators.
 pub fn group_us(comms: &[PlannedComm]) -> Result<f64> {
     let mut longest = 0.0f64;
     for comm in comms {
-        if comm.sends_and_receives > 0 {
-            return Err(Error::InvalidUsage(format!(
-                "the group holds {} send(s)/receive(s) on rank {}: ncclGroupSimulateEnd \
-                 models collectives only (the replay needs every rank's side of a transfer); \
-                 the group was closed and nothing ran",
-                comm.sends_and_receives, comm.rank
-            )));
-        }
-        let cluster = cluster_of(comm);
+        let cluster = cluster_of(comm)?;
         let mut total = 0.0;
         for call in &comm.collectives {
             total += collective_us(&cluster, call)?;
+        }
+        if let Some(batch) = &comm.p2p {
+            total += p2p_us(&cluster, comm.rank, batch)?;
         }
         longest = longest.max(total);
     }

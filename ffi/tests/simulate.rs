@@ -1,161 +1,17 @@
 //! `ncclGroupSimulateEnd`: the estimate is the simulator's replay of the
-//! engine's plan, nothing runs, bad arguments fail with the group closed,
-//! and the communicators go on working.
+//! engine's plan (collectives, and this rank's side of its sends and
+//! receives), nothing runs, bad arguments fail with the group closed, and
+//! the communicators go on working. `RCCL_SIM_CLUSTER` has its own test
+//! binary (`simulate_cluster.rs`), as it sets the environment.
 
-use std::ffi::CStr;
-use std::ptr::{null, null_mut};
+mod common;
 
-use rccl_algorithms::{CollKind, CollSpec, Topology};
-use rccl_simulator::{cluster, simulate, Protocol};
+use std::ptr::null_mut;
+
+use common::*;
+use rccl::enqueue::{PlannedComm, PlannedP2p};
+use rccl_algorithms::{P2pOp, Topology};
 use rcclrs::*;
-
-const N: usize = 4;
-const FLOAT: ncclDataType_t = 7;
-const SUM: ncclRedOp_t = 0;
-const SMALL: usize = 1 << 10;
-const LARGE: usize = 1 << 20;
-/// `NCCL_UNDEF_FLOAT`, what `NCCL_SIM_INFO_INITIALIZER` leaves in
-/// estimatedTime.
-const UNDEF: f32 = -1.0;
-
-fn sim_info() -> ncclSimInfo_t {
-    // NCCL_SIM_INFO_INITIALIZER.
-    ncclSimInfo_t {
-        size: std::mem::size_of::<ncclSimInfo_t>(),
-        magic: 0x7468_5283,
-        version: NCCL_VERSION_CODE as u32,
-        estimatedTime: UNDEF,
-    }
-}
-
-fn last_error() -> String {
-    unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// `N` communicators of this process, and per rank a send buffer of
-/// `rank + 1` and a receive buffer of a sentinel, `LARGE` floats each.
-struct Ranks {
-    comms: Vec<ncclComm_t>,
-    send: Vec<Vec<f32>>,
-    recv: Vec<Vec<f32>>,
-}
-
-const SENTINEL: f32 = -7.0;
-
-impl Ranks {
-    fn new() -> Ranks {
-        let mut comms = vec![null_mut(); N];
-        assert_eq!(
-            unsafe { ncclCommInitAll(comms.as_mut_ptr(), N as i32, null()) },
-            ncclSuccess,
-            "{}",
-            last_error()
-        );
-        Ranks {
-            comms,
-            send: (0..N).map(|r| vec![r as f32 + 1.0; LARGE]).collect(),
-            recv: vec![vec![SENTINEL; LARGE]; N],
-        }
-    }
-
-    /// Queues an all-reduce of `count` floats on `ranks`.
-    fn queue(&mut self, ranks: &[usize], count: usize) {
-        for &r in ranks {
-            let rc = unsafe {
-                ncclAllReduce(
-                    self.send[r].as_ptr().cast(),
-                    self.recv[r].as_mut_ptr().cast(),
-                    count,
-                    FLOAT,
-                    SUM,
-                    self.comms[r],
-                    null_mut(),
-                )
-            };
-            assert_eq!(rc, ncclSuccess, "{}", last_error());
-        }
-    }
-
-    /// A group of all-reduces of `counts` on `ranks`, closed by
-    /// ncclGroupSimulateEnd: its code and estimate.
-    fn simulate(&mut self, ranks: &[usize], counts: &[usize]) -> (ncclResult_t, f32) {
-        let mut info = sim_info();
-        assert_eq!(unsafe { ncclGroupStart() }, ncclSuccess);
-        for &count in counts {
-            self.queue(ranks, count);
-        }
-        let rc = unsafe { ncclGroupSimulateEnd(&mut info) };
-        (rc, info.estimatedTime)
-    }
-
-    fn untouched(&self) -> bool {
-        self.recv.iter().flatten().all(|&v| v == SENTINEL)
-            && (0..N).all(|r| self.send[r].iter().all(|&v| v == r as f32 + 1.0))
-    }
-
-    /// A real all-reduce of `count` floats on every rank, checked.
-    fn run_all_reduce(&mut self, count: usize) {
-        assert_eq!(unsafe { ncclGroupStart() }, ncclSuccess);
-        self.queue(&(0..N).collect::<Vec<_>>(), count);
-        assert_eq!(unsafe { ncclGroupEnd() }, ncclSuccess, "{}", last_error());
-        let want = (N * (N + 1) / 2) as f32;
-        for recv in &mut self.recv {
-            assert!(recv[..count].iter().all(|&v| v == want));
-            recv.fill(SENTINEL);
-        }
-    }
-}
-
-impl Drop for Ranks {
-    fn drop(&mut self) {
-        for &c in &self.comms {
-            assert_eq!(unsafe { ncclCommDestroy(c) }, ncclSuccess);
-        }
-    }
-}
-
-/// What the simulator computes directly for an all-reduce of `count`
-/// floats over the `N` ranks of one host: the tuner's choice for the call,
-/// replayed on the `local-shm` preset (`local-tcp` without shared memory).
-fn direct_us(count: usize) -> f64 {
-    let config = rccl::Config::from_env().unwrap();
-    let topology = Topology::flat(N);
-    let spec = CollSpec {
-        kind: CollKind::AllReduce,
-        nranks: N,
-        root: 0,
-        count,
-    };
-    let all_shm = !config.shm_disable;
-    let model = rccl::tuning::LinkModel::from_env();
-    let placement = rccl::tuning::Placement {
-        all_shm,
-        topology: &topology,
-        in_place: false,
-        board_bytes: if all_shm { config.board_bytes } else { 0 },
-        model: &model,
-    };
-    let choice = rccl::tuning::choose(&config, &spec, 4, &placement).unwrap();
-    let protocol = Protocol::parse(choice.protocol.name()).unwrap();
-    let cluster = cluster::local(N, config.shm_disable);
-    simulate(
-        &cluster,
-        &spec,
-        4,
-        choice.algorithm,
-        protocol,
-        &choice.params,
-    )
-    .unwrap()
-    .time_us
-}
-
-fn assert_close(got: f32, want: f64) {
-    let rel = (got as f64 - want).abs() / want;
-    assert!(rel <= 1e-6, "estimate {got} us, simulator {want} us");
-}
 
 #[test]
 fn the_estimate_is_the_simulators_and_nothing_runs() {
@@ -242,25 +98,17 @@ fn bad_calls_fail_clearly_and_close_the_group() {
         assert!(ranks.untouched());
     }
 
-    // Sends and receives are not modeled: refused, group closed.
+    // A send to the rank itself without its receive: refused as the
+    // launch would refuse it, group closed.
     let mut info = sim_info();
     assert_eq!(unsafe { ncclGroupStart() }, ncclSuccess);
     ranks.queue(&every, SMALL);
-    let rc = unsafe {
-        ncclSend(
-            ranks.send[0].as_ptr().cast(),
-            4,
-            FLOAT,
-            1,
-            ranks.comms[0],
-            null_mut(),
-        )
-    };
-    assert_eq!(rc, ncclSuccess);
+    ranks.queue_p2p(0, &[Call::Send(0, 4)]);
     assert_eq!(unsafe { ncclGroupSimulateEnd(&mut info) }, ncclInvalidUsage);
-    assert!(last_error().contains("send"), "{}", last_error());
+    assert!(last_error().contains("itself"), "{}", last_error());
     assert_eq!(info.estimatedTime, UNDEF);
     assert_eq!(unsafe { ncclGroupEnd() }, ncclInvalidUsage);
+    assert!(ranks.untouched());
 
     // A call that failed inside the group fails its simulated end too.
     let mut info = sim_info();
@@ -298,4 +146,135 @@ fn bad_calls_fail_clearly_and_close_the_group() {
 
     // A normal group works afterwards.
     ranks.run_all_reduce(SMALL);
+}
+
+#[test]
+fn sends_and_receives_are_estimated_from_this_ranks_side() {
+    let mut ranks = Ranks::new();
+    let every: Vec<usize> = (0..N).collect();
+    let send = |peer, count| Call::Send(peer, count);
+    let recv = |peer, count| Call::Recv(peer, count);
+
+    // A lone send: the simulator's answer for this rank's link to the
+    // peer. The peer never posts its receive, yet the call returns (the
+    // watchdog in simulate_group) and moves nothing.
+    let (rc, one) = ranks.simulate_p2p(0, &[send(1, LARGE)]);
+    assert_eq!(rc, ncclSuccess, "{}", last_error());
+    assert!(one > 0.0, "{one}");
+    assert_close(one, direct_p2p_us(0, &[send(1, LARGE)]));
+    assert!(ranks.untouched(), "a simulated group ran");
+    // Its receiving side, asked by the peer, costs the same.
+    let (rc, back) = ranks.simulate_p2p(1, &[recv(0, LARGE)]);
+    assert_eq!(rc, ncclSuccess, "{}", last_error());
+    assert_close(back, one as f64);
+
+    // Monotonic in bytes.
+    let mut last = 0.0;
+    for count in [1, SMALL, 16 * SMALL, LARGE / 4, LARGE] {
+        let (rc, t) = ranks.simulate_p2p(0, &[send(1, count)]);
+        assert_eq!(rc, ncclSuccess, "{}", last_error());
+        assert!(t > last, "{count} floats: {t} <= {last}");
+        last = t;
+    }
+
+    // A send and a receive with one peer go opposite ways and overlap.
+    let pair = [send(1, LARGE), recv(1, LARGE)];
+    let (rc, both_ways) = ranks.simulate_p2p(0, &pair);
+    assert_eq!(rc, ncclSuccess, "{}", last_error());
+    assert_close(both_ways, direct_p2p_us(0, &pair));
+    assert!(
+        (both_ways / one - 1.0).abs() < 0.01,
+        "send + receive {both_ways} us, send {one} us"
+    );
+
+    // Two sends to two peers share the outgoing link: about the sum, less
+    // what they share (step overhead, latency, the last copy out).
+    let two = [send(1, LARGE), send(2, LARGE)];
+    let (rc, shared) = ranks.simulate_p2p(0, &two);
+    assert_eq!(rc, ncclSuccess, "{}", last_error());
+    assert_close(shared, direct_p2p_us(0, &two));
+    assert!(
+        shared > 1.5 * one && shared <= 2.0 * one,
+        "two sends {shared} us, one {one} us"
+    );
+    // As do two receives on the incoming one.
+    let (rc, shared_in) = ranks.simulate_p2p(0, &[recv(1, LARGE), recv(2, LARGE)]);
+    assert_eq!(rc, ncclSuccess, "{}", last_error());
+    assert_close(shared_in, shared as f64);
+
+    // A send to the rank itself with its receive is a local copy, cheaper
+    // than crossing to a peer.
+    let own = [send(2, LARGE), recv(2, LARGE)];
+    let (rc, copy) = ranks.simulate_p2p(2, &own);
+    assert_eq!(rc, ncclSuccess, "{}", last_error());
+    assert_close(copy, direct_p2p_us(2, &own));
+    assert!(copy < one, "self copy {copy} us, send {one} us");
+    assert!(ranks.untouched(), "a simulated group ran");
+
+    // Collectives and sends of one communicator add up; other
+    // communicators' collectives run beside them.
+    let (rc, mixed) = ranks.simulate_group(|r| {
+        r.queue(&every, LARGE);
+        r.queue_p2p(0, &[send(1, SMALL), recv(3, SMALL)]);
+    });
+    assert_eq!(rc, ncclSuccess, "{}", last_error());
+    assert_close(
+        mixed,
+        direct_us(LARGE) + direct_p2p_us(0, &[send(1, SMALL), recv(3, SMALL)]),
+    );
+    assert!(ranks.untouched(), "a simulated group ran");
+
+    // Nothing was taken from the communicators: real traffic still
+    // matches up.
+    ranks.run_all_reduce(SMALL);
+}
+
+/// A plan of one send of `bytes` from rank 0 to rank 1, on ranks placed
+/// on hosts as `host_of` says.
+fn planned_send(host_of: Vec<usize>, bytes: usize) -> PlannedComm {
+    let config = rccl::Config::from_env().unwrap();
+    let (nchannels, protocol) = rccl::tuning::p2p_choice(&config, bytes);
+    PlannedComm {
+        rank: 0,
+        topology: Topology::from_hosts(host_of),
+        p2p: Some(PlannedP2p {
+            calls: vec![P2pOp::Send {
+                peer: 1,
+                offset: 0,
+                len: bytes,
+            }],
+            nchannels,
+            protocol,
+            chunk_bytes: rccl::tuning::chunk_bytes(&config, protocol),
+        }),
+        config,
+        collectives: Vec::new(),
+    }
+}
+
+#[test]
+fn a_peer_on_another_host_is_reached_through_the_nic() {
+    // The preset puts ranks of one host on shared memory (fast, short
+    // latency) and hosts on TCP (slower, longer latency), so the same
+    // send costs more across hosts, whatever the size.
+    for bytes in [4, 64 << 10, 4 << 20] {
+        let same = rcclrs::simulate::group_us(&[planned_send(vec![0, 0], bytes)]).unwrap();
+        let across = rcclrs::simulate::group_us(&[planned_send(vec![0, 1], bytes)]).unwrap();
+        assert!(
+            across > same,
+            "{bytes} bytes: {across} us across, {same} us within"
+        );
+    }
+    // Without shared memory both go through TCP, whose loopback the preset
+    // models as fast as the network: the same either way.
+    let mut within = planned_send(vec![0, 0], 1 << 20);
+    let mut across = planned_send(vec![0, 1], 1 << 20);
+    within.config.shm_disable = true;
+    across.config.shm_disable = true;
+    let within = rcclrs::simulate::group_us(&[within]).unwrap();
+    let across = rcclrs::simulate::group_us(&[across]).unwrap();
+    assert!(
+        (within / across - 1.0).abs() < 1e-9,
+        "{within} us, {across} us"
+    );
 }

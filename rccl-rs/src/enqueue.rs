@@ -134,16 +134,33 @@ pub struct PlannedComm {
     pub config: Config,
     /// The group's collectives on this communicator, in call order.
     pub collectives: Vec<PlannedCollective>,
-    /// How many sends and receives the group holds on it.
-    pub sends_and_receives: usize,
+    /// The group's sends and receives on this communicator, if any.
+    pub p2p: Option<PlannedP2p>,
+}
+
+/// The sends and receives of a simulated group on one communicator, as the
+/// launch would have run them: one batch after the collectives, every
+/// message progressing at once.
+pub struct PlannedP2p {
+    /// Every call in call order (peer, direction, length), lengths and
+    /// offsets in bytes, the group's buffers laid end to end.
+    pub calls: Vec<P2pOp>,
+    /// Channels the batch is split across.
+    pub nchannels: usize,
+    /// The protocol (the point-to-point path always uses Simple).
+    pub protocol: Protocol,
+    /// The pipeline chunk, bytes.
+    pub chunk_bytes: usize,
 }
 
 /// Closes a group as [`group_end`] does, but runs none of what it
 /// collected (`ncclGroupSimulateEnd`): returns, per communicator in the
 /// order first used, what a launch would have run, with the tuner's choice
-/// for every collective. Nothing is sent, no connection is opened and no
-/// sequence number is taken, so the communicators go on as if the group
-/// had been empty. `None` when only an inner level of nested groups closed
+/// for every collective and the channels, protocol and chunk of the batch
+/// of sends and receives (refused, as the launch would refuse it, when
+/// sends to the rank itself do not pair with its receives). Nothing is
+/// sent, no connection is opened and no sequence number is taken, so the
+/// communicators go on as if the group had been empty. `None` when only an inner level of nested groups closed
 /// (the outermost end decides).
 pub fn group_simulate_end() -> Result<Option<Vec<PlannedComm>>> {
     let Some(ops) = close_group()? else {
@@ -162,7 +179,7 @@ pub fn group_simulate_end() -> Result<Option<Vec<PlannedComm>>> {
                         topology: op.comm.topology.clone(),
                         config: op.comm.config.clone(),
                         collectives: Vec::new(),
-                        sends_and_receives: 0,
+                        p2p: None,
                     },
                 ));
                 comms.len() - 1
@@ -191,10 +208,73 @@ pub fn group_simulate_end() -> Result<Option<Vec<PlannedComm>>> {
                     choice,
                 });
             }
-            OpKind::Send { .. } | OpKind::Recv { .. } => planned.sends_and_receives += 1,
+            OpKind::Send { peer } | OpKind::Recv { peer } => {
+                // Offsets, channels, protocol and chunk are set below,
+                // once the whole batch is known.
+                let (len, offset) = (op.count * op.dtype.size(), 0);
+                let call = if matches!(op.kind, OpKind::Send { .. }) {
+                    P2pOp::Send { peer, offset, len }
+                } else {
+                    P2pOp::Recv { peer, offset, len }
+                };
+                let batch = planned.p2p.get_or_insert_with(|| PlannedP2p {
+                    calls: Vec::new(),
+                    nchannels: 0,
+                    protocol: Protocol::Simple,
+                    chunk_bytes: 0,
+                });
+                batch.calls.push(call);
+            }
+        }
+    }
+    for (comm, planned) in &mut comms {
+        if let Some(batch) = &mut planned.p2p {
+            // Offsets as plan_p2p lays the buffers: the sends end to end,
+            // the receives end to end.
+            let (mut send_end, mut recv_end) = (0, 0);
+            for call in &mut batch.calls {
+                let (offset, len, end) = match call {
+                    P2pOp::Send { offset, len, .. } => (offset, *len, &mut send_end),
+                    P2pOp::Recv { offset, len, .. } => (offset, *len, &mut recv_end),
+                };
+                *offset = *end;
+                *end += len;
+            }
+            (batch.nchannels, batch.protocol, batch.chunk_bytes) = p2p_shape(comm, &batch.calls)?;
+            tracing::info!(
+                target: crate::debug::TUNING,
+                "[{}] Send/Recv: {} calls, largest {} Bytes -> proto {} channel {} chunk {} Bytes \
+                 (simulated, not run)",
+                comm.rank,
+                batch.calls.len(),
+                batch.calls.iter().map(p2p_len).max().unwrap_or(0),
+                batch.protocol.name(),
+                batch.nchannels,
+                batch.chunk_bytes
+            );
         }
     }
     Ok(Some(comms.into_iter().map(|(_, p)| p).collect()))
+}
+
+fn p2p_len(call: &P2pOp) -> usize {
+    match *call {
+        P2pOp::Send { len, .. } | P2pOp::Recv { len, .. } => len,
+    }
+}
+
+/// The channels, protocol and chunk (bytes) a batch of sends and receives
+/// runs with on `comm`; fails when sends to the rank itself do not pair
+/// with its receives from itself.
+fn p2p_shape(comm: &CommInner, calls: &[P2pOp]) -> Result<(usize, Protocol, usize)> {
+    check_self_pairs(comm.rank, calls)?;
+    let largest = calls.iter().map(p2p_len).max().unwrap_or(0);
+    let (nchannels, protocol) = tuning::p2p_choice(&comm.config, largest);
+    Ok((
+        nchannels,
+        protocol,
+        tuning::chunk_bytes(&comm.config, protocol),
+    ))
 }
 
 /// The depth of groups open on this thread.
@@ -1021,17 +1101,8 @@ fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
             OpKind::Coll { .. } => unreachable!("plan_p2p takes sends and receives"),
         });
     }
-    check_self_pairs(comm.rank, &calls)?;
-    let largest = calls.iter().map(|c| match *c {
-        P2pOp::Send { len, .. } | P2pOp::Recv { len, .. } => len,
-    });
-    let (nchannels, protocol) = tuning::p2p_choice(&comm.config, largest.max().unwrap_or(0));
-    let schedule = p2p_schedule(
-        comm.rank,
-        &calls,
-        nchannels,
-        tuning::chunk_bytes(&comm.config, protocol),
-    );
+    let (nchannels, protocol, chunk_bytes) = p2p_shape(comm, &calls)?;
+    let schedule = p2p_schedule(comm.rank, &calls, nchannels, chunk_bytes);
     let binding = || Binding::Segments {
         send: sends.clone(),
         recv: recvs.clone(),

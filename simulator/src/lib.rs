@@ -8,6 +8,8 @@
 //!   slow ranks and degraded links.
 //! * [`simulate`] builds every rank's schedule with the real algorithm and
 //!   replays it (`docs/SIMULATOR.md` explains the model).
+//! * [`simulate_p2p`] replays one rank's sends and receives of a group,
+//!   with its peers posting the matching calls.
 //! * [`report`] prints nccl-tests' table and a JSON form.
 //!
 //! # Example
@@ -28,7 +30,8 @@ pub mod report;
 pub mod sim;
 
 pub use cluster::{ClusterSpec, Protocol, SimError};
+pub use rccl_algorithms::{P2pOp, Params};
 pub use sim::{
-    bus_factor, default_params, default_protocol, simulate, simulate_with, size_bytes, SimOptions,
-    SimResult, MAX_PRIMS,
+    bus_factor, default_p2p_params, default_params, default_protocol, simulate, simulate_p2p,
+    simulate_with, size_bytes, SimOptions, SimResult, MAX_PRIMS,
 };

@@ -14,7 +14,9 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
-use rccl_algorithms::{Algorithm, Buf, CollKind, CollSpec, Params, Prim, Topology};
+use rccl_algorithms::{
+    p2p_schedule, Algorithm, Buf, CollKind, CollSpec, P2pOp, Params, Prim, Schedule, Topology,
+};
 
 use crate::cluster::{ClusterSpec, LinkKind, ProtoSpec, Protocol, SimError};
 
@@ -207,6 +209,18 @@ struct Geo {
 }
 
 impl Geo {
+    fn new(cluster: &ClusterSpec, proto: &ProtoSpec) -> Geo {
+        Geo {
+            rph: cluster.ranks_per_host,
+            hpl: cluster.fabric.hosts_per_leaf.min(cluster.hosts).max(1),
+            rail: cluster.fabric.rail_optimized,
+            intra: cluster.intra.map(|i| i.latency_us),
+            nic_lat: cluster.nic.latency_us,
+            hop_lat: cluster.fabric.hop_latency_us,
+            extra_lat: proto.extra_latency_us,
+        }
+    }
+
     fn path(&self, net: &Net, src: usize, dst: usize) -> Path {
         let (hs, hd) = (net.host_of[src], net.host_of[dst]);
         if hs == hd {
@@ -456,15 +470,7 @@ pub fn simulate_with(
     };
     let proto: ProtoSpec = *cluster.protocols.get(protocol);
     let mut net = Net::new(cluster);
-    let geo = Geo {
-        rph: cluster.ranks_per_host,
-        hpl: cluster.fabric.hosts_per_leaf.min(cluster.hosts).max(1),
-        rail: cluster.fabric.rail_optimized,
-        intra: cluster.intra.map(|i| i.latency_us),
-        nic_lat: cluster.nic.latency_us,
-        hop_lat: cluster.fabric.hop_latency_us,
-        extra_lat: proto.extra_latency_us,
-    };
+    let geo = Geo::new(cluster, &proto);
     let real_nch = params.nchannels.max(1);
     // Only the ring's channels run in lockstep, link-bound; folding the
     // channels of tree, hier or rhd was measured 1.3-2x pessimistic (a
@@ -500,12 +506,222 @@ pub fn simulate_with(
 
     // Compact schedules of the replayed ranks: ops and step boundaries per
     // (rank, channel) thread.
-    let nthreads = fold * nch;
-    let mut ops: Vec<Vec<Op>> = Vec::with_capacity(nthreads);
-    let mut steps: Vec<Vec<u32>> = Vec::with_capacity(nthreads);
-    let mut total: u64 = 0;
+    let mut threads = Threads::default();
     for rank in 0..fold {
         let schedule = algorithm.schedule(spec, rank, params, &topo);
+        threads.push(schedule, nch, elem_size, fold)?;
+        if rank == 0 && (threads.ops[0].len() as u64) * (fold as u64) * nch as u64 > MAX_PRIMS * 2 {
+            return Err(SimError(format!(
+                "about {} primitives to replay: too many",
+                threads.ops[0].len() as u64 * fold as u64 * nch as u64
+            )));
+        }
+    }
+    let (done_at, prims) = replay(&net, &geo, &proto, &threads, nch, fold)?;
+    let (last_rank, time_us) = done_at
+        .iter()
+        .copied()
+        .enumerate()
+        .fold((0, 0.0f64), |a, (r, t)| if t > a.1 { (r, t) } else { a });
+    let first_done_us = done_at.iter().copied().fold(f64::INFINITY, f64::min);
+    let size = size_bytes(&full_spec, elem_size);
+    let algbw = if time_us > 0.0 {
+        size as f64 / time_us / 1e3
+    } else {
+        0.0
+    };
+    Ok(SimResult {
+        time_us,
+        first_done_us,
+        size_bytes: size,
+        algbw,
+        busbw: algbw * bus_factor(spec.kind, n),
+        algorithm: algorithm.name().to_string(),
+        protocol,
+        nchannels: real_nch,
+        chunk_elems: params.chunk_elems,
+        ranks_replayed: fold,
+        prims: prims * (n / fold) as u64 * if fold_ch { real_nch as u64 } else { 1 },
+        last_rank,
+    })
+}
+
+/// The parameters the engine would use for a group of sends and receives
+/// (`calls`, lengths in bytes) on `cluster`: the protocol is always
+/// Simple (the engine's point-to-point path uses no other), channels by
+/// the largest message as for a call that leaves the host, and a chunk
+/// (in bytes) of half a Simple FIFO.
+pub fn default_p2p_params(cluster: &ClusterSpec, calls: &[P2pOp]) -> Params {
+    let t = &cluster.tuning;
+    let slot = cluster.protocols.simple.slot_bytes;
+    Params {
+        nchannels: (largest_p2p(calls) / t.bytes_per_channel.max(1))
+            .clamp(t.min_channels, t.max_channels),
+        chunk_elems: (slot * 8 / 2).max(1),
+    }
+}
+
+fn p2p_len(call: &P2pOp) -> usize {
+    match *call {
+        P2pOp::Send { len, .. } | P2pOp::Recv { len, .. } => len,
+    }
+}
+
+fn largest_p2p(calls: &[P2pOp]) -> usize {
+    calls.iter().map(p2p_len).max().unwrap_or(0)
+}
+
+/// Simulates `rank`'s side of a group of sends and receives on `cluster`:
+/// `calls` in call order, offsets and lengths in bytes, run with
+/// `protocol` and `params` (`chunk_elems` in bytes; see
+/// [`default_p2p_params`]).
+///
+/// A rank knows only its own calls, so every peer is taken to post the
+/// matching ones and nothing else: a receive for each send to it and a
+/// send for each receive from it, in the same order, split across the
+/// same channels. Those schedules and `rank`'s (the engine's
+/// `p2p_schedule`) are replayed together as any collective is, so the
+/// group's transfers run concurrently: sends to different peers share
+/// `rank`'s outgoing links, receives its incoming ones, and a send and a
+/// receive, going opposite ways, overlap. A send to `rank` itself paired
+/// with a receive from itself is a local copy. `time_us` is when the last
+/// transfer is complete at both ends (its last piece copied out at the
+/// receiver); `size_bytes` sums the calls' lengths and `busbw` equals
+/// `algbw`.
+pub fn simulate_p2p(
+    cluster: &ClusterSpec,
+    rank: usize,
+    calls: &[P2pOp],
+    protocol: Protocol,
+    params: &Params,
+) -> Result<SimResult, SimError> {
+    cluster.validate()?;
+    let n = cluster.nranks();
+    if rank >= n {
+        return Err(SimError(format!(
+            "rank {rank} is not below the cluster's {n} ranks"
+        )));
+    }
+    let peer_of = |call: &P2pOp| match *call {
+        P2pOp::Send { peer, .. } | P2pOp::Recv { peer, .. } => peer,
+    };
+    if let Some(call) = calls.iter().find(|c| peer_of(c) >= n) {
+        return Err(SimError(format!(
+            "peer {} is not below the cluster's {n} ranks",
+            peer_of(call)
+        )));
+    }
+    // As the engine: self sends and self receives pair up into copies.
+    let own = |sending: bool| -> Vec<usize> {
+        calls
+            .iter()
+            .filter(|c| peer_of(c) == rank && matches!(c, P2pOp::Send { .. }) == sending)
+            .map(p2p_len)
+            .collect()
+    };
+    let (own_sends, own_recvs) = (own(true), own(false));
+    if own_sends != own_recvs {
+        return Err(SimError(format!(
+            "rank {rank}: sends to itself ({own_sends:?} bytes) do not match its receives from \
+             itself ({own_recvs:?} bytes)"
+        )));
+    }
+    let chunk = params.chunk_elems.max(1);
+    if chunk.min(largest_p2p(calls)) > u32::MAX as usize {
+        return Err(SimError(
+            "messages above 4 GiB are not modeled: choose a smaller chunk".into(),
+        ));
+    }
+
+    // Every peer's mirror calls, laid end to end in its buffers.
+    let mut mirror: Vec<Vec<P2pOp>> = vec![Vec::new(); n];
+    let mut ends = vec![(0usize, 0usize); n];
+    for call in calls {
+        match *call {
+            P2pOp::Send { peer, len, .. } if peer != rank => {
+                let offset = ends[peer].1;
+                ends[peer].1 += len;
+                mirror[peer].push(P2pOp::Recv {
+                    peer: rank,
+                    offset,
+                    len,
+                });
+            }
+            P2pOp::Recv { peer, len, .. } if peer != rank => {
+                let offset = ends[peer].0;
+                ends[peer].0 += len;
+                mirror[peer].push(P2pOp::Send {
+                    peer: rank,
+                    offset,
+                    len,
+                });
+            }
+            _ => {}
+        }
+    }
+    mirror[rank] = calls.to_vec();
+
+    let nch = params.nchannels.max(1);
+    let proto: ProtoSpec = *cluster.protocols.get(protocol);
+    let net = Net::new(cluster);
+    let geo = Geo::new(cluster, &proto);
+    let mut threads = Threads::default();
+    for (r, calls) in mirror.iter().enumerate() {
+        threads.push(p2p_schedule(r, calls, nch, chunk), nch, 1, n)?;
+    }
+    let (done_at, prims) = replay(&net, &geo, &proto, &threads, nch, n)?;
+    let involved: Vec<usize> = (0..n)
+        .filter(|&r| r == rank || !mirror[r].is_empty())
+        .collect();
+    let (last_rank, time_us) = involved
+        .iter()
+        .map(|&r| (r, done_at[r]))
+        .fold((rank, 0.0f64), |a, (r, t)| if t > a.1 { (r, t) } else { a });
+    let first_done_us = involved
+        .iter()
+        .map(|&r| done_at[r])
+        .fold(f64::INFINITY, f64::min);
+    let size: usize = calls.iter().map(p2p_len).sum();
+    let algbw = if time_us > 0.0 {
+        size as f64 / time_us / 1e3
+    } else {
+        0.0
+    };
+    Ok(SimResult {
+        time_us,
+        first_done_us,
+        size_bytes: size,
+        algbw,
+        busbw: algbw,
+        algorithm: "p2p".into(),
+        protocol,
+        nchannels: nch,
+        chunk_elems: chunk,
+        ranks_replayed: involved.len(),
+        prims,
+        last_rank,
+    })
+}
+
+/// Compact schedules: the ops and step boundaries of every (rank,
+/// channel) thread, thread `rank * nch + channel`.
+#[derive(Default)]
+struct Threads {
+    ops: Vec<Vec<Op>>,
+    steps: Vec<Vec<u32>>,
+    total: u64,
+}
+
+impl Threads {
+    /// Appends `schedule` as the next rank's `nch` threads (ranks taken
+    /// modulo `fold`).
+    fn push(
+        &mut self,
+        schedule: Schedule,
+        nch: usize,
+        elem_size: usize,
+        fold: usize,
+    ) -> Result<(), SimError> {
         let mut chans = schedule.channels;
         chans.resize(nch, Vec::new());
         for ch in chans {
@@ -517,27 +733,35 @@ pub fn simulate_with(
                 }
                 s.push(o.len() as u32);
             }
-            total += o.len() as u64;
-            if total > MAX_PRIMS {
+            self.total += o.len() as u64;
+            if self.total > MAX_PRIMS {
                 return Err(SimError(format!(
                     "more than {MAX_PRIMS} primitives to replay: choose a larger chunk or fewer ranks"
                 )));
             }
-            ops.push(o);
-            steps.push(s);
+            self.ops.push(o);
+            self.steps.push(s);
         }
-        if rank == 0 && (ops[0].len() as u64) * (fold as u64) * nch as u64 > MAX_PRIMS * 2 {
-            return Err(SimError(format!(
-                "about {} primitives to replay: too many",
-                ops[0].len() as u64 * fold as u64 * nch as u64
-            )));
-        }
+        Ok(())
     }
+}
 
+/// Replays `threads` (`nranks` ranks of `nch` channels) on `net`: when
+/// each rank finished, and how many primitives ran.
+fn replay(
+    net: &Net,
+    geo: &Geo,
+    proto: &ProtoSpec,
+    threads: &Threads,
+    nch: usize,
+    nranks: usize,
+) -> Result<(Vec<f64>, u64), SimError> {
+    let (ops, steps) = (&threads.ops, &threads.steps);
+    let nthreads = ops.len();
     let mut free = vec![0.0f64; net.bw.len()];
     let mut cursor = vec![0usize; nthreads];
     let mut ready = vec![0.0f64; nthreads];
-    let mut done_at = vec![0.0f64; fold];
+    let mut done_at = vec![0.0f64; nranks];
     let mut queues: HashMap<u64, VecDeque<Msg>, Fx> = HashMap::default();
     let mut waiting: HashMap<u64, usize, Fx> = HashMap::default();
     let mut heap: BinaryHeap<Reverse<(Time, usize)>> = BinaryHeap::new();
@@ -625,7 +849,7 @@ pub fn simulate_with(
             }
             if op.flags & SEND != 0 {
                 let dst = op.to as usize;
-                let path = geo.path(&net, rank, dst);
+                let path = geo.path(net, rank, dst);
                 let src_ready = match input {
                     Some(m) => s0.max(m.head) + piece / proc_bw,
                     None => s0,
@@ -680,32 +904,7 @@ pub fn simulate_with(
             k >> 40
         )));
     }
-    let (last_rank, time_us) = done_at
-        .iter()
-        .copied()
-        .enumerate()
-        .fold((0, 0.0f64), |a, (r, t)| if t > a.1 { (r, t) } else { a });
-    let first_done_us = done_at.iter().copied().fold(f64::INFINITY, f64::min);
-    let size = size_bytes(&full_spec, elem_size);
-    let algbw = if time_us > 0.0 {
-        size as f64 / time_us / 1e3
-    } else {
-        0.0
-    };
-    Ok(SimResult {
-        time_us,
-        first_done_us,
-        size_bytes: size,
-        algbw,
-        busbw: algbw * bus_factor(spec.kind, n),
-        algorithm: algorithm.name().to_string(),
-        protocol,
-        nchannels: real_nch,
-        chunk_elems: params.chunk_elems,
-        ranks_replayed: fold,
-        prims: prims * (n / fold) as u64 * if fold_ch { real_nch as u64 } else { 1 },
-        last_rank,
-    })
+    Ok((done_at, prims))
 }
 
 /// A time ordered by `total_cmp`.

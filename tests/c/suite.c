@@ -696,6 +696,22 @@ static void case_errors(void) {
   EXPECT(strstr(ncclGetLastError(NULL), "NCCL_SIM_INFO_INITIALIZER") != NULL);
   EXPECT_RC(ncclGroupEnd(), ncclInvalidUsage, NULL);
   EXPECT(out[0] == -7.0f);
+  /* Sends and receives are estimated from this rank's side (the peer never
+     posts its calls, and nothing waits for it); they add to the group's
+     collectives. */
+  ncclSimInfo_t p2p = NCCL_SIM_INFO_INITIALIZER, both = NCCL_SIM_INFO_INITIALIZER;
+  CHECK(ncclGroupStart());
+  CHECK(ncclSend(buf, 4, ncclFloat, 1, c0, NULL));
+  CHECK(ncclRecv(out, 4, ncclFloat, 1, c0, NULL));
+  CHECK(ncclGroupSimulateEnd(&p2p));
+  EXPECT(p2p.estimatedTime > 0.0f);
+  CHECK(ncclGroupStart());
+  CHECK(ncclAllReduce(buf, out, 4, ncclFloat, ncclSum, c0, NULL));
+  CHECK(ncclSend(buf, 4, ncclFloat, 1, c0, NULL));
+  CHECK(ncclRecv(out, 4, ncclFloat, 1, c0, NULL));
+  CHECK(ncclGroupSimulateEnd(&both));
+  EXPECT(both.estimatedTime > p2p.estimatedTime);
+  EXPECT(out[0] == -7.0f && out[3] == -7.0f);
 
   /* Not supported on host memory. */
   EXPECT_RC(ncclSignal(1, 0, 0, 0, c0, NULL), ncclInvalidUsage, c0);
