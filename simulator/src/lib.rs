@@ -29,6 +29,6 @@ pub mod sim;
 
 pub use cluster::{ClusterSpec, Protocol, SimError};
 pub use sim::{
-    bus_factor, default_params, default_protocol, simulate, simulate_with, size_bytes, SimOptions,
-    SimResult, MAX_PRIMS,
+    bus_factor, default_params, default_protocol, simulate, simulate_with, size_bytes,
+    working_set_bytes, SimOptions, SimResult, MAX_PRIMS,
 };

@@ -114,8 +114,36 @@ struct Path {
     latency: f64,
 }
 
+/// The bytes a call touches at `rank` apart from FIFO staging: its send
+/// and receive buffers, counted apart (the working set the cluster's
+/// `cache` level is compared with).
+pub fn working_set_bytes(spec: &CollSpec, elem_size: usize, rank: usize) -> usize {
+    let (k, n) = (spec.kind, spec.nranks);
+    (k.send_len(spec.count, n, rank, spec.root) + k.recv_len(spec.count, n, rank, spec.root))
+        .saturating_mul(elem_size)
+}
+
+/// Reduction and copy throughput of every rank for `spec` (bytes / µs):
+/// the rates of the first cache level whose host share holds the rank's
+/// working set, the cluster's (memory's) when none does.
+fn rank_rates(c: &ClusterSpec, host_of: &[usize], spec: &CollSpec, elem: usize) -> Vec<(f64, f64)> {
+    let mut on_host = vec![0usize; c.hosts];
+    for &h in host_of {
+        on_host[h] += 1;
+    }
+    (0..host_of.len())
+        .map(|r| {
+            let need = working_set_bytes(spec, elem, r).saturating_mul(on_host[host_of[r]]);
+            match c.caches.iter().find(|k| need <= k.bytes) {
+                Some(k) => (k.reduce_gbs * 1e3, k.copy_gbs * 1e3),
+                None => (c.reduce_gbs * 1e3, c.copy_gbs * 1e3),
+            }
+        })
+        .collect()
+}
+
 impl Net {
-    fn new(c: &ClusterSpec) -> Net {
+    fn new(c: &ClusterSpec, spec: &CollSpec, elem: usize) -> Net {
         let host_of = c.host_of();
         let n = host_of.len();
         let mut seen = vec![0usize; c.hosts];
@@ -150,8 +178,9 @@ impl Net {
         bw[intra_tx..nic_tx].fill(port);
         bw[nic_tx..leaf_up].fill(nic);
         bw[leaf_up..total].fill(leaf);
-        let mut reduce = vec![gbs(c.reduce_gbs); n];
-        let mut copy = vec![gbs(c.copy_gbs); n];
+        let rates = rank_rates(c, &host_of, spec, elem);
+        let mut reduce: Vec<f64> = rates.iter().map(|r| r.0).collect();
+        let mut copy: Vec<f64> = rates.iter().map(|r| r.1).collect();
         let mut net = Net {
             host_of,
             local,
@@ -455,7 +484,7 @@ pub fn simulate_with(
         n
     };
     let proto: ProtoSpec = *cluster.protocols.get(protocol);
-    let mut net = Net::new(cluster);
+    let mut net = Net::new(cluster, &full_spec, elem_size);
     let geo = Geo {
         rph: cluster.ranks_per_host,
         hpl: cluster.fabric.hosts_per_leaf.min(cluster.hosts).max(1),
