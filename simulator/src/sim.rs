@@ -116,7 +116,7 @@ struct Path {
 
 /// The bytes a call touches at `rank` apart from FIFO staging: its send
 /// and receive buffers, counted apart (the working set the cluster's
-/// `cache` level is compared with).
+/// `caches` levels are compared with).
 pub fn working_set_bytes(spec: &CollSpec, elem_size: usize, rank: usize) -> usize {
     let (k, n) = (spec.kind, spec.nranks);
     (k.send_len(spec.count, n, rank, spec.root) + k.recv_len(spec.count, n, rank, spec.root))
