@@ -28,7 +28,9 @@
 #   (1gbit, --net), NIC_EFF, NIC_LAT_US (--net replay), OUT
 #   (target/sim-validate, target/sim-validate-net with --net),
 #   REPORT_ONLY=1 (replay and report against the last measurements, e.g.
-#   for another cluster file or other NIC figures).
+#   for another cluster file or other NIC figures). The medians are also
+#   written to OUT/medians.txt, the input of
+#   `cargo run --release -p rccl-simulator --example fit_local`.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -176,6 +178,7 @@ def human(size):
 print("| collective | size | engine's choice | measured busbw median (range) GB/s | simulated GB/s | error |")
 print("|---|---:|---|---:|---:|---:|")
 errors = []
+medians = open(f"{out}/medians.txt", "w")  # simulator/examples/fit_local.rs reads it
 for c in colls:
     measured = {}
     for r in range(1, rounds + 1):
@@ -195,11 +198,13 @@ for c in colls:
     for size in sorted(measured):
         v = measured[size]
         med = statistics.median(v)
+        medians.write(f"{c} {size} {med:.4f}\n")
         sim = simulated.get(size, float("nan"))
         err = (sim - med) / med * 100 if med > 0 else float("nan")
         errors.append((abs(err), c, size, err))
         algo, proto, nch, _ = chosen[size]
         print(f"| {c} | {human(size)} | {algo}/{proto}/{nch} | {med:.3f} ({min(v):.3f}-{max(v):.3f}) | {sim:.3f} | {err:+.0f}% |")
+medians.close()
 within = sum(e[0] <= 25 for e in errors)
 worst = max(errors)
 print(f"\n{within} of {len(errors)} sizes within 25%, median error "
