@@ -45,9 +45,10 @@ RATE=${RATE:-1gbit}
 # Payload fraction of the shaped rate: 1448 payload bytes per 1514-byte
 # frame (MTU 1500, TCP timestamps) = 0.956, from the headers, not fitted
 # (the measured 256 MiB plateaus are 0.93-0.95 of the rate). Per-message
-# latency: fitted to the run recorded in docs/SIMULATOR.md, validation
+# latency: fitted to the runs recorded in docs/SIMULATOR.md, validation
 # (1)(b): 0 us fits best, 0-60 us keep every size within 25%. It is not
-# the link's latency (an 8-byte all-reduce over the bed takes ~260 us):
+# the link's latency (an 8-byte all-reduce over the idle bed takes
+# ~120 us):
 # tbf's burst lets the first 256 KB after an idle spell through at the
 # veth's speed, which hides the latency of the 64 KiB-1 MiB calls, and
 # the model has no token bucket.
