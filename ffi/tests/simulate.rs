@@ -266,9 +266,12 @@ fn a_peer_on_another_host_is_reached_through_the_nic() {
         );
     }
     // Without shared memory both go through TCP, whose loopback the preset
-    // models as fast as the network: the same either way.
-    let mut within = planned_send(vec![0, 0], 1 << 20);
-    let mut across = planned_send(vec![0, 1], 1 << 20);
+    // models as fast as the network: the same either way, at a size whose
+    // working set exceeds every cache level (below that, two ranks of one
+    // host share a host's cache and may fall to a slower level than one
+    // rank alone).
+    let mut within = planned_send(vec![0, 0], 64 << 20);
+    let mut across = planned_send(vec![0, 1], 64 << 20);
     within.config.shm_disable = true;
     across.config.shm_disable = true;
     let within = rcclrs::simulate::group_us(&[within]).unwrap();

@@ -37,6 +37,13 @@ pub struct ClusterSpec {
     /// Per-rank local copy throughput (GB/s): copies out of a FIFO and
     /// local copies between buffers.
     pub copy_gbs: f64,
+    /// Cache levels in front of memory, smallest first: a rank whose
+    /// working set for a call fits its share of a level runs the call at
+    /// the first such level's rates instead of `reduce_gbs` / `copy_gbs`
+    /// (which are then memory's). Empty (the default): one pair of rates
+    /// for every size.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caches: Vec<Cache>,
     /// The three protocols.
     pub protocols: Protocols,
     /// How calls are cut into channels and chunks when the caller does not
@@ -46,6 +53,27 @@ pub struct ClusterSpec {
     /// Slow ranks and degraded links.
     #[serde(default)]
     pub faults: Faults,
+}
+
+/// A cache level of a host, its capacity shared by the ranks on the host
+/// (a level private to each core is given as the sum over the cores).
+///
+/// A rank's working set for a call is the bytes of its send and receive
+/// buffers (`CollKind::send_len + recv_len` elements, counted apart even
+/// when the call is in place); FIFO staging is left out (it is bounded by
+/// the slots and reused). When the working set is at most `bytes` divided
+/// by the number of ranks on the rank's host, the rank reduces and copies
+/// at this level's `reduce_gbs` / `copy_gbs` for the whole call, unless a
+/// smaller level listed before it fits too.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cache {
+    /// Capacity of one host's cache, bytes.
+    pub bytes: usize,
+    /// Per-rank reduction throughput for working sets that fit, GB/s.
+    pub reduce_gbs: f64,
+    /// Per-rank copy throughput for working sets that fit, GB/s.
+    pub copy_gbs: f64,
 }
 
 /// The intra-host interconnect: a switch (NVSwitch-class, or shared memory
@@ -361,6 +389,13 @@ impl ClusterSpec {
         };
         positive("reduce_gbs", self.reduce_gbs)?;
         positive("copy_gbs", self.copy_gbs)?;
+        for cache in &self.caches {
+            positive("caches.reduce_gbs", cache.reduce_gbs)?;
+            positive("caches.copy_gbs", cache.copy_gbs)?;
+        }
+        if self.caches.windows(2).any(|w| w[0].bytes >= w[1].bytes) {
+            return err("caches must be listed smallest first");
+        }
         positive("nic.gbit", self.nic.gbit)?;
         positive("nic.efficiency", self.nic.efficiency)?;
         non_negative("nic.latency_us", self.nic.latency_us)?;
@@ -487,6 +522,7 @@ pub fn h100(hosts: usize) -> ClusterSpec {
         },
         reduce_gbs: 1100.0,
         copy_gbs: 1600.0,
+        caches: Vec::new(),
         protocols: protocols(0.2, 0.5, 1.0, 2.0),
         tuning: Tuning {
             min_channels: 1,
@@ -521,6 +557,18 @@ pub fn local(ranks: usize, tcp_only: bool) -> ClusterSpec {
         fabric: Fabric::default(),
         reduce_gbs: LOCAL_REDUCE_GBS,
         copy_gbs: LOCAL_COPY_GBS,
+        caches: vec![
+            Cache {
+                bytes: LOCAL_L2_BYTES,
+                reduce_gbs: LOCAL_L2_REDUCE_GBS,
+                copy_gbs: LOCAL_L2_COPY_GBS,
+            },
+            Cache {
+                bytes: LOCAL_L3_BYTES,
+                reduce_gbs: LOCAL_L3_REDUCE_GBS,
+                copy_gbs: LOCAL_L3_COPY_GBS,
+            },
+        ],
         protocols: protocols(
             LOCAL_STEP_OVERHEAD_US,
             LOCAL_STEP_OVERHEAD_US,
@@ -535,24 +583,47 @@ pub fn local(ranks: usize, tcp_only: bool) -> ClusterSpec {
 // The local-shm figures below were fitted to this machine's perf binaries
 // (2 processes bound to a core each, ring, 64 KiB-256 MiB, all-reduce,
 // all-gather and reduce-scatter, medians of 3 rounds on an idle machine):
-// `scripts/sim-validate.sh`, docs/SIMULATOR.md "Against this machine".
+// `scripts/sim-validate.sh` measures, `simulator/examples/fit_local.rs`
+// fits the shared-memory bandwidth, the per-primitive overhead and the
+// three pairs of reduction / copy rates (L2, L3, memory); the cache sizes
+// and the shared-memory latency are not fitted. docs/SIMULATOR.md
+// "Against this machine".
 
 /// Shared-memory transfer bandwidth per rank (a memcpy into and out of
 /// the segment), GB/s.
-pub const LOCAL_SHM_GBS: f64 = 10.0;
-/// Shared-memory wake-up latency, microseconds.
+pub const LOCAL_SHM_GBS: f64 = 14.0;
+/// Shared-memory wake-up latency, microseconds (not refitted: below the
+/// per-primitive overhead it does not change the fit).
 pub const LOCAL_SHM_LATENCY_US: f64 = 0.5;
 /// TCP loopback throughput, Gb/s.
 pub const LOCAL_TCP_GBIT: f64 = 16.0;
 /// TCP loopback one-way latency, microseconds.
 pub const LOCAL_TCP_LATENCY_US: f64 = 30.0;
-/// Reduction throughput of one rank (float sum), GB/s.
-pub const LOCAL_REDUCE_GBS: f64 = 14.0;
-/// Copy throughput of one rank, GB/s.
-pub const LOCAL_COPY_GBS: f64 = 8.0;
+/// Reduction throughput of one rank (float sum) whose working set fits
+/// no cache level (memory), GB/s.
+pub const LOCAL_REDUCE_GBS: f64 = 7.0;
+/// Copy throughput of one rank whose working set fits no cache level
+/// (memory), GB/s.
+pub const LOCAL_COPY_GBS: f64 = 7.0;
+/// This machine's L2 caches, bytes: 512 KiB private to each of its two
+/// cores (`/sys/devices/system/cpu/cpu*/cache/index2`).
+pub const LOCAL_L2_BYTES: usize = 2 * (512 << 10);
+/// Reduction throughput of a rank whose working set fits its L2, GB/s.
+pub const LOCAL_L2_REDUCE_GBS: f64 = 14.0;
+/// Copy throughput of a rank whose working set fits its L2, GB/s.
+pub const LOCAL_L2_COPY_GBS: f64 = 9.0;
+/// This machine's last-level cache (L3), bytes, shared by its two cores
+/// (`/sys/devices/system/cpu/cpu0/cache/index3`).
+pub const LOCAL_L3_BYTES: usize = 32 << 20;
+/// Reduction throughput of a rank whose working set fits its share of the
+/// L3, GB/s.
+pub const LOCAL_L3_REDUCE_GBS: f64 = 11.0;
+/// Copy throughput of a rank whose working set fits its share of the L3,
+/// GB/s.
+pub const LOCAL_L3_COPY_GBS: f64 = 7.0;
 /// Fixed cost of a primitive on a CPU rank (its share of the per-call
 /// path and the drive loop), µs.
-pub const LOCAL_STEP_OVERHEAD_US: f64 = 0.5;
+pub const LOCAL_STEP_OVERHEAD_US: f64 = 1.0;
 
 /// A preset by name: `h100` (with `hosts`), `local-shm` / `local-tcp`
 /// (with `ranks_per_host` ranks).

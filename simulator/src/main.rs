@@ -18,7 +18,7 @@ struct Args {
     /// Cluster: a preset (h100, local-shm, local-tcp) or a JSON file.
     #[arg(long, default_value = "h100")]
     cluster: String,
-    /// Hosts (presets; overrides a file's value).
+    /// Hosts (presets, local-* included; overrides a file's value).
     #[arg(long)]
     hosts: Option<usize>,
     /// Ranks per host (presets local-*: the rank count; overrides a file's).
@@ -58,6 +58,15 @@ struct Args {
     /// A degraded link: RANK:intra|nic:FACTOR (repeatable).
     #[arg(long)]
     degrade: Vec<String>,
+    /// NIC line rate, Gb/s (overrides the cluster's).
+    #[arg(long)]
+    nic_gbit: Option<f64>,
+    /// Fraction of the NIC line rate a transfer achieves (overrides).
+    #[arg(long)]
+    nic_efficiency: Option<f64>,
+    /// NIC-to-NIC one-way latency per message, µs (overrides).
+    #[arg(long)]
+    nic_latency_us: Option<f64>,
     /// Placement: a file holding a JSON array of host per rank.
     #[arg(long)]
     placement: Option<String>,
@@ -107,15 +116,24 @@ fn build_cluster(a: &Args) -> Result<ClusterSpec, String> {
             let text = std::fs::read_to_string(&a.cluster)
                 .map_err(|e| format!("{}: {e} (presets: h100, local-shm, local-tcp)", a.cluster))?;
             let mut c = ClusterSpec::from_json(&text).map_err(|e| e.to_string())?;
-            if let Some(h) = a.hosts {
-                c.hosts = h;
-            }
             if let Some(m) = a.ranks_per_host {
                 c.ranks_per_host = m;
             }
             c
         }
     };
+    if let Some(h) = a.hosts {
+        c.hosts = h;
+    }
+    if let Some(g) = a.nic_gbit {
+        c.nic.gbit = g;
+    }
+    if let Some(e) = a.nic_efficiency {
+        c.nic.efficiency = e;
+    }
+    if let Some(l) = a.nic_latency_us {
+        c.nic.latency_us = l;
+    }
     if let Some(path) = &a.placement {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
         c.placement = Some(serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?);

@@ -116,8 +116,40 @@ struct Path {
     latency: f64,
 }
 
+/// The bytes a call touches at `rank` apart from FIFO staging: its send
+/// and receive buffers, counted apart (the working set the cluster's
+/// `caches` levels are compared with).
+pub fn working_set_bytes(spec: &CollSpec, elem_size: usize, rank: usize) -> usize {
+    let (k, n) = (spec.kind, spec.nranks);
+    (k.send_len(spec.count, n, rank, spec.root) + k.recv_len(spec.count, n, rank, spec.root))
+        .saturating_mul(elem_size)
+}
+
+/// Reduction and copy throughput of every rank (bytes / µs), given each
+/// rank's working set in bytes: the rates of the first cache level whose
+/// host share holds it, the cluster's (memory's) when none does.
+fn rank_rates(
+    c: &ClusterSpec,
+    host_of: &[usize],
+    working_set: impl Fn(usize) -> usize,
+) -> Vec<(f64, f64)> {
+    let mut on_host = vec![0usize; c.hosts];
+    for &h in host_of {
+        on_host[h] += 1;
+    }
+    (0..host_of.len())
+        .map(|r| {
+            let need = working_set(r).saturating_mul(on_host[host_of[r]]);
+            match c.caches.iter().find(|k| need <= k.bytes) {
+                Some(k) => (k.reduce_gbs * 1e3, k.copy_gbs * 1e3),
+                None => (c.reduce_gbs * 1e3, c.copy_gbs * 1e3),
+            }
+        })
+        .collect()
+}
+
 impl Net {
-    fn new(c: &ClusterSpec) -> Net {
+    fn new(c: &ClusterSpec, working_set: impl Fn(usize) -> usize) -> Net {
         let host_of = c.host_of();
         let n = host_of.len();
         let mut seen = vec![0usize; c.hosts];
@@ -152,8 +184,9 @@ impl Net {
         bw[intra_tx..nic_tx].fill(port);
         bw[nic_tx..leaf_up].fill(nic);
         bw[leaf_up..total].fill(leaf);
-        let mut reduce = vec![gbs(c.reduce_gbs); n];
-        let mut copy = vec![gbs(c.copy_gbs); n];
+        let rates = rank_rates(c, &host_of, working_set);
+        let mut reduce: Vec<f64> = rates.iter().map(|r| r.0).collect();
+        let mut copy: Vec<f64> = rates.iter().map(|r| r.1).collect();
         let mut net = Net {
             host_of,
             local,
@@ -469,7 +502,7 @@ pub fn simulate_with(
         n
     };
     let proto: ProtoSpec = *cluster.protocols.get(protocol);
-    let mut net = Net::new(cluster);
+    let mut net = Net::new(cluster, |r| working_set_bytes(&full_spec, elem_size, r));
     let geo = Geo::new(cluster, &proto);
     let real_nch = params.nchannels.max(1);
     // Only the ring's channels run in lockstep, link-bound; folding the
@@ -663,7 +696,19 @@ pub fn simulate_p2p(
 
     let nch = params.nchannels.max(1);
     let proto: ProtoSpec = *cluster.protocols.get(protocol);
-    let net = Net::new(cluster);
+    // A rank's working set: the bytes it sends and receives.
+    let moved: Vec<usize> = mirror
+        .iter()
+        .map(|calls| {
+            calls
+                .iter()
+                .map(|c| match *c {
+                    P2pOp::Send { len, .. } | P2pOp::Recv { len, .. } => len,
+                })
+                .sum()
+        })
+        .collect();
+    let net = Net::new(cluster, |r| moved[r]);
     let geo = Geo::new(cluster, &proto);
     let mut threads = Threads::default();
     for (r, calls) in mirror.iter().enumerate() {

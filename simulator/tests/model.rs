@@ -5,7 +5,9 @@ use rccl_algorithms::{
     builtin, builtins, tree::dtree, CollKind, CollSpec, HalvingDoubling, Hierarchical, Params,
     Ring, Tree,
 };
-use rccl_simulator::cluster::{self, ClusterSpec, DegradedLink, IntraLink, LinkKind, SlowRank};
+use rccl_simulator::cluster::{
+    self, Cache, ClusterSpec, DegradedLink, IntraLink, LinkKind, SlowRank,
+};
 use rccl_simulator::{
     default_params, report, simulate, simulate_with, Protocol, SimOptions, SimResult,
 };
@@ -20,6 +22,7 @@ fn uniform(n: usize, gbs: f64, lat: f64, overhead: f64) -> ClusterSpec {
     });
     c.reduce_gbs = 1e9;
     c.copy_gbs = 1e9;
+    c.caches.clear();
     for p in [
         &mut c.protocols.ll,
         &mut c.protocols.ll128,
@@ -371,6 +374,102 @@ fn cluster_descriptions_round_trip_and_reject_nonsense() {
     bad.nic.gbit = 0.0;
     assert!(bad.validate().is_err());
     assert!(ClusterSpec::from_json("{\"name\": \"x\"}").is_err());
+    // Cache levels are optional: a description without them has none, and
+    // a cluster without them prints none.
+    let mut plain = cluster::local(2, false);
+    plain.caches.clear();
+    assert!(!plain.to_json().contains("caches"));
+    assert!(!cluster::h100(1).to_json().contains("caches"));
+    assert_eq!(ClusterSpec::from_json(&plain.to_json()).unwrap(), plain);
+    let mut bad = cluster::local(2, false);
+    bad.caches.reverse();
+    assert!(bad.validate().is_err(), "caches listed largest first");
+    let mut bad = cluster::local(2, false);
+    bad.caches[0].copy_gbs = 0.0;
+    assert!(bad.validate().is_err());
+}
+
+/// `uniform` with one cache level of `bytes` per host at `reduce` /
+/// `copy` GB/s in front of memory at 10 / 5 GB/s.
+fn cached(n: usize, bytes: usize, reduce: f64, copy: f64) -> ClusterSpec {
+    let mut c = uniform(n, 1e9, 0.0, 0.0);
+    c.reduce_gbs = 10.0;
+    c.copy_gbs = 5.0;
+    c.caches = vec![Cache {
+        bytes,
+        reduce_gbs: reduce,
+        copy_gbs: copy,
+    }];
+    c
+}
+
+#[test]
+fn a_cache_level_switches_the_rates_at_its_size() {
+    // One rank: an all-reduce is one local copy of S bytes, working set
+    // 2S (send and receive buffers): S / cache copy rate while 2S fits,
+    // S / memory's copy rate above.
+    let cache = 1 << 20;
+    let c = cached(1, cache, 40.0, 20.0);
+    for (bytes, copy_gbs) in [(256 << 10, 20.0), (512 << 10, 20.0), (1 << 20, 5.0)] {
+        let r = run(
+            &c,
+            CollKind::AllReduce,
+            bytes / 4,
+            "ring",
+            one_channel(1 << 30),
+        );
+        close(r.time_us, bytes as f64 / (copy_gbs * 1e3), 1e-9);
+    }
+    // Two ranks on one host, free links: a reduce-scatter of `count` per
+    // rank sends one block and reduces the other, T = 4 count / reduce
+    // rate; a rank's working set is 3 count elements (2 count in, count
+    // out) and the host's cache is shared by its 2 ranks.
+    let count = 1 << 14; // working set 192 KiB per rank, 384 KiB per host
+    let want = |gbs: f64| (count * 4) as f64 / (gbs * 1e3);
+    for (bytes, gbs) in [(384 << 10, 40.0), ((384 << 10) - 1, 10.0)] {
+        let r = run(
+            &cached(2, bytes, 40.0, 20.0),
+            CollKind::ReduceScatter,
+            count,
+            "ring",
+            one_channel(1 << 30),
+        );
+        close(r.time_us, want(gbs), 1e-6);
+    }
+    // The same ranks on two hosts (one each, linked by a free NIC): each
+    // rank has a host's whole cache, so half of it suffices. (1e-6: the
+    // free links still take bytes / 1e9 GB/s.)
+    let mut two = cached(2, 192 << 10, 40.0, 20.0).with_placement(&[0, 1]);
+    two.nic.gbit = 1e9;
+    two.nic.latency_us = 0.0;
+    let r = run(
+        &two,
+        CollKind::ReduceScatter,
+        count,
+        "ring",
+        one_channel(1 << 30),
+    );
+    close(r.time_us, want(40.0), 1e-6);
+    // Two levels: the first (smallest) that holds the working set wins.
+    let mut c = cached(1, 1 << 20, 40.0, 20.0);
+    c.caches.insert(
+        0,
+        Cache {
+            bytes: 256 << 10,
+            reduce_gbs: 80.0,
+            copy_gbs: 40.0,
+        },
+    );
+    for (bytes, copy_gbs) in [(128 << 10, 40.0), (256 << 10, 20.0), (1 << 20, 5.0)] {
+        let r = run(
+            &c,
+            CollKind::AllReduce,
+            bytes / 4,
+            "ring",
+            one_channel(1 << 30),
+        );
+        close(r.time_us, bytes as f64 / (copy_gbs * 1e3), 1e-9);
+    }
 }
 
 #[test]
