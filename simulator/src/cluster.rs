@@ -582,7 +582,8 @@ pub fn local(ranks: usize, tcp_only: bool) -> ClusterSpec {
 
 // The local-shm figures below were fitted to this machine's perf binaries
 // (2 processes bound to a core each, ring, 64 KiB-256 MiB, all-reduce,
-// all-gather and reduce-scatter, medians of 3 rounds on an idle machine):
+// all-gather and reduce-scatter, the fastest of 5 rounds per size on an
+// idle machine, `STAT=best ROUNDS=5`):
 // `scripts/sim-validate.sh` measures, `simulator/examples/fit_local.rs`
 // fits the shared-memory bandwidth, the per-primitive overhead and the
 // three pairs of reduction / copy rates (L2, L3, memory); the cache sizes
@@ -591,7 +592,7 @@ pub fn local(ranks: usize, tcp_only: bool) -> ClusterSpec {
 
 /// Shared-memory transfer bandwidth per rank (a memcpy into and out of
 /// the segment), GB/s.
-pub const LOCAL_SHM_GBS: f64 = 14.0;
+pub const LOCAL_SHM_GBS: f64 = 18.0;
 /// Shared-memory wake-up latency, microseconds (not refitted: below the
 /// per-primitive overhead it does not change the fit).
 pub const LOCAL_SHM_LATENCY_US: f64 = 0.5;
@@ -601,26 +602,26 @@ pub const LOCAL_TCP_GBIT: f64 = 16.0;
 pub const LOCAL_TCP_LATENCY_US: f64 = 30.0;
 /// Reduction throughput of one rank (float sum) whose working set fits
 /// no cache level (memory), GB/s.
-pub const LOCAL_REDUCE_GBS: f64 = 7.0;
+pub const LOCAL_REDUCE_GBS: f64 = 9.0;
 /// Copy throughput of one rank whose working set fits no cache level
 /// (memory), GB/s.
-pub const LOCAL_COPY_GBS: f64 = 7.0;
+pub const LOCAL_COPY_GBS: f64 = 8.0;
 /// This machine's L2 caches, bytes: 512 KiB private to each of its two
 /// cores (`/sys/devices/system/cpu/cpu*/cache/index2`).
 pub const LOCAL_L2_BYTES: usize = 2 * (512 << 10);
 /// Reduction throughput of a rank whose working set fits its L2, GB/s.
-pub const LOCAL_L2_REDUCE_GBS: f64 = 14.0;
+pub const LOCAL_L2_REDUCE_GBS: f64 = 20.0;
 /// Copy throughput of a rank whose working set fits its L2, GB/s.
-pub const LOCAL_L2_COPY_GBS: f64 = 9.0;
+pub const LOCAL_L2_COPY_GBS: f64 = 10.0;
 /// This machine's last-level cache (L3), bytes, shared by its two cores
 /// (`/sys/devices/system/cpu/cpu0/cache/index3`).
 pub const LOCAL_L3_BYTES: usize = 32 << 20;
 /// Reduction throughput of a rank whose working set fits its share of the
 /// L3, GB/s.
-pub const LOCAL_L3_REDUCE_GBS: f64 = 11.0;
+pub const LOCAL_L3_REDUCE_GBS: f64 = 14.0;
 /// Copy throughput of a rank whose working set fits its share of the L3,
 /// GB/s.
-pub const LOCAL_L3_COPY_GBS: f64 = 7.0;
+pub const LOCAL_L3_COPY_GBS: f64 = 9.0;
 /// Fixed cost of a primitive on a CPU rank (its share of the per-call
 /// path and the drive loop), µs.
 pub const LOCAL_STEP_OVERHEAD_US: f64 = 1.0;
