@@ -25,11 +25,17 @@
 # counts (small sizes need many iterations for a stable average, large
 # ones few): 8 B..64 KiB, 128 KiB..4 MiB, 8 MiB..256 MiB.
 #
+# Everything runs ROUNDS times (3), the rounds one after another so that
+# every library is measured in each; each figure reported is the fastest
+# round (the lowest time) of its library and size. This VM runs a process
+# in one of two speed modes about 2x apart, often for a whole sweep, so a
+# single round compares one library's slow spell with another's fast one.
+#
 # Installs openmpi-bin/libopenmpi-dev (and mpich/libmpich-dev) with apt-get
 # when missing. Takes about 5-10 minutes on 2 cores. Run it on an idle
 # machine: the load average is recorded at the start and the end.
 #
-# Environment knobs: SMALL_ITERS, MID_ITERS, LARGE_ITERS, LAT_ITERS, MAXBYTES,
+# Environment knobs: ROUNDS, SMALL_ITERS, MID_ITERS, LARGE_ITERS, LAT_ITERS, MAXBYTES,
 # COMPARE_MPICH (1/0), MPICH_OVERSUBSCRIBE (1/0), RUN_TIMEOUT (seconds per run), REPORT_ONLY=1 (only
 # rebuild the report from the raw outputs of the last run).
 set -euo pipefail
@@ -39,6 +45,7 @@ cd "$ROOT"
 OUT_DIR="$ROOT/target/compare-mpi"
 REPORT="$ROOT/target/compare-mpi.md"
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+ROUNDS=${ROUNDS:-3}
 SMALL_ITERS=${SMALL_ITERS:-1000}
 LAT_ITERS=${LAT_ITERS:-100000}
 MID_ITERS=${MID_ITERS:-100}
@@ -168,41 +175,47 @@ LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 START=$(date +%s)
 log "load average at start: $LOAD_START"
 
-for np in 2 4; do
-    for sweep in "${SWEEPS[@]}"; do
-        name=${sweep%%:*}
-        read -r -a a <<<"${sweep#*:}"
-        log "np=$np $name: rccl-rs"
-        ours "$np" "$OUT_DIR/ours-$np-$name.txt" -- "${a[@]}"
-        log "np=$np $name: OpenMPI default"
-        ompi "$np" "$OUT_DIR/ompi-$np-$name.txt" -- "${a[@]}"
-        log "np=$np $name: OpenMPI ring"
-        ompi "$np" "$OUT_DIR/ompiring-$np-$name.txt" "${OMPI_RING[@]}" -- "${a[@]}"
+rm -rf "$OUT_DIR"/r[0-9]*
+for ((round = 1; round <= ROUNDS; round++)); do
+    RUN="$OUT_DIR/r$round"
+    mkdir -p "$RUN"
+    log "round $round of $ROUNDS"
+    for np in 2 4; do
+        for sweep in "${SWEEPS[@]}"; do
+            name=${sweep%%:*}
+            read -r -a a <<<"${sweep#*:}"
+            log "np=$np $name: rccl-rs"
+            ours "$np" "$RUN/ours-$np-$name.txt" -- "${a[@]}"
+            log "np=$np $name: OpenMPI default"
+            ompi "$np" "$RUN/ompi-$np-$name.txt" -- "${a[@]}"
+            log "np=$np $name: OpenMPI ring"
+            ompi "$np" "$RUN/ompiring-$np-$name.txt" "${OMPI_RING[@]}" -- "${a[@]}"
+            if mpich_runs "$np"; then
+                log "np=$np $name: MPICH default"
+                mpich "$np" "$RUN/mpich-$np-$name.txt" "${a[@]}"
+            fi
+        done
+        lat=(-b 8 -e 8 -n "$LAT_ITERS" -w 1000)
+        log "np=$np 8 B latency: rccl-rs, OpenMPI default and ring"
+        ours "$np" "$RUN/ours-$np-lat.txt" -- "${lat[@]}"
+        ompi "$np" "$RUN/ompi-$np-lat.txt" -- "${lat[@]}"
+        ompi "$np" "$RUN/ompiring-$np-lat.txt" "${OMPI_RING[@]}" -- "${lat[@]}"
         if mpich_runs "$np"; then
-            log "np=$np $name: MPICH default"
-            mpich "$np" "$OUT_DIR/mpich-$np-$name.txt" "${a[@]}"
+            mpich "$np" "$RUN/mpich-$np-lat.txt" "${lat[@]}"
         fi
-    done
-    lat=(-b 8 -e 8 -n "$LAT_ITERS" -w 1000)
-    log "np=$np 8 B latency: rccl-rs, OpenMPI default and ring"
-    ours "$np" "$OUT_DIR/ours-$np-lat.txt" -- "${lat[@]}"
-    ompi "$np" "$OUT_DIR/ompi-$np-lat.txt" -- "${lat[@]}"
-    ompi "$np" "$OUT_DIR/ompiring-$np-lat.txt" "${OMPI_RING[@]}" -- "${lat[@]}"
-    if mpich_runs "$np"; then
-        mpich "$np" "$OUT_DIR/mpich-$np-lat.txt" "${lat[@]}"
-    fi
-    for proto in LL LL128 Simple; do
-        log "np=$np 8 B: rccl-rs NCCL_PROTO=$proto, board off"
-        ours "$np" "$OUT_DIR/ours-$np-proto-$proto.txt" NCCL_PROTO=$proto RCCL_BOARD_BYTES=0 -- \
-            "${lat[@]}"
+        for proto in LL LL128 Simple; do
+            log "np=$np 8 B: rccl-rs NCCL_PROTO=$proto, board off"
+            ours "$np" "$RUN/ours-$np-proto-$proto.txt" NCCL_PROTO=$proto RCCL_BOARD_BYTES=0 -- \
+                "${lat[@]}"
+        done
     done
 done
 
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 ELAPSED=$(($(date +%s) - START))
 log "load average at end: $LOAD_END ($ELAPSED s of runs)"
-printf 'LOAD_START="%s"\nLOAD_END="%s"\nELAPSED=%s\nCOMPARE_MPICH=%s\n' \
-    "$LOAD_START" "$LOAD_END" "$ELAPSED" "$COMPARE_MPICH" >"$OUT_DIR/meta.env"
+printf 'LOAD_START="%s"\nLOAD_END="%s"\nELAPSED=%s\nCOMPARE_MPICH=%s\nROUNDS=%s\n' \
+    "$LOAD_START" "$LOAD_END" "$ELAPSED" "$COMPARE_MPICH" "$ROUNDS" >"$OUT_DIR/meta.env"
 
 else
     # shellcheck disable=SC1091
@@ -210,20 +223,23 @@ else
 fi
 
 # ---------------------------------------------------------------- report
-# field SIZE COLUMN FILES...: the value of a result column (6 = out-of-place
-# time, 8 = out-of-place busbw, 12 = in-place busbw) for SIZE bytes.
+# field SIZE COLUMN NAMES...: the lowest value of a result column (6 =
+# out-of-place time) for SIZE bytes over every round's files of these
+# names: the fastest round.
+field() {
+    local size=$1 col=$2 name files=()
+    shift 2
+    for name in "$@"; do
+        for f in "$OUT_DIR"/r*/"$name"; do [ -r "$f" ] && files+=("$f"); done
+    done
+    [ "${#files[@]}" -gt 0 ] || { echo "-"; return 0; }
+    awk -v s="$size" -v c="$col" \
+        '$1 !~ /^#/ && NF >= 13 && $1 == s && (!found || $c + 0 < v + 0) { v = $c; found = 1 } END { print (found ? v : "-") }' "${files[@]}"
+}
 existing() { # the arguments that are readable files
     local f
     for f in "$@"; do [ -r "$f" ] && echo "$f"; done
     return 0
-}
-field() {
-    local size=$1 col=$2 files
-    shift 2
-    mapfile -t files < <(existing "$@")
-    [ "${#files[@]}" -gt 0 ] || { echo "-"; return 0; }
-    awk -v s="$size" -v c="$col" \
-        '$1 !~ /^#/ && NF >= 13 && $1 == s && !found { v = $c; found = 1 } END { print (found ? v : "-") }' "${files[@]}"
 }
 wrong_total() {
     local files
@@ -250,7 +266,7 @@ human() {
 declare -A RATIO
 SIZES=()
 s=8
-max=$(awk '$1 !~ /^#/ && NF >= 13 && $1 + 0 > m { m = $1 + 0 } END { print m }' /dev/null "$OUT_DIR"/*-large.txt 2>/dev/null || true)
+max=$(awk '$1 !~ /^#/ && NF >= 13 && $1 + 0 > m { m = $1 + 0 } END { print m }' /dev/null "$OUT_DIR"/r*/*-large.txt 2>/dev/null || true)
 [ -n "$max" ] && [ "$max" != 0 ] || max=268435456
 while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
 
@@ -261,6 +277,7 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
     echo "$(mpirun.openmpi --version 2>/dev/null | head -1)$( [ "$COMPARE_MPICH" = 1 ] && echo ", MPICH $(mpichversion 2>/dev/null | awk '/Version:/ {print $3}')")."
     echo "Load average (1/5/15 min) at start: $LOAD_START; at end: $LOAD_END; runs took ${ELAPSED} s."
     echo "Iterations: $SMALL_ITERS (8 B-64 KiB), $MID_ITERS (128 KiB-4 MiB), $LARGE_ITERS (8 MiB and up)."
+    echo "Rounds: ${ROUNDS:-1}, one after another; every figure is its library's fastest round at that size."
     echo
     for np in 2 4; do
         hdr="| size | rccl-rs ${np}p | OpenMPI default ${np}p | OpenMPI ring ${np}p |"
@@ -272,12 +289,12 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
         echo "$sep"
         below=()
         for size in "${SIZES[@]}"; do
-            o=$(field "$size" 6 "$OUT_DIR"/ours-$np-{small,mid,large}.txt)
-            d=$(field "$size" 6 "$OUT_DIR"/ompi-$np-{small,mid,large}.txt)
-            r=$(field "$size" 6 "$OUT_DIR"/ompiring-$np-{small,mid,large}.txt)
+            o=$(field "$size" 6 ours-$np-{small,mid,large}.txt)
+            d=$(field "$size" 6 ompi-$np-{small,mid,large}.txt)
+            r=$(field "$size" 6 ompiring-$np-{small,mid,large}.txt)
             row="| $(human "$size") | $(bus "$size" "$o" "$np") | $(bus "$size" "$d" "$np") | $(bus "$size" "$r" "$np") |"
             if [ "$COMPARE_MPICH" = 1 ]; then
-                row+=" $(bus "$size" "$(field "$size" 6 "$OUT_DIR"/mpich-$np-{small,mid,large}.txt)" "$np") |"
+                row+=" $(bus "$size" "$(field "$size" 6 mpich-$np-{small,mid,large}.txt)" "$np") |"
             fi
             # Same size, same factor: the busbw ratio is the inverse time ratio.
             q=$(ratio "$(lowest "$d" "$r")" "$o")
@@ -299,13 +316,13 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
         label=${np_row%%:*}
         pat=${np_row#*:}
         # shellcheck disable=SC2059
-        echo "| $label | $(field 8 6 "$OUT_DIR/$(printf "$pat" 2).txt") | $(field 8 6 "$OUT_DIR/$(printf "$pat" 4).txt") |"
+        echo "| $label | $(field 8 6 "$(printf "$pat" 2).txt") | $(field 8 6 "$(printf "$pat" 4).txt") |"
     done
     if [ "$COMPARE_MPICH" = 1 ]; then
-        echo "| MPICH default | $(field 8 6 "$OUT_DIR/mpich-2-lat.txt") | $(field 8 6 "$OUT_DIR/mpich-4-lat.txt") |"
+        echo "| MPICH default | $(field 8 6 "mpich-2-lat.txt") | $(field 8 6 "mpich-4-lat.txt") |"
     fi
     echo
-    echo "Latency ratio rccl-rs default / best OpenMPI: 2p $(ratio "$(field 8 6 "$OUT_DIR/ours-2-lat.txt")" "$(lowest "$(field 8 6 "$OUT_DIR/ompi-2-lat.txt")" "$(field 8 6 "$OUT_DIR/ompiring-2-lat.txt")")"), 4p $(ratio "$(field 8 6 "$OUT_DIR/ours-4-lat.txt")" "$(lowest "$(field 8 6 "$OUT_DIR/ompi-4-lat.txt")" "$(field 8 6 "$OUT_DIR/ompiring-4-lat.txt")")") (below 1 is better)."
+    echo "Latency ratio rccl-rs default / best OpenMPI: 2p $(ratio "$(field 8 6 "ours-2-lat.txt")" "$(lowest "$(field 8 6 "ompi-2-lat.txt")" "$(field 8 6 "ompiring-2-lat.txt")")"), 4p $(ratio "$(field 8 6 "ours-4-lat.txt")" "$(lowest "$(field 8 6 "ompi-4-lat.txt")" "$(field 8 6 "ompiring-4-lat.txt")")") (below 1 is better)."
     echo
     echo "### Targets"
     echo
@@ -315,8 +332,8 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
         echo "* 2 processes, $(human "$size"): busbw ratio $q (target >= 1.5): $ok"
     done
     for np in 2 4; do
-        o=$(field 8 6 "$OUT_DIR/ours-$np-lat.txt")
-        m=$(lowest "$(field 8 6 "$OUT_DIR/ompi-$np-lat.txt")" "$(field 8 6 "$OUT_DIR/ompiring-$np-lat.txt")")
+        o=$(field 8 6 "ours-$np-lat.txt")
+        m=$(lowest "$(field 8 6 "ompi-$np-lat.txt")" "$(field 8 6 "ompiring-$np-lat.txt")")
         ok=$(awk -v o="$o" -v m="$m" 'BEGIN { print (o != "-" && m != "-" && o + 0 <= m + 0) ? "holds" : "does not hold" }')
         echo "* $np processes, 8-byte latency: rccl-rs $o us, best OpenMPI $m us (target: at or below): $ok"
     done
@@ -334,7 +351,7 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
     done
     echo "* 4 processes, busbw at or above the better OpenMPI setting: $n_ok of $n_all sizes$( [ "${#short[@]}" -gt 0 ] && printf '; below at: %s' "$(IFS=,; echo "${short[*]}" | sed 's/,/, /g')")"
     echo
-    echo "Data checks: rccl-rs $(wrong_total "$OUT_DIR"/ours-*.txt); OpenMPI $(wrong_total "$OUT_DIR"/ompi*.txt)$( [ "$COMPARE_MPICH" = 1 ] && echo "; MPICH $(wrong_total "$OUT_DIR"/mpich-*.txt)")."
+    echo "Data checks: rccl-rs $(wrong_total "$OUT_DIR"/r*/ours-*.txt); OpenMPI $(wrong_total "$OUT_DIR"/r*/ompi*.txt)$( [ "$COMPARE_MPICH" = 1 ] && echo "; MPICH $(wrong_total "$OUT_DIR"/r*/mpich-*.txt)")."
     echo
 } | tee "$REPORT"
 log "report: $REPORT; raw outputs: $OUT_DIR/"
