@@ -1213,7 +1213,20 @@ fn open_board(comm: &CommInner) -> Result<BoardLink> {
         let name = String::from_utf8(name).map_err(|_| {
             Error::Remote(format!("{} sent a malformed board name", comm.describe(0)))
         })?;
-        rccl_transports::Board::open(&name, nranks, capacity).map_err(|e| failed("mapping", e))?
+        rccl_transports::Board::open(&name, nranks, capacity).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                // A creator that closes its board removes the name.
+                Error::Remote(format!(
+                    "rank {}: the board of {} was removed before this rank mapped it: {} gave \
+                     up on the communicator (a failed call, an abort or its destruction)",
+                    comm.rank,
+                    comm.describe(0),
+                    comm.describe(0)
+                ))
+            } else {
+                failed("mapping", e)
+            }
+        })?
     };
     tracing::info!(
         target: crate::debug::SHM,
@@ -1236,7 +1249,6 @@ fn open_board(comm: &CommInner) -> Result<BoardLink> {
         board,
         watch,
         names: (0..nranks).map(|r| comm.describe(r)).collect(),
-        named: std::sync::atomic::AtomicBool::new(comm.rank == 0),
     })
 }
 

@@ -635,9 +635,6 @@ pub struct BoardLink {
     pub watch: Vec<Option<ProcessId>>,
     /// What logs call each rank.
     pub names: Vec<String>,
-    /// Whether this rank still has to remove the segment's name (the
-    /// creator does, once every rank has posted: they have all mapped it).
-    pub named: std::sync::atomic::AtomicBool,
 }
 
 /// The state machine of a communicator's board operations, run one after
@@ -756,18 +753,6 @@ impl<'a> BoardRun<'a> {
                 self.woken = true;
             }
             self.reduce_posts(op, round)?;
-            // Loaded first: a swap on every call would write the line.
-            if self.link.named.load(std::sync::atomic::Ordering::Relaxed)
-                && self
-                    .link
-                    .named
-                    .swap(false, std::sync::atomic::Ordering::Relaxed)
-            {
-                // Every rank has posted, so every rank holds its mapping.
-                // A failure leaves the name to the segment's drop, which
-                // removes it too.
-                let _ = board.unlink();
-            }
             self.done += 1;
             self.round = None;
             progressed = true;

@@ -51,6 +51,8 @@ const LEN: usize = 4;
 // Words of the control page, and where the note's text starts.
 const CLOSED: usize = 0;
 const NOTE_LEN: usize = 1;
+/// How many peers have mapped the board.
+const MAPPED: usize = 2;
 const NOTE_TEXT: usize = 64;
 /// `CLOSED` values: open, note being written, note readable.
 const OPEN: u32 = 0;
@@ -93,10 +95,17 @@ impl Board {
         Ok(Board::over(segment, nranks, capacity))
     }
 
-    /// Maps the board `name` created by a peer with the same shape.
+    /// Maps the board `name` created by a peer with the same shape. The
+    /// last of the `nranks - 1` peers to map it removes the name, so that
+    /// from then on no crash leaves it in `/dev/shm` (until then, the
+    /// creator's drop removes it).
     pub fn open(name: &str, nranks: usize, capacity: usize) -> io::Result<Board> {
         let segment = ShmSegment::open(name, Board::segment_bytes(nranks, capacity))?;
-        Ok(Board::over(segment, nranks, capacity))
+        let board = Board::over(segment, nranks, capacity);
+        if board.control(MAPPED).fetch_add(1, Ordering::AcqRel) + 1 == nranks as u32 - 1 {
+            board.segment.unlink()?;
+        }
+        Ok(board)
     }
 
     fn over(segment: ShmSegment, nranks: usize, capacity: usize) -> Board {
@@ -113,11 +122,6 @@ impl Board {
     /// The segment's name, for the peers to open.
     pub fn name(&self) -> &str {
         self.segment.name()
-    }
-
-    /// Removes the segment's name once every peer has mapped it.
-    pub fn unlink(&self) -> io::Result<()> {
-        self.segment.unlink()
     }
 
     /// Most bytes one post holds.
@@ -260,8 +264,13 @@ impl Board {
     }
 
     /// Gives up on the board, leaving `note` (the first closer's only) for
-    /// every peer, and wakes every waiter.
+    /// every peer, and wakes every waiter. Also removes the board's name if
+    /// a peer has yet to map it: a closed board serves no more calls, and a
+    /// process that exits without dropping it would otherwise leave the
+    /// name in `/dev/shm`.
     pub fn close_with(&self, note: &str) {
+        // Already gone once every peer mapped it (ENOENT then).
+        let _ = self.segment.unlink();
         if self
             .control(CLOSED)
             .compare_exchange(OPEN, WRITING, Ordering::AcqRel, Ordering::Acquire)
@@ -353,7 +362,6 @@ mod tests {
     fn posts_alternate_and_carry_their_tag() {
         let a = Board::create(2, 256).unwrap();
         let b = Board::open(a.name(), 2, 256).unwrap();
-        a.unlink().unwrap();
         for seq in 0..5u32 {
             let (ra, rb) = (a.next_round(), b.next_round());
             assert_eq!(ra, rb);
@@ -373,6 +381,31 @@ mod tests {
             // The other parity still holds the previous round, not this one.
             assert!(b.read(0, rb + 1).is_err());
         }
+    }
+
+    #[test]
+    fn the_last_peer_to_map_the_board_removes_its_name() {
+        let a = Board::create(3, 64).unwrap();
+        let path = std::path::Path::new("/dev/shm").join(a.name().trim_start_matches('/'));
+        assert!(path.exists(), "{path:?} missing after create");
+        let _b = Board::open(a.name(), 3, 64).unwrap();
+        assert!(
+            path.exists(),
+            "{path:?} removed before every peer mapped it"
+        );
+        let _c = Board::open(a.name(), 3, 64).unwrap();
+        assert!(!path.exists(), "{path:?} left after every peer mapped it");
+    }
+
+    #[test]
+    fn closing_a_board_a_peer_never_mapped_removes_its_name() {
+        let a = Board::create(2, 64).unwrap();
+        let path = std::path::Path::new("/dev/shm").join(a.name().trim_start_matches('/'));
+        assert!(path.exists(), "{path:?} missing after create");
+        a.close_with("rank 0 timed out");
+        assert!(!path.exists(), "{path:?} left after the board closed");
+        // Leaked as a process that exits without dropping it would.
+        std::mem::forget(a);
     }
 
     #[test]
