@@ -171,6 +171,42 @@ pub enum P2pOp {
     },
 }
 
+impl P2pOp {
+    /// The call's length (`len`).
+    pub fn length(&self) -> usize {
+        match *self {
+            P2pOp::Send { len, .. } | P2pOp::Recv { len, .. } => len,
+        }
+    }
+
+    /// The rank the call sends to or receives from.
+    pub fn peer(&self) -> Rank {
+        match *self {
+            P2pOp::Send { peer, .. } | P2pOp::Recv { peer, .. } => peer,
+        }
+    }
+}
+
+/// Why `rank`'s sends to itself do not pair with its receives from itself
+/// (the `i`-th of each must have the same length, which [`p2p_schedule`]
+/// needs to turn them into copies), or `None` when they do.
+pub fn unpaired_self_calls(rank: Rank, calls: &[P2pOp]) -> Option<String> {
+    let own = |sending: bool| -> Vec<usize> {
+        calls
+            .iter()
+            .filter(|c| c.peer() == rank && matches!(c, P2pOp::Send { .. }) == sending)
+            .map(P2pOp::length)
+            .collect()
+    };
+    let (sends, recvs) = (own(true), own(false));
+    (sends != recvs).then(|| {
+        format!(
+            "sends to itself (lengths {sends:?}) do not match its receives from itself (lengths \
+             {recvs:?})"
+        )
+    })
+}
+
 /// The schedule of `rank` for a group of point-to-point calls.
 ///
 /// Everything runs in one concurrent step per channel. Every call is split

@@ -54,7 +54,7 @@ pub mod topology;
 pub mod tree;
 pub mod verify;
 
-pub use direct::{p2p_schedule, Direct, P2pOp};
+pub use direct::{p2p_schedule, unpaired_self_calls, Direct, P2pOp};
 pub use file::{load_schedule_file, parse_schedule, FileError, LoadedAlgorithm};
 pub use halving_doubling::HalvingDoubling;
 pub use hierarchical::Hierarchical;

@@ -166,9 +166,10 @@ pub fn group_simulate_end() -> Result<Option<Vec<PlannedComm>>> {
     let Some(ops) = close_group()? else {
         return Ok(None);
     };
-    let mut comms: Vec<(Arc<CommInner>, PlannedComm)> = Vec::new();
+    // Per communicator: its plan, and its sends and receives in call order.
+    let mut comms: Vec<(Arc<CommInner>, PlannedComm, Vec<&RawOp>)> = Vec::new();
     for op in &ops {
-        let index = match comms.iter().position(|(c, _)| Arc::ptr_eq(c, &op.comm)) {
+        let index = match comms.iter().position(|(c, _, _)| Arc::ptr_eq(c, &op.comm)) {
             Some(i) => i,
             None => {
                 op.comm.check_usable()?;
@@ -181,86 +182,81 @@ pub fn group_simulate_end() -> Result<Option<Vec<PlannedComm>>> {
                         collectives: Vec::new(),
                         p2p: None,
                     },
+                    Vec::new(),
                 ));
                 comms.len() - 1
             }
         };
-        let planned = &mut comms[index].1;
+        let (_, planned, p2p) = &mut comms[index];
         match op.kind {
             OpKind::Coll { .. } => {
                 let (spec, choice, in_place) = choose_collective(op)?;
-                tracing::info!(
-                    target: crate::debug::TUNING,
-                    "[{}] {}: {} Bytes -> Algo {} proto {} channel {} chunk {} elements{} \
-                     (simulated, not run)",
-                    op.comm.rank,
-                    spec.kind.name(),
-                    op.count * op.dtype.size(),
-                    choice.algorithm.name(),
-                    choice.protocol.name(),
-                    choice.params.nchannels,
-                    choice.params.chunk_elems,
-                    if in_place { " (in place)" } else { "" }
-                );
+                log_choice(op, &choice, in_place, " (simulated, not run)");
                 planned.collectives.push(PlannedCollective {
                     spec,
                     elem_size: op.dtype.size(),
                     choice,
                 });
             }
-            OpKind::Send { peer } | OpKind::Recv { peer } => {
-                // Offsets, channels, protocol and chunk are set below,
-                // once the whole batch is known.
-                let (len, offset) = (op.count * op.dtype.size(), 0);
-                let call = if matches!(op.kind, OpKind::Send { .. }) {
-                    P2pOp::Send { peer, offset, len }
-                } else {
-                    P2pOp::Recv { peer, offset, len }
-                };
-                let batch = planned.p2p.get_or_insert_with(|| PlannedP2p {
-                    calls: Vec::new(),
-                    nchannels: 0,
-                    protocol: Protocol::Simple,
-                    chunk_bytes: 0,
-                });
-                batch.calls.push(call);
-            }
+            OpKind::Send { .. } | OpKind::Recv { .. } => p2p.push(op),
         }
     }
-    for (comm, planned) in &mut comms {
-        if let Some(batch) = &mut planned.p2p {
-            // Offsets as plan_p2p lays the buffers: the sends end to end,
-            // the receives end to end.
-            let (mut send_end, mut recv_end) = (0, 0);
-            for call in &mut batch.calls {
-                let (offset, len, end) = match call {
-                    P2pOp::Send { offset, len, .. } => (offset, *len, &mut send_end),
-                    P2pOp::Recv { offset, len, .. } => (offset, *len, &mut recv_end),
-                };
-                *offset = *end;
-                *end += len;
-            }
-            (batch.nchannels, batch.protocol, batch.chunk_bytes) = p2p_shape(comm, &batch.calls)?;
-            tracing::info!(
-                target: crate::debug::TUNING,
-                "[{}] Send/Recv: {} calls, largest {} Bytes -> proto {} channel {} chunk {} Bytes \
-                 (simulated, not run)",
-                comm.rank,
-                batch.calls.len(),
-                batch.calls.iter().map(p2p_len).max().unwrap_or(0),
-                batch.protocol.name(),
-                batch.nchannels,
-                batch.chunk_bytes
-            );
+    for (comm, planned, p2p) in &mut comms {
+        if p2p.is_empty() {
+            continue;
         }
+        let calls = p2p_calls(p2p.iter().copied());
+        let (nchannels, protocol, chunk_bytes) = p2p_shape(comm, &calls)?;
+        tracing::info!(
+            target: crate::debug::TUNING,
+            "[{}] Send/Recv: {} calls, largest {} Bytes -> proto {} channel {} chunk {} Bytes \
+             (simulated, not run)",
+            comm.rank,
+            calls.len(),
+            calls.iter().map(P2pOp::length).max().unwrap_or(0),
+            protocol.name(),
+            nchannels,
+            chunk_bytes
+        );
+        planned.p2p = Some(PlannedP2p {
+            calls,
+            nchannels,
+            protocol,
+            chunk_bytes,
+        });
     }
-    Ok(Some(comms.into_iter().map(|(_, p)| p).collect()))
+    Ok(Some(comms.into_iter().map(|(_, p, _)| p).collect()))
 }
 
-fn p2p_len(call: &P2pOp) -> usize {
-    match *call {
-        P2pOp::Send { len, .. } | P2pOp::Recv { len, .. } => len,
-    }
+/// The calls of a batch of sends and receives, laid out as the launch
+/// lays their buffers: the sends end to end, the receives end to end
+/// (offsets and lengths in bytes).
+fn p2p_calls<'a>(ops: impl IntoIterator<Item = &'a RawOp>) -> Vec<P2pOp> {
+    let (mut send_end, mut recv_end) = (0, 0);
+    ops.into_iter()
+        .map(|op| {
+            let len = op.count * op.dtype.size();
+            match op.kind {
+                OpKind::Send { peer } => {
+                    send_end += len;
+                    P2pOp::Send {
+                        peer,
+                        offset: send_end - len,
+                        len,
+                    }
+                }
+                OpKind::Recv { peer } => {
+                    recv_end += len;
+                    P2pOp::Recv {
+                        peer,
+                        offset: recv_end - len,
+                        len,
+                    }
+                }
+                OpKind::Coll { .. } => unreachable!("a batch of sends and receives"),
+            }
+        })
+        .collect()
 }
 
 /// The channels, protocol and chunk (bytes) a batch of sends and receives
@@ -268,7 +264,7 @@ fn p2p_len(call: &P2pOp) -> usize {
 /// with its receives from itself.
 fn p2p_shape(comm: &CommInner, calls: &[P2pOp]) -> Result<(usize, Protocol, usize)> {
     check_self_pairs(comm.rank, calls)?;
-    let largest = calls.iter().map(p2p_len).max().unwrap_or(0);
+    let largest = calls.iter().map(P2pOp::length).max().unwrap_or(0);
     let (nchannels, protocol) = tuning::p2p_choice(&comm.config, largest);
     Ok((
         nchannels,
@@ -890,10 +886,24 @@ fn log_start(op: &RawOp, seq: u64, choice: &tuning::Choice, in_place: bool, on_b
         Arc::as_ptr(comm),
         comm.nranks
     );
+    log_choice(
+        op,
+        choice,
+        in_place,
+        if on_board { " via the board" } else { "" },
+    );
+}
+
+/// Logs the tuner's choice for a collective call (`NCCL_DEBUG` subsystem
+/// TUNING), `how` it runs appended.
+fn log_choice(op: &RawOp, choice: &tuning::Choice, in_place: bool, how: &str) {
+    let OpKind::Coll { kind, .. } = op.kind else {
+        return;
+    };
     tracing::info!(
         target: crate::debug::TUNING,
-        "[{}] {}: {} Bytes -> Algo {} proto {} channel {} chunk {} elements{}{}",
-        comm.rank,
+        "[{}] {}: {} Bytes -> Algo {} proto {} channel {} chunk {} elements{}{how}",
+        op.comm.rank,
         kind.name(),
         op.count * op.dtype.size(),
         choice.algorithm.name(),
@@ -901,7 +911,6 @@ fn log_start(op: &RawOp, seq: u64, choice: &tuning::Choice, in_place: bool, on_b
         choice.params.nchannels,
         choice.params.chunk_elems,
         if in_place { " (in place)" } else { "" },
-        if on_board { " via the board" } else { "" }
     );
 }
 
@@ -1068,38 +1077,20 @@ fn push_schedule(
 fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
     let comm = &launch.comm;
     let seq = comm.next_p2p_seq.fetch_add(1, Ordering::Relaxed);
+    let calls = p2p_calls(ops);
+    // Each call's buffer is bound at its offset in the batch.
     let (mut sends, mut recvs) = (Vec::new(), Vec::new());
-    let (mut send_end, mut recv_end) = (0, 0);
-    let mut calls = Vec::with_capacity(ops.len());
-    for op in ops {
-        let len = op.count * op.dtype.size();
-        calls.push(match op.kind {
-            OpKind::Send { peer } => {
-                sends.push(Segment {
-                    start: send_end,
-                    base: op.send as *mut u8,
-                });
-                send_end += len;
-                P2pOp::Send {
-                    peer,
-                    offset: send_end - len,
-                    len,
-                }
-            }
-            OpKind::Recv { peer } => {
-                recvs.push(Segment {
-                    start: recv_end,
-                    base: op.recv,
-                });
-                recv_end += len;
-                P2pOp::Recv {
-                    peer,
-                    offset: recv_end - len,
-                    len,
-                }
-            }
-            OpKind::Coll { .. } => unreachable!("plan_p2p takes sends and receives"),
-        });
+    for (op, call) in ops.iter().zip(&calls) {
+        match *call {
+            P2pOp::Send { offset, .. } => sends.push(Segment {
+                start: offset,
+                base: op.send as *mut u8,
+            }),
+            P2pOp::Recv { offset, .. } => recvs.push(Segment {
+                start: offset,
+                base: op.recv,
+            }),
+        }
     }
     let (nchannels, protocol, chunk_bytes) = p2p_shape(comm, &calls)?;
     let schedule = p2p_schedule(comm.rank, &calls, nchannels, chunk_bytes);
@@ -1126,24 +1117,12 @@ fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
 /// A send to this rank itself must be matched by a receive from itself of
 /// the same size, in order (they become one copy).
 fn check_self_pairs(rank: usize, calls: &[P2pOp]) -> Result<()> {
-    let own = |sending: bool| -> Vec<usize> {
-        calls
-            .iter()
-            .filter_map(|c| match *c {
-                P2pOp::Send { peer, len, .. } if sending && peer == rank => Some(len),
-                P2pOp::Recv { peer, len, .. } if !sending && peer == rank => Some(len),
-                _ => None,
-            })
-            .collect()
-    };
-    let (sends, recvs) = (own(true), own(false));
-    if sends != recvs {
-        return Err(Error::InvalidUsage(format!(
-            "rank {rank}: sends to itself ({sends:?} bytes) do not match its receives from \
-             itself ({recvs:?} bytes) in this group"
-        )));
+    match rccl_algorithms::unpaired_self_calls(rank, calls) {
+        Some(why) => Err(Error::InvalidUsage(format!(
+            "rank {rank}: {why} in this group (lengths in bytes)"
+        ))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Makes sure every connection the planned work needs exists. Dials first
