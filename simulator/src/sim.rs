@@ -15,7 +15,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use rccl_algorithms::{
-    p2p_schedule, Algorithm, Buf, CollKind, CollSpec, P2pOp, Params, Prim, Schedule, Topology,
+    p2p_schedule, unpaired_self_calls, Algorithm, Buf, CollKind, CollSpec, P2pOp, Params, Prim,
+    Schedule, Topology,
 };
 
 use crate::cluster::{ClusterSpec, LinkKind, ProtoSpec, Protocol, SimError};
@@ -551,18 +552,9 @@ pub fn simulate_with(
         }
     }
     let (done_at, prims) = replay(&net, &geo, &proto, &threads, nch, fold)?;
-    let (last_rank, time_us) = done_at
-        .iter()
-        .copied()
-        .enumerate()
-        .fold((0, 0.0f64), |a, (r, t)| if t > a.1 { (r, t) } else { a });
-    let first_done_us = done_at.iter().copied().fold(f64::INFINITY, f64::min);
+    let (last_rank, time_us, first_done_us) = completion(done_at.iter().copied().enumerate(), 0);
     let size = size_bytes(&full_spec, elem_size);
-    let algbw = if time_us > 0.0 {
-        size as f64 / time_us / 1e3
-    } else {
-        0.0
-    };
+    let algbw = algbw_gbs(size, time_us);
     Ok(SimResult {
         time_us,
         first_done_us,
@@ -594,14 +586,8 @@ pub fn default_p2p_params(cluster: &ClusterSpec, calls: &[P2pOp]) -> Params {
     }
 }
 
-fn p2p_len(call: &P2pOp) -> usize {
-    match *call {
-        P2pOp::Send { len, .. } | P2pOp::Recv { len, .. } => len,
-    }
-}
-
 fn largest_p2p(calls: &[P2pOp]) -> usize {
-    calls.iter().map(p2p_len).max().unwrap_or(0)
+    calls.iter().map(P2pOp::length).max().unwrap_or(0)
 }
 
 /// Simulates `rank`'s side of a group of sends and receives on `cluster`:
@@ -635,29 +621,15 @@ pub fn simulate_p2p(
             "rank {rank} is not below the cluster's {n} ranks"
         )));
     }
-    let peer_of = |call: &P2pOp| match *call {
-        P2pOp::Send { peer, .. } | P2pOp::Recv { peer, .. } => peer,
-    };
-    if let Some(call) = calls.iter().find(|c| peer_of(c) >= n) {
+    if let Some(call) = calls.iter().find(|c| c.peer() >= n) {
         return Err(SimError(format!(
             "peer {} is not below the cluster's {n} ranks",
-            peer_of(call)
+            call.peer()
         )));
     }
     // As the engine: self sends and self receives pair up into copies.
-    let own = |sending: bool| -> Vec<usize> {
-        calls
-            .iter()
-            .filter(|c| peer_of(c) == rank && matches!(c, P2pOp::Send { .. }) == sending)
-            .map(p2p_len)
-            .collect()
-    };
-    let (own_sends, own_recvs) = (own(true), own(false));
-    if own_sends != own_recvs {
-        return Err(SimError(format!(
-            "rank {rank}: sends to itself ({own_sends:?} bytes) do not match its receives from \
-             itself ({own_recvs:?} bytes)"
-        )));
+    if let Some(why) = unpaired_self_calls(rank, calls) {
+        return Err(SimError(format!("rank {rank}: {why} (lengths in bytes)")));
     }
     let chunk = params.chunk_elems.max(1);
     if chunk.min(largest_p2p(calls)) > u32::MAX as usize {
@@ -699,14 +671,7 @@ pub fn simulate_p2p(
     // A rank's working set: the bytes it sends and receives.
     let moved: Vec<usize> = mirror
         .iter()
-        .map(|calls| {
-            calls
-                .iter()
-                .map(|c| match *c {
-                    P2pOp::Send { len, .. } | P2pOp::Recv { len, .. } => len,
-                })
-                .sum()
-        })
+        .map(|calls| calls.iter().map(P2pOp::length).sum())
         .collect();
     let net = Net::new(cluster, |r| moved[r]);
     let geo = Geo::new(cluster, &proto);
@@ -718,20 +683,10 @@ pub fn simulate_p2p(
     let involved: Vec<usize> = (0..n)
         .filter(|&r| r == rank || !mirror[r].is_empty())
         .collect();
-    let (last_rank, time_us) = involved
-        .iter()
-        .map(|&r| (r, done_at[r]))
-        .fold((rank, 0.0f64), |a, (r, t)| if t > a.1 { (r, t) } else { a });
-    let first_done_us = involved
-        .iter()
-        .map(|&r| done_at[r])
-        .fold(f64::INFINITY, f64::min);
-    let size: usize = calls.iter().map(p2p_len).sum();
-    let algbw = if time_us > 0.0 {
-        size as f64 / time_us / 1e3
-    } else {
-        0.0
-    };
+    let (last_rank, time_us, first_done_us) =
+        completion(involved.iter().map(|&r| (r, done_at[r])), rank);
+    let size: usize = calls.iter().map(P2pOp::length).sum();
+    let algbw = algbw_gbs(size, time_us);
     Ok(SimResult {
         time_us,
         first_done_us,
@@ -746,6 +701,29 @@ pub fn simulate_p2p(
         prims,
         last_rank,
     })
+}
+
+/// Over `(rank, done at)` pairs: the last rank to finish (the first of
+/// the latest; `first_rank` when none took any time), when it did, and
+/// when the first one did.
+fn completion(done: impl Iterator<Item = (usize, f64)>, first_rank: usize) -> (usize, f64, f64) {
+    done.fold(
+        (first_rank, 0.0f64, f64::INFINITY),
+        |(last, latest, first), (r, t)| {
+            let (last, latest) = if t > latest { (r, t) } else { (last, latest) };
+            (last, latest, first.min(t))
+        },
+    )
+}
+
+/// Algorithm bandwidth, GB/s, of `size` bytes in `time_us` (0 for no
+/// time).
+fn algbw_gbs(size: usize, time_us: f64) -> f64 {
+    if time_us > 0.0 {
+        size as f64 / time_us / 1e3
+    } else {
+        0.0
+    }
 }
 
 /// Compact schedules: the ops and step boundaries of every (rank,

@@ -408,18 +408,21 @@ fn a_cache_level_switches_the_rates_at_its_size() {
     // One rank: an all-reduce is one local copy of S bytes, working set
     // 2S (send and receive buffers): S / cache copy rate while 2S fits,
     // S / memory's copy rate above.
+    let copies_at = |c: &ClusterSpec, cases: [(usize, f64); 3]| {
+        for (bytes, copy_gbs) in cases {
+            let r = run(
+                c,
+                CollKind::AllReduce,
+                bytes / 4,
+                "ring",
+                one_channel(1 << 30),
+            );
+            close(r.time_us, bytes as f64 / (copy_gbs * 1e3), 1e-9);
+        }
+    };
     let cache = 1 << 20;
     let c = cached(1, cache, 40.0, 20.0);
-    for (bytes, copy_gbs) in [(256 << 10, 20.0), (512 << 10, 20.0), (1 << 20, 5.0)] {
-        let r = run(
-            &c,
-            CollKind::AllReduce,
-            bytes / 4,
-            "ring",
-            one_channel(1 << 30),
-        );
-        close(r.time_us, bytes as f64 / (copy_gbs * 1e3), 1e-9);
-    }
+    copies_at(&c, [(256 << 10, 20.0), (512 << 10, 20.0), (1 << 20, 5.0)]);
     // Two ranks on one host, free links: a reduce-scatter of `count` per
     // rank sends one block and reduces the other, T = 4 count / reduce
     // rate; a rank's working set is 3 count elements (2 count in, count
@@ -460,16 +463,7 @@ fn a_cache_level_switches_the_rates_at_its_size() {
             copy_gbs: 40.0,
         },
     );
-    for (bytes, copy_gbs) in [(128 << 10, 40.0), (256 << 10, 20.0), (1 << 20, 5.0)] {
-        let r = run(
-            &c,
-            CollKind::AllReduce,
-            bytes / 4,
-            "ring",
-            one_channel(1 << 30),
-        );
-        close(r.time_us, bytes as f64 / (copy_gbs * 1e3), 1e-9);
-    }
+    copies_at(&c, [(128 << 10, 40.0), (256 << 10, 20.0), (1 << 20, 5.0)]);
 }
 
 #[test]
