@@ -709,50 +709,51 @@ impl<'a> BoardRun<'a> {
                     round
                 }
             };
+            let mut waiting = None;
             while self.next_peer < nranks {
                 let peer = self.next_peer;
                 if peer != self.rank {
                     match board.read(peer, round) {
                         Ok(post) => self.check(op, peer, post.tag, post.len)?,
                         Err(park) => {
-                            // Before this rank waits, so that no two wait
-                            // on each other's wake-up.
-                            if !self.woken {
-                                board.wake_readers(self.rank, round);
-                                self.woken = true;
-                            }
-                            if let Some(note) = board.note() {
-                                return Err(note_error(
-                                    &note,
-                                    &format!("{} #{} on the board", op.name, op.seq),
-                                ));
-                            }
-                            self.blocked = Some(Blocked {
-                                seq: op.seq,
-                                op: op.name,
-                                tag: op.tag,
-                                step: 0,
-                                prim: "readPosts",
-                                peer,
-                                receiving: true,
-                            });
-                            return Ok(if progressed {
-                                Poll::Progress
-                            } else {
-                                Poll::Blocked(park)
-                            });
+                            waiting = Some((peer, park));
+                            break;
                         }
                     }
                 }
                 self.next_peer += 1;
             }
-            // After reading the peers' posts, by when this rank's own post
-            // has usually left its store buffer and the fence costs little.
+            // Once a round: after the first pass over the posts, by when
+            // this rank's own post has usually left its store buffer and the
+            // fence costs little, and before this rank waits, so that no two
+            // ranks wait on each other's wake-up.
             if !self.woken {
                 board.wake_readers(self.rank, round);
                 self.woken = true;
             }
-            self.reduce_posts(op, round)?;
+            if let Some((peer, park)) = waiting {
+                if let Some(note) = board.note() {
+                    return Err(note_error(
+                        &note,
+                        &format!("{} #{} on the board", op.name, op.seq),
+                    ));
+                }
+                self.blocked = Some(Blocked {
+                    seq: op.seq,
+                    op: op.name,
+                    tag: op.tag,
+                    step: 0,
+                    prim: "readPosts",
+                    peer,
+                    receiving: true,
+                });
+                return Ok(if progressed {
+                    Poll::Progress
+                } else {
+                    Poll::Blocked(park)
+                });
+            }
+            self.reduce_posts(op, round);
             self.done += 1;
             self.round = None;
             progressed = true;
@@ -782,7 +783,7 @@ impl<'a> BoardRun<'a> {
 
     /// recv = x0 op (x1 op (... op x(n-1))), every input read from its
     /// post (inputs were transformed when posted).
-    fn reduce_posts(&self, op: &BoardOp, round: u64) -> Result<()> {
+    fn reduce_posts(&self, op: &BoardOp, round: u64) {
         let board = &self.link.board;
         let last = self.link.names.len() - 1;
         let post = |rank: usize| board.post_data(rank, round).cast_const();
@@ -806,7 +807,6 @@ impl<'a> BoardRun<'a> {
                     .run(Some(op.recv), post(j), op.recv, op.count, j == 0);
             }
         }
-        Ok(())
     }
 
     /// Whether the run still has work queued.
