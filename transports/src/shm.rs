@@ -126,19 +126,10 @@ impl ShmSegment {
     }
 
     /// The first byte of the mapping (page-aligned, zeroed at creation,
-    /// valid for [`ShmSegment::len`] bytes while the segment lives).
+    /// valid for the length it was created or opened with while the
+    /// segment lives).
     pub fn base(&self) -> *mut u8 {
         self.ptr
-    }
-
-    /// Size of the mapping in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the mapping is empty (never, for a created segment).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The segment's name, for the peer to open.
