@@ -59,23 +59,35 @@ fn one_thread_drives_every_rank_in_a_group() {
 #[test]
 fn grouped_sends_and_receives_exchange_around_a_ring() {
     let n = 5;
-    let comms = Communicator::init_all_config(n, test_config()).unwrap();
-    std::thread::scope(|s| {
-        for comm in &comms {
-            s.spawn(move || {
-                let rank = comm.rank();
-                let mine = vec![rank as u32; 3001];
-                let mut from_prev = vec![0u32; 3001];
-                let mut group = Group::new();
-                group.send(comm, &mine, (rank + 1) % n).unwrap();
-                group
-                    .recv(comm, &mut from_prev, (rank + n - 1) % n)
-                    .unwrap();
-                group.run().unwrap();
-                assert!(from_prev.iter().all(|&v| v as usize == (rank + n - 1) % n));
-            });
-        }
-    });
+    let value = |rank: usize, i: usize| (rank * 100_000 + i) as u32;
+    // Cached stores, then non-temporal stores into the receive buffers.
+    let streaming = Config {
+        nt_store_bytes: 1,
+        ..test_config()
+    };
+    for config in [test_config(), streaming] {
+        let comms = Communicator::init_all_config(n, config).unwrap();
+        std::thread::scope(|s| {
+            for comm in &comms {
+                s.spawn(move || {
+                    let rank = comm.rank();
+                    let mine: Vec<u32> = (0..3001).map(|i| value(rank, i)).collect();
+                    let mut from_prev = vec![0u32; 3001];
+                    let mut group = Group::new();
+                    group.send(comm, &mine, (rank + 1) % n).unwrap();
+                    group
+                        .recv(comm, &mut from_prev, (rank + n - 1) % n)
+                        .unwrap();
+                    group.run().unwrap();
+                    let prev = (rank + n - 1) % n;
+                    assert!(from_prev
+                        .iter()
+                        .enumerate()
+                        .all(|(i, &v)| v == value(prev, i)));
+                });
+            }
+        });
+    }
 }
 
 #[test]

@@ -9,6 +9,12 @@ use rccl::tuning::{Selection, BOARD_ALGORITHM};
 use rccl::{CollKind, Communicator, Config, DataType};
 
 fn run_forced(name: &str, nranks: usize, board_bytes: usize) {
+    run_forced_with(name, nranks, board_bytes, test_config().nt_store_bytes);
+}
+
+/// `run_forced` with calls of at least `nt_store_bytes` per rank writing
+/// the user's buffers with non-temporal stores.
+fn run_forced_with(name: &str, nranks: usize, board_bytes: usize, nt_store_bytes: usize) {
     let algorithm = rccl_algorithms::builtin(name).unwrap();
     let kinds: Vec<CollKind> = CollKind::ALL
         .into_iter()
@@ -22,6 +28,7 @@ fn run_forced(name: &str, nranks: usize, board_bytes: usize) {
     let config = Config {
         algo: Selection::parse("NCCL_ALGO", &rule).unwrap(),
         board_bytes,
+        nt_store_bytes,
         ..test_config()
     };
     // Calls that fit the board may also run one-shot in place.
@@ -38,7 +45,8 @@ fn run_forced(name: &str, nranks: usize, board_bytes: usize) {
     let failures = suite_on_threads(nranks, config, &cases);
     assert!(
         failures.is_empty(),
-        "{name} on {nranks} ranks (board {board_bytes} bytes): {} failures:\n{}",
+        "{name} on {nranks} ranks (board {board_bytes} bytes, streaming from \
+         {nt_store_bytes} bytes): {} failures:\n{}",
         failures.len(),
         failures[..failures.len().min(5)].join("\n")
     );
@@ -49,6 +57,18 @@ fn every_builtin_algorithm_passes_the_suite() {
     for algorithm in rccl_algorithms::builtins() {
         for nranks in [1, 2, 3, 5, 8] {
             run_forced(algorithm.name(), nranks, test_config().board_bytes);
+        }
+    }
+}
+
+/// Every call of the suite writes the user's buffers with non-temporal
+/// stores (the streaming path of every primitive, at every alignment the
+/// suite's offsets give).
+#[test]
+fn every_builtin_algorithm_passes_the_suite_with_streaming_stores() {
+    for algorithm in rccl_algorithms::builtins() {
+        for nranks in [2, 3, 5] {
+            run_forced_with(algorithm.name(), nranks, 0, 1);
         }
     }
 }

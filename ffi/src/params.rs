@@ -11,7 +11,7 @@ use crate::error::{c_string, guard, invalid, non_null};
 /// A parameter: its environment variable and default.
 pub struct Param {
     pub key: &'static str,
-    pub default: Option<&'static str>,
+    pub default: Option<String>,
     c_key: CString,
 }
 
@@ -28,10 +28,21 @@ const KNOWN: &[(&str, Option<&str>)] = &[
     ("RCCL_SIM_CLUSTER", None),
 ];
 
+/// Parameters whose default is this machine's: the last-level cache's
+/// size for `RCCL_NT_STORE_BYTES`.
+fn machine_defaults() -> [(&'static str, Option<String>); 1] {
+    [(
+        "RCCL_NT_STORE_BYTES",
+        Some(rccl::config::last_level_cache_bytes().to_string()),
+    )]
+}
+
 static PARAMS: LazyLock<Vec<Param>> = LazyLock::new(|| {
     KNOWN
         .iter()
-        .map(|&(key, default)| Param {
+        .map(|&(key, default)| (key, default.map(str::to_string)))
+        .chain(machine_defaults())
+        .map(|(key, default)| Param {
             key,
             default,
             c_key: c_string(key),
@@ -52,7 +63,7 @@ impl Param {
     pub fn value(&self) -> Option<String> {
         std::env::var(self.key)
             .ok()
-            .or(self.default.map(str::to_string))
+            .or_else(|| self.default.clone())
     }
 }
 

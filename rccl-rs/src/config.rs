@@ -6,6 +6,7 @@ use std::time::Duration;
 use rccl_transports::{FifoShape, Protocol};
 
 use crate::error::{Error, Result};
+use crate::kernels::Store;
 use crate::tuning::Selection;
 
 /// Steps (slots) per connection FIFO, as NCCL's `NCCL_STEPS`.
@@ -42,6 +43,12 @@ pub struct Config {
     /// which one-shot all-reduce runs when every rank shares a host
     /// (`RCCL_BOARD_BYTES`, default 64 KiB; 0 turns the board off).
     pub board_bytes: usize,
+    /// Calls whose buffers on a rank (send plus receive) hold at least this
+    /// many bytes write the user's buffers with non-temporal stores, which
+    /// skip the read of each line a cached store would make
+    /// (`RCCL_NT_STORE_BYTES`, default the last-level cache's size; 0 never
+    /// streams).
+    pub nt_store_bytes: usize,
 }
 
 impl Default for Config {
@@ -57,11 +64,53 @@ impl Default for Config {
             proto: Selection::default(),
             algo: Selection::default(),
             board_bytes: 64 << 10,
+            nt_store_bytes: last_level_cache_bytes(),
         }
     }
 }
 
+/// The largest data cache of CPU 0 as `/sys` describes it, or 32 MiB
+/// where it cannot be read: beyond it a call's buffers stream through
+/// memory.
+pub fn last_level_cache_bytes() -> usize {
+    const UNKNOWN: usize = 32 << 20;
+    let Ok(entries) = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache") else {
+        return UNKNOWN;
+    };
+    entries
+        .flatten()
+        .filter(|entry| {
+            let kind = std::fs::read_to_string(entry.path().join("type")).unwrap_or_default();
+            matches!(kind.trim(), "Data" | "Unified")
+        })
+        .filter_map(|entry| std::fs::read_to_string(entry.path().join("size")).ok())
+        .filter_map(|text| parse_cache_size(text.trim()))
+        .max()
+        .unwrap_or(UNKNOWN)
+}
+
+/// A `/sys` cache size: `32768K`, `1M` or plain bytes.
+fn parse_cache_size(text: &str) -> Option<usize> {
+    let (digits, unit) = match text.as_bytes().last()? {
+        b'K' => (&text[..text.len() - 1], 1 << 10),
+        b'M' => (&text[..text.len() - 1], 1 << 20),
+        b'G' => (&text[..text.len() - 1], 1 << 30),
+        _ => (text, 1),
+    };
+    digits.parse::<usize>().ok()?.checked_mul(unit)
+}
+
 impl Config {
+    /// How calls whose buffers on this rank hold `bytes` bytes write the
+    /// user's buffers.
+    pub fn user_store(&self, bytes: usize) -> Store {
+        if self.nt_store_bytes > 0 && bytes >= self.nt_store_bytes {
+            Store::Streaming
+        } else {
+            Store::Cached
+        }
+    }
+
     /// Defaults overridden by the environment.
     pub fn from_env() -> Result<Config> {
         let mut config = Config::default();
@@ -91,6 +140,9 @@ impl Config {
         }
         if let Some(bytes) = env_usize("RCCL_BOARD_BYTES")? {
             config.board_bytes = bytes;
+        }
+        if let Some(bytes) = env_usize("RCCL_NT_STORE_BYTES")? {
+            config.nt_store_bytes = bytes;
         }
         if let Some(flag) = env_usize("NCCL_SHM_DISABLE")? {
             config.shm_disable = flag != 0;
@@ -185,4 +237,34 @@ pub fn protocol_by_name(name: &str) -> Option<Protocol> {
     Protocol::ALL
         .into_iter()
         .find(|p| p.name().eq_ignore_ascii_case(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_sizes_parse_as_sys_writes_them() {
+        assert_eq!(parse_cache_size("32768K"), Some(32 << 20));
+        assert_eq!(parse_cache_size("1M"), Some(1 << 20));
+        assert_eq!(parse_cache_size("4096"), Some(4096));
+        assert_eq!(parse_cache_size("K"), None);
+        assert_eq!(parse_cache_size(""), None);
+        assert!(last_level_cache_bytes() > 0);
+    }
+
+    #[test]
+    fn calls_at_the_threshold_stream_and_zero_never_does() {
+        let config = Config {
+            nt_store_bytes: 1 << 20,
+            ..Config::default()
+        };
+        assert_eq!(config.user_store((1 << 20) - 1), Store::Cached);
+        assert_eq!(config.user_store(1 << 20), Store::Streaming);
+        let never = Config {
+            nt_store_bytes: 0,
+            ..Config::default()
+        };
+        assert_eq!(never.user_store(usize::MAX), Store::Cached);
+    }
 }

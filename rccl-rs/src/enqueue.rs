@@ -27,7 +27,7 @@ use crate::executor::{
     self, Binding, BoardLink, BoardOp, BoardRun, Buffers, ChannelRun, Driven, Link, OpWork,
     Reduction, Run, Segment,
 };
-use crate::kernels::ReduceKernel;
+use crate::kernels::{ReduceKernel, Store};
 use crate::tuning;
 use crate::types::{DataType, RedOp};
 
@@ -792,6 +792,12 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
         send: op.send,
         recv: op.recv,
     };
+    let buffer_elems = spec
+        .kind
+        .send_len(op.count, comm.nranks, comm.rank, spec.root)
+        + spec
+            .kind
+            .recv_len(op.count, comm.nranks, comm.rank, spec.root);
     let work = Work {
         seq,
         name: spec.kind.name(),
@@ -799,6 +805,7 @@ fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
         protocol: choice.protocol,
         elem_size: op.dtype.size(),
         reduction: reduction.map(Arc::new),
+        user_store: comm.config.user_store(buffer_elems * op.dtype.size()),
     };
     push_schedule(launch, schedule, &work, || Binding::Shared(buffers));
     Ok(())
@@ -976,6 +983,7 @@ struct Work {
     protocol: Protocol,
     elem_size: usize,
     reduction: Option<Arc<Reduction>>,
+    user_store: Store,
 }
 
 /// The tag of pieces of batched sends and receives: any send meets any
@@ -1066,6 +1074,7 @@ fn push_schedule(
             binding: binding(),
             elem_size: work.elem_size,
             reduction: work.reduction.clone(),
+            user_store: work.user_store,
         });
     }
 }
@@ -1109,6 +1118,9 @@ fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
         protocol,
         elem_size: 1,
         reduction: None,
+        user_store: comm
+            .config
+            .user_store(calls.iter().map(P2pOp::length).sum()),
     };
     push_schedule(launch, schedule, &work, binding);
     Ok(())

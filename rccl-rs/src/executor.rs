@@ -18,7 +18,7 @@ use rccl_transports::process::ProcessId;
 use rccl_transports::{Backoff, Board, Connection, Fifo, ParkOn, Protocol, Tag, WaitError};
 
 use crate::error::{Error, Result};
-use crate::kernels::ReduceKernel;
+use crate::kernels::{ReduceKernel, Store};
 
 /// Most pieces one primitive moves per poll, so that channels and
 /// primitives sharing a thread take turns.
@@ -127,6 +127,9 @@ pub struct OpWork {
     pub elem_size: usize,
     /// The reduction, for reducing collectives.
     pub reduction: Option<std::sync::Arc<Reduction>>,
+    /// How primitives write the user's buffers (FIFO slots are always
+    /// written with cached stores: a peer reads them at once).
+    pub user_store: Store,
 }
 
 /// What a blocked primitive waits for, for hang reports.
@@ -339,35 +342,58 @@ impl<'a> Piece<'_, 'a> {
             .address(slice.buf, slice.offset + done, self.op.elem_size)
     }
 
+    /// How a primitive writes `buf`: a FIFO slot (`None`) with cached
+    /// stores, a user's buffer as the operation says.
+    fn store(&self, buf: Option<Buf>) -> Store {
+        match buf {
+            Some(_) => self.op.user_store,
+            None => Store::Cached,
+        }
+    }
+
     /// out = src, through the input transform when `src` is the user's
-    /// send buffer of a reducing collective.
+    /// send buffer of a reducing collective; `out_buf` is the user buffer
+    /// `out` points into, `None` for a FIFO slot.
     ///
     /// # Safety
     /// `src` and `out` are valid for `n` elements and equal or disjoint.
-    unsafe fn load(&self, src_buf: Buf, src: *const u8, out: *mut u8, n: usize) {
+    unsafe fn load(
+        &self,
+        src_buf: Buf,
+        src: *const u8,
+        out_buf: Option<Buf>,
+        out: *mut u8,
+        n: usize,
+    ) {
+        let store = self.store(out_buf);
         match &self.op.reduction {
             Some(r) if src_buf == Buf::Send && r.input.has_input_transform() => {
-                // SAFETY: forwarded from the caller.
-                unsafe { r.input.run(None, src, out, n, false) }
+                // SAFETY (both arms): forwarded from the caller.
+                match store {
+                    Store::Cached => unsafe { r.input.run(None, src, out, n, false) },
+                    Store::Streaming => unsafe { r.input.run_streaming(None, src, out, n, false) },
+                }
             }
             _ if std::ptr::eq(src, out) => {}
             // SAFETY: forwarded from the caller; distinct pointers of valid
             // ranges never partially overlap in a verified schedule.
-            _ => unsafe { std::ptr::copy_nonoverlapping(src, out, n * self.op.elem_size) },
+            _ => unsafe { store.copy(src, out, n * self.op.elem_size) },
         }
     }
 
     /// out = acc op src (op's transforms as for `load`), finished when
-    /// `finish`.
+    /// `finish`; `out_buf` as for `load`.
     ///
     /// # Safety
     /// All pointers valid for `n` elements; `out` equal to or disjoint from
     /// each input.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn reduce(
         &self,
         src_buf: Buf,
         acc: *const u8,
         src: *const u8,
+        out_buf: Option<Buf>,
         out: *mut u8,
         n: usize,
         finish: bool,
@@ -383,8 +409,11 @@ impl<'a> Piece<'_, 'a> {
         } else {
             &reduction.partial
         };
-        // SAFETY: forwarded from the caller.
-        unsafe { kernel.run(Some(acc), src, out, n, finish) };
+        // SAFETY (both arms): forwarded from the caller.
+        match self.store(out_buf) {
+            Store::Cached => unsafe { kernel.run(Some(acc), src, out, n, finish) },
+            Store::Streaming => unsafe { kernel.run_streaming(Some(acc), src, out, n, finish) },
+        }
         Ok(())
     }
 
@@ -467,7 +496,13 @@ impl<'a> Piece<'_, 'a> {
                 Prim::Copy { src, dst } => {
                     // SAFETY: both slices lie inside the validated buffers.
                     unsafe {
-                        self.load(src.buf, self.ptr(src, done), self.ptr(dst, done), remaining)
+                        self.load(
+                            src.buf,
+                            self.ptr(src, done),
+                            Some(dst.buf),
+                            self.ptr(dst, done),
+                            remaining,
+                        )
                     };
                     *moved = len;
                 }
@@ -489,6 +524,7 @@ impl<'a> Piece<'_, 'a> {
                             input.buf,
                             self.ptr(acc, done),
                             self.ptr(input, done),
+                            Some(dst.buf),
                             self.ptr(dst, done),
                             remaining,
                             finish,
@@ -506,9 +542,9 @@ impl<'a> Piece<'_, 'a> {
                     // SAFETY: the slot holds `cap` >= n elements; `src` (and
                     // `dst`) lie inside the validated buffers.
                     unsafe {
-                        self.load(src.buf, from, slot, n);
+                        self.load(src.buf, from, None, slot, n);
                         if let Prim::CopySend { dst, .. } = *prim {
-                            self.load(src.buf, from, self.ptr(dst, done), n);
+                            self.load(src.buf, from, Some(dst.buf), self.ptr(dst, done), n);
                         }
                     }
                     self.publish(to, n)?;
@@ -522,7 +558,7 @@ impl<'a> Piece<'_, 'a> {
                     // SAFETY: the slot holds n elements; dst lies inside the
                     // receive buffer; FIFO memory never aliases user memory.
                     unsafe {
-                        std::ptr::copy_nonoverlapping(
+                        self.store(Some(dst.buf)).copy(
                             slot,
                             self.ptr(dst, done),
                             n * self.op.elem_size,
@@ -544,6 +580,7 @@ impl<'a> Piece<'_, 'a> {
                             src.buf,
                             slot,
                             self.ptr(src, done),
+                            Some(dst.buf),
                             self.ptr(dst, done),
                             n,
                             finish,
@@ -578,16 +615,32 @@ impl<'a> Piece<'_, 'a> {
                     // memory never aliases them.
                     unsafe {
                         match *prim {
-                            Prim::RecvReduceSend { .. } => {
-                                self.reduce(src.buf, slot, self.ptr(src, done), out, n, false)?
-                            }
+                            Prim::RecvReduceSend { .. } => self.reduce(
+                                src.buf,
+                                slot,
+                                self.ptr(src, done),
+                                None,
+                                out,
+                                n,
+                                false,
+                            )?,
                             Prim::RecvReduceCopySend { dst, .. } => {
-                                let d = self.ptr(dst, done);
-                                self.reduce(src.buf, slot, self.ptr(src, done), d, n, true)?;
-                                std::ptr::copy_nonoverlapping(d, out, bytes);
+                                // Into the cached slot first, then from it
+                                // to the user's buffer, whose stores may
+                                // bypass the cache unless the result lands
+                                // where its input was just read (in place).
+                                let (s, d) = (self.ptr(src, done), self.ptr(dst, done));
+                                self.reduce(src.buf, slot, s, None, out, n, true)?;
+                                let store = if std::ptr::eq(s, d) {
+                                    Store::Cached
+                                } else {
+                                    self.store(Some(dst.buf))
+                                };
+                                store.copy(out, d, bytes);
                             }
                             _ => {
-                                std::ptr::copy_nonoverlapping(slot, self.ptr(src, done), bytes);
+                                self.store(Some(src.buf))
+                                    .copy(slot, self.ptr(src, done), bytes);
                                 std::ptr::copy_nonoverlapping(slot, out, bytes);
                             }
                         }

@@ -778,6 +778,11 @@ static void case_misc(void) {
   const char **keys = NULL;
   CHECK(ncclParamGetAllParameterKeys(&keys, &len));
   EXPECT(len > 0 && strcmp(keys[0], "NCCL_BUFFSIZE") == 0);
+  /* A default that is this machine's: its last-level cache's size. */
+  int64_t nt_store_bytes = 0;
+  CHECK(ncclParamBind(&h, "RCCL_NT_STORE_BYTES"));
+  CHECK(ncclParamGetI64(h, &nt_store_bytes));
+  EXPECT(nt_store_bytes > 0);
   EXPECT_RC(ncclParamBind(&h, "NO_SUCH_PARAMETER"), ncclInvalidArgument, NULL);
 
   /* The collective variants with a per-call config. */
