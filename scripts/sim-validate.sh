@@ -15,19 +15,29 @@
 #     NIC_EFF of it and NIC_LAT_US per message (the figures fitted for
 #     docs/SIMULATOR.md, validation (1)(b)).
 #
-# Each collective runs ROUNDS times (interleaved); the measured figure is
-# the median out-of-place busbw of the rounds (from the time column),
+# Each collective runs ROUNDS times (interleaved), each run sweeping its
+# sizes CYCLES times (-N); the measured figure is the median out-of-place
+# busbw of the rounds' cycles (from the time column),
 # with the range beside it, or with STAT=best the fastest round, as
 # scripts/multihost-perf.sh keeps: this VM runs a perf binary in one of
 # two speed modes about 2x apart for many sizes in a row, and the
-# fastest of several rounds is the machine without the slow mode.
+# fastest of several rounds is the machine without the slow mode. The
+# modes change about once a second or more often, so over shared memory
+# the large sizes run few iterations (a 256 MiB call takes 40-70 ms):
+# at 50 iterations a 256 MiB run lasts over 2 s, mixes both modes in
+# every round, and shows a drop from 64 to 256 MiB that the same runs
+# cut short do not (docs/SIMULATOR.md, validation (1)(a)). The modes
+# also change within one process, so each process sweeps its sizes
+# several times (CYCLES, 3 over shared memory): every size is sampled
+# at several moments of the measurement instead of once per round.
 # Over the shaped link small sizes get enough warm-up iterations to empty
 # tbf's 256 KB token bucket (its burst would otherwise pass at the veth's
 # own speed) and the largest sizes few iterations (256 MiB all-reduce is
 # about 2.3 s a call at 1 Gbit/s).
 #
 # Usage: scripts/sim-validate.sh [--net] [CLUSTER]   (a preset or a JSON
-#   file). Environment: ROUNDS (3), ITERS (50, shared memory), RATE
+#   file). Environment: ROUNDS (3), CYCLES (3 over shared memory, 1 with
+#   --net), ITERS (50, shared memory, sizes up to 4 MiB), RATE
 #   (1gbit, --net), NIC_EFF, NIC_LAT_US (--net replay), OUT
 #   (target/sim-validate, target/sim-validate-net with --net),
 #   REPORT_ONLY=1 (replay and report against the last measurements, e.g.
@@ -47,6 +57,7 @@ ROUNDS=${ROUNDS:-3}
 STAT=${STAT:-median}
 case "$STAT" in median | best) ;; *) echo "STAT must be median or best, not $STAT" >&2; exit 2 ;; esac
 ITERS=${ITERS:-50}
+CYCLES=${CYCLES:-}
 RATE=${RATE:-1gbit}
 # Payload fraction of the shaped rate: 1448 payload bytes per 1514-byte
 # frame (MTU 1500, TCP timestamps) = 0.956, from the headers, not fitted
@@ -67,6 +78,7 @@ if [ "$mode" = net ]; then
     out=${OUT:-$root/target/sim-validate-net}
     # min max iterations warm-up, per range of sizes
     segments=("64K 1M 20 10" "4M 16M 5 1" "64M 256M 2 1")
+    CYCLES=${CYCLES:-1}
     gbit=$(python3 -c "
 import re, sys
 m = re.fullmatch(r'([0-9.]+)([kmg]?)bit', sys.argv[1].lower())
@@ -77,7 +89,10 @@ print(float(m.group(1)) * {'k': 1e-6, 'm': 1e-3, 'g': 1.0, '': 1e-9}[m.group(2)]
 else
     cluster=${1:-local-shm}
     out=${OUT:-$root/target/sim-validate}
-    segments=("64K 256M $ITERS 5")
+    # Every size's timed run stays well under a second, and each process
+    # sweeps its sizes CYCLES times (see the header).
+    segments=("64K 4M $ITERS 5" "16M 64M 10 2" "256M 256M 3 1")
+    CYCLES=${CYCLES:-3}
     sim_shape=(--ranks-per-host 2)
 fi
 
@@ -120,7 +135,7 @@ if [ "${REPORT_ONLY:-0}" != 1 ]; then
         echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
         echo "revision: $(git rev-parse --short=12 HEAD)"
         echo "setup: $mode${bed:+, rate $RATE}"
-        echo "rounds: $ROUNDS; sizes (min max iterations warm-up): ${segments[*]}"
+        echo "rounds: $ROUNDS; cycles: $CYCLES; sizes (min max iterations warm-up): ${segments[*]}"
         echo "cpu idle before: $(vmstat 1 2 | tail -1 | awk '{print $15}')%"
         echo "load average (1/5/15 min) at start: $(cut -d' ' -f1-3 /proc/loadavg)"
     } >"$out/run.txt"
@@ -128,7 +143,7 @@ if [ "${REPORT_ONLY:-0}" != 1 ]; then
         for c in "${colls[@]}"; do
             for seg in "${segments[@]}"; do
                 read -r lo hi n w <<<"$seg"
-                perf "$c" "" -b "$lo" -e "$hi" -f 4 -n "$n" -w "$w" \
+                perf "$c" "" -b "$lo" -e "$hi" -f 4 -n "$n" -w "$w" -N "$CYCLES" \
                     >>"$out/measured-$c-$r.txt" 2>>"$out/measured-$c-$r.log"
             done
         done

@@ -95,7 +95,8 @@ pub fn chosen_cluster() -> Result<Option<ClusterSpec>> {
 
 /// The modeled cluster of a communicator: the cluster `RCCL_SIM_CLUSTER`
 /// names, else the `local-shm` preset (`local-tcp` without shared memory),
-/// with the communicator's hosts, ranks per host and FIFO slot sizes.
+/// with the communicator's hosts, ranks per host, FIFO slot sizes and
+/// streaming threshold.
 pub fn cluster_of(comm: &PlannedComm) -> Result<ClusterSpec> {
     let base = match chosen_cluster()? {
         Some(c) => c,
@@ -111,6 +112,14 @@ pub fn cluster_of(comm: &PlannedComm) -> Result<ClusterSpec> {
     cluster.protocols.ll.slot_bytes = ll;
     cluster.protocols.ll128.slot_bytes = ll128;
     cluster.protocols.simple.slot_bytes = simple;
+    // A modeled streaming regime starts where this communicator's calls
+    // start streaming, and there is none when they never do.
+    if let Some(streaming) = &mut cluster.streaming {
+        streaming.min_bytes = comm.config.nt_store_bytes;
+    }
+    if comm.config.nt_store_bytes == 0 {
+        cluster.streaming = None;
+    }
     cluster.validate().map_err(|e| {
         Error::InvalidUsage(format!(
             "{CLUSTER_VAR}: cluster {} cannot hold this communicator ({} ranks on {} host(s), \

@@ -44,6 +44,11 @@ pub struct ClusterSpec {
     /// for every size.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub caches: Vec<Cache>,
+    /// Calls large enough for the engine to write the user's buffers with
+    /// non-temporal stores (`RCCL_NT_STORE_BYTES`), and the rates they
+    /// run at; `null` (the default): no call streams.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streaming: Option<Streaming>,
     /// The three protocols.
     pub protocols: Protocols,
     /// How calls are cut into channels and chunks when the caller does not
@@ -73,6 +78,24 @@ pub struct Cache {
     /// Per-rank reduction throughput for working sets that fit, GB/s.
     pub reduce_gbs: f64,
     /// Per-rank copy throughput for working sets that fit, GB/s.
+    pub copy_gbs: f64,
+}
+
+/// Calls whose buffers on a rank reach `min_bytes` (send plus receive, the
+/// working set of [`Cache`]) are the engine's streaming calls: they write
+/// the user's buffers with non-temporal stores, which skip the read of
+/// each line a cached store of a line not in cache makes. Such a rank
+/// reduces and copies at `reduce_gbs` / `copy_gbs` for the whole call,
+/// whatever the cache levels say.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Streaming {
+    /// The engine's threshold: bytes of one rank's send and receive
+    /// buffers from which its call streams.
+    pub min_bytes: usize,
+    /// Per-rank reduction throughput of streaming calls, GB/s.
+    pub reduce_gbs: f64,
+    /// Per-rank copy throughput of streaming calls, GB/s.
     pub copy_gbs: f64,
 }
 
@@ -393,6 +416,13 @@ impl ClusterSpec {
             positive("caches.reduce_gbs", cache.reduce_gbs)?;
             positive("caches.copy_gbs", cache.copy_gbs)?;
         }
+        if let Some(streaming) = &self.streaming {
+            positive("streaming.reduce_gbs", streaming.reduce_gbs)?;
+            positive("streaming.copy_gbs", streaming.copy_gbs)?;
+            if streaming.min_bytes == 0 {
+                return err("streaming.min_bytes must be positive");
+            }
+        }
         if self.caches.windows(2).any(|w| w[0].bytes >= w[1].bytes) {
             return err("caches must be listed smallest first");
         }
@@ -523,6 +553,7 @@ pub fn h100(hosts: usize) -> ClusterSpec {
         reduce_gbs: 1100.0,
         copy_gbs: 1600.0,
         caches: Vec::new(),
+        streaming: None,
         protocols: protocols(0.2, 0.5, 1.0, 2.0),
         tuning: Tuning {
             min_channels: 1,
@@ -569,6 +600,11 @@ pub fn local(ranks: usize, tcp_only: bool) -> ClusterSpec {
                 copy_gbs: LOCAL_L3_COPY_GBS,
             },
         ],
+        streaming: Some(Streaming {
+            min_bytes: LOCAL_L3_BYTES,
+            reduce_gbs: LOCAL_STREAMING_REDUCE_GBS,
+            copy_gbs: LOCAL_STREAMING_COPY_GBS,
+        }),
         protocols: protocols(
             LOCAL_STEP_OVERHEAD_US,
             LOCAL_STEP_OVERHEAD_US,
@@ -582,17 +618,18 @@ pub fn local(ranks: usize, tcp_only: bool) -> ClusterSpec {
 
 // The local-shm figures below were fitted to this machine's perf binaries
 // (2 processes bound to a core each, ring, 64 KiB-256 MiB, all-reduce,
-// all-gather and reduce-scatter, the fastest of 5 rounds per size on an
-// idle machine, `STAT=best ROUNDS=5`):
+// all-gather and reduce-scatter, the fastest of 5 rounds x 3 cycles per
+// size on an idle machine, `STAT=best ROUNDS=5`, two runs pooled):
 // `scripts/sim-validate.sh` measures, `simulator/examples/fit_local.rs`
 // fits the shared-memory bandwidth, the per-primitive overhead and the
-// three pairs of reduction / copy rates (L2, L3, memory); the cache sizes
-// and the shared-memory latency are not fitted. docs/SIMULATOR.md
+// four pairs of reduction / copy rates (L2, L3, memory, streaming); the
+// cache sizes, the streaming threshold (the engine's default, the L3's
+// size) and the shared-memory latency are not fitted. docs/SIMULATOR.md
 // "Against this machine".
 
 /// Shared-memory transfer bandwidth per rank (a memcpy into and out of
 /// the segment), GB/s.
-pub const LOCAL_SHM_GBS: f64 = 18.0;
+pub const LOCAL_SHM_GBS: f64 = 12.0;
 /// Shared-memory wake-up latency, microseconds (not refitted: below the
 /// per-primitive overhead it does not change the fit).
 pub const LOCAL_SHM_LATENCY_US: f64 = 0.5;
@@ -602,26 +639,31 @@ pub const LOCAL_TCP_GBIT: f64 = 16.0;
 pub const LOCAL_TCP_LATENCY_US: f64 = 30.0;
 /// Reduction throughput of one rank (float sum) whose working set fits
 /// no cache level (memory), GB/s.
-pub const LOCAL_REDUCE_GBS: f64 = 9.0;
+pub const LOCAL_REDUCE_GBS: f64 = 7.0;
 /// Copy throughput of one rank whose working set fits no cache level
 /// (memory), GB/s.
-pub const LOCAL_COPY_GBS: f64 = 8.0;
+pub const LOCAL_COPY_GBS: f64 = 7.0;
 /// This machine's L2 caches, bytes: 512 KiB private to each of its two
 /// cores (`/sys/devices/system/cpu/cpu*/cache/index2`).
 pub const LOCAL_L2_BYTES: usize = 2 * (512 << 10);
 /// Reduction throughput of a rank whose working set fits its L2, GB/s.
-pub const LOCAL_L2_REDUCE_GBS: f64 = 20.0;
+pub const LOCAL_L2_REDUCE_GBS: f64 = 18.0;
 /// Copy throughput of a rank whose working set fits its L2, GB/s.
-pub const LOCAL_L2_COPY_GBS: f64 = 10.0;
+pub const LOCAL_L2_COPY_GBS: f64 = 16.0;
 /// This machine's last-level cache (L3), bytes, shared by its two cores
 /// (`/sys/devices/system/cpu/cpu0/cache/index3`).
 pub const LOCAL_L3_BYTES: usize = 32 << 20;
 /// Reduction throughput of a rank whose working set fits its share of the
 /// L3, GB/s.
-pub const LOCAL_L3_REDUCE_GBS: f64 = 14.0;
+pub const LOCAL_L3_REDUCE_GBS: f64 = 28.0;
 /// Copy throughput of a rank whose working set fits its share of the L3,
 /// GB/s.
-pub const LOCAL_L3_COPY_GBS: f64 = 9.0;
+pub const LOCAL_L3_COPY_GBS: f64 = 14.0;
+/// Reduction throughput of a rank whose call streams (its buffers reach
+/// the engine's default threshold, the L3's size), GB/s.
+pub const LOCAL_STREAMING_REDUCE_GBS: f64 = 9.0;
+/// Copy throughput of a rank whose call streams, GB/s.
+pub const LOCAL_STREAMING_COPY_GBS: f64 = 8.0;
 /// Fixed cost of a primitive on a CPU rank (its share of the per-call
 /// path and the drive loop), µs.
 pub const LOCAL_STEP_OVERHEAD_US: f64 = 1.0;

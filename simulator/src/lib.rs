@@ -32,6 +32,6 @@ pub mod sim;
 pub use cluster::{ClusterSpec, Protocol, SimError};
 pub use rccl_algorithms::{P2pOp, Params};
 pub use sim::{
-    bus_factor, default_p2p_params, default_params, default_protocol, simulate, simulate_p2p,
-    simulate_with, size_bytes, working_set_bytes, SimOptions, SimResult, MAX_PRIMS,
+    bus_factor, default_p2p_params, default_params, default_protocol, footprint, simulate,
+    simulate_p2p, simulate_with, size_bytes, Footprint, SimOptions, SimResult, MAX_PRIMS,
 };

@@ -117,22 +117,47 @@ struct Path {
     latency: f64,
 }
 
-/// The bytes a call touches at `rank` apart from FIFO staging: its send
-/// and receive buffers, counted apart (the working set the cluster's
-/// `caches` levels are compared with).
-pub fn working_set_bytes(spec: &CollSpec, elem_size: usize, rank: usize) -> usize {
+/// The bytes a call touches at one rank apart from FIFO staging.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Footprint {
+    /// What it reads: its send buffer (or the bytes it sends).
+    pub read: usize,
+    /// What it writes: its receive buffer (or the bytes it receives).
+    pub written: usize,
+}
+
+impl Footprint {
+    /// Both buffers, counted apart even when the call is in place: the
+    /// working set the cluster's `caches` levels and streaming threshold
+    /// are compared with.
+    pub fn bytes(self) -> usize {
+        self.read.saturating_add(self.written)
+    }
+}
+
+/// The footprint of a collective at `rank`.
+pub fn footprint(spec: &CollSpec, elem_size: usize, rank: usize) -> Footprint {
     let (k, n) = (spec.kind, spec.nranks);
-    (k.send_len(spec.count, n, rank, spec.root) + k.recv_len(spec.count, n, rank, spec.root))
-        .saturating_mul(elem_size)
+    Footprint {
+        read: k
+            .send_len(spec.count, n, rank, spec.root)
+            .saturating_mul(elem_size),
+        written: k
+            .recv_len(spec.count, n, rank, spec.root)
+            .saturating_mul(elem_size),
+    }
 }
 
 /// Reduction and copy throughput of every rank (bytes / µs), given each
-/// rank's working set in bytes: the rates of the first cache level whose
-/// host share holds it, the cluster's (memory's) when none does.
+/// rank's footprint: the rates of the first cache level whose host share
+/// holds what the call keeps in cache, else the streaming rates when the
+/// call streams, else the cluster's (memory's). A call keeps both its
+/// buffers in cache, or only what it reads when it streams (its writes
+/// go around the caches).
 fn rank_rates(
     c: &ClusterSpec,
     host_of: &[usize],
-    working_set: impl Fn(usize) -> usize,
+    footprint: impl Fn(usize) -> Footprint,
 ) -> Vec<(f64, f64)> {
     let mut on_host = vec![0usize; c.hosts];
     for &h in host_of {
@@ -140,17 +165,25 @@ fn rank_rates(
     }
     (0..host_of.len())
         .map(|r| {
-            let need = working_set(r).saturating_mul(on_host[host_of[r]]);
-            match c.caches.iter().find(|k| need <= k.bytes) {
-                Some(k) => (k.reduce_gbs * 1e3, k.copy_gbs * 1e3),
-                None => (c.reduce_gbs * 1e3, c.copy_gbs * 1e3),
+            let mine = footprint(r);
+            let streams = c.streaming.filter(|s| mine.bytes() >= s.min_bytes);
+            let cached = if streams.is_some() {
+                mine.read
+            } else {
+                mine.bytes()
+            };
+            let need = cached.saturating_mul(on_host[host_of[r]]);
+            match (c.caches.iter().find(|k| need <= k.bytes), streams) {
+                (Some(k), _) => (k.reduce_gbs * 1e3, k.copy_gbs * 1e3),
+                (None, Some(s)) => (s.reduce_gbs * 1e3, s.copy_gbs * 1e3),
+                (None, None) => (c.reduce_gbs * 1e3, c.copy_gbs * 1e3),
             }
         })
         .collect()
 }
 
 impl Net {
-    fn new(c: &ClusterSpec, working_set: impl Fn(usize) -> usize) -> Net {
+    fn new(c: &ClusterSpec, footprint: impl Fn(usize) -> Footprint) -> Net {
         let host_of = c.host_of();
         let n = host_of.len();
         let mut seen = vec![0usize; c.hosts];
@@ -185,7 +218,7 @@ impl Net {
         bw[intra_tx..nic_tx].fill(port);
         bw[nic_tx..leaf_up].fill(nic);
         bw[leaf_up..total].fill(leaf);
-        let rates = rank_rates(c, &host_of, working_set);
+        let rates = rank_rates(c, &host_of, footprint);
         let mut reduce: Vec<f64> = rates.iter().map(|r| r.0).collect();
         let mut copy: Vec<f64> = rates.iter().map(|r| r.1).collect();
         let mut net = Net {
@@ -503,7 +536,7 @@ pub fn simulate_with(
         n
     };
     let proto: ProtoSpec = *cluster.protocols.get(protocol);
-    let mut net = Net::new(cluster, |r| working_set_bytes(&full_spec, elem_size, r));
+    let mut net = Net::new(cluster, |r| footprint(&full_spec, elem_size, r));
     let geo = Geo::new(cluster, &proto);
     let real_nch = params.nchannels.max(1);
     // Only the ring's channels run in lockstep, link-bound; folding the
@@ -668,10 +701,17 @@ pub fn simulate_p2p(
 
     let nch = params.nchannels.max(1);
     let proto: ProtoSpec = *cluster.protocols.get(protocol);
-    // A rank's working set: the bytes it sends and receives.
-    let moved: Vec<usize> = mirror
+    // A rank's footprint: the bytes it sends and receives.
+    let moved: Vec<Footprint> = mirror
         .iter()
-        .map(|calls| calls.iter().map(P2pOp::length).sum())
+        .map(|calls| {
+            let (sends, recvs): (Vec<&P2pOp>, Vec<&P2pOp>) =
+                calls.iter().partition(|c| matches!(c, P2pOp::Send { .. }));
+            Footprint {
+                read: sends.into_iter().map(P2pOp::length).sum(),
+                written: recvs.into_iter().map(P2pOp::length).sum(),
+            }
+        })
         .collect();
     let net = Net::new(cluster, |r| moved[r]);
     let geo = Geo::new(cluster, &proto);

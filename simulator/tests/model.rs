@@ -6,7 +6,7 @@ use rccl_algorithms::{
     Ring, Tree,
 };
 use rccl_simulator::cluster::{
-    self, Cache, ClusterSpec, DegradedLink, IntraLink, LinkKind, SlowRank,
+    self, Cache, ClusterSpec, DegradedLink, IntraLink, LinkKind, SlowRank, Streaming,
 };
 use rccl_simulator::{
     default_params, report, simulate, simulate_with, Protocol, SimOptions, SimResult,
@@ -23,6 +23,7 @@ fn uniform(n: usize, gbs: f64, lat: f64, overhead: f64) -> ClusterSpec {
     c.reduce_gbs = 1e9;
     c.copy_gbs = 1e9;
     c.caches.clear();
+    c.streaming = None;
     for p in [
         &mut c.protocols.ll,
         &mut c.protocols.ll128,
@@ -464,6 +465,64 @@ fn a_cache_level_switches_the_rates_at_its_size() {
         },
     );
     copies_at(&c, [(128 << 10, 40.0), (256 << 10, 20.0), (1 << 20, 5.0)]);
+}
+
+#[test]
+fn streaming_calls_run_at_their_rates_from_the_threshold() {
+    // One rank: an all-reduce of S bytes is one local copy, working set 2S
+    // (S read, S written), streaming from 2 MiB.
+    let mut c = cached(1, 1 << 20, 40.0, 20.0);
+    c.streaming = Some(Streaming {
+        min_bytes: 2 << 20,
+        reduce_gbs: 12.0,
+        copy_gbs: 8.0,
+    });
+    for (bytes, copy_gbs) in [
+        // Not streaming: both buffers in the level, then in memory.
+        (256 << 10, 20.0),
+        (768 << 10, 5.0),
+        // Streaming: what it reads still fits the level, then it does not.
+        (1 << 20, 20.0),
+        (4 << 20, 8.0),
+    ] {
+        let r = run(
+            &c,
+            CollKind::AllReduce,
+            bytes / 4,
+            "ring",
+            one_channel(1 << 30),
+        );
+        close(r.time_us, bytes as f64 / (copy_gbs * 1e3), 1e-9);
+    }
+    // Two ranks: a reduce-scatter of `count` per rank reduces one block
+    // at the streaming reduction rate once a rank's own buffers (3 count
+    // elements) reach the threshold, whatever the host holds.
+    let count = 1 << 16; // 768 KiB per rank
+    for (min_bytes, gbs) in [(768 << 10, 12.0), ((768 << 10) + 1, 10.0)] {
+        let mut c = cached(2, 1 << 10, 40.0, 20.0);
+        c.streaming = Some(Streaming {
+            min_bytes,
+            reduce_gbs: 12.0,
+            copy_gbs: 8.0,
+        });
+        let r = run(
+            &c,
+            CollKind::ReduceScatter,
+            count,
+            "ring",
+            one_channel(1 << 30),
+        );
+        close(r.time_us, (count * 4) as f64 / (gbs * 1e3), 1e-6);
+    }
+    let mut bad = c.clone();
+    bad.streaming.as_mut().unwrap().min_bytes = 0;
+    assert!(bad.validate().is_err());
+    bad.streaming.as_mut().unwrap().min_bytes = 1;
+    bad.streaming.as_mut().unwrap().reduce_gbs = 0.0;
+    assert!(bad.validate().is_err());
+    let json = c.to_json();
+    assert!(json.contains("streaming"));
+    assert_eq!(ClusterSpec::from_json(&json).unwrap(), c);
 }
 
 #[test]

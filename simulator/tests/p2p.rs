@@ -24,8 +24,9 @@ fn shaped(host_of: &[usize], tcp_only: bool) -> ClusterSpec {
             latency_us: LAT_US,
         });
     }
-    // One copy rate at every size: no cache levels.
+    // One copy rate at every size: no cache levels, no streaming.
     c.caches.clear();
+    c.streaming = None;
     c.copy_gbs = COPY_GBS;
     c.protocols.simple.efficiency = EFF;
     c.protocols.simple.step_overhead_us = OVERHEAD_US;

@@ -203,7 +203,8 @@ impl Drop for Watchdog {
 }
 
 /// `base` shaped as the test's communicators: `N` ranks on one host, with
-/// the FIFO slot sizes of this environment's settings.
+/// the FIFO slot sizes and streaming threshold of this environment's
+/// settings.
 pub fn shaped(base: &ClusterSpec) -> ClusterSpec {
     let config = rccl::Config::from_env().unwrap();
     let mut c = base.with_placement(&[0; N]);
@@ -211,6 +212,12 @@ pub fn shaped(base: &ClusterSpec) -> ClusterSpec {
     c.protocols.ll.slot_bytes = ll;
     c.protocols.ll128.slot_bytes = ll128;
     c.protocols.simple.slot_bytes = simple;
+    if let Some(streaming) = &mut c.streaming {
+        streaming.min_bytes = config.nt_store_bytes;
+    }
+    if config.nt_store_bytes == 0 {
+        c.streaming = None;
+    }
     c
 }
 
