@@ -171,44 +171,16 @@ impl ReduceKernel {
         count: usize,
         finish: bool,
     ) {
-        if count == 0 {
-            return;
-        }
-        let post = if finish { self.post_div } else { None };
-        if acc.is_none() && self.pre.is_none() && post.is_none() {
-            // Identity: a copy.
-            if input != out.cast_const() {
-                // SAFETY: the caller guarantees both ranges are valid for
-                // count*size bytes and, being unequal, disjoint.
-                unsafe { ptr::copy_nonoverlapping(input, out, count * self.dtype.size()) };
-            }
-            return;
-        }
-        // SAFETY (for every arm): forwarded from this function's contract.
-        unsafe {
-            match self.dtype {
-                DataType::Int8 => self.run_native::<i8>(acc, input, out, count, post),
-                DataType::Uint8 => self.run_native::<u8>(acc, input, out, count, post),
-                DataType::Int32 => self.run_native::<i32>(acc, input, out, count, post),
-                DataType::Uint32 => self.run_native::<u32>(acc, input, out, count, post),
-                DataType::Int64 => self.run_native::<i64>(acc, input, out, count, post),
-                DataType::Uint64 => self.run_native::<u64>(acc, input, out, count, post),
-                DataType::Float32 => self.run_native::<f32>(acc, input, out, count, post),
-                DataType::Float64 => self.run_native::<f64>(acc, input, out, count, post),
-                DataType::Float16 => self.run_packed::<f16>(acc, input, out, count),
-                DataType::Bfloat16 => self.run_native::<bf16>(acc, input, out, count, post),
-                DataType::Float8e4m3 => self.run_native::<E4m3>(acc, input, out, count, post),
-                DataType::Float8e5m2 => self.run_native::<E5m2>(acc, input, out, count, post),
-            }
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_with(Store::Cached, acc, input, out, count, finish) }
     }
 
     /// [`ReduceKernel::run`] writing `out` with non-temporal stores (see
-    /// [`copy_streaming`]): each block of the result is computed into a
-    /// cached scratch block and streamed from there. An `out` that is one
-    /// of the inputs is written with ordinary stores: its lines were just
-    /// read into the cache, where a store costs no extra read. The stores
-    /// are fenced before it returns.
+    /// [`copy_streaming`]), fenced before it returns, for whole 64-byte
+    /// lines of `out`. An `out` that is one of the inputs is written with
+    /// ordinary stores, since its lines were just read into the cache,
+    /// where a store costs no extra read; so are pointers not aligned for
+    /// the element type and float16, whose loops convert through `f32`.
     ///
     /// # Safety
     ///
@@ -221,35 +193,73 @@ impl ReduceKernel {
         count: usize,
         finish: bool,
     ) {
-        if acc == Some(out.cast_const()) || input == out.cast_const() {
-            // SAFETY: forwarded from the caller.
-            return unsafe { self.run(acc, input, out, count, finish) };
+        let aliased = acc == Some(out.cast_const()) || input == out.cast_const();
+        let store = if aliased {
+            Store::Cached
+        } else {
+            Store::Streaming
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_with(store, acc, input, out, count, finish) };
+        if store == Store::Streaming {
+            store_fence();
         }
-        let size = self.dtype.size();
-        if acc.is_none() && self.pre.is_none() && (!finish || self.post_div.is_none()) {
-            // SAFETY: the caller guarantees both ranges are valid for
-            // count*size bytes and, being unequal, disjoint.
-            unsafe { copy_streaming(input, out, count * size) };
+    }
+
+    /// The body of `run` and `run_streaming`; streaming stores are left
+    /// unfenced, and only used when `out` is disjoint from the inputs.
+    ///
+    /// # Safety
+    ///
+    /// As [`ReduceKernel::run`]; with `Store::Streaming`, `out` disjoint
+    /// from `acc` and `input`.
+    unsafe fn run_with(
+        &self,
+        store: Store,
+        acc: Option<*const u8>,
+        input: *const u8,
+        out: *mut u8,
+        count: usize,
+        finish: bool,
+    ) {
+        if count == 0 {
             return;
         }
-        let mut block = std::mem::MaybeUninit::<ScratchBlock>::uninit();
-        let scratch = block.as_mut_ptr().cast::<u8>();
-        let per_block = SCRATCH_BYTES / size;
-        let mut done = 0;
-        while done < count {
-            let m = (count - done).min(per_block);
-            let off = done * size;
-            // SAFETY: the caller's ranges are valid for count*size bytes,
-            // so for `off + m*size`; the scratch block holds
-            // SCRATCH_BYTES >= m*size bytes, is disjoint from the caller's
-            // memory and is written by `run` before it is read.
-            unsafe {
-                self.run(acc.map(|a| a.add(off)), input.add(off), scratch, m, finish);
-                copy_streaming_unfenced(scratch, out.add(off), m * size);
+        let post = if finish { self.post_div } else { None };
+        if acc.is_none() && self.pre.is_none() && post.is_none() {
+            // Identity: a copy.
+            if input != out.cast_const() {
+                let bytes = count * self.dtype.size();
+                // SAFETY: the caller guarantees both ranges are valid for
+                // `bytes` and, being unequal, disjoint.
+                match store {
+                    Store::Cached => unsafe { ptr::copy_nonoverlapping(input, out, bytes) },
+                    Store::Streaming => unsafe { copy_streaming_unfenced(input, out, bytes) },
+                }
             }
-            done += m;
+            return;
         }
-        store_fence();
+        // SAFETY (for every arm): forwarded from this function's contract.
+        unsafe {
+            match self.dtype {
+                DataType::Int8 => self.run_native::<i8>(acc, input, out, count, post, store),
+                DataType::Uint8 => self.run_native::<u8>(acc, input, out, count, post, store),
+                DataType::Int32 => self.run_native::<i32>(acc, input, out, count, post, store),
+                DataType::Uint32 => self.run_native::<u32>(acc, input, out, count, post, store),
+                DataType::Int64 => self.run_native::<i64>(acc, input, out, count, post, store),
+                DataType::Uint64 => self.run_native::<u64>(acc, input, out, count, post, store),
+                DataType::Float32 => self.run_native::<f32>(acc, input, out, count, post, store),
+                DataType::Float64 => self.run_native::<f64>(acc, input, out, count, post, store),
+                DataType::Float16 => self.run_packed::<f16>(acc, input, out, count),
+                DataType::Bfloat16 => self.run_native::<bf16>(acc, input, out, count, post, store),
+                DataType::Float8e4m3 => {
+                    self.run_native::<E4m3>(acc, input, out, count, post, store)
+                }
+                DataType::Float8e5m2 => {
+                    self.run_native::<E5m2>(acc, input, out, count, post, store)
+                }
+            }
+        }
     }
 
     /// Types computed element by element (all but float16): uses an AVX2
@@ -264,15 +274,16 @@ impl ReduceKernel {
         out: *mut u8,
         count: usize,
         post: Option<u64>,
+        store: Store,
     ) {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 (checked above); the rest is
             // forwarded from this function's contract.
-            return unsafe { self.run_native_avx2::<T>(acc, input, out, count, post) };
+            return unsafe { self.run_native_avx2::<T>(acc, input, out, count, post, store) };
         }
         // SAFETY: forwarded from this function's contract.
-        unsafe { self.run_native_body::<T>(acc, input, out, count, post) }
+        unsafe { self.run_native_body::<T>(acc, input, out, count, post, store) }
     }
 
     /// [`ReduceKernel::run_native_body`] compiled for AVX2.
@@ -288,9 +299,10 @@ impl ReduceKernel {
         out: *mut u8,
         count: usize,
         post: Option<u64>,
+        store: Store,
     ) {
         // SAFETY: forwarded from this function's contract.
-        unsafe { self.run_native_body::<T>(acc, input, out, count, post) }
+        unsafe { self.run_native_body::<T>(acc, input, out, count, post, store) }
     }
 
     /// The loops of [`ReduceKernel::run_native`], inlined into each build.
@@ -305,13 +317,14 @@ impl ReduceKernel {
         out: *mut u8,
         count: usize,
         post: Option<u64>,
+        store: Store,
     ) {
         let pre = self.pre.map(T::scale_from);
         // SAFETY (for every arm): forwarded from this function's contract.
         unsafe {
             match self.combine {
                 Combine::Sum => match (pre, post) {
-                    (None, None) => drive(|a: T, b| a.add(b), |x| x, acc, input, out, count),
+                    (None, None) => drive(|a: T, b| a.add(b), |x| x, acc, input, out, count, store),
                     (Some(s), None) => drive(
                         move |a: T, b: T| a.add(b.scale(s)),
                         move |x: T| x.scale(s),
@@ -319,6 +332,7 @@ impl ReduceKernel {
                         input,
                         out,
                         count,
+                        store,
                     ),
                     (None, Some(n)) => drive(
                         move |a: T, b| a.add(b).div_n(n),
@@ -327,6 +341,7 @@ impl ReduceKernel {
                         input,
                         out,
                         count,
+                        store,
                     ),
                     (Some(s), Some(n)) => drive(
                         move |a: T, b: T| a.add(b.scale(s)).div_n(n),
@@ -335,12 +350,13 @@ impl ReduceKernel {
                         input,
                         out,
                         count,
+                        store,
                     ),
                 },
                 // Prod, Max and Min never carry transforms (see `new`).
-                Combine::Prod => drive(|a: T, b| a.mul(b), |x| x, acc, input, out, count),
-                Combine::Max => drive(|a: T, b| a.max_nan(b), |x| x, acc, input, out, count),
-                Combine::Min => drive(|a: T, b| a.min_nan(b), |x| x, acc, input, out, count),
+                Combine::Prod => drive(|a: T, b| a.mul(b), |x| x, acc, input, out, count, store),
+                Combine::Max => drive(|a: T, b| a.max_nan(b), |x| x, acc, input, out, count, store),
+                Combine::Min => drive(|a: T, b| a.min_nan(b), |x| x, acc, input, out, count, store),
             }
         }
     }
@@ -566,10 +582,12 @@ native_narrow! {
 
 /// Runs `out = f2(acc, input)` or `out = f1(input)` over `count > 0`
 /// elements, on slices when every pointer is aligned for `T`, else through
-/// aligned stack buffers.
+/// aligned stack buffers; with `Store::Streaming` and aligned pointers,
+/// `out`'s whole lines take non-temporal stores.
 ///
 /// # Safety
-/// As [`ReduceKernel::run`], with `count > 0` and `T` the datatype's type.
+/// As [`ReduceKernel::run`], with `count > 0` and `T` the datatype's type;
+/// with `Store::Streaming`, `out` disjoint from the inputs.
 #[inline(always)]
 unsafe fn drive<T: Native, F2: Fn(T, T) -> T, F1: Fn(T) -> T>(
     f2: F2,
@@ -578,6 +596,7 @@ unsafe fn drive<T: Native, F2: Fn(T, T) -> T, F1: Fn(T) -> T>(
     input: *const u8,
     out: *mut u8,
     count: usize,
+    store: Store,
 ) {
     let aligned = |p: *const u8| (p as usize) & (align_of::<T>() - 1) == 0;
     let all_aligned =
@@ -585,14 +604,124 @@ unsafe fn drive<T: Native, F2: Fn(T, T) -> T, F1: Fn(T) -> T>(
     // SAFETY (for every arm): the pointers are valid for count elements of
     // T, identical or disjoint (caller's contract); the aligned variants
     // are only chosen when every pointer is aligned for T.
+    // the streaming variants only when `out` is disjoint from the inputs.
     unsafe {
-        match (acc, all_aligned) {
-            (Some(a), true) => zip_aligned(&f2, a.cast(), input.cast(), out.cast(), count),
-            (Some(a), false) => zip_unaligned(&f2, a, input, out, count),
-            (None, true) => map_aligned(&f1, input.cast(), out.cast(), count),
-            (None, false) => map_unaligned(&f1, input, out, count),
+        match (acc, all_aligned, store) {
+            (Some(a), true, Store::Streaming) => {
+                zip_streaming(&f2, a.cast(), input.cast(), out.cast(), count)
+            }
+            (Some(a), true, Store::Cached) => {
+                zip_aligned(&f2, a.cast(), input.cast(), out.cast(), count)
+            }
+            (Some(a), false, _) => zip_unaligned(&f2, a, input, out, count),
+            (None, true, Store::Streaming) => map_streaming(&f1, input.cast(), out.cast(), count),
+            (None, true, Store::Cached) => map_aligned(&f1, input.cast(), out.cast(), count),
+            (None, false, _) => map_unaligned(&f1, input, out, count),
         }
     }
+}
+
+/// One cache line of results on its way to a non-temporal store.
+#[repr(C, align(64))]
+struct Line([u8; LINE_BYTES]);
+
+/// Bytes of a cache line.
+const LINE_BYTES: usize = 64;
+
+/// `(head, lines)`: the elements of `T` before `o` reaches a line
+/// boundary (at most `n`), then the whole lines after them.
+#[inline(always)]
+fn line_split<T>(o: *mut T, n: usize) -> (usize, usize) {
+    let head = ((LINE_BYTES - (o as usize) % LINE_BYTES) % LINE_BYTES / size_of::<T>()).min(n);
+    (head, (n - head) * size_of::<T>() / LINE_BYTES)
+}
+
+/// `o[i] = f(a[i], b[i])` for aligned pointers and an `o` disjoint from
+/// both inputs: the whole lines of `o` are computed into a [`Line`] and
+/// written with non-temporal stores (unfenced), the ends with ordinary
+/// stores.
+///
+/// # Safety
+/// `a`, `b`, `o` aligned, non-null and valid for `n` elements; `o`
+/// disjoint from `a` and `b`.
+#[inline(always)]
+unsafe fn zip_streaming<T: Copy, F: Fn(T, T) -> T>(
+    f: &F,
+    a: *const T,
+    b: *const T,
+    o: *mut T,
+    n: usize,
+) {
+    let per_line = LINE_BYTES / size_of::<T>();
+    let (head, lines) = line_split(o, n);
+    let tail = head + lines * per_line;
+    let mut line = Line([0; LINE_BYTES]);
+    let slot = line.0.as_mut_ptr().cast::<T>();
+    // SAFETY: every index stays below `n`; `line` holds `per_line`
+    // elements of `T` (64 bytes, aligned for every element type); the
+    // line's start `o + at` is 64-byte aligned (`line_split`).
+    unsafe {
+        zip_aligned(f, a, b, o, head);
+        for l in 0..lines {
+            let at = head + l * per_line;
+            for i in 0..per_line {
+                slot.add(i)
+                    .write(f(a.add(at + i).read(), b.add(at + i).read()));
+            }
+            stream_line(&line, o.add(at).cast());
+        }
+        zip_aligned(f, a.add(tail), b.add(tail), o.add(tail), n - tail);
+    }
+}
+
+/// `o[i] = f(b[i])` as [`zip_streaming`] writes it.
+///
+/// # Safety
+/// `b`, `o` aligned, non-null and valid for `n` elements, disjoint.
+#[inline(always)]
+unsafe fn map_streaming<T: Copy, F: Fn(T) -> T>(f: &F, b: *const T, o: *mut T, n: usize) {
+    let per_line = LINE_BYTES / size_of::<T>();
+    let (head, lines) = line_split(o, n);
+    let tail = head + lines * per_line;
+    let mut line = Line([0; LINE_BYTES]);
+    let slot = line.0.as_mut_ptr().cast::<T>();
+    // SAFETY: as in `zip_streaming`.
+    unsafe {
+        map_aligned(f, b, o, head);
+        for l in 0..lines {
+            let at = head + l * per_line;
+            for i in 0..per_line {
+                slot.add(i).write(f(b.add(at + i).read()));
+            }
+            stream_line(&line, o.add(at).cast());
+        }
+        map_aligned(f, b.add(tail), o.add(tail), n - tail);
+    }
+}
+
+/// Writes `line` to the 64-byte aligned `o` with non-temporal stores
+/// (ordinary ones off x86_64).
+///
+/// # Safety
+/// `o` valid for 64 bytes of writes, 64-byte aligned, disjoint from `line`.
+#[inline(always)]
+unsafe fn stream_line(line: &Line, o: *mut u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: both addresses are 16-byte aligned at every step (`Line` and
+    // `o` are 64-byte aligned) and valid for the 64 bytes; SSE2 is part of
+    // every x86_64 CPU.
+    unsafe {
+        use std::arch::x86_64::{__m128i, _mm_load_si128, _mm_stream_si128};
+        for i in (0..LINE_BYTES).step_by(16) {
+            let v = _mm_load_si128(line.0.as_ptr().add(i).cast::<__m128i>());
+            _mm_stream_si128(o.add(i).cast::<__m128i>(), v);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        ptr::copy_nonoverlapping(line.0.as_ptr(), o, LINE_BYTES)
+    };
 }
 
 /// `o[i] = f(a[i], b[i])` for aligned pointers, shaping the slices by how
@@ -734,16 +863,6 @@ unsafe fn map_unaligned<T: Native, F: Fn(T) -> T>(f: &F, b: *const u8, o: *mut u
 // ---------------------------------------------------------------------------
 // Streaming (non-temporal) stores
 // ---------------------------------------------------------------------------
-
-/// Bytes of result [`ReduceKernel::run_streaming`] computes in cache
-/// before streaming them out: a multiple of every element size, small
-/// enough to stay in L1.
-const SCRATCH_BYTES: usize = 4096;
-
-/// The cached block results pass through on their way to a streamed
-/// output, aligned for every element type and for the stores.
-#[repr(C, align(64))]
-struct ScratchBlock([u8; SCRATCH_BYTES]);
 
 /// How a primitive writes what it produces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1616,11 +1735,10 @@ mod tests {
             Alias::All,
         ];
         for dtype in DataType::ALL {
-            let per_block = SCRATCH_BYTES / dtype.size();
             let mut ops = OPS.to_vec();
             ops.push(premul(dtype, &mut rng));
             for op in ops {
-                for count in [1, 2 * per_block + 3] {
+                for count in [1, 37, 1000] {
                     for misalign in [0usize, 1, 4] {
                         let nranks = [3, 8][misalign % 2];
                         for alias in aliases {
