@@ -8,7 +8,7 @@
 //!
 //! The `streaming` group sets the same float32 sum and copy at 64 MiB, far
 //! beyond the last-level cache, with cached stores beside non-temporal
-//! ones (`run_streaming`, `copy_streaming`), in 512 KiB pieces as the
+//! ones (`Store::Streaming`), in 512 KiB pieces as the
 //! engine's FIFO slots cut them (a single 64 MiB memcpy would take the C
 //! library's own non-temporal path).
 //!
@@ -18,7 +18,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use rccl::kernels::{copy_streaming, encode_f64, ReduceKernel};
+use rccl::kernels::{encode_f64, ReduceKernel, Store};
 use rccl::{DataType, RedOp};
 
 const KIB: usize = 1024;
@@ -107,8 +107,7 @@ fn bench_streaming(c: &mut Criterion) {
     let b = filled(DataType::Float32, bytes, 3);
     let mut out = vec![0u64; bytes / 8];
     group.throughput(Throughput::Bytes(bytes as u64));
-    for streaming in [false, true] {
-        let stores = if streaming { "streaming" } else { "cached" };
+    for (store, stores) in [(Store::Cached, "cached"), (Store::Streaming, "streaming")] {
         group.bench_function(BenchmarkId::new("float32_sum", stores), |bench| {
             bench.iter(|| {
                 for at in (0..bytes).step_by(piece) {
@@ -118,11 +117,7 @@ fn bench_streaming(c: &mut Criterion) {
                         let acc = Some(a.as_ptr().cast::<u8>().add(at));
                         let input = b.as_ptr().cast::<u8>().add(at);
                         let o = out.as_mut_ptr().cast::<u8>().add(at);
-                        if streaming {
-                            kernel.run_streaming(acc, input, o, piece / 4, true)
-                        } else {
-                            kernel.run(acc, input, o, piece / 4, true)
-                        }
+                        kernel.run_with_store(store, acc, input, o, piece / 4, true)
                     };
                 }
                 black_box(&mut out);
@@ -136,11 +131,7 @@ fn bench_streaming(c: &mut Criterion) {
                     unsafe {
                         let src = a.as_ptr().cast::<u8>().add(at);
                         let dst = out.as_mut_ptr().cast::<u8>().add(at);
-                        if streaming {
-                            copy_streaming(src, dst, piece)
-                        } else {
-                            std::ptr::copy_nonoverlapping(src, dst, piece)
-                        }
+                        store.copy(src, dst, piece)
                     };
                 }
                 black_box(&mut out);

@@ -342,37 +342,18 @@ impl<'a> Piece<'_, 'a> {
             .address(slice.buf, slice.offset + done, self.op.elem_size)
     }
 
-    /// How a primitive writes `buf`: a FIFO slot (`None`) with cached
-    /// stores, a user's buffer as the operation says.
-    fn store(&self, buf: Option<Buf>) -> Store {
-        match buf {
-            Some(_) => self.op.user_store,
-            None => Store::Cached,
-        }
-    }
-
     /// out = src, through the input transform when `src` is the user's
-    /// send buffer of a reducing collective; `out_buf` is the user buffer
-    /// `out` points into, `None` for a FIFO slot.
+    /// send buffer of a reducing collective, written with `store`s (a FIFO
+    /// slot's always cached, a user's buffer's the operation's
+    /// `user_store`).
     ///
     /// # Safety
     /// `src` and `out` are valid for `n` elements and equal or disjoint.
-    unsafe fn load(
-        &self,
-        src_buf: Buf,
-        src: *const u8,
-        out_buf: Option<Buf>,
-        out: *mut u8,
-        n: usize,
-    ) {
-        let store = self.store(out_buf);
+    unsafe fn load(&self, src_buf: Buf, src: *const u8, out: *mut u8, n: usize, store: Store) {
         match &self.op.reduction {
             Some(r) if src_buf == Buf::Send && r.input.has_input_transform() => {
-                // SAFETY (both arms): forwarded from the caller.
-                match store {
-                    Store::Cached => unsafe { r.input.run(None, src, out, n, false) },
-                    Store::Streaming => unsafe { r.input.run_streaming(None, src, out, n, false) },
-                }
+                // SAFETY: forwarded from the caller.
+                unsafe { r.input.run_with_store(store, None, src, out, n, false) }
             }
             _ if std::ptr::eq(src, out) => {}
             // SAFETY: forwarded from the caller; distinct pointers of valid
@@ -382,7 +363,7 @@ impl<'a> Piece<'_, 'a> {
     }
 
     /// out = acc op src (op's transforms as for `load`), finished when
-    /// `finish`; `out_buf` as for `load`.
+    /// `finish`, written with `store`s as for `load`.
     ///
     /// # Safety
     /// All pointers valid for `n` elements; `out` equal to or disjoint from
@@ -393,10 +374,10 @@ impl<'a> Piece<'_, 'a> {
         src_buf: Buf,
         acc: *const u8,
         src: *const u8,
-        out_buf: Option<Buf>,
         out: *mut u8,
         n: usize,
         finish: bool,
+        store: Store,
     ) -> Result<()> {
         let reduction = self.op.reduction.as_ref().ok_or_else(|| {
             Error::Internal(format!(
@@ -409,11 +390,8 @@ impl<'a> Piece<'_, 'a> {
         } else {
             &reduction.partial
         };
-        // SAFETY (both arms): forwarded from the caller.
-        match self.store(out_buf) {
-            Store::Cached => unsafe { kernel.run(Some(acc), src, out, n, finish) },
-            Store::Streaming => unsafe { kernel.run_streaming(Some(acc), src, out, n, finish) },
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { kernel.run_with_store(store, Some(acc), src, out, n, finish) };
         Ok(())
     }
 
@@ -499,9 +477,9 @@ impl<'a> Piece<'_, 'a> {
                         self.load(
                             src.buf,
                             self.ptr(src, done),
-                            Some(dst.buf),
                             self.ptr(dst, done),
                             remaining,
+                            self.op.user_store,
                         )
                     };
                     *moved = len;
@@ -524,10 +502,10 @@ impl<'a> Piece<'_, 'a> {
                             input.buf,
                             self.ptr(acc, done),
                             self.ptr(input, done),
-                            Some(dst.buf),
                             self.ptr(dst, done),
                             remaining,
                             finish,
+                            self.op.user_store,
                         )?
                     };
                     *moved = len;
@@ -542,9 +520,10 @@ impl<'a> Piece<'_, 'a> {
                     // SAFETY: the slot holds `cap` >= n elements; `src` (and
                     // `dst`) lie inside the validated buffers.
                     unsafe {
-                        self.load(src.buf, from, None, slot, n);
+                        self.load(src.buf, from, slot, n, Store::Cached);
                         if let Prim::CopySend { dst, .. } = *prim {
-                            self.load(src.buf, from, Some(dst.buf), self.ptr(dst, done), n);
+                            let to_user = self.ptr(dst, done);
+                            self.load(src.buf, from, to_user, n, self.op.user_store);
                         }
                     }
                     self.publish(to, n)?;
@@ -558,11 +537,9 @@ impl<'a> Piece<'_, 'a> {
                     // SAFETY: the slot holds n elements; dst lies inside the
                     // receive buffer; FIFO memory never aliases user memory.
                     unsafe {
-                        self.store(Some(dst.buf)).copy(
-                            slot,
-                            self.ptr(dst, done),
-                            n * self.op.elem_size,
-                        )
+                        self.op
+                            .user_store
+                            .copy(slot, self.ptr(dst, done), n * self.op.elem_size)
                     };
                     self.release(from)?;
                     *moved += n;
@@ -580,10 +557,10 @@ impl<'a> Piece<'_, 'a> {
                             src.buf,
                             slot,
                             self.ptr(src, done),
-                            Some(dst.buf),
                             self.ptr(dst, done),
                             n,
                             finish,
+                            self.op.user_store,
                         )?
                     };
                     self.release(from)?;
@@ -619,10 +596,10 @@ impl<'a> Piece<'_, 'a> {
                                 src.buf,
                                 slot,
                                 self.ptr(src, done),
-                                None,
                                 out,
                                 n,
                                 false,
+                                Store::Cached,
                             )?,
                             Prim::RecvReduceCopySend { dst, .. } => {
                                 // Into the cached slot first, then from it
@@ -630,17 +607,16 @@ impl<'a> Piece<'_, 'a> {
                                 // bypass the cache unless the result lands
                                 // where its input was just read (in place).
                                 let (s, d) = (self.ptr(src, done), self.ptr(dst, done));
-                                self.reduce(src.buf, slot, s, None, out, n, true)?;
+                                self.reduce(src.buf, slot, s, out, n, true, Store::Cached)?;
                                 let store = if std::ptr::eq(s, d) {
                                     Store::Cached
                                 } else {
-                                    self.store(Some(dst.buf))
+                                    self.op.user_store
                                 };
                                 store.copy(out, d, bytes);
                             }
                             _ => {
-                                self.store(Some(src.buf))
-                                    .copy(slot, self.ptr(src, done), bytes);
+                                self.op.user_store.copy(slot, self.ptr(src, done), bytes);
                                 std::ptr::copy_nonoverlapping(slot, out, bytes);
                             }
                         }

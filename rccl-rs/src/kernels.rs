@@ -172,21 +172,23 @@ impl ReduceKernel {
         finish: bool,
     ) {
         // SAFETY: forwarded from the caller.
-        unsafe { self.run_with(Store::Cached, acc, input, out, count, finish) }
+        unsafe { self.run_unfenced(Store::Cached, acc, input, out, count, finish) }
     }
 
-    /// [`ReduceKernel::run`] writing `out` with non-temporal stores (see
-    /// [`copy_streaming`]), fenced before it returns, for whole 64-byte
-    /// lines of `out`. An `out` that is one of the inputs is written with
-    /// ordinary stores, since its lines were just read into the cache,
-    /// where a store costs no extra read; so are pointers not aligned for
-    /// the element type and float16, whose loops convert through `f32`.
+    /// [`ReduceKernel::run`] writing `out` with `store`s. With
+    /// `Store::Streaming`, whole 64-byte lines of `out` take non-temporal
+    /// stores (see [`copy_streaming`]), fenced before it returns. An `out`
+    /// that is one of the inputs is written with ordinary stores, since its
+    /// lines were just read into the cache, where a store costs no extra
+    /// read; so are pointers not aligned for the element type and float16,
+    /// whose loops convert through `f32`.
     ///
     /// # Safety
     ///
     /// As [`ReduceKernel::run`].
-    pub unsafe fn run_streaming(
+    pub unsafe fn run_with_store(
         &self,
+        store: Store,
         acc: Option<*const u8>,
         input: *const u8,
         out: *mut u8,
@@ -194,26 +196,22 @@ impl ReduceKernel {
         finish: bool,
     ) {
         let aliased = acc == Some(out.cast_const()) || input == out.cast_const();
-        let store = if aliased {
-            Store::Cached
-        } else {
-            Store::Streaming
-        };
+        let store = if aliased { Store::Cached } else { store };
         // SAFETY: forwarded from the caller.
-        unsafe { self.run_with(store, acc, input, out, count, finish) };
+        unsafe { self.run_unfenced(store, acc, input, out, count, finish) };
         if store == Store::Streaming {
             store_fence();
         }
     }
 
-    /// The body of `run` and `run_streaming`; streaming stores are left
+    /// The body of `run` and `run_with_store`; streaming stores are left
     /// unfenced, and only used when `out` is disjoint from the inputs.
     ///
     /// # Safety
     ///
     /// As [`ReduceKernel::run`]; with `Store::Streaming`, `out` disjoint
     /// from `acc` and `input`.
-    unsafe fn run_with(
+    unsafe fn run_unfenced(
         &self,
         store: Store,
         acc: Option<*const u8>,
@@ -1637,10 +1635,7 @@ mod tests {
         // SAFETY: the regions are valid for `bytes` bytes, identical or
         // disjoint.
         let got = unsafe {
-            match store {
-                Store::Cached => k.run(acc, pi.cast_const(), po, count, finish),
-                Store::Streaming => k.run_streaming(acc, pi.cast_const(), po, count, finish),
-            }
+            k.run_with_store(store, acc, pi.cast_const(), po, count, finish);
             slice::from_raw_parts(po.cast_const(), bytes).to_vec()
         };
         for i in 0..count {
@@ -1668,16 +1663,41 @@ mod tests {
         RedOp::PreMulSum { scalar }
     }
 
-    #[test]
-    fn every_dtype_op_layout_matches_reference() {
-        let mut rng = Rng(0x1234_5678_9abc_def1);
-        let aliases = [
+    /// `check` with `store` in every layout: each aliasing of the three
+    /// operands, then without an accumulator, in place or not.
+    #[allow(clippy::too_many_arguments)]
+    fn check_every_layout(
+        store: Store,
+        rng: &mut Rng,
+        dtype: DataType,
+        op: RedOp,
+        nranks: usize,
+        count: usize,
+        finish: bool,
+        misalign: usize,
+    ) {
+        let with_acc = [
             Alias::None,
             Alias::OutAcc,
             Alias::OutInput,
             Alias::AccInput,
             Alias::All,
         ];
+        for alias in with_acc {
+            check(
+                store, rng, dtype, op, nranks, count, true, finish, alias, misalign,
+            );
+        }
+        for alias in [Alias::None, Alias::OutInput] {
+            check(
+                store, rng, dtype, op, nranks, count, false, finish, alias, misalign,
+            );
+        }
+    }
+
+    #[test]
+    fn every_dtype_op_layout_matches_reference() {
+        let mut rng = Rng(0x1234_5678_9abc_def1);
         for dtype in DataType::ALL {
             let mut ops = OPS.to_vec();
             ops.push(premul(dtype, &mut rng));
@@ -1687,34 +1707,16 @@ mod tests {
                     for finish in [false, true] {
                         for misalign in [0usize, 1, 4] {
                             let nranks = [1, 3, 8][(count + misalign) % 3];
-                            for alias in aliases {
-                                check(
-                                    Store::Cached,
-                                    &mut rng,
-                                    dtype,
-                                    op,
-                                    nranks,
-                                    count,
-                                    true,
-                                    finish,
-                                    alias,
-                                    misalign,
-                                );
-                            }
-                            for alias in [Alias::None, Alias::OutInput] {
-                                check(
-                                    Store::Cached,
-                                    &mut rng,
-                                    dtype,
-                                    op,
-                                    nranks,
-                                    count,
-                                    false,
-                                    finish,
-                                    alias,
-                                    misalign,
-                                );
-                            }
+                            check_every_layout(
+                                Store::Cached,
+                                &mut rng,
+                                dtype,
+                                op,
+                                nranks,
+                                count,
+                                finish,
+                                misalign,
+                            );
                         }
                     }
                 }
@@ -1722,50 +1724,27 @@ mod tests {
         }
     }
 
-    /// The streaming path: results spanning several scratch blocks, every
-    /// aliasing of the operands, outputs off 16-byte boundaries.
+    /// The streaming path: results of many lines with heads and tails off
+    /// a line boundary, every layout, outputs off 16-byte boundaries.
     #[test]
     fn streaming_stores_write_what_the_reference_gives() {
         let mut rng = Rng(0x0bad_cafe_f00d_d00d);
-        let aliases = [
-            Alias::None,
-            Alias::OutAcc,
-            Alias::OutInput,
-            Alias::AccInput,
-            Alias::All,
-        ];
         for dtype in DataType::ALL {
             let mut ops = OPS.to_vec();
             ops.push(premul(dtype, &mut rng));
             for op in ops {
                 for count in [1, 37, 1000] {
-                    for misalign in [0usize, 1, 4] {
-                        let nranks = [3, 8][misalign % 2];
-                        for alias in aliases {
-                            check(
+                    for finish in [false, true] {
+                        for misalign in [0usize, 1, 4] {
+                            let nranks = [3, 8][misalign % 2];
+                            check_every_layout(
                                 Store::Streaming,
                                 &mut rng,
                                 dtype,
                                 op,
                                 nranks,
                                 count,
-                                true,
-                                true,
-                                alias,
-                                misalign,
-                            );
-                        }
-                        for finish in [false, true] {
-                            check(
-                                Store::Streaming,
-                                &mut rng,
-                                dtype,
-                                op,
-                                nranks,
-                                count,
-                                false,
                                 finish,
-                                Alias::None,
                                 misalign,
                             );
                         }
