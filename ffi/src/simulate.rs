@@ -112,14 +112,7 @@ pub fn cluster_of(comm: &PlannedComm) -> Result<ClusterSpec> {
     cluster.protocols.ll.slot_bytes = ll;
     cluster.protocols.ll128.slot_bytes = ll128;
     cluster.protocols.simple.slot_bytes = simple;
-    // A modeled streaming regime starts where this communicator's calls
-    // start streaming, and there is none when they never do.
-    if let Some(streaming) = &mut cluster.streaming {
-        streaming.min_bytes = comm.config.nt_store_bytes;
-    }
-    if comm.config.nt_store_bytes == 0 {
-        cluster.streaming = None;
-    }
+    cluster.stream_from(comm.config.nt_store_bytes);
     cluster.validate().map_err(|e| {
         Error::InvalidUsage(format!(
             "{CLUSTER_VAR}: cluster {} cannot hold this communicator ({} ranks on {} host(s), \

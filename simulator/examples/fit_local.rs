@@ -21,7 +21,7 @@
 
 use rccl_algorithms::{builtin, CollKind, CollSpec};
 use rccl_simulator::cluster::{self, ClusterSpec};
-use rccl_simulator::{default_params, footprint, simulate, Protocol};
+use rccl_simulator::{default_params, footprint, simulate, Protocol, Regime};
 
 /// The fastest of 5 rounds x 3 cycles per size of the two fit runs (A at
 /// 21:45 and B at 21:52 UTC, 2026-11-29) in `docs/SIMULATOR.md`,
@@ -79,9 +79,8 @@ struct Point {
     spec: CollSpec,
     size: usize,
     measured: f64,
-    /// The regime whose rates the call runs at: a cache level's index,
-    /// `levels` for memory, `levels + 1` for streaming.
-    group: usize,
+    /// The regime whose rates the call runs at.
+    regime: Regime,
 }
 
 fn kind(name: &str) -> CollKind {
@@ -116,26 +115,27 @@ fn score(c: &ClusterSpec, points: &[&Point]) -> (usize, f64) {
     })
 }
 
-/// Sets the rates of group `g`: cache level `g`, memory's just past the
-/// last level, then streaming's.
-fn set_rates(c: &mut ClusterSpec, g: usize, (reduce, copy): (f64, f64)) {
-    let levels = c.caches.len();
-    match c.caches.get_mut(g) {
-        Some(k) => (k.reduce_gbs, k.copy_gbs) = (reduce, copy),
-        None if g == levels => (c.reduce_gbs, c.copy_gbs) = (reduce, copy),
-        None => {
+/// Sets the rates of `regime`.
+fn set_rates(c: &mut ClusterSpec, regime: Regime, (reduce, copy): (f64, f64)) {
+    match regime {
+        Regime::Cache(level) => {
+            let k = &mut c.caches[level];
+            (k.reduce_gbs, k.copy_gbs) = (reduce, copy);
+        }
+        Regime::Memory => (c.reduce_gbs, c.copy_gbs) = (reduce, copy),
+        Regime::Streaming => {
             let s = c.streaming.as_mut().expect("the preset streams");
             (s.reduce_gbs, s.copy_gbs) = (reduce, copy);
         }
     }
 }
 
-/// What the report calls group `g`.
-fn group_name(c: &ClusterSpec, g: usize) -> String {
-    match g.cmp(&c.caches.len()) {
-        std::cmp::Ordering::Less => format!("level {}", g + 1),
-        std::cmp::Ordering::Equal => "memory".to_string(),
-        std::cmp::Ordering::Greater => "streaming".to_string(),
+/// What the report calls `regime`.
+fn regime_name(regime: Regime) -> String {
+    match regime {
+        Regime::Cache(level) => format!("level {}", level + 1),
+        Regime::Memory => "memory".to_string(),
+        Regime::Streaming => "streaming".to_string(),
     }
 }
 
@@ -162,8 +162,6 @@ fn main() {
             .collect(),
     };
     let base = cluster::local(2, false);
-    let levels = base.caches.len();
-    let streams_from = base.streaming.expect("the preset streams").min_bytes;
     let points: Vec<Point> = data
         .into_iter()
         .map(|(coll, size, measured)| {
@@ -178,29 +176,24 @@ fn main() {
                 root: 0,
                 count,
             };
-            // As the simulator's rank rates: a streaming call keeps only
-            // what it reads in cache.
-            let f = footprint(&spec, 4, 0);
-            let streams = f.bytes() >= streams_from;
-            let cached = if streams { f.read } else { f.bytes() };
-            let group = match base.caches.iter().position(|k| cached * 2 <= k.bytes) {
-                Some(level) => level,
-                None if streams => levels + 1,
-                None => levels,
-            };
             Point {
                 coll,
                 spec,
                 size,
                 measured,
-                group,
+                regime: Regime::of(&base, footprint(&spec, 4, 0), 2),
             }
         })
         .collect();
     // One group of points per cache level, one for memory, one for
     // streaming calls.
-    let groups: Vec<Vec<&Point>> = (0..=levels + 1)
-        .map(|g| points.iter().filter(|p| p.group == g).collect())
+    let regimes: Vec<Regime> = (0..base.caches.len())
+        .map(Regime::Cache)
+        .chain([Regime::Memory, Regime::Streaming])
+        .collect();
+    let groups: Vec<(Regime, Vec<&Point>)> = regimes
+        .into_iter()
+        .map(|g| (g, points.iter().filter(|p| p.regime == g).collect()))
         .collect();
 
     let rates = [
@@ -228,7 +221,7 @@ fn main() {
                     p.step_overhead_us = oh;
                 }
                 let mut total = (0, 0.0);
-                for (g, group) in groups.iter().enumerate() {
+                for &(g, ref group) in &groups {
                     let mut group_best = ((usize::MAX, 0.0), (0.0, 0.0));
                     for &r in &rates {
                         for &y in &rates {
@@ -290,7 +283,7 @@ fn main() {
             p.coll,
             p.measured,
             (sim / p.measured - 1.0) * 100.0,
-            group_name(&c, p.group)
+            regime_name(p.regime)
         );
     }
 }

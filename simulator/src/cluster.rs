@@ -357,6 +357,17 @@ impl ClusterSpec {
         }
     }
 
+    /// Sets where the streaming regime starts to the engine's
+    /// `RCCL_NT_STORE_BYTES`, `nt_store_bytes`; 0 (the engine never
+    /// streams) drops the regime. A cluster without one keeps none.
+    pub fn stream_from(&mut self, nt_store_bytes: usize) {
+        if nt_store_bytes == 0 {
+            self.streaming = None;
+        } else if let Some(streaming) = &mut self.streaming {
+            streaming.min_bytes = nt_store_bytes;
+        }
+    }
+
     /// The same cluster with `hosts` hosts (and the default placement).
     pub fn with_hosts(&self, hosts: usize) -> ClusterSpec {
         ClusterSpec {

@@ -33,5 +33,5 @@ pub use cluster::{ClusterSpec, Protocol, SimError};
 pub use rccl_algorithms::{P2pOp, Params};
 pub use sim::{
     bus_factor, default_p2p_params, default_params, default_protocol, footprint, simulate,
-    simulate_p2p, simulate_with, size_bytes, Footprint, SimOptions, SimResult, MAX_PRIMS,
+    simulate_p2p, simulate_with, size_bytes, Footprint, Regime, SimOptions, SimResult, MAX_PRIMS,
 };

@@ -148,12 +148,52 @@ pub fn footprint(spec: &CollSpec, elem_size: usize, rank: usize) -> Footprint {
     }
 }
 
+/// Whose rates a rank runs a call at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Regime {
+    /// The cache level of this index in the cluster's `caches`.
+    Cache(usize),
+    /// Memory: the cluster's `reduce_gbs` / `copy_gbs`.
+    Memory,
+    /// The cluster's `streaming` rates.
+    Streaming,
+}
+
+impl Regime {
+    /// The regime of a rank with `footprint` whose host runs
+    /// `ranks_on_host` ranks: the first cache level whose share holds what
+    /// the call keeps in cache, else streaming when the call streams, else
+    /// memory. A call keeps both its buffers in cache, or only what it
+    /// reads when it streams (its writes go around the caches).
+    pub fn of(c: &ClusterSpec, footprint: Footprint, ranks_on_host: usize) -> Regime {
+        let streams = c
+            .streaming
+            .is_some_and(|s| footprint.bytes() >= s.min_bytes);
+        let cached = if streams {
+            footprint.read
+        } else {
+            footprint.bytes()
+        };
+        let need = cached.saturating_mul(ranks_on_host);
+        match c.caches.iter().position(|k| need <= k.bytes) {
+            Some(level) => Regime::Cache(level),
+            None if streams => Regime::Streaming,
+            None => Regime::Memory,
+        }
+    }
+
+    /// Its reduction and copy rates on `c`, GB/s.
+    pub fn rates(self, c: &ClusterSpec) -> (f64, f64) {
+        match (self, c.streaming) {
+            (Regime::Cache(level), _) => (c.caches[level].reduce_gbs, c.caches[level].copy_gbs),
+            (Regime::Streaming, Some(s)) => (s.reduce_gbs, s.copy_gbs),
+            _ => (c.reduce_gbs, c.copy_gbs),
+        }
+    }
+}
+
 /// Reduction and copy throughput of every rank (bytes / µs), given each
-/// rank's footprint: the rates of the first cache level whose host share
-/// holds what the call keeps in cache, else the streaming rates when the
-/// call streams, else the cluster's (memory's). A call keeps both its
-/// buffers in cache, or only what it reads when it streams (its writes
-/// go around the caches).
+/// rank's footprint: its [`Regime`]'s rates.
 fn rank_rates(
     c: &ClusterSpec,
     host_of: &[usize],
@@ -165,19 +205,8 @@ fn rank_rates(
     }
     (0..host_of.len())
         .map(|r| {
-            let mine = footprint(r);
-            let streams = c.streaming.filter(|s| mine.bytes() >= s.min_bytes);
-            let cached = if streams.is_some() {
-                mine.read
-            } else {
-                mine.bytes()
-            };
-            let need = cached.saturating_mul(on_host[host_of[r]]);
-            match (c.caches.iter().find(|k| need <= k.bytes), streams) {
-                (Some(k), _) => (k.reduce_gbs * 1e3, k.copy_gbs * 1e3),
-                (None, Some(s)) => (s.reduce_gbs * 1e3, s.copy_gbs * 1e3),
-                (None, None) => (c.reduce_gbs * 1e3, c.copy_gbs * 1e3),
-            }
+            let (reduce, copy) = Regime::of(c, footprint(r), on_host[host_of[r]]).rates(c);
+            (reduce * 1e3, copy * 1e3)
         })
         .collect()
 }
@@ -705,11 +734,16 @@ pub fn simulate_p2p(
     let moved: Vec<Footprint> = mirror
         .iter()
         .map(|calls| {
-            let (sends, recvs): (Vec<&P2pOp>, Vec<&P2pOp>) =
-                calls.iter().partition(|c| matches!(c, P2pOp::Send { .. }));
+            let bytes = |sends: bool| {
+                calls
+                    .iter()
+                    .filter(|c| matches!(c, P2pOp::Send { .. }) == sends)
+                    .map(P2pOp::length)
+                    .sum()
+            };
             Footprint {
-                read: sends.into_iter().map(P2pOp::length).sum(),
-                written: recvs.into_iter().map(P2pOp::length).sum(),
+                read: bytes(true),
+                written: bytes(false),
             }
         })
         .collect();

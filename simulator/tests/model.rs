@@ -404,26 +404,29 @@ fn cached(n: usize, bytes: usize, reduce: f64, copy: f64) -> ClusterSpec {
     c
 }
 
+/// One rank: an all-reduce of S bytes is one local copy; each case's S
+/// takes `S / copy rate`.
+fn copies_at(c: &ClusterSpec, cases: &[(usize, f64)]) {
+    for &(bytes, copy_gbs) in cases {
+        let r = run(
+            c,
+            CollKind::AllReduce,
+            bytes / 4,
+            "ring",
+            one_channel(1 << 30),
+        );
+        close(r.time_us, bytes as f64 / (copy_gbs * 1e3), 1e-9);
+    }
+}
+
 #[test]
 fn a_cache_level_switches_the_rates_at_its_size() {
     // One rank: an all-reduce is one local copy of S bytes, working set
     // 2S (send and receive buffers): S / cache copy rate while 2S fits,
     // S / memory's copy rate above.
-    let copies_at = |c: &ClusterSpec, cases: [(usize, f64); 3]| {
-        for (bytes, copy_gbs) in cases {
-            let r = run(
-                c,
-                CollKind::AllReduce,
-                bytes / 4,
-                "ring",
-                one_channel(1 << 30),
-            );
-            close(r.time_us, bytes as f64 / (copy_gbs * 1e3), 1e-9);
-        }
-    };
     let cache = 1 << 20;
     let c = cached(1, cache, 40.0, 20.0);
-    copies_at(&c, [(256 << 10, 20.0), (512 << 10, 20.0), (1 << 20, 5.0)]);
+    copies_at(&c, &[(256 << 10, 20.0), (512 << 10, 20.0), (1 << 20, 5.0)]);
     // Two ranks on one host, free links: a reduce-scatter of `count` per
     // rank sends one block and reduces the other, T = 4 count / reduce
     // rate; a rank's working set is 3 count elements (2 count in, count
@@ -464,7 +467,16 @@ fn a_cache_level_switches_the_rates_at_its_size() {
             copy_gbs: 40.0,
         },
     );
-    copies_at(&c, [(128 << 10, 40.0), (256 << 10, 20.0), (1 << 20, 5.0)]);
+    copies_at(&c, &[(128 << 10, 40.0), (256 << 10, 20.0), (1 << 20, 5.0)]);
+}
+
+/// A streaming regime from `min_bytes` at 12 / 8 GB/s.
+fn streams_from(min_bytes: usize) -> Option<Streaming> {
+    Some(Streaming {
+        min_bytes,
+        reduce_gbs: 12.0,
+        copy_gbs: 8.0,
+    })
 }
 
 #[test]
@@ -472,39 +484,25 @@ fn streaming_calls_run_at_their_rates_from_the_threshold() {
     // One rank: an all-reduce of S bytes is one local copy, working set 2S
     // (S read, S written), streaming from 2 MiB.
     let mut c = cached(1, 1 << 20, 40.0, 20.0);
-    c.streaming = Some(Streaming {
-        min_bytes: 2 << 20,
-        reduce_gbs: 12.0,
-        copy_gbs: 8.0,
-    });
-    for (bytes, copy_gbs) in [
-        // Not streaming: both buffers in the level, then in memory.
-        (256 << 10, 20.0),
-        (768 << 10, 5.0),
-        // Streaming: what it reads still fits the level, then it does not.
-        (1 << 20, 20.0),
-        (4 << 20, 8.0),
-    ] {
-        let r = run(
-            &c,
-            CollKind::AllReduce,
-            bytes / 4,
-            "ring",
-            one_channel(1 << 30),
-        );
-        close(r.time_us, bytes as f64 / (copy_gbs * 1e3), 1e-9);
-    }
+    c.streaming = streams_from(2 << 20);
+    copies_at(
+        &c,
+        &[
+            // Not streaming: both buffers in the level, then in memory.
+            (256 << 10, 20.0),
+            (768 << 10, 5.0),
+            // Streaming: what it reads still fits the level, then it does not.
+            (1 << 20, 20.0),
+            (4 << 20, 8.0),
+        ],
+    );
     // Two ranks: a reduce-scatter of `count` per rank reduces one block
     // at the streaming reduction rate once a rank's own buffers (3 count
     // elements) reach the threshold, whatever the host holds.
     let count = 1 << 16; // 768 KiB per rank
     for (min_bytes, gbs) in [(768 << 10, 12.0), ((768 << 10) + 1, 10.0)] {
         let mut c = cached(2, 1 << 10, 40.0, 20.0);
-        c.streaming = Some(Streaming {
-            min_bytes,
-            reduce_gbs: 12.0,
-            copy_gbs: 8.0,
-        });
+        c.streaming = streams_from(min_bytes);
         let r = run(
             &c,
             CollKind::ReduceScatter,
@@ -523,6 +521,12 @@ fn streaming_calls_run_at_their_rates_from_the_threshold() {
     let json = c.to_json();
     assert!(json.contains("streaming"));
     assert_eq!(ClusterSpec::from_json(&json).unwrap(), c);
+    // The engine's threshold moves the regime; 0 drops it.
+    let mut moved = c.clone();
+    moved.stream_from(4 << 20);
+    assert_eq!(moved.streaming.unwrap().min_bytes, 4 << 20);
+    moved.stream_from(0);
+    assert_eq!(moved.streaming, None);
 }
 
 #[test]

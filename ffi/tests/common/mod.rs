@@ -212,12 +212,7 @@ pub fn shaped(base: &ClusterSpec) -> ClusterSpec {
     c.protocols.ll.slot_bytes = ll;
     c.protocols.ll128.slot_bytes = ll128;
     c.protocols.simple.slot_bytes = simple;
-    if let Some(streaming) = &mut c.streaming {
-        streaming.min_bytes = config.nt_store_bytes;
-    }
-    if config.nt_store_bytes == 0 {
-        c.streaming = None;
-    }
+    c.stream_from(config.nt_store_bytes);
     c
 }
 
