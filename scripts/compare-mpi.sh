@@ -13,9 +13,10 @@
 #     unless MPICH_OVERSUBSCRIBE=1: Debian's MPICH polls without yielding,
 #     and 4 processes on 2 cores took 20-40 ms per 8-byte operation, so
 #     its sweeps would not finish in the time limit;
-#   - the 8-byte latency on its own, LAT_ITERS iterations each: rccl-rs,
-#     OpenMPI (both settings), MPICH (as above), and rccl-rs with
-#     NCCL_PROTO=LL, LL128 and Simple with the board off
+#   - the 8-byte latency on its own, runs of LAT_ITERS iterations:
+#     rccl-rs, OpenMPI (both settings) and MPICH (as above), LAT_SAMPLES
+#     runs each per round, interleaved (one of each, then again), and
+#     rccl-rs with NCCL_PROTO=LL, LL128 and Simple with the board off
 #     (RCCL_BOARD_BYTES=0: the protocols shape FIFO traffic only; the
 #     board, which carries the smallest all-reduces by default, has none);
 # and prints a markdown table (also written to target/compare-mpi.md; the
@@ -30,12 +31,15 @@
 # round (the lowest time) of its library and size. This VM runs a process
 # in one of two speed modes about 2x apart, often for a whole sweep, so a
 # single round compares one library's slow spell with another's fast one.
+# The 8-byte latency, where both libraries take about a quarter of a
+# microsecond and a spell moves either by 1.5x, is sampled LAT_SAMPLES
+# times per round and reported as the fastest and the median sample.
 #
 # Installs openmpi-bin/libopenmpi-dev (and mpich/libmpich-dev) with apt-get
 # when missing. Takes about 5-10 minutes on 2 cores. Run it on an idle
 # machine: the load average is recorded at the start and the end.
 #
-# Environment knobs: ROUNDS, SMALL_ITERS, MID_ITERS, LARGE_ITERS, LAT_ITERS, MAXBYTES,
+# Environment knobs: ROUNDS, SMALL_ITERS, MID_ITERS, LARGE_ITERS, LAT_ITERS, LAT_SAMPLES, MAXBYTES,
 # COMPARE_MPICH (1/0), MPICH_OVERSUBSCRIBE (1/0), RUN_TIMEOUT (seconds per run), REPORT_ONLY=1 (only
 # rebuild the report from the raw outputs of the last run).
 set -euo pipefail
@@ -48,6 +52,7 @@ TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 ROUNDS=${ROUNDS:-3}
 SMALL_ITERS=${SMALL_ITERS:-1000}
 LAT_ITERS=${LAT_ITERS:-100000}
+LAT_SAMPLES=${LAT_SAMPLES:-5}
 MID_ITERS=${MID_ITERS:-100}
 LARGE_ITERS=${LARGE_ITERS:-10}
 MAXBYTES=${MAXBYTES:-256M}
@@ -196,13 +201,23 @@ for ((round = 1; round <= ROUNDS; round++)); do
             fi
         done
         lat=(-b 8 -e 8 -n "$LAT_ITERS" -w 1000)
-        log "np=$np 8 B latency: rccl-rs, OpenMPI default and ring"
-        ours "$np" "$RUN/ours-$np-lat.txt" -- "${lat[@]}"
-        ompi "$np" "$RUN/ompi-$np-lat.txt" -- "${lat[@]}"
-        ompi "$np" "$RUN/ompiring-$np-lat.txt" "${OMPI_RING[@]}" -- "${lat[@]}"
-        if mpich_runs "$np"; then
-            mpich "$np" "$RUN/mpich-$np-lat.txt" "${lat[@]}"
-        fi
+        log "np=$np 8 B latency: rccl-rs, OpenMPI default and ring, $LAT_SAMPLES samples each, interleaved"
+        rm -f "$RUN"/*-"$np"-lat.txt
+        for ((sample = 1; sample <= LAT_SAMPLES; sample++)); do
+            # Each sample is a run of its own; its rows are appended to the
+            # library's file, whose fastest row the report takes.
+            ours "$np" "$RUN/sample.txt" -- "${lat[@]}"
+            cat "$RUN/sample.txt" >>"$RUN/ours-$np-lat.txt"
+            ompi "$np" "$RUN/sample.txt" -- "${lat[@]}"
+            cat "$RUN/sample.txt" >>"$RUN/ompi-$np-lat.txt"
+            ompi "$np" "$RUN/sample.txt" "${OMPI_RING[@]}" -- "${lat[@]}"
+            cat "$RUN/sample.txt" >>"$RUN/ompiring-$np-lat.txt"
+            if mpich_runs "$np"; then
+                mpich "$np" "$RUN/sample.txt" "${lat[@]}"
+                cat "$RUN/sample.txt" >>"$RUN/mpich-$np-lat.txt"
+            fi
+        done
+        rm -f "$RUN/sample.txt"
         for proto in LL LL128 Simple; do
             log "np=$np 8 B: rccl-rs NCCL_PROTO=$proto, board off"
             ours "$np" "$RUN/ours-$np-proto-$proto.txt" NCCL_PROTO=$proto RCCL_BOARD_BYTES=0 -- \
@@ -214,8 +229,8 @@ done
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 ELAPSED=$(($(date +%s) - START))
 log "load average at end: $LOAD_END ($ELAPSED s of runs)"
-printf 'LOAD_START="%s"\nLOAD_END="%s"\nELAPSED=%s\nCOMPARE_MPICH=%s\nROUNDS=%s\n' \
-    "$LOAD_START" "$LOAD_END" "$ELAPSED" "$COMPARE_MPICH" "$ROUNDS" >"$OUT_DIR/meta.env"
+printf 'LOAD_START="%s"\nLOAD_END="%s"\nELAPSED=%s\nCOMPARE_MPICH=%s\nROUNDS=%s\nLAT_ITERS=%s\nLAT_SAMPLES=%s\n' \
+    "$LOAD_START" "$LOAD_END" "$ELAPSED" "$COMPARE_MPICH" "$ROUNDS" "$LAT_ITERS" "$LAT_SAMPLES" >"$OUT_DIR/meta.env"
 
 else
     # shellcheck disable=SC1091
@@ -235,6 +250,18 @@ field() {
     [ "${#files[@]}" -gt 0 ] || { echo "-"; return 0; }
     awk -v s="$size" -v c="$col" \
         '$1 !~ /^#/ && NF >= 13 && $1 == s && (!found || $c + 0 < v + 0) { v = $c; found = 1 } END { print (found ? v : "-") }' "${files[@]}"
+}
+# median_at SIZE COLUMN NAMES...: the median of that column over every row
+# of SIZE in every round's files of these names (every sample).
+median_at() {
+    local size=$1 col=$2 name files=()
+    shift 2
+    for name in "$@"; do
+        for f in "$OUT_DIR"/r*/"$name"; do [ -r "$f" ] && files+=("$f"); done
+    done
+    [ "${#files[@]}" -gt 0 ] || { echo "-"; return 0; }
+    awk -v s="$size" -v c="$col" '$1 !~ /^#/ && NF >= 13 && $1 == s { print $c }' "${files[@]}" |
+        sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3g\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 existing() { # the arguments that are readable files
     local f
@@ -307,8 +334,10 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
 
     echo "### 8-byte all-reduce latency (us, out-of-place, $LAT_ITERS iterations)"
     echo
-    echo "| setting | 2 processes | 4 processes |"
-    echo "|---|---:|---:|"
+    echo "Fastest and median of every sample: $LAT_SAMPLES runs per round for the defaults, one per round for the forced protocols."
+    echo
+    echo "| setting | 2 processes, fastest | median | 4 processes, fastest | median |"
+    echo "|---|---:|---:|---:|---:|"
     for np_row in "rccl-rs default:ours-%s-lat" "rccl-rs NCCL_PROTO=LL, board off:ours-%s-proto-LL" \
         "rccl-rs NCCL_PROTO=LL128, board off:ours-%s-proto-LL128" \
         "rccl-rs NCCL_PROTO=Simple, board off:ours-%s-proto-Simple" \
@@ -316,10 +345,16 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
         label=${np_row%%:*}
         pat=${np_row#*:}
         # shellcheck disable=SC2059
-        echo "| $label | $(field 8 6 "$(printf "$pat" 2).txt") | $(field 8 6 "$(printf "$pat" 4).txt") |"
+        row="| $label |"
+        for np in 2 4; do
+            # shellcheck disable=SC2059
+            f="$(printf "$pat" "$np").txt"
+            row+=" $(field 8 6 "$f") | $(median_at 8 6 "$f") |"
+        done
+        echo "$row"
     done
     if [ "$COMPARE_MPICH" = 1 ]; then
-        echo "| MPICH default | $(field 8 6 "mpich-2-lat.txt") | $(field 8 6 "mpich-4-lat.txt") |"
+        echo "| MPICH default | $(field 8 6 "mpich-2-lat.txt") | $(median_at 8 6 "mpich-2-lat.txt") | $(field 8 6 "mpich-4-lat.txt") | $(median_at 8 6 "mpich-4-lat.txt") |"
     fi
     echo
     echo "Latency ratio rccl-rs default / best OpenMPI: 2p $(ratio "$(field 8 6 "ours-2-lat.txt")" "$(lowest "$(field 8 6 "ompi-2-lat.txt")" "$(field 8 6 "ompiring-2-lat.txt")")"), 4p $(ratio "$(field 8 6 "ours-4-lat.txt")" "$(lowest "$(field 8 6 "ompi-4-lat.txt")" "$(field 8 6 "ompiring-4-lat.txt")")") (below 1 is better)."
@@ -335,7 +370,9 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
         o=$(field 8 6 "ours-$np-lat.txt")
         m=$(lowest "$(field 8 6 "ompi-$np-lat.txt")" "$(field 8 6 "ompiring-$np-lat.txt")")
         ok=$(awk -v o="$o" -v m="$m" 'BEGIN { print (o != "-" && m != "-" && o + 0 <= m + 0) ? "holds" : "does not hold" }')
-        echo "* $np processes, 8-byte latency: rccl-rs $o us, best OpenMPI $m us (target: at or below): $ok"
+        om=$(median_at 8 6 "ours-$np-lat.txt")
+        mm=$(lowest "$(median_at 8 6 "ompi-$np-lat.txt")" "$(median_at 8 6 "ompiring-$np-lat.txt")")
+        echo "* $np processes, 8-byte latency: rccl-rs $o us, best OpenMPI $m us (target: at or below): $ok; medians $om and $mm us"
     done
     n_ok=0
     n_all=0
