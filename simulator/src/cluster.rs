@@ -109,6 +109,14 @@ pub struct IntraLink {
     pub port_gbs: f64,
     /// One-way latency of a transfer, microseconds.
     pub latency_us: f64,
+    /// Whether a transfer is a copy the sending rank makes itself (CPU
+    /// ranks over shared memory): then a rank's port runs at the lower of
+    /// `port_gbs` and the rank's copy rate for the call, which depends on
+    /// where its data sits (`caches`, streaming, memory) as its other
+    /// copies do. A copy engine or NVLink moves data at the port's rate
+    /// whatever the sender's caches hold.
+    #[serde(default)]
+    pub sender_copies: bool,
 }
 
 /// The network interfaces of a host.
@@ -165,6 +173,12 @@ pub struct ProtoSpec {
     /// Fixed cost of each primitive (step) on a rank, microseconds: flag
     /// polling, synchronisation, kernel step overhead.
     pub step_overhead_us: f64,
+    /// Fixed cost of each call on a rank before its first primitive,
+    /// microseconds: the host-side path from the call to the first step
+    /// (argument checks, planning, handing the work over). NCCL's tuner
+    /// calls this the base latency.
+    #[serde(default)]
+    pub launch_us: f64,
     /// Extra latency of each message for this protocol (Simple's
     /// fences/flags on top of the wire), microseconds.
     #[serde(default)]
@@ -455,6 +469,7 @@ impl ClusterSpec {
                 return err(format!("{} efficiency must be in (0, 1]", p.name()));
             }
             non_negative("step_overhead_us", s.step_overhead_us)?;
+            non_negative("launch_us", s.launch_us)?;
             non_negative("extra_latency_us", s.extra_latency_us)?;
             if s.slot_bytes == 0 {
                 return err(format!("{} slot_bytes must be positive", p.name()));
@@ -509,24 +524,34 @@ impl ClusterSpec {
 
 /// Standard protocol figures: efficiencies as NCCL's wire formats give
 /// them, slot sizes as the engine's default FIFOs (4 MiB Simple, 480 KiB
-/// LL128, 64 KiB LL buffers over 8 slots).
-fn protocols(ll_oh: f64, ll128_oh: f64, simple_oh: f64, simple_extra: f64) -> Protocols {
+/// LL128, 64 KiB LL buffers over 8 slots); `launch` is each one's
+/// per-call cost.
+fn protocols(
+    ll_oh: f64,
+    ll128_oh: f64,
+    simple_oh: f64,
+    simple_extra: f64,
+    launch: f64,
+) -> Protocols {
     Protocols {
         ll: ProtoSpec {
             efficiency: 0.5,
             step_overhead_us: ll_oh,
+            launch_us: launch,
             extra_latency_us: 0.0,
             slot_bytes: 8 << 10,
         },
         ll128: ProtoSpec {
             efficiency: 120.0 / 128.0,
             step_overhead_us: ll128_oh,
+            launch_us: launch,
             extra_latency_us: 0.0,
             slot_bytes: 60 << 10,
         },
         simple: ProtoSpec {
             efficiency: 1.0,
             step_overhead_us: simple_oh,
+            launch_us: launch,
             extra_latency_us: simple_extra,
             slot_bytes: 512 << 10,
         },
@@ -547,6 +572,7 @@ pub fn h100(hosts: usize) -> ClusterSpec {
         placement: None,
         intra: Some(IntraLink {
             port_gbs: 360.0,
+            sender_copies: false,
             latency_us: 0.6,
         }),
         nic: Nic {
@@ -565,7 +591,7 @@ pub fn h100(hosts: usize) -> ClusterSpec {
         copy_gbs: 1600.0,
         caches: Vec::new(),
         streaming: None,
-        protocols: protocols(0.2, 0.5, 1.0, 2.0),
+        protocols: protocols(0.2, 0.5, 1.0, 2.0, 0.0),
         tuning: Tuning {
             min_channels: 1,
             max_channels: 16,
@@ -588,6 +614,7 @@ pub fn local(ranks: usize, tcp_only: bool) -> ClusterSpec {
         placement: None,
         intra: (!tcp_only).then_some(IntraLink {
             port_gbs: LOCAL_SHM_GBS,
+            sender_copies: true,
             latency_us: LOCAL_SHM_LATENCY_US,
         }),
         nic: Nic {
@@ -621,6 +648,7 @@ pub fn local(ranks: usize, tcp_only: bool) -> ClusterSpec {
             LOCAL_STEP_OVERHEAD_US,
             LOCAL_STEP_OVERHEAD_US,
             0.0,
+            LOCAL_LAUNCH_US,
         ),
         tuning: Tuning::default(),
         faults: Faults::default(),
@@ -630,16 +658,18 @@ pub fn local(ranks: usize, tcp_only: bool) -> ClusterSpec {
 // The local-shm figures below were fitted to this machine's perf binaries
 // (2 processes bound to a core each, ring, 64 KiB-256 MiB, all-reduce,
 // all-gather and reduce-scatter, the fastest of 5 rounds x 3 cycles per
-// size on an idle machine, `STAT=best ROUNDS=5`, two runs pooled):
+// size on an idle machine, `STAT=best ROUNDS=5`, seven runs pooled):
 // `scripts/sim-validate.sh` measures, `simulator/examples/fit_local.rs`
-// fits the shared-memory bandwidth, the per-primitive overhead and the
-// four pairs of reduction / copy rates (L2, L3, memory, streaming); the
+// fits the shared-memory bandwidth, the per-primitive and per-call
+// overheads and the four pairs of reduction / copy rates (L2, L3, memory,
+// streaming); the
 // cache sizes, the streaming threshold (the engine's default, the L3's
 // size) and the shared-memory latency are not fitted. docs/SIMULATOR.md
 // "Against this machine".
 
-/// Shared-memory transfer bandwidth per rank (a memcpy into and out of
-/// the segment), GB/s.
+/// Most shared-memory transfer bandwidth per rank, GB/s: a transfer is the
+/// sender's copy into the segment, at the lower of this and the sender's
+/// copy rate for the call.
 pub const LOCAL_SHM_GBS: f64 = 12.0;
 /// Shared-memory wake-up latency, microseconds (not refitted: below the
 /// per-primitive overhead it does not change the fit).
@@ -650,7 +680,7 @@ pub const LOCAL_TCP_GBIT: f64 = 16.0;
 pub const LOCAL_TCP_LATENCY_US: f64 = 30.0;
 /// Reduction throughput of one rank (float sum) whose working set fits
 /// no cache level (memory), GB/s.
-pub const LOCAL_REDUCE_GBS: f64 = 7.0;
+pub const LOCAL_REDUCE_GBS: f64 = 12.0;
 /// Copy throughput of one rank whose working set fits no cache level
 /// (memory), GB/s.
 pub const LOCAL_COPY_GBS: f64 = 7.0;
@@ -658,26 +688,29 @@ pub const LOCAL_COPY_GBS: f64 = 7.0;
 /// cores (`/sys/devices/system/cpu/cpu*/cache/index2`).
 pub const LOCAL_L2_BYTES: usize = 2 * (512 << 10);
 /// Reduction throughput of a rank whose working set fits its L2, GB/s.
-pub const LOCAL_L2_REDUCE_GBS: f64 = 18.0;
+pub const LOCAL_L2_REDUCE_GBS: f64 = 16.0;
 /// Copy throughput of a rank whose working set fits its L2, GB/s.
-pub const LOCAL_L2_COPY_GBS: f64 = 16.0;
+pub const LOCAL_L2_COPY_GBS: f64 = 13.0;
 /// This machine's last-level cache (L3), bytes, shared by its two cores
 /// (`/sys/devices/system/cpu/cpu0/cache/index3`).
 pub const LOCAL_L3_BYTES: usize = 32 << 20;
 /// Reduction throughput of a rank whose working set fits its share of the
 /// L3, GB/s.
-pub const LOCAL_L3_REDUCE_GBS: f64 = 28.0;
+pub const LOCAL_L3_REDUCE_GBS: f64 = 32.0;
 /// Copy throughput of a rank whose working set fits its share of the L3,
 /// GB/s.
-pub const LOCAL_L3_COPY_GBS: f64 = 14.0;
+pub const LOCAL_L3_COPY_GBS: f64 = 18.0;
 /// Reduction throughput of a rank whose call streams (its buffers reach
 /// the engine's default threshold, the L3's size), GB/s.
-pub const LOCAL_STREAMING_REDUCE_GBS: f64 = 9.0;
+pub const LOCAL_STREAMING_REDUCE_GBS: f64 = 13.0;
 /// Copy throughput of a rank whose call streams, GB/s.
 pub const LOCAL_STREAMING_COPY_GBS: f64 = 8.0;
-/// Fixed cost of a primitive on a CPU rank (its share of the per-call
-/// path and the drive loop), µs.
-pub const LOCAL_STEP_OVERHEAD_US: f64 = 1.0;
+/// Fixed cost of a primitive on a CPU rank (a pass of the drive loop and
+/// the FIFO's flags), µs.
+pub const LOCAL_STEP_OVERHEAD_US: f64 = 0.0;
+/// Fixed cost of a call on a CPU rank before its first primitive (the
+/// call's checks, planning and hand-over), µs.
+pub const LOCAL_LAUNCH_US: f64 = 0.5;
 
 /// A preset by name: `h100` (with `hosts`), `local-shm` / `local-tcp`
 /// (with `ranks_per_host` ranks).

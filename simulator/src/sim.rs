@@ -19,7 +19,7 @@ use rccl_algorithms::{
     Schedule, Topology,
 };
 
-use crate::cluster::{ClusterSpec, LinkKind, ProtoSpec, Protocol, SimError};
+use crate::cluster::{ClusterSpec, IntraLink, LinkKind, ProtoSpec, Protocol, SimError};
 
 const RECV: u8 = 1;
 const SEND: u8 = 2;
@@ -115,6 +115,10 @@ struct Path {
     links: [usize; 4],
     len: usize,
     latency: f64,
+    /// Whether the sender's own copy moves the data (a host link with
+    /// `sender_copies`): a forwarding primitive then writes its output
+    /// straight into the transfer, in the same pass as it processes it.
+    sender_copies: bool,
 }
 
 /// The bytes a call touches at one rank apart from FIFO staging.
@@ -250,6 +254,11 @@ impl Net {
         let rates = rank_rates(c, &host_of, footprint);
         let mut reduce: Vec<f64> = rates.iter().map(|r| r.0).collect();
         let mut copy: Vec<f64> = rates.iter().map(|r| r.1).collect();
+        if c.intra.is_some_and(|i| i.sender_copies) {
+            for (r, &rank_copy) in copy.iter().enumerate() {
+                bw[intra_tx + r] = port.min(rank_copy);
+            }
+        }
         let mut net = Net {
             host_of,
             local,
@@ -298,7 +307,7 @@ struct Geo {
     rph: usize,
     hpl: usize,
     rail: bool,
-    intra: Option<f64>,
+    intra: Option<IntraLink>,
     nic_lat: f64,
     hop_lat: f64,
     extra_lat: f64,
@@ -310,7 +319,7 @@ impl Geo {
             rph: cluster.ranks_per_host,
             hpl: cluster.fabric.hosts_per_leaf.min(cluster.hosts).max(1),
             rail: cluster.fabric.rail_optimized,
-            intra: cluster.intra.map(|i| i.latency_us),
+            intra: cluster.intra,
             nic_lat: cluster.nic.latency_us,
             hop_lat: cluster.fabric.hop_latency_us,
             extra_lat: proto.extra_latency_us,
@@ -320,11 +329,12 @@ impl Geo {
     fn path(&self, net: &Net, src: usize, dst: usize) -> Path {
         let (hs, hd) = (net.host_of[src], net.host_of[dst]);
         if hs == hd {
-            if let Some(lat) = self.intra {
+            if let Some(intra) = self.intra {
                 return Path {
                     links: [net.intra_tx + src, net.intra_rx + dst, 0, 0],
                     len: 2,
-                    latency: lat + self.extra_lat,
+                    latency: intra.latency_us + self.extra_lat,
+                    sender_copies: intra.sender_copies,
                 };
             }
         }
@@ -346,6 +356,7 @@ impl Geo {
                 links: [tx, rx, 0, 0],
                 len: 2,
                 latency: self.nic_lat + self.extra_lat,
+                sender_copies: false,
             };
         }
         let (ls, ld) = (leaf(hs, ks), leaf(hd, kd));
@@ -354,12 +365,14 @@ impl Geo {
                 links: [tx, rx, 0, 0],
                 len: 2,
                 latency: self.nic_lat + self.hop_lat + self.extra_lat,
+                sender_copies: false,
             }
         } else {
             Path {
                 links: [tx, net.leaf_up + ls, net.leaf_down + ld, rx],
                 len: 4,
                 latency: self.nic_lat + 3.0 * self.hop_lat + self.extra_lat,
+                sender_copies: false,
             }
         }
     }
@@ -857,14 +870,24 @@ fn replay(
     let nthreads = ops.len();
     let mut free = vec![0.0f64; net.bw.len()];
     let mut cursor = vec![0usize; nthreads];
-    let mut ready = vec![0.0f64; nthreads];
+    // Every thread with work starts once its rank has paid the call's
+    // fixed cost; one without finishes at once.
+    let start = |th: usize| {
+        if steps[th].len() > 1 {
+            proto.launch_us
+        } else {
+            0.0
+        }
+    };
+    let mut ready: Vec<f64> = (0..nthreads).map(start).collect();
     let mut done_at = vec![0.0f64; nranks];
     let mut queues: HashMap<u64, VecDeque<Msg>, Fx> = HashMap::default();
     let mut waiting: HashMap<u64, usize, Fx> = HashMap::default();
-    let mut heap: BinaryHeap<Reverse<(Time, usize)>> = BinaryHeap::new();
-    for th in 0..nthreads {
-        heap.push(Reverse((Time(0.0), th)));
-    }
+    let mut heap: BinaryHeap<Reverse<(Time, usize)>> = ready
+        .iter()
+        .enumerate()
+        .map(|(th, &at)| Reverse((Time(at), th)))
+        .collect();
     let key =
         |from: u32, to: u32, ch: usize| ((from as u64) << 40) | ((to as u64) << 16) | ch as u64;
     let piece_cap = proto.slot_bytes as f64 * proto.efficiency;
@@ -947,8 +970,15 @@ fn replay(
             if op.flags & SEND != 0 {
                 let dst = op.to as usize;
                 let path = geo.path(net, rank, dst);
+                // A forwarder processes a piece before it can send it, unless
+                // its processing is the transfer itself.
+                let stage = if path.sender_copies {
+                    0.0
+                } else {
+                    piece / proc_bw
+                };
                 let src_ready = match input {
-                    Some(m) => s0.max(m.head) + piece / proc_bw,
+                    Some(m) => s0.max(m.head) + stage,
                     None => s0,
                 };
                 let mut last_start = src_ready;
@@ -965,7 +995,7 @@ fn replay(
                 if let Some(m) = input {
                     // Cannot outrun the input, nor its processing.
                     depart = depart
-                        .max(m.tail + piece / proc_bw + piece / min_bw)
+                        .max(m.tail + stage + piece / min_bw)
                         .max(src_ready + bytes / proc_bw);
                 } else if op.flags & LOCAL != 0 {
                     depart = depart.max(src_ready + bytes / proc_bw);

@@ -19,6 +19,7 @@ fn uniform(n: usize, gbs: f64, lat: f64, overhead: f64) -> ClusterSpec {
     c.intra = Some(IntraLink {
         port_gbs: gbs,
         latency_us: lat,
+        sender_copies: false,
     });
     c.reduce_gbs = 1e9;
     c.copy_gbs = 1e9;
@@ -31,6 +32,7 @@ fn uniform(n: usize, gbs: f64, lat: f64, overhead: f64) -> ClusterSpec {
     ] {
         p.efficiency = 1.0;
         p.step_overhead_us = overhead;
+        p.launch_us = 0.0;
         p.extra_latency_us = 0.0;
         p.slot_bytes = 1 << 30;
     }
@@ -121,6 +123,91 @@ fn pieces_pipeline_the_latency_away() {
     let chunk = (count / n * 4) as f64 / (b * 1e3);
     let piece = (512 << 10) as f64 / (b * 1e3);
     assert!(piecewise <= (2 * n - 1) as f64 * (chunk + piece) + 2.0 * l);
+}
+
+#[test]
+fn a_call_pays_its_launch_cost_once() {
+    // The closed forms above, each rank starting `launch` later.
+    let (n, b, l, launch) = (8, 50.0, 2.0, 7.5);
+    let mut c = uniform(n, b, l, 0.0);
+    c.protocols.simple.launch_us = launch;
+    let count = n * (1 << 16);
+    let chunk_bytes = (count / n * 4) as f64;
+    let r = run(&c, CollKind::AllReduce, count, "ring", one_channel(1 << 20));
+    let want = launch + 2.0 * (n - 1) as f64 * (chunk_bytes / (b * 1e3) + l);
+    close(r.time_us, want, 1e-6);
+    let r = run(
+        &c,
+        CollKind::AllGather,
+        count / n,
+        "ring",
+        one_channel(1 << 20),
+    );
+    close(
+        r.time_us,
+        launch + (n - 1) as f64 * (chunk_bytes / (b * 1e3) + l),
+        1e-6,
+    );
+}
+
+/// Two ranks on one host whose transfers are the sender's copies: ports
+/// of `port` GB/s, copies at `copy`, reductions at `reduce`.
+fn copied_by_sender(port: f64, copy: f64, reduce: f64, lat: f64) -> ClusterSpec {
+    let mut c = uniform(2, port, lat, 0.0);
+    c.intra.as_mut().unwrap().sender_copies = true;
+    c.copy_gbs = copy;
+    c.reduce_gbs = reduce;
+    c
+}
+
+#[test]
+fn a_sender_that_copies_moves_data_at_its_copy_rate() {
+    let (count, lat) = (1 << 16, 3.0);
+    let bytes = (count * 4) as f64;
+    // Reduce-scatter: each rank sends one block of `count` elements, then
+    // reduces what it received (free here): T = S/min(port, copy) + L.
+    for (port, copy, want_gbs) in [(100.0, 10.0, 10.0), (10.0, 100.0, 10.0)] {
+        let c = copied_by_sender(port, copy, 1e9, lat);
+        let r = run(
+            &c,
+            CollKind::ReduceScatter,
+            count,
+            "ring",
+            one_channel(1 << 30),
+        );
+        close(r.time_us, bytes / (want_gbs * 1e3) + lat, 1e-6);
+    }
+    // All-reduce of 2 count elements: send a block, reduce the other into
+    // the transfer back (one pass, so the reduction hides under the copy
+    // when it is faster), copy the result out: three copies of a block
+    // and two latencies, T = 3 S/C + 2 L.
+    let (copy, reduce) = (10.0, 40.0);
+    let c = copied_by_sender(1e9, copy, reduce, lat);
+    let r = run(
+        &c,
+        CollKind::AllReduce,
+        2 * count,
+        "ring",
+        one_channel(1 << 30),
+    );
+    close(r.time_us, 3.0 * bytes / (copy * 1e3) + 2.0 * lat, 1e-6);
+    // Without `sender_copies` the forwarder reduces its block before the
+    // transfer starts: S/R more.
+    let mut apart = c.clone();
+    apart.intra.as_mut().unwrap().sender_copies = false;
+    apart.intra.as_mut().unwrap().port_gbs = copy;
+    let r = run(
+        &apart,
+        CollKind::AllReduce,
+        2 * count,
+        "ring",
+        one_channel(1 << 30),
+    );
+    close(
+        r.time_us,
+        3.0 * bytes / (copy * 1e3) + bytes / (reduce * 1e3) + 2.0 * lat,
+        1e-6,
+    );
 }
 
 #[test]

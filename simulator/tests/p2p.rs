@@ -10,6 +10,10 @@ use rccl_simulator::{default_p2p_params, simulate_p2p, P2pOp, Protocol, SimResul
 const PORT_GBS: f64 = 12.5;
 const LAT_US: f64 = 0.75;
 const OVERHEAD_US: f64 = 0.3;
+const LAUNCH_US: f64 = 0.45;
+/// From the call to the first primitive's work: the call's fixed cost and
+/// the primitive's.
+const START_US: f64 = LAUNCH_US + OVERHEAD_US;
 const EXTRA_US: f64 = 0.2;
 const EFF: f64 = 0.8;
 const COPY_GBS: f64 = 7.0;
@@ -22,6 +26,7 @@ fn shaped(host_of: &[usize], tcp_only: bool) -> ClusterSpec {
         c.intra = Some(IntraLink {
             port_gbs: PORT_GBS,
             latency_us: LAT_US,
+            sender_copies: false,
         });
     }
     // One copy rate at every size: no cache levels, no streaming.
@@ -30,6 +35,7 @@ fn shaped(host_of: &[usize], tcp_only: bool) -> ClusterSpec {
     c.copy_gbs = COPY_GBS;
     c.protocols.simple.efficiency = EFF;
     c.protocols.simple.step_overhead_us = OVERHEAD_US;
+    c.protocols.simple.launch_us = LAUNCH_US;
     c.protocols.simple.extra_latency_us = EXTRA_US;
     c.protocols.simple.slot_bytes = SLOT;
     c.with_placement(host_of)
@@ -88,11 +94,11 @@ fn one_message_costs_overhead_latency_wire_and_copy_out() {
     let c = one_host(2);
     let s = 100_000;
     let r = run(&c, 0, &[send(1, s)], params(1, 1 << 20));
-    let want = OVERHEAD_US + LAT_US + EXTRA_US + s as f64 / link(PORT_GBS) + s as f64 / copy();
+    let want = START_US + LAT_US + EXTRA_US + s as f64 / link(PORT_GBS) + s as f64 / copy();
     close(r.time_us, want);
     assert_eq!(r.last_rank, 1, "the receiver finishes last");
     // The sender is done once its last byte left.
-    close(r.first_done_us, OVERHEAD_US + s as f64 / link(PORT_GBS));
+    close(r.first_done_us, START_US + s as f64 / link(PORT_GBS));
     assert_eq!(r.size_bytes, s);
     assert_eq!(r.ranks_replayed, 2);
 
@@ -107,11 +113,8 @@ fn chunks_pipeline_and_pieces_cut_through() {
     // K chunks of C bytes: the wire time of all of them, one chunk's copy.
     let (k, chunk) = (8, 64 << 10);
     let r = run(&c, 0, &[send(1, k * chunk)], params(1, chunk));
-    let want = OVERHEAD_US
-        + LAT_US
-        + EXTRA_US
-        + (k * chunk) as f64 / link(PORT_GBS)
-        + chunk as f64 / copy();
+    let want =
+        START_US + LAT_US + EXTRA_US + (k * chunk) as f64 / link(PORT_GBS) + chunk as f64 / copy();
     close(r.time_us, want);
     assert_eq!(r.prims, 2 * k as u64);
 
@@ -120,8 +123,8 @@ fn chunks_pipeline_and_pieces_cut_through() {
     let s = 3 * SLOT;
     let r = run(&c, 0, &[send(1, s)], params(1, s));
     let piece = SLOT as f64 * EFF;
-    let head = OVERHEAD_US + piece / link(PORT_GBS) + LAT_US + EXTRA_US;
-    let tail = OVERHEAD_US + s as f64 / link(PORT_GBS) + LAT_US + EXTRA_US;
+    let head = START_US + piece / link(PORT_GBS) + LAT_US + EXTRA_US;
+    let tail = START_US + s as f64 / link(PORT_GBS) + LAT_US + EXTRA_US;
     close(
         r.time_us,
         (head + s as f64 / copy()).max(tail + piece / copy()),
@@ -134,7 +137,7 @@ fn sends_share_the_outgoing_link_and_opposite_directions_overlap() {
     let s = 100_000;
     let p = params(1, 1 << 20);
     let wire = s as f64 / link(PORT_GBS);
-    let fixed = OVERHEAD_US + LAT_US + EXTRA_US + s as f64 / copy();
+    let fixed = START_US + LAT_US + EXTRA_US + s as f64 / copy();
     let one = run(&c, 0, &[send(1, s)], p).time_us;
 
     // Two sends to two peers queue on rank 0's port: twice the wire time.
@@ -161,7 +164,7 @@ fn a_self_pair_is_a_local_copy() {
     let c = one_host(2);
     let s = 100_000;
     let r = run(&c, 1, &[send(1, s), recv(1, s)], params(1, 1 << 20));
-    close(r.time_us, OVERHEAD_US + s as f64 / copy());
+    close(r.time_us, START_US + s as f64 / copy());
     assert_eq!(r.ranks_replayed, 1);
     let unpaired = simulate_p2p(&c, 1, &[send(1, s)], Protocol::Simple, &params(1, 1 << 20));
     assert!(unpaired.unwrap_err().0.contains("itself"));
@@ -175,7 +178,7 @@ fn across_hosts_the_nic_path_applies() {
     let s = 100_000;
     let r = run(&c, 0, &[send(1, s)], params(1, 1 << 20));
     let nic = cluster::LOCAL_TCP_GBIT / 8.0 * c.nic.efficiency;
-    let want = OVERHEAD_US
+    let want = START_US
         + cluster::LOCAL_TCP_LATENCY_US
         + EXTRA_US
         + s as f64 / link(nic)
