@@ -238,30 +238,28 @@ else
 fi
 
 # ---------------------------------------------------------------- report
-# field SIZE COLUMN NAMES...: the lowest value of a result column (6 =
-# out-of-place time) for SIZE bytes over every round's files of these
-# names: the fastest round.
-field() {
+# column_at SIZE COLUMN NAMES...: every value of a result column (6 =
+# out-of-place time) for SIZE bytes in every round's files of these names,
+# one per line.
+column_at() {
     local size=$1 col=$2 name files=()
     shift 2
     for name in "$@"; do
         for f in "$OUT_DIR"/r*/"$name"; do [ -r "$f" ] && files+=("$f"); done
     done
-    [ "${#files[@]}" -gt 0 ] || { echo "-"; return 0; }
-    awk -v s="$size" -v c="$col" \
-        '$1 !~ /^#/ && NF >= 13 && $1 == s && (!found || $c + 0 < v + 0) { v = $c; found = 1 } END { print (found ? v : "-") }' "${files[@]}"
+    [ "${#files[@]}" -gt 0 ] || return 0
+    awk -v s="$size" -v c="$col" '$1 !~ /^#/ && NF >= 13 && $1 == s { print $c }' "${files[@]}"
 }
-# median_at SIZE COLUMN NAMES...: the median of that column over every row
-# of SIZE in every round's files of these names (every sample).
+# field SIZE COLUMN NAMES...: the lowest of those values (the fastest round
+# or sample), "-" when there is none.
+field() {
+    column_at "$@" | sort -g | awk 'NR == 1 { v = $1 } END { print (NR ? v : "-") }'
+}
+# median_at SIZE COLUMN NAMES...: their median (every sample), "-" when
+# there is none.
 median_at() {
-    local size=$1 col=$2 name files=()
-    shift 2
-    for name in "$@"; do
-        for f in "$OUT_DIR"/r*/"$name"; do [ -r "$f" ] && files+=("$f"); done
-    done
-    [ "${#files[@]}" -gt 0 ] || { echo "-"; return 0; }
-    awk -v s="$size" -v c="$col" '$1 !~ /^#/ && NF >= 13 && $1 == s { print $c }' "${files[@]}" |
-        sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3g\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+    column_at "$@" | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3g\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 existing() { # the arguments that are readable files
     local f

@@ -662,17 +662,16 @@ pub fn local(ranks: usize, tcp_only: bool) -> ClusterSpec {
 // `scripts/sim-validate.sh` measures, `simulator/examples/fit_local.rs`
 // fits the shared-memory bandwidth, the per-primitive and per-call
 // overheads and the four pairs of reduction / copy rates (L2, L3, memory,
-// streaming); the
-// cache sizes, the streaming threshold (the engine's default, the L3's
-// size) and the shared-memory latency are not fitted. docs/SIMULATOR.md
-// "Against this machine".
+// streaming); the cache sizes, the streaming threshold (the engine's
+// default, the L3's size) and the shared-memory latency are not fitted.
+// docs/SIMULATOR.md "Against this machine".
 
 /// Most shared-memory transfer bandwidth per rank, GB/s: a transfer is the
 /// sender's copy into the segment, at the lower of this and the sender's
 /// copy rate for the call.
 pub const LOCAL_SHM_GBS: f64 = 12.0;
-/// Shared-memory wake-up latency, microseconds (not refitted: below the
-/// per-primitive overhead it does not change the fit).
+/// Shared-memory wake-up latency, microseconds (not refitted: at 64 KiB
+/// and up it does not change the fit).
 pub const LOCAL_SHM_LATENCY_US: f64 = 0.5;
 /// TCP loopback throughput, Gb/s.
 pub const LOCAL_TCP_GBIT: f64 = 16.0;
@@ -706,7 +705,8 @@ pub const LOCAL_STREAMING_REDUCE_GBS: f64 = 13.0;
 /// Copy throughput of a rank whose call streams, GB/s.
 pub const LOCAL_STREAMING_COPY_GBS: f64 = 8.0;
 /// Fixed cost of a primitive on a CPU rank (a pass of the drive loop and
-/// the FIFO's flags), µs.
+/// the FIFO's flags), µs: fitted to 0, too small beside a primitive's copy
+/// at 64 KiB and up to tell apart; the copy rates carry it.
 pub const LOCAL_STEP_OVERHEAD_US: f64 = 0.0;
 /// Fixed cost of a call on a CPU rank before its first primitive (the
 /// call's checks, planning and hand-over), µs.

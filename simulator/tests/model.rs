@@ -64,6 +64,11 @@ fn one_channel(chunk_elems: usize) -> Params {
     }
 }
 
+/// A ring replay of `count` elements in one chunk on one channel.
+fn ring_in_one_chunk(c: &ClusterSpec, kind: CollKind, count: usize) -> SimResult {
+    run(c, kind, count, "ring", one_channel(1 << 30))
+}
+
 fn close(got: f64, want: f64, rel: f64) {
     assert!(
         (got - want).abs() <= rel * want,
@@ -168,13 +173,7 @@ fn a_sender_that_copies_moves_data_at_its_copy_rate() {
     // reduces what it received (free here): T = S/min(port, copy) + L.
     for (port, copy, want_gbs) in [(100.0, 10.0, 10.0), (10.0, 100.0, 10.0)] {
         let c = copied_by_sender(port, copy, 1e9, lat);
-        let r = run(
-            &c,
-            CollKind::ReduceScatter,
-            count,
-            "ring",
-            one_channel(1 << 30),
-        );
+        let r = ring_in_one_chunk(&c, CollKind::ReduceScatter, count);
         close(r.time_us, bytes / (want_gbs * 1e3) + lat, 1e-6);
     }
     // All-reduce of 2 count elements: send a block, reduce the other into
@@ -183,26 +182,14 @@ fn a_sender_that_copies_moves_data_at_its_copy_rate() {
     // and two latencies, T = 3 S/C + 2 L.
     let (copy, reduce) = (10.0, 40.0);
     let c = copied_by_sender(1e9, copy, reduce, lat);
-    let r = run(
-        &c,
-        CollKind::AllReduce,
-        2 * count,
-        "ring",
-        one_channel(1 << 30),
-    );
+    let r = ring_in_one_chunk(&c, CollKind::AllReduce, 2 * count);
     close(r.time_us, 3.0 * bytes / (copy * 1e3) + 2.0 * lat, 1e-6);
     // Without `sender_copies` the forwarder reduces its block before the
     // transfer starts: S/R more.
     let mut apart = c.clone();
     apart.intra.as_mut().unwrap().sender_copies = false;
     apart.intra.as_mut().unwrap().port_gbs = copy;
-    let r = run(
-        &apart,
-        CollKind::AllReduce,
-        2 * count,
-        "ring",
-        one_channel(1 << 30),
-    );
+    let r = ring_in_one_chunk(&apart, CollKind::AllReduce, 2 * count);
     close(
         r.time_us,
         3.0 * bytes / (copy * 1e3) + bytes / (reduce * 1e3) + 2.0 * lat,
@@ -495,13 +482,7 @@ fn cached(n: usize, bytes: usize, reduce: f64, copy: f64) -> ClusterSpec {
 /// takes `S / copy rate`.
 fn copies_at(c: &ClusterSpec, cases: &[(usize, f64)]) {
     for &(bytes, copy_gbs) in cases {
-        let r = run(
-            c,
-            CollKind::AllReduce,
-            bytes / 4,
-            "ring",
-            one_channel(1 << 30),
-        );
+        let r = ring_in_one_chunk(c, CollKind::AllReduce, bytes / 4);
         close(r.time_us, bytes as f64 / (copy_gbs * 1e3), 1e-9);
     }
 }
@@ -521,12 +502,10 @@ fn a_cache_level_switches_the_rates_at_its_size() {
     let count = 1 << 14; // working set 192 KiB per rank, 384 KiB per host
     let want = |gbs: f64| (count * 4) as f64 / (gbs * 1e3);
     for (bytes, gbs) in [(384 << 10, 40.0), ((384 << 10) - 1, 10.0)] {
-        let r = run(
+        let r = ring_in_one_chunk(
             &cached(2, bytes, 40.0, 20.0),
             CollKind::ReduceScatter,
             count,
-            "ring",
-            one_channel(1 << 30),
         );
         close(r.time_us, want(gbs), 1e-6);
     }
@@ -536,13 +515,7 @@ fn a_cache_level_switches_the_rates_at_its_size() {
     let mut two = cached(2, 192 << 10, 40.0, 20.0).with_placement(&[0, 1]);
     two.nic.gbit = 1e9;
     two.nic.latency_us = 0.0;
-    let r = run(
-        &two,
-        CollKind::ReduceScatter,
-        count,
-        "ring",
-        one_channel(1 << 30),
-    );
+    let r = ring_in_one_chunk(&two, CollKind::ReduceScatter, count);
     close(r.time_us, want(40.0), 1e-6);
     // Two levels: the first (smallest) that holds the working set wins.
     let mut c = cached(1, 1 << 20, 40.0, 20.0);
@@ -590,13 +563,7 @@ fn streaming_calls_run_at_their_rates_from_the_threshold() {
     for (min_bytes, gbs) in [(768 << 10, 12.0), ((768 << 10) + 1, 10.0)] {
         let mut c = cached(2, 1 << 10, 40.0, 20.0);
         c.streaming = streams_from(min_bytes);
-        let r = run(
-            &c,
-            CollKind::ReduceScatter,
-            count,
-            "ring",
-            one_channel(1 << 30),
-        );
+        let r = ring_in_one_chunk(&c, CollKind::ReduceScatter, count);
         close(r.time_us, (count * 4) as f64 / (gbs * 1e3), 1e-6);
     }
     let mut bad = c.clone();
