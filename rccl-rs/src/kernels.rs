@@ -634,10 +634,45 @@ fn line_split<T>(o: *mut T, n: usize) -> (usize, usize) {
     (head, (n - head) * size_of::<T>() / LINE_BYTES)
 }
 
+/// Writes the `n` elements of `o`: each whole line computed by `value`
+/// (the element's index to its result) into a [`Line`] and written with
+/// non-temporal stores (unfenced); the elements before the first line
+/// boundary and after the last whole line by `cached(from, len)`, with
+/// ordinary stores.
+///
+/// # Safety
+/// `o` aligned, non-null and valid for `n` elements; `value` and `cached`
+/// sound for every index below `n`.
+#[inline(always)]
+unsafe fn stream_lines<T: Copy>(
+    o: *mut T,
+    n: usize,
+    cached: impl Fn(usize, usize),
+    value: impl Fn(usize) -> T,
+) {
+    let per_line = LINE_BYTES / size_of::<T>();
+    let (head, lines) = line_split(o, n);
+    let tail = head + lines * per_line;
+    let mut line = Line([0; LINE_BYTES]);
+    let slot = line.0.as_mut_ptr().cast::<T>();
+    cached(0, head);
+    for l in 0..lines {
+        let at = head + l * per_line;
+        for i in 0..per_line {
+            // SAFETY: `line` holds `per_line` elements of `T` (64 bytes,
+            // aligned for every element type).
+            unsafe { slot.add(i).write(value(at + i)) };
+        }
+        // SAFETY: `o + at` is 64-byte aligned (`line_split`) and its line
+        // lies below `n` elements.
+        unsafe { stream_line(&line, o.add(at).cast()) };
+    }
+    cached(tail, n - tail);
+}
+
 /// `o[i] = f(a[i], b[i])` for aligned pointers and an `o` disjoint from
-/// both inputs: the whole lines of `o` are computed into a [`Line`] and
-/// written with non-temporal stores (unfenced), the ends with ordinary
-/// stores.
+/// both inputs, its whole lines written with non-temporal stores
+/// ([`stream_lines`]).
 ///
 /// # Safety
 /// `a`, `b`, `o` aligned, non-null and valid for `n` elements; `o`
@@ -650,25 +685,15 @@ unsafe fn zip_streaming<T: Copy, F: Fn(T, T) -> T>(
     o: *mut T,
     n: usize,
 ) {
-    let per_line = LINE_BYTES / size_of::<T>();
-    let (head, lines) = line_split(o, n);
-    let tail = head + lines * per_line;
-    let mut line = Line([0; LINE_BYTES]);
-    let slot = line.0.as_mut_ptr().cast::<T>();
-    // SAFETY: every index stays below `n`; `line` holds `per_line`
-    // elements of `T` (64 bytes, aligned for every element type); the
-    // line's start `o + at` is 64-byte aligned (`line_split`).
+    // SAFETY: every index `stream_lines` passes to the closures stays
+    // below `n`, where the pointers are valid.
     unsafe {
-        zip_aligned(f, a, b, o, head);
-        for l in 0..lines {
-            let at = head + l * per_line;
-            for i in 0..per_line {
-                slot.add(i)
-                    .write(f(a.add(at + i).read(), b.add(at + i).read()));
-            }
-            stream_line(&line, o.add(at).cast());
-        }
-        zip_aligned(f, a.add(tail), b.add(tail), o.add(tail), n - tail);
+        stream_lines(
+            o,
+            n,
+            |from, len| zip_aligned(f, a.add(from), b.add(from), o.add(from), len),
+            |i| f(a.add(i).read(), b.add(i).read()),
+        )
     }
 }
 
@@ -678,22 +703,14 @@ unsafe fn zip_streaming<T: Copy, F: Fn(T, T) -> T>(
 /// `b`, `o` aligned, non-null and valid for `n` elements, disjoint.
 #[inline(always)]
 unsafe fn map_streaming<T: Copy, F: Fn(T) -> T>(f: &F, b: *const T, o: *mut T, n: usize) {
-    let per_line = LINE_BYTES / size_of::<T>();
-    let (head, lines) = line_split(o, n);
-    let tail = head + lines * per_line;
-    let mut line = Line([0; LINE_BYTES]);
-    let slot = line.0.as_mut_ptr().cast::<T>();
     // SAFETY: as in `zip_streaming`.
     unsafe {
-        map_aligned(f, b, o, head);
-        for l in 0..lines {
-            let at = head + l * per_line;
-            for i in 0..per_line {
-                slot.add(i).write(f(b.add(at + i).read()));
-            }
-            stream_line(&line, o.add(at).cast());
-        }
-        map_aligned(f, b.add(tail), o.add(tail), n - tail);
+        stream_lines(
+            o,
+            n,
+            |from, len| map_aligned(f, b.add(from), o.add(from), len),
+            |i| f(b.add(i).read()),
+        )
     }
 }
 
