@@ -8,7 +8,13 @@
 #
 # Two setups:
 #   * default: 2 processes on this host over shared memory, each bound to
-#     a core (`--procs 2`), replayed on CLUSTER (default local-shm);
+#     a core (`--procs 2`), replayed on CLUSTER (default local-shm)
+#     calibrated to the machine's speed during the measurement: each
+#     round starts with the probe_local example (copy and reduction
+#     rates in each cache level, memory and streaming, and the hand-off
+#     between the two cores), and the replay takes the median of each
+#     rate over the rounds (OUT/probe.json, `rccl-sim --probe`); the table
+#     gives the replay of the cluster as it stands beside it;
 #   * --net: 2 emulated hosts x 1 rank (scripts/testbed.sh), their links
 #     shaped to RATE by tbf, the ranks talking TCP; replayed on CLUSTER
 #     (default local-tcp) shaped to 2 hosts x 1 rank with its NIC at RATE,
@@ -98,7 +104,7 @@ fi
 
 cargo build --release --quiet -p rccl-simulator \
     --bin all_reduce_perf --bin all_gather_perf --bin reduce_scatter_perf \
-    -p rccl-tests
+    --example probe_local -p rccl-tests
 mkdir -p "$out"
 
 bed=""
@@ -126,7 +132,7 @@ perf() {
 }
 
 if [ "${REPORT_ONLY:-0}" != 1 ]; then
-    rm -f "$out"/*.txt "$out"/*.log
+    rm -f "$out"/*.txt "$out"/*.log "$out"/*.json
     if [ "$mode" = net ]; then
         bed="rccl-tb-$$-val"
         "$root/scripts/testbed.sh" up 2 1 --rate "$RATE" --name "$bed" --owner $$ >"$out/bed.log" 2>&1
@@ -140,6 +146,7 @@ if [ "${REPORT_ONLY:-0}" != 1 ]; then
         echo "load average (1/5/15 min) at start: $(cut -d' ' -f1-3 /proc/loadavg)"
     } >"$out/run.txt"
     for ((r = 1; r <= ROUNDS; r++)); do
+        [ "$mode" = net ] || "$target/release/examples/probe_local" 3 >"$out/probe-$r.json"
         for c in "${colls[@]}"; do
             for seg in "${segments[@]}"; do
                 read -r lo hi n w <<<"$seg"
@@ -166,7 +173,7 @@ echo "Cluster: $cluster ${sim_shape[*]}; $(grep -h '^date\|^revision\|^setup\|^r
 grep -h '^cpu idle\|^load' "$out/run.txt"
 echo
 STAT=$STAT python3 - "$out" "$ROUNDS" "$target/release/rccl-sim" "$cluster" "${sim_shape[@]}" -- "${colls[@]}" <<'PY'
-import os, re, statistics, subprocess, sys
+import glob, json, os, re, statistics, subprocess, sys
 STAT = os.environ["STAT"]
 args = sys.argv[1:]
 sep = args.index("--")
@@ -198,45 +205,86 @@ def choices(c):
             got.setdefault(size, (m.group(2), m.group(3), int(m.group(4)), int(m.group(5))))
     return got
 
+def median_probe():
+    """The median over the rounds of each rate of their probes (each
+    round's probe its fastest of 3 samples), written to OUT/probe.json;
+    None without probes (--net). The fastest of all rounds would follow
+    the probe's rare fast samples, which the collectives do not show."""
+    probes = [json.load(open(f)) for f in sorted(glob.glob(f"{out}/probe-*.json"))]
+    if not probes:
+        return None
+    def median(rates):
+        return {k: statistics.median(r[k] for r in rates) for k in rates[0]}
+    mid = {
+        "caches": [median(level) for level in zip(*(p["caches"] for p in probes))],
+        "memory": median([p["memory"] for p in probes]),
+        "streaming": median([p["streaming"] for p in probes]),
+        "handoff_gbs": statistics.median(p["handoff_gbs"] for p in probes),
+    }
+    with open(f"{out}/probe.json", "w") as f:
+        json.dump(mid, f)
+    return f"{out}/probe.json"
+
 def human(size):
     return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
 
-print(f"| collective | size | engine's choice | measured busbw {STAT} (range) GB/s | simulated GB/s | error |")
-print("|---|---:|---|---:|---:|---:|")
+probe = median_probe()
+# With a probe the replay is calibrated to it (rccl-sim --probe); the
+# cluster as it stands is replayed beside it.
+calibrations = [["--probe", probe], []] if probe else [[]]
+print(f"| collective | size | engine's choice | measured busbw {STAT} (range) GB/s | simulated GB/s | error |"
+      + (" uncalibrated GB/s | error |" if probe else ""))
+print("|---|---:|---|---:|---:|---:|" + ("---:|---:|" if probe else ""))
 errors = []
+uncalibrated_errors = []
 # simulator/examples/fit_local.rs reads either.
 medians = open(f"{out}/medians.txt", "w")
 best = open(f"{out}/best.txt", "w")
+if probe:
+    for f in (medians, best):
+        f.write(f"# probe {open(probe).read().strip()}\n")
 for c in colls:
     measured = {}
     for r in range(1, rounds + 1):
         for size, busbw in rows(f"{out}/measured-{c}-{r}.txt", 13, c):
             measured.setdefault(size, []).append(busbw)
     chosen = choices(c)
-    with open(f"{out}/simulated-{c}.txt", "w") as sim_out:
-        for size in sorted(measured):
-            algo, proto, nch, chunk = chosen[size]
-            table = subprocess.run(
-                [rccl_sim, "--cluster", cluster, *shape, "--coll", c, "--algo", algo, "--proto", proto,
-                 "--nchannels", str(nch), "--chunk-bytes", str(chunk * 4),
-                 "-b", str(size), "-e", str(size)],
-                check=True, capture_output=True, text=True).stdout
-            sim_out.write(table)
-    simulated = dict(rows(f"{out}/simulated-{c}.txt", 9, c))
+    simulated = []
+    for calibration, suffix in zip(calibrations, ["", "-uncalibrated"]):
+        with open(f"{out}/simulated-{c}{suffix}.txt", "w") as sim_out:
+            for size in sorted(measured):
+                algo, proto, nch, chunk = chosen[size]
+                table = subprocess.run(
+                    [rccl_sim, "--cluster", cluster, *shape, *calibration, "--coll", c, "--algo", algo,
+                     "--proto", proto, "--nchannels", str(nch), "--chunk-bytes", str(chunk * 4),
+                     "-b", str(size), "-e", str(size)],
+                    check=True, capture_output=True, text=True).stdout
+                sim_out.write(table)
+        simulated.append(dict(rows(f"{out}/simulated-{c}{suffix}.txt", 9, c)))
     for size in sorted(measured):
         v = measured[size]
         medians.write(f"{c} {size} {statistics.median(v):.4f}\n")
         best.write(f"{c} {size} {max(v):.4f}\n")
         med = max(v) if STAT == "best" else statistics.median(v)
-        sim = simulated.get(size, float("nan"))
-        err = (sim - med) / med * 100 if med > 0 else float("nan")
-        errors.append((abs(err), c, size, err))
+        cells = []
+        for sim_of, errs in zip(simulated, [errors, uncalibrated_errors]):
+            sim = sim_of.get(size, float("nan"))
+            err = (sim - med) / med * 100 if med > 0 else float("nan")
+            errs.append((abs(err), c, size, err))
+            cells.append(f"{sim:.3f} | {err:+.0f}% |")
         algo, proto, nch, _ = chosen[size]
-        print(f"| {c} | {human(size)} | {algo}/{proto}/{nch} | {med:.3f} ({min(v):.3f}-{max(v):.3f}) | {sim:.3f} | {err:+.0f}% |")
+        print(f"| {c} | {human(size)} | {algo}/{proto}/{nch} | {med:.3f} ({min(v):.3f}-{max(v):.3f}) | {' '.join(cells)}")
 medians.close()
 best.close()
-within = sum(e[0] <= 25 for e in errors)
-worst = max(errors)
-print(f"\n{within} of {len(errors)} sizes within 25%, median error "
-      f"{statistics.median(e[0] for e in errors):.0f}%, worst {worst[1]} {human(worst[2])} {worst[3]:+.0f}%.")
+def summary(errors):
+    within = sum(e[0] <= 25 for e in errors)
+    worst = max(errors)
+    return (f"{within} of {len(errors)} sizes within 25%, median error "
+            f"{statistics.median(e[0] for e in errors):.0f}%, worst {worst[1]} {human(worst[2])} {worst[3]:+.0f}%")
+print()
+if probe:
+    print(f"Calibrated to this run's probe ({probe}): {summary(errors)}.")
+    print(f"Uncalibrated: {summary(uncalibrated_errors)}.")
+else:
+    print(f"{summary(errors)}.")
 PY

@@ -197,10 +197,17 @@ fn sends_and_receives_are_estimated_from_this_ranks_side() {
         shared > 1.5 * one && shared <= 2.0 * one,
         "two sends {shared} us, one {one} us"
     );
-    // As do two receives on the incoming one.
-    let (rc, shared_in) = ranks.simulate_p2p(0, &[recv(1, LARGE), recv(2, LARGE)]);
+    // Two receives share the incoming one. Over shared memory each
+    // sender copies its own message, so two senders copy at once where
+    // one sender copies twice: no slower than two sends, slower than one.
+    let two_in = [recv(1, LARGE), recv(2, LARGE)];
+    let (rc, shared_in) = ranks.simulate_p2p(0, &two_in);
     assert_eq!(rc, ncclSuccess, "{}", last_error());
-    assert_close(shared_in, shared as f64);
+    assert_close(shared_in, direct_p2p_us(0, &two_in));
+    assert!(
+        shared_in > 1.2 * one && shared_in <= shared,
+        "two receives {shared_in} us, two sends {shared} us, one {one} us"
+    );
 
     // A send to the rank itself with its receive is a local copy, cheaper
     // than crossing to a peer.

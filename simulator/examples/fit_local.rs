@@ -11,11 +11,21 @@
 //! MEASURED: lines `collective size_bytes busbw_GBs` (what
 //! `scripts/sim-validate.sh` writes to `target/sim-validate/best.txt`, the
 //! fastest round per size, or `medians.txt`; files of several runs may be
-//! concatenated, each after a line `# Run NAME ...`; other lines starting
-//! with `#` are skipped); without it, the runs of
+//! concatenated, each after a line `# Run NAME ...`; a line
+//! `# probe JSON` gives the run's probe, as the script writes it; other
+//! lines starting with `#` are skipped); without it, the runs of
 //! `simulator/data/local-shm-runs.txt`, the ones `docs/SIMULATOR.md`,
 //! "Validation (1)(a)", reports. Every call is replayed as the validation
 //! does: 2 ranks on one host, ring, Simple, one channel.
+//!
+//! Runs with a probe are replayed calibrated to it
+//! (`ClusterSpec::calibrate`), the rates searched being those at the
+//! reference probe, the median of the fitted runs' probes, which the fit
+//! prints for the preset to record. When any run has a probe, only such
+//! runs are fitted; the others are replayed on the result as they are
+//! and only reported. A run whose `# Run` line says `(check)` is not
+//! fitted either, only replayed (calibrated to its probe): an
+//! out-of-sample check of the fit.
 //!
 //! The regimes split the points in disjoint groups (streaming calls, else
 //! the cache level whose share holds the working set, else memory), each
@@ -25,6 +35,7 @@
 
 use rccl_algorithms::{builtin, CollKind, CollSpec};
 use rccl_simulator::cluster::{self, ClusterSpec};
+use rccl_simulator::probe::Probe;
 use rccl_simulator::{default_params, footprint, simulate, Protocol, Regime};
 
 /// The fit runs recorded in `docs/SIMULATOR.md`, validation (1)(a): the
@@ -36,6 +47,8 @@ const RECORDED: &str = include_str!("../data/local-shm-runs.txt");
 struct Point {
     /// The run it was measured in.
     run: String,
+    /// That run's probe.
+    probe: Option<Probe>,
     coll: String,
     spec: CollSpec,
     size: usize,
@@ -54,6 +67,14 @@ fn kind(name: &str) -> CollKind {
 }
 
 fn busbw(c: &ClusterSpec, p: &Point) -> f64 {
+    let calibrated;
+    let c = match &p.probe {
+        Some(now) => {
+            calibrated = c.calibrate(now).expect("a probe of the preset's levels");
+            &calibrated
+        }
+        None => c,
+    };
     let mut params = default_params(c, &p.spec, 4, Protocol::Simple);
     params.nchannels = 1;
     simulate(
@@ -119,11 +140,21 @@ fn main() {
         None => RECORDED.to_string(),
     };
     let mut run = "-".to_string();
+    let mut probes: Vec<(String, Probe)> = Vec::new();
+    let mut checks: Vec<String> = Vec::new();
     let data: Vec<(String, String, usize, f64)> = text
         .lines()
         .filter_map(|l| {
             if let Some(name) = l.strip_prefix("# Run ") {
                 run = name.split([',', ' ']).next().unwrap_or("-").to_string();
+                if name.contains("(check)") {
+                    checks.push(run.clone());
+                }
+                return None;
+            }
+            if let Some(json) = l.strip_prefix("# probe ") {
+                let probe = Probe::from_json(json).unwrap_or_else(|e| panic!("run {run}: {e}"));
+                probes.push((run.clone(), probe));
                 return None;
             }
             let f: Vec<&str> = l.split_whitespace().collect();
@@ -135,8 +166,20 @@ fn main() {
             }
         })
         .collect();
-    let base = cluster::local(2, false);
-    let points: Vec<Point> = data
+    let probe_of = |run: &str| {
+        probes
+            .iter()
+            .find(|(name, _)| name == run)
+            .map(|(_, p)| p.clone())
+    };
+    let fitted = |run: &str| !checks.iter().any(|c| c == run);
+    let mut base = cluster::local(2, false);
+    // The reference: the fitted runs' probes (without any, the preset's).
+    let fitted_probes = probes.iter().filter(|(run, _)| fitted(run));
+    if let Some(reference) = Probe::median(fitted_probes.map(|(_, p)| p)) {
+        base.probe = Some(reference);
+    }
+    let all_points: Vec<Point> = data
         .into_iter()
         .map(|(run, coll, size, measured)| {
             let k = kind(&coll);
@@ -151,6 +194,7 @@ fn main() {
                 count,
             };
             Point {
+                probe: probe_of(&run),
                 run,
                 coll,
                 spec,
@@ -160,6 +204,10 @@ fn main() {
             }
         })
         .collect();
+    let calibrated = all_points.iter().any(|p| p.probe.is_some());
+    let (points, reported): (Vec<Point>, Vec<Point>) = all_points
+        .into_iter()
+        .partition(|p| fitted(&p.run) && (p.probe.is_some() || !calibrated));
     // One group of points per cache level, one for memory, one for
     // streaming calls.
     let regimes: Vec<Regime> = (0..base.caches.len())
@@ -249,10 +297,16 @@ fn main() {
         s.reduce_gbs,
         s.copy_gbs
     );
+    if let Some(reference) = &c.probe {
+        println!(
+            "  at the probe (copy, reduce GB/s): {}",
+            reference.to_json()
+        );
+    }
     println!("| collective | size | measured GB/s | simulated GB/s | error | regime |");
     println!("|---|---:|---:|---:|---:|---|");
     let mut runs: Vec<(&str, usize, usize)> = Vec::new();
-    for p in &points {
+    for p in points.iter().chain(&reported) {
         let sim = busbw(&c, p);
         let e = sim / p.measured - 1.0;
         let within = e.abs() <= TOLERANCE;
@@ -277,8 +331,15 @@ fn main() {
         );
     }
     for (name, total, ok) in runs {
+        let how = match (probe_of(name), fitted(name)) {
+            (Some(_), true) => "calibrated to its probe",
+            (Some(_), false) => "check, calibrated to its probe, not fitted",
+            (None, false) => "check, no probe, not fitted",
+            (None, true) if calibrated => "no probe, not fitted",
+            (None, true) => "no probe",
+        };
         println!(
-            "run {name}: {ok} of {total} sizes within {:.0}%",
+            "run {name}: {ok} of {total} sizes within {:.0}% ({how})",
             TOLERANCE * 100.0
         );
     }

@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::probe::{Probe, Rates};
+
 /// The whole description of a modeled cluster.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -58,6 +60,12 @@ pub struct ClusterSpec {
     /// Slow ranks and degraded links.
     #[serde(default)]
     pub faults: Faults,
+    /// The host's copy and reduction rates measured (`probe_local`) when
+    /// the rates above were fitted; with it, [`ClusterSpec::calibrate`]
+    /// scales them to a later probe. `null` (the default): the rates are
+    /// not tied to a probe (datasheet figures).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<Probe>,
 }
 
 /// A cache level of a host, its capacity shared by the ranks on the host
@@ -416,6 +424,54 @@ impl ClusterSpec {
         }
     }
 
+    /// The same cluster with its host rates scaled to the machine's speed
+    /// of `now`, a probe taken beside the measurement to predict, against
+    /// the cluster's own [`ClusterSpec::probe`]: each cache level's rates,
+    /// memory's and the streaming ones by the ratio of the same regime's
+    /// probe figures (copy by copy, reduction by reduction), and the
+    /// intra-host port by the hand-off's ratio when senders copy (the
+    /// hand-off is two cores' transfers through a FIFO each way).
+    /// Latencies and fixed costs stay as they are. The result records
+    /// `now` as its probe.
+    pub fn calibrate(&self, now: &Probe) -> Result<ClusterSpec, SimError> {
+        let Some(reference) = &self.probe else {
+            return err(format!(
+                "cluster {} records no probe to calibrate against (its `probe` field)",
+                self.name
+            ));
+        };
+        for (label, probe) in [("the cluster's probe", reference), ("the new probe", now)] {
+            if probe.caches.len() != self.caches.len() {
+                return err(format!(
+                    "{label} has {} cache levels, the cluster {}",
+                    probe.caches.len(),
+                    self.caches.len()
+                ));
+            }
+            if let Some(v) = probe.all_rates().find(|v| !(v.is_finite() && *v > 0.0)) {
+                return err(format!(
+                    "{label} holds a rate of {v}; rates must be positive"
+                ));
+            }
+        }
+        let mut c = self.clone();
+        for ((cache, old), new) in c.caches.iter_mut().zip(&reference.caches).zip(&now.caches) {
+            cache.copy_gbs *= new.copy_gbs / old.copy_gbs;
+            cache.reduce_gbs *= new.reduce_gbs / old.reduce_gbs;
+        }
+        c.copy_gbs *= now.memory.copy_gbs / reference.memory.copy_gbs;
+        c.reduce_gbs *= now.memory.reduce_gbs / reference.memory.reduce_gbs;
+        if let Some(streaming) = &mut c.streaming {
+            streaming.copy_gbs *= now.streaming.copy_gbs / reference.streaming.copy_gbs;
+            streaming.reduce_gbs *= now.streaming.reduce_gbs / reference.streaming.reduce_gbs;
+        }
+        if let Some(intra) = c.intra.as_mut().filter(|i| i.sender_copies) {
+            intra.port_gbs *= now.handoff_gbs / reference.handoff_gbs;
+        }
+        c.probe = Some(now.clone());
+        Ok(c)
+    }
+
     /// Checks the description for values the model cannot use.
     pub fn validate(&self) -> Result<(), SimError> {
         if self.hosts == 0 || self.ranks_per_host == 0 {
@@ -600,6 +656,7 @@ pub fn h100(hosts: usize) -> ClusterSpec {
             ll128_max_bytes: 256 << 10,
         },
         faults: Faults::default(),
+        probe: None,
     }
 }
 
@@ -652,24 +709,42 @@ pub fn local(ranks: usize, tcp_only: bool) -> ClusterSpec {
         ),
         tuning: Tuning::default(),
         faults: Faults::default(),
+        probe: Some(local_probe()),
+    }
+}
+
+/// The probe the local-shm rates were fitted beside (`probe_local`, the
+/// median over the fit runs of each run's fastest figures).
+pub fn local_probe() -> Probe {
+    let rates = |(copy_gbs, reduce_gbs)| Rates {
+        copy_gbs,
+        reduce_gbs,
+    };
+    Probe {
+        caches: vec![rates(LOCAL_PROBE_L2), rates(LOCAL_PROBE_L3)],
+        memory: rates(LOCAL_PROBE_MEMORY),
+        streaming: rates(LOCAL_PROBE_STREAMING),
+        handoff_gbs: LOCAL_PROBE_HANDOFF_GBS,
     }
 }
 
 // The local-shm figures below were fitted to this machine's perf binaries
 // (2 processes bound to a core each, ring, 64 KiB-256 MiB, all-reduce,
 // all-gather and reduce-scatter, the fastest of 5 rounds x 3 cycles per
-// size on an idle machine, `STAT=best ROUNDS=5`, seven runs pooled):
-// `scripts/sim-validate.sh` measures, `simulator/examples/fit_local.rs`
-// fits the shared-memory bandwidth, the per-primitive and per-call
-// overheads and the four pairs of reduction / copy rates (L2, L3, memory,
-// streaming); the cache sizes, the streaming threshold (the engine's
+// size on an idle machine, `STAT=best ROUNDS=5`, four runs pooled, each
+// calibrated to the probe taken beside it): `scripts/sim-validate.sh`
+// measures and probes, `simulator/examples/fit_local.rs` fits the
+// shared-memory bandwidth, the per-primitive and per-call overheads and
+// the four pairs of reduction / copy rates (L2, L3, memory, streaming),
+// all at the reference probe below (`local_probe`, the median of the four
+// runs' probes); the cache sizes, the streaming threshold (the engine's
 // default, the L3's size) and the shared-memory latency are not fitted.
 // docs/SIMULATOR.md "Against this machine".
 
 /// Most shared-memory transfer bandwidth per rank, GB/s: a transfer is the
 /// sender's copy into the segment, at the lower of this and the sender's
 /// copy rate for the call.
-pub const LOCAL_SHM_GBS: f64 = 12.0;
+pub const LOCAL_SHM_GBS: f64 = 20.0;
 /// Shared-memory wake-up latency, microseconds (not refitted: at 64 KiB
 /// and up it does not change the fit).
 pub const LOCAL_SHM_LATENCY_US: f64 = 0.5;
@@ -679,7 +754,7 @@ pub const LOCAL_TCP_GBIT: f64 = 16.0;
 pub const LOCAL_TCP_LATENCY_US: f64 = 30.0;
 /// Reduction throughput of one rank (float sum) whose working set fits
 /// no cache level (memory), GB/s.
-pub const LOCAL_REDUCE_GBS: f64 = 12.0;
+pub const LOCAL_REDUCE_GBS: f64 = 13.0;
 /// Copy throughput of one rank whose working set fits no cache level
 /// (memory), GB/s.
 pub const LOCAL_COPY_GBS: f64 = 7.0;
@@ -689,28 +764,41 @@ pub const LOCAL_L2_BYTES: usize = 2 * (512 << 10);
 /// Reduction throughput of a rank whose working set fits its L2, GB/s.
 pub const LOCAL_L2_REDUCE_GBS: f64 = 16.0;
 /// Copy throughput of a rank whose working set fits its L2, GB/s.
-pub const LOCAL_L2_COPY_GBS: f64 = 13.0;
+pub const LOCAL_L2_COPY_GBS: f64 = 16.0;
 /// This machine's last-level cache (L3), bytes, shared by its two cores
 /// (`/sys/devices/system/cpu/cpu0/cache/index3`).
 pub const LOCAL_L3_BYTES: usize = 32 << 20;
 /// Reduction throughput of a rank whose working set fits its share of the
 /// L3, GB/s.
-pub const LOCAL_L3_REDUCE_GBS: f64 = 32.0;
+pub const LOCAL_L3_REDUCE_GBS: f64 = 28.0;
 /// Copy throughput of a rank whose working set fits its share of the L3,
 /// GB/s.
-pub const LOCAL_L3_COPY_GBS: f64 = 18.0;
+pub const LOCAL_L3_COPY_GBS: f64 = 14.0;
 /// Reduction throughput of a rank whose call streams (its buffers reach
 /// the engine's default threshold, the L3's size), GB/s.
-pub const LOCAL_STREAMING_REDUCE_GBS: f64 = 13.0;
+pub const LOCAL_STREAMING_REDUCE_GBS: f64 = 12.0;
 /// Copy throughput of a rank whose call streams, GB/s.
-pub const LOCAL_STREAMING_COPY_GBS: f64 = 8.0;
+pub const LOCAL_STREAMING_COPY_GBS: f64 = 9.0;
 /// Fixed cost of a primitive on a CPU rank (a pass of the drive loop and
 /// the FIFO's flags), µs: fitted to 0, too small beside a primitive's copy
 /// at 64 KiB and up to tell apart; the copy rates carry it.
 pub const LOCAL_STEP_OVERHEAD_US: f64 = 0.0;
 /// Fixed cost of a call on a CPU rank before its first primitive (the
 /// call's checks, planning and hand-over), µs.
-pub const LOCAL_LAUNCH_US: f64 = 0.5;
+pub const LOCAL_LAUNCH_US: f64 = 1.5;
+/// `probe_local`'s (copy, reduction) GB/s per core beside the fit runs
+/// (the median of the runs' probes, each the median of its rounds'),
+/// L2-resident working sets.
+pub const LOCAL_PROBE_L2: (f64, f64) = (46.3, 30.3);
+/// The same, working sets in a core's share of the L3.
+pub const LOCAL_PROBE_L3: (f64, f64) = (33.4, 23.1);
+/// The same, working sets beyond the L3, ordinary stores.
+pub const LOCAL_PROBE_MEMORY: (f64, f64) = (8.6, 6.0);
+/// The same, working sets beyond the L3, non-temporal stores.
+pub const LOCAL_PROBE_STREAMING: (f64, f64) = (9.2, 7.3);
+/// `probe_local`'s hand-off between the two cores beside the fit runs,
+/// GB/s per core.
+pub const LOCAL_PROBE_HANDOFF_GBS: f64 = 13.6;
 
 /// A preset by name: `h100` (with `hosts`), `local-shm` / `local-tcp`
 /// (with `ranks_per_host` ranks).

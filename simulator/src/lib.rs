@@ -26,6 +26,7 @@
 //! ```
 
 pub mod cluster;
+pub mod probe;
 pub mod report;
 pub mod sim;
 

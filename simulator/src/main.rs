@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use rccl_algorithms::{builtin, default_for, CollKind, CollSpec, Params};
 use rccl_simulator::cluster::{self, DegradedLink, LinkKind, SlowRank};
+use rccl_simulator::probe::Probe;
 use rccl_simulator::report::{self, Row};
 use rccl_simulator::{default_params, default_protocol, simulate, ClusterSpec, Protocol};
 
@@ -67,6 +68,12 @@ struct Args {
     /// NIC-to-NIC one-way latency per message, µs (overrides).
     #[arg(long)]
     nic_latency_us: Option<f64>,
+    /// Scale the cluster's host rates to the machine's speed now: a file
+    /// holding a probe's JSON (the probe_local example, run beside the
+    /// measurement to predict); the cluster must record the probe its
+    /// rates were fitted beside, as local-shm does.
+    #[arg(long)]
+    probe: Option<String>,
     /// Placement: a file holding a JSON array of host per rank.
     #[arg(long)]
     placement: Option<String>,
@@ -164,6 +171,13 @@ fn build_cluster(a: &Args) -> Result<ClusterSpec, String> {
             },
             factor: num(f[2])?,
         });
+    }
+    if let Some(path) = &a.probe {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        let now = Probe::from_json(&text).map_err(|e| format!("{path}: {e}"))?;
+        c = c
+            .calibrate(&now)
+            .map_err(|e| format!("--probe {path}: {e}"))?;
     }
     c.validate().map_err(|e| e.to_string())?;
     Ok(c)

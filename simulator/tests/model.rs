@@ -8,6 +8,7 @@ use rccl_algorithms::{
 use rccl_simulator::cluster::{
     self, Cache, ClusterSpec, DegradedLink, IntraLink, LinkKind, SlowRank, Streaming,
 };
+use rccl_simulator::probe::{Probe, Rates};
 use rccl_simulator::{
     default_params, report, simulate, simulate_with, Protocol, SimOptions, SimResult,
 };
@@ -453,6 +454,7 @@ fn cluster_descriptions_round_trip_and_reject_nonsense() {
     // a cluster without them prints none.
     let mut plain = cluster::local(2, false);
     plain.caches.clear();
+    plain.probe = None;
     assert!(!plain.to_json().contains("caches"));
     assert!(!cluster::h100(1).to_json().contains("caches"));
     assert_eq!(ClusterSpec::from_json(&plain.to_json()).unwrap(), plain);
@@ -581,6 +583,115 @@ fn streaming_calls_run_at_their_rates_from_the_threshold() {
     assert_eq!(moved.streaming.unwrap().min_bytes, 4 << 20);
     moved.stream_from(0);
     assert_eq!(moved.streaming, None);
+}
+
+fn rates(copy_gbs: f64, reduce_gbs: f64) -> Rates {
+    Rates {
+        copy_gbs,
+        reduce_gbs,
+    }
+}
+
+/// A probe of one cache level, memory, streaming and the hand-off: copy /
+/// reduction rates of 10 / 20 (level), 4 / 5 (memory), 6 / 7
+/// (streaming) and a hand-off of 8 GB/s, each times its factor.
+fn probe_of_one_level(level: f64, memory: f64, streaming: f64, handoff: f64) -> Probe {
+    Probe {
+        caches: vec![rates(10.0 * level, 20.0 * level)],
+        memory: rates(4.0 * memory, 5.0 * memory),
+        streaming: rates(6.0 * streaming, 7.0 * streaming),
+        handoff_gbs: 8.0 * handoff,
+    }
+}
+
+#[test]
+fn a_probe_scales_each_regime_by_its_own_ratio() {
+    // One rank, a cache level of 1 MiB (copy 20), memory (copy 5) and
+    // streaming from 2 MiB (copy 8), fitted beside a probe; a later probe
+    // twice as fast in the cache, 3x in memory and half as fast streaming.
+    let mut c = cached(1, 1 << 20, 40.0, 20.0);
+    c.streaming = streams_from(2 << 20);
+    c.probe = Some(probe_of_one_level(1.0, 1.0, 1.0, 1.0));
+    let now = probe_of_one_level(2.0, 3.0, 0.5, 1.0);
+    let calibrated = c.calibrate(&now).unwrap();
+    copies_at(
+        &calibrated,
+        &[(256 << 10, 40.0), (768 << 10, 15.0), (4 << 20, 4.0)],
+    );
+    assert_eq!(calibrated.probe, Some(now));
+    // Reductions by the reduction ratio: two ranks whose reduce-scatter
+    // (free links) reduces one block at the level's rate, 40 then 80.
+    let count = 1 << 14;
+    let mut two = cached(2, 1 << 20, 40.0, 20.0);
+    two.probe = Some(probe_of_one_level(1.0, 1.0, 1.0, 1.0));
+    let calibrated = two
+        .calibrate(&probe_of_one_level(2.0, 1.0, 1.0, 1.0))
+        .unwrap();
+    let r = ring_in_one_chunk(&calibrated, CollKind::ReduceScatter, count);
+    close(r.time_us, (count * 4) as f64 / (80.0 * 1e3), 1e-6);
+    // A sender that copies: the port by the hand-off's ratio,
+    // T = S/min(port, copy) + L with the port at 10 -> 5 GB/s.
+    let lat = 3.0;
+    let mut sender = copied_by_sender(10.0, 1e9, 1e9, lat);
+    sender.caches = vec![Cache {
+        bytes: 1 << 30,
+        reduce_gbs: 1e9,
+        copy_gbs: 1e9,
+    }];
+    sender.probe = Some(probe_of_one_level(1.0, 1.0, 1.0, 1.0));
+    let calibrated = sender
+        .calibrate(&probe_of_one_level(1.0, 1.0, 1.0, 0.5))
+        .unwrap();
+    assert_eq!(calibrated.intra.unwrap().port_gbs, 5.0);
+    let r = ring_in_one_chunk(&calibrated, CollKind::ReduceScatter, count);
+    close(r.time_us, (count * 4) as f64 / (5.0 * 1e3) + lat, 1e-6);
+}
+
+#[test]
+fn calibrating_needs_a_matching_probe() {
+    // The preset's own probe changes nothing.
+    let local = cluster::local(2, false);
+    assert_eq!(local.calibrate(&cluster::local_probe()).unwrap(), local);
+    // A cluster of datasheet figures records no probe.
+    let e = cluster::h100(1)
+        .calibrate(&cluster::local_probe())
+        .unwrap_err();
+    assert!(e.to_string().contains("records no probe"), "{e}");
+    assert!(!cluster::h100(1).to_json().contains("probe"));
+    // A probe of another cache count, or of a rate that is not positive.
+    let e = local
+        .calibrate(&probe_of_one_level(1.0, 1.0, 1.0, 1.0))
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("1 cache levels, the cluster 2"),
+        "{e}"
+    );
+    let mut zero = cluster::local_probe();
+    zero.memory.copy_gbs = 0.0;
+    let e = local.calibrate(&zero).unwrap_err();
+    assert!(e.to_string().contains("rates must be positive"), "{e}");
+    // The median of several probes, rate by rate.
+    let probes = [
+        probe_of_one_level(1.0, 3.0, 1.0, 2.0),
+        probe_of_one_level(2.0, 1.0, 0.5, 1.0),
+        probe_of_one_level(4.0, 2.0, 0.25, 8.0),
+    ];
+    let median = Probe::median(&probes).unwrap();
+    assert_eq!(median, probe_of_one_level(2.0, 2.0, 0.5, 2.0));
+    let median = Probe::median(&probes[..2]).unwrap();
+    assert_eq!(median, probe_of_one_level(1.5, 2.0, 0.75, 1.5));
+    assert_eq!(
+        Probe::median([&local_probe_without_levels(), &cluster::local_probe()]),
+        None
+    );
+    assert_eq!(Probe::median([]), None);
+}
+
+fn local_probe_without_levels() -> Probe {
+    Probe {
+        caches: Vec::new(),
+        ..cluster::local_probe()
+    }
 }
 
 #[test]
