@@ -122,16 +122,27 @@ fn handoff(cores: &[usize], len: usize) -> f64 {
         written: AtomicUsize::new(0),
         read: AtomicUsize::new(0),
     });
-    let start = Barrier::new(2);
+    mean_rate(&pair, |side, start| {
+        let src = vec![1u8; len];
+        let mut dst = vec![0u8; len];
+        exchange(&rings[side], &rings[1 - side], &src, &mut dst, start)
+    })
+}
+
+/// Runs `work(i, start)` on one thread per entry of `cores`, thread `i`
+/// bound to `cores[i]`, the threads meeting at `start` before they time
+/// anything: the mean of the rates they return.
+fn mean_rate(cores: &[usize], work: impl Fn(usize, &Barrier) -> f64 + Sync) -> f64 {
+    let start = Barrier::new(cores.len());
     let rates: Vec<f64> = std::thread::scope(|s| {
-        let threads: Vec<_> = (0..2)
-            .map(|side| {
-                let (rings, start) = (&rings, &start);
+        let threads: Vec<_> = cores
+            .iter()
+            .enumerate()
+            .map(|(i, &core)| {
+                let (work, start) = (&work, &start);
                 s.spawn(move || {
-                    bind_to(pair[side]);
-                    let src = vec![1u8; len];
-                    let mut dst = vec![0u8; len];
-                    exchange(&rings[side], &rings[1 - side], &src, &mut dst, start)
+                    bind_to(core);
+                    work(i, start)
                 })
             })
             .collect();
@@ -211,24 +222,7 @@ fn run_one(op: Op, len: usize, store: Store, start: &Barrier) -> f64 {
 
 /// The mean per-thread rate of `op` with every core busy.
 fn sample(cores: &[usize], op: Op, len: usize, store: Store) -> f64 {
-    let start = Barrier::new(cores.len());
-    let rates: Vec<f64> = std::thread::scope(|s| {
-        let threads: Vec<_> = cores
-            .iter()
-            .map(|&core| {
-                let start = &start;
-                s.spawn(move || {
-                    bind_to(core);
-                    run_one(op, len, store, start)
-                })
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|t| t.join().expect("a probe thread"))
-            .collect()
-    });
-    rates.iter().sum::<f64>() / rates.len() as f64
+    mean_rate(cores, |_, start| run_one(op, len, store, start))
 }
 
 fn main() {
