@@ -12,9 +12,10 @@
 #     calibrated to the machine's speed during the measurement: each
 #     round starts with the probe_local example (copy and reduction
 #     rates in each cache level, memory and streaming, and the hand-off
-#     between the two cores), and the replay takes the median of each
-#     rate over the rounds (OUT/probe.json, `rccl-sim --probe`); the table
-#     gives the replay of the cluster as it stands beside it;
+#     between the two cores, OUT/probe-ROUND.json), and the replay takes
+#     the median of each rate over the rounds (`rccl-sim --probe` once per
+#     round); the table gives the replay of the cluster as it stands
+#     beside it;
 #   * --net: 2 emulated hosts x 1 rank (scripts/testbed.sh), their links
 #     shaped to RATE by tbf, the ranks talking TCP; replayed on CLUSTER
 #     (default local-tcp) shaped to 2 hosts x 1 rank with its NIC at RATE,
@@ -173,7 +174,7 @@ echo "Cluster: $cluster ${sim_shape[*]}; $(grep -h '^date\|^revision\|^setup\|^r
 grep -h '^cpu idle\|^load' "$out/run.txt"
 echo
 STAT=$STAT python3 - "$out" "$ROUNDS" "$target/release/rccl-sim" "$cluster" "${sim_shape[@]}" -- "${colls[@]}" <<'PY'
-import glob, json, os, re, statistics, subprocess, sys
+import glob, os, re, statistics, subprocess, sys
 STAT = os.environ["STAT"]
 args = sys.argv[1:]
 sep = args.index("--")
@@ -205,33 +206,17 @@ def choices(c):
             got.setdefault(size, (m.group(2), m.group(3), int(m.group(4)), int(m.group(5))))
     return got
 
-def median_probe():
-    """The median over the rounds of each rate of their probes (each
-    round's probe its fastest of 3 samples), written to OUT/probe.json;
-    None without probes (--net). The fastest of all rounds would follow
-    the probe's rare fast samples, which the collectives do not show."""
-    probes = [json.load(open(f)) for f in sorted(glob.glob(f"{out}/probe-*.json"))]
-    if not probes:
-        return None
-    def median(rates):
-        return {k: statistics.median(r[k] for r in rates) for k in rates[0]}
-    mid = {
-        "caches": [median(level) for level in zip(*(p["caches"] for p in probes))],
-        "memory": median([p["memory"] for p in probes]),
-        "streaming": median([p["streaming"] for p in probes]),
-        "handoff_gbs": statistics.median(p["handoff_gbs"] for p in probes),
-    }
-    with open(f"{out}/probe.json", "w") as f:
-        json.dump(mid, f)
-    return f"{out}/probe.json"
-
 def human(size):
     return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
 
-probe = median_probe()
-# With a probe the replay is calibrated to it (rccl-sim --probe); the
-# cluster as it stands is replayed beside it.
-calibrations = [["--probe", probe], []] if probe else [[]]
+# The rounds' probes (each the fastest of 3 samples; none with --net).
+# The replay is calibrated to the median of each rate over them (rccl-sim
+# takes the median of its --probe files): the fastest of all rounds
+# would follow the probe's rare fast samples, which the collectives do
+# not show. The cluster as it stands is replayed beside it.
+probes = sorted(glob.glob(f"{out}/probe-*.json"))
+probe = bool(probes)
+calibrations = [[a for f in probes for a in ("--probe", f)], []] if probe else [[]]
 print(f"| collective | size | engine's choice | measured busbw {STAT} (range) GB/s | simulated GB/s | error |"
       + (" uncalibrated GB/s | error |" if probe else ""))
 print("|---|---:|---|---:|---:|---:|" + ("---:|---:|" if probe else ""))
@@ -240,9 +225,9 @@ uncalibrated_errors = []
 # simulator/examples/fit_local.rs reads either.
 medians = open(f"{out}/medians.txt", "w")
 best = open(f"{out}/best.txt", "w")
-if probe:
-    for f in (medians, best):
-        f.write(f"# probe {open(probe).read().strip()}\n")
+for f in (medians, best):
+    for p in probes:
+        f.write(f"# probe {open(p).read().strip()}\n")
 for c in colls:
     measured = {}
     for r in range(1, rounds + 1):
@@ -283,7 +268,7 @@ def summary(errors):
             f"{statistics.median(e[0] for e in errors):.0f}%, worst {worst[1]} {human(worst[2])} {worst[3]:+.0f}%")
 print()
 if probe:
-    print(f"Calibrated to this run's probe ({probe}): {summary(errors)}.")
+    print(f"Calibrated to the median of {len(probes)} rounds' probes: {summary(errors)}.")
     print(f"Uncalibrated: {summary(uncalibrated_errors)}.")
 else:
     print(f"{summary(errors)}.")

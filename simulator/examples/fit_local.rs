@@ -11,9 +11,10 @@
 //! MEASURED: lines `collective size_bytes busbw_GBs` (what
 //! `scripts/sim-validate.sh` writes to `target/sim-validate/best.txt`, the
 //! fastest round per size, or `medians.txt`; files of several runs may be
-//! concatenated, each after a line `# Run NAME ...`; a line
-//! `# probe JSON` gives the run's probe, as the script writes it; other
-//! lines starting with `#` are skipped); without it, the runs of
+//! concatenated, each after a line `# Run NAME ...`; lines
+//! `# probe JSON` give the run's probes, one per round as the script
+//! writes them, the run's probe being the median of each rate over them;
+//! other lines starting with `#` are skipped); without it, the runs of
 //! `simulator/data/local-shm-runs.txt`, the ones `docs/SIMULATOR.md`,
 //! "Validation (1)(a)", reports. Every call is replayed as the validation
 //! does: 2 ranks on one host, ring, Simple, one channel.
@@ -166,16 +167,28 @@ fn main() {
             }
         })
         .collect();
+    let mut runs_probed: Vec<&str> = probes.iter().map(|(run, _)| run.as_str()).collect();
+    runs_probed.sort_unstable();
+    runs_probed.dedup();
+    let run_probes: Vec<(&str, Probe)> = runs_probed
+        .into_iter()
+        .map(|run| {
+            let of_run = probes.iter().filter(|(name, _)| name == run);
+            let median = Probe::median(of_run.map(|(_, p)| p))
+                .unwrap_or_else(|| panic!("run {run}: probes of different cache counts"));
+            (run, median)
+        })
+        .collect();
     let probe_of = |run: &str| {
-        probes
+        run_probes
             .iter()
-            .find(|(name, _)| name == run)
-            .map(|(_, p)| p.clone())
+            .find(|(name, _)| *name == run)
+            .map(|(_, p)| p)
     };
     let fitted = |run: &str| !checks.iter().any(|c| c == run);
     let mut base = cluster::local(2, false);
     // The reference: the fitted runs' probes (without any, the preset's).
-    let fitted_probes = probes.iter().filter(|(run, _)| fitted(run));
+    let fitted_probes = run_probes.iter().filter(|(run, _)| fitted(run));
     if let Some(reference) = Probe::median(fitted_probes.map(|(_, p)| p)) {
         base.probe = Some(reference);
     }
@@ -194,7 +207,7 @@ fn main() {
                 count,
             };
             Point {
-                probe: probe_of(&run),
+                probe: probe_of(&run).cloned(),
                 run,
                 coll,
                 spec,

@@ -70,10 +70,11 @@ struct Args {
     nic_latency_us: Option<f64>,
     /// Scale the cluster's host rates to the machine's speed now: a file
     /// holding a probe's JSON (the probe_local example, run beside the
-    /// measurement to predict); the cluster must record the probe its
-    /// rates were fitted beside, as local-shm does.
+    /// measurement to predict); repeated, the median of each rate over
+    /// the probes. The cluster must record the probe its rates were
+    /// fitted beside, as local-shm does.
     #[arg(long)]
-    probe: Option<String>,
+    probe: Vec<String>,
     /// Placement: a file holding a JSON array of host per rank.
     #[arg(long)]
     placement: Option<String>,
@@ -172,12 +173,18 @@ fn build_cluster(a: &Args) -> Result<ClusterSpec, String> {
             factor: num(f[2])?,
         });
     }
-    if let Some(path) = &a.probe {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-        let now = Probe::from_json(&text).map_err(|e| format!("{path}: {e}"))?;
-        c = c
-            .calibrate(&now)
-            .map_err(|e| format!("--probe {path}: {e}"))?;
+    if !a.probe.is_empty() {
+        let probes = a
+            .probe
+            .iter()
+            .map(|path| {
+                let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+                Probe::from_json(&text).map_err(|e| format!("{path}: {e}"))
+            })
+            .collect::<Result<Vec<Probe>, String>>()?;
+        let now = Probe::median(&probes)
+            .ok_or("--probe: the probes differ in their number of cache levels")?;
+        c = c.calibrate(&now).map_err(|e| format!("--probe: {e}"))?;
     }
     c.validate().map_err(|e| e.to_string())?;
     Ok(c)
