@@ -121,8 +121,11 @@ pub struct IntraLink {
     /// ranks over shared memory): then a rank's port runs at the lower of
     /// `port_gbs` and the rank's copy rate for the call, which depends on
     /// where its data sits (`caches`, streaming, memory) as its other
-    /// copies do. A copy engine or NVLink moves data at the port's rate
-    /// whatever the sender's caches hold.
+    /// copies do, and the copy a primitive also makes into the rank's own
+    /// buffer (`copySend`, `recvCopySend`, `recvReduceCopySend`) follows
+    /// each piece's transfer on the same core instead of running beside
+    /// it. A copy engine or NVLink moves data at the port's rate whatever
+    /// the sender's caches hold.
     #[serde(default)]
     pub sender_copies: bool,
 }
@@ -743,8 +746,9 @@ pub fn local_probe() -> Probe {
 
 /// Most shared-memory transfer bandwidth per rank, GB/s: a transfer is the
 /// sender's copy into the segment, at the lower of this and the sender's
-/// copy rate for the call.
-pub const LOCAL_SHM_GBS: f64 = 20.0;
+/// copy rate for the call (fitted above every copy rate below: the copy
+/// rates bind).
+pub const LOCAL_SHM_GBS: f64 = 32.0;
 /// Shared-memory wake-up latency, microseconds (not refitted: at 64 KiB
 /// and up it does not change the fit).
 pub const LOCAL_SHM_LATENCY_US: f64 = 0.5;
@@ -754,38 +758,38 @@ pub const LOCAL_TCP_GBIT: f64 = 16.0;
 pub const LOCAL_TCP_LATENCY_US: f64 = 30.0;
 /// Reduction throughput of one rank (float sum) whose working set fits
 /// no cache level (memory), GB/s.
-pub const LOCAL_REDUCE_GBS: f64 = 13.0;
+pub const LOCAL_REDUCE_GBS: f64 = 8.0;
 /// Copy throughput of one rank whose working set fits no cache level
 /// (memory), GB/s.
-pub const LOCAL_COPY_GBS: f64 = 7.0;
+pub const LOCAL_COPY_GBS: f64 = 10.0;
 /// This machine's L2 caches, bytes: 512 KiB private to each of its two
 /// cores (`/sys/devices/system/cpu/cpu*/cache/index2`).
 pub const LOCAL_L2_BYTES: usize = 2 * (512 << 10);
 /// Reduction throughput of a rank whose working set fits its L2, GB/s.
-pub const LOCAL_L2_REDUCE_GBS: f64 = 16.0;
+pub const LOCAL_L2_REDUCE_GBS: f64 = 14.0;
 /// Copy throughput of a rank whose working set fits its L2, GB/s.
-pub const LOCAL_L2_COPY_GBS: f64 = 16.0;
+pub const LOCAL_L2_COPY_GBS: f64 = 24.0;
 /// This machine's last-level cache (L3), bytes, shared by its two cores
 /// (`/sys/devices/system/cpu/cpu0/cache/index3`).
 pub const LOCAL_L3_BYTES: usize = 32 << 20;
 /// Reduction throughput of a rank whose working set fits its share of the
 /// L3, GB/s.
-pub const LOCAL_L3_REDUCE_GBS: f64 = 28.0;
+pub const LOCAL_L3_REDUCE_GBS: f64 = 14.0;
 /// Copy throughput of a rank whose working set fits its share of the L3,
 /// GB/s.
-pub const LOCAL_L3_COPY_GBS: f64 = 14.0;
+pub const LOCAL_L3_COPY_GBS: f64 = 24.0;
 /// Reduction throughput of a rank whose call streams (its buffers reach
 /// the engine's default threshold, the L3's size), GB/s.
-pub const LOCAL_STREAMING_REDUCE_GBS: f64 = 12.0;
+pub const LOCAL_STREAMING_REDUCE_GBS: f64 = 10.0;
 /// Copy throughput of a rank whose call streams, GB/s.
-pub const LOCAL_STREAMING_COPY_GBS: f64 = 9.0;
+pub const LOCAL_STREAMING_COPY_GBS: f64 = 12.0;
 /// Fixed cost of a primitive on a CPU rank (a pass of the drive loop and
 /// the FIFO's flags), µs: fitted to 0, too small beside a primitive's copy
 /// at 64 KiB and up to tell apart; the copy rates carry it.
 pub const LOCAL_STEP_OVERHEAD_US: f64 = 0.0;
 /// Fixed cost of a call on a CPU rank before its first primitive (the
 /// call's checks, planning and hand-over), µs.
-pub const LOCAL_LAUNCH_US: f64 = 1.5;
+pub const LOCAL_LAUNCH_US: f64 = 2.0;
 /// `probe_local`'s (copy, reduction) GB/s per core beside the fit runs
 /// (the median of the runs' probes, each the median of its rounds'),
 /// L2-resident working sets.

@@ -15,15 +15,19 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use rccl_algorithms::{
-    p2p_schedule, unpaired_self_calls, Algorithm, Buf, CollKind, CollSpec, P2pOp, Params, Prim,
+    p2p_schedule, unpaired_self_calls, Algorithm, CollKind, CollSpec, P2pOp, Params, Prim,
     Schedule, Topology,
 };
 
 use crate::cluster::{ClusterSpec, IntraLink, LinkKind, ProtoSpec, Protocol, SimError};
 
+/// What a compacted primitive does: takes a message in,
 const RECV: u8 = 1;
+/// sends one out,
 const SEND: u8 = 2;
+/// reduces (else copies),
 const REDUCE: u8 = 4;
+/// writes the rank's own buffer besides (or instead of) a transfer.
 const LOCAL: u8 = 8;
 
 /// One primitive, compacted: 16 bytes.
@@ -117,7 +121,8 @@ struct Path {
     latency: f64,
     /// Whether the sender's own copy moves the data (a host link with
     /// `sender_copies`): a forwarding primitive then writes its output
-    /// straight into the transfer, in the same pass as it processes it.
+    /// straight into the transfer, in the same pass as it processes it,
+    /// and a copy into the rank's own buffer is a second pass after it.
     sender_copies: bool,
 }
 
@@ -462,16 +467,14 @@ fn compact(prim: &Prim, elem: usize, fold: usize) -> Op {
             };
             (SEND | copy, 0, m(to))
         }
-        Prim::RecvReduceSend { from, to, .. } | Prim::RecvReduceCopySend { from, to, .. } => {
-            (RECV | SEND | REDUCE, m(from), m(to))
-        }
+        Prim::RecvReduceSend { from, to, .. } => (RECV | SEND | REDUCE, m(from), m(to)),
+        Prim::RecvReduceCopySend { from, to, .. } => (RECV | SEND | REDUCE | LOCAL, m(from), m(to)),
         Prim::RecvReduceCopy { from, .. } | Prim::RecvReduceCopyPartial { from, .. } => {
             (RECV | REDUCE, m(from), 0)
         }
-        Prim::RecvCopySend { from, to, .. } => (RECV | SEND, m(from), m(to)),
+        Prim::RecvCopySend { from, to, .. } => (RECV | SEND | LOCAL, m(from), m(to)),
         Prim::ReduceCopy { .. } | Prim::ReduceCopyPartial { .. } => (LOCAL | REDUCE, 0, 0),
     };
-    let _ = Buf::Send;
     Op {
         from,
         to,
@@ -992,13 +995,22 @@ fn replay(
                     last_start = last_start.max(start);
                     depart = depart.max(free[l]);
                 }
+                // A rank that makes its transfers itself also makes the
+                // copy into its own buffer on the same core: after each
+                // piece's transfer, not beside it.
+                let serial_copy = path.sender_copies && op.flags & LOCAL != 0;
                 if let Some(m) = input {
                     // Cannot outrun the input, nor its processing.
                     depart = depart
                         .max(m.tail + stage + piece / min_bw)
                         .max(src_ready + bytes / proc_bw);
-                } else if op.flags & LOCAL != 0 {
+                } else if op.flags & LOCAL != 0 && !serial_copy {
                     depart = depart.max(src_ready + bytes / proc_bw);
+                }
+                if serial_copy {
+                    let transfer = bytes / proc_bw.min(min_bw);
+                    depart = depart.max(src_ready + transfer + (bytes - piece) / copy_bw);
+                    op_end = op_end.max(src_ready + transfer + bytes / copy_bw);
                 }
                 let msg = Msg {
                     head: last_start + piece / min_bw + path.latency,

@@ -177,14 +177,31 @@ fn a_sender_that_copies_moves_data_at_its_copy_rate() {
         let r = ring_in_one_chunk(&c, CollKind::ReduceScatter, count);
         close(r.time_us, bytes / (want_gbs * 1e3) + lat, 1e-6);
     }
+    // The same core then copies into the rank's own buffer, after the
+    // transfer (S <= one slot here, so one piece each). All-gather: copy
+    // the own block into the transfer, then into the receive buffer,
+    // while the peer's block is in flight (L <= S/C), then copy the
+    // peer's block out: T = 3 S/C.
+    let copy = 10.0;
+    let c = copied_by_sender(1e9, copy, 1e9, lat);
+    let r = ring_in_one_chunk(&c, CollKind::AllGather, count);
+    close(r.time_us, 3.0 * bytes / (copy * 1e3), 1e-6);
+    // On three ranks the middle step copies the block it receives out and
+    // into the transfer onward, two copies: T = (2 + 2 + 1) S/C.
+    let mut three = uniform(3, 1e9, lat, 0.0);
+    three.intra.as_mut().unwrap().sender_copies = true;
+    (three.copy_gbs, three.reduce_gbs) = (copy, 1e9);
+    let r = ring_in_one_chunk(&three, CollKind::AllGather, count);
+    close(r.time_us, 5.0 * bytes / (copy * 1e3), 1e-6);
     // All-reduce of 2 count elements: send a block, reduce the other into
     // the transfer back (one pass, so the reduction hides under the copy
-    // when it is faster), copy the result out: three copies of a block
-    // and two latencies, T = 3 S/C + 2 L.
-    let (copy, reduce) = (10.0, 40.0);
+    // when it is faster), copy that result into the own buffer (the
+    // return's latency hides under it), copy the peer's result out: four
+    // copies of a block and one latency, T = 4 S/C + L.
+    let reduce = 40.0;
     let c = copied_by_sender(1e9, copy, reduce, lat);
     let r = ring_in_one_chunk(&c, CollKind::AllReduce, 2 * count);
-    close(r.time_us, 3.0 * bytes / (copy * 1e3) + 2.0 * lat, 1e-6);
+    close(r.time_us, 4.0 * bytes / (copy * 1e3) + lat, 1e-6);
     // Without `sender_copies` the forwarder reduces its block before the
     // transfer starts: S/R more.
     let mut apart = c.clone();
