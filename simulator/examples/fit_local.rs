@@ -242,7 +242,7 @@ fn main() {
     // The shared-memory latency stays the preset's: at 64 KiB and up,
     // 0.1-1 us fit alike.
     let overheads = [0.0, 0.125, 0.25, 0.5, 0.75, 1.0];
-    let launches = [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0];
+    let launches = [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0];
     let mut best: Option<((usize, f64), ClusterSpec)> = None;
     for &port in &ports {
         for &oh in &overheads {

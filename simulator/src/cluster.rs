@@ -128,6 +128,14 @@ pub struct IntraLink {
     /// the sender's caches hold.
     #[serde(default)]
     pub sender_copies: bool,
+    /// With `sender_copies`: the speed of the traffic between two ranks'
+    /// cores against the one the rates were fitted at (1 unless
+    /// [`ClusterSpec::calibrate`] sets it to the hand-off's ratio). A
+    /// sender's copy into a peer's FIFO and the receiver's pass over it
+    /// run at their rates times this; a rank's copies into its own
+    /// buffers do not.
+    #[serde(default = "one")]
+    pub handoff_scale: f64,
 }
 
 /// The network interfaces of a host.
@@ -432,8 +440,9 @@ impl ClusterSpec {
     /// the cluster's own [`ClusterSpec::probe`]: each cache level's rates,
     /// memory's and the streaming ones by the ratio of the same regime's
     /// probe figures (copy by copy, reduction by reduction), and the
-    /// intra-host port by the hand-off's ratio when senders copy (the
-    /// hand-off is two cores' transfers through a FIFO each way).
+    /// traffic between the cores (`intra.handoff_scale`) by the hand-off's
+    /// ratio when senders copy (the hand-off is two cores' transfers
+    /// through a FIFO each way).
     /// Latencies and fixed costs stay as they are. The result records
     /// `now` as its probe.
     pub fn calibrate(&self, now: &Probe) -> Result<ClusterSpec, SimError> {
@@ -469,7 +478,7 @@ impl ClusterSpec {
             streaming.reduce_gbs *= now.streaming.reduce_gbs / reference.streaming.reduce_gbs;
         }
         if let Some(intra) = c.intra.as_mut().filter(|i| i.sender_copies) {
-            intra.port_gbs *= now.handoff_gbs / reference.handoff_gbs;
+            intra.handoff_scale *= now.handoff_gbs / reference.handoff_gbs;
         }
         c.probe = Some(now.clone());
         Ok(c)
@@ -515,6 +524,7 @@ impl ClusterSpec {
         non_negative("nic.latency_us", self.nic.latency_us)?;
         if let Some(intra) = self.intra {
             positive("intra.port_gbs", intra.port_gbs)?;
+            positive("intra.handoff_scale", intra.handoff_scale)?;
             non_negative("intra.latency_us", intra.latency_us)?;
         }
         if self.fabric.hosts_per_leaf == 0 {
@@ -632,6 +642,7 @@ pub fn h100(hosts: usize) -> ClusterSpec {
         intra: Some(IntraLink {
             port_gbs: 360.0,
             sender_copies: false,
+            handoff_scale: 1.0,
             latency_us: 0.6,
         }),
         nic: Nic {
@@ -675,6 +686,7 @@ pub fn local(ranks: usize, tcp_only: bool) -> ClusterSpec {
         intra: (!tcp_only).then_some(IntraLink {
             port_gbs: LOCAL_SHM_GBS,
             sender_copies: true,
+            handoff_scale: 1.0,
             latency_us: LOCAL_SHM_LATENCY_US,
         }),
         nic: Nic {
@@ -746,9 +758,10 @@ pub fn local_probe() -> Probe {
 
 /// Most shared-memory transfer bandwidth per rank, GB/s: a transfer is the
 /// sender's copy into the segment, at the lower of this and the sender's
-/// copy rate for the call (fitted above every copy rate below: the copy
-/// rates bind).
-pub const LOCAL_SHM_GBS: f64 = 32.0;
+/// copy rate for the call, times `handoff_scale` (fitted: close to the
+/// probe's hand-off between the cores, and below the cache copy rates,
+/// which bind for copies into a rank's own buffers).
+pub const LOCAL_SHM_GBS: f64 = 16.0;
 /// Shared-memory wake-up latency, microseconds (not refitted: at 64 KiB
 /// and up it does not change the fit).
 pub const LOCAL_SHM_LATENCY_US: f64 = 0.5;
@@ -761,35 +774,34 @@ pub const LOCAL_TCP_LATENCY_US: f64 = 30.0;
 pub const LOCAL_REDUCE_GBS: f64 = 8.0;
 /// Copy throughput of one rank whose working set fits no cache level
 /// (memory), GB/s.
-pub const LOCAL_COPY_GBS: f64 = 10.0;
+pub const LOCAL_COPY_GBS: f64 = 11.0;
 /// This machine's L2 caches, bytes: 512 KiB private to each of its two
 /// cores (`/sys/devices/system/cpu/cpu*/cache/index2`).
 pub const LOCAL_L2_BYTES: usize = 2 * (512 << 10);
 /// Reduction throughput of a rank whose working set fits its L2, GB/s.
-pub const LOCAL_L2_REDUCE_GBS: f64 = 14.0;
+pub const LOCAL_L2_REDUCE_GBS: f64 = 18.0;
 /// Copy throughput of a rank whose working set fits its L2, GB/s.
-pub const LOCAL_L2_COPY_GBS: f64 = 24.0;
+pub const LOCAL_L2_COPY_GBS: f64 = 40.0;
 /// This machine's last-level cache (L3), bytes, shared by its two cores
 /// (`/sys/devices/system/cpu/cpu0/cache/index3`).
 pub const LOCAL_L3_BYTES: usize = 32 << 20;
 /// Reduction throughput of a rank whose working set fits its share of the
 /// L3, GB/s.
-pub const LOCAL_L3_REDUCE_GBS: f64 = 14.0;
+pub const LOCAL_L3_REDUCE_GBS: f64 = 24.0;
 /// Copy throughput of a rank whose working set fits its share of the L3,
 /// GB/s.
-pub const LOCAL_L3_COPY_GBS: f64 = 24.0;
+pub const LOCAL_L3_COPY_GBS: f64 = 32.0;
 /// Reduction throughput of a rank whose call streams (its buffers reach
 /// the engine's default threshold, the L3's size), GB/s.
 pub const LOCAL_STREAMING_REDUCE_GBS: f64 = 10.0;
 /// Copy throughput of a rank whose call streams, GB/s.
-pub const LOCAL_STREAMING_COPY_GBS: f64 = 12.0;
+pub const LOCAL_STREAMING_COPY_GBS: f64 = 13.0;
 /// Fixed cost of a primitive on a CPU rank (a pass of the drive loop and
-/// the FIFO's flags), µs: fitted to 0, too small beside a primitive's copy
-/// at 64 KiB and up to tell apart; the copy rates carry it.
-pub const LOCAL_STEP_OVERHEAD_US: f64 = 0.0;
+/// the FIFO's flags), µs.
+pub const LOCAL_STEP_OVERHEAD_US: f64 = 0.5;
 /// Fixed cost of a call on a CPU rank before its first primitive (the
 /// call's checks, planning and hand-over), µs.
-pub const LOCAL_LAUNCH_US: f64 = 2.0;
+pub const LOCAL_LAUNCH_US: f64 = 1.5;
 /// `probe_local`'s (copy, reduction) GB/s per core beside the fit runs
 /// (the median of the runs' probes, each the median of its rounds'),
 /// L2-resident working sets.

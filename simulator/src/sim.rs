@@ -124,6 +124,9 @@ struct Path {
     /// straight into the transfer, in the same pass as it processes it,
     /// and a copy into the rank's own buffer is a second pass after it.
     sender_copies: bool,
+    /// How fast a pass over the message at its receiver runs against the
+    /// rank's rates (`intra.handoff_scale` for a copying sender's, else 1).
+    receive_scale: f64,
 }
 
 /// The bytes a call touches at one rank apart from FIFO staging.
@@ -259,9 +262,9 @@ impl Net {
         let rates = rank_rates(c, &host_of, footprint);
         let mut reduce: Vec<f64> = rates.iter().map(|r| r.0).collect();
         let mut copy: Vec<f64> = rates.iter().map(|r| r.1).collect();
-        if c.intra.is_some_and(|i| i.sender_copies) {
+        if let Some(intra) = c.intra.filter(|i| i.sender_copies) {
             for (r, &rank_copy) in copy.iter().enumerate() {
-                bw[intra_tx + r] = port.min(rank_copy);
+                bw[intra_tx + r] = port.min(rank_copy) * intra.handoff_scale;
             }
         }
         let mut net = Net {
@@ -340,6 +343,11 @@ impl Geo {
                     len: 2,
                     latency: intra.latency_us + self.extra_lat,
                     sender_copies: intra.sender_copies,
+                    receive_scale: if intra.sender_copies {
+                        intra.handoff_scale
+                    } else {
+                        1.0
+                    },
                 };
             }
         }
@@ -362,6 +370,7 @@ impl Geo {
                 len: 2,
                 latency: self.nic_lat + self.extra_lat,
                 sender_copies: false,
+                receive_scale: 1.0,
             };
         }
         let (ls, ld) = (leaf(hs, ks), leaf(hd, kd));
@@ -371,6 +380,7 @@ impl Geo {
                 len: 2,
                 latency: self.nic_lat + self.hop_lat + self.extra_lat,
                 sender_copies: false,
+                receive_scale: 1.0,
             }
         } else {
             Path {
@@ -378,6 +388,7 @@ impl Geo {
                 len: 4,
                 latency: self.nic_lat + 3.0 * self.hop_lat + self.extra_lat,
                 sender_copies: false,
+                receive_scale: 1.0,
             }
         }
     }
@@ -488,6 +499,8 @@ fn compact(prim: &Prim, elem: usize, fold: usize) -> Op {
 struct Msg {
     head: f64,
     tail: f64,
+    /// Its path's `receive_scale`.
+    receive_scale: f64,
 }
 
 /// Which symmetry reductions the replay may use.
@@ -964,9 +977,12 @@ fn replay(
                     .and_then(VecDeque::pop_front)
                     .expect("checked above");
                 let start = s0.max(m.head);
-                op_end = op_end.max((start + bytes / proc_bw).max(m.tail + piece / proc_bw));
+                let pass = proc_bw * m.receive_scale;
+                op_end = op_end.max((start + bytes / pass).max(m.tail + piece / pass));
                 input = Some(m);
             }
+            // The rate of the pass over the input, where the data came from.
+            let proc_in = input.map_or(proc_bw, |m| proc_bw * m.receive_scale);
             if op.flags & LOCAL != 0 {
                 op_end = op_end.max(s0 + bytes / proc_bw);
             }
@@ -978,7 +994,7 @@ fn replay(
                 let stage = if path.sender_copies {
                     0.0
                 } else {
-                    piece / proc_bw
+                    piece / proc_in
                 };
                 let src_ready = match input {
                     Some(m) => s0.max(m.head) + stage,
@@ -1003,18 +1019,19 @@ fn replay(
                     // Cannot outrun the input, nor its processing.
                     depart = depart
                         .max(m.tail + stage + piece / min_bw)
-                        .max(src_ready + bytes / proc_bw);
+                        .max(src_ready + bytes / proc_in);
                 } else if op.flags & LOCAL != 0 && !serial_copy {
                     depart = depart.max(src_ready + bytes / proc_bw);
                 }
                 if serial_copy {
-                    let transfer = bytes / proc_bw.min(min_bw);
+                    let transfer = bytes / proc_in.min(min_bw);
                     depart = depart.max(src_ready + transfer + (bytes - piece) / copy_bw);
                     op_end = op_end.max(src_ready + transfer + bytes / copy_bw);
                 }
                 let msg = Msg {
                     head: last_start + piece / min_bw + path.latency,
                     tail: depart + path.latency,
+                    receive_scale: path.receive_scale,
                 };
                 let k = key(rank as u32, op.to, ch);
                 queues.entry(k).or_default().push_back(msg);

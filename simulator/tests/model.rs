@@ -21,6 +21,7 @@ fn uniform(n: usize, gbs: f64, lat: f64, overhead: f64) -> ClusterSpec {
         port_gbs: gbs,
         latency_us: lat,
         sender_copies: false,
+        handoff_scale: 1.0,
     });
     c.reduce_gbs = 1e9;
     c.copy_gbs = 1e9;
@@ -646,8 +647,8 @@ fn a_probe_scales_each_regime_by_its_own_ratio() {
         .unwrap();
     let r = ring_in_one_chunk(&calibrated, CollKind::ReduceScatter, count);
     close(r.time_us, (count * 4) as f64 / (80.0 * 1e3), 1e-6);
-    // A sender that copies: the port by the hand-off's ratio,
-    // T = S/min(port, copy) + L with the port at 10 -> 5 GB/s.
+    // A sender that copies: the traffic between the cores by the
+    // hand-off's ratio, T = S/(min(port, copy) x 0.5) + L, 10 -> 5 GB/s.
     let lat = 3.0;
     let mut sender = copied_by_sender(10.0, 1e9, 1e9, lat);
     sender.caches = vec![Cache {
@@ -659,9 +660,21 @@ fn a_probe_scales_each_regime_by_its_own_ratio() {
     let calibrated = sender
         .calibrate(&probe_of_one_level(1.0, 1.0, 1.0, 0.5))
         .unwrap();
-    assert_eq!(calibrated.intra.unwrap().port_gbs, 5.0);
+    let intra = calibrated.intra.unwrap();
+    assert_eq!((intra.port_gbs, intra.handoff_scale), (10.0, 0.5));
     let r = ring_in_one_chunk(&calibrated, CollKind::ReduceScatter, count);
     close(r.time_us, (count * 4) as f64 / (5.0 * 1e3) + lat, 1e-6);
+    // And the receiver's pass over it, while a rank's copy into its own
+    // buffer keeps its rate: a two-rank all-gather at copy rate C takes
+    // S/(0.5 C) to send, S/C to copy its own block, S/(0.5 C) to copy the
+    // peer's out: T = 5 S/C.
+    let copy = 10.0;
+    sender.caches[0].copy_gbs = copy;
+    let calibrated = sender
+        .calibrate(&probe_of_one_level(1.0, 1.0, 1.0, 0.5))
+        .unwrap();
+    let r = ring_in_one_chunk(&calibrated, CollKind::AllGather, count);
+    close(r.time_us, 5.0 * (count * 4) as f64 / (copy * 1e3), 1e-6);
 }
 
 #[test]

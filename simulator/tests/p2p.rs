@@ -27,6 +27,7 @@ fn shaped(host_of: &[usize], tcp_only: bool) -> ClusterSpec {
             port_gbs: PORT_GBS,
             latency_us: LAT_US,
             sender_copies: false,
+            handoff_scale: 1.0,
         });
     }
     // One copy rate at every size: no cache levels, no streaming.
