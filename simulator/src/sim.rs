@@ -970,6 +970,8 @@ fn replay(
             };
             let mut op_end = s0;
             let mut input: Option<Msg> = None;
+            // The rate of the pass over the input, which its path sets.
+            let mut proc_in = proc_bw;
             if op.flags & RECV != 0 {
                 let k = key(op.from, rank as u32, ch);
                 let m = queues
@@ -977,12 +979,10 @@ fn replay(
                     .and_then(VecDeque::pop_front)
                     .expect("checked above");
                 let start = s0.max(m.head);
-                let pass = proc_bw * m.receive_scale;
-                op_end = op_end.max((start + bytes / pass).max(m.tail + piece / pass));
+                proc_in = proc_bw * m.receive_scale;
+                op_end = op_end.max((start + bytes / proc_in).max(m.tail + piece / proc_in));
                 input = Some(m);
             }
-            // The rate of the pass over the input, where the data came from.
-            let proc_in = input.map_or(proc_bw, |m| proc_bw * m.receive_scale);
             if op.flags & LOCAL != 0 {
                 op_end = op_end.max(s0 + bytes / proc_bw);
             }
