@@ -466,16 +466,28 @@ impl ClusterSpec {
                 ));
             }
         }
+        // One regime's (copy, reduction) rates by its probes' ratios.
+        let scale = |copy: &mut f64, reduce: &mut f64, old: Rates, new: Rates| {
+            *copy *= new.copy_gbs / old.copy_gbs;
+            *reduce *= new.reduce_gbs / old.reduce_gbs;
+        };
         let mut c = self.clone();
-        for ((cache, old), new) in c.caches.iter_mut().zip(&reference.caches).zip(&now.caches) {
-            cache.copy_gbs *= new.copy_gbs / old.copy_gbs;
-            cache.reduce_gbs *= new.reduce_gbs / old.reduce_gbs;
+        for ((cache, &old), &new) in c.caches.iter_mut().zip(&reference.caches).zip(&now.caches) {
+            scale(&mut cache.copy_gbs, &mut cache.reduce_gbs, old, new);
         }
-        c.copy_gbs *= now.memory.copy_gbs / reference.memory.copy_gbs;
-        c.reduce_gbs *= now.memory.reduce_gbs / reference.memory.reduce_gbs;
-        if let Some(streaming) = &mut c.streaming {
-            streaming.copy_gbs *= now.streaming.copy_gbs / reference.streaming.copy_gbs;
-            streaming.reduce_gbs *= now.streaming.reduce_gbs / reference.streaming.reduce_gbs;
+        scale(
+            &mut c.copy_gbs,
+            &mut c.reduce_gbs,
+            reference.memory,
+            now.memory,
+        );
+        if let Some(s) = &mut c.streaming {
+            scale(
+                &mut s.copy_gbs,
+                &mut s.reduce_gbs,
+                reference.streaming,
+                now.streaming,
+            );
         }
         if let Some(intra) = c.intra.as_mut().filter(|i| i.sender_copies) {
             intra.handoff_scale *= now.handoff_gbs / reference.handoff_gbs;

@@ -73,14 +73,7 @@ impl Probe {
             return None;
         }
         let median = |rate: &dyn Fn(&Probe) -> f64| {
-            let mut v: Vec<f64> = probes.iter().map(|p| rate(p)).collect();
-            v.sort_by(f64::total_cmp);
-            let mid = v.len() / 2;
-            if v.len() % 2 == 1 {
-                v[mid]
-            } else {
-                (v[mid - 1] + v[mid]) / 2.0
-            }
+            median(probes.iter().map(|p| rate(p))).expect("at least one probe")
         };
         let rates = |of: &dyn Fn(&Probe) -> Rates| Rates {
             copy_gbs: median(&|p| of(p).copy_gbs),
@@ -102,5 +95,18 @@ impl Probe {
             .chain([&self.memory, &self.streaming])
             .flat_map(|r| [r.copy_gbs, r.reduce_gbs])
             .chain([self.handoff_gbs])
+    }
+}
+
+/// The median of `values` (an even count takes the mean of the middle
+/// two), `None` for none.
+pub fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let mut v: Vec<f64> = values.into_iter().collect();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[mid]),
+        _ => Some((v[mid - 1] + v[mid]) / 2.0),
     }
 }

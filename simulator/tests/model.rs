@@ -157,10 +157,10 @@ fn a_call_pays_its_launch_cost_once() {
     );
 }
 
-/// Two ranks on one host whose transfers are the sender's copies: ports
+/// `n` ranks on one host whose transfers are the sender's copies: ports
 /// of `port` GB/s, copies at `copy`, reductions at `reduce`.
-fn copied_by_sender(port: f64, copy: f64, reduce: f64, lat: f64) -> ClusterSpec {
-    let mut c = uniform(2, port, lat, 0.0);
+fn copied_by_sender(n: usize, port: f64, copy: f64, reduce: f64, lat: f64) -> ClusterSpec {
+    let mut c = uniform(n, port, lat, 0.0);
     c.intra.as_mut().unwrap().sender_copies = true;
     c.copy_gbs = copy;
     c.reduce_gbs = reduce;
@@ -174,7 +174,7 @@ fn a_sender_that_copies_moves_data_at_its_copy_rate() {
     // Reduce-scatter: each rank sends one block of `count` elements, then
     // reduces what it received (free here): T = S/min(port, copy) + L.
     for (port, copy, want_gbs) in [(100.0, 10.0, 10.0), (10.0, 100.0, 10.0)] {
-        let c = copied_by_sender(port, copy, 1e9, lat);
+        let c = copied_by_sender(2, port, copy, 1e9, lat);
         let r = ring_in_one_chunk(&c, CollKind::ReduceScatter, count);
         close(r.time_us, bytes / (want_gbs * 1e3) + lat, 1e-6);
     }
@@ -184,14 +184,12 @@ fn a_sender_that_copies_moves_data_at_its_copy_rate() {
     // while the peer's block is in flight (L <= S/C), then copy the
     // peer's block out: T = 3 S/C.
     let copy = 10.0;
-    let c = copied_by_sender(1e9, copy, 1e9, lat);
+    let c = copied_by_sender(2, 1e9, copy, 1e9, lat);
     let r = ring_in_one_chunk(&c, CollKind::AllGather, count);
     close(r.time_us, 3.0 * bytes / (copy * 1e3), 1e-6);
     // On three ranks the middle step copies the block it receives out and
     // into the transfer onward, two copies: T = (2 + 2 + 1) S/C.
-    let mut three = uniform(3, 1e9, lat, 0.0);
-    three.intra.as_mut().unwrap().sender_copies = true;
-    (three.copy_gbs, three.reduce_gbs) = (copy, 1e9);
+    let three = copied_by_sender(3, 1e9, copy, 1e9, lat);
     let r = ring_in_one_chunk(&three, CollKind::AllGather, count);
     close(r.time_us, 5.0 * bytes / (copy * 1e3), 1e-6);
     // All-reduce of 2 count elements: send a block, reduce the other into
@@ -200,7 +198,7 @@ fn a_sender_that_copies_moves_data_at_its_copy_rate() {
     // return's latency hides under it), copy the peer's result out: four
     // copies of a block and one latency, T = 4 S/C + L.
     let reduce = 40.0;
-    let c = copied_by_sender(1e9, copy, reduce, lat);
+    let c = copied_by_sender(2, 1e9, copy, reduce, lat);
     let r = ring_in_one_chunk(&c, CollKind::AllReduce, 2 * count);
     close(r.time_us, 4.0 * bytes / (copy * 1e3) + lat, 1e-6);
     // Without `sender_copies` the forwarder reduces its block before the
@@ -650,7 +648,7 @@ fn a_probe_scales_each_regime_by_its_own_ratio() {
     // A sender that copies: the traffic between the cores by the
     // hand-off's ratio, T = S/(min(port, copy) x 0.5) + L, 10 -> 5 GB/s.
     let lat = 3.0;
-    let mut sender = copied_by_sender(10.0, 1e9, 1e9, lat);
+    let mut sender = copied_by_sender(2, 10.0, 1e9, 1e9, lat);
     sender.caches = vec![Cache {
         bytes: 1 << 30,
         reduce_gbs: 1e9,
