@@ -250,13 +250,31 @@ fn abort_from_another_thread_unblocks_an_operation_promptly() {
 }
 
 #[test]
-fn finalize_is_a_barrier_that_succeeds_on_a_healthy_comm() {
-    let comms = Communicator::init_all_config(3, test_config()).unwrap();
+fn finalize_is_local_so_one_thread_finalizes_every_rank_in_turn() {
+    // As ncclCommInitAll then ncclCommFinalize of each from one thread.
+    let config = Config {
+        timeout: Duration::from_secs(10),
+        ..test_config()
+    };
+    let comms = Communicator::init_all_config(4, config).unwrap();
     std::thread::scope(|s| {
         for comm in &comms {
-            s.spawn(move || comm.finalize().unwrap());
+            s.spawn(move || {
+                comm.all_reduce(&[1f32; 256], &mut [0f32; 256], RedOp::Sum)
+                    .unwrap()
+            });
         }
     });
+    let start = Instant::now();
+    for comm in &comms {
+        comm.finalize().unwrap();
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(comms);
 }
 
 #[test]
@@ -350,6 +368,68 @@ fn mismatched_collectives_fail_on_every_rank_naming_both_calls() {
         |c| c.all_gather(&[1i32; 32], &mut [0i32; 64]),
     );
     assert_names_both(&errors, "AllReduce", "AllGather");
+}
+
+#[test]
+fn calls_that_leave_every_rank_waiting_fail_quickly_naming_both() {
+    // Far beyond what the checks take: a failure at the deadline fails the
+    // test on time.
+    let patient = Config {
+        timeout: Duration::from_secs(20),
+        ..test_config()
+    };
+    let quickly = |start: Instant| {
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "{:?}",
+            start.elapsed()
+        );
+    };
+
+    // A reduce whose ranks disagree on the root: each waits for the other's
+    // data, so no piece ever shows the difference.
+    let comms = Communicator::init_all_config(2, patient.clone()).unwrap();
+    let start = Instant::now();
+    let errors = both_fail(
+        &comms,
+        |c| c.reduce(&[1f32; 64], &mut [0f32; 64], RedOp::Sum, 0),
+        |c| c.reduce(&[1f32; 64], &mut [0f32; 64], RedOp::Sum, 1),
+    );
+    quickly(start);
+    assert_names_both(&errors, "root 0", "root 1");
+
+    // First calls, whose connections are still to be set up: the peer of
+    // the rank that waits for its side runs another call.
+    let comms = Communicator::init_all_config(2, patient.clone()).unwrap();
+    let start = Instant::now();
+    let errors = both_fail(
+        &comms,
+        |c| c.all_reduce(&[1f32; 64], &mut [0f32; 64], RedOp::Sum),
+        |c| c.broadcast(&[1f32; 64], &mut [0f32; 64], 1),
+    );
+    quickly(start);
+    assert_names_both(&errors, "AllReduce", "Broadcast");
+
+    // A send that the connection cannot hold whole (else it may finish
+    // before its peer finds the mismatch, as NCCL's sends may).
+    let large = vec![1f32; 4 << 20];
+    for config in [
+        patient.clone(),
+        Config {
+            shm_disable: true,
+            ..patient
+        },
+    ] {
+        let comms = Communicator::init_all_config(2, config).unwrap();
+        let start = Instant::now();
+        let errors = both_fail(
+            &comms,
+            |c| c.all_reduce(&[1f32; 64], &mut [0f32; 64], RedOp::Sum),
+            |c| c.send(&large, 0),
+        );
+        quickly(start);
+        assert_names_both(&errors, "AllReduce", "Send/Recv");
+    }
 }
 
 #[test]

@@ -443,7 +443,8 @@ nccl_api! {
     }
 
     /// Frees the handle (NULL: nothing to do); a pending creation is
-    /// waited for first.
+    /// waited for first, and an operation another thread still runs on
+    /// the communicator is aborted.
     fn ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
         guard("ncclCommDestroy", comm, || {
             if comm.is_null() {
@@ -451,7 +452,9 @@ nccl_api! {
             }
             let entry = registry::remove(comm)?;
             let _ = entry.comm();
-            entry.detach();
+            if let Some(comm) = entry.detach() {
+                comm.destroy();
+            }
             Ok(ncclSuccess)
         })
     }

@@ -675,7 +675,19 @@ impl Bootstrap {
     /// [`Bootstrap::recv`] with the same tag. Messages with one tag from one
     /// sender arrive in order.
     pub fn send(&self, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
-        self.send_kind(peer, KIND_USER, tag, data)
+        self.send_kind(peer, KIND_USER, tag, data, self.timeout)
+    }
+
+    /// As [`Bootstrap::send`], giving up if no connection to `peer` can be
+    /// made within `connect_within` (for word that is worth little late).
+    pub fn send_within(
+        &self,
+        peer: usize,
+        tag: u64,
+        data: &[u8],
+        connect_within: Duration,
+    ) -> Result<()> {
+        self.send_kind(peer, KIND_USER, tag, data, connect_within)
     }
 
     /// Receives the next message `peer` sent under `tag`, waiting at most
@@ -684,7 +696,40 @@ impl Bootstrap {
         self.recv_kind(peer, KIND_USER, tag, || format!("a message with tag {tag}"))
     }
 
-    fn send_kind(&self, peer: usize, kind: u8, tag: u64, data: &[u8]) -> Result<()> {
+    /// As [`Bootstrap::recv`], but `Ok(None)` once `until` passes with
+    /// nothing received (the bootstrap timeout does not apply).
+    pub fn recv_until(&self, peer: usize, tag: u64, until: Instant) -> Result<Option<Vec<u8>>> {
+        self.recv_kind_until(peer, KIND_USER, tag, until, || {
+            format!("a message with tag {tag}")
+        })
+    }
+
+    /// Takes every message received so far under `tag`, from any rank, in
+    /// the order each rank sent them.
+    pub fn take_all(&self, tag: u64) -> Vec<(usize, Vec<u8>)> {
+        let mut mb = self.shared.mailbox.lock();
+        let keys: Vec<(usize, u8, u64)> = mb
+            .msgs
+            .keys()
+            .filter(|&&(_, kind, t)| kind == KIND_USER && t == tag)
+            .copied()
+            .collect();
+        keys.into_iter()
+            .flat_map(|key| {
+                let queue = mb.msgs.remove(&key).unwrap_or_default();
+                queue.into_iter().map(move |msg| (key.0, msg))
+            })
+            .collect()
+    }
+
+    fn send_kind(
+        &self,
+        peer: usize,
+        kind: u8,
+        tag: u64,
+        data: &[u8],
+        connect_within: Duration,
+    ) -> Result<()> {
         self.check_peer(peer)?;
         if data.len() > MAX_FRAME - MSG_HEADER {
             return Err(Error::InvalidArgument(format!(
@@ -711,7 +756,7 @@ impl Bootstrap {
                 addr,
                 &self.secret,
                 &hello,
-                after(Instant::now(), self.timeout),
+                after(Instant::now(), connect_within),
                 &self.abort,
             )
             .map_err(|e| {
@@ -756,8 +801,28 @@ impl Bootstrap {
         tag: u64,
         what: impl Fn() -> String,
     ) -> Result<Vec<u8>> {
-        self.check_peer(peer)?;
         let deadline = after(Instant::now(), self.timeout);
+        self.recv_kind_until(peer, kind, tag, deadline, &what)?
+            .ok_or_else(|| {
+                Error::System(format!(
+                    "bootstrap: timed out after {} waiting for rank {peer} at {} to send {} to rank {}",
+                    secs(self.timeout),
+                    self.peers[peer],
+                    what(),
+                    self.rank
+                ))
+            })
+    }
+
+    fn recv_kind_until(
+        &self,
+        peer: usize,
+        kind: u8,
+        tag: u64,
+        deadline: Instant,
+        what: impl Fn() -> String,
+    ) -> Result<Option<Vec<u8>>> {
+        self.check_peer(peer)?;
         let key = (peer, kind, tag);
         let mut mb = self.shared.mailbox.lock();
         loop {
@@ -766,7 +831,7 @@ impl Bootstrap {
                     if queue.is_empty() {
                         mb.msgs.remove(&key);
                     }
-                    return Ok(msg);
+                    return Ok(Some(msg));
                 }
             }
             if let Some(why) = mb.gone.get(&peer) {
@@ -785,13 +850,7 @@ impl Bootstrap {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::System(format!(
-                    "bootstrap: timed out after {} waiting for rank {peer} at {} to send {} to rank {}",
-                    secs(self.timeout),
-                    self.peers[peer],
-                    what(),
-                    self.rank
-                )));
+                return Ok(None);
             }
             self.shared
                 .cond
@@ -817,7 +876,7 @@ impl Bootstrap {
             let send_idx = (rank + n - step) % n;
             let recv_idx = (rank + 2 * n - step - 1) % n;
             let tag = seq | step as u64;
-            self.send_kind(next, KIND_COLL, tag, &out[send_idx])?;
+            self.send_kind(next, KIND_COLL, tag, &out[send_idx], self.timeout)?;
             out[recv_idx] = self.recv_kind(prev, KIND_COLL, tag, || {
                 format!(
                     "allgather #{} step {step} (rank {recv_idx}'s data)",
@@ -837,7 +896,7 @@ impl Bootstrap {
         let mut round = 0u64;
         while dist < n {
             let tag = seq | round;
-            self.send_kind((rank + dist) % n, KIND_COLL, tag, &[])?;
+            self.send_kind((rank + dist) % n, KIND_COLL, tag, &[], self.timeout)?;
             self.recv_kind((rank + n - dist) % n, KIND_COLL, tag, || {
                 format!("barrier #{} round {round}", seq >> 32)
             })?;

@@ -189,6 +189,10 @@ pub(crate) struct CommInner {
     pub tcp: TcpTransport,
     pub peers: Vec<PeerInfo>,
     pub abort: Arc<AtomicBool>,
+    /// How the communicator was ended, once `abort` is set: "aborted"
+    /// (`ncclCommAbort`) or "destroyed" (`ncclCommDestroy` while another
+    /// thread ran an operation on it).
+    ended: std::sync::OnceLock<&'static str>,
     /// The first failure; every later call returns it.
     pub poisoned: std::sync::OnceLock<Error>,
     /// Sequence number of the next collective (every rank counts the same
@@ -203,6 +207,8 @@ pub(crate) struct CommInner {
     pub topology: Topology,
     pub exec: Mutex<ExecState>,
     pub activity: Mutex<Activity>,
+    /// What peers waiting on this rank said they run.
+    pub heard: Mutex<crate::stuck::Heard>,
     splits: AtomicU64,
     /// The cost model's link figures, read once at init.
     pub link_model: crate::tuning::LinkModel,
@@ -327,7 +333,7 @@ impl CommInner {
         };
         drop(activity);
         if self.abort.load(Ordering::Relaxed) {
-            text += "\n  aborted";
+            text += &format!("\n  {}", self.ended_how());
         }
         if let Some(err) = self.poisoned.get() {
             text += &format!("\n  failed: {err}");
@@ -377,15 +383,43 @@ impl CommInner {
     /// Fails if the communicator was aborted or has failed.
     pub fn check_usable(&self) -> Result<()> {
         if self.abort.load(Ordering::Relaxed) {
-            return Err(Error::InvalidUsage(format!(
-                "rank {}: the communicator was aborted",
-                self.rank
-            )));
+            return Err(self.ended_error());
         }
         if let Some(err) = self.poisoned.get() {
             return Err(err.clone());
         }
         Ok(())
+    }
+
+    /// Ends every operation in flight and every later call: `how` says
+    /// how ("aborted", "destroyed") in their errors and in the note peers
+    /// get. Peers waiting on this rank learn it at once through its
+    /// connections (an operation in flight tells them as it stops).
+    pub fn end(&self, how: &'static str) {
+        let _ = self.ended.set(how);
+        self.abort.store(true, Ordering::SeqCst);
+        if let Some(state) = self.exec.try_lock() {
+            crate::enqueue::close_links(self, &state, &self.ended_error());
+        }
+    }
+
+    /// How the communicator was ended ("aborted" unless said otherwise).
+    pub fn ended_how(&self) -> &'static str {
+        self.ended.get().copied().unwrap_or("aborted")
+    }
+
+    /// The error of a call on an ended communicator.
+    pub fn ended_error(&self) -> Error {
+        let how = self.ended_how();
+        let during = if how == "destroyed" {
+            " (ncclCommDestroy) while this call was in flight"
+        } else {
+            ""
+        };
+        Error::InvalidUsage(format!(
+            "rank {}: the communicator was {how}{during}",
+            self.rank
+        ))
     }
 
     /// Records the communicator's first failure.
@@ -509,6 +543,7 @@ impl Communicator {
             tcp,
             peers,
             abort,
+            ended: std::sync::OnceLock::new(),
             poisoned: std::sync::OnceLock::new(),
             next_seq: AtomicU64::new(0),
             next_p2p_seq: AtomicU64::new(0),
@@ -520,6 +555,7 @@ impl Communicator {
                 lone: None,
             }),
             activity: Mutex::new(Activity::default()),
+            heard: Mutex::default(),
             splits: AtomicU64::new(0),
             link_model: crate::tuning::LinkModel::from_env(),
             choices: Mutex::new(ChoiceCache::default()),
@@ -681,12 +717,25 @@ impl Communicator {
         Communicator::init_rank_config(members.len(), &id, new_rank, inner.config.clone()).map(Some)
     }
 
-    /// Waits until every rank has finished its outstanding work
-    /// (`ncclCommFinalize`). Operations complete before they return on host
-    /// memory, so this is a barrier that also surfaces any failure.
+    /// Waits until this rank's outstanding work on the communicator is
+    /// done and reports any failure (`ncclCommFinalize`). A local step, as
+    /// NCCL's: no rank waits for another, so one thread may finalize the
+    /// ranks of [`Communicator::init_all`] one after another. Operations on
+    /// host memory complete before they return, so this waits only for one
+    /// that another thread still runs (at most the timeout); what the
+    /// connections still hold for peers goes out when the communicator is
+    /// dropped.
     pub fn finalize(&self) -> Result<()> {
-        self.inner.check_usable()?;
-        self.inner.bootstrap.barrier()
+        let inner = &self.inner;
+        inner.check_usable()?;
+        if inner.exec.try_lock_for(inner.config.timeout).is_none() {
+            return Err(Error::System(format!(
+                "rank {}: finalize waited {:?} for an operation another thread runs on the \
+                 communicator",
+                inner.rank, inner.config.timeout
+            )));
+        }
+        inner.check_usable()
     }
 
     /// Stops every operation in flight on this communicator, from any
@@ -695,11 +744,18 @@ impl Communicator {
     /// Peers waiting on this rank learn it at once through its connections
     /// (an operation in flight tells them as it stops).
     pub fn abort(&self) {
-        let inner = &self.inner;
-        inner.abort.store(true, Ordering::SeqCst);
-        if let Some(state) = inner.exec.try_lock() {
-            let error = Error::InvalidUsage("the communicator was aborted".into());
-            crate::enqueue::close_links(inner, &state, &error);
+        self.inner.end("aborted");
+    }
+
+    /// Gives up this handle (`ncclCommDestroy`). If another thread still
+    /// runs an operation on the communicator through another handle, that
+    /// operation is aborted, failing with an error that says the
+    /// communicator was destroyed, and its peers are told, rather than
+    /// left waiting for their deadline.
+    pub fn destroy(self) {
+        // The handles of calls in flight are clones of this one.
+        if Arc::strong_count(&self.inner) > 1 {
+            self.inner.end("destroyed");
         }
     }
 

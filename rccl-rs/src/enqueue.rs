@@ -28,6 +28,7 @@ use crate::executor::{
     Reduction, Run, Segment,
 };
 use crate::kernels::{ReduceKernel, Store};
+use crate::stuck::{self, Calls, Notices};
 use crate::tuning;
 use crate::types::{DataType, RedOp};
 
@@ -588,6 +589,9 @@ fn drive_to_the_end(
     deadline: std::time::Instant,
 ) -> Result<()> {
     let mut published = false;
+    // Created once the launch has waited long enough to tell its peers;
+    // dropped (taking the word back) when it ends.
+    let mut notices: SmallVec<[Notices<'_>; 1]> = SmallVec::new();
     let result = executor::drive(runs, deadline, &mut |runs, stalled| {
         if !published {
             for (comm, &(first, ops)) in comms.iter().zip(summaries) {
@@ -602,7 +606,15 @@ fn drive_to_the_end(
             published = true;
         }
         publish_stall(comms, runs, stalled);
-        find_mismatch(comms, guards, runs)
+        find_mismatch(comms, guards, runs).or_else(|| {
+            if stalled < stuck::NOTICE_AFTER {
+                return None;
+            }
+            if notices.is_empty() {
+                notices.extend(comms.iter().map(|comm| Notices::new(comm)));
+            }
+            compare_with_waiting_peers(&mut notices, runs, stalled)
+        })
     });
     if published {
         for comm in comms {
@@ -610,7 +622,9 @@ fn drive_to_the_end(
         }
     }
     result.map_err(|failure| {
-        let error = if failure.waiting.is_empty() {
+        let error = if comms[failure.comm].abort.load(Ordering::Relaxed) {
+            comms[failure.comm].ended_error()
+        } else if failure.waiting.is_empty() {
             failure.error
         } else {
             let report = hang_report(comms, &failure.waiting);
@@ -619,9 +633,12 @@ fn drive_to_the_end(
         };
         // The group's other operations stopped mid-flight too, with pieces
         // left in their connections: none of its communicators can go on.
-        for (comm, guard) in comms.iter().zip(guards) {
+        for (index, (comm, guard)) in comms.iter().zip(guards).enumerate() {
             comm.poison(&error);
-            close_links(comm, guard, &error);
+            let note = close_links(comm, guard, &error);
+            if let Some(notices) = notices.get_mut(index) {
+                notices.fail(&note);
+            }
         }
         error
     })
@@ -630,29 +647,43 @@ fn drive_to_the_end(
 /// Closes every connection of a failed communicator, telling each peer
 /// why, so that ranks waiting on this one stop at once with the cause
 /// instead of timing out. A failure that came from a peer's note is passed
-/// on unchanged: every rank names the rank where it started.
-pub(crate) fn close_links(comm: &CommInner, state: &crate::comm::ExecState, error: &Error) {
+/// on unchanged: every rank names the rank where it started. Returns the
+/// note.
+pub(crate) fn close_links(
+    comm: &CommInner,
+    state: &crate::comm::ExecState,
+    error: &Error,
+) -> String {
     let links = || state.links.iter().flatten().flatten();
     let note = links()
         .find_map(|link| link.conn.peer_note())
         .or_else(|| state.board.as_ref().and_then(|link| link.board.note()))
-        .unwrap_or_else(|| {
-            if comm.abort.load(Ordering::Relaxed) {
-                return format!("{} aborted its communicator", comm.describe(comm.rank));
-            }
-            let usage = matches!(error, Error::InvalidUsage(_));
-            format!(
-                "{}{} failed: {error}",
-                if usage { executor::USAGE_NOTE } else { "" },
-                comm.describe(comm.rank)
-            )
-        });
+        .unwrap_or_else(|| failure_note(comm, error));
     for link in links() {
         link.conn.close_with(&note);
     }
     if let Some(link) = &state.board {
         link.board.close_with(&note);
     }
+    note
+}
+
+/// What peers are told of this rank's failure: who failed and why, marked
+/// as a usage error every rank shares where it is one.
+fn failure_note(comm: &CommInner, error: &Error) -> String {
+    if comm.abort.load(Ordering::Relaxed) {
+        return format!(
+            "{} {} its communicator",
+            comm.describe(comm.rank),
+            comm.ended_how()
+        );
+    }
+    let usage = matches!(error, Error::InvalidUsage(_));
+    format!(
+        "{}{} failed: {error}",
+        if usage { executor::USAGE_NOTE } else { "" },
+        comm.describe(comm.rank)
+    )
 }
 
 /// Records what the stuck channels of a launch wait for, for hang reports
@@ -721,13 +752,34 @@ fn find_mismatch(
                 .filter(|tag| *tag != blocked.tag),
         };
         if let Some(tag) = theirs {
-            let error = Error::InvalidUsage(format!(
-                "ranks disagree on the operation: this rank called {} but {} called {}",
-                describe_call(blocked.tag),
-                comm.describe(peer),
-                describe_call(tag)
-            ));
+            let error = disagreement(blocked.tag, &comm.describe(peer), tag);
             return Some((driven.comm, error));
+        }
+    }
+    None
+}
+
+/// Tells the peers that the stuck runs wait on which calls they run, and
+/// compares what waiting peers said with those calls (see [`stuck`]).
+fn compare_with_waiting_peers(
+    notices: &mut [Notices<'_>],
+    runs: &[Driven<'_, '_>],
+    stalled: std::time::Duration,
+) -> Option<(usize, Error)> {
+    for (index, notices) in notices.iter_mut().enumerate() {
+        let mut calls = Calls::default();
+        let mut waiting_on: SmallVec<[usize; 4]> = SmallVec::new();
+        for driven in runs.iter().filter(|d| d.comm == index && d.run.busy()) {
+            driven.run.tags().for_each(|tag| calls.add(tag));
+            if let Some(blocked) = driven.run.blocked() {
+                waiting_on.push(blocked.peer);
+            }
+        }
+        for &peer in &waiting_on {
+            notices.tell(peer, &calls);
+        }
+        if let Some(error) = notices.check(&calls, &waiting_on, stalled) {
+            return Some((index, error));
         }
     }
     None
@@ -988,7 +1040,7 @@ struct Work {
 
 /// The tag of pieces of batched sends and receives: any send meets any
 /// receive, so only the kind of operation is checked.
-const P2P_CALL: u32 = 0xf;
+pub(crate) const P2P_CALL: u32 = 0xf;
 
 /// Packs a collective call into the tag its pieces carry.
 fn call_tag(
@@ -1039,6 +1091,16 @@ pub(crate) fn describe_call(tag: Tag) -> String {
         text += &format!(", root {}", tag.call >> 12);
     }
     text + ")"
+}
+
+/// The error of a rank that runs `mine` while `peer` (described) runs
+/// `theirs`.
+pub(crate) fn disagreement(mine: Tag, peer: &str, theirs: Tag) -> Error {
+    Error::InvalidUsage(format!(
+        "ranks disagree on the operation: this rank called {} but {peer} called {}",
+        describe_call(mine),
+        describe_call(theirs)
+    ))
 }
 
 /// The op that combines values already transformed on input: PreMulSum
@@ -1154,10 +1216,13 @@ fn connect(
     for dialing in [true, false] {
         for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
             let comm = &launch.comm;
-            let deadline = started + comm.config.timeout;
+            let setup = Setup {
+                launch,
+                deadline: started + comm.config.timeout,
+            };
             // Rank 0 makes the board (while dialing), the others map it.
             if !launch.board.is_empty() && guard.board.is_none() && (comm.rank == 0) == dialing {
-                guard.board = Some(open_board(comm).inspect_err(|err| comm.poison(err))?);
+                guard.board = Some(open_board(&setup).inspect_err(|err| comm.poison(err))?);
             }
             for (channel, work) in launch.channels.iter().enumerate() {
                 let peers = peers_of(work);
@@ -1165,7 +1230,7 @@ fn connect(
                     if guard.links[channel][peer].is_some() || comm.tcp.dials(peer) != dialing {
                         continue;
                     }
-                    let conn = open_connection(comm, peer, channel, dialing, deadline)
+                    let conn = open_connection(&setup, peer, channel, dialing)
                         .inspect_err(|err| comm.poison(err))?;
                     guard.links[channel][peer] = Some(Link {
                         conn,
@@ -1178,6 +1243,74 @@ fn connect(
     Ok(())
 }
 
+/// One communicator's connection setup within a launch.
+struct Setup<'l> {
+    launch: &'l CommLaunch,
+    deadline: std::time::Instant,
+}
+
+impl Setup<'_> {
+    /// The calls the launch runs on the communicator.
+    fn calls(&self) -> Calls {
+        let mut calls = Calls::default();
+        let launch = self.launch;
+        let channels = launch.channels.iter().flatten().map(|w| w.tag);
+        channels
+            .chain(launch.board.iter().map(|op| op.tag))
+            .for_each(|tag| calls.add(tag));
+        calls
+    }
+
+    /// Waits for `peer` to set up its side of `what`: `attempt(until)`
+    /// tries until `until` (`Ok(None)`: nothing yet). Between attempts it
+    /// tells the peer what this rank runs and compares what the peer said
+    /// (see [`stuck`]), so a peer that runs another call is reported at
+    /// once rather than at the deadline.
+    fn wait_for<T>(
+        &self,
+        peer: usize,
+        what: impl Fn() -> String,
+        mut attempt: impl FnMut(std::time::Instant) -> Result<Option<T>>,
+    ) -> Result<T> {
+        let comm = &self.launch.comm;
+        let start = std::time::Instant::now();
+        let mut told: Option<(Notices<'_>, Calls)> = None;
+        let result = (|| loop {
+            let until = self
+                .deadline
+                .min(std::time::Instant::now() + executor::STALL_CHECK_EVERY);
+            if let Some(got) = attempt(until)? {
+                return Ok(got);
+            }
+            let waited = start.elapsed();
+            if std::time::Instant::now() >= self.deadline {
+                return Err(Error::System(format!(
+                    "rank {} of {}: timed out after {:?} waiting for {} to set up {} for {} \
+                     (does it run the same calls?)",
+                    comm.rank,
+                    comm.nranks,
+                    comm.config.timeout,
+                    comm.describe(peer),
+                    what(),
+                    describe_call(self.calls().first())
+                )));
+            }
+            if waited >= stuck::NOTICE_AFTER {
+                let (notices, calls) =
+                    told.get_or_insert_with(|| (Notices::new(comm), self.calls()));
+                notices.tell(peer, calls);
+                if let Some(error) = notices.check(calls, &[peer], waited) {
+                    return Err(error);
+                }
+            }
+        })();
+        if let (Err(error), Some((notices, _))) = (&result, &mut told) {
+            notices.fail(&failure_note(comm, error));
+        }
+        result
+    }
+}
+
 /// Bootstrap tags of shared-memory segment names, one per channel.
 const SHM_TAG_BASE: u64 = 2 << 40;
 /// Bootstrap tag of the board's segment name.
@@ -1186,7 +1319,8 @@ const BOARD_TAG: u64 = 3 << 40;
 /// Makes (rank 0) or maps (the others) the communicator's board. Rank 0
 /// removes the segment's name once every rank has posted on it, which
 /// proves they all mapped it.
-fn open_board(comm: &CommInner) -> Result<BoardLink> {
+fn open_board(setup: &Setup<'_>) -> Result<BoardLink> {
+    let comm = &setup.launch.comm;
     let (nranks, capacity) = (comm.nranks, comm.config.board_bytes);
     let failed = |what: &str, e: std::io::Error| {
         Error::Remote(format!("rank {}: {what} the board: {e}", comm.rank))
@@ -1200,7 +1334,11 @@ fn open_board(comm: &CommInner) -> Result<BoardLink> {
         }
         board
     } else {
-        let name = comm.bootstrap.recv(0, BOARD_TAG)?;
+        let name = setup.wait_for(
+            0,
+            || "the board".to_string(),
+            |until| comm.bootstrap.recv_until(0, BOARD_TAG, until),
+        )?;
         let name = String::from_utf8(name).map_err(|_| {
             Error::Remote(format!("{} sent a malformed board name", comm.describe(0)))
         })?;
@@ -1247,12 +1385,12 @@ fn open_board(comm: &CommInner) -> Result<BoardLink> {
 /// dialing (lower) rank creates it, the other side joins what was created.
 /// Shared memory within a host, TCP otherwise.
 fn open_connection(
-    comm: &CommInner,
+    setup: &Setup<'_>,
     peer: usize,
     channel: usize,
     creating: bool,
-    deadline: std::time::Instant,
 ) -> Result<Box<dyn Connection>> {
+    let comm = &setup.launch.comm;
     let shape = comm.config.fifo_shape();
     let failed = |what: &str, e: std::io::Error| {
         Error::Remote(format!(
@@ -1270,7 +1408,11 @@ fn open_connection(
             comm.bootstrap.send(peer, tag, segment.name().as_bytes())?;
             segment
         } else {
-            let name = comm.bootstrap.recv(peer, tag)?;
+            let name = setup.wait_for(
+                peer,
+                || format!("the shared-memory connection on channel {channel}"),
+                |until| comm.bootstrap.recv_until(peer, tag, until),
+            )?;
             let name = String::from_utf8(name).map_err(|_| {
                 Error::Remote(format!(
                     "{} sent a malformed segment name",
@@ -1302,11 +1444,19 @@ fn open_connection(
     }
     let stream = if creating {
         comm.tcp
-            .dial(peer, comm.peers[peer].data_addr, channel, deadline)
+            .dial(peer, comm.peers[peer].data_addr, channel, setup.deadline)
+            .map_err(|e| failed("connecting to", e))?
     } else {
-        comm.tcp.accept_from(peer, channel, deadline, &comm.abort)
-    }
-    .map_err(|e| failed("connecting to", e))?;
+        setup.wait_for(
+            peer,
+            || format!("the network connection on channel {channel}"),
+            |until| match comm.tcp.accept_from(peer, channel, until, &comm.abort) {
+                Ok(stream) => Ok(Some(stream)),
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Ok(None),
+                Err(e) => Err(failed("connecting to", e)),
+            },
+        )?
+    };
     tracing::info!(
         target: crate::debug::NET,
         "[{}] Channel {channel:02} : {} -> {peer} via NET/Socket ({})",

@@ -422,12 +422,11 @@ impl<'a> Piece<'_, 'a> {
         match fifo.try_peek() {
             Some((slot, bytes, tag)) => {
                 if tag != self.op.tag {
-                    return Err(Error::InvalidUsage(format!(
-                        "ranks disagree on the operation: this rank called {} but {} called {}",
-                        crate::enqueue::describe_call(self.op.tag),
-                        link.peer_name,
-                        crate::enqueue::describe_call(tag)
-                    )));
+                    return Err(crate::enqueue::disagreement(
+                        self.op.tag,
+                        &link.peer_name,
+                        tag,
+                    ));
                 }
                 let elem = self.op.elem_size;
                 if bytes == 0 || bytes % elem != 0 || bytes / elem > remaining {
@@ -791,12 +790,11 @@ impl<'a> BoardRun<'a> {
 
     fn check(&self, op: &BoardOp, peer: usize, tag: Tag, len: usize) -> Result<()> {
         if tag != op.tag {
-            return Err(Error::InvalidUsage(format!(
-                "ranks disagree on the operation: this rank called {} but {} called {}",
-                crate::enqueue::describe_call(op.tag),
-                self.link.names[peer],
-                crate::enqueue::describe_call(tag)
-            )));
+            return Err(crate::enqueue::disagreement(
+                op.tag,
+                &self.link.names[peer],
+                tag,
+            ));
         }
         if len != op.count * op.elem_size {
             return Err(Error::Remote(format!(
@@ -891,6 +889,18 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// The tags of the operations it has yet to finish.
+    pub fn tags(&self) -> impl Iterator<Item = Tag> + '_ {
+        let (channel, board) = match self {
+            Run::Channel(run) => (Some(run.ops.iter().map(|w| w.tag)), None),
+            Run::Board(run) => (None, Some(run.ops[run.done..].iter().map(|o| o.tag))),
+        };
+        channel
+            .into_iter()
+            .flatten()
+            .chain(board.into_iter().flatten())
+    }
+
     /// Where the run moves data, for reports: "channel 2" or "the board".
     pub fn place(&self) -> String {
         match self {
@@ -924,7 +934,7 @@ pub struct Driven<'a, 'f> {
 pub const USAGE_NOTE: &str = "usage|";
 
 /// The error a rank reports when a peer closed a connection with `note`.
-fn note_error(note: &str, context: &str) -> Error {
+pub(crate) fn note_error(note: &str, context: &str) -> Error {
     match note.strip_prefix(USAGE_NOTE) {
         Some(rest) => Error::InvalidUsage(format!("{context}: {rest}")),
         None => Error::Remote(format!("{context}: {note}")),

@@ -18,6 +18,7 @@ pub mod fault;
 pub mod kernels;
 pub mod net;
 pub mod signal;
+mod stuck;
 pub mod tuning;
 pub mod types;
 
