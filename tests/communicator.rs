@@ -379,6 +379,7 @@ fn calls_that_leave_every_rank_waiting_fail_quickly_naming_both() {
         ..test_config()
     };
     let quickly = |start: Instant| {
+        eprintln!("mismatch reported after {:?}", start.elapsed());
         assert!(
             start.elapsed() < Duration::from_secs(8),
             "{:?}",
