@@ -457,6 +457,7 @@ impl Communicator {
         config.validate()?;
         crate::debug::init();
         crate::tuning::register_schedule_files_from_env()?;
+        crate::tuning::check_algorithm_names(&config.algo)?;
         let abort = Arc::new(AtomicBool::new(false));
         let bootstrap = Bootstrap::init(id, rank, nranks, config.timeout, abort.clone())?;
         let ip = bootstrap.peer_addr(rank).ip();
