@@ -46,19 +46,23 @@ fn engine(what: &str) -> impl Fn(rccl::Error) -> String + '_ {
 /// status follows nccl-tests (non-zero on wrong data or failures).
 pub fn main(coll: Coll) -> ExitCode {
     let args = Args::parse();
-    let launch = Launch::detect();
-    if args.procs > 1 && matches!(launch, Launch::Threads) {
-        return launch::spawn_local(args.procs);
-    }
-    match run(coll, &args, launch) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(msg) => {
-            println!("{msg}");
-            let _ = std::io::stdout().flush();
-            ExitCode::from(2)
+    let outcome = Launch::detect().and_then(|launch| {
+        if args.procs > 1 && matches!(launch, Launch::Threads) {
+            return Ok(launch::spawn_local(args.procs));
         }
-    }
+        run(coll, &args, launch).map(|ok| {
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        })
+    });
+    outcome.unwrap_or_else(|msg| {
+        println!("{msg}");
+        let _ = std::io::stdout().flush();
+        ExitCode::from(2)
+    })
 }
 
 /// The host's name.
@@ -181,7 +185,12 @@ fn run_ranks(
                 comms.push(it.by_ref().take(args.ngpus).collect());
             }
         }
-        Launch::Env { nranks, .. } | Launch::Mpi { nranks, .. } => {
+        Launch::Env {
+            nranks, local_rank, ..
+        }
+        | Launch::Mpi {
+            nranks, local_rank, ..
+        } => {
             if args.nthreads * args.ngpus != 1 {
                 return Err(format!(
                     "with one process per rank ({nranks} ranks from the environment), -t and -g must be 1"
@@ -190,7 +199,7 @@ fn run_ranks(
             let (comm, session) = launch::join(launch)?;
             _mpi = session;
             comms.push(vec![comm]);
-            device_base = launch::local_rank_from_env();
+            device_base = *local_rank;
             ranks_per_proc = 1;
         }
     }
