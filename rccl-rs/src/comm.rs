@@ -633,6 +633,17 @@ impl Communicator {
     /// ranks passing `None` (NCCL's `NCCL_SPLIT_NOCOLOR`) take part but get
     /// no communicator. Every rank must call it.
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        self.split_config(color, key, self.inner.config.clone())
+    }
+
+    /// As [`Communicator::split`], the new communicator with settings
+    /// `config` (`ncclCommSplit`'s config).
+    pub fn split_config(
+        &self,
+        color: Option<u32>,
+        key: i32,
+        config: Config,
+    ) -> Result<Option<Communicator>> {
         let inner = &self.inner;
         inner.check_usable()?;
         let split = inner.splits.fetch_add(1, Ordering::Relaxed);
@@ -679,7 +690,7 @@ impl Communicator {
                 ))
             })?)
         };
-        Communicator::init_rank_config(members.len(), &id, new_rank, inner.config.clone()).map(Some)
+        Communicator::init_rank_config(members.len(), &id, new_rank, config).map(Some)
     }
 
     /// Waits until every rank has finished its outstanding work
