@@ -300,6 +300,29 @@ fn ranks_that_disagree_on_settings_are_told_at_init() {
     }
 }
 
+#[test]
+fn an_unknown_algorithm_name_is_refused_at_init_naming_it() {
+    let config = Config {
+        algo: rccl::tuning::Selection::parse("NCCL_ALGO", "ring,bogus").unwrap(),
+        ..short_timeout()
+    };
+    let started = Instant::now();
+    let err = Communicator::init_all_config(2, config).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("unknown algorithm \"bogus\"") && m.contains("known: ring, direct, tree")),
+        "{err}"
+    );
+    assert_eq!(err.code(), 4, "ncclInvalidArgument");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // NCCL's algorithms without an implementation here are accepted.
+    let config = Config {
+        algo: rccl::tuning::Selection::parse("NCCL_ALGO", "^NVLS,CollNetDirect").unwrap(),
+        ..short_timeout()
+    };
+    let comms = Communicator::init_all_config(2, config).unwrap();
+    assert_eq!(comms.len(), 2);
+}
+
 /// Runs `a` on rank 0 and `b` on rank 1 of `comms`, both expected to fail.
 fn both_fail(
     comms: &[Communicator],

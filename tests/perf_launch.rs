@@ -2,7 +2,8 @@
 //! column) on 4 ranks in each launch mode without MPI: threads, processes
 //! joining through torchrun's variables, Slurm's and MPI launchers'
 //! variables with `NCCL_COMM_ID`, and `--procs`; the corruption switch is
-//! counted as wrong in process mode too.
+//! counted as wrong in process mode too. A launcher variable naming no
+//! rank of the job is refused.
 
 use std::process::{Child, Command, Output, Stdio};
 
@@ -29,6 +30,9 @@ const LAUNCHER_VARS: &[&str] = &[
     "PMIX_RANK",
     "SLURM_PROCID",
     "SLURM_NTASKS",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "SLURM_LOCALID",
     "NCCL_TESTS_MIN_BW",
     "RCCL_PERF_CORRUPT",
 ];
@@ -232,4 +236,64 @@ fn processes_reject_threads_per_process() {
     .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("-t and -g must be 1"));
+}
+
+/// A launcher's variable that names no rank of the job (out of range, not
+/// a number, negative, a world of 0 ranks, a bad local rank) is refused at
+/// once, naming the variable and its value, instead of running alone.
+#[test]
+fn launcher_variables_naming_no_rank_of_the_job_are_refused() {
+    let port = free_port().to_string();
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[("RANK", "2"), ("WORLD_SIZE", "2")],
+            "RANK=2 is out of range for WORLD_SIZE=2",
+        ),
+        (&[("RANK", "abc"), ("WORLD_SIZE", "2")], "RANK=\"abc\""),
+        (&[("RANK", "-1"), ("WORLD_SIZE", "2")], "RANK=\"-1\""),
+        (&[("RANK", "0"), ("WORLD_SIZE", "0")], "WORLD_SIZE=0"),
+        (
+            &[("OMPI_COMM_WORLD_RANK", "4"), ("OMPI_COMM_WORLD_SIZE", "4")],
+            "OMPI_COMM_WORLD_RANK=4 is out of range for OMPI_COMM_WORLD_SIZE=4",
+        ),
+        (
+            &[("SLURM_PROCID", "x"), ("SLURM_NTASKS", "4")],
+            "SLURM_PROCID=\"x\"",
+        ),
+        (&[("PMI_RANK", "-1"), ("PMI_SIZE", "2")], "PMI_RANK=\"-1\""),
+        // The rank is valid: only the local rank is wrong, so the old
+        // behaviour was to wait for the root.
+        (
+            &[("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "x")],
+            "LOCAL_RANK=\"x\"",
+        ),
+        (
+            &[("RANK", "1"), ("WORLD_SIZE", "2"), ("SLURM_LOCALID", "2")],
+            "SLURM_LOCALID=2 is out of range",
+        ),
+    ];
+    for &(vars, says) in cases {
+        let mut cmd = command(
+            env!("CARGO_BIN_EXE_all_reduce_perf"),
+            &["-b", "8", "-e", "8", "-d", "float", "-o", "sum"],
+            false,
+        );
+        cmd.envs(vars.iter().copied())
+            .env("NCCL_COMM_ID", format!("127.0.0.1:{port}"))
+            .env("RCCL_TIMEOUT_MS", "3000")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let started = std::time::Instant::now();
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(2), "{vars:?}:\n{text}");
+        assert!(
+            text.contains("refusing to start") && text.contains(says),
+            "{vars:?}: expected {says:?} in:\n{text}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "{vars:?}"
+        );
+    }
 }

@@ -173,13 +173,12 @@ impl Config {
                 self.fifo_shape()
             )));
         }
-        for name in self.proto.names() {
-            if protocol_by_name(name).is_none() {
-                return Err(Error::InvalidArgument(format!(
-                    "NCCL_PROTO names an unknown protocol {name:?} (LL, LL128, Simple)"
-                )));
-            }
-        }
+        self.proto.check_names(
+            "NCCL_PROTO",
+            "protocol",
+            &Protocol::ALL.map(Protocol::name),
+            &[],
+        )?;
         if self.board_bytes > MAX_BOARD_BYTES {
             return Err(Error::InvalidArgument(format!(
                 "RCCL_BOARD_BYTES={} is above {MAX_BOARD_BYTES}",
@@ -230,13 +229,6 @@ pub(crate) fn env_usize(name: &str) -> Result<Option<usize>> {
             .map_err(|_| Error::InvalidArgument(format!("{name}={text:?} is not a number"))),
         Err(_) => Ok(None),
     }
-}
-
-/// The protocol NCCL calls `name` (any case).
-pub fn protocol_by_name(name: &str) -> Option<Protocol> {
-    Protocol::ALL
-        .into_iter()
-        .find(|p| p.name().eq_ignore_ascii_case(name))
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use rccl::{CollCall, CollKind, Communicator, DataType, RedOp};
+use rccl::tuning::Selection;
+use rccl::{CollCall, CollKind, Communicator, Config, DataType, RedOp};
 
 use std::sync::Mutex;
 
@@ -46,19 +47,23 @@ fn engine(what: &str) -> impl Fn(rccl::Error) -> String + '_ {
 /// status follows nccl-tests (non-zero on wrong data or failures).
 pub fn main(coll: Coll) -> ExitCode {
     let args = Args::parse();
-    let launch = Launch::detect();
-    if args.procs > 1 && matches!(launch, Launch::Threads) {
-        return launch::spawn_local(args.procs);
-    }
-    match run(coll, &args, launch) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(msg) => {
-            println!("{msg}");
-            let _ = std::io::stdout().flush();
-            ExitCode::from(2)
+    let outcome = Launch::detect().and_then(|launch| {
+        if args.procs > 1 && matches!(launch, Launch::Threads) {
+            return Ok(launch::spawn_local(args.procs));
         }
-    }
+        run(coll, &args, launch).map(|ok| {
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        })
+    });
+    outcome.unwrap_or_else(|msg| {
+        println!("{msg}");
+        let _ = std::io::stdout().flush();
+        ExitCode::from(2)
+    })
 }
 
 /// The host's name.
@@ -167,21 +172,29 @@ fn run_ranks(
     if is_main_proc {
         print!("{}", run_header(coll, args, per_iter));
     }
-    let mut comms: Vec<Vec<Communicator>> = Vec::new();
+    // Per thread, each rank's measured and bookkeeping communicators.
+    let mut comms: Vec<Vec<(Communicator, Communicator)>> = Vec::new();
     let mut device_base = 0;
     let mut ranks_per_proc = args.nthreads * args.ngpus;
     // Keeps MPI initialized until every rank is done.
     let mut _mpi = None;
     match launch {
         Launch::Threads => {
-            let all = Communicator::init_all(args.nthreads * args.ngpus)
-                .map_err(engine("ncclCommInitAll"))?;
-            let mut it = all.into_iter();
+            let nranks = args.nthreads * args.ngpus;
+            let all = Communicator::init_all(nranks).map_err(engine("ncclCommInitAll"))?;
+            let books = Communicator::init_all_config(nranks, bookkeeping_config(all[0].config()))
+                .map_err(engine("ncclCommInitAll (bookkeeping)"))?;
+            let mut it = all.into_iter().zip(books);
             for _ in 0..args.nthreads {
                 comms.push(it.by_ref().take(args.ngpus).collect());
             }
         }
-        Launch::Env { nranks, .. } | Launch::Mpi { nranks, .. } => {
+        Launch::Env {
+            nranks, local_rank, ..
+        }
+        | Launch::Mpi {
+            nranks, local_rank, ..
+        } => {
             if args.nthreads * args.ngpus != 1 {
                 return Err(format!(
                     "with one process per rank ({nranks} ranks from the environment), -t and -g must be 1"
@@ -189,8 +202,16 @@ fn run_ranks(
             }
             let (comm, session) = launch::join(launch)?;
             _mpi = session;
-            comms.push(vec![comm]);
-            device_base = launch::local_rank_from_env();
+            let books = comm
+                .split_config(
+                    Some(0),
+                    comm.rank() as i32,
+                    bookkeeping_config(comm.config()),
+                )
+                .map_err(engine("ncclCommSplit (bookkeeping)"))?
+                .ok_or("the bookkeeping split gave this rank no communicator")?;
+            comms.push(vec![(comm, books)]);
+            device_base = *local_rank;
             ranks_per_proc = 1;
         }
     }
@@ -236,6 +257,29 @@ fn run_ranks(
         }
     }
     Ok(ok)
+}
+
+/// FIFO bytes per connection of the bookkeeping communicators, whose
+/// messages are a few numbers per rank.
+const BOOKKEEPING_FIFO_BYTES: usize = 64 << 10;
+
+/// Settings of the communicators the harness's own bookkeeping runs on
+/// (the device list, barriers, times and error counts), beside the
+/// measured ones as nccl-tests keeps its bookkeeping in MPI: the measured
+/// settings without `NCCL_ALGO` / `NCCL_PROTO`, which are meant for the
+/// measured collective alone (`NCCL_ALGO=tree` leaves all-gather no
+/// algorithm), and with small FIFOs on one channel.
+fn bookkeeping_config(measured: &Config) -> Config {
+    Config {
+        proto: Selection::default(),
+        algo: Selection::default(),
+        buffsize: BOOKKEEPING_FIFO_BYTES,
+        ll_buffsize: BOOKKEEPING_FIFO_BYTES,
+        ll128_buffsize: BOOKKEEPING_FIFO_BYTES,
+        min_channels: 1,
+        max_channels: 1,
+        ..measured.clone()
+    }
 }
 
 /// Settings shared by every thread of a run.
@@ -313,7 +357,10 @@ impl Buffer {
 }
 
 struct Rank {
+    /// What is measured.
     comm: Communicator,
+    /// The harness's own collectives ([`bookkeeping_config`]).
+    books: Communicator,
     send: Buffer,
     recv: Buffer,
 }
@@ -365,6 +412,7 @@ impl Drop for Worker<'_> {
         if std::thread::panicking() {
             for r in &self.ranks {
                 r.comm.abort();
+                r.books.abort();
             }
         }
     }
@@ -405,18 +453,19 @@ impl<'a> Worker<'a> {
     fn new(
         coll: Coll,
         args: &'a Args,
-        comms: Vec<Communicator>,
+        comms: Vec<(Communicator, Communicator)>,
         main: bool,
         device_base: usize,
         json: Option<&'a Mutex<JsonDoc>>,
         setup: RunSetup,
     ) -> Res<Worker<'a>> {
-        let nranks = comms.first().map_or(1, |c| c.count());
+        let nranks = comms.first().map_or(1, |(c, _)| c.count());
         let bytes = args.maxbytes + args.unalign * 8;
         let ranks = comms
             .into_iter()
-            .map(|comm| Rank {
+            .map(|(comm, books)| Rank {
                 comm,
+                books,
                 send: Buffer::new(bytes),
                 recv: Buffer::new(bytes),
             })
@@ -454,6 +503,7 @@ impl<'a> Worker<'a> {
         if r.is_err() {
             for rank in &self.ranks {
                 rank.comm.abort();
+                rank.books.abort();
             }
         }
         r
@@ -539,7 +589,7 @@ impl<'a> Worker<'a> {
                 // SAFETY: s holds REC bytes and r holds REC * n bytes, both
                 // alive until the group ends below.
                 unsafe {
-                    rank.comm.collective_raw(
+                    rank.books.collective_raw(
                         CollCall {
                             kind: CollKind::AllGather,
                             count: REC,
@@ -657,7 +707,7 @@ impl<'a> Worker<'a> {
                 };
                 // SAFETY: one f64 each, alive until the group ends.
                 unsafe {
-                    rank.comm.collective_raw(
+                    rank.books.collective_raw(
                         CollCall {
                             kind,
                             count: 1,
@@ -1053,7 +1103,7 @@ impl<'a> Worker<'a> {
                 // SAFETY: values holds len f64 and r holds len * nranks, both
                 // alive until the group ends.
                 unsafe {
-                    rank.comm.collective_raw(
+                    rank.books.collective_raw(
                         CollCall {
                             kind: CollKind::AllGather,
                             count: len,

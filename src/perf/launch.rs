@@ -19,6 +19,8 @@ pub enum Launch {
         rank: usize,
         /// Ranks (processes) in all.
         nranks: usize,
+        /// This process's index among those of its host.
+        local_rank: usize,
     },
     /// One rank per process under mpirun / mpiexec, joining through an id
     /// that rank 0 broadcasts with MPI (the `mpi` feature).
@@ -27,23 +29,38 @@ pub enum Launch {
         rank: usize,
         /// Ranks (processes) in all.
         nranks: usize,
+        /// This process's index among those of its host.
+        local_rank: usize,
     },
 }
 
 impl Launch {
-    /// The launch this process is in, from its environment.
-    pub fn detect() -> Launch {
-        let (rank, nranks) = match rccl::comm::rank_from_env() {
-            Ok((rank, nranks)) if nranks > 1 => (rank, nranks),
-            _ => return Launch::Threads,
+    /// The launch this process is in, from its environment. A launcher's
+    /// variable that names no rank of the job is refused (running alone
+    /// would leave the job's real ranks waiting for this one).
+    pub fn detect() -> Result<Launch, String> {
+        let refused = |reason: String| format!("refusing to start: {reason}");
+        let launcher = rccl::comm::launcher_rank_from_env().map_err(|e| refused(e.to_string()))?;
+        let (rank, nranks) = match launcher {
+            Some((rank, nranks)) if nranks > 1 => (rank, nranks),
+            _ => return Ok(Launch::Threads),
         };
+        let local_rank = local_rank_from_env(nranks).map_err(refused)?;
         let has_address =
             std::env::var_os("NCCL_COMM_ID").is_some() || std::env::var_os("MASTER_ADDR").is_some();
-        if cfg!(feature = "mpi") && !has_address && under_mpi() {
-            Launch::Mpi { rank, nranks }
+        Ok(if cfg!(feature = "mpi") && !has_address && under_mpi() {
+            Launch::Mpi {
+                rank,
+                nranks,
+                local_rank,
+            }
         } else {
-            Launch::Env { rank, nranks }
-        }
+            Launch::Env {
+                rank,
+                nranks,
+                local_rank,
+            }
+        })
     }
 
     /// A word for the JSON file: "threads", "env" or "mpi".
@@ -64,17 +81,29 @@ fn under_mpi() -> bool {
         .any(|v| std::env::var_os(v).is_some())
 }
 
-/// This process's index among the processes of its host.
-pub fn local_rank_from_env() -> usize {
-    [
+/// This process's index among the processes of its host, from the first
+/// launcher variable set (0 without one), in a job of `nranks` ranks; a
+/// value that is not a number below `nranks` is an error naming it.
+fn local_rank_from_env(nranks: usize) -> Result<usize, String> {
+    let Some((name, text)) = [
         "LOCAL_RANK",
         "OMPI_COMM_WORLD_LOCAL_RANK",
         "MPI_LOCALRANKID",
         "SLURM_LOCALID",
     ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
-    .unwrap_or(0)
+    .into_iter()
+    .find_map(|name| Some((name, std::env::var(name).ok()?))) else {
+        return Ok(0);
+    };
+    match text.trim().parse::<usize>() {
+        Ok(local) if local < nranks => Ok(local),
+        Ok(local) => Err(format!(
+            "{name}={local} is out of range for a job of {nranks} ranks"
+        )),
+        Err(_) => Err(format!(
+            "{name}={text:?} is not a local rank (a whole number from 0)"
+        )),
+    }
 }
 
 /// What keeps MPI initialized (finalized when dropped).
@@ -93,7 +122,7 @@ pub fn join(launch: &Launch) -> Result<(Communicator, Option<MpiSession>), Strin
             Communicator::from_env().map_err(engine("ncclCommInitRank"))?,
             None,
         )),
-        Launch::Mpi { rank, nranks } => join_mpi(rank, nranks),
+        Launch::Mpi { rank, nranks, .. } => join_mpi(rank, nranks),
     }
 }
 
