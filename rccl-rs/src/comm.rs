@@ -569,7 +569,9 @@ impl Communicator {
     /// Joins the communicator described by the environment:
     /// `NCCL_COMM_ID=host:port` with `RANK`/`WORLD_SIZE` (or the torchrun
     /// variables `MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`). Rank 0
-    /// serves the rendezvous at that address.
+    /// serves the rendezvous at that address. The ranks authenticate with a
+    /// secret from `NCCL_COMM_SECRET` or the user's key file and the
+    /// launcher's job name ([`UniqueId::from_address`]).
     pub fn from_env() -> Result<Communicator> {
         let (rank, nranks) = rank_from_env()?;
         let addr = match std::env::var("NCCL_COMM_ID") {
@@ -731,7 +733,7 @@ impl Drop for CommInner {
 
 const SPLIT_TAG_BASE: u64 = 1 << 40;
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
