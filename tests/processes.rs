@@ -174,6 +174,7 @@ fn role_child(
     ]);
     for var in [
         "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_USE_AGENT_STORE",
         "PMIX_NAMESPACE",
         "OMPI_MCA_ess_base_jobid",
         "SLURM_JOB_ID",
@@ -313,5 +314,30 @@ fn without_a_job_name_a_rank_registered_twice_fails_both_jobs_naming_both() {
         !ok && stderr.contains("another job or program is using this address"),
         "{stderr}"
     );
+    std::fs::remove_dir_all(&home).unwrap();
+}
+
+/// torchrun's agent serves its own store on MASTER_PORT (and says so with
+/// TORCHELASTIC_USE_AGENT_STORE): the ranks meet on the next port.
+#[test]
+fn under_torchrun_the_rendezvous_leaves_master_port_to_its_store() {
+    let (_store, port) = loop {
+        let store = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = store.local_addr().unwrap().port();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            break (store, port);
+        }
+    };
+    let home = scratch_home("torchrun");
+    let torchrun = [
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ("TORCHELASTIC_RUN_ID", "8c5539b8"),
+    ];
+    let ranks = (0..2)
+        .map(|r| role_child("allreduce", (r, 2), port, &home, &torchrun))
+        .collect();
+    for (ok, stderr) in finish(ranks) {
+        assert!(ok, "{stderr}");
+    }
     std::fs::remove_dir_all(&home).unwrap();
 }
