@@ -299,6 +299,7 @@ fn without_a_job_name_a_rank_registered_twice_fails_both_jobs_naming_both() {
     let t = Instant::now();
     let outcomes = finish(vec![a0, a1, b1]);
     let took = t.elapsed();
+    eprintln!("both jobs' registrants failed within {took:?}");
     for (ok, stderr) in &outcomes {
         assert!(
             !ok && stderr.contains("rank 1 registered twice")
