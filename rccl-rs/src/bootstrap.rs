@@ -298,11 +298,15 @@ struct RootQueue {
     incoming: Vec<Root>,
     /// Wakes the service thread; `None` when no thread runs.
     wake: Option<UnixStream>,
+    /// The process whose thread `wake` reaches: a child forked while it ran
+    /// has the queue but not the thread.
+    pid: u32,
 }
 
 static ROOT_QUEUE: std::sync::Mutex<RootQueue> = std::sync::Mutex::new(RootQueue {
     incoming: Vec::new(),
     wake: None,
+    pid: 0,
 });
 
 /// Hands `root` to the root service: one thread per process serves every
@@ -310,6 +314,12 @@ static ROOT_QUEUE: std::sync::Mutex<RootQueue> = std::sync::Mutex::new(RootQueue
 fn spawn_root(root: Root) -> Result<()> {
     let addr = root.addr;
     let mut queue = ROOT_QUEUE.lock().unwrap_or_else(|e| e.into_inner());
+    if queue.wake.is_some() && queue.pid != std::process::id() {
+        // Forked: the roots queued before are the parent's to serve (this
+        // drops only the child's copies of their sockets).
+        queue.wake = None;
+        queue.incoming.clear();
+    }
     queue.incoming.push(root);
     if let Some(wake) = &queue.wake {
         // A full wake-up pipe already has the thread's attention.
@@ -327,6 +337,7 @@ fn spawn_root(root: Root) -> Result<()> {
     match started {
         Ok(wake) => {
             queue.wake = Some(wake);
+            queue.pid = std::process::id();
             Ok(())
         }
         Err(e) => {
