@@ -326,11 +326,16 @@ pub fn connect_until(
                 if left.is_zero() {
                     return Err(context(e, format_args!("handshake with {addr}")));
                 }
-                std::thread::sleep(backoff.min(left));
-                backoff = (backoff * 2).min(Duration::from_millis(100));
+                back_off(&mut backoff, left);
             }
         }
     }
+}
+
+/// Sleeps `backoff` (at most `left`), then doubles it, up to 100 ms.
+fn back_off(backoff: &mut Duration, left: Duration) {
+    std::thread::sleep((*backoff).min(left));
+    *backoff = (*backoff * 2).min(Duration::from_millis(100));
 }
 
 /// Opens the TCP connection, retrying refusals until `deadline`.
@@ -355,8 +360,7 @@ fn connect_tcp(
                 if left.is_zero() {
                     return Err(context(e, format_args!("connecting to {addr}")));
                 }
-                std::thread::sleep((*backoff).min(left));
-                *backoff = (*backoff * 2).min(Duration::from_millis(100));
+                back_off(backoff, left);
             }
             Err(e) => return Err(context(e, format_args!("connecting to {addr}"))),
         }
@@ -510,7 +514,7 @@ enum Advance {
 }
 
 impl Handshake {
-    /// Accepts `stream` and sends the greeting.
+    /// Takes an accepted `stream` and sends the greeting.
     fn start(stream: TcpStream, peer: SocketAddr, deadline: Instant) -> io::Result<Handshake> {
         stream.set_nonblocking(true)?;
         stream.set_nodelay(true)?;
