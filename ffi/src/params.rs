@@ -21,6 +21,8 @@ const KNOWN: &[(&str, Option<&str>)] = &[
     ("NCCL_MAX_NCHANNELS", Some("2")),
     ("NCCL_COMM_ID", None),
     ("NCCL_COMM_SECRET", None),
+    ("RCCL_KEY_FILE", None),
+    ("RCCL_INSECURE_ADDRESS_SECRET", None),
     ("NCCL_SOCKET_IFNAME", None),
     ("RCCL_TIMEOUT_MS", Some("300000")),
     ("RCCL_BOARD_BYTES", Some("65536")),

@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use rccl_transports::socket::{self, AuthListener, Secret};
-use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::net::host_address;
@@ -44,6 +43,13 @@ const ADDR_LEN: usize = 1 + 2 + 16 + 4;
 const ROOT_OK: u8 = 0;
 const ROOT_USAGE: u8 = 1;
 const ROOT_SYSTEM: u8 = 2;
+/// Where the id's flags byte sits: after the magic, version, address and
+/// secret.
+const FLAGS_AT: usize = 5 + ADDR_LEN + 32;
+/// The id was derived from an address ([`UniqueId::from_address`]).
+const FLAG_FROM_ADDRESS: u8 = 1;
+/// ... and no launcher named the job: its root settles before answering.
+const FLAG_UNNAMED_JOB: u8 = 2;
 /// Message kinds, kept apart in the mailbox.
 const KIND_USER: u8 = 0;
 const KIND_COLL: u8 = 1;
@@ -52,9 +58,9 @@ const MSG_HEADER: usize = 1 + 8;
 /// How long a root with no registered rank waits before exiting.
 const DEFAULT_ROOT_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a client of the root or of a rank's listener may take to
-/// authenticate. The listeners run handshakes one at a time, so a silent
-/// client stalls them this long; a handshake on a cluster network takes
-/// milliseconds.
+/// authenticate (a handshake on a cluster network takes milliseconds).
+/// Handshakes run concurrently: a silent client only holds its own slot
+/// this long.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often waits check the abort flag.
 const ABORT_POLL: Duration = Duration::from_millis(10);
@@ -122,7 +128,8 @@ fn secs(d: Duration) -> String {
 /// the communicator's secret).
 ///
 /// Layout: `RCID` magic, version, address family (4/6), port (LE), 16
-/// address bytes, IPv6 scope id (LE), 32-byte secret, zero padding.
+/// address bytes, IPv6 scope id (LE), 32-byte secret, flags (derived from
+/// an address; job not named by its launcher), zero padding.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct UniqueId(pub [u8; 128]);
 
@@ -137,11 +144,13 @@ impl fmt::Debug for UniqueId {
 
 impl UniqueId {
     /// Like `ncclGetUniqueId`: binds a root listener on this host's
-    /// bootstrap address ([`host_address`]), starts the root rendezvous
-    /// thread and returns the id naming it. The thread serves one
-    /// communicator's init and exits; it also exits by itself once the
-    /// registered ranks' timeout passes (or after 300 s if no rank ever
-    /// registers; `RCCL_BOOTSTRAP_ROOT_TIMEOUT` in seconds overrides).
+    /// bootstrap address ([`host_address`]) and returns the id naming it,
+    /// with a fresh random secret. One thread per process serves every
+    /// root until its communicator's ranks have all registered (or the
+    /// registered ranks' timeout passes). A root nobody registers at is
+    /// released after `RCCL_BOOTSTRAP_ROOT_TIMEOUT` seconds (default 300),
+    /// or sooner when the process holds more than 64 such roots (the
+    /// oldest first).
     pub fn new() -> Result<UniqueId> {
         UniqueId::new_on(host_address()?)
     }
@@ -152,8 +161,8 @@ impl UniqueId {
         let mut listener = AuthListener::bind(SocketAddr::new(ip, 0), secret)
             .map_err(|e| Error::io("bootstrap: binding the root listener", e))?;
         listener.set_handshake_timeout(HANDSHAKE_TIMEOUT);
-        let id = UniqueId::encode(listener.local_addr(), &secret);
-        spawn_root(listener)?;
+        let id = UniqueId::encode(listener.local_addr(), &secret, 0);
+        spawn_root(Root::new(listener, false))?;
         Ok(id)
     }
 
@@ -161,10 +170,14 @@ impl UniqueId {
     /// every rank derives the same id from the address. Rank 0 must also
     /// call [`UniqueId::serve_root`] to start the root there.
     ///
-    /// The secret is a hash of the resolved address and of
-    /// `NCCL_COMM_SECRET` (or `RCCL_COMM_SECRET`) if set. Without one of
-    /// those variables the secret is only as good as the address: anyone
-    /// who knows the address can join or impersonate ranks.
+    /// The secret mixes the address with `NCCL_COMM_SECRET` if set, else
+    /// with the user's key file (`RCCL_KEY_FILE`, default `~/.rccl/key`,
+    /// created on first use), and with the launcher's job name
+    /// (`TORCHELASTIC_RUN_ID`, `PMIX_NAMESPACE`, `OMPI_MCA_ess_base_jobid`,
+    /// `SLURM_JOB_ID` and `SLURM_STEP_ID`), so neither a stranger who can
+    /// reach the address nor another job on it can join. Without a key
+    /// file only a loopback address is accepted, unless
+    /// `RCCL_INSECURE_ADDRESS_SECRET=1`.
     pub fn from_address(addr: &str) -> Result<UniqueId> {
         let bad = |why: String| {
             Error::InvalidArgument(format!("'{addr}' is not a usable host:port: {why}"))
@@ -187,37 +200,53 @@ impl UniqueId {
         if resolved.port() == 0 {
             return Err(bad("port 0".into()));
         }
-        let mut h = Sha256::new();
-        h.update(b"rccl-rs comm id secret v1\0");
-        h.update(resolved.to_string().as_bytes());
-        h.update([0u8]);
-        if let Some(s) =
-            std::env::var_os("NCCL_COMM_SECRET").or_else(|| std::env::var_os("RCCL_COMM_SECRET"))
-        {
-            h.update(s.as_encoded_bytes());
-        }
-        let secret = Secret(h.finalize().into());
-        Ok(UniqueId::encode(resolved, &secret))
+        let derived = crate::launch_key::address_secret(resolved)?;
+        tracing::info!(
+            target: crate::debug::INIT,
+            "bootstrap: the communicator at {resolved} belongs to job {}",
+            derived.job.as_deref().unwrap_or("<unnamed by the launcher>")
+        );
+        let flags = FLAG_FROM_ADDRESS
+            | if derived.job.is_none() {
+                FLAG_UNNAMED_JOB
+            } else {
+                0
+            };
+        Ok(UniqueId::encode(resolved, &derived.secret, flags))
     }
 
     /// Binds the id's exact root address and starts the root rendezvous
-    /// thread there (rank 0's job with [`UniqueId::from_address`]).
+    /// there (rank 0's job with [`UniqueId::from_address`]).
     pub fn serve_root(&self) -> Result<()> {
         let addr = self.root_addr()?;
-        let mut listener = AuthListener::bind(addr, self.secret()?)
-            .map_err(|e| Error::io(format!("bootstrap: binding the root listener on {addr}"), e))?;
+        let mut listener = AuthListener::bind(addr, self.secret()?).map_err(|e| {
+            let hint = if e.kind() == io::ErrorKind::AddrInUse {
+                " (another job or program is using this address: give each job its own NCCL_COMM_ID or MASTER_PORT)"
+            } else {
+                ""
+            };
+            Error::io(
+                format!("bootstrap: binding the root listener on {addr}{hint}"),
+                e,
+            )
+        })?;
         listener.set_handshake_timeout(HANDSHAKE_TIMEOUT);
-        spawn_root(listener)
+        spawn_root(Root::new(listener, self.flags() & FLAG_UNNAMED_JOB != 0))
     }
 
-    fn encode(addr: SocketAddr, secret: &Secret) -> UniqueId {
+    fn encode(addr: SocketAddr, secret: &Secret, flags: u8) -> UniqueId {
         let mut b = Vec::with_capacity(128);
         b.extend_from_slice(&UID_MAGIC);
         b.push(UID_VERSION);
         encode_addr(&addr, &mut b);
         b.extend_from_slice(&secret.0);
+        b.push(flags);
         b.resize(128, 0);
         UniqueId(b.try_into().unwrap())
+    }
+
+    fn flags(&self) -> u8 {
+        self.0[FLAGS_AT]
     }
 
     fn invalid(why: impl fmt::Display) -> Error {
@@ -255,13 +284,129 @@ impl UniqueId {
     }
 }
 
-fn spawn_root(listener: AuthListener) -> Result<()> {
-    let addr = listener.local_addr();
-    thread::Builder::new()
-        .name("rccl-boot-root".into())
-        .spawn(move || root_main(listener))
-        .map_err(|e| Error::io(format!("bootstrap: starting the root thread for {addr}"), e))?;
-    Ok(())
+/// Roots nobody has registered at yet that one process keeps; creating
+/// another releases the oldest (its port closes).
+const MAX_UNSERVED_ROOTS: usize = 64;
+/// How long the root of a job its launcher does not name waits after the
+/// last rank registered before answering: a second job started at the same
+/// moment on the same address shows up as a rank registered twice (and
+/// fails both) instead of mixing with this one.
+const UNNAMED_JOB_SETTLE: Duration = Duration::from_millis(250);
+
+/// The roots handed to the root service, and the service thread's state.
+struct RootQueue {
+    incoming: Vec<Root>,
+    /// Wakes the service thread; `None` when no thread runs.
+    wake: Option<UnixStream>,
+    /// The process whose thread `wake` reaches: a child forked while it ran
+    /// has the queue but not the thread.
+    pid: u32,
+}
+
+static ROOT_QUEUE: std::sync::Mutex<RootQueue> = std::sync::Mutex::new(RootQueue {
+    incoming: Vec::new(),
+    wake: None,
+    pid: 0,
+});
+
+/// Hands `root` to the root service: one thread per process serves every
+/// root, and exits when none is left.
+fn spawn_root(root: Root) -> Result<()> {
+    let addr = root.addr;
+    let mut queue = ROOT_QUEUE.lock().unwrap_or_else(|e| e.into_inner());
+    if queue.wake.is_some() && queue.pid != std::process::id() {
+        // Forked: the roots queued before are the parent's to serve (this
+        // drops only the child's copies of their sockets).
+        queue.wake = None;
+        queue.incoming.clear();
+    }
+    queue.incoming.push(root);
+    if let Some(wake) = &queue.wake {
+        // A full wake-up pipe already has the thread's attention.
+        let _ = (&*wake).write(&[1]);
+        return Ok(());
+    }
+    let started = UnixStream::pair().and_then(|(wake, wake_rx)| {
+        wake.set_nonblocking(true)?;
+        wake_rx.set_nonblocking(true)?;
+        thread::Builder::new()
+            .name("rccl-boot-root".into())
+            .spawn(move || serve_roots(wake_rx))?;
+        Ok(wake)
+    });
+    match started {
+        Ok(wake) => {
+            queue.wake = Some(wake);
+            queue.pid = std::process::id();
+            Ok(())
+        }
+        Err(e) => {
+            queue.incoming.pop();
+            Err(Error::io(
+                format!("bootstrap: starting the root service for {addr}"),
+                e,
+            ))
+        }
+    }
+}
+
+/// The root service: drives every root's listener and rendezvous from one
+/// poll loop.
+fn serve_roots(wake: UnixStream) {
+    let mut roots: Vec<Root> = Vec::new();
+    let mut pfds: Vec<libc::pollfd> = Vec::new();
+    loop {
+        {
+            let mut queue = ROOT_QUEUE.lock().unwrap_or_else(|e| e.into_inner());
+            roots.append(&mut queue.incoming);
+            if roots.is_empty() {
+                queue.wake = None;
+                return;
+            }
+        }
+        let unserved = roots.iter().filter(|r| !r.served()).count();
+        for _ in MAX_UNSERVED_ROOTS..unserved {
+            let oldest = roots
+                .iter()
+                .position(|r| !r.served())
+                .expect("counted above");
+            let root = roots.remove(oldest);
+            tracing::warn!(
+                root = %root.addr,
+                "bootstrap root: releasing the oldest of more than {MAX_UNSERVED_ROOTS} unique ids nobody has registered at"
+            );
+        }
+        pfds.clear();
+        let mut timeout = Duration::from_secs(1);
+        for fd in std::iter::once(wake.as_raw_fd())
+            .chain(roots.iter().flat_map(|r| r.listener.poll_fds()))
+        {
+            pfds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        let now = Instant::now();
+        for root in &roots {
+            timeout = root.listener.poll_timeout(timeout);
+            timeout = timeout.min(root.wake_at().saturating_duration_since(now));
+        }
+        let ms = timeout.as_millis().clamp(1, 1000) as libc::c_int;
+        // SAFETY: `pfds` is a valid array of `pfds.len()` initialised
+        // pollfds that outlives the call.
+        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                tracing::warn!("bootstrap root service: poll failed: {e}");
+                thread::sleep(ABORT_POLL);
+            }
+        }
+        let mut b = [0u8; 64];
+        while matches!((&wake).read(&mut b), Ok(n) if n > 0) {}
+        roots.retain_mut(|root| !root.step());
+    }
 }
 
 /// A rank registered at the root.
@@ -269,7 +414,8 @@ struct Registrant {
     stream: TcpStream,
     nranks: usize,
     listen: SocketAddr,
-    from: SocketAddr,
+    /// Its host, pid and address, for messages.
+    who: String,
 }
 
 fn root_timeout() -> Duration {
@@ -303,83 +449,159 @@ fn is_closed(stream: &TcpStream) -> bool {
     closed
 }
 
-/// The root rendezvous: collects every rank's registration, checks them,
-/// answers every rank with the address table (or with the error), exits.
-fn root_main(listener: AuthListener) {
-    let root = listener.local_addr();
-    let stop = AtomicBool::new(false);
-    let mut deadline = after(Instant::now(), root_timeout());
-    let mut first_timeout: Option<Duration> = None;
-    let mut ranks: HashMap<usize, Registrant> = HashMap::new();
-    let mut failure: Option<(u8, String)> = None;
-    loop {
-        let (mut stream, hello) = match listener.accept(deadline, &stop) {
-            Ok(x) => x,
-            Err(e) => {
-                if failure.is_some() {
-                    return;
+/// One rendezvous: collects every rank's registration, checks them,
+/// answers every rank with the address table (or with the error).
+struct Root {
+    listener: AuthListener,
+    addr: SocketAddr,
+    /// Wait [`UNNAMED_JOB_SETTLE`] between the last registration and the
+    /// answer.
+    settle: bool,
+    /// Until a rank registers: the root's expiry. Then: when the earliest
+    /// registered rank gives up.
+    deadline: Instant,
+    first_timeout: Option<Duration>,
+    ranks: HashMap<usize, Registrant>,
+    failure: Option<(u8, String)>,
+    /// When to answer, once every rank has registered.
+    answer_at: Option<Instant>,
+}
+
+impl Root {
+    fn new(listener: AuthListener, settle: bool) -> Root {
+        Root {
+            addr: listener.local_addr(),
+            listener,
+            settle,
+            deadline: after(Instant::now(), root_timeout()),
+            first_timeout: None,
+            ranks: HashMap::new(),
+            failure: None,
+            answer_at: None,
+        }
+    }
+
+    /// Whether a rank has registered.
+    fn served(&self) -> bool {
+        self.first_timeout.is_some()
+    }
+
+    /// When [`Root::step`] has something to do without a connection.
+    fn wake_at(&self) -> Instant {
+        self.answer_at.unwrap_or(self.deadline)
+    }
+
+    /// Takes what arrived and acts on the time; true once the root is done.
+    fn step(&mut self) -> bool {
+        loop {
+            match self.listener.accept_pending() {
+                Ok(Some((stream, hello))) => self.register(stream, &hello),
+                Ok(None) => break,
+                Err(e) => {
+                    // Out of file descriptors, say: registrations cannot
+                    // arrive any more, so say so to those that did.
+                    let msg = format!("bootstrap: the root at {} failed: {e}", self.addr);
+                    tracing::warn!("{msg}");
+                    self.fail(ROOT_SYSTEM, msg);
+                    return true;
                 }
-                let Some(n) = ranks.values().next().map(|r| r.nranks) else {
-                    tracing::warn!(root = %root, "bootstrap root: no rank registered; exiting ({e})");
-                    return;
-                };
-                let mut missing: Vec<usize> = (0..n).filter(|r| !ranks.contains_key(r)).collect();
-                missing.truncate(64);
-                let msg = format!(
-                    "bootstrap: timed out after {} waiting for rank(s) {missing:?} of {n} to register at the root {root} ({} of {n} registered)",
-                    secs(first_timeout.unwrap_or_default()),
-                    ranks.len()
-                );
-                tracing::warn!("{msg}");
-                for r in ranks.values_mut() {
-                    let _ = root_answer(&mut r.stream, ROOT_SYSTEM, msg.as_bytes());
-                }
-                return;
             }
+        }
+        let now = Instant::now();
+        if self.failure.is_none() && self.answer_at.is_some_and(|t| now >= t) {
+            self.answer_table();
+            return true;
+        }
+        if now < self.deadline {
+            return false;
+        }
+        if self.failure.is_some() {
+            return true;
+        }
+        let Some(n) = self.ranks.values().next().map(|r| r.nranks) else {
+            tracing::warn!(root = %self.addr, "bootstrap root: no rank registered; releasing the unique id");
+            return true;
         };
+        let mut missing: Vec<usize> = (0..n).filter(|r| !self.ranks.contains_key(r)).collect();
+        missing.truncate(64);
+        let msg = format!(
+            "bootstrap: timed out after {} waiting for rank(s) {missing:?} of {n} to register at the root {} ({} of {n} registered)",
+            secs(self.first_timeout.unwrap_or_default()),
+            self.addr,
+            self.ranks.len()
+        );
+        tracing::warn!("{msg}");
+        self.fail(ROOT_SYSTEM, msg);
+        true
+    }
+
+    /// Answers every registered rank with the error and keeps it for
+    /// those still to come.
+    fn fail(&mut self, status: u8, msg: String) {
+        for (_, mut r) in self.ranks.drain() {
+            let _ = root_answer(&mut r.stream, status, msg.as_bytes());
+        }
+        self.failure = Some((status, msg));
+        self.answer_at = None;
+    }
+
+    fn answer_table(&mut self) {
+        let nranks = self.ranks.len();
+        let mut table = Vec::with_capacity(4 + nranks * ADDR_LEN);
+        table.extend_from_slice(&(nranks as u32).to_le_bytes());
+        for r in 0..nranks {
+            encode_addr(&self.ranks[&r].listen, &mut table);
+        }
+        for (r, reg) in self.ranks.iter_mut() {
+            if let Err(e) = root_answer(&mut reg.stream, ROOT_OK, &table) {
+                tracing::warn!(root = %self.addr, "bootstrap root: cannot answer rank {r} ({}): {e}", reg.who);
+            }
+        }
+    }
+
+    fn register(&mut self, mut stream: TcpStream, hello: &[u8]) {
+        let root = self.addr;
         let from = stream.peer_addr().unwrap_or(root);
-        // Registration: magic, rank, nranks, timeout (ms), listener address.
-        if hello.len() < 4 + 4 + 4 + 8 + ADDR_LEN || hello[..4] != REG_MAGIC {
+        // Registration: magic, rank, nranks, timeout (ms), listener
+        // address, pid, host name.
+        let Some(reg) = Registration::decode(hello) else {
             tracing::warn!(remote = %from, root = %root, "bootstrap root: malformed registration; closing");
-            continue;
-        }
-        let rank = read_u32(&hello, 4) as usize;
-        let nranks = read_u32(&hello, 8) as usize;
-        let timeout = Duration::from_millis(read_u64(&hello, 12));
-        let listen = match decode_addr(&hello[20..]) {
-            Ok(a) => a,
-            Err(why) => {
-                tracing::warn!(remote = %from, root = %root, "bootstrap root: bad registration address: {why}");
-                continue;
-            }
+            return;
         };
-        if first_timeout.is_none() {
-            first_timeout = Some(timeout);
+        let (rank, nranks) = (reg.rank, reg.nranks);
+        let who = format!("host {}, pid {}, from {from}", reg.host, reg.pid);
+        // The rendezvous ends when the earliest registered rank gives up
+        // (the root's own expiry only bounds the wait for the first).
+        let gives_up = after(Instant::now(), reg.timeout);
+        if self.first_timeout.is_none() {
+            self.first_timeout = Some(reg.timeout);
+            self.deadline = gives_up;
         }
-        // The rendezvous ends when the earliest registered rank gives up.
-        deadline = deadline.min(after(Instant::now(), timeout));
-        if let Some((status, msg)) = &failure {
+        self.deadline = self.deadline.min(gives_up);
+        if let Some((status, msg)) = &self.failure {
             let _ = root_answer(&mut stream, *status, msg.as_bytes());
-            continue;
+            return;
         }
-        let expected = ranks.values().next().map(|r| r.nranks);
+        let expected = self.ranks.values().next().map(|r| r.nranks);
         let problem = if let Some(n) = expected.filter(|&n| n != nranks) {
             Some(format!(
-                "bootstrap: nranks mismatch: rank {rank} (from {from}) called init with nranks={nranks}, but other ranks use nranks={n}"
+                "bootstrap: nranks mismatch: rank {rank} ({who}) called init with nranks={nranks}, but other ranks use nranks={n}"
             ))
         } else if rank >= nranks {
             Some(format!(
-                "bootstrap: rank {rank} (from {from}) is out of range for nranks={nranks}"
+                "bootstrap: rank {rank} ({who}) is out of range for nranks={nranks}"
             ))
-        } else if let Some(old) = ranks.get(&rank) {
-            if is_closed(&old.stream) {
+        } else if let Some(old) = self.ranks.get(&rank) {
+            if self.answer_at.is_none() && is_closed(&old.stream) {
                 // The earlier registration gave up; this is its retry.
-                ranks.remove(&rank);
+                self.ranks.remove(&rank);
                 None
             } else {
                 Some(format!(
-                    "bootstrap: rank {rank} registered twice (from {} and from {from})",
-                    old.from
+                    "bootstrap: rank {rank} registered twice at the root {root}: by {} and by {who}; \
+                     two jobs may be using this address (give each its own NCCL_COMM_ID or MASTER_PORT, \
+                     or launch them with torchrun, Slurm or mpirun, whose job names keep them apart)",
+                    old.who
                 ))
             }
         } else {
@@ -388,34 +610,71 @@ fn root_main(listener: AuthListener) {
         if let Some(msg) = problem {
             tracing::warn!(root = %root, "{msg}");
             let _ = root_answer(&mut stream, ROOT_USAGE, msg.as_bytes());
-            for (_, mut r) in ranks.drain() {
-                let _ = root_answer(&mut r.stream, ROOT_USAGE, msg.as_bytes());
-            }
-            failure = Some((ROOT_USAGE, msg));
-            continue;
+            self.fail(ROOT_USAGE, msg);
+            return;
         }
-        ranks.insert(
+        self.ranks.insert(
             rank,
             Registrant {
                 stream,
                 nranks,
-                listen,
-                from,
+                listen: reg.listen,
+                who,
             },
         );
-        if ranks.len() == nranks {
-            let mut table = Vec::with_capacity(4 + nranks * ADDR_LEN);
-            table.extend_from_slice(&(nranks as u32).to_le_bytes());
-            for r in 0..nranks {
-                encode_addr(&ranks[&r].listen, &mut table);
-            }
-            for (r, reg) in ranks.iter_mut() {
-                if let Err(e) = root_answer(&mut reg.stream, ROOT_OK, &table) {
-                    tracing::warn!(root = %root, "bootstrap root: cannot answer rank {r} at {}: {e}", reg.from);
-                }
-            }
-            return;
+        if self.ranks.len() == nranks {
+            let settle = if self.settle {
+                UNNAMED_JOB_SETTLE
+            } else {
+                Duration::ZERO
+            };
+            self.answer_at = Some(Instant::now() + settle);
         }
+    }
+}
+
+/// A rank's registration at the root.
+struct Registration {
+    rank: usize,
+    nranks: usize,
+    timeout: Duration,
+    listen: SocketAddr,
+    pid: u32,
+    host: String,
+}
+
+impl Registration {
+    fn encode(&self) -> Vec<u8> {
+        let host = &self.host.as_bytes()[..self.host.len().min(255)];
+        let mut b = Vec::with_capacity(20 + ADDR_LEN + 5 + host.len());
+        b.extend_from_slice(&REG_MAGIC);
+        b.extend_from_slice(&(self.rank as u32).to_le_bytes());
+        b.extend_from_slice(&(self.nranks as u32).to_le_bytes());
+        b.extend_from_slice(&(self.timeout.as_millis().min(u64::MAX as u128) as u64).to_le_bytes());
+        encode_addr(&self.listen, &mut b);
+        b.extend_from_slice(&self.pid.to_le_bytes());
+        b.push(host.len() as u8);
+        b.extend_from_slice(host);
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Registration> {
+        let at = 20 + ADDR_LEN;
+        if b.len() < at + 5 || b[..4] != REG_MAGIC {
+            return None;
+        }
+        let host_len = b[at + 4] as usize;
+        if b.len() != at + 5 + host_len {
+            return None;
+        }
+        Some(Registration {
+            rank: read_u32(b, 4) as usize,
+            nranks: read_u32(b, 8) as usize,
+            timeout: Duration::from_millis(read_u64(b, 12)),
+            listen: decode_addr(&b[20..at]).ok()?,
+            pid: read_u32(b, at),
+            host: String::from_utf8_lossy(&b[at + 5..]).into_owned(),
+        })
     }
 }
 
@@ -525,12 +784,15 @@ impl Bootstrap {
             .set_handshake_timeout(timeout.clamp(Duration::from_millis(100), HANDSHAKE_TIMEOUT));
         let me = listener.local_addr();
 
-        let mut hello = Vec::with_capacity(20 + ADDR_LEN);
-        hello.extend_from_slice(&REG_MAGIC);
-        hello.extend_from_slice(&(rank as u32).to_le_bytes());
-        hello.extend_from_slice(&(nranks as u32).to_le_bytes());
-        hello.extend_from_slice(&(timeout.as_millis().min(u64::MAX as u128) as u64).to_le_bytes());
-        encode_addr(&me, &mut hello);
+        let hello = Registration {
+            rank,
+            nranks,
+            timeout,
+            listen: me,
+            pid: std::process::id(),
+            host: crate::comm::hostname(),
+        }
+        .encode();
         let mut stream =
             socket::connect_until(root, &secret, &hello, deadline, &abort).map_err(|e| match e
                 .kind()
@@ -542,6 +804,18 @@ impl Bootstrap {
                 "bootstrap: timed out after {} connecting rank {rank} to the root at {root}: {e}",
                 secs(timeout)
             )),
+                io::ErrorKind::PermissionDenied if id.flags() & FLAG_FROM_ADDRESS != 0 => {
+                    Error::InvalidUsage(format!(
+                        "bootstrap: rank {rank}: the root at {root} refused this rank's secret: \
+                         another job is using this address, or the ranks of this job derived \
+                         different secrets (they must share NCCL_COMM_SECRET, or the key file \
+                         RCCL_KEY_FILE / ~/.rccl/key and the launcher's job name): {e}"
+                    ))
+                }
+                io::ErrorKind::PermissionDenied => Error::InvalidUsage(format!(
+                    "bootstrap: rank {rank}: the root at {root} refused this rank's secret: \
+                     it serves another unique id: {e}"
+                )),
                 _ => Error::Remote(format!(
                     "bootstrap: rank {rank} cannot register at the root at {root}: {e}"
                 )),
@@ -940,10 +1214,12 @@ impl Receiver {
     fn run(mut self) {
         let mut pfds: Vec<libc::pollfd> = Vec::new();
         while !self.shared.stop.load(Ordering::SeqCst) {
+            // The wake-up socket, the connections (`pfds[1..=conns]`), then
+            // the listener's descriptors.
             pfds.clear();
-            for fd in [self.listener.as_raw_fd(), self.wake.as_raw_fd()]
-                .into_iter()
+            for fd in std::iter::once(self.wake.as_raw_fd())
                 .chain(self.conns.iter().map(|c| c.stream.as_raw_fd()))
+                .chain(self.listener.poll_fds())
             {
                 pfds.push(libc::pollfd {
                     fd,
@@ -951,9 +1227,11 @@ impl Receiver {
                     revents: 0,
                 });
             }
+            let wait = self.listener.poll_timeout(Duration::from_secs(1));
+            let ms = wait.as_millis().clamp(1, 1000) as libc::c_int;
             // SAFETY: `pfds` is a valid array of `pfds.len()` initialised
             // pollfds that outlives the call.
-            let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 1000) };
+            let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
             if rc < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() != io::ErrorKind::Interrupted {
@@ -965,63 +1243,67 @@ impl Receiver {
             if self.shared.stop.load(Ordering::SeqCst) {
                 break;
             }
-            // Read before accepting: `pfds[2..]` match `conns`.
+            // Read before accepting, while `pfds[1..=conns]` match `conns`.
             let ready: Vec<usize> = (0..self.conns.len())
-                .filter(|&i| pfds[i + 2].revents != 0)
+                .filter(|&i| pfds[i + 1].revents != 0)
                 .collect();
             let finished: Vec<usize> = ready.into_iter().filter(|&i| !self.drain(i)).collect();
             // Highest first, so each swap_remove moves a live connection.
             for i in finished.into_iter().rev() {
                 self.conns.swap_remove(i);
             }
-            if pfds[1].revents != 0 {
+            if pfds[0].revents != 0 {
                 let mut b = [0u8; 16];
                 let _ = (&self.wake).read(&mut b);
             }
-            if pfds[0].revents != 0 {
-                self.accept();
-            }
+            // Handshakes also expire without any descriptor being ready.
+            self.accept();
         }
     }
 
     fn accept(&mut self) {
-        match self.listener.accept_pending(&self.shared.stop) {
-            Ok(Some((stream, hello))) => {
-                let from_addr = stream.peer_addr().ok();
-                let ok = hello.len() == 12
-                    && hello[..4] == PEER_MAGIC
-                    && read_u32(&hello, 8) as usize == self.nranks
-                    && (read_u32(&hello, 4) as usize) < self.nranks;
-                if !ok {
-                    tracing::warn!(
-                        rank = self.rank,
-                        remote = ?from_addr,
-                        "bootstrap: refusing a connection with a malformed hello"
-                    );
+        loop {
+            match self.listener.accept_pending() {
+                Ok(Some((stream, hello))) => self.admit(stream, &hello),
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(rank = self.rank, "bootstrap: accept failed: {e}");
+                    thread::sleep(ABORT_POLL);
                     return;
                 }
-                let from = read_u32(&hello, 4) as usize;
-                if let Err(e) = stream.set_nonblocking(true) {
-                    tracing::warn!(
-                        rank = self.rank,
-                        "bootstrap: cannot use the connection from rank {from}: {e}"
-                    );
-                    return;
-                }
-                self.shared.mailbox.lock().gone.remove(&from);
-                self.conns.push(Conn {
-                    stream,
-                    from,
-                    buf: Vec::new(),
-                });
-            }
-            Ok(None) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                tracing::warn!(rank = self.rank, "bootstrap: accept failed: {e}");
-                thread::sleep(ABORT_POLL);
             }
         }
+    }
+
+    /// Takes an authenticated connection from another rank.
+    fn admit(&mut self, stream: TcpStream, hello: &[u8]) {
+        let from_addr = stream.peer_addr().ok();
+        let ok = hello.len() == 12
+            && hello[..4] == PEER_MAGIC
+            && read_u32(hello, 8) as usize == self.nranks
+            && (read_u32(hello, 4) as usize) < self.nranks;
+        if !ok {
+            tracing::warn!(
+                rank = self.rank,
+                remote = ?from_addr,
+                "bootstrap: refusing a connection with a malformed hello"
+            );
+            return;
+        }
+        let from = read_u32(hello, 4) as usize;
+        if let Err(e) = stream.set_nonblocking(true) {
+            tracing::warn!(
+                rank = self.rank,
+                "bootstrap: cannot use the connection from rank {from}: {e}"
+            );
+            return;
+        }
+        self.shared.mailbox.lock().gone.remove(&from);
+        self.conns.push(Conn {
+            stream,
+            from,
+            buf: Vec::new(),
+        });
     }
 
     /// Reads what connection `i` has; files complete messages. False when
@@ -1093,6 +1375,73 @@ impl Receiver {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn loopback_listener() -> AuthListener {
+        AuthListener::bind((Ipv4Addr::LOCALHOST, 0).into(), Secret::random()).unwrap()
+    }
+
+    fn refuses_connections(addr: SocketAddr) -> bool {
+        TcpStream::connect(addr).is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused)
+    }
+
+    #[test]
+    fn a_root_nobody_registers_at_releases_its_port_at_its_expiry() {
+        let listener = loopback_listener();
+        let addr = listener.local_addr();
+        let mut root = Root::new(listener, false);
+        root.deadline = Instant::now() + Duration::from_millis(200);
+        spawn_root(root).unwrap();
+        let t = Instant::now();
+        while !refuses_connections(addr) && t.elapsed() < Duration::from_secs(5) {
+            thread::sleep(Duration::from_millis(20));
+        }
+        assert!(refuses_connections(addr));
+        assert!(
+            t.elapsed() >= Duration::from_millis(150),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    /// Two ranks of a job its launcher does not name complete the
+    /// rendezvous; a rank 1 of another job arrives 50 ms later. Without the
+    /// settling wait the first job would have formed with whichever rank 1
+    /// came first.
+    #[test]
+    fn an_unnamed_job_settles_so_a_late_duplicate_fails_everyone() {
+        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let id = UniqueId::encode(
+            (Ipv4Addr::LOCALHOST, port).into(),
+            &Secret::random(),
+            FLAG_FROM_ADDRESS | FLAG_UNNAMED_JOB,
+        );
+        id.serve_root().unwrap();
+        let abort = || Arc::new(AtomicBool::new(false));
+        let init = move |rank: usize, delay: u64| {
+            thread::spawn(move || {
+                thread::sleep(Duration::from_millis(delay));
+                Bootstrap::init(&id, rank, 2, Duration::from_secs(10), abort())
+            })
+        };
+        let ranks = [init(0, 0), init(1, 0), init(1, 50)];
+        for h in ranks {
+            let e = h.join().unwrap().unwrap_err();
+            assert!(
+                matches!(&e, Error::InvalidUsage(m) if m.contains("registered twice")),
+                "{e}"
+            );
+        }
+    }
+}
+
 /// Fuzzing of the bootstrap's wire decoders over arbitrary bytes: they
 /// refuse or decode, never panic (bounded cases, part of `cargo test`).
 #[cfg(test)]
@@ -1123,6 +1472,19 @@ mod fuzz {
             let _ = id.root_addr();
             let _ = id.secret();
             let _ = format!("{id:?}");
+        }
+
+        #[test]
+        fn registrations_decode_or_refuse(bytes in proptest::collection::vec(any::<u8>(), 0..80), keep_magic in any::<bool>()) {
+            let mut bytes = bytes;
+            if keep_magic && bytes.len() >= 4 {
+                bytes[..4].copy_from_slice(&REG_MAGIC);
+            }
+            if let Some(reg) = Registration::decode(&bytes) {
+                let again = reg.encode();
+                let back = Registration::decode(&again).expect("an encoded registration decodes");
+                prop_assert_eq!((back.rank, back.nranks, back.listen, back.pid), (reg.rank, reg.nranks, reg.listen, reg.pid));
+            }
         }
 
         #[test]

@@ -606,14 +606,18 @@ impl Communicator {
     /// Joins the communicator described by the environment:
     /// `NCCL_COMM_ID=host:port` with `RANK`/`WORLD_SIZE` (or the torchrun
     /// variables `MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`). Rank 0
-    /// serves the rendezvous at that address.
+    /// serves the rendezvous at that address (under torchrun, whose agent
+    /// serves its own store on `MASTER_PORT`, at the port after it). The
+    /// ranks authenticate with a secret from `NCCL_COMM_SECRET` or the
+    /// user's key file and the launcher's job name
+    /// ([`UniqueId::from_address`]).
     pub fn from_env() -> Result<Communicator> {
         let (rank, nranks) = rank_from_env()?;
         let addr = match std::env::var("NCCL_COMM_ID") {
             Ok(addr) => addr,
             Err(_) => {
                 let host = env_required("MASTER_ADDR")?;
-                let port = env_required("MASTER_PORT")?;
+                let port = rendezvous_port(&env_required("MASTER_PORT")?)?;
                 if host.contains(':') && !host.starts_with('[') {
                     format!("[{host}]:{port}")
                 } else {
@@ -799,7 +803,7 @@ impl Drop for CommInner {
 
 const SPLIT_TAG_BASE: u64 = 1 << 40;
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
@@ -857,6 +861,26 @@ fn host_id() -> String {
     }
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
     format!("{}/{}", hostname(), boot.trim())
+}
+
+/// The rendezvous port for `MASTER_PORT`: torchrun's agent keeps its own
+/// store on that port when it sets `TORCHELASTIC_USE_AGENT_STORE=True`, so
+/// the rendezvous takes the next one.
+fn rendezvous_port(master_port: &str) -> Result<u16> {
+    let port: u16 = master_port.trim().parse().map_err(|_| {
+        Error::InvalidArgument(format!("MASTER_PORT={master_port} is not a port number"))
+    })?;
+    let agent_store = std::env::var("TORCHELASTIC_USE_AGENT_STORE")
+        .is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    if !agent_store {
+        return Ok(port);
+    }
+    port.checked_add(1).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "MASTER_PORT={port} is torchrun's store, and no port follows it for the rendezvous; \
+             choose a lower --master-port or set NCCL_COMM_ID"
+        ))
+    })
 }
 
 fn env_required(name: &str) -> Result<String> {

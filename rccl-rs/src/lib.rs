@@ -16,6 +16,7 @@ pub mod executor;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod kernels;
+mod launch_key;
 pub mod net;
 pub mod signal;
 mod stuck;

@@ -381,3 +381,79 @@ fn abort_unblocks_init() {
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     assert!(e.to_string().contains("aborted"), "{e}");
 }
+
+#[test]
+fn silent_clients_do_not_delay_init_or_the_bootstrap_network() {
+    let id = UniqueId::new_on(LOCALHOST).unwrap();
+    let root = id.root_addr().unwrap();
+    let silent: Vec<TcpStream> = (0..60).map(|_| TcpStream::connect(root).unwrap()).collect();
+    let n = 4;
+    let t = Instant::now();
+    let bootstraps: Vec<Bootstrap> = (0..n)
+        .map(|r| {
+            thread::spawn(move || Bootstrap::init(&id, r, n, Duration::from_secs(20), no_abort()))
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect();
+    // One at a time, the silent clients held the root a second each.
+    let took = t.elapsed();
+    eprintln!("init of {n} ranks beside 60 silent clients: {took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    // 30 more at every rank's listener before the ranks first dial each other.
+    let more: Vec<TcpStream> = (0..n)
+        .flat_map(|r| {
+            let addr = bootstraps[0].peer_addr(r);
+            (0..30).map(move |_| TcpStream::connect(addr).unwrap())
+        })
+        .collect();
+    let t = Instant::now();
+    let handles: Vec<_> = bootstraps
+        .into_iter()
+        .map(|b| thread::spawn(move || exercise(&b)))
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    drop((silent, more));
+}
+
+fn root_service_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter(|t| {
+            let comm = t.as_ref().unwrap().path().join("comm");
+            std::fs::read_to_string(comm).is_ok_and(|c| c.trim() == "rccl-boot-root")
+        })
+        .count()
+}
+
+#[test]
+fn unused_unique_ids_share_one_thread_and_the_oldest_release_their_ports() {
+    let ids: Vec<UniqueId> = (0..100)
+        .map(|_| UniqueId::new_on(LOCALHOST).unwrap())
+        .collect();
+    assert!(root_service_threads() <= 1, "{}", root_service_threads());
+    // At most 64 unused ids keep their port: the oldest 36 are released.
+    let released = |id: &UniqueId| {
+        TcpStream::connect(id.root_addr().unwrap())
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !ids[..36].iter().all(released) && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(ids[..36].iter().all(released));
+    assert!(!released(&ids[99]));
+    // The newest still serves, and so does a fresh one.
+    run_ranks(ids[99], 2, Duration::from_secs(20), |b| exercise(&b));
+    run_ranks(
+        UniqueId::new_on(LOCALHOST).unwrap(),
+        2,
+        Duration::from_secs(20),
+        |b| exercise(&b),
+    );
+    assert!(root_service_threads() <= 1, "{}", root_service_threads());
+}

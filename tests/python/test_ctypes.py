@@ -81,6 +81,25 @@ def test_error_path():
     assert lib.ncclCommDestroy(comms[0]) == 5  # ncclInvalidUsage: already destroyed
 
 
+def test_unique_ids_still_serve_in_a_forked_child():
+    """One thread serves every unique id of a process; a child forked while
+    it runs (multiprocessing's default on Linux) starts its own."""
+    unused = UniqueId()
+    assert lib.ncclGetUniqueId(ctypes.byref(unused)) == ncclSuccess  # the thread runs
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.environ["RCCL_TIMEOUT_MS"] = "5000"
+        comms = (ctypes.c_void_p * 2)()
+        rc = lib.ncclCommInitAll(comms, 2, None)
+        os.write(write, bytes([rc]))
+        os._exit(0)
+    os.close(write)
+    got = os.read(read, 1)
+    os.waitpid(pid, 0)
+    assert got == bytes([ncclSuccess]), got
+
+
 if __name__ == "__main__":
     tests = [f for name, f in sorted(globals().items()) if name.startswith("test_")]
     for test in tests:

@@ -18,12 +18,23 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::socket::{self, AuthListener, Secret};
+use crate::socket::{self, AuthListener, Refusals, Secret};
 
 const HELLO_MAGIC: u32 = 0x7263_6364; // "rccd": a data connection
 
-/// Streams accepted and authenticated, waiting to be claimed.
-type Accepted = (Mutex<HashMap<(usize, usize), TcpStream>>, Condvar);
+/// Streams accepted and authenticated, waiting to be claimed, and what the
+/// listener turned away (for reports on a peer that did not connect).
+#[derive(Default)]
+struct Accepted {
+    streams: Mutex<Arrivals>,
+    arrived: Condvar,
+}
+
+#[derive(Default)]
+struct Arrivals {
+    streams: HashMap<(usize, usize), TcpStream>,
+    refusals: Refusals,
+}
 
 /// One communicator's TCP endpoint.
 pub struct TcpTransport {
@@ -48,15 +59,15 @@ impl TcpTransport {
     /// Listens on `ip` (any port) for data connections of rank `rank`'s
     /// communicator, authenticated with `secret`.
     pub fn listen(ip: IpAddr, rank: usize, secret: Secret) -> io::Result<TcpTransport> {
-        let listener = AuthListener::bind(SocketAddr::new(ip, 0), secret)?;
+        let mut listener = AuthListener::bind(SocketAddr::new(ip, 0), secret)?;
         let local_addr = listener.local_addr();
-        let accepted: Arc<Accepted> = Arc::new((Mutex::new(HashMap::new()), Condvar::new()));
+        let accepted = Arc::new(Accepted::default());
         let stop = Arc::new(AtomicBool::new(false));
         let acceptor = {
             let (accepted, stop) = (accepted.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("rccl-tcp-accept".into())
-                .spawn(move || accept_loop(&listener, &accepted, &stop))?
+                .spawn(move || accept_loop(&mut listener, &accepted, &stop))?
         };
         Ok(TcpTransport {
             rank,
@@ -91,7 +102,9 @@ impl TcpTransport {
         socket::connect(addr, &self.secret, &hello, deadline)
     }
 
-    /// Waits for `peer` to dial us for `channel`.
+    /// Waits for `peer` to dial us for `channel`. A timeout names what
+    /// the listener turned away meanwhile: strangers that failed the
+    /// handshake there may be why `peer` did not get through.
     pub fn accept_from(
         &self,
         peer: usize,
@@ -99,10 +112,9 @@ impl TcpTransport {
         deadline: Instant,
         abort: &AtomicBool,
     ) -> io::Result<TcpStream> {
-        let (map, arrived) = &*self.accepted;
-        let mut map = map.lock();
+        let mut arrivals = self.accepted.streams.lock();
         loop {
-            if let Some(stream) = map.remove(&(peer, channel)) {
+            if let Some(stream) = arrivals.streams.remove(&(peer, channel)) {
                 return Ok(stream);
             }
             if abort.load(Ordering::Relaxed) {
@@ -110,13 +122,19 @@ impl TcpTransport {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("rank {peer} did not connect for channel {channel}"),
-                ));
+                let refusals = &arrivals.refusals;
+                let why = if refusals.failed + refusals.shed == 0 {
+                    format!("rank {peer} did not connect for channel {channel}")
+                } else {
+                    format!(
+                        "no connection from rank {peer} for channel {channel} reached the data listener at {} (it turned away {refusals})",
+                        self.local_addr
+                    )
+                };
+                return Err(io::Error::new(io::ErrorKind::TimedOut, why));
             }
             let step = (deadline - now).min(Duration::from_millis(20));
-            arrived.wait_for(&mut map, step);
+            self.accepted.arrived.wait_for(&mut arrivals, step);
         }
     }
 }
@@ -150,14 +168,17 @@ fn decode_hello(hello: &[u8]) -> Option<(usize, usize)> {
     Some((word(1)? as usize, word(2)? as usize))
 }
 
-fn accept_loop(listener: &AuthListener, accepted: &Accepted, stop: &AtomicBool) {
-    let forever = Instant::now() + Duration::from_secs(86_400 * 365);
+fn accept_loop(listener: &mut AuthListener, accepted: &Accepted, stop: &AtomicBool) {
     while !stop.load(Ordering::SeqCst) {
-        match listener.accept(forever, stop) {
+        // Short waits, so that the refusal counts stay current.
+        let got = listener.accept(Instant::now() + Duration::from_millis(100), stop);
+        let mut arrivals = accepted.streams.lock();
+        arrivals.refusals.clone_from(listener.refusals());
+        match got {
             Ok((stream, hello)) => match decode_hello(&hello) {
                 Some(key) => {
-                    accepted.0.lock().insert(key, stream);
-                    accepted.1.notify_all();
+                    arrivals.streams.insert(key, stream);
+                    accepted.arrived.notify_all();
                 }
                 None => tracing::warn!(
                     "refused a data connection from {:?}: malformed hello",
@@ -165,7 +186,9 @@ fn accept_loop(listener: &AuthListener, accepted: &Accepted, stop: &AtomicBool) 
                 ),
             },
             Err(err) if err.kind() == io::ErrorKind::Interrupted => return,
+            Err(err) if err.kind() == io::ErrorKind::TimedOut => {}
             Err(err) => {
+                drop(arrivals);
                 tracing::warn!("data listener: {err}");
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -226,6 +249,56 @@ mod tests {
         let _c = low.dial(1, addr, 0, deadline).unwrap();
         high.accept_from(0, 0, deadline, &abort).unwrap();
         drop(garbage);
+    }
+
+    #[test]
+    fn silent_clients_at_the_data_listener_do_not_delay_a_rank() {
+        let secret = Secret::random();
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let low = TcpTransport::listen(ip, 0, secret).unwrap();
+        let high = TcpTransport::listen(ip, 1, secret).unwrap();
+        let addr = high.local_addr();
+        let silent: Vec<_> = (0..20)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let t = Instant::now();
+        // One at a time, 20 silent clients held the listener 100 s.
+        let deadline = t + Duration::from_secs(2);
+        let abort = AtomicBool::new(false);
+        let _c = low.dial(1, addr, 0, deadline).unwrap();
+        high.accept_from(0, 0, deadline, &abort).unwrap();
+        eprintln!(
+            "data connection beside 20 silent clients: {:?}",
+            t.elapsed()
+        );
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        drop(silent);
+    }
+
+    #[test]
+    fn a_peer_that_does_not_connect_is_reported_with_what_the_listener_turned_away() {
+        let secret = Secret::random();
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let high = TcpTransport::listen(ip, 1, secret).unwrap();
+        let abort = AtomicBool::new(false);
+        let soon = || Instant::now() + Duration::from_millis(300);
+        let err = high.accept_from(0, 0, soon(), &abort).unwrap_err();
+        assert_eq!(err.to_string(), "rank 0 did not connect for channel 0");
+        let wrong = crate::socket::connect(
+            high.local_addr(),
+            &Secret::random(),
+            &encode_hello(0, 0),
+            soon(),
+        );
+        assert_eq!(wrong.unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+        let err = high.accept_from(0, 0, soon(), &abort).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("no connection from rank 0 for channel 0 reached")
+                && msg.contains("turned away 1 connection(s) that failed the handshake")
+                && msg.contains("wrong secret"),
+            "{msg}"
+        );
     }
 
     proptest::proptest! {

@@ -15,6 +15,7 @@
 //!
 //! Frames are a little-endian `u32` length followed by that many bytes.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -283,8 +284,11 @@ fn context(e: io::Error, context: impl fmt::Display) -> io::Error {
 /// at most [`MAX_HELLO`] bytes).
 ///
 /// A refused connection is retried with a short backoff until `deadline`
-/// (the listener may not be up yet); other failures are returned at once.
-/// The stream comes back blocking, without timeouts, with `TCP_NODELAY`.
+/// (the listener may not be up yet), and so is one the listener drops
+/// after its greeting without refusing our proof (a busy listener sheds
+/// its oldest unauthenticated handshakes); other failures, a refused proof
+/// among them, are returned at once. The stream comes back blocking,
+/// without timeouts, with `TCP_NODELAY`.
 pub fn connect(
     addr: SocketAddr,
     secret: &Secret,
@@ -310,7 +314,38 @@ pub fn connect_until(
         ));
     }
     let mut backoff = Duration::from_millis(5);
-    let mut stream = loop {
+    loop {
+        let mut stream = connect_tcp(addr, deadline, stop, &mut backoff)?;
+        match client_handshake(&mut stream, secret, hello, deadline, stop) {
+            Ok(()) => return Ok(stream),
+            Err(Attempt::Final(e)) => {
+                return Err(context(e, format_args!("handshake with {addr}")))
+            }
+            Err(Attempt::Dropped(e)) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(context(e, format_args!("handshake with {addr}")));
+                }
+                back_off(&mut backoff, left);
+            }
+        }
+    }
+}
+
+/// Sleeps `backoff` (at most `left`), then doubles it, up to 100 ms.
+fn back_off(backoff: &mut Duration, left: Duration) {
+    std::thread::sleep((*backoff).min(left));
+    *backoff = (*backoff * 2).min(Duration::from_millis(100));
+}
+
+/// Opens the TCP connection, retrying refusals until `deadline`.
+fn connect_tcp(
+    addr: SocketAddr,
+    deadline: Instant,
+    stop: &AtomicBool,
+    backoff: &mut Duration,
+) -> io::Result<TcpStream> {
+    loop {
         if stop.load(Ordering::Relaxed) {
             return Err(interrupted());
         }
@@ -319,21 +354,31 @@ pub fn connect_until(
             return Err(timed_out(&format!("connecting to {addr}")));
         }
         match TcpStream::connect_timeout(&addr, left) {
-            Ok(s) => break s,
+            Ok(s) => return Ok(s),
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return Err(context(e, format_args!("connecting to {addr}")));
                 }
-                std::thread::sleep(backoff.min(left));
-                backoff = (backoff * 2).min(Duration::from_millis(100));
+                back_off(backoff, left);
             }
             Err(e) => return Err(context(e, format_args!("connecting to {addr}"))),
         }
-    };
-    client_handshake(&mut stream, secret, hello, deadline, stop)
-        .map_err(|e| context(e, format_args!("handshake with {addr}")))?;
-    Ok(stream)
+    }
+}
+
+/// How a client's handshake attempt failed.
+enum Attempt {
+    /// The listener greeted us, then closed the connection without
+    /// refusing our proof: it shed the handshake; another try may pass.
+    Dropped(io::Error),
+    Final(io::Error),
+}
+
+impl From<io::Error> for Attempt {
+    fn from(e: io::Error) -> Attempt {
+        Attempt::Final(e)
+    }
 }
 
 fn client_handshake(
@@ -342,11 +387,11 @@ fn client_handshake(
     hello: &[u8],
     deadline: Instant,
     stop: &AtomicBool,
-) -> io::Result<()> {
+) -> Result<(), Attempt> {
     stream.set_nodelay(true)?;
     set_write_deadline(stream, deadline)?;
-    // The listener may be busy with another handshake: wait for its greeting
-    // until the deadline.
+    // A listener greets as soon as it accepts; on a loaded host that may
+    // take a while, so wait until the deadline.
     let mut greeting = [0u8; GREETING_LEN];
     read_exact_until(stream, &mut greeting, deadline, stop)?;
     check_header(&greeting, "listener")?;
@@ -360,22 +405,32 @@ fn client_handshake(
     response[8..12].copy_from_slice(&VERSION.to_le_bytes());
     response[12..12 + NONCE_LEN].copy_from_slice(&client_nonce);
     response[12 + NONCE_LEN..].copy_from_slice(&tag);
-    stream.write_all(&response)?;
-    let proof_deadline = deadline.min(Instant::now() + DEFAULT_HANDSHAKE_TIMEOUT);
-    let mut proof = [0u8; MAC_LEN];
-    read_exact_until(stream, &mut proof, proof_deadline, stop).map_err(|e| {
+    let dropped = |e: io::Error| {
         if matches!(
             e.kind(),
-            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+            io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
         ) {
-            err(
-                io::ErrorKind::PermissionDenied,
-                "the listener closed the connection during authentication (wrong secret?)",
-            )
+            Attempt::Dropped(err(
+                e.kind(),
+                format!("the listener dropped the connection before authenticating it: {e}"),
+            ))
         } else {
-            e
+            Attempt::Final(e)
         }
-    })?;
+    };
+    stream.write_all(&response).map_err(dropped)?;
+    let proof_deadline = deadline.min(Instant::now() + DEFAULT_HANDSHAKE_TIMEOUT);
+    let mut proof = [0u8; MAC_LEN];
+    read_exact_until(stream, &mut proof, proof_deadline, stop).map_err(dropped)?;
+    if proof == DENIED {
+        return Err(Attempt::Final(err(
+            io::ErrorKind::PermissionDenied,
+            "the listener refused this connection's proof: it serves a different secret",
+        )));
+    }
     mac(secret, SERVER_LABEL, server_nonce, &client_nonce)
         .verify_slice(&proof)
         .map_err(|_| {
@@ -390,55 +445,20 @@ fn client_handshake(
     Ok(())
 }
 
-/// Runs the server side of the handshake; returns the client's hello.
-fn server_handshake(
-    stream: &mut TcpStream,
-    secret: &Secret,
-    deadline: Instant,
-    stop: &AtomicBool,
-) -> io::Result<Vec<u8>> {
-    stream.set_nonblocking(false)?;
-    stream.set_nodelay(true)?;
-    set_write_deadline(stream, deadline)?;
-    let server_nonce = nonce()?;
-    let mut greeting = [0u8; GREETING_LEN];
-    greeting[..8].copy_from_slice(&MAGIC);
-    greeting[8..12].copy_from_slice(&VERSION.to_le_bytes());
-    greeting[12..].copy_from_slice(&server_nonce);
-    stream.write_all(&greeting)?;
-    let mut response = [0u8; RESPONSE_LEN];
-    read_exact_until(stream, &mut response, deadline, stop)?;
-    check_header(&response, "client")?;
-    let client_nonce = &response[12..12 + NONCE_LEN];
-    mac(secret, CLIENT_LABEL, &server_nonce, client_nonce)
-        .verify_slice(&response[12 + NONCE_LEN..])
-        .map_err(|_| {
-            err(
-                io::ErrorKind::PermissionDenied,
-                "authentication failed (wrong secret)",
-            )
-        })?;
-    let proof = mac(secret, SERVER_LABEL, &server_nonce, client_nonce)
-        .finalize()
-        .into_bytes();
-    stream.write_all(&proof)?;
-    let hello = read_frame_until(stream, MAX_HELLO, deadline, stop)?;
-    stream.set_read_timeout(None)?;
-    stream.set_write_timeout(None)?;
-    Ok(hello)
-}
-
-/// Waits until `fd` is readable or `timeout` passes.
-fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<()> {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
+/// Waits until one of `fds` is readable or `timeout` passes.
+fn wait_readable(fds: &[RawFd], timeout: Duration) -> io::Result<()> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
     let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
-    // SAFETY: `pfd` is one valid, initialised pollfd that lives across the
-    // call, and we pass a count of 1.
-    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+    // SAFETY: `pfds` is a valid array of `pfds.len()` initialised pollfds
+    // that lives across the call.
+    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
     if rc < 0 {
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {
@@ -448,13 +468,224 @@ fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<()> {
     Ok(())
 }
 
+/// Unauthenticated handshakes a listener holds at once from one source
+/// address; a new connection from a source at the cap sheds that source's
+/// oldest.
+pub const MAX_PENDING_PER_SOURCE: usize = 32;
+/// Unauthenticated handshakes a listener holds at once in all; a new
+/// connection beyond it sheds the oldest.
+pub const MAX_PENDING: usize = 128;
+/// Connections accepted per [`AuthListener::progress`], so that a flood of
+/// new ones cannot starve the handshakes already under way.
+const ACCEPT_BATCH: usize = 64;
+
+/// What a listener sends instead of its proof when the client's proof
+/// fails, so that the client can tell a refusal from a shed handshake.
+const DENIED: [u8; MAC_LEN] = *b"RCCLDENY: wrong secret, go away!";
+
+/// Where a server-side handshake stands.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Step {
+    /// Greeted; waiting for the client's response (unauthenticated).
+    Response,
+    /// Authenticated; waiting for the hello frame's length.
+    HelloLength,
+    /// Waiting for the hello's bytes.
+    Hello,
+}
+
+/// One server-side handshake, driven without blocking.
+struct Handshake {
+    stream: TcpStream,
+    peer: SocketAddr,
+    deadline: Instant,
+    nonce: [u8; NONCE_LEN],
+    step: Step,
+    /// Bytes of the current step so far, and how many it needs.
+    buf: Vec<u8>,
+    need: usize,
+}
+
+/// What one call to [`Handshake::advance`] came to.
+enum Advance {
+    Waiting,
+    Done(Vec<u8>),
+    Failed(io::Error),
+}
+
+impl Handshake {
+    /// Takes an accepted `stream` and sends the greeting.
+    fn start(stream: TcpStream, peer: SocketAddr, deadline: Instant) -> io::Result<Handshake> {
+        stream.set_nonblocking(true)?;
+        stream.set_nodelay(true)?;
+        let nonce = nonce()?;
+        let mut greeting = [0u8; GREETING_LEN];
+        greeting[..8].copy_from_slice(&MAGIC);
+        greeting[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        greeting[12..].copy_from_slice(&nonce);
+        write_whole(&stream, &greeting)?;
+        Ok(Handshake {
+            stream,
+            peer,
+            deadline,
+            nonce,
+            step: Step::Response,
+            buf: Vec::with_capacity(RESPONSE_LEN),
+            need: RESPONSE_LEN,
+        })
+    }
+
+    fn authenticated(&self) -> bool {
+        self.step != Step::Response
+    }
+
+    /// Reads what has arrived (never past the hello, so the client's first
+    /// message stays in the socket) and moves through the steps.
+    fn advance(&mut self, secret: &Secret) -> Advance {
+        loop {
+            while self.buf.len() < self.need {
+                let have = self.buf.len();
+                self.buf.resize(self.need, 0);
+                let got = (&self.stream).read(&mut self.buf[have..]);
+                self.buf.truncate(have + *got.as_ref().unwrap_or(&0));
+                match got {
+                    Ok(0) => {
+                        return Advance::Failed(err(
+                            io::ErrorKind::UnexpectedEof,
+                            format!(
+                                "connection closed by the client ({have} of {} bytes of the {:?} step received)",
+                                self.need, self.step
+                            ),
+                        ))
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Advance::Waiting,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Advance::Failed(e),
+                }
+            }
+            match self.step {
+                Step::Response => {
+                    if let Err(e) = self.check_response(secret) {
+                        return Advance::Failed(e);
+                    }
+                    self.step = Step::HelloLength;
+                    self.need = 4;
+                }
+                Step::HelloLength => {
+                    let header: [u8; 4] = self.buf[..4].try_into().expect("4 bytes read");
+                    match check_len(header, MAX_HELLO) {
+                        Ok(0) => return self.finish(Vec::new()),
+                        Ok(len) => {
+                            self.step = Step::Hello;
+                            self.need = len;
+                        }
+                        Err(e) => return Advance::Failed(e),
+                    }
+                }
+                Step::Hello => {
+                    let hello = std::mem::take(&mut self.buf);
+                    return self.finish(hello);
+                }
+            }
+            self.buf.clear();
+        }
+    }
+
+    /// Checks the client's response; answers with our proof, or with
+    /// [`DENIED`] when the client's fails.
+    fn check_response(&self, secret: &Secret) -> io::Result<()> {
+        let response = &self.buf;
+        check_header(response, "client")?;
+        let client_nonce = &response[12..12 + NONCE_LEN];
+        if mac(secret, CLIENT_LABEL, &self.nonce, client_nonce)
+            .verify_slice(&response[12 + NONCE_LEN..])
+            .is_err()
+        {
+            let _ = write_whole(&self.stream, &DENIED);
+            return Err(err(
+                io::ErrorKind::PermissionDenied,
+                "authentication failed (wrong secret)",
+            ));
+        }
+        let proof = mac(secret, SERVER_LABEL, &self.nonce, client_nonce)
+            .finalize()
+            .into_bytes();
+        write_whole(&self.stream, &proof)
+    }
+
+    fn finish(&mut self, hello: Vec<u8>) -> Advance {
+        match self.stream.set_nonblocking(false) {
+            Ok(()) => Advance::Done(hello),
+            Err(e) => Advance::Failed(e),
+        }
+    }
+}
+
+/// Writes `bytes` to a non-blocking socket at once: a handshake message is
+/// far smaller than a fresh socket's send buffer, so a short write means a
+/// broken connection.
+fn write_whole(stream: &TcpStream, bytes: &[u8]) -> io::Result<()> {
+    loop {
+        match (&*stream).write(bytes) {
+            Ok(n) if n == bytes.len() => return Ok(()),
+            Ok(n) => {
+                return Err(err(
+                    io::ErrorKind::WriteZero,
+                    format!("the socket took {n} of {} handshake bytes", bytes.len()),
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Counts of connections a listener turned away, for reports that must
+/// not blame a peer for what strangers did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Refusals {
+    /// Handshakes that failed (wrong secret, garbage, timeout, closed).
+    pub failed: u64,
+    /// Unauthenticated handshakes shed to make room for newer ones.
+    pub shed: u64,
+    /// The last refused client and why.
+    pub last: Option<(SocketAddr, String)>,
+}
+
+impl fmt::Display for Refusals {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} connection(s) that failed the handshake and shed {} unauthenticated one(s)",
+            self.failed, self.shed
+        )?;
+        if let Some((peer, why)) = &self.last {
+            write!(f, "; the last from {peer}: {why}")?;
+        }
+        Ok(())
+    }
+}
+
 /// A TCP listener that only hands out connections whose client proved it
 /// knows the secret.
+///
+/// Handshakes run concurrently, driven without blocking by
+/// [`AuthListener::progress`]: a silent or slow client holds a slot for at
+/// most the handshake timeout and delays nobody. At most
+/// [`MAX_PENDING_PER_SOURCE`] unauthenticated handshakes per source
+/// address and [`MAX_PENDING`] in all are held; a new connection beyond
+/// that sheds the oldest (whose client, if it is one of ours, tries again).
 pub struct AuthListener {
     listener: TcpListener,
     secret: Secret,
     local: SocketAddr,
     handshake_timeout: Duration,
+    /// Handshakes under way, oldest first.
+    pending: Vec<Handshake>,
+    /// Authenticated connections not yet taken.
+    ready: VecDeque<(TcpStream, Vec<u8>)>,
+    refusals: Refusals,
 }
 
 impl fmt::Debug for AuthListener {
@@ -462,6 +693,7 @@ impl fmt::Debug for AuthListener {
         f.debug_struct("AuthListener")
             .field("local", &self.local)
             .field("handshake_timeout", &self.handshake_timeout)
+            .field("pending", &self.pending.len())
             .finish_non_exhaustive()
     }
 }
@@ -478,6 +710,9 @@ impl AuthListener {
             secret,
             local,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            pending: Vec::new(),
+            ready: VecDeque::new(),
+            refusals: Refusals::default(),
         })
     }
 
@@ -496,72 +731,178 @@ impl AuthListener {
         self.handshake_timeout = timeout.max(Duration::from_millis(1));
     }
 
+    /// The connections turned away so far.
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
+    }
+
     /// Accepts the next connection that authenticates, returning it with
     /// its hello payload. Connections that fail the handshake are closed,
     /// logged, and accepting continues.
     ///
     /// Returns `TimedOut` at `deadline` and `Interrupted` soon (within
     /// ~10 ms) after `stop` becomes true.
-    pub fn accept(&self, deadline: Instant, stop: &AtomicBool) -> io::Result<(TcpStream, Vec<u8>)> {
+    pub fn accept(
+        &mut self,
+        deadline: Instant,
+        stop: &AtomicBool,
+    ) -> io::Result<(TcpStream, Vec<u8>)> {
+        let mut fds = Vec::new();
         loop {
+            if let Some(accepted) = self.accept_pending()? {
+                return Ok(accepted);
+            }
             if stop.load(Ordering::Relaxed) {
                 return Err(interrupted());
             }
-            let now = Instant::now();
-            if now >= deadline {
+            if Instant::now() >= deadline {
                 return Err(timed_out(&format!(
                     "waiting for a connection on {}",
                     self.local
                 )));
             }
-            if let Some(accepted) = self.accept_one(deadline, stop)? {
-                return Ok(accepted);
-            }
-            wait_readable(self.listener.as_raw_fd(), slice_until(deadline))?;
+            fds.clear();
+            fds.extend(self.poll_fds());
+            wait_readable(&fds, self.poll_timeout(slice_until(deadline)))?;
         }
     }
 
-    /// Takes one pending connection, if any, and runs its handshake
-    /// (blocking for at most the handshake timeout). `Ok(None)` when no
-    /// connection was pending or it failed the handshake (then it is closed
-    /// and logged).
-    pub fn accept_pending(&self, stop: &AtomicBool) -> io::Result<Option<(TcpStream, Vec<u8>)>> {
-        self.accept_one(after(Instant::now(), self.handshake_timeout), stop)
+    /// Drives the handshakes ([`AuthListener::progress`]) and returns an
+    /// authenticated connection, if one is ready. Never blocks.
+    pub fn accept_pending(&mut self) -> io::Result<Option<(TcpStream, Vec<u8>)>> {
+        if self.ready.is_empty() {
+            self.progress()?;
+        }
+        Ok(self.ready.pop_front())
     }
 
-    fn accept_one(
-        &self,
-        deadline: Instant,
-        stop: &AtomicBool,
-    ) -> io::Result<Option<(TcpStream, Vec<u8>)>> {
-        let (mut stream, peer) = match self.listener.accept() {
-            Ok(x) => x,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::Interrupted
-                        | io::ErrorKind::ConnectionAborted
-                ) =>
-            {
-                return Ok(None)
-            }
-            Err(e) => return Err(context(e, format_args!("accepting on {}", self.local))),
-        };
-        let hs_deadline = deadline.min(after(Instant::now(), self.handshake_timeout));
-        match server_handshake(&mut stream, &self.secret, hs_deadline, stop) {
-            Ok(hello) => Ok(Some((stream, hello))),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Err(e),
-            Err(e) => {
-                tracing::warn!(
-                    remote = %peer,
-                    listener = %self.local,
-                    "rejected a connection that failed the handshake: {e}"
-                );
-                let _ = stream.shutdown(Shutdown::Both);
-                Ok(None)
+    /// The descriptors whose readability calls for
+    /// [`AuthListener::progress`]: the listening socket and the handshakes
+    /// under way.
+    pub fn poll_fds(&self) -> impl Iterator<Item = RawFd> + '_ {
+        std::iter::once(self.listener.as_raw_fd())
+            .chain(self.pending.iter().map(|h| h.stream.as_raw_fd()))
+    }
+
+    /// `limit`, shortened to the next handshake deadline: how long a poll
+    /// over [`AuthListener::poll_fds`] may wait before
+    /// [`AuthListener::progress`] has a handshake to expire.
+    pub fn poll_timeout(&self, limit: Duration) -> Duration {
+        match self.pending.iter().map(|h| h.deadline).min() {
+            Some(d) => d
+                .saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), limit),
+            None => limit,
+        }
+    }
+
+    /// Advances every handshake that can advance, drops those past their
+    /// deadline, then accepts new connections and greets them. Never
+    /// blocks; authenticated connections queue for
+    /// [`AuthListener::accept_pending`]. An error from `accept(2)` (such
+    /// as running out of file descriptors) is returned after the rest.
+    pub fn progress(&mut self) -> io::Result<()> {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.pending.len() {
+            let outcome = match self.pending[i].advance(&self.secret) {
+                Advance::Waiting if now >= self.pending[i].deadline => Advance::Failed(err(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "timed out after {:?} in the {:?} step",
+                        self.handshake_timeout, self.pending[i].step
+                    ),
+                )),
+                outcome => outcome,
+            };
+            match outcome {
+                Advance::Waiting => i += 1,
+                Advance::Done(hello) => {
+                    let h = self.pending.remove(i);
+                    self.ready.push_back((h.stream, hello));
+                }
+                Advance::Failed(e) => {
+                    let h = self.pending.remove(i);
+                    self.refuse(h, e.to_string());
+                }
             }
         }
+        for _ in 0..ACCEPT_BATCH {
+            let (stream, peer) = match self.listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) =>
+                {
+                    continue
+                }
+                Err(e) => return Err(context(e, format_args!("accepting on {}", self.local))),
+            };
+            self.make_room(peer);
+            let deadline = after(Instant::now(), self.handshake_timeout);
+            match Handshake::start(stream, peer, deadline) {
+                Ok(mut h) => match h.advance(&self.secret) {
+                    Advance::Waiting => self.pending.push(h),
+                    Advance::Done(hello) => self.ready.push_back((h.stream, hello)),
+                    Advance::Failed(e) => self.refuse(h, e.to_string()),
+                },
+                Err(e) => self.note_refusal(peer, format!("greeting failed: {e}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sheds the oldest unauthenticated handshake from `peer`'s address if
+    /// it is at its cap, and the oldest of all if the listener is.
+    fn make_room(&mut self, peer: SocketAddr) {
+        let unauthenticated = |h: &&Handshake| !h.authenticated();
+        let from_peer = self
+            .pending
+            .iter()
+            .filter(unauthenticated)
+            .filter(|h| h.peer.ip() == peer.ip())
+            .count();
+        if from_peer >= MAX_PENDING_PER_SOURCE {
+            self.shed(|h| h.peer.ip() == peer.ip());
+        }
+        if self.pending.iter().filter(unauthenticated).count() >= MAX_PENDING {
+            self.shed(|_| true);
+        }
+    }
+
+    fn shed(&mut self, which: impl Fn(&Handshake) -> bool) {
+        if let Some(i) = self
+            .pending
+            .iter()
+            .position(|h| !h.authenticated() && which(h))
+        {
+            let h = self.pending.remove(i);
+            tracing::debug!(
+                remote = %h.peer,
+                listener = %self.local,
+                "shed an unauthenticated handshake to make room"
+            );
+            self.refusals.shed += 1;
+            let _ = h.stream.shutdown(Shutdown::Both);
+        }
+    }
+
+    fn refuse(&mut self, h: Handshake, why: String) {
+        tracing::warn!(
+            remote = %h.peer,
+            listener = %self.local,
+            "rejected a connection that failed the handshake: {why}"
+        );
+        let _ = h.stream.shutdown(Shutdown::Both);
+        self.note_refusal(h.peer, why);
+    }
+
+    fn note_refusal(&mut self, peer: SocketAddr, why: String) {
+        self.refusals.failed += 1;
+        self.refusals.last = Some((peer, why));
     }
 }
 
@@ -606,7 +947,7 @@ mod tests {
         })
     }
 
-    fn serve_good(l: &AuthListener, hello: &[u8]) {
+    fn serve_good(l: &mut AuthListener, hello: &[u8]) {
         let stop = AtomicBool::new(false);
         let (mut s, got) = l.accept(soon(5000), &stop).unwrap();
         assert_eq!(got, hello);
@@ -626,22 +967,22 @@ mod tests {
     #[test]
     fn connect_with_hello() {
         let secret = Secret::random();
-        let l = listener(secret);
+        let mut l = listener(secret);
         let c = good_client(l.local_addr(), secret, b"hello there");
-        serve_good(&l, b"hello there");
+        serve_good(&mut l, b"hello there");
         c.join().unwrap();
     }
 
     #[test]
     fn empty_and_max_hello() {
         let secret = Secret::random();
-        let l = listener(secret);
+        let mut l = listener(secret);
         let c = good_client(l.local_addr(), secret, b"");
-        serve_good(&l, b"");
+        serve_good(&mut l, b"");
         c.join().unwrap();
         let big: &'static [u8] = Box::leak(vec![7u8; MAX_HELLO].into_boxed_slice());
         let c = good_client(l.local_addr(), secret, big);
-        serve_good(&l, big);
+        serve_good(&mut l, big);
         c.join().unwrap();
         let e = connect(l.local_addr(), &secret, &[0; MAX_HELLO + 1], soon(100)).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
@@ -650,17 +991,27 @@ mod tests {
     #[test]
     fn wrong_secret_refused_then_good_client_accepted() {
         let secret = Secret::random();
-        let l = listener(secret);
+        let mut l = listener(secret);
         let addr = l.local_addr();
-        let bad = thread::spawn(move || connect(addr, &Secret::random(), b"x", soon(5000)));
+        let bad = thread::spawn(move || {
+            let t = Instant::now();
+            (
+                connect(addr, &Secret::random(), b"x", soon(5000)),
+                t.elapsed(),
+            )
+        });
         let stop = AtomicBool::new(false);
         // Only the bad client is there: nothing is accepted.
         let e = l.accept(soon(500), &stop).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
-        let e = bad.join().unwrap().unwrap_err();
+        let (e, took) = bad.join().unwrap();
+        let e = e.unwrap_err();
+        // Refused outright: not taken for a shed handshake and retried.
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("refused"), "{e}");
+        assert!(took < Duration::from_secs(1), "{took:?}");
         let c = good_client(addr, secret, b"good");
-        serve_good(&l, b"good");
+        serve_good(&mut l, b"good");
         c.join().unwrap();
     }
 
@@ -692,7 +1043,7 @@ mod tests {
     #[test]
     fn garbage_truncated_and_silent_clients_refused() {
         let secret = Secret::random();
-        let l = listener(secret);
+        let mut l = listener(secret);
         let addr = l.local_addr();
         // Garbage.
         let mut garbage = TcpStream::connect(addr).unwrap();
@@ -714,7 +1065,7 @@ mod tests {
         version.write_all(&v).unwrap();
         let c = good_client(addr, secret, b"after the bad ones");
         let t = Instant::now();
-        serve_good(&l, b"after the bad ones");
+        serve_good(&mut l, b"after the bad ones");
         // One silent client costs at most one handshake timeout.
         assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
         c.join().unwrap();
@@ -722,8 +1073,84 @@ mod tests {
     }
 
     #[test]
+    fn silent_clients_do_not_delay_a_real_one() {
+        let secret = Secret::random();
+        let mut l = listener(secret);
+        l.set_handshake_timeout(Duration::from_secs(1));
+        let addr = l.local_addr();
+        let silent: Vec<TcpStream> = (0..60).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let c = good_client(addr, secret, b"among the silent");
+        let t = Instant::now();
+        serve_good(&mut l, b"among the silent");
+        // One at a time, the silent ones would cost 60 handshake timeouts.
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        c.join().unwrap();
+        drop(silent);
+    }
+
+    #[test]
+    fn a_flood_from_one_source_is_capped_and_sheds_the_oldest() {
+        let secret = Secret::random();
+        let mut l = listener(secret);
+        l.set_handshake_timeout(Duration::from_secs(30));
+        let addr = l.local_addr();
+        let flood = MAX_PENDING_PER_SOURCE + 20;
+        let silent: Vec<TcpStream> = (0..flood)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        let deadline = soon(5000);
+        while l.pending.len() + (l.refusals().shed as usize) < flood && Instant::now() < deadline {
+            l.progress().unwrap();
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(l.pending.len(), MAX_PENDING_PER_SOURCE);
+        assert_eq!(l.refusals().shed as usize, flood - MAX_PENDING_PER_SOURCE);
+        // The oldest went: the first client sees its connection closed.
+        let mut first = &silent[0];
+        first
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut greeting = [0u8; GREETING_LEN];
+        first.read_exact(&mut greeting).unwrap();
+        assert_eq!(first.read(&mut [0u8; 1]).unwrap(), 0);
+        // The newest is still held, and a real client gets through.
+        assert_eq!(
+            l.pending.last().unwrap().peer,
+            silent[flood - 1].local_addr().unwrap()
+        );
+        let c = good_client(addr, secret, b"after the flood");
+        serve_good(&mut l, b"after the flood");
+        c.join().unwrap();
+    }
+
+    #[test]
+    fn a_client_whose_handshake_was_shed_tries_again() {
+        // A listener that greets, takes the response, then drops the
+        // connection (as a busy one sheds it), and comes back properly.
+        let raw = TcpListener::bind(loopback()).unwrap();
+        let addr = raw.local_addr().unwrap();
+        let secret = Secret::random();
+        let server = thread::spawn(move || {
+            let (mut s, _) = raw.accept().unwrap();
+            let mut g = [0u8; GREETING_LEN];
+            g[..8].copy_from_slice(&MAGIC);
+            g[8..12].copy_from_slice(&VERSION.to_le_bytes());
+            s.write_all(&g).unwrap();
+            let mut r = [0u8; RESPONSE_LEN];
+            s.read_exact(&mut r).unwrap();
+            drop((s, raw));
+            let mut l = AuthListener::bind(addr, secret).unwrap();
+            serve_good(&mut l, b"second try");
+        });
+        let mut s = connect(addr, &secret, b"second try", soon(5000)).unwrap();
+        write_frame(&mut s, b"ping").unwrap();
+        assert_eq!(read_frame(&mut s, 16).unwrap(), b"pong");
+        server.join().unwrap();
+    }
+
+    #[test]
     fn accept_times_out_and_stops() {
-        let l = listener(Secret::random());
+        let mut l = listener(Secret::random());
         let stop = AtomicBool::new(false);
         let t = Instant::now();
         let e = l.accept(soon(100), &stop).unwrap_err();
@@ -754,8 +1181,8 @@ mod tests {
         let secret = Secret::random();
         let server = thread::spawn(move || {
             thread::sleep(Duration::from_millis(150));
-            let l = AuthListener::bind(addr, secret).unwrap();
-            serve_good(&l, b"late");
+            let mut l = AuthListener::bind(addr, secret).unwrap();
+            serve_good(&mut l, b"late");
         });
         let mut s = connect(addr, &secret, b"late", soon(5000)).unwrap();
         write_frame(&mut s, b"ping").unwrap();
@@ -827,7 +1254,7 @@ mod tests {
             valid_header in any::<bool>(),
             bytes in proptest::collection::vec(any::<u8>(), 0..160),
         ) {
-            let l = listener(Secret::random());
+            let mut l = listener(Secret::random());
             let mut c = TcpStream::connect(l.local_addr()).unwrap();
             let mut msg = Vec::new();
             if valid_header {
@@ -837,9 +1264,8 @@ mod tests {
             msg.extend_from_slice(&bytes);
             c.write_all(&msg).unwrap();
             c.shutdown(Shutdown::Write).unwrap();
-            wait_readable(l.as_raw_fd(), Duration::from_secs(2)).unwrap();
-            let stop = AtomicBool::new(false);
-            prop_assert!(l.accept_pending(&stop).unwrap().is_none());
+            wait_readable(&[l.as_raw_fd()], Duration::from_secs(2)).unwrap();
+            prop_assert!(l.accept_pending().unwrap().is_none());
         }
     }
 }
