@@ -448,3 +448,63 @@ fn sigusr1_prints_what_every_communicator_waits_for() {
     let left = shm_names_of(&[pid as u32]);
     assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }
+
+/// Tries init with the environment's `RCCL_HANG_REPORT_SIGNAL`, prints
+/// "INIT <outcome>", then waits for standard input to close.
+#[test]
+fn signal_child() {
+    if std::env::var_os("RCCL_SIGNAL_CHILD").is_none() {
+        return;
+    }
+    match Communicator::init_all(2) {
+        Ok(_) => println!("INIT ok"),
+        Err(err) => println!("INIT code {} {err}", err.code()),
+    }
+    let _ = std::io::stdin().read_line(&mut String::new());
+}
+
+#[test]
+fn a_hang_report_signal_that_means_something_else_fails_init_and_sigterm_still_stops() {
+    use std::os::unix::process::ExitStatusExt;
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Ranks(vec![Command::new(&exe)
+        .args([
+            "--exact",
+            "signal_child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("RCCL_SIGNAL_CHILD", "1")
+        .env("RCCL_HANG_REPORT_SIGNAL", "15")
+        .env("RCCL_TIMEOUT_MS", "20000")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()]);
+    let mut out = BufReader::new(child.0[0].stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("INIT") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
+    }
+    println!("{}", line.trim());
+    assert!(
+        line.contains("INIT code 4 invalid argument: RCCL_HANG_REPORT_SIGNAL=15: SIGTERM (15)"),
+        "{line}"
+    );
+    // The handler was not installed: SIGTERM keeps its default action.
+    let pid = child.0[0].id() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.0[0].try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "SIGTERM did not stop the child");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+}

@@ -457,6 +457,7 @@ impl Communicator {
         config.validate()?;
         crate::debug::init();
         crate::tuning::register_schedule_files_from_env()?;
+        crate::signal::install_from_env()?;
         let abort = Arc::new(AtomicBool::new(false));
         let bootstrap = Bootstrap::init(id, rank, nranks, config.timeout, abort.clone())?;
         let ip = bootstrap.peer_addr(rank).ip();
@@ -500,7 +501,6 @@ impl Communicator {
         let links = (0..config.max_channels)
             .map(|_| (0..nranks).map(|_| None).collect())
             .collect();
-        crate::signal::install_from_env();
         let inner = Arc::new(CommInner {
             rank,
             nranks,
