@@ -508,3 +508,168 @@ fn a_hang_report_signal_that_means_something_else_fails_init_and_sigterm_still_s
     };
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
 }
+
+/// Two ranks of one process all-reduce `RCCL_FAULT_COUNT` floats once
+/// each and print "SHM <rank> <ms after the call began> <outcome>".
+#[test]
+fn shm_space_child() {
+    if std::env::var_os("RCCL_SHM_SPACE_CHILD").is_none() {
+        return;
+    }
+    let count: usize = std::env::var(COUNT_VAR).unwrap().parse().unwrap();
+    let comms = Communicator::init_all(2).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || {
+                let mine = vec![1f32; count];
+                let mut sum = vec![0f32; count];
+                let began = Instant::now();
+                let outcome = comm.all_reduce(&mine, &mut sum, RedOp::Sum);
+                println!(
+                    "SHM {} {} {:?}",
+                    comm.rank(),
+                    began.elapsed().as_millis(),
+                    outcome
+                );
+            });
+        }
+    });
+}
+
+/// Why a small `/dev/shm` cannot be given to a child, if it cannot: that
+/// needs root and `unshare` (a private mount namespace).
+fn small_dev_shm_unavailable() -> Option<String> {
+    let made = Command::new("unshare")
+        .args(["-m", "sh", "-c", "mount -t tmpfs -o size=1m none /dev/shm"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    match made {
+        Ok(status) if status.success() => None,
+        Ok(status) => Some(format!(
+            "`unshare -m` + mount failed ({status}): needs root"
+        )),
+        Err(e) => Some(format!("no `unshare`: {e}")),
+    }
+}
+
+/// Runs [`shm_space_child`] with a `/dev/shm` of `mib` MiB and `env`;
+/// returns each rank's time to fail and error.
+fn all_reduce_with_a_small_dev_shm(
+    mib: usize,
+    count: usize,
+    env: &[(&str, &str)],
+) -> Vec<(u128, String)> {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "-m",
+        "sh",
+        "-c",
+        &format!(r#"mount -t tmpfs -o size={mib}m none /dev/shm && exec "$0" "$@""#),
+    ])
+    .arg(&exe)
+    .args([
+        "--exact",
+        "shm_space_child",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env("RCCL_SHM_SPACE_CHILD", "1")
+    .env(COUNT_VAR, count.to_string())
+    .env("NCCL_MIN_NCHANNELS", "1")
+    .env("NCCL_MAX_NCHANNELS", "1")
+    .env("RCCL_TIMEOUT_MS", "20000")
+    .env_remove("RCCL_HANG_REPORT_SIGNAL")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    for (name, value) in env {
+        cmd.env(name, value);
+    }
+    let mut child = Ranks(vec![cmd.spawn().unwrap()]);
+    let out = child.0[0].stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|line| Some(line[line.find("SHM ")?..].to_string()))
+            .collect::<Vec<_>>()
+    });
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.0[0].try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the child did not end within 15 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let lines = reader.join().unwrap();
+    assert!(
+        status.success(),
+        "the child ended with {status:?}: {lines:?}"
+    );
+    let mut got: Vec<(usize, u128, String)> = lines
+        .iter()
+        .map(|line| {
+            let mut parts = line.splitn(4, ' ').skip(1);
+            let rank = parts.next().unwrap().parse().unwrap();
+            let ms = parts.next().unwrap().parse().unwrap();
+            (rank, ms, parts.next().unwrap().to_string())
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got.len(), 2, "{lines:?}");
+    got.into_iter().map(|(_, ms, text)| (ms, text)).collect()
+}
+
+/// Both ranks fail soon, saying what is missing and what to change
+/// (`setting`: what sizes the segment).
+fn assert_both_ranks_name_dev_shm(got: &[(u128, String)], mib: usize, what: &str, setting: &str) {
+    let size = format!("free of {mib}.0 MiB");
+    for (rank, (ms, text)) in got.iter().enumerate() {
+        println!("{what}, {mib} MiB /dev/shm: rank {rank} failed after {ms} ms: {text}");
+        assert!(*ms < 5_000, "rank {rank} took {ms} ms: {text}");
+        for needed in ["/dev/shm has no room", &size, setting, "NCCL_SHM_DISABLE=1"] {
+            assert!(
+                text.contains(needed),
+                "rank {rank} does not say {needed:?}: {text}"
+            );
+        }
+    }
+    assert!(
+        got[1].1.contains("rank 0 "),
+        "rank 1 does not name rank 0: {}",
+        got[1].1
+    );
+}
+
+#[test]
+fn a_dev_shm_too_small_for_the_fifos_fails_both_ranks_naming_it() {
+    if let Some(why) = small_dev_shm_unavailable() {
+        println!("SKIPPED small /dev/shm test: {why}");
+        return;
+    }
+    // 4 MiB FIFOs: the pair's segment needs over 8 MiB.
+    let got = all_reduce_with_a_small_dev_shm(1, 1 << 18, &[("NCCL_BUFFSIZE", "4194304")]);
+    assert_both_ranks_name_dev_shm(&got, 1, "FIFO segment", "NCCL_BUFFSIZE");
+}
+
+#[test]
+fn a_dev_shm_too_small_for_the_board_fails_both_ranks_naming_it() {
+    if let Some(why) = small_dev_shm_unavailable() {
+        println!("SKIPPED small /dev/shm test: {why}");
+        return;
+    }
+    // A 1 MiB all-reduce through a board of 2 ranks x 2 posts of 1 MiB
+    // (NCCL_ALGO=oneshot: the board is made before any FIFO).
+    let got = all_reduce_with_a_small_dev_shm(
+        1,
+        1 << 18,
+        &[("RCCL_BOARD_BYTES", "1048576"), ("NCCL_ALGO", "oneshot")],
+    );
+    assert_both_ranks_name_dev_shm(&got, 1, "board", "RCCL_BOARD_BYTES");
+}
