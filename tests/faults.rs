@@ -673,3 +673,182 @@ fn a_dev_shm_too_small_for_the_board_fails_both_ranks_naming_it() {
     );
     assert_both_ranks_name_dev_shm(&got, 1, "board", "RCCL_BOARD_BYTES");
 }
+
+/// Lowers this process's open-file limit to `RCCL_FD_LIMIT`, then inits
+/// (8 ranks of this process, or one rank from the environment when `RANK`
+/// is set) and all-reduces once; prints "FD <ms> <outcome>".
+#[test]
+fn fd_limit_child() {
+    let Some(limit) = std::env::var("RCCL_FD_LIMIT").ok() else {
+        return;
+    };
+    let limit: libc::rlim_t = limit.parse().unwrap();
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid out-pointer, then a valid limit for this process.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut old), 0);
+        let new = libc::rlimit {
+            rlim_cur: limit,
+            rlim_max: old.rlim_max,
+        };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &new), 0);
+    }
+    let began = Instant::now();
+    let comms = if std::env::var_os("RANK").is_some() {
+        Communicator::from_env().map(|comm| vec![comm])
+    } else {
+        Communicator::init_all(8)
+    };
+    let outcome = comms.and_then(|comms| {
+        std::thread::scope(|s| {
+            let calls: Vec<_> = comms
+                .iter()
+                .map(|comm| {
+                    s.spawn(move || {
+                        let mut sum = [0f32; 1024];
+                        comm.all_reduce(&[1f32; 1024], &mut sum, RedOp::Sum)
+                    })
+                })
+                .collect();
+            calls.into_iter().try_for_each(|call| call.join().unwrap())
+        })
+    });
+    println!(
+        "FD {} {}",
+        began.elapsed().as_millis(),
+        match outcome {
+            Ok(()) => "ok".to_string(),
+            Err(err) => err.to_string(),
+        }
+    );
+}
+
+/// The "FD" lines of `children` (each killed at the deadline): (ms, text).
+fn fd_outcomes(children: &mut Ranks) -> Vec<(u128, String)> {
+    let rx = {
+        let (tx, rx) = mpsc::channel();
+        for child in &mut children.0 {
+            let out = child.stdout.take().unwrap();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if let Some(at) = line.find("FD ") {
+                        let _ = tx.send(line[at + 3..].to_string());
+                    }
+                }
+            });
+        }
+        rx
+    };
+    let deadline = Instant::now() + Duration::from_secs(40);
+    (0..children.0.len())
+        .map(|_| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx.recv_timeout(left).expect("a child printed no outcome");
+            let (ms, text) = line.split_once(' ').unwrap();
+            (ms.parse().unwrap(), text.to_string())
+        })
+        .collect()
+}
+
+fn fd_limit_command(limit: usize) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "fd_limit_child",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env("RCCL_FD_LIMIT", limit.to_string())
+    .env("RCCL_TIMEOUT_MS", "30000")
+    .env_remove("RCCL_HANG_REPORT_SIGNAL")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    cmd
+}
+
+/// The error names EMFILE and what to do, well before the 30 s timeout.
+fn assert_reports_the_fd_limit(ms: u128, text: &str, limit: usize) {
+    assert!(ms < 5_000, "took {ms} ms: {text}");
+    for needed in [
+        "too many open files (EMFILE)",
+        &format!("limit of {limit} open files"),
+        "ulimit -n",
+    ] {
+        assert!(text.contains(needed), "does not say {needed:?}: {text}");
+    }
+}
+
+#[test]
+fn running_out_of_file_descriptors_in_one_process_is_reported_at_once() {
+    // Each limit runs out at another step of init: a socket pair, the data
+    // listener, a connection to a peer, the bootstrap listener's accept.
+    for limit in (32..=46).step_by(2) {
+        let mut child = Ranks(vec![fd_limit_command(limit).spawn().unwrap()]);
+        let (ms, text) = fd_outcomes(&mut child).remove(0);
+        println!("8 ranks of one process, ulimit -n {limit}: init failed after {ms} ms: {text}");
+        assert_reports_the_fd_limit(ms, &text, limit);
+    }
+}
+
+#[test]
+fn running_out_of_file_descriptors_at_the_root_is_reported_to_the_ranks() {
+    // 12 descriptors: the root, in rank 0's process, runs out while the 8
+    // ranks register.
+    let port = free_port().to_string();
+    let mut ranks = Ranks(
+        (0..8)
+            .map(|rank| {
+                fd_limit_command(12)
+                    .env("RANK", rank.to_string())
+                    .env("WORLD_SIZE", "8")
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", &port)
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
+    let rx = {
+        let (tx, rx) = mpsc::channel();
+        for (rank, child) in ranks.0.iter_mut().enumerate() {
+            let out = child.stdout.take().unwrap();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if let Some(at) = line.find("FD ") {
+                        let _ = tx.send((rank, line[at + 3..].to_string()));
+                    }
+                }
+            });
+        }
+        rx
+    };
+    // What arrives within 3 s (the timeout is 30 s).
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut got = Vec::new();
+    while got.len() < 8 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok((rank, line)) = rx.recv_timeout(left) else {
+            break;
+        };
+        let (ms, text) = line.split_once(' ').unwrap();
+        println!("8 processes, ulimit -n 12: rank {rank} failed after {ms} ms: {text}");
+        got.push((rank, ms.parse::<u128>().unwrap(), text.to_string()));
+    }
+    let (_, ms, text) = got
+        .iter()
+        .find(|(rank, _, _)| *rank == 0)
+        .expect("rank 0 reported nothing within 3 s");
+    assert_reports_the_fd_limit(*ms, text, 12);
+    for (rank, _, text) in &got {
+        assert!(
+            !text.contains("timed out"),
+            "rank {rank} blames a timeout: {text}"
+        );
+    }
+}

@@ -317,7 +317,26 @@ fn root_main(listener: AuthListener) {
             Ok(x) => x,
             Err(e) => {
                 if failure.is_some() {
-                    return;
+                    if e.kind() == io::ErrorKind::TimedOut {
+                        return;
+                    }
+                    // Accepting may work again once what failed frees its
+                    // descriptors; until the deadline, later ranks are told.
+                    thread::sleep(ABORT_POLL);
+                    continue;
+                }
+                if e.kind() != io::ErrorKind::TimedOut {
+                    // Not a timeout (e.g. out of file descriptors): say so to
+                    // the ranks registered, whose streams close and free what
+                    // they held, then answer later ones the same.
+                    let msg =
+                        format!("bootstrap: the root at {root} cannot take registrations: {e}");
+                    tracing::warn!("{msg}");
+                    for (_, mut r) in ranks.drain() {
+                        let _ = root_answer(&mut r.stream, ROOT_SYSTEM, msg.as_bytes());
+                    }
+                    failure = Some((ROOT_SYSTEM, msg));
+                    continue;
                 }
                 let Some(n) = ranks.values().next().map(|r| r.nranks) else {
                     tracing::warn!(root = %root, "bootstrap root: no rank registered; exiting ({e})");
@@ -425,6 +444,9 @@ fn root_main(listener: AuthListener) {
 struct Mailbox {
     msgs: HashMap<(usize, u8, u64), VecDeque<Vec<u8>>>,
     gone: HashMap<usize, String>,
+    /// Why this rank's listener could not accept a connection, if it could
+    /// not: the message that connection carries will never arrive.
+    broken: Option<String>,
 }
 
 struct Shared {
@@ -769,6 +791,12 @@ impl Bootstrap {
                     return Ok(msg);
                 }
             }
+            if let Some(why) = &mb.broken {
+                return Err(Error::System(format!(
+                    "bootstrap: {why} (while waiting for {} from rank {peer})",
+                    what()
+                )));
+            }
             if let Some(why) = mb.gone.get(&peer) {
                 return Err(Error::Remote(format!(
                     "bootstrap: rank {peer} at {} {why} while rank {} was waiting for {}",
@@ -959,7 +987,16 @@ impl Receiver {
             Ok(None) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
-                tracing::warn!(rank = self.rank, "bootstrap: accept failed: {e}");
+                let mut mailbox = self.shared.mailbox.lock();
+                if mailbox.broken.is_none() {
+                    tracing::warn!(rank = self.rank, "bootstrap: accept failed: {e}");
+                    mailbox.broken = Some(format!(
+                        "rank {} cannot accept connections from other ranks: {e}",
+                        self.rank
+                    ));
+                    self.shared.cond.notify_all();
+                }
+                drop(mailbox);
                 thread::sleep(ABORT_POLL);
             }
         }

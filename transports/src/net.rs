@@ -22,8 +22,15 @@ use crate::socket::{self, AuthListener, Secret};
 
 const HELLO_MAGIC: u32 = 0x7263_6364; // "rccd": a data connection
 
-/// Streams accepted and authenticated, waiting to be claimed.
-type Accepted = (Mutex<HashMap<(usize, usize), TcpStream>>, Condvar);
+/// Streams accepted and authenticated, waiting to be claimed, and why
+/// the listener stopped accepting, if it did.
+#[derive(Default)]
+struct Inbox {
+    streams: HashMap<(usize, usize), TcpStream>,
+    failure: Option<String>,
+}
+
+type Accepted = (Mutex<Inbox>, Condvar);
 
 /// One communicator's TCP endpoint.
 pub struct TcpTransport {
@@ -50,7 +57,7 @@ impl TcpTransport {
     pub fn listen(ip: IpAddr, rank: usize, secret: Secret) -> io::Result<TcpTransport> {
         let listener = AuthListener::bind(SocketAddr::new(ip, 0), secret)?;
         let local_addr = listener.local_addr();
-        let accepted: Arc<Accepted> = Arc::new((Mutex::new(HashMap::new()), Condvar::new()));
+        let accepted: Arc<Accepted> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let acceptor = {
             let (accepted, stop) = (accepted.clone(), stop.clone());
@@ -99,11 +106,16 @@ impl TcpTransport {
         deadline: Instant,
         abort: &AtomicBool,
     ) -> io::Result<TcpStream> {
-        let (map, arrived) = &*self.accepted;
-        let mut map = map.lock();
+        let (inbox, arrived) = &*self.accepted;
+        let mut inbox = inbox.lock();
         loop {
-            if let Some(stream) = map.remove(&(peer, channel)) {
+            if let Some(stream) = inbox.streams.remove(&(peer, channel)) {
                 return Ok(stream);
+            }
+            if let Some(why) = &inbox.failure {
+                return Err(io::Error::other(format!(
+                    "the data listener stopped: {why}"
+                )));
             }
             if abort.load(Ordering::Relaxed) {
                 return Err(io::Error::new(io::ErrorKind::Interrupted, "aborted"));
@@ -116,7 +128,7 @@ impl TcpTransport {
                 ));
             }
             let step = (deadline - now).min(Duration::from_millis(20));
-            arrived.wait_for(&mut map, step);
+            arrived.wait_for(&mut inbox, step);
         }
     }
 }
@@ -156,7 +168,7 @@ fn accept_loop(listener: &AuthListener, accepted: &Accepted, stop: &AtomicBool) 
         match listener.accept(forever, stop) {
             Ok((stream, hello)) => match decode_hello(&hello) {
                 Some(key) => {
-                    accepted.0.lock().insert(key, stream);
+                    accepted.0.lock().streams.insert(key, stream);
                     accepted.1.notify_all();
                 }
                 None => tracing::warn!(
@@ -165,9 +177,14 @@ fn accept_loop(listener: &AuthListener, accepted: &Accepted, stop: &AtomicBool) 
                 ),
             },
             Err(err) if err.kind() == io::ErrorKind::Interrupted => return,
+            // Accepting failed (e.g. out of file descriptors) and would fail
+            // again at once: stop, so that waits for connections fail now
+            // with the reason and dialers find the listener closed.
             Err(err) => {
                 tracing::warn!("data listener: {err}");
-                std::thread::sleep(Duration::from_millis(10));
+                accepted.0.lock().failure = Some(err.to_string());
+                accepted.1.notify_all();
+                return;
             }
         }
     }

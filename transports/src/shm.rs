@@ -63,7 +63,7 @@ impl ShmSegment {
             )
         };
         if fd < 0 {
-            return Err(io::Error::last_os_error());
+            return Err(crate::explain_fd_limit(io::Error::last_os_error()));
         }
         let mapped = reserve(fd, &name, len).and_then(|()| map(fd, len));
         // SAFETY: fd is open and no longer needed once mapped (or failed).
@@ -96,7 +96,7 @@ impl ShmSegment {
         // SAFETY: c_name is a valid NUL-terminated string.
         let fd = unsafe { libc::shm_open(c_name.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
         if fd < 0 {
-            return Err(io::Error::last_os_error());
+            return Err(crate::explain_fd_limit(io::Error::last_os_error()));
         }
         let mapped = (|| {
             // SAFETY: an all-zero stat is a valid value for fstat to fill.

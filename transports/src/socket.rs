@@ -273,8 +273,10 @@ fn check_header(buf: &[u8], peer: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// Adds `context` to an I/O error, keeping its kind.
+/// Adds `context` to an I/O error, keeping its kind (and explaining a
+/// lack of file descriptors).
 fn context(e: io::Error, context: impl fmt::Display) -> io::Error {
+    let e = crate::explain_fd_limit(e);
     io::Error::new(e.kind(), format!("{context}: {e}"))
 }
 
@@ -448,6 +450,26 @@ fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether an error of accept(2) is the pending connection's own network
+/// error, which Linux passes on through accept: that connection is lost,
+/// the listener is fine.
+fn is_pending_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EPROTO
+                | libc::ENOPROTOOPT
+                | libc::ENETDOWN
+                | libc::ENETUNREACH
+                | libc::EHOSTDOWN
+                | libc::EHOSTUNREACH
+                | libc::ENONET
+                | libc::EOPNOTSUPP
+                | libc::EPERM
+        )
+    )
+}
+
 /// A TCP listener that only hands out connections whose client proved it
 /// knows the secret.
 pub struct AuthListener {
@@ -542,10 +564,12 @@ impl AuthListener {
                     io::ErrorKind::WouldBlock
                         | io::ErrorKind::Interrupted
                         | io::ErrorKind::ConnectionAborted
-                ) =>
+                ) || is_pending_connection_error(&e) =>
             {
                 return Ok(None)
             }
+            // The listener itself cannot go on (out of file descriptors or
+            // memory): accepting again would fail the same way.
             Err(e) => return Err(context(e, format_args!("accepting on {}", self.local))),
         };
         let hs_deadline = deadline.min(after(Instant::now(), self.handshake_timeout));
