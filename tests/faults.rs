@@ -448,3 +448,407 @@ fn sigusr1_prints_what_every_communicator_waits_for() {
     let left = shm_names_of(&[pid as u32]);
     assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }
+
+/// Tries init with the environment's `RCCL_HANG_REPORT_SIGNAL`, prints
+/// "INIT <outcome>", then waits for standard input to close.
+#[test]
+fn signal_child() {
+    if std::env::var_os("RCCL_SIGNAL_CHILD").is_none() {
+        return;
+    }
+    match Communicator::init_all(2) {
+        Ok(_) => println!("INIT ok"),
+        Err(err) => println!("INIT code {} {err}", err.code()),
+    }
+    let _ = std::io::stdin().read_line(&mut String::new());
+}
+
+#[test]
+fn a_hang_report_signal_that_means_something_else_fails_init_and_sigterm_still_stops() {
+    use std::os::unix::process::ExitStatusExt;
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Ranks(vec![Command::new(&exe)
+        .args([
+            "--exact",
+            "signal_child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("RCCL_SIGNAL_CHILD", "1")
+        .env("RCCL_HANG_REPORT_SIGNAL", "15")
+        .env("RCCL_TIMEOUT_MS", "20000")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()]);
+    let mut out = BufReader::new(child.0[0].stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("INIT") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
+    }
+    println!("{}", line.trim());
+    assert!(
+        line.contains("INIT code 4 invalid argument: RCCL_HANG_REPORT_SIGNAL=15: SIGTERM (15)"),
+        "{line}"
+    );
+    // The handler was not installed: SIGTERM keeps its default action.
+    let pid = child.0[0].id() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.0[0].try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "SIGTERM did not stop the child");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+}
+
+/// Two ranks of one process all-reduce `RCCL_FAULT_COUNT` floats once
+/// each and print "SHM <rank> <ms after the call began> <outcome>".
+#[test]
+fn shm_space_child() {
+    if std::env::var_os("RCCL_SHM_SPACE_CHILD").is_none() {
+        return;
+    }
+    let count: usize = std::env::var(COUNT_VAR).unwrap().parse().unwrap();
+    let comms = Communicator::init_all(2).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || {
+                let mine = vec![1f32; count];
+                let mut sum = vec![0f32; count];
+                let began = Instant::now();
+                let outcome = comm.all_reduce(&mine, &mut sum, RedOp::Sum);
+                println!(
+                    "SHM {} {} {:?}",
+                    comm.rank(),
+                    began.elapsed().as_millis(),
+                    outcome
+                );
+            });
+        }
+    });
+}
+
+/// Why a small `/dev/shm` cannot be given to a child, if it cannot: that
+/// needs root and `unshare` (a private mount namespace).
+fn small_dev_shm_unavailable() -> Option<String> {
+    let made = Command::new("unshare")
+        .args(["-m", "sh", "-c", "mount -t tmpfs -o size=1m none /dev/shm"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    match made {
+        Ok(status) if status.success() => None,
+        Ok(status) => Some(format!(
+            "`unshare -m` + mount failed ({status}): needs root"
+        )),
+        Err(e) => Some(format!("no `unshare`: {e}")),
+    }
+}
+
+/// Runs [`shm_space_child`] with a `/dev/shm` of `mib` MiB and `env`;
+/// returns each rank's time to fail and error.
+fn all_reduce_with_a_small_dev_shm(
+    mib: usize,
+    count: usize,
+    env: &[(&str, &str)],
+) -> Vec<(u128, String)> {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "-m",
+        "sh",
+        "-c",
+        &format!(r#"mount -t tmpfs -o size={mib}m none /dev/shm && exec "$0" "$@""#),
+    ])
+    .arg(&exe)
+    .args([
+        "--exact",
+        "shm_space_child",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env("RCCL_SHM_SPACE_CHILD", "1")
+    .env(COUNT_VAR, count.to_string())
+    .env("NCCL_MIN_NCHANNELS", "1")
+    .env("NCCL_MAX_NCHANNELS", "1")
+    .env("RCCL_TIMEOUT_MS", "20000")
+    .env_remove("RCCL_HANG_REPORT_SIGNAL")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    for (name, value) in env {
+        cmd.env(name, value);
+    }
+    let mut child = Ranks(vec![cmd.spawn().unwrap()]);
+    let out = child.0[0].stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|line| Some(line[line.find("SHM ")?..].to_string()))
+            .collect::<Vec<_>>()
+    });
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.0[0].try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the child did not end within 15 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let lines = reader.join().unwrap();
+    assert!(
+        status.success(),
+        "the child ended with {status:?}: {lines:?}"
+    );
+    let mut got: Vec<(usize, u128, String)> = lines
+        .iter()
+        .map(|line| {
+            let mut parts = line.splitn(4, ' ').skip(1);
+            let rank = parts.next().unwrap().parse().unwrap();
+            let ms = parts.next().unwrap().parse().unwrap();
+            (rank, ms, parts.next().unwrap().to_string())
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got.len(), 2, "{lines:?}");
+    got.into_iter().map(|(_, ms, text)| (ms, text)).collect()
+}
+
+/// Both ranks fail soon, saying what is missing and what to change
+/// (`setting`: what sizes the segment).
+fn assert_both_ranks_name_dev_shm(got: &[(u128, String)], mib: usize, what: &str, setting: &str) {
+    let size = format!("free of {mib}.0 MiB");
+    for (rank, (ms, text)) in got.iter().enumerate() {
+        println!("{what}, {mib} MiB /dev/shm: rank {rank} failed after {ms} ms: {text}");
+        assert!(*ms < 5_000, "rank {rank} took {ms} ms: {text}");
+        for needed in ["/dev/shm has no room", &size, setting, "NCCL_SHM_DISABLE=1"] {
+            assert!(
+                text.contains(needed),
+                "rank {rank} does not say {needed:?}: {text}"
+            );
+        }
+    }
+    assert!(
+        got[1].1.contains("rank 0 "),
+        "rank 1 does not name rank 0: {}",
+        got[1].1
+    );
+}
+
+#[test]
+fn a_dev_shm_too_small_for_the_fifos_fails_both_ranks_naming_it() {
+    if let Some(why) = small_dev_shm_unavailable() {
+        println!("SKIPPED small /dev/shm test: {why}");
+        return;
+    }
+    // 4 MiB FIFOs: the pair's segment needs over 8 MiB.
+    let got = all_reduce_with_a_small_dev_shm(1, 1 << 18, &[("NCCL_BUFFSIZE", "4194304")]);
+    assert_both_ranks_name_dev_shm(&got, 1, "FIFO segment", "NCCL_BUFFSIZE");
+}
+
+#[test]
+fn a_dev_shm_too_small_for_the_board_fails_both_ranks_naming_it() {
+    if let Some(why) = small_dev_shm_unavailable() {
+        println!("SKIPPED small /dev/shm test: {why}");
+        return;
+    }
+    // A 1 MiB all-reduce through a board of 2 ranks x 2 posts of 1 MiB
+    // (NCCL_ALGO=oneshot: the board is made before any FIFO).
+    let got = all_reduce_with_a_small_dev_shm(
+        1,
+        1 << 18,
+        &[("RCCL_BOARD_BYTES", "1048576"), ("NCCL_ALGO", "oneshot")],
+    );
+    assert_both_ranks_name_dev_shm(&got, 1, "board", "RCCL_BOARD_BYTES");
+}
+
+/// Lowers this process's open-file limit to `RCCL_FD_LIMIT`, then inits
+/// (8 ranks of this process, or one rank from the environment when `RANK`
+/// is set) and all-reduces once; prints "FD <ms> <outcome>".
+#[test]
+fn fd_limit_child() {
+    let Some(limit) = std::env::var("RCCL_FD_LIMIT").ok() else {
+        return;
+    };
+    let limit: libc::rlim_t = limit.parse().unwrap();
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid out-pointer, then a valid limit for this process.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut old), 0);
+        let new = libc::rlimit {
+            rlim_cur: limit,
+            rlim_max: old.rlim_max,
+        };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &new), 0);
+    }
+    let began = Instant::now();
+    let comms = if std::env::var_os("RANK").is_some() {
+        Communicator::from_env().map(|comm| vec![comm])
+    } else {
+        Communicator::init_all(8)
+    };
+    let outcome = comms.and_then(|comms| {
+        std::thread::scope(|s| {
+            let calls: Vec<_> = comms
+                .iter()
+                .map(|comm| {
+                    s.spawn(move || {
+                        let mut sum = [0f32; 1024];
+                        comm.all_reduce(&[1f32; 1024], &mut sum, RedOp::Sum)
+                    })
+                })
+                .collect();
+            calls.into_iter().try_for_each(|call| call.join().unwrap())
+        })
+    });
+    println!(
+        "FD {} {}",
+        began.elapsed().as_millis(),
+        match outcome {
+            Ok(()) => "ok".to_string(),
+            Err(err) => err.to_string(),
+        }
+    );
+}
+
+/// The "FD" lines of `children` (each killed at the deadline): (ms, text).
+fn fd_outcomes(children: &mut Ranks) -> Vec<(u128, String)> {
+    let rx = {
+        let (tx, rx) = mpsc::channel();
+        for child in &mut children.0 {
+            let out = child.stdout.take().unwrap();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if let Some(at) = line.find("FD ") {
+                        let _ = tx.send(line[at + 3..].to_string());
+                    }
+                }
+            });
+        }
+        rx
+    };
+    let deadline = Instant::now() + Duration::from_secs(40);
+    (0..children.0.len())
+        .map(|_| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx.recv_timeout(left).expect("a child printed no outcome");
+            let (ms, text) = line.split_once(' ').unwrap();
+            (ms.parse().unwrap(), text.to_string())
+        })
+        .collect()
+}
+
+fn fd_limit_command(limit: usize) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "fd_limit_child",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env("RCCL_FD_LIMIT", limit.to_string())
+    .env("RCCL_TIMEOUT_MS", "30000")
+    .env_remove("RCCL_HANG_REPORT_SIGNAL")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    cmd
+}
+
+/// The error names EMFILE and what to do, well before the 30 s timeout.
+fn assert_reports_the_fd_limit(ms: u128, text: &str, limit: usize) {
+    assert!(ms < 5_000, "took {ms} ms: {text}");
+    for needed in [
+        "too many open files (EMFILE)",
+        &format!("limit of {limit} open files"),
+        "ulimit -n",
+    ] {
+        assert!(text.contains(needed), "does not say {needed:?}: {text}");
+    }
+}
+
+#[test]
+fn running_out_of_file_descriptors_in_one_process_is_reported_at_once() {
+    // Each limit runs out at another step of init: a socket pair, the data
+    // listener, a connection to a peer, the bootstrap listener's accept.
+    for limit in (32..=46).step_by(2) {
+        let mut child = Ranks(vec![fd_limit_command(limit).spawn().unwrap()]);
+        let (ms, text) = fd_outcomes(&mut child).remove(0);
+        println!("8 ranks of one process, ulimit -n {limit}: init failed after {ms} ms: {text}");
+        assert_reports_the_fd_limit(ms, &text, limit);
+    }
+}
+
+#[test]
+fn running_out_of_file_descriptors_at_the_root_is_reported_to_the_ranks() {
+    // 12 descriptors: the root, in rank 0's process, runs out while the 8
+    // ranks register.
+    let port = free_port().to_string();
+    let mut ranks = Ranks(
+        (0..8)
+            .map(|rank| {
+                fd_limit_command(12)
+                    .env("RANK", rank.to_string())
+                    .env("WORLD_SIZE", "8")
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", &port)
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
+    let rx = {
+        let (tx, rx) = mpsc::channel();
+        for (rank, child) in ranks.0.iter_mut().enumerate() {
+            let out = child.stdout.take().unwrap();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if let Some(at) = line.find("FD ") {
+                        let _ = tx.send((rank, line[at + 3..].to_string()));
+                    }
+                }
+            });
+        }
+        rx
+    };
+    // What arrives within 3 s (the timeout is 30 s).
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut got = Vec::new();
+    while got.len() < 8 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok((rank, line)) = rx.recv_timeout(left) else {
+            break;
+        };
+        let (ms, text) = line.split_once(' ').unwrap();
+        println!("8 processes, ulimit -n 12: rank {rank} failed after {ms} ms: {text}");
+        got.push((rank, ms.parse::<u128>().unwrap(), text.to_string()));
+    }
+    let (_, ms, text) = got
+        .iter()
+        .find(|(rank, _, _)| *rank == 0)
+        .expect("rank 0 reported nothing within 3 s");
+    assert_reports_the_fd_limit(*ms, text, 12);
+    for (rank, _, text) in &got {
+        assert!(
+            !text.contains("timed out"),
+            "rank {rank} blames a timeout: {text}"
+        );
+    }
+}

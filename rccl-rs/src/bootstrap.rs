@@ -500,7 +500,10 @@ impl Root {
                 Err(e) => {
                     // Out of file descriptors, say: registrations cannot
                     // arrive any more, so say so to those that did.
-                    let msg = format!("bootstrap: the root at {} failed: {e}", self.addr);
+                    let msg = format!(
+                        "bootstrap: the root at {} cannot take registrations: {e}",
+                        self.addr
+                    );
                     tracing::warn!("{msg}");
                     self.fail(ROOT_SYSTEM, msg);
                     return true;
@@ -684,6 +687,9 @@ impl Registration {
 struct Mailbox {
     msgs: HashMap<(usize, u8, u64), VecDeque<Vec<u8>>>,
     gone: HashMap<usize, String>,
+    /// Why this rank's listener could not accept a connection, if it could
+    /// not: the message that connection carries will never arrive.
+    broken: Option<String>,
 }
 
 struct Shared {
@@ -1108,6 +1114,12 @@ impl Bootstrap {
                     return Ok(Some(msg));
                 }
             }
+            if let Some(why) = &mb.broken {
+                return Err(Error::System(format!(
+                    "bootstrap: {why} (while waiting for {} from rank {peer})",
+                    what()
+                )));
+            }
             if let Some(why) = mb.gone.get(&peer) {
                 return Err(Error::Remote(format!(
                     "bootstrap: rank {peer} at {} {why} while rank {} was waiting for {}",
@@ -1267,7 +1279,18 @@ impl Receiver {
                 Ok(Some((stream, hello))) => self.admit(stream, &hello),
                 Ok(None) => return,
                 Err(e) => {
-                    tracing::warn!(rank = self.rank, "bootstrap: accept failed: {e}");
+                    // This rank's waits fail at once with the reason rather
+                    // than at their deadline.
+                    let mut mailbox = self.shared.mailbox.lock();
+                    if mailbox.broken.is_none() {
+                        tracing::warn!(rank = self.rank, "bootstrap: accept failed: {e}");
+                        mailbox.broken = Some(format!(
+                            "rank {} cannot accept connections from other ranks: {e}",
+                            self.rank
+                        ));
+                        self.shared.cond.notify_all();
+                    }
+                    drop(mailbox);
                     thread::sleep(ABORT_POLL);
                     return;
                 }

@@ -478,7 +478,19 @@ impl Communicator {
         nranks: usize,
         id: &UniqueId,
         rank: usize,
+        config: Config,
+    ) -> Result<Communicator> {
+        Communicator::init_rank_aborted_by(nranks, id, rank, config, Arc::default())
+    }
+
+    /// As [`Communicator::init_rank_config`]; setting `abort` stops the
+    /// init (and, once made, aborts the communicator).
+    fn init_rank_aborted_by(
+        nranks: usize,
+        id: &UniqueId,
+        rank: usize,
         mut config: Config,
+        abort: Arc<AtomicBool>,
     ) -> Result<Communicator> {
         if nranks == 0 {
             return Err(Error::InvalidArgument("nranks must be at least 1".into()));
@@ -492,7 +504,7 @@ impl Communicator {
         crate::debug::init();
         crate::tuning::register_schedule_files_from_env()?;
         crate::tuning::check_algorithm_names(&config.algo)?;
-        let abort = Arc::new(AtomicBool::new(false));
+        crate::signal::install_from_env()?;
         let bootstrap = Bootstrap::init(id, rank, nranks, config.timeout, abort.clone())?;
         let ip = bootstrap.peer_addr(rank).ip();
         let tcp = TcpTransport::listen(ip, rank, bootstrap.secret())
@@ -535,7 +547,6 @@ impl Communicator {
         let links = (0..config.max_channels)
             .map(|_| (0..nranks).map(|_| None).collect())
             .collect();
-        crate::signal::install_from_env();
         let inner = Arc::new(CommInner {
             rank,
             nranks,
@@ -586,11 +597,27 @@ impl Communicator {
             return Err(Error::InvalidArgument("nranks must be at least 1".into()));
         }
         let id = UniqueId::new()?;
-        std::thread::scope(|s| {
+        // The first rank to fail stops the others, which would otherwise
+        // wait for it until the timeout, and its error is the one returned.
+        let aborts: Vec<Arc<AtomicBool>> = (0..nranks).map(|_| Arc::default()).collect();
+        let first_failure = Mutex::new(None);
+        let comms = std::thread::scope(|s| {
             let handles: Vec<_> = (0..nranks)
                 .map(|rank| {
-                    let (id, config) = (&id, config.clone());
-                    s.spawn(move || Communicator::init_rank_config(nranks, id, rank, config))
+                    let (id, config, aborts, first_failure) =
+                        (&id, config.clone(), &aborts, &first_failure);
+                    s.spawn(move || {
+                        let abort = aborts[rank].clone();
+                        let made =
+                            Communicator::init_rank_aborted_by(nranks, id, rank, config, abort);
+                        if let Err(err) = &made {
+                            first_failure.lock().get_or_insert_with(|| err.clone());
+                            for abort in aborts {
+                                abort.store(true, Ordering::SeqCst);
+                            }
+                        }
+                        made
+                    })
                 })
                 .collect();
             handles
@@ -599,8 +626,12 @@ impl Communicator {
                     h.join()
                         .unwrap_or_else(|_| Err(Error::Internal("init thread panicked".into())))
                 })
-                .collect()
-        })
+                .collect::<Result<Vec<_>>>()
+        });
+        match first_failure.into_inner() {
+            Some(err) => Err(err),
+            None => comms,
+        }
     }
 
     /// Joins the communicator described by the environment:

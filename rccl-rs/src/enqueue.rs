@@ -1315,6 +1315,34 @@ impl Setup<'_> {
 const SHM_TAG_BASE: u64 = 2 << 40;
 /// Bootstrap tag of the board's segment name.
 const BOARD_TAG: u64 = 3 << 40;
+/// Starts the message a segment's creator sends in place of its name (names
+/// start with `/`) when it could not make the segment, followed by why, so
+/// that the peers waiting for the name fail at once with the cause.
+const NO_SEGMENT: &[u8] = b"!";
+
+/// Why `creator` sent no segment name, if the message `got` says so.
+fn no_segment(comm: &CommInner, creator: usize, got: &[u8], what: &str) -> Option<Error> {
+    let why = got.strip_prefix(NO_SEGMENT)?;
+    Some(Error::Remote(format!(
+        "rank {}: {} could not create {what}: {}",
+        comm.rank,
+        comm.describe(creator),
+        String::from_utf8_lossy(why)
+    )))
+}
+
+/// The error of a segment that could not be created, with what to change
+/// when `/dev/shm` lacks room (`smaller`: the setting that sizes it).
+fn creation_failed(e: std::io::Error, smaller: &str) -> String {
+    if e.kind() == std::io::ErrorKind::OutOfMemory {
+        format!(
+            "{e}; give the job a larger /dev/shm (e.g. docker run --shm-size), {smaller}, or \
+             set NCCL_SHM_DISABLE=1 (TCP between the ranks of a host)"
+        )
+    } else {
+        e.to_string()
+    }
+}
 
 /// Makes (rank 0) or maps (the others) the communicator's board. Rank 0
 /// removes the segment's name once every rank has posted on it, which
@@ -1326,8 +1354,20 @@ fn open_board(setup: &Setup<'_>) -> Result<BoardLink> {
         Error::Remote(format!("rank {}: {what} the board: {e}", comm.rank))
     };
     let board = if comm.rank == 0 {
-        let board =
-            rccl_transports::Board::create(nranks, capacity).map_err(|e| failed("creating", e))?;
+        let board = match rccl_transports::Board::create(nranks, capacity) {
+            Ok(board) => board,
+            Err(e) => {
+                let why = creation_failed(e, "a smaller RCCL_BOARD_BYTES (0 turns the board off)");
+                let note = [NO_SEGMENT, why.as_bytes()].concat();
+                for peer in 1..nranks {
+                    let _ = comm.bootstrap.send(peer, BOARD_TAG, &note);
+                }
+                return Err(Error::System(format!(
+                    "rank {}: creating the board: {why}",
+                    comm.rank
+                )));
+            }
+        };
         for peer in 1..nranks {
             comm.bootstrap
                 .send(peer, BOARD_TAG, board.name().as_bytes())?;
@@ -1339,6 +1379,9 @@ fn open_board(setup: &Setup<'_>) -> Result<BoardLink> {
             || "the board".to_string(),
             |until| comm.bootstrap.recv_until(0, BOARD_TAG, until),
         )?;
+        if let Some(err) = no_segment(comm, 0, &name, "the board") {
+            return Err(err);
+        }
         let name = String::from_utf8(name).map_err(|_| {
             Error::Remote(format!("{} sent a malformed board name", comm.describe(0)))
         })?;
@@ -1403,8 +1446,20 @@ fn open_connection(
         let tag = SHM_TAG_BASE + channel as u64;
         let len = shm::segment_bytes(&shape);
         let segment = if creating {
-            let segment =
-                ShmSegment::create(len).map_err(|e| failed("creating shared memory for", e))?;
+            let segment = match ShmSegment::create(len) {
+                Ok(segment) => segment,
+                Err(e) => {
+                    let why = creation_failed(e, "a smaller NCCL_BUFFSIZE or NCCL_MAX_NCHANNELS");
+                    let _ = comm
+                        .bootstrap
+                        .send(peer, tag, &[NO_SEGMENT, why.as_bytes()].concat());
+                    return Err(Error::System(format!(
+                        "rank {}: creating shared memory for {} on channel {channel}: {why}",
+                        comm.rank,
+                        comm.describe(peer)
+                    )));
+                }
+            };
             comm.bootstrap.send(peer, tag, segment.name().as_bytes())?;
             segment
         } else {
@@ -1413,6 +1468,10 @@ fn open_connection(
                 || format!("the shared-memory connection on channel {channel}"),
                 |until| comm.bootstrap.recv_until(peer, tag, until),
             )?;
+            let what = format!("shared memory for channel {channel}");
+            if let Some(err) = no_segment(comm, peer, &name, &what) {
+                return Err(err);
+            }
             let name = String::from_utf8(name).map_err(|_| {
                 Error::Remote(format!(
                     "{} sent a malformed segment name",

@@ -47,6 +47,7 @@ impl Error {
 
     /// A system error from an I/O failure, with what was being done.
     pub fn io(context: impl std::fmt::Display, err: std::io::Error) -> Error {
+        let err = rccl_transports::explain_fd_limit(err);
         Error::System(format!("{context}: {err}"))
     }
 }

@@ -45,6 +45,38 @@ pub trait Connection: Send + Sync {
     }
 }
 
+/// `err` with what it means and what to do when it is the lack of a file
+/// descriptor (EMFILE: this process's limit, ENFILE: the system's); other
+/// errors come back as they are. Every socket, listener and shared-memory
+/// object a rank opens counts, so the limit is met at connection setup.
+pub fn explain_fd_limit(err: std::io::Error) -> std::io::Error {
+    let text = match err.raw_os_error() {
+        Some(libc::EMFILE) => {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: `limit` is a valid out-pointer for the call.
+            let known = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+            let limit = if known {
+                format!("its limit of {} open files", limit.rlim_cur)
+            } else {
+                "its limit of open files".to_string()
+            };
+            format!(
+                "too many open files (EMFILE): process {} has reached {limit} (RLIMIT_NOFILE); \
+                 raise it with `ulimit -n`",
+                std::process::id()
+            )
+        }
+        Some(libc::ENFILE) => "too many open files in the system (ENFILE): the host's limit \
+                               (fs.file-max) is reached"
+            .to_string(),
+        _ => return err,
+    };
+    std::io::Error::new(err.kind(), text)
+}
+
 /// Most bytes of a note a closing side leaves for its peer.
 pub const MAX_NOTE: usize = 2048;
 

@@ -22,8 +22,9 @@ use crate::socket::{self, AuthListener, Refusals, Secret};
 
 const HELLO_MAGIC: u32 = 0x7263_6364; // "rccd": a data connection
 
-/// Streams accepted and authenticated, waiting to be claimed, and what the
-/// listener turned away (for reports on a peer that did not connect).
+/// Streams accepted and authenticated, waiting to be claimed, what the
+/// listener turned away (for reports on a peer that did not connect), and
+/// why it stopped accepting, if it did.
 #[derive(Default)]
 struct Accepted {
     streams: Mutex<Arrivals>,
@@ -34,6 +35,7 @@ struct Accepted {
 struct Arrivals {
     streams: HashMap<(usize, usize), TcpStream>,
     refusals: Refusals,
+    failure: Option<String>,
 }
 
 /// One communicator's TCP endpoint.
@@ -117,6 +119,11 @@ impl TcpTransport {
             if let Some(stream) = arrivals.streams.remove(&(peer, channel)) {
                 return Ok(stream);
             }
+            if let Some(why) = &arrivals.failure {
+                return Err(io::Error::other(format!(
+                    "the data listener stopped: {why}"
+                )));
+            }
             if abort.load(Ordering::Relaxed) {
                 return Err(io::Error::new(io::ErrorKind::Interrupted, "aborted"));
             }
@@ -187,10 +194,14 @@ fn accept_loop(listener: &mut AuthListener, accepted: &Accepted, stop: &AtomicBo
             },
             Err(err) if err.kind() == io::ErrorKind::Interrupted => return,
             Err(err) if err.kind() == io::ErrorKind::TimedOut => {}
+            // Accepting failed (e.g. out of file descriptors) and would fail
+            // again at once: stop, so that waits for connections fail now
+            // with the reason and dialers find the listener closed.
             Err(err) => {
-                drop(arrivals);
                 tracing::warn!("data listener: {err}");
-                std::thread::sleep(Duration::from_millis(10));
+                arrivals.failure = Some(err.to_string());
+                accepted.arrived.notify_all();
+                return;
             }
         }
     }

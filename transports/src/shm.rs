@@ -36,7 +36,11 @@ unsafe impl Sync for ShmSegment {}
 
 impl ShmSegment {
     /// Creates and maps a new zeroed segment of `len` bytes, readable and
-    /// writable by this user only.
+    /// writable by this user only. Its memory is reserved at once: when
+    /// `/dev/shm` lacks room, this fails with `OutOfMemory` and a message
+    /// naming `/dev/shm`, the segment, its size and what is free (rather
+    /// than the process dying of SIGBUS at its first touch of a page that
+    /// has nothing behind it).
     pub fn create(len: usize) -> io::Result<ShmSegment> {
         let mut random = [0u8; 8];
         fill_random(&mut random)?;
@@ -59,15 +63,9 @@ impl ShmSegment {
             )
         };
         if fd < 0 {
-            return Err(io::Error::last_os_error());
+            return Err(crate::explain_fd_limit(io::Error::last_os_error()));
         }
-        let mapped = (|| {
-            // SAFETY: fd is an open shared-memory object we own.
-            if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            map(fd, len)
-        })();
+        let mapped = reserve(fd, &name, len).and_then(|()| map(fd, len));
         // SAFETY: fd is open and no longer needed once mapped (or failed).
         unsafe { libc::close(fd) };
         match mapped {
@@ -98,7 +96,7 @@ impl ShmSegment {
         // SAFETY: c_name is a valid NUL-terminated string.
         let fd = unsafe { libc::shm_open(c_name.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
         if fd < 0 {
-            return Err(io::Error::last_os_error());
+            return Err(crate::explain_fd_limit(io::Error::last_os_error()));
         }
         let mapped = (|| {
             // SAFETY: an all-zero stat is a valid value for fstat to fill.
@@ -146,6 +144,61 @@ impl ShmSegment {
         }
         Ok(())
     }
+}
+
+/// Gives the new segment behind `fd` its `len` bytes, reserving the
+/// memory (tmpfs only allocates pages when they are first touched, and a
+/// touch that finds no room raises SIGBUS).
+fn reserve(fd: libc::c_int, name: &str, len: usize) -> io::Result<()> {
+    let size = libc::off_t::try_from(len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment too large"))?;
+    loop {
+        // SAFETY: fd is an open shared-memory object we own.
+        match unsafe { libc::posix_fallocate(fd, 0, size) } {
+            0 => return Ok(()),
+            libc::EINTR => {}
+            // A filesystem that cannot reserve: only set the size.
+            libc::EOPNOTSUPP => {
+                // SAFETY: as above.
+                if unsafe { libc::ftruncate(fd, size) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                return Ok(());
+            }
+            libc::ENOSPC => {
+                return Err(io::Error::new(
+                    io::ErrorKind::OutOfMemory,
+                    format!(
+                        "/dev/shm has no room for shared-memory segment {name} of {} ({len} \
+                         bytes): {} (No space left on device)",
+                        mib(len as u64),
+                        free_space(fd)
+                    ),
+                ))
+            }
+            err => return Err(io::Error::from_raw_os_error(err)),
+        }
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+/// What is free on the filesystem holding `fd`, for messages.
+fn free_space(fd: libc::c_int) -> String {
+    // SAFETY: an all-zero statvfs is a valid value for fstatvfs to fill.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open; stat is a valid out-pointer.
+    if unsafe { libc::fstatvfs(fd, &mut stat) } != 0 {
+        return format!("free space unknown ({})", io::Error::last_os_error());
+    }
+    let block = stat.f_frsize as u64;
+    format!(
+        "{} free of {}",
+        mib(stat.f_bavail as u64 * block),
+        mib(stat.f_blocks as u64 * block)
+    )
 }
 
 fn map(fd: libc::c_int, len: usize) -> io::Result<*mut u8> {

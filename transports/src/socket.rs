@@ -274,8 +274,10 @@ fn check_header(buf: &[u8], peer: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// Adds `context` to an I/O error, keeping its kind.
+/// Adds `context` to an I/O error, keeping its kind (and explaining a
+/// lack of file descriptors).
 fn context(e: io::Error, context: impl fmt::Display) -> io::Error {
+    let e = crate::explain_fd_limit(e);
     io::Error::new(e.kind(), format!("{context}: {e}"))
 }
 
@@ -667,6 +669,26 @@ impl fmt::Display for Refusals {
     }
 }
 
+/// Whether an error of accept(2) is the pending connection's own network
+/// error, which Linux passes on through accept: that connection is lost,
+/// the listener is fine.
+fn is_pending_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EPROTO
+                | libc::ENOPROTOOPT
+                | libc::ENETDOWN
+                | libc::ENETUNREACH
+                | libc::EHOSTDOWN
+                | libc::EHOSTUNREACH
+                | libc::ENONET
+                | libc::EOPNOTSUPP
+                | libc::EPERM
+        )
+    )
+}
+
 /// A TCP listener that only hands out connections whose client proved it
 /// knows the secret.
 ///
@@ -835,10 +857,12 @@ impl AuthListener {
                     if matches!(
                         e.kind(),
                         io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
-                    ) =>
+                    ) || is_pending_connection_error(&e) =>
                 {
                     continue
                 }
+                // The listener itself cannot go on (out of file descriptors
+                // or memory): accepting again would fail the same way.
                 Err(e) => return Err(context(e, format_args!("accepting on {}", self.local))),
             };
             self.make_room(peer);
