@@ -16,7 +16,8 @@
 //! writes them, the run's probe being the median of each rate over them;
 //! other lines starting with `#` are skipped); without it, the runs of
 //! `simulator/data/local-shm-runs.txt`, the ones `docs/SIMULATOR.md`,
-//! "Validation (1)(a)", reports. Every call is replayed as the validation
+//! "Validation (1)(a)", reports (run by run in
+//! `docs/log/SIMULATOR-RUNS.md`). Every call is replayed as the validation
 //! does: 2 ranks on one host, ring, Simple, one channel.
 //!
 //! Runs with a probe are replayed calibrated to it
@@ -41,7 +42,7 @@ use rccl_simulator::cluster::{self, ClusterSpec};
 use rccl_simulator::probe::{self, Probe};
 use rccl_simulator::{default_params, footprint, simulate, Protocol, Regime};
 
-/// The fit runs recorded in `docs/SIMULATOR.md`, validation (1)(a): the
+/// The fit runs recorded in `docs/log/SIMULATOR-RUNS.md`: the
 /// VM's speed at cache-resident sizes moves up to 1.7x between runs
 /// minutes apart, so the fit pools several runs rather than one run's
 /// state.
