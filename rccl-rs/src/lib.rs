@@ -17,6 +17,7 @@ pub mod executor;
 pub mod fault;
 pub mod kernels;
 pub mod net;
+mod selection;
 pub mod signal;
 mod stuck;
 pub mod tuning;
