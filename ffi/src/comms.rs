@@ -9,8 +9,9 @@ use std::thread::JoinHandle;
 use rccl::{CollCall, CollKind, Communicator, Config, DataType, Error, RedOp, Result, UniqueId};
 
 use crate::abi::*;
-use crate::error::{guard, invalid, non_null, usage, Outcome};
-use crate::registry::{self, lock, Entry, Slot};
+use crate::check::{invalid, non_null, usage};
+use crate::error::{guard, Outcome};
+use crate::registry::{self, Entry, Slot};
 
 /// Communicator settings read from an `ncclConfig_t`.
 #[derive(Clone, Debug, Default)]
@@ -630,13 +631,4 @@ fn grow(
     };
     let id = UniqueId(holder[1..].try_into().expect("128 bytes"));
     Communicator::init_rank_config(nranks, &id, parent.rank(), config)
-}
-
-/// The registrations of a communicator, for [`crate::misc`].
-pub fn regions(entry: &Entry, windows: bool) -> std::sync::MutexGuard<'_, registry::Regions> {
-    if windows {
-        lock(&entry.windows)
-    } else {
-        lock(&entry.registrations)
-    }
 }

@@ -35,6 +35,7 @@ macro_rules! nccl_api {
 }
 
 pub mod abi;
+pub mod check;
 pub mod comms;
 pub mod error;
 pub mod misc;

@@ -4,9 +4,10 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::abi::*;
-use crate::comms::{comm_of, regions};
-use crate::error::{self, guard, invalid, non_null, usage};
-use crate::registry::{self, next_token};
+use crate::check::{invalid, non_null, usage};
+use crate::comms::comm_of;
+use crate::error::{self, guard};
+use crate::registry::{self, lock, next_token, Entry, Regions};
 
 const PAGE: usize = 4096;
 
@@ -185,4 +186,13 @@ fn one_sided() -> rccl::Error {
         "not supported: one-sided operations (ncclPutSignal, ncclSignal, ncclWaitSignal) \
          need remote memory access, which the host transports of rccl-rs do not have",
     )
+}
+
+/// The buffers (`windows` false) or windows registered with a communicator.
+fn regions(entry: &Entry, windows: bool) -> std::sync::MutexGuard<'_, Regions> {
+    if windows {
+        lock(&entry.windows)
+    } else {
+        lock(&entry.registrations)
+    }
 }

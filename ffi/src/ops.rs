@@ -5,8 +5,9 @@ use std::ffi::{c_int, c_uint, c_void};
 use rccl::{CollCall, CollKind, DataType, Error, RedOp, Result};
 
 use crate::abi::*;
+use crate::check::{invalid, non_null, usage};
 use crate::comms::{comm_of, finish_group_creations};
-use crate::error::{guard, guard_op, invalid, non_null, usage, Outcome};
+use crate::error::{guard, guard_op, Outcome};
 use crate::registry::{self, lock, Entry, PreMul, Scalar};
 
 fn datatype(raw: ncclDataType_t) -> Result<DataType> {

@@ -6,7 +6,8 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::LazyLock;
 
 use crate::abi::*;
-use crate::error::{c_string, guard, invalid, non_null};
+use crate::check::{invalid, non_null};
+use crate::error::{c_string, guard};
 
 /// A parameter: its environment variable and default.
 pub struct Param {

@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use rccl::{Communicator, DataType, Error, Result};
 
 use crate::abi::ncclComm_t;
-use crate::error::{invalid, usage};
+use crate::check::{invalid, usage};
 
 /// Tokens are `TOKEN_BASE + n * TOKEN_STEP`, so they look like aligned
 /// addresses and a destroyed one can be told from a made-up one.

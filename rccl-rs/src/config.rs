@@ -7,7 +7,7 @@ use rccl_transports::{FifoShape, Protocol};
 
 use crate::error::{Error, Result};
 use crate::kernels::Store;
-use crate::tuning::Selection;
+use crate::selection::Selection;
 
 /// Steps (slots) per connection FIFO, as NCCL's `NCCL_STEPS`.
 pub const FIFO_SLOTS: usize = 8;

@@ -18,6 +18,7 @@ pub mod fault;
 pub mod kernels;
 mod launch_key;
 pub mod net;
+mod selection;
 pub mod signal;
 mod stuck;
 pub mod tuning;
