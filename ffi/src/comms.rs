@@ -164,7 +164,7 @@ unsafe fn create(
     device: c_int,
     work: impl FnOnce() -> Result<Communicator> + Send + 'static,
 ) -> Outcome {
-    let in_group = rccl::enqueue::group_depth() > 0;
+    let in_group = rccl::group_depth() > 0;
     if in_group || !settings.blocking {
         let entry = Entry::new(
             Slot::Pending(spawn(work)?),
@@ -331,7 +331,7 @@ nccl_api! {
             };
             let Some(color) = color else {
                 *newcomm = std::ptr::null_mut();
-                if rccl::enqueue::group_depth() > 0 {
+                if rccl::group_depth() > 0 {
                     let handle = spawn(move || parent.split(None, key).map(drop))?;
                     GROUP_CREATIONS.with(|g| g.borrow_mut().push(Waiter::Anonymous(handle)));
                 } else {

@@ -379,7 +379,7 @@ nccl_api! {
     /// the group.
     fn ncclGroupEnd / pncclGroupEnd() -> ncclResult_t {
         guard("ncclGroupEnd", std::ptr::null_mut(), || {
-            let outermost = rccl::enqueue::group_depth() == 1;
+            let outermost = rccl::group_depth() == 1;
             let launched = rccl::group_end();
             let created = if outermost { finish_group_creations() } else { Ok(ncclSuccess) };
             launched?;
@@ -400,7 +400,7 @@ nccl_api! {
     /// fails, with the group closed and nothing run.
     fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t {
         guard("ncclGroupSimulateEnd", std::ptr::null_mut(), || {
-            let depth = rccl::enqueue::group_depth();
+            let depth = rccl::group_depth();
             if depth == 0 {
                 return Err(usage("ncclGroupSimulateEnd without ncclGroupStart"));
             }

@@ -53,8 +53,8 @@
 //!   group's last collective; for a group of one collective the two agree
 //!   in meaning.)
 
-use rccl::enqueue::{PlannedCollective, PlannedComm, PlannedP2p};
 use rccl::{Error, Result};
+use rccl::{PlannedCollective, PlannedComm, PlannedP2p};
 use rccl_simulator::{cluster, simulate, simulate_p2p, ClusterSpec, Params, Protocol};
 
 /// The variable that points the estimate at another cluster.

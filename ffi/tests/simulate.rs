@@ -9,7 +9,7 @@ mod common;
 use std::ptr::null_mut;
 
 use common::*;
-use rccl::enqueue::{PlannedComm, PlannedP2p};
+use rccl::{PlannedComm, PlannedP2p};
 use rccl_algorithms::{P2pOp, Topology};
 use rcclrs::*;
 

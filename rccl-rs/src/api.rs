@@ -6,8 +6,9 @@ use std::marker::PhantomData;
 use rccl_algorithms::CollKind;
 
 use crate::comm::Communicator;
-use crate::enqueue::{self, OpKind, RawOp};
 use crate::error::{Error, Result};
+use crate::group as enqueue;
+use crate::op::{OpKind, RawOp};
 use crate::types::{DataType, RedOp};
 
 /// An element type the library can move and reduce.

@@ -13,7 +13,8 @@ use rccl_transports::net::TcpTransport;
 use crate::bootstrap::{Bootstrap, UniqueId};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::executor::Link;
+use crate::executor;
+use crate::state::ExecState;
 
 /// What each rank tells the others at init.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,16 +108,6 @@ impl Reader<'_> {
         let len = self.u32()? as usize;
         String::from_utf8(self.take(len)?.to_vec()).ok()
     }
-}
-
-/// The executor's state of a communicator: its connections, per channel
-/// and peer rank. Locked for the duration of each launch.
-pub(crate) struct ExecState {
-    pub links: Vec<Vec<Option<Link>>>,
-    /// The board, once a call has needed it.
-    pub board: Option<crate::executor::BoardLink>,
-    /// The last lone all-reduce asked about the board, remembered whole.
-    pub lone: Option<crate::enqueue::LoneBoardCall>,
 }
 
 /// Tuner choices remembered per call shape: a training loop repeats the
@@ -399,7 +390,7 @@ impl CommInner {
         let _ = self.ended.set(how);
         self.abort.store(true, Ordering::SeqCst);
         if let Some(state) = self.exec.try_lock() {
-            crate::enqueue::close_links(self, &state, &self.ended_error());
+            close_links(self, &state, &self.ended_error());
         }
     }
 
@@ -511,7 +502,7 @@ impl Communicator {
             .map_err(|e| Error::io(format!("rank {rank}: data listener on {ip}"), e))?;
         let me = PeerInfo {
             data_addr: tcp.local_addr(),
-            host: hostname(),
+            host: crate::net::hostname(),
             host_id: host_id(),
             pid: std::process::id(),
             start: rccl_transports::process::ProcessId::current().map_or(0, |p| p.start),
@@ -832,13 +823,60 @@ impl Drop for CommInner {
     }
 }
 
-const SPLIT_TAG_BASE: u64 = 1 << 40;
-
-pub(crate) fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
+/// Closes every connection of a failed communicator, telling each peer
+/// why, so that ranks waiting on this one stop at once with the cause
+/// instead of timing out. A failure that came from a peer's note is passed
+/// on unchanged: every rank names the rank where it started. Returns the
+/// note.
+pub(crate) fn close_links(comm: &CommInner, state: &ExecState, error: &Error) -> String {
+    let links = || state.links.iter().flatten().flatten();
+    let note = links()
+        .find_map(|link| link.conn.peer_note())
+        .or_else(|| state.board.as_ref().and_then(|link| link.board.note()))
+        .unwrap_or_else(|| failure_note(comm, error));
+    for link in links() {
+        link.conn.close_with(&note);
+    }
+    if let Some(link) = &state.board {
+        link.board.close_with(&note);
+    }
+    note
 }
+
+/// What peers are told of this rank's failure: who failed and why, marked
+/// as a usage error every rank shares where it is one.
+pub(crate) fn failure_note(comm: &CommInner, error: &Error) -> String {
+    if comm.abort.load(Ordering::Relaxed) {
+        return format!(
+            "{} {} its communicator",
+            comm.describe(comm.rank),
+            comm.ended_how()
+        );
+    }
+    let usage = matches!(error, Error::InvalidUsage(_));
+    format!(
+        "{}{} failed: {error}",
+        if usage { executor::USAGE_NOTE } else { "" },
+        comm.describe(comm.rank)
+    )
+}
+
+impl crate::stuck::Member for CommInner {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn describe(&self, rank: usize) -> String {
+        CommInner::describe(self, rank)
+    }
+    fn bootstrap(&self) -> &Bootstrap {
+        &self.bootstrap
+    }
+    fn heard(&self) -> &Mutex<crate::stuck::Heard> {
+        &self.heard
+    }
+}
+
+const SPLIT_TAG_BASE: u64 = 1 << 40;
 
 /// Words of settings every rank must share.
 const SHAPE_WORDS: usize = 8;
@@ -891,7 +929,7 @@ fn host_id() -> String {
         return id;
     }
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    format!("{}/{}", hostname(), boot.trim())
+    format!("{}/{}", crate::net::hostname(), boot.trim())
 }
 
 /// The rendezvous port for `MASTER_PORT`: torchrun's agent keeps its own

@@ -137,11 +137,7 @@ where
 
 fn host() -> &'static str {
     static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    HOST.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_else(|_| "unknown".into())
-    })
+    HOST.get_or_init(crate::net::hostname)
 }
 
 fn thread_id() -> i64 {

@@ -1,10 +1,17 @@
-//! Choosing this host's bootstrap address (`NCCL_SOCKET_IFNAME`,
-//! `NCCL_SOCKET_FAMILY`).
+//! This host: its name, and the choice of its bootstrap address
+//! (`NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY`).
 
 use std::ffi::CStr;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::error::{Error, Result};
+
+/// This host's name ("unknown" if it cannot be read).
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
 
 /// An address family restriction (`NCCL_SOCKET_FAMILY`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

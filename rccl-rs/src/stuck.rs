@@ -19,11 +19,13 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+
 use rccl_transports::Tag;
 use smallvec::SmallVec;
 
-use crate::comm::CommInner;
-use crate::enqueue::{disagreement, P2P_CALL};
+use crate::bootstrap::Bootstrap;
+use crate::call::{disagreement, P2P_CALL};
 use crate::error::Error;
 use crate::executor::note_error;
 
@@ -118,10 +120,22 @@ impl Calls {
 #[derive(Default)]
 pub(crate) struct Heard(HashMap<usize, (Calls, Instant)>);
 
+/// What the notices need of a communicator.
+pub(crate) trait Member {
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// How messages name `rank`.
+    fn describe(&self, rank: usize) -> String;
+    /// Where notices travel.
+    fn bootstrap(&self) -> &Bootstrap;
+    /// What waiting peers said, kept between waits.
+    fn heard(&self) -> &Mutex<Heard>;
+}
+
 /// One launch's word to the peers of one communicator: who was told, so
 /// that the word is taken back when the launch ends.
 pub(crate) struct Notices<'c> {
-    comm: &'c CommInner,
+    comm: &'c dyn Member,
     told: SmallVec<[usize; 2]>,
     /// What the told peers get when the wait ends: a retraction, or the
     /// launch's failure.
@@ -129,7 +143,7 @@ pub(crate) struct Notices<'c> {
 }
 
 impl<'c> Notices<'c> {
-    pub fn new(comm: &'c CommInner) -> Notices<'c> {
+    pub fn new(comm: &'c dyn Member) -> Notices<'c> {
         Notices {
             comm,
             told: SmallVec::new(),
@@ -154,7 +168,7 @@ impl<'c> Notices<'c> {
         self.told.push(peer);
         let _ = self
             .comm
-            .bootstrap
+            .bootstrap()
             .send_within(peer, STUCK_TAG, &calls.encode(), CONNECT_WITHIN);
     }
 
@@ -162,10 +176,10 @@ impl<'c> Notices<'c> {
     /// waits in on `waiting_on` (peers), after waiting `waited`.
     pub fn check(&self, mine: &Calls, waiting_on: &[usize], waited: Duration) -> Option<Error> {
         let comm = self.comm;
-        let mut heard = comm.heard.lock();
+        let mut heard = comm.heard().lock();
         let now = Instant::now();
         let mut failure = None;
-        for (peer, bytes) in comm.bootstrap.take_all(STUCK_TAG) {
+        for (peer, bytes) in comm.bootstrap().take_all(STUCK_TAG) {
             match bytes.split_first() {
                 Some((&FAILURE, note)) => {
                     failure.get_or_insert((peer, String::from_utf8_lossy(note).into_owned()));
@@ -181,7 +195,7 @@ impl<'c> Notices<'c> {
             }
         }
         if let Some((peer, note)) = failure {
-            let context = format!("rank {}: word from {}", comm.rank, comm.describe(peer));
+            let context = format!("rank {}: word from {}", comm.rank(), comm.describe(peer));
             return Some(note_error(&note, &context));
         }
         for (&peer, (theirs, since)) in &heard.0 {
@@ -217,7 +231,7 @@ impl Drop for Notices<'_> {
         for &peer in &self.told {
             let _ =
                 self.comm
-                    .bootstrap
+                    .bootstrap()
                     .send_within(peer, STUCK_TAG, &self.last_word, CONNECT_WITHIN);
         }
     }

@@ -11,6 +11,12 @@
 //! Every connection (to the root and between ranks) is authenticated with
 //! the id's 32-byte secret ([`rccl_transports::socket`]).
 
+mod id;
+mod root;
+
+pub use id::UniqueId;
+use root::{spawn_root, Registration, Root};
+
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -31,41 +37,41 @@ use crate::net::host_address;
 /// The largest bootstrap frame accepted from the wire.
 pub const MAX_FRAME: usize = 8 << 20;
 
-const UID_MAGIC: [u8; 4] = *b"RCID";
-const UID_VERSION: u8 = 1;
+pub(super) const UID_MAGIC: [u8; 4] = *b"RCID";
+pub(super) const UID_VERSION: u8 = 1;
 /// Hello of a rank registering at the root.
-const REG_MAGIC: [u8; 4] = *b"RCRG";
+pub(super) const REG_MAGIC: [u8; 4] = *b"RCRG";
 /// Hello of a rank connecting to another rank's listener.
-const PEER_MAGIC: [u8; 4] = *b"RCBP";
+pub(super) const PEER_MAGIC: [u8; 4] = *b"RCBP";
 /// Encoded socket address: family, port, 16 address bytes, scope id.
-const ADDR_LEN: usize = 1 + 2 + 16 + 4;
+pub(super) const ADDR_LEN: usize = 1 + 2 + 16 + 4;
 /// Root answer status bytes.
-const ROOT_OK: u8 = 0;
-const ROOT_USAGE: u8 = 1;
-const ROOT_SYSTEM: u8 = 2;
+pub(super) const ROOT_OK: u8 = 0;
+pub(super) const ROOT_USAGE: u8 = 1;
+pub(super) const ROOT_SYSTEM: u8 = 2;
 /// Where the id's flags byte sits: after the magic, version, address and
 /// secret.
-const FLAGS_AT: usize = 5 + ADDR_LEN + 32;
+pub(super) const FLAGS_AT: usize = 5 + ADDR_LEN + 32;
 /// The id was derived from an address ([`UniqueId::from_address`]).
-const FLAG_FROM_ADDRESS: u8 = 1;
+pub(super) const FLAG_FROM_ADDRESS: u8 = 1;
 /// ... and no launcher named the job: its root settles before answering.
-const FLAG_UNNAMED_JOB: u8 = 2;
+pub(super) const FLAG_UNNAMED_JOB: u8 = 2;
 /// Message kinds, kept apart in the mailbox.
-const KIND_USER: u8 = 0;
-const KIND_COLL: u8 = 1;
+pub(super) const KIND_USER: u8 = 0;
+pub(super) const KIND_COLL: u8 = 1;
 /// Frame header after the length: kind, tag.
-const MSG_HEADER: usize = 1 + 8;
+pub(super) const MSG_HEADER: usize = 1 + 8;
 /// How long a root with no registered rank waits before exiting.
-const DEFAULT_ROOT_TIMEOUT: Duration = Duration::from_secs(300);
+pub(super) const DEFAULT_ROOT_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a client of the root or of a rank's listener may take to
 /// authenticate (a handshake on a cluster network takes milliseconds).
 /// Handshakes run concurrently: a silent client only holds its own slot
 /// this long.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often waits check the abort flag.
-const ABORT_POLL: Duration = Duration::from_millis(10);
+pub(super) const ABORT_POLL: Duration = Duration::from_millis(10);
 
-fn encode_addr(addr: &SocketAddr, out: &mut Vec<u8>) {
+pub(super) fn encode_addr(addr: &SocketAddr, out: &mut Vec<u8>) {
     match addr {
         SocketAddr::V4(a) => {
             out.push(4);
@@ -84,7 +90,7 @@ fn encode_addr(addr: &SocketAddr, out: &mut Vec<u8>) {
     }
 }
 
-fn decode_addr(b: &[u8]) -> std::result::Result<SocketAddr, String> {
+pub(super) fn decode_addr(b: &[u8]) -> std::result::Result<SocketAddr, String> {
     if b.len() < ADDR_LEN {
         return Err(format!("address of {} bytes, expected {ADDR_LEN}", b.len()));
     }
@@ -106,579 +112,22 @@ fn decode_addr(b: &[u8]) -> std::result::Result<SocketAddr, String> {
     }
 }
 
-fn read_u32(b: &[u8], at: usize) -> u32 {
+pub(super) fn read_u32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
 }
 
-fn read_u64(b: &[u8], at: usize) -> u64 {
+pub(super) fn read_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
 /// `t + d`, saturating far in the future instead of overflowing.
-fn after(t: Instant, d: Duration) -> Instant {
+pub(super) fn after(t: Instant, d: Duration) -> Instant {
     t.checked_add(d)
         .unwrap_or_else(|| t + Duration::from_secs(100 * 365 * 24 * 3600))
 }
 
-fn secs(d: Duration) -> String {
+pub(super) fn secs(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
-}
-
-/// NCCL's `ncclUniqueId`: 128 opaque bytes naming a root (its address and
-/// the communicator's secret).
-///
-/// Layout: `RCID` magic, version, address family (4/6), port (LE), 16
-/// address bytes, IPv6 scope id (LE), 32-byte secret, flags (derived from
-/// an address; job not named by its launcher), zero padding.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct UniqueId(pub [u8; 128]);
-
-impl fmt::Debug for UniqueId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.root_addr() {
-            Ok(a) => write!(f, "UniqueId(root {a})"),
-            Err(_) => f.write_str("UniqueId(<invalid>)"),
-        }
-    }
-}
-
-impl UniqueId {
-    /// Like `ncclGetUniqueId`: binds a root listener on this host's
-    /// bootstrap address ([`host_address`]) and returns the id naming it,
-    /// with a fresh random secret. One thread per process serves every
-    /// root until its communicator's ranks have all registered (or the
-    /// registered ranks' timeout passes). A root nobody registers at is
-    /// released after `RCCL_BOOTSTRAP_ROOT_TIMEOUT` seconds (default 300),
-    /// or sooner when the process holds more than 64 such roots (the
-    /// oldest first).
-    pub fn new() -> Result<UniqueId> {
-        UniqueId::new_on(host_address()?)
-    }
-
-    /// [`UniqueId::new`] with the root bound on the local address `ip`.
-    pub fn new_on(ip: IpAddr) -> Result<UniqueId> {
-        let secret = Secret::random();
-        let mut listener = AuthListener::bind(SocketAddr::new(ip, 0), secret)
-            .map_err(|e| Error::io("bootstrap: binding the root listener", e))?;
-        listener.set_handshake_timeout(HANDSHAKE_TIMEOUT);
-        let id = UniqueId::encode(listener.local_addr(), &secret, 0);
-        spawn_root(Root::new(listener, false))?;
-        Ok(id)
-    }
-
-    /// For `NCCL_COMM_ID=host:port` (or torchrun's `MASTER_ADDR:MASTER_PORT`):
-    /// every rank derives the same id from the address. Rank 0 must also
-    /// call [`UniqueId::serve_root`] to start the root there.
-    ///
-    /// The secret mixes the address with `NCCL_COMM_SECRET` if set, else
-    /// with the user's key file (`RCCL_KEY_FILE`, default `~/.rccl/key`,
-    /// created on first use), and with the launcher's job name
-    /// (`TORCHELASTIC_RUN_ID`, `PMIX_NAMESPACE`, `OMPI_MCA_ess_base_jobid`,
-    /// `SLURM_JOB_ID` and `SLURM_STEP_ID`), so neither a stranger who can
-    /// reach the address nor another job on it can join. Without a key
-    /// file only a loopback address is accepted, unless
-    /// `RCCL_INSECURE_ADDRESS_SECRET=1`.
-    pub fn from_address(addr: &str) -> Result<UniqueId> {
-        let bad = |why: String| {
-            Error::InvalidArgument(format!("'{addr}' is not a usable host:port: {why}"))
-        };
-        let resolved: SocketAddr = match addr.trim().parse::<SocketAddr>() {
-            Ok(a) => a,
-            Err(_) => {
-                let all: Vec<SocketAddr> = addr
-                    .trim()
-                    .to_socket_addrs()
-                    .map_err(|e| bad(e.to_string()))?
-                    .collect();
-                all.iter()
-                    .find(|a| a.is_ipv4())
-                    .or_else(|| all.first())
-                    .copied()
-                    .ok_or_else(|| bad("it resolves to no address".into()))?
-            }
-        };
-        if resolved.port() == 0 {
-            return Err(bad("port 0".into()));
-        }
-        let derived = crate::launch_key::address_secret(resolved)?;
-        tracing::info!(
-            target: crate::debug::INIT,
-            "bootstrap: the communicator at {resolved} belongs to job {}",
-            derived.job.as_deref().unwrap_or("<unnamed by the launcher>")
-        );
-        let flags = FLAG_FROM_ADDRESS
-            | if derived.job.is_none() {
-                FLAG_UNNAMED_JOB
-            } else {
-                0
-            };
-        Ok(UniqueId::encode(resolved, &derived.secret, flags))
-    }
-
-    /// Binds the id's exact root address and starts the root rendezvous
-    /// there (rank 0's job with [`UniqueId::from_address`]).
-    pub fn serve_root(&self) -> Result<()> {
-        let addr = self.root_addr()?;
-        let mut listener = AuthListener::bind(addr, self.secret()?).map_err(|e| {
-            let hint = if e.kind() == io::ErrorKind::AddrInUse {
-                " (another job or program is using this address: give each job its own NCCL_COMM_ID or MASTER_PORT)"
-            } else {
-                ""
-            };
-            Error::io(
-                format!("bootstrap: binding the root listener on {addr}{hint}"),
-                e,
-            )
-        })?;
-        listener.set_handshake_timeout(HANDSHAKE_TIMEOUT);
-        spawn_root(Root::new(listener, self.flags() & FLAG_UNNAMED_JOB != 0))
-    }
-
-    fn encode(addr: SocketAddr, secret: &Secret, flags: u8) -> UniqueId {
-        let mut b = Vec::with_capacity(128);
-        b.extend_from_slice(&UID_MAGIC);
-        b.push(UID_VERSION);
-        encode_addr(&addr, &mut b);
-        b.extend_from_slice(&secret.0);
-        b.push(flags);
-        b.resize(128, 0);
-        UniqueId(b.try_into().unwrap())
-    }
-
-    fn flags(&self) -> u8 {
-        self.0[FLAGS_AT]
-    }
-
-    fn invalid(why: impl fmt::Display) -> Error {
-        Error::InvalidArgument(format!("unique id is not valid: {why}"))
-    }
-
-    fn check(&self) -> Result<()> {
-        if self.0[..4] != UID_MAGIC {
-            return Err(UniqueId::invalid("bad magic (not created by rccl-rs?)"));
-        }
-        if self.0[4] != UID_VERSION {
-            return Err(UniqueId::invalid(format_args!(
-                "version {}, expected {UID_VERSION}",
-                self.0[4]
-            )));
-        }
-        Ok(())
-    }
-
-    /// The root's address.
-    pub fn root_addr(&self) -> Result<SocketAddr> {
-        self.check()?;
-        let addr = decode_addr(&self.0[5..5 + ADDR_LEN]).map_err(UniqueId::invalid)?;
-        if addr.port() == 0 {
-            return Err(UniqueId::invalid("port 0"));
-        }
-        Ok(addr)
-    }
-
-    /// The communicator's secret.
-    pub fn secret(&self) -> Result<Secret> {
-        self.check()?;
-        let at = 5 + ADDR_LEN;
-        Ok(Secret(self.0[at..at + 32].try_into().unwrap()))
-    }
-}
-
-/// Roots nobody has registered at yet that one process keeps; creating
-/// another releases the oldest (its port closes).
-const MAX_UNSERVED_ROOTS: usize = 64;
-/// How long the root of a job its launcher does not name waits after the
-/// last rank registered before answering: a second job started at the same
-/// moment on the same address shows up as a rank registered twice (and
-/// fails both) instead of mixing with this one.
-const UNNAMED_JOB_SETTLE: Duration = Duration::from_millis(250);
-
-/// The roots handed to the root service, and the service thread's state.
-struct RootQueue {
-    incoming: Vec<Root>,
-    /// Wakes the service thread; `None` when no thread runs.
-    wake: Option<UnixStream>,
-    /// The process whose thread `wake` reaches: a child forked while it ran
-    /// has the queue but not the thread.
-    pid: u32,
-}
-
-static ROOT_QUEUE: std::sync::Mutex<RootQueue> = std::sync::Mutex::new(RootQueue {
-    incoming: Vec::new(),
-    wake: None,
-    pid: 0,
-});
-
-/// Hands `root` to the root service: one thread per process serves every
-/// root, and exits when none is left.
-fn spawn_root(root: Root) -> Result<()> {
-    let addr = root.addr;
-    let mut queue = ROOT_QUEUE.lock().unwrap_or_else(|e| e.into_inner());
-    if queue.wake.is_some() && queue.pid != std::process::id() {
-        // Forked: the roots queued before are the parent's to serve (this
-        // drops only the child's copies of their sockets).
-        queue.wake = None;
-        queue.incoming.clear();
-    }
-    queue.incoming.push(root);
-    if let Some(wake) = &queue.wake {
-        // A full wake-up pipe already has the thread's attention.
-        let _ = (&*wake).write(&[1]);
-        return Ok(());
-    }
-    let started = UnixStream::pair().and_then(|(wake, wake_rx)| {
-        wake.set_nonblocking(true)?;
-        wake_rx.set_nonblocking(true)?;
-        thread::Builder::new()
-            .name("rccl-boot-root".into())
-            .spawn(move || serve_roots(wake_rx))?;
-        Ok(wake)
-    });
-    match started {
-        Ok(wake) => {
-            queue.wake = Some(wake);
-            queue.pid = std::process::id();
-            Ok(())
-        }
-        Err(e) => {
-            queue.incoming.pop();
-            Err(Error::io(
-                format!("bootstrap: starting the root service for {addr}"),
-                e,
-            ))
-        }
-    }
-}
-
-/// The root service: drives every root's listener and rendezvous from one
-/// poll loop.
-fn serve_roots(wake: UnixStream) {
-    let mut roots: Vec<Root> = Vec::new();
-    let mut pfds: Vec<libc::pollfd> = Vec::new();
-    loop {
-        {
-            let mut queue = ROOT_QUEUE.lock().unwrap_or_else(|e| e.into_inner());
-            roots.append(&mut queue.incoming);
-            if roots.is_empty() {
-                queue.wake = None;
-                return;
-            }
-        }
-        let unserved = roots.iter().filter(|r| !r.served()).count();
-        for _ in MAX_UNSERVED_ROOTS..unserved {
-            let oldest = roots
-                .iter()
-                .position(|r| !r.served())
-                .expect("counted above");
-            let root = roots.remove(oldest);
-            tracing::warn!(
-                root = %root.addr,
-                "bootstrap root: releasing the oldest of more than {MAX_UNSERVED_ROOTS} unique ids nobody has registered at"
-            );
-        }
-        pfds.clear();
-        let mut timeout = Duration::from_secs(1);
-        for fd in std::iter::once(wake.as_raw_fd())
-            .chain(roots.iter().flat_map(|r| r.listener.poll_fds()))
-        {
-            pfds.push(libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            });
-        }
-        let now = Instant::now();
-        for root in &roots {
-            timeout = root.listener.poll_timeout(timeout);
-            timeout = timeout.min(root.wake_at().saturating_duration_since(now));
-        }
-        let ms = timeout.as_millis().clamp(1, 1000) as libc::c_int;
-        // SAFETY: `pfds` is a valid array of `pfds.len()` initialised
-        // pollfds that outlives the call.
-        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                tracing::warn!("bootstrap root service: poll failed: {e}");
-                thread::sleep(ABORT_POLL);
-            }
-        }
-        let mut b = [0u8; 64];
-        while matches!((&wake).read(&mut b), Ok(n) if n > 0) {}
-        roots.retain_mut(|root| !root.step());
-    }
-}
-
-/// A rank registered at the root.
-struct Registrant {
-    stream: TcpStream,
-    nranks: usize,
-    listen: SocketAddr,
-    /// Its host, pid and address, for messages.
-    who: String,
-}
-
-fn root_timeout() -> Duration {
-    std::env::var("RCCL_BOOTSTRAP_ROOT_TIMEOUT")
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .map(Duration::from_secs_f64)
-        .unwrap_or(DEFAULT_ROOT_TIMEOUT)
-}
-
-fn root_answer(stream: &mut TcpStream, status: u8, body: &[u8]) -> io::Result<()> {
-    let mut msg = Vec::with_capacity(1 + body.len());
-    msg.push(status);
-    msg.extend_from_slice(body);
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    socket::write_frame(stream, &msg)
-}
-
-/// Whether the peer of `stream` has closed it.
-fn is_closed(stream: &TcpStream) -> bool {
-    if stream.set_nonblocking(true).is_err() {
-        return true;
-    }
-    let closed = match stream.peek(&mut [0u8]) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) => e.kind() != io::ErrorKind::WouldBlock,
-    };
-    let _ = stream.set_nonblocking(false);
-    closed
-}
-
-/// One rendezvous: collects every rank's registration, checks them,
-/// answers every rank with the address table (or with the error).
-struct Root {
-    listener: AuthListener,
-    addr: SocketAddr,
-    /// Wait [`UNNAMED_JOB_SETTLE`] between the last registration and the
-    /// answer.
-    settle: bool,
-    /// Until a rank registers: the root's expiry. Then: when the earliest
-    /// registered rank gives up.
-    deadline: Instant,
-    first_timeout: Option<Duration>,
-    ranks: HashMap<usize, Registrant>,
-    failure: Option<(u8, String)>,
-    /// When to answer, once every rank has registered.
-    answer_at: Option<Instant>,
-}
-
-impl Root {
-    fn new(listener: AuthListener, settle: bool) -> Root {
-        Root {
-            addr: listener.local_addr(),
-            listener,
-            settle,
-            deadline: after(Instant::now(), root_timeout()),
-            first_timeout: None,
-            ranks: HashMap::new(),
-            failure: None,
-            answer_at: None,
-        }
-    }
-
-    /// Whether a rank has registered.
-    fn served(&self) -> bool {
-        self.first_timeout.is_some()
-    }
-
-    /// When [`Root::step`] has something to do without a connection.
-    fn wake_at(&self) -> Instant {
-        self.answer_at.unwrap_or(self.deadline)
-    }
-
-    /// Takes what arrived and acts on the time; true once the root is done.
-    fn step(&mut self) -> bool {
-        loop {
-            match self.listener.accept_pending() {
-                Ok(Some((stream, hello))) => self.register(stream, &hello),
-                Ok(None) => break,
-                Err(e) => {
-                    // Out of file descriptors, say: registrations cannot
-                    // arrive any more, so say so to those that did.
-                    let msg = format!(
-                        "bootstrap: the root at {} cannot take registrations: {e}",
-                        self.addr
-                    );
-                    tracing::warn!("{msg}");
-                    self.fail(ROOT_SYSTEM, msg);
-                    return true;
-                }
-            }
-        }
-        let now = Instant::now();
-        if self.failure.is_none() && self.answer_at.is_some_and(|t| now >= t) {
-            self.answer_table();
-            return true;
-        }
-        if now < self.deadline {
-            return false;
-        }
-        if self.failure.is_some() {
-            return true;
-        }
-        let Some(n) = self.ranks.values().next().map(|r| r.nranks) else {
-            tracing::warn!(root = %self.addr, "bootstrap root: no rank registered; releasing the unique id");
-            return true;
-        };
-        let mut missing: Vec<usize> = (0..n).filter(|r| !self.ranks.contains_key(r)).collect();
-        missing.truncate(64);
-        let msg = format!(
-            "bootstrap: timed out after {} waiting for rank(s) {missing:?} of {n} to register at the root {} ({} of {n} registered)",
-            secs(self.first_timeout.unwrap_or_default()),
-            self.addr,
-            self.ranks.len()
-        );
-        tracing::warn!("{msg}");
-        self.fail(ROOT_SYSTEM, msg);
-        true
-    }
-
-    /// Answers every registered rank with the error and keeps it for
-    /// those still to come.
-    fn fail(&mut self, status: u8, msg: String) {
-        for (_, mut r) in self.ranks.drain() {
-            let _ = root_answer(&mut r.stream, status, msg.as_bytes());
-        }
-        self.failure = Some((status, msg));
-        self.answer_at = None;
-    }
-
-    fn answer_table(&mut self) {
-        let nranks = self.ranks.len();
-        let mut table = Vec::with_capacity(4 + nranks * ADDR_LEN);
-        table.extend_from_slice(&(nranks as u32).to_le_bytes());
-        for r in 0..nranks {
-            encode_addr(&self.ranks[&r].listen, &mut table);
-        }
-        for (r, reg) in self.ranks.iter_mut() {
-            if let Err(e) = root_answer(&mut reg.stream, ROOT_OK, &table) {
-                tracing::warn!(root = %self.addr, "bootstrap root: cannot answer rank {r} ({}): {e}", reg.who);
-            }
-        }
-    }
-
-    fn register(&mut self, mut stream: TcpStream, hello: &[u8]) {
-        let root = self.addr;
-        let from = stream.peer_addr().unwrap_or(root);
-        // Registration: magic, rank, nranks, timeout (ms), listener
-        // address, pid, host name.
-        let Some(reg) = Registration::decode(hello) else {
-            tracing::warn!(remote = %from, root = %root, "bootstrap root: malformed registration; closing");
-            return;
-        };
-        let (rank, nranks) = (reg.rank, reg.nranks);
-        let who = format!("host {}, pid {}, from {from}", reg.host, reg.pid);
-        // The rendezvous ends when the earliest registered rank gives up
-        // (the root's own expiry only bounds the wait for the first).
-        let gives_up = after(Instant::now(), reg.timeout);
-        if self.first_timeout.is_none() {
-            self.first_timeout = Some(reg.timeout);
-            self.deadline = gives_up;
-        }
-        self.deadline = self.deadline.min(gives_up);
-        if let Some((status, msg)) = &self.failure {
-            let _ = root_answer(&mut stream, *status, msg.as_bytes());
-            return;
-        }
-        let expected = self.ranks.values().next().map(|r| r.nranks);
-        let problem = if let Some(n) = expected.filter(|&n| n != nranks) {
-            Some(format!(
-                "bootstrap: nranks mismatch: rank {rank} ({who}) called init with nranks={nranks}, but other ranks use nranks={n}"
-            ))
-        } else if rank >= nranks {
-            Some(format!(
-                "bootstrap: rank {rank} ({who}) is out of range for nranks={nranks}"
-            ))
-        } else if let Some(old) = self.ranks.get(&rank) {
-            if self.answer_at.is_none() && is_closed(&old.stream) {
-                // The earlier registration gave up; this is its retry.
-                self.ranks.remove(&rank);
-                None
-            } else {
-                Some(format!(
-                    "bootstrap: rank {rank} registered twice at the root {root}: by {} and by {who}; \
-                     two jobs may be using this address (give each its own NCCL_COMM_ID or MASTER_PORT, \
-                     or launch them with torchrun, Slurm or mpirun, whose job names keep them apart)",
-                    old.who
-                ))
-            }
-        } else {
-            None
-        };
-        if let Some(msg) = problem {
-            tracing::warn!(root = %root, "{msg}");
-            let _ = root_answer(&mut stream, ROOT_USAGE, msg.as_bytes());
-            self.fail(ROOT_USAGE, msg);
-            return;
-        }
-        self.ranks.insert(
-            rank,
-            Registrant {
-                stream,
-                nranks,
-                listen: reg.listen,
-                who,
-            },
-        );
-        if self.ranks.len() == nranks {
-            let settle = if self.settle {
-                UNNAMED_JOB_SETTLE
-            } else {
-                Duration::ZERO
-            };
-            self.answer_at = Some(Instant::now() + settle);
-        }
-    }
-}
-
-/// A rank's registration at the root.
-struct Registration {
-    rank: usize,
-    nranks: usize,
-    timeout: Duration,
-    listen: SocketAddr,
-    pid: u32,
-    host: String,
-}
-
-impl Registration {
-    fn encode(&self) -> Vec<u8> {
-        let host = &self.host.as_bytes()[..self.host.len().min(255)];
-        let mut b = Vec::with_capacity(20 + ADDR_LEN + 5 + host.len());
-        b.extend_from_slice(&REG_MAGIC);
-        b.extend_from_slice(&(self.rank as u32).to_le_bytes());
-        b.extend_from_slice(&(self.nranks as u32).to_le_bytes());
-        b.extend_from_slice(&(self.timeout.as_millis().min(u64::MAX as u128) as u64).to_le_bytes());
-        encode_addr(&self.listen, &mut b);
-        b.extend_from_slice(&self.pid.to_le_bytes());
-        b.push(host.len() as u8);
-        b.extend_from_slice(host);
-        b
-    }
-
-    fn decode(b: &[u8]) -> Option<Registration> {
-        let at = 20 + ADDR_LEN;
-        if b.len() < at + 5 || b[..4] != REG_MAGIC {
-            return None;
-        }
-        let host_len = b[at + 4] as usize;
-        if b.len() != at + 5 + host_len {
-            return None;
-        }
-        Some(Registration {
-            rank: read_u32(b, 4) as usize,
-            nranks: read_u32(b, 8) as usize,
-            timeout: Duration::from_millis(read_u64(b, 12)),
-            listen: decode_addr(&b[20..at]).ok()?,
-            pid: read_u32(b, at),
-            host: String::from_utf8_lossy(&b[at + 5..]).into_owned(),
-        })
-    }
 }
 
 /// Received messages, keyed by (sender, kind, tag), plus the senders whose
@@ -796,7 +245,7 @@ impl Bootstrap {
             timeout,
             listen: me,
             pid: std::process::id(),
-            host: crate::comm::hostname(),
+            host: crate::net::hostname(),
         }
         .encode();
         let mut stream =

@@ -1,0 +1,188 @@
+//! Groups (per thread, as NCCL's `ncclGroupStart` / `ncclGroupEnd`):
+//! operations are collected inside a group and launched together at its
+//! end; outside a group each call is a group of one. A simulated end
+//! ([`group_simulate_end`]) plans the operations the same way and hands the
+//! plan back instead of running it.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use rccl_algorithms::P2pOp;
+
+use crate::comm::CommInner;
+use crate::error::{Error, Result};
+use crate::launch::{launch, on_board_alone};
+use crate::op::{OpKind, RawOp};
+use crate::plan::{
+    choose_collective, log_choice, p2p_calls, p2p_shape, PlannedCollective, PlannedComm, PlannedP2p,
+};
+
+struct GroupState {
+    depth: usize,
+    ops: Vec<RawOp>,
+    error: Option<Error>,
+}
+
+thread_local! {
+    // Initialized in place: every call checks the group, and a lazily
+    // initialized slot would test its state first.
+    static GROUP: RefCell<GroupState> = const {
+        RefCell::new(GroupState {
+            depth: 0,
+            ops: Vec::new(),
+            error: None,
+        })
+    };
+}
+
+/// Opens a group on this thread (`ncclGroupStart`); groups nest.
+pub fn group_start() {
+    GROUP.with(|g| g.borrow_mut().depth += 1);
+}
+
+/// Closes a group (`ncclGroupEnd`); the outermost end launches everything
+/// collected since the outermost start and returns when all of it has
+/// completed, or with the first error (including one raised by a call
+/// inside the group).
+pub fn group_end() -> Result<()> {
+    match close_group()? {
+        Some(ops) => launch(ops),
+        None => Ok(()),
+    }
+}
+
+/// Closes one level of the group: `None` while an outer level stays open,
+/// else what the group collected, or the first error raised inside it.
+fn close_group() -> Result<Option<Vec<RawOp>>> {
+    let (ops, error) = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return (
+                None,
+                Some(Error::InvalidUsage("group end without group start".into())),
+            );
+        }
+        g.depth -= 1;
+        if g.depth > 0 {
+            return (None, None);
+        }
+        (Some(std::mem::take(&mut g.ops)), g.error.take())
+    });
+    match error {
+        Some(err) => Err(err),
+        None => Ok(ops),
+    }
+}
+
+/// Closes a group as [`group_end`] does, but runs none of what it
+/// collected (`ncclGroupSimulateEnd`): returns, per communicator in the
+/// order first used, what a launch would have run, with the tuner's choice
+/// for every collective and the channels, protocol and chunk of the batch
+/// of sends and receives (refused, as the launch would refuse it, when
+/// sends to the rank itself do not pair with its receives). Nothing is
+/// sent, no connection is opened and no sequence number is taken, so the
+/// communicators go on as if the group had been empty. `None` when only an inner level of nested groups closed
+/// (the outermost end decides).
+pub fn group_simulate_end() -> Result<Option<Vec<PlannedComm>>> {
+    let Some(ops) = close_group()? else {
+        return Ok(None);
+    };
+    // Per communicator: its plan, and its sends and receives in call order.
+    let mut comms: Vec<(Arc<CommInner>, PlannedComm, Vec<&RawOp>)> = Vec::new();
+    for op in &ops {
+        let index = match comms.iter().position(|(c, _, _)| Arc::ptr_eq(c, &op.comm)) {
+            Some(i) => i,
+            None => {
+                op.comm.check_usable()?;
+                comms.push((
+                    op.comm.clone(),
+                    PlannedComm {
+                        rank: op.comm.rank,
+                        topology: op.comm.topology.clone(),
+                        config: op.comm.config.clone(),
+                        collectives: Vec::new(),
+                        p2p: None,
+                    },
+                    Vec::new(),
+                ));
+                comms.len() - 1
+            }
+        };
+        let (_, planned, p2p) = &mut comms[index];
+        match op.kind {
+            OpKind::Coll { .. } => {
+                let (spec, choice, in_place) = choose_collective(op)?;
+                log_choice(op, &choice, in_place, " (simulated, not run)");
+                planned.collectives.push(PlannedCollective {
+                    spec,
+                    elem_size: op.dtype.size(),
+                    choice,
+                });
+            }
+            OpKind::Send { .. } | OpKind::Recv { .. } => p2p.push(op),
+        }
+    }
+    for (comm, planned, p2p) in &mut comms {
+        if p2p.is_empty() {
+            continue;
+        }
+        let calls = p2p_calls(p2p.iter().copied());
+        let (nchannels, protocol, chunk_bytes) = p2p_shape(comm, &calls)?;
+        tracing::info!(
+            target: crate::debug::TUNING,
+            "[{}] Send/Recv: {} calls, largest {} Bytes -> proto {} channel {} chunk {} Bytes \
+             (simulated, not run)",
+            comm.rank,
+            calls.len(),
+            calls.iter().map(P2pOp::length).max().unwrap_or(0),
+            protocol.name(),
+            nchannels,
+            chunk_bytes
+        );
+        planned.p2p = Some(PlannedP2p {
+            calls,
+            nchannels,
+            protocol,
+            chunk_bytes,
+        });
+    }
+    Ok(Some(comms.into_iter().map(|(_, p, _)| p).collect()))
+}
+
+/// The depth of groups open on this thread.
+pub fn group_depth() -> usize {
+    GROUP.with(|g| g.borrow().depth)
+}
+
+/// Records a failed call inside a group, so that the group's end reports
+/// it (NCCL reports argument errors at the call and again at group end) and
+/// launches nothing. Outside a group it does nothing. Public for the C ABI,
+/// whose own argument checks fail calls before they reach the engine.
+pub fn group_fail(err: &Error) {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 {
+            g.error.get_or_insert_with(|| err.clone());
+        }
+    });
+}
+
+/// Runs `op` now, or collects it when a group is open.
+///
+/// # Safety
+/// The op's buffers must stay valid (and, for the receive buffer, not be
+/// accessed by anyone else) until the operation completes: when this
+/// returns outside a group, or at the outermost [`group_end`].
+pub(crate) unsafe fn enqueue(op: RawOp) -> Result<()> {
+    op.comm.check_usable()?;
+    // Asked before the op moves: a lone call need not travel through the
+    // group's slot.
+    if GROUP.with(|g| g.borrow().depth > 0) {
+        GROUP.with(|g| g.borrow_mut().ops.push(op));
+        return Ok(());
+    }
+    match on_board_alone(&op) {
+        Some(done) => done,
+        None => launch(std::iter::once(op)),
+    }
+}

@@ -1,0 +1,34 @@
+//! One user call as the engine receives it: the communicator, what it
+//! does, and its raw buffers, already validated.
+
+use std::sync::Arc;
+
+use rccl_algorithms::CollKind;
+
+use crate::comm::CommInner;
+use crate::types::{DataType, RedOp};
+
+/// What an operation does.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum OpKind {
+    /// A collective with its root (0 when rootless) and reduction op.
+    Coll {
+        kind: CollKind,
+        root: usize,
+        op: RedOp,
+    },
+    /// A point-to-point send to `peer`.
+    Send { peer: usize },
+    /// A point-to-point receive from `peer`.
+    Recv { peer: usize },
+}
+
+/// One user call, with raw buffers already validated by the caller.
+pub(crate) struct RawOp {
+    pub comm: Arc<CommInner>,
+    pub kind: OpKind,
+    pub send: *const u8,
+    pub recv: *mut u8,
+    pub count: usize,
+    pub dtype: DataType,
+}

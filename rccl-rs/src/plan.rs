@@ -1,0 +1,436 @@
+//! Planning: each operation of a launch becomes per-channel work (the
+//! tuner's algorithm, protocol and channels, its schedule, the tag its
+//! pieces carry), or board work; sends and receives are planned together.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use rccl_algorithms::{p2p_schedule, CollKind, CollSpec, P2pOp, Schedule, Topology};
+use rccl_transports::{Protocol, Tag};
+
+use crate::call::{call_tag, P2P_CALL};
+use crate::comm::CommInner;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::executor::{Binding, BoardOp, Buffers, OpWork, Reduction, Segment};
+use crate::kernels::{ReduceKernel, Store};
+use crate::op::{OpKind, RawOp};
+use crate::tuning;
+use crate::types::{DataType, RedOp};
+
+/// A collective of a simulated group, as the engine would have run it: the
+/// call and the tuner's choice for it on its communicator.
+pub struct PlannedCollective {
+    /// The call (its `count` is NCCL's count).
+    pub spec: CollSpec,
+    /// Bytes per element.
+    pub elem_size: usize,
+    /// Algorithm, protocol, channels and chunk, as the launch would use.
+    pub choice: tuning::Choice,
+}
+
+/// One communicator's share of a simulated group.
+pub struct PlannedComm {
+    /// The rank of this communicator.
+    pub rank: usize,
+    /// Which ranks share a host.
+    pub topology: Topology,
+    /// The communicator's settings (shared memory, FIFO sizes, ...).
+    pub config: Config,
+    /// The group's collectives on this communicator, in call order.
+    pub collectives: Vec<PlannedCollective>,
+    /// The group's sends and receives on this communicator, if any.
+    pub p2p: Option<PlannedP2p>,
+}
+
+/// The sends and receives of a simulated group on one communicator, as the
+/// launch would have run them: one batch after the collectives, every
+/// message progressing at once.
+pub struct PlannedP2p {
+    /// Every call in call order (peer, direction, length), lengths and
+    /// offsets in bytes, the group's buffers laid end to end.
+    pub calls: Vec<P2pOp>,
+    /// Channels the batch is split across.
+    pub nchannels: usize,
+    /// The protocol (the point-to-point path always uses Simple).
+    pub protocol: Protocol,
+    /// The pipeline chunk, bytes.
+    pub chunk_bytes: usize,
+}
+
+/// The calls of a batch of sends and receives, laid out as the launch
+/// lays their buffers: the sends end to end, the receives end to end
+/// (offsets and lengths in bytes).
+pub(crate) fn p2p_calls<'a>(ops: impl IntoIterator<Item = &'a RawOp>) -> Vec<P2pOp> {
+    let (mut send_end, mut recv_end) = (0, 0);
+    ops.into_iter()
+        .map(|op| {
+            let len = op.count * op.dtype.size();
+            match op.kind {
+                OpKind::Send { peer } => {
+                    send_end += len;
+                    P2pOp::Send {
+                        peer,
+                        offset: send_end - len,
+                        len,
+                    }
+                }
+                OpKind::Recv { peer } => {
+                    recv_end += len;
+                    P2pOp::Recv {
+                        peer,
+                        offset: recv_end - len,
+                        len,
+                    }
+                }
+                OpKind::Coll { .. } => unreachable!("a batch of sends and receives"),
+            }
+        })
+        .collect()
+}
+
+/// The channels, protocol and chunk (bytes) a batch of sends and receives
+/// runs with on `comm`; fails when sends to the rank itself do not pair
+/// with its receives from itself.
+pub(crate) fn p2p_shape(comm: &CommInner, calls: &[P2pOp]) -> Result<(usize, Protocol, usize)> {
+    check_self_pairs(comm.rank, calls)?;
+    let largest = calls.iter().map(P2pOp::length).max().unwrap_or(0);
+    let (nchannels, protocol) = tuning::p2p_choice(&comm.config, largest);
+    Ok((
+        nchannels,
+        protocol,
+        tuning::chunk_bytes(&comm.config, protocol),
+    ))
+}
+
+/// One communicator's share of a launch.
+pub(crate) struct CommLaunch {
+    pub comm: Arc<CommInner>,
+    /// Per channel, the work queued on it (empty until a schedule is
+    /// queued: a launch that only uses the board allocates none).
+    pub channels: Vec<Vec<OpWork>>,
+    /// The work run through the board.
+    pub board: SmallVec<[BoardOp; 1]>,
+    /// The sends and receives, planned together once all are known.
+    pub p2p: Vec<RawOp>,
+}
+
+/// Builds the per-channel work of a collective.
+pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
+    let comm = &launch.comm;
+    let (spec, choice, in_place) = choose_collective(op)?;
+    let on_board = runs_on_board(op, &choice);
+    let started = start_collective(op, &choice, in_place, on_board)?;
+    if on_board {
+        launch.board.push(board_op(op, started));
+        return Ok(());
+    }
+    let Started {
+        seq,
+        tag,
+        reduction,
+    } = started;
+    let schedule = choice
+        .algorithm
+        .schedule(&spec, comm.rank, &choice.params, &comm.topology);
+    let buffers = Buffers {
+        send: op.send,
+        recv: op.recv,
+    };
+    let buffer_elems = spec
+        .kind
+        .send_len(op.count, comm.nranks, comm.rank, spec.root)
+        + spec
+            .kind
+            .recv_len(op.count, comm.nranks, comm.rank, spec.root);
+    let work = Work {
+        seq,
+        name: spec.kind.name(),
+        tag,
+        protocol: choice.protocol,
+        elem_size: op.dtype.size(),
+        reduction: reduction.map(Arc::new),
+        user_store: comm.config.user_store(buffer_elems * op.dtype.size()),
+    };
+    push_schedule(launch, schedule, &work, || Binding::Shared(buffers));
+    Ok(())
+}
+
+/// Whether a collective that the tuner gave `choice` runs through its
+/// communicator's board: a one-shot all-reduce that fits a post.
+pub(crate) fn runs_on_board(op: &RawOp, choice: &tuning::Choice) -> bool {
+    let bytes = op.count * op.dtype.size();
+    matches!(
+        op.kind,
+        OpKind::Coll {
+            kind: CollKind::AllReduce,
+            ..
+        }
+    ) && choice.algorithm.name() == tuning::BOARD_ALGORITHM
+        && bytes > 0
+        && bytes <= op.comm.board_bytes()
+}
+
+/// A collective call on its way to run.
+pub(crate) struct Started {
+    /// The communicator's sequence number of the call.
+    pub seq: u64,
+    /// What its pieces (or posts) carry.
+    pub tag: Tag,
+    /// Its reduction, for reducing collectives.
+    pub reduction: Option<Reduction>,
+}
+
+/// Takes a collective call's sequence number, logs the call and the
+/// tuner's choice for it (`NCCL_DEBUG` subsystems COLL and TUNING), and
+/// prepares its reduction.
+pub(crate) fn start_collective(
+    op: &RawOp,
+    choice: &tuning::Choice,
+    in_place: bool,
+    on_board: bool,
+) -> Result<Started> {
+    let OpKind::Coll {
+        kind,
+        root,
+        op: red_op,
+    } = op.kind
+    else {
+        unreachable!("start_collective takes collectives");
+    };
+    let comm = &op.comm;
+    let seq = comm.next_seq.fetch_add(1, Ordering::Relaxed);
+    log_start(op, seq, choice, in_place, on_board);
+    let reduction = if kind.reduces() {
+        Some(reduction_of(op.dtype, red_op, comm.nranks)?)
+    } else {
+        None
+    };
+    Ok(Started {
+        seq,
+        tag: call_tag(seq, kind, op.count, op.dtype, red_op, root),
+        reduction,
+    })
+}
+
+/// Logs a collective call (`NCCL_DEBUG` subsystem COLL) and the tuner's
+/// choice for it (TUNING).
+pub(crate) fn log_start(
+    op: &RawOp,
+    seq: u64,
+    choice: &tuning::Choice,
+    in_place: bool,
+    on_board: bool,
+) {
+    let OpKind::Coll {
+        kind,
+        root,
+        op: red_op,
+    } = op.kind
+    else {
+        return;
+    };
+    let comm = &op.comm;
+    tracing::info!(
+        target: crate::debug::COLL,
+        "[{}] {}: opCount {seq} sendbuff {:p} recvbuff {:p} count {} datatype {} op {} root {root} comm {:p} [nranks={}]",
+        comm.rank,
+        kind.name(),
+        op.send,
+        op.recv,
+        op.count,
+        op.dtype.name(),
+        red_op.name(),
+        Arc::as_ptr(comm),
+        comm.nranks
+    );
+    log_choice(
+        op,
+        choice,
+        in_place,
+        if on_board { " via the board" } else { "" },
+    );
+}
+
+/// Logs the tuner's choice for a collective call (`NCCL_DEBUG` subsystem
+/// TUNING), `how` it runs appended.
+pub(crate) fn log_choice(op: &RawOp, choice: &tuning::Choice, in_place: bool, how: &str) {
+    let OpKind::Coll { kind, .. } = op.kind else {
+        return;
+    };
+    tracing::info!(
+        target: crate::debug::TUNING,
+        "[{}] {}: {} Bytes -> Algo {} proto {} channel {} chunk {} elements{}{how}",
+        op.comm.rank,
+        kind.name(),
+        op.count * op.dtype.size(),
+        choice.algorithm.name(),
+        choice.protocol.name(),
+        choice.params.nchannels,
+        choice.params.chunk_elems,
+        if in_place { " (in place)" } else { "" },
+    );
+}
+
+/// The board operation of an all-reduce that [`runs_on_board`].
+pub(crate) fn board_op(op: &RawOp, started: Started) -> BoardOp {
+    BoardOp {
+        seq: started.seq,
+        name: CollKind::AllReduce.name(),
+        tag: started.tag,
+        send: op.send,
+        recv: op.recv,
+        count: op.count,
+        elem_size: op.dtype.size(),
+        reduction: started.reduction.expect("all-reduce reduces"),
+    }
+}
+
+/// The kernels of a reduction by `op` over `nranks` ranks.
+fn reduction_of(dtype: DataType, op: RedOp, nranks: usize) -> Result<Reduction> {
+    Ok(Reduction {
+        input: ReduceKernel::new(dtype, op, nranks)?,
+        partial: ReduceKernel::new(dtype, partial_op(dtype, op), nranks)?,
+    })
+}
+
+/// The call a collective op makes, the tuner's choice for it on its
+/// communicator, and whether it is in place.
+pub(crate) fn choose_collective(op: &RawOp) -> Result<(CollSpec, tuning::Choice, bool)> {
+    let OpKind::Coll { kind, root, .. } = op.kind else {
+        unreachable!("choose_collective takes collectives");
+    };
+    let comm = &op.comm;
+    let spec = CollSpec {
+        kind,
+        nranks: comm.nranks,
+        root,
+        count: op.count,
+    };
+    let in_place = is_in_place(op, kind, root, comm.rank);
+    let choice = comm.choose(&spec, op.dtype.size(), in_place)?;
+    Ok((spec, choice, in_place))
+}
+
+/// Whether a call is in place by NCCL's conventions: the send buffer at
+/// the collective's offset inside the receive buffer, or the reverse.
+pub(crate) fn is_in_place(op: &RawOp, kind: CollKind, root: usize, rank: usize) -> bool {
+    // Empty buffers may share a dangling address without aliasing anything.
+    if op.count == 0 {
+        return false;
+    }
+    let size = op.dtype.size();
+    let at = |base: *const u8, offset: Option<usize>| offset.map(|o| base.wrapping_add(o * size));
+    at(op.recv, kind.in_place_send_offset(op.count, rank, root)) == Some(op.send)
+        || at(op.send, kind.in_place_recv_offset(op.count, rank, root))
+            == Some(op.recv as *const u8)
+}
+
+/// What every channel's work of one operation shares.
+struct Work {
+    seq: u64,
+    name: &'static str,
+    tag: Tag,
+    protocol: Protocol,
+    elem_size: usize,
+    reduction: Option<Arc<Reduction>>,
+    user_store: Store,
+}
+
+/// The op that combines values already transformed on input: PreMulSum
+/// and float Avg multiply each input once, so partial results are summed.
+fn partial_op(dtype: DataType, op: RedOp) -> RedOp {
+    match op {
+        RedOp::PreMulSum { .. } => RedOp::Sum,
+        RedOp::Avg if dtype.is_float() => RedOp::Sum,
+        other => other,
+    }
+}
+
+fn push_schedule(
+    launch: &mut CommLaunch,
+    schedule: Schedule,
+    work: &Work,
+    binding: impl Fn() -> Binding,
+) {
+    for (channel, steps) in schedule.channels.into_iter().enumerate() {
+        if steps.is_empty() {
+            continue;
+        }
+        if launch.channels.is_empty() {
+            let nchannels = launch.comm.config.max_channels;
+            launch.channels.resize_with(nchannels, Vec::new);
+        }
+        launch.channels[channel].push(OpWork {
+            seq: work.seq,
+            name: work.name,
+            tag: work.tag,
+            protocol: work.protocol,
+            steps,
+            binding: binding(),
+            elem_size: work.elem_size,
+            reduction: work.reduction.clone(),
+            user_store: work.user_store,
+        });
+    }
+}
+
+/// Builds the work of a batch of sends and receives: every message of the
+/// batch progresses at once, split across channels. The schedule sees the
+/// batch's buffers laid end to end, in bytes; the executor maps each slice
+/// back to its call's buffer.
+pub(crate) fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
+    let comm = &launch.comm;
+    let seq = comm.next_p2p_seq.fetch_add(1, Ordering::Relaxed);
+    let calls = p2p_calls(ops);
+    // Each call's buffer is bound at its offset in the batch.
+    let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+    for (op, call) in ops.iter().zip(&calls) {
+        match *call {
+            P2pOp::Send { offset, .. } => sends.push(Segment {
+                start: offset,
+                base: op.send as *mut u8,
+            }),
+            P2pOp::Recv { offset, .. } => recvs.push(Segment {
+                start: offset,
+                base: op.recv,
+            }),
+        }
+    }
+    let (nchannels, protocol, chunk_bytes) = p2p_shape(comm, &calls)?;
+    let schedule = p2p_schedule(comm.rank, &calls, nchannels, chunk_bytes);
+    let binding = || Binding::Segments {
+        send: sends.clone(),
+        recv: recvs.clone(),
+    };
+    let work = Work {
+        seq,
+        name: "Send/Recv",
+        tag: Tag {
+            seq: 0,
+            call: P2P_CALL,
+            count: 0,
+        },
+        protocol,
+        elem_size: 1,
+        reduction: None,
+        user_store: comm
+            .config
+            .user_store(calls.iter().map(P2pOp::length).sum()),
+    };
+    push_schedule(launch, schedule, &work, binding);
+    Ok(())
+}
+
+/// A send to this rank itself must be matched by a receive from itself of
+/// the same size, in order (they become one copy).
+fn check_self_pairs(rank: usize, calls: &[P2pOp]) -> Result<()> {
+    match rccl_algorithms::unpaired_self_calls(rank, calls) {
+        Some(why) => Err(Error::InvalidUsage(format!(
+            "rank {rank}: {why} in this group (lengths in bytes)"
+        ))),
+        None => Ok(()),
+    }
+}
