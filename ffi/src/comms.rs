@@ -26,7 +26,7 @@ fn channels(value: c_int, what: &str) -> Result<Option<usize>> {
     if value == NCCL_CONFIG_UNDEF_INT {
         return Ok(None);
     }
-    let max = rccl::config::MAX_CHANNELS;
+    let max = rccl::MAX_CHANNELS;
     match usize::try_from(value) {
         Ok(n) if (1..=max).contains(&n) => Ok(Some(n)),
         _ => Err(invalid(format!(

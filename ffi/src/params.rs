@@ -36,7 +36,7 @@ const KNOWN: &[(&str, Option<&str>)] = &[
 fn machine_defaults() -> [(&'static str, Option<String>); 1] {
     [(
         "RCCL_NT_STORE_BYTES",
-        Some(rccl::config::last_level_cache_bytes().to_string()),
+        Some(rccl::last_level_cache_bytes().to_string()),
     )]
 }
 

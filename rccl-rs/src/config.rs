@@ -23,7 +23,7 @@ pub struct Config {
     /// Most channels an operation is split across (`NCCL_MAX_NCHANNELS`).
     pub max_channels: usize,
     /// Bytes of FIFO per connection and direction (`NCCL_BUFFSIZE`,
-    /// default 4 MiB), split into [`FIFO_SLOTS`] slots.
+    /// default 4 MiB), split into 8 slots (NCCL_STEPS).
     pub buffsize: usize,
     /// Bytes of LL FIFO payload per connection and direction
     /// (`NCCL_LL_BUFFSIZE`, default 64 KiB).

@@ -28,8 +28,6 @@ pub const COLL: &str = "COLL";
 pub const NET: &str = "NET";
 /// Shared-memory connections.
 pub const SHM: &str = "SHM";
-/// Point-to-point calls.
-pub const P2P: &str = "P2P";
 
 /// The subsystems NCCL enables by default.
 const DEFAULT_SUBSYS: &str = "INIT,BOOTSTRAP,ENV";

@@ -5,38 +5,42 @@
 //! then call NCCL's collectives on it with typed slices, or batch several
 //! operations in a [`Group`].
 
-pub mod api;
-pub mod bootstrap;
+mod api;
+mod bootstrap;
 mod call;
-pub mod comm;
-pub mod config;
+mod comm;
+mod config;
 mod connect;
-pub mod debug;
+mod debug;
 mod diagnose;
-pub mod error;
-pub mod executor;
+mod error;
+mod executor;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 mod group;
+// Public for the workspace's kernel benchmarks and the simulator's probe
+// of this machine; not part of the API.
+#[doc(hidden)]
 pub mod kernels;
 mod launch;
 mod launch_key;
-pub mod net;
+mod net;
 mod op;
 mod plan;
 mod selection;
-pub mod signal;
+mod signal;
 mod state;
 mod stuck;
 pub mod tuning;
-pub mod types;
+mod types;
 
 pub use api::{CollCall, Element, Group, F8E4M3, F8E5M2};
 pub use bootstrap::{Bootstrap, UniqueId};
-pub use comm::{hang_report, Communicator};
-pub use config::Config;
+pub use comm::{hang_report, launcher_rank_from_env, rank_from_env, Communicator};
+pub use config::{last_level_cache_bytes, Config, MAX_CHANNELS};
 pub use error::{Error, Result};
 pub use group::{group_depth, group_end, group_fail, group_simulate_end, group_start};
+pub use net::Family;
 pub use plan::{PlannedCollective, PlannedComm, PlannedP2p};
 pub use rccl_algorithms::CollKind;
 pub use signal::report_hangs_on_signal;

@@ -16,12 +16,12 @@ const BYTES_PER_CHANNEL: usize = 512 << 10;
 /// NCCL's algorithms that have no implementation here. `NCCL_ALGO` may
 /// name them, so settings written for NCCL (`^nvls`) keep working; they
 /// are never picked.
-pub const NCCL_ONLY_ALGORITHMS: [&str; 5] =
+pub(crate) const NCCL_ONLY_ALGORITHMS: [&str; 5] =
     ["collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"];
 
 /// Refuses an `NCCL_ALGO` that names an unknown algorithm: known are the
 /// built-in ones, those registered so far and [`NCCL_ONLY_ALGORITHMS`].
-pub fn check_algorithm_names(selection: &Selection) -> Result<()> {
+pub(crate) fn check_algorithm_names(selection: &Selection) -> Result<()> {
     let known: Vec<&str> = algorithms().iter().map(|a| a.name()).collect();
     selection.check_names("NCCL_ALGO", "algorithm", &known, &NCCL_ONLY_ALGORITHMS)
 }
@@ -38,6 +38,7 @@ pub struct Choice {
 }
 
 /// Where an operation runs: what the tuner needs to know beyond the call.
+#[doc(hidden)]
 pub struct Placement<'a> {
     /// Whether every peer is reached through shared memory (network
     /// connections carry every protocol as Simple, so the lighter protocols
@@ -65,6 +66,7 @@ pub const BOARD_ALGORITHM: &str = "oneshot";
 /// them with `RCCL_SHM_LAT_US`, `RCCL_SHM_BW_GBS`, `RCCL_NET_LAT_US`,
 /// `RCCL_NET_BW_GBS`.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[doc(hidden)]
 pub struct LinkModel {
     /// Microseconds per step through shared memory (Simple protocol).
     pub shm_latency_us: f64,
@@ -129,7 +131,7 @@ fn protocol_factors(protocol: Protocol) -> (f64, f64) {
 /// The modeled time in microseconds of `algorithm` moving a call of
 /// `bytes` (per rank) with `protocol`, or `None` when the model does not
 /// know the algorithm (a user's algorithm is only run when selected).
-pub fn estimate_us(
+pub(crate) fn estimate_us(
     model: &LinkModel,
     algorithm: &str,
     kind: CollKind,
@@ -248,19 +250,20 @@ static PLUGIN_INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::Atom
 static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The current count of changes to the tuner's options.
-pub fn generation() -> u64 {
+pub(crate) fn generation() -> u64 {
     GENERATION.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Whether a tuner plug-in is installed: its answers may differ from call
 /// to call, so choices are not remembered while one is.
-pub fn has_plugin() -> bool {
+pub(crate) fn has_plugin() -> bool {
     PLUGIN_INSTALLED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Picks algorithm, protocol and parameters for `spec` with
 /// `elem_size`-byte elements: the cheapest allowed pair under the cost
 /// model, unless a tuner plug-in asks otherwise.
+#[doc(hidden)]
 pub fn choose(
     config: &Config,
     spec: &CollSpec,
@@ -432,7 +435,7 @@ pub fn register_algorithm(algorithm: &'static dyn Algorithm) -> Result<()> {
 
 /// Loads and registers the schedule files named in `RCCL_SCHEDULE_FILES`
 /// (a `:`-separated list), once per process; each is verified as it loads.
-pub fn register_schedule_files_from_env() -> Result<()> {
+pub(crate) fn register_schedule_files_from_env() -> Result<()> {
     static LOADED: std::sync::OnceLock<std::result::Result<(), Error>> = std::sync::OnceLock::new();
     LOADED
         .get_or_init(|| {
@@ -458,6 +461,7 @@ pub fn register_schedule_files_from_env() -> Result<()> {
 
 /// Channels and protocol for a batch of sends and receives whose largest
 /// message is `bytes` long.
+#[doc(hidden)]
 pub fn p2p_choice(config: &Config, bytes: usize) -> (usize, Protocol) {
     (channels_for(config, bytes, false), Protocol::Simple)
 }
@@ -478,6 +482,7 @@ fn channels_for(config: &Config, bytes: usize, all_shm: bool) -> usize {
 /// sender can fill one chunk while the receiver drains the previous one
 /// (and every chunk fits the FIFO, which the schedules' deadlock freedom
 /// relies on).
+#[doc(hidden)]
 pub fn chunk_bytes(config: &Config, protocol: Protocol) -> usize {
     config.slot_bytes(protocol) * FIFO_SLOTS / 2
 }

@@ -7,8 +7,8 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rccl::bootstrap::{Bootstrap, UniqueId};
 use rccl::Error;
+use rccl::{Bootstrap, UniqueId};
 use rccl_transports::socket::{self, Secret};
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rccl::bootstrap::{Bootstrap, UniqueId};
+use rccl::{Bootstrap, UniqueId};
 
 fn count(dir: &str) -> usize {
     std::fs::read_dir(dir).unwrap().count()

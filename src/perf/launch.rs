@@ -40,7 +40,7 @@ impl Launch {
     /// would leave the job's real ranks waiting for this one).
     pub fn detect() -> Result<Launch, String> {
         let refused = |reason: String| format!("refusing to start: {reason}");
-        let launcher = rccl::comm::launcher_rank_from_env().map_err(|e| refused(e.to_string()))?;
+        let launcher = rccl::launcher_rank_from_env().map_err(|e| refused(e.to_string()))?;
         let (rank, nranks) = match launcher {
             Some((rank, nranks)) if nranks > 1 => (rank, nranks),
             _ => return Ok(Launch::Threads),

@@ -23,7 +23,7 @@ impl fmt::Debug for UniqueId {
 
 impl UniqueId {
     /// Like `ncclGetUniqueId`: binds a root listener on this host's
-    /// bootstrap address ([`host_address`]) and returns the id naming it,
+    /// bootstrap address (`NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY`) and returns the id naming it,
     /// with a fresh random secret. One thread per process serves every
     /// root until its communicator's ranks have all registered (or the
     /// registered ranks' timeout passes). A root nobody registers at is
