@@ -1,11 +1,14 @@
 //! Connection setup: every connection a launch's work needs, made before it
-//! runs. Shared memory within a host, TCP otherwise; waits for a peer's
-//! side run in slices with the checks of [`crate::stuck`] between them.
+//! runs, through the transport table ([`rccl_transports::transport`]): the
+//! first entry that can connect a pair sets up each side, the sides trade
+//! what the other needs through the bootstrap, then connect. Waits for a
+//! peer's side run in slices with the checks of [`crate::stuck`] between
+//! them. The board, one segment for every rank of a host, is made here too.
+
+use std::time::{Duration, Instant};
 
 use rccl_transports::process::ProcessId;
-use rccl_transports::shm::{self, ShmConnection, ShmSegment};
-use rccl_transports::tcp::TcpConnection;
-use rccl_transports::{Connection, Protocol};
+use rccl_transports::transport::{self, Context, Endpoint, Pending};
 
 use crate::call::describe_call;
 use crate::comm::{failure_note, CommInner};
@@ -14,13 +17,14 @@ use crate::executor::{self, BoardLink, Link, OpWork};
 use crate::plan::CommLaunch;
 use crate::stuck::{self, Calls, Notices};
 
-/// Makes sure every connection the planned work needs exists. Dials first
-/// for every communicator, then collects the connections peers dialed, so
-/// that one thread can set up several communicators of one process.
+/// Makes sure every connection the planned work needs exists: the boards
+/// first, then every missing connection of every communicator is set up
+/// (and its setup sent to the peer) before any is waited for, so that one
+/// thread can set up several communicators of one process.
 pub(crate) fn connect(
     launches: &[CommLaunch],
     guards: &mut [parking_lot::MutexGuard<'_, crate::state::ExecState>],
-    started: std::time::Instant,
+    started: Instant,
 ) -> Result<()> {
     let nothing_to_open = launches.iter().zip(guards.iter()).all(|(launch, guard)| {
         launch.channels.is_empty() && (launch.board.is_empty() || guard.board.is_some())
@@ -28,43 +32,294 @@ pub(crate) fn connect(
     if nothing_to_open {
         return Ok(());
     }
-    for dialing in [true, false] {
-        for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
+    let mut waits: Vec<Waits<'_>> = launches
+        .iter()
+        .map(|launch| Waits::new(launch, started + launch.comm.config.timeout))
+        .collect();
+    // Rank 0 makes the board (first), the others map it.
+    for making in [true, false] {
+        for ((launch, guard), waits) in launches.iter().zip(guards.iter_mut()).zip(&mut waits) {
             let comm = &launch.comm;
-            let setup = Setup {
-                launch,
-                deadline: started + comm.config.timeout,
-            };
-            // Rank 0 makes the board (while dialing), the others map it.
-            if !launch.board.is_empty() && guard.board.is_none() && (comm.rank == 0) == dialing {
-                guard.board = Some(open_board(&setup).inspect_err(|err| comm.poison(err))?);
+            if !launch.board.is_empty() && guard.board.is_none() && (comm.rank == 0) == making {
+                guard.board = Some(open_board(waits).inspect_err(|err| comm.poison(err))?);
             }
-            for (channel, work) in launch.channels.iter().enumerate() {
-                let peers = peers_of(work);
-                for peer in peers {
-                    if guard.links[channel][peer].is_some() || comm.tcp.dials(peer) != dialing {
-                        continue;
-                    }
-                    let conn = open_connection(&setup, peer, channel, dialing)
-                        .inspect_err(|err| comm.poison(err))?;
-                    guard.links[channel][peer] = Some(Link {
-                        conn,
-                        peer_name: comm.describe(peer),
-                    });
+        }
+    }
+    let endpoints: Vec<Vec<Endpoint>> = launches.iter().map(|l| endpoints(&l.comm)).collect();
+    let contexts: Vec<Context<'_>> = launches
+        .iter()
+        .zip(&endpoints)
+        .map(|(launch, endpoints)| context(&launch.comm, endpoints))
+        .collect();
+    let mut pending = Vec::new();
+    for (index, ((launch, guard), cx)) in launches
+        .iter()
+        .zip(guards.iter())
+        .zip(&contexts)
+        .enumerate()
+    {
+        for (channel, work) in launch.channels.iter().enumerate() {
+            for peer in peers_of(work) {
+                if guard.links[channel][peer].is_none() {
+                    let link = set_up(&launch.comm, cx, peer, channel)
+                        .inspect_err(|err| launch.comm.poison(err))?;
+                    pending.push((index, link));
                 }
             }
+        }
+    }
+    while !pending.is_empty() {
+        let mut moved = false;
+        let mut i = 0;
+        while i < pending.len() {
+            let (index, link) = &mut pending[i];
+            let comm = &launches[*index].comm;
+            match link.advance(comm, &contexts[*index]) {
+                Ok(Some(conn)) => {
+                    let (index, link) = pending.swap_remove(i);
+                    guards[index].links[link.channel][link.peer] = Some(Link {
+                        conn,
+                        peer_name: comm.describe(link.peer),
+                    });
+                    moved = true;
+                }
+                Ok(None) => i += 1,
+                Err(err) => {
+                    comm.poison(&err);
+                    waits[*index].fail(&err);
+                    return Err(err);
+                }
+            }
+        }
+        if moved || pending.is_empty() {
+            continue;
+        }
+        for (index, waits) in waits.iter_mut().enumerate() {
+            let mine: Vec<&PendingLink> = pending
+                .iter()
+                .filter(|(i, _)| *i == index)
+                .map(|(_, link)| link)
+                .collect();
+            let Some(first) = mine.first() else {
+                continue;
+            };
+            let what = || first.what();
+            let peers: Vec<usize> = mine.iter().map(|link| link.peer).collect();
+            if let Err(err) = waits.check(&peers, what) {
+                launches[index].comm.poison(&err);
+                return Err(err);
+            }
+        }
+        // Nothing moved: wait for the peers' setup a little.
+        let (index, link) = &mut pending[0];
+        if link.pending.awaits_peer_info() && link.info.is_none() {
+            link.take_info(&launches[*index].comm, Instant::now() + SETUP_POLL)?;
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
         }
     }
     Ok(())
 }
 
-/// One communicator's connection setup within a launch.
-struct Setup<'l> {
-    launch: &'l CommLaunch,
-    deadline: std::time::Instant,
+/// How long a setup with nothing to do waits for a peer's word at once.
+const SETUP_POLL: Duration = Duration::from_millis(10);
+
+/// Bootstrap tags of the setup a transport sends the peer, per channel.
+const CONNECT_TAG_BASE: u64 = 2 << 40;
+/// The first byte of a setup sent to the peer: the transport's bytes
+/// follow, or why this side could not set up.
+const SETUP_OK: u8 = 0;
+const SETUP_FAILED: u8 = 1;
+
+/// A connection under way: this side's transport, its pending work, and
+/// the peer's setup once it came.
+struct PendingLink {
+    peer: usize,
+    channel: usize,
+    transport: &'static str,
+    pending: Box<dyn Pending>,
+    info: Option<Vec<u8>>,
 }
 
-impl Setup<'_> {
+impl PendingLink {
+    fn what(&self) -> String {
+        format!(
+            "the {} connection on channel {}",
+            self.transport, self.channel
+        )
+    }
+
+    /// Takes the peer's setup if it came, and connects once it has.
+    fn advance(
+        &mut self,
+        comm: &CommInner,
+        cx: &Context<'_>,
+    ) -> Result<Option<Box<dyn rccl_transports::Connection>>> {
+        let awaits = self.pending.awaits_peer_info();
+        if awaits && self.info.is_none() {
+            self.take_info(comm, Instant::now())?;
+        }
+        let info = match &self.info {
+            Some(info) => info.as_slice(),
+            None if awaits => return Ok(None),
+            None => &[],
+        };
+        let until = Instant::now() + Duration::from_millis(1);
+        let conn = self
+            .pending
+            .connect(cx, self.peer, info, until)
+            .map_err(|e| {
+                Error::Remote(format!(
+                    "rank {}: connecting to {} on channel {} via {}: {}",
+                    comm.rank,
+                    comm.describe(self.peer),
+                    self.channel,
+                    self.transport,
+                    rccl_transports::explain_fd_limit(e)
+                ))
+            })?;
+        if let Some(conn) = &conn {
+            let (rank, channel, peer, via) = (comm.rank, self.channel, self.peer, self.transport);
+            // The subsystem of the line, as NCCL's: NET for the network.
+            if conn.peer_addr().is_some() {
+                let addr = cx.endpoints[peer].data_addr;
+                tracing::info!(
+                    target: crate::debug::NET,
+                    "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via} ({addr})"
+                );
+            } else {
+                tracing::info!(
+                    target: crate::debug::SHM,
+                    "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via}"
+                );
+            }
+        }
+        Ok(conn)
+    }
+}
+
+impl PendingLink {
+    /// Takes the peer's setup if it arrives by `until`.
+    fn take_info(&mut self, comm: &CommInner, until: Instant) -> Result<()> {
+        let tag = CONNECT_TAG_BASE + self.channel as u64;
+        let Some(got) = comm.bootstrap.recv_until(self.peer, tag, until)? else {
+            return Ok(());
+        };
+        match got.split_first() {
+            Some((&SETUP_OK, info)) => {
+                self.info = Some(info.to_vec());
+                Ok(())
+            }
+            Some((&SETUP_FAILED, why)) => Err(Error::Remote(format!(
+                "rank {}: {} could not set up {}: {}",
+                comm.rank,
+                comm.describe(self.peer),
+                self.what(),
+                String::from_utf8_lossy(why)
+            ))),
+            _ => Err(Error::Remote(format!(
+                "{} sent a malformed connection setup",
+                comm.describe(self.peer)
+            ))),
+        }
+    }
+}
+
+/// Sets up this side of the connection to `peer` on `channel` with the
+/// first transport of the table that can connect the pair, and sends the
+/// peer what it needs (or, if this side cannot, why, so that the peer
+/// fails at once with the cause).
+fn set_up(comm: &CommInner, cx: &Context<'_>, peer: usize, channel: usize) -> Result<PendingLink> {
+    let tag = CONNECT_TAG_BASE + channel as u64;
+    let chosen = transport::choose(cx, peer).ok_or_else(|| {
+        Error::InvalidUsage(format!(
+            "rank {}: no transport can connect {} (NCCL_SHM_DISABLE?)",
+            comm.rank,
+            comm.describe(peer)
+        ))
+    });
+    let setup = chosen.and_then(|t| {
+        t.setup(cx, peer, channel)
+            .map(|setup| (t.name(), setup))
+            .map_err(|e| {
+                Error::System(format!(
+                    "rank {}: setting up the {} connection to {} on channel {channel}: {}",
+                    comm.rank,
+                    t.name(),
+                    comm.describe(peer),
+                    rccl_transports::explain_fd_limit(e)
+                ))
+            })
+    });
+    match setup {
+        Ok((name, setup)) => {
+            if let Some(info) = &setup.info {
+                comm.bootstrap
+                    .send(peer, tag, &[&[SETUP_OK], info.as_slice()].concat())?;
+            }
+            Ok(PendingLink {
+                peer,
+                channel,
+                transport: name,
+                pending: setup.pending,
+                info: None,
+            })
+        }
+        Err(err) => {
+            let why = err.to_string();
+            let _ = comm
+                .bootstrap
+                .send(peer, tag, &[&[SETUP_FAILED], why.as_bytes()].concat());
+            Err(err)
+        }
+    }
+}
+
+/// What the transports see of every rank of `comm`.
+fn endpoints(comm: &CommInner) -> Vec<Endpoint> {
+    comm.peers
+        .iter()
+        .map(|p| Endpoint {
+            host_id: p.host_id.clone(),
+            process: ProcessId {
+                pid: p.pid,
+                start: p.start,
+            },
+            data_addr: p.data_addr,
+        })
+        .collect()
+}
+
+fn context<'a>(comm: &'a CommInner, endpoints: &'a [Endpoint]) -> Context<'a> {
+    Context {
+        rank: comm.rank,
+        endpoints,
+        fifo: comm.config.fifo_shape(),
+        shm_disable: comm.config.shm_disable,
+        listener: &comm.tcp,
+        abort: &comm.abort,
+    }
+}
+
+/// One communicator's waits during a launch's setup: when it started, and
+/// the word given to the peers waited for.
+struct Waits<'l> {
+    launch: &'l CommLaunch,
+    deadline: Instant,
+    start: Instant,
+    told: Option<(Notices<'l>, Calls)>,
+}
+
+impl<'l> Waits<'l> {
+    fn new(launch: &'l CommLaunch, deadline: Instant) -> Waits<'l> {
+        Waits {
+            launch,
+            deadline,
+            start: Instant::now(),
+            told: None,
+        }
+    }
+
     /// The calls the launch runs on the communicator.
     fn calls(&self) -> Calls {
         let mut calls = Calls::default();
@@ -76,58 +331,80 @@ impl Setup<'_> {
         calls
     }
 
-    /// Waits for `peer` to set up its side of `what`: `attempt(until)`
-    /// tries until `until` (`Ok(None)`: nothing yet). Between attempts it
-    /// tells the peer what this rank runs and compares what the peer said
-    /// (see [`stuck`]), so a peer that runs another call is reported at
-    /// once rather than at the deadline.
-    fn wait_for<T>(
-        &self,
-        peer: usize,
-        what: impl Fn() -> String,
-        mut attempt: impl FnMut(std::time::Instant) -> Result<Option<T>>,
-    ) -> Result<T> {
-        let comm = &self.launch.comm;
-        let start = std::time::Instant::now();
-        let mut told: Option<(Notices<'_>, Calls)> = None;
-        let result = (|| loop {
-            let until = self
-                .deadline
-                .min(std::time::Instant::now() + executor::STALL_CHECK_EVERY);
-            if let Some(got) = attempt(until)? {
-                return Ok(got);
-            }
-            let waited = start.elapsed();
-            if std::time::Instant::now() >= self.deadline {
-                return Err(Error::System(format!(
-                    "rank {} of {}: timed out after {:?} waiting for {} to set up {} for {} \
-                     (does it run the same calls?)",
-                    comm.rank,
-                    comm.nranks,
-                    comm.config.timeout,
-                    comm.describe(peer),
-                    what(),
-                    describe_call(self.calls().first())
-                )));
-            }
-            if waited >= stuck::NOTICE_AFTER {
-                let (notices, calls) =
-                    told.get_or_insert_with(|| (Notices::new(&**comm), self.calls()));
-                notices.tell(peer, calls);
-                if let Some(error) = notices.check(calls, &[peer], waited) {
-                    return Err(error);
-                }
-            }
-        })();
-        if let (Err(error), Some((notices, _))) = (&result, &mut told) {
-            notices.fail(&failure_note(comm, error));
+    /// Called while this rank waits for `peers` to set up their side of
+    /// `what`: fails at the deadline, naming it, and past
+    /// [`stuck::NOTICE_AFTER`] tells the peers what this rank runs and
+    /// compares what they said (see [`stuck`]), so a peer that runs
+    /// another call is reported at once rather than at the deadline.
+    fn check(&mut self, peers: &[usize], what: impl Fn() -> String) -> Result<()> {
+        let result = self.check_inner(peers, what);
+        if let Err(error) = &result {
+            self.fail(error);
         }
         result
     }
-}
 
-/// Bootstrap tags of shared-memory segment names, one per channel.
-const SHM_TAG_BASE: u64 = 2 << 40;
+    fn check_inner(&mut self, peers: &[usize], what: impl Fn() -> String) -> Result<()> {
+        let comm = &self.launch.comm;
+        let waited = self.start.elapsed();
+        if Instant::now() >= self.deadline {
+            return Err(Error::System(format!(
+                "rank {} of {}: timed out after {:?} waiting for {} to set up {} for {} \
+                 (does it run the same calls?)",
+                comm.rank,
+                comm.nranks,
+                comm.config.timeout,
+                comm.describe(peers[0]),
+                what(),
+                describe_call(self.calls().first())
+            )));
+        }
+        if waited >= stuck::NOTICE_AFTER {
+            let calls = self.calls();
+            let (notices, calls) = self
+                .told
+                .get_or_insert_with(|| (Notices::new(&**comm), calls));
+            for &peer in peers {
+                notices.tell(peer, calls);
+            }
+            if let Some(error) = notices.check(calls, peers, waited) {
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the peers told so far that the launch failed with `error`.
+    fn fail(&mut self, error: &Error) {
+        if let Some((notices, _)) = &mut self.told {
+            notices.fail(&failure_note(&self.launch.comm, error));
+        }
+    }
+
+    /// Waits for `peer` to set up its side of `what`: `attempt(until)`
+    /// tries until `until` (`Ok(None)`: nothing yet), with the checks of
+    /// [`Waits::check`] between attempts.
+    fn wait_for<T>(
+        &mut self,
+        peer: usize,
+        what: impl Fn() -> String,
+        mut attempt: impl FnMut(Instant) -> Result<Option<T>>,
+    ) -> Result<T> {
+        loop {
+            let until = self
+                .deadline
+                .min(Instant::now() + executor::STALL_CHECK_EVERY);
+            match attempt(until) {
+                Ok(Some(got)) => return Ok(got),
+                Ok(None) => self.check(&[peer], &what)?,
+                Err(error) => {
+                    self.fail(&error);
+                    return Err(error);
+                }
+            }
+        }
+    }
+}
 
 /// Bootstrap tag of the board's segment name.
 const BOARD_TAG: u64 = 3 << 40;
@@ -164,8 +441,8 @@ fn creation_failed(e: std::io::Error, smaller: &str) -> String {
 /// Makes (rank 0) or maps (the others) the communicator's board. Rank 0
 /// removes the segment's name once every rank has posted on it, which
 /// proves they all mapped it.
-fn open_board(setup: &Setup<'_>) -> Result<BoardLink> {
-    let comm = &setup.launch.comm;
+fn open_board(waits: &mut Waits<'_>) -> Result<BoardLink> {
+    let comm = &waits.launch.comm;
     let (nranks, capacity) = (comm.nranks, comm.config.board_bytes);
     let failed = |what: &str, e: std::io::Error| {
         Error::Remote(format!("rank {}: {what} the board: {e}", comm.rank))
@@ -191,7 +468,7 @@ fn open_board(setup: &Setup<'_>) -> Result<BoardLink> {
         }
         board
     } else {
-        let name = setup.wait_for(
+        let name = waits.wait_for(
             0,
             || "the board".to_string(),
             |until| comm.bootstrap.recv_until(0, BOARD_TAG, until),
@@ -239,110 +516,6 @@ fn open_board(setup: &Setup<'_>) -> Result<BoardLink> {
         watch,
         names: (0..nranks).map(|r| comm.describe(r)).collect(),
     })
-}
-
-/// Opens this rank's side of the connection to `peer` on `channel`: the
-/// dialing (lower) rank creates it, the other side joins what was created.
-/// Shared memory within a host, TCP otherwise.
-fn open_connection(
-    setup: &Setup<'_>,
-    peer: usize,
-    channel: usize,
-    creating: bool,
-) -> Result<Box<dyn Connection>> {
-    let comm = &setup.launch.comm;
-    let shape = comm.config.fifo_shape();
-    let failed = |what: &str, e: std::io::Error| {
-        Error::Remote(format!(
-            "rank {}: {what} {} on channel {channel}: {e}",
-            comm.rank,
-            comm.describe(peer)
-        ))
-    };
-    if comm.shares_memory_with(peer) {
-        let tag = SHM_TAG_BASE + channel as u64;
-        let len = shm::segment_bytes(&shape);
-        let segment = if creating {
-            let segment = match ShmSegment::create(len) {
-                Ok(segment) => segment,
-                Err(e) => {
-                    let why = creation_failed(e, "a smaller NCCL_BUFFSIZE or NCCL_MAX_NCHANNELS");
-                    let _ = comm
-                        .bootstrap
-                        .send(peer, tag, &[NO_SEGMENT, why.as_bytes()].concat());
-                    return Err(Error::System(format!(
-                        "rank {}: creating shared memory for {} on channel {channel}: {why}",
-                        comm.rank,
-                        comm.describe(peer)
-                    )));
-                }
-            };
-            comm.bootstrap.send(peer, tag, segment.name().as_bytes())?;
-            segment
-        } else {
-            let name = setup.wait_for(
-                peer,
-                || format!("the shared-memory connection on channel {channel}"),
-                |until| comm.bootstrap.recv_until(peer, tag, until),
-            )?;
-            let what = format!("shared memory for channel {channel}");
-            if let Some(err) = no_segment(comm, peer, &name, &what) {
-                return Err(err);
-            }
-            let name = String::from_utf8(name).map_err(|_| {
-                Error::Remote(format!(
-                    "{} sent a malformed segment name",
-                    comm.describe(peer)
-                ))
-            })?;
-            let segment =
-                ShmSegment::open(&name, len).map_err(|e| failed("mapping shared memory of", e))?;
-            segment
-                .unlink()
-                .map_err(|e| failed("unlinking shared memory of", e))?;
-            segment
-        };
-        tracing::info!(
-            target: crate::debug::SHM,
-            "[{}] Channel {channel:02} : {} -> {peer} via SHM/direct",
-            comm.rank,
-            comm.rank
-        );
-        let mut conn = ShmConnection::new(segment, creating, &shape);
-        let info = &comm.peers[peer];
-        if info.start != 0 {
-            conn.watch_peer(ProcessId {
-                pid: info.pid,
-                start: info.start,
-            });
-        }
-        return Ok(Box::new(conn));
-    }
-    let stream = if creating {
-        comm.tcp
-            .dial(peer, comm.peers[peer].data_addr, channel, setup.deadline)
-            .map_err(|e| failed("connecting to", e))?
-    } else {
-        setup.wait_for(
-            peer,
-            || format!("the network connection on channel {channel}"),
-            |until| match comm.tcp.accept_from(peer, channel, until, &comm.abort) {
-                Ok(stream) => Ok(Some(stream)),
-                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Ok(None),
-                Err(e) => Err(failed("connecting to", e)),
-            },
-        )?
-    };
-    tracing::info!(
-        target: crate::debug::NET,
-        "[{}] Channel {channel:02} : {} -> {peer} via NET/Socket ({})",
-        comm.rank,
-        comm.rank,
-        comm.peers[peer].data_addr
-    );
-    let conn = TcpConnection::start(stream, shape.nslots, shape.slot_bytes(Protocol::Simple))
-        .map_err(|e| Error::io("starting connection proxies", e))?;
-    Ok(Box::new(conn))
 }
 
 fn peers_of(work: &[OpWork]) -> Vec<usize> {

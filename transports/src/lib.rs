@@ -14,6 +14,7 @@ pub mod process;
 pub mod shm;
 pub mod socket;
 pub mod tcp;
+pub mod transport;
 pub mod wait;
 
 pub use board::Board;
@@ -41,6 +42,10 @@ pub trait Connection: Send + Sync {
     /// waits that have been blocked a while (it may make a system call),
     /// never for the fast path.
     fn peer_gone(&self) -> Option<String> {
+        None
+    }
+    /// The peer's network address, for connections that cross a network.
+    fn peer_addr(&self) -> Option<std::net::SocketAddr> {
         None
     }
 }
@@ -107,6 +112,9 @@ impl Connection for tcp::TcpConnection {
     }
     fn close_with(&self, note: &str) {
         tcp::TcpConnection::close_with(self, note)
+    }
+    fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        tcp::TcpConnection::peer_addr(self)
     }
     fn peer_note(&self) -> Option<String> {
         tcp::TcpConnection::peer_note(self)

@@ -1,0 +1,258 @@
+//! The transport table: how two ranks get a [`Connection`], in NCCL's split.
+//!
+//! Each entry answers whether it can connect two ranks (from what each
+//! published at init), sets up this side of a connection (local resources,
+//! and the bytes the peer's side needs, which the engine carries through
+//! the bootstrap), and connects once the peer's bytes are in. The engine
+//! asks the entries in order of preference and takes the first that can;
+//! a transport is added by implementing [`Transport`] and [`register`]ing
+//! it, with no change to the engine.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use crate::fifo::{FifoShape, Protocol};
+use crate::net::TcpTransport;
+use crate::process::ProcessId;
+use crate::shm::{self, ShmConnection, ShmSegment};
+use crate::tcp::TcpConnection;
+use crate::Connection;
+
+/// What a rank published at init that transports decide and connect on.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    /// Ranks with equal host ids share memory.
+    pub host_id: String,
+    /// Its process (start time 0 if unknown).
+    pub process: ProcessId,
+    /// Where its data listener accepts network connections.
+    pub data_addr: SocketAddr,
+}
+
+/// One rank of a communicator as the transports see it while it connects.
+pub struct Context<'a> {
+    /// This rank.
+    pub rank: usize,
+    /// Every rank's endpoint, indexed by rank.
+    pub endpoints: &'a [Endpoint],
+    /// The FIFOs of every connection.
+    pub fifo: FifoShape,
+    /// `NCCL_SHM_DISABLE`.
+    pub shm_disable: bool,
+    /// This rank's data listener, for network transports.
+    pub listener: &'a TcpTransport,
+    /// The communicator's abort flag.
+    pub abort: &'a AtomicBool,
+}
+
+impl Context<'_> {
+    /// Whether this rank creates the pair's shared resources and dials:
+    /// the lower rank of a pair does.
+    pub fn leads(&self, peer: usize) -> bool {
+        self.rank < peer
+    }
+
+    /// Whether `peer` runs on this rank's host.
+    pub fn same_host(&self, peer: usize) -> bool {
+        self.endpoints[peer].host_id == self.endpoints[self.rank].host_id
+    }
+}
+
+/// This side of a connection being set up.
+pub struct Setup {
+    /// What the peer's side needs, if it needs anything (the peer's
+    /// [`Pending::awaits_peer_info`] says so).
+    pub info: Option<Vec<u8>>,
+    /// The rest of the work.
+    pub pending: Box<dyn Pending>,
+}
+
+/// A connection waiting for the peer's side.
+pub trait Pending: Send {
+    /// Whether [`Pending::connect`] needs the [`Setup::info`] of the
+    /// peer's side.
+    fn awaits_peer_info(&self) -> bool;
+    /// Finishes the connection, with what the peer's setup produced where
+    /// it awaits it; `Ok(None)` if the peer's side is not there yet by
+    /// `until` (never waits past it).
+    fn connect(
+        &mut self,
+        cx: &Context<'_>,
+        peer: usize,
+        peer_info: &[u8],
+        until: Instant,
+    ) -> io::Result<Option<Box<dyn Connection>>>;
+}
+
+/// An entry of the transport table.
+pub trait Transport: Send + Sync {
+    /// Its name in logs (`SHM/direct`, `NET/Socket`).
+    fn name(&self) -> &'static str;
+    /// Whether it can connect this rank and `peer`.
+    fn can_connect(&self, cx: &Context<'_>, peer: usize) -> bool;
+    /// Sets up this side of the connection to `peer` on `channel`.
+    fn setup(&self, cx: &Context<'_>, peer: usize, channel: usize) -> io::Result<Setup>;
+}
+
+/// Transports registered at run time, ahead of the built-in ones.
+static REGISTERED: RwLock<Vec<Arc<dyn Transport>>> = RwLock::new(Vec::new());
+
+/// Adds `transport` to the table, ahead of every earlier entry: it is
+/// asked first for every connection made from now on.
+pub fn register(transport: Arc<dyn Transport>) {
+    let mut registered = REGISTERED.write().unwrap_or_else(|e| e.into_inner());
+    registered.insert(0, transport);
+}
+
+/// The first transport of the table that can connect this rank and `peer`.
+pub fn choose(cx: &Context<'_>, peer: usize) -> Option<Arc<dyn Transport>> {
+    let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
+    let builtin: [Arc<dyn Transport>; 2] = [Arc::new(Shm), Arc::new(Net)];
+    registered
+        .iter()
+        .cloned()
+        .chain(builtin)
+        .find(|t| t.can_connect(cx, peer))
+}
+
+/// Shared memory between processes (or threads) of one host: both FIFOs
+/// of a pair in one segment that the leading rank creates and the other
+/// maps and unlinks at once.
+struct Shm;
+
+impl Transport for Shm {
+    fn name(&self) -> &'static str {
+        "SHM/direct"
+    }
+
+    fn can_connect(&self, cx: &Context<'_>, peer: usize) -> bool {
+        !cx.shm_disable && cx.same_host(peer)
+    }
+
+    fn setup(&self, cx: &Context<'_>, peer: usize, _channel: usize) -> io::Result<Setup> {
+        let len = shm::segment_bytes(&cx.fifo);
+        if !cx.leads(peer) {
+            return Ok(Setup {
+                info: None,
+                pending: Box::new(ShmPending { created: None }),
+            });
+        }
+        let segment = ShmSegment::create(len).map_err(|e| {
+            if e.kind() == io::ErrorKind::OutOfMemory {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{e}; give the job a larger /dev/shm (e.g. docker run --shm-size), a \
+                         smaller NCCL_BUFFSIZE or NCCL_MAX_NCHANNELS, or set NCCL_SHM_DISABLE=1 \
+                         (TCP between the ranks of a host)"
+                    ),
+                )
+            } else {
+                e
+            }
+        })?;
+        Ok(Setup {
+            info: Some(segment.name().as_bytes().to_vec()),
+            pending: Box::new(ShmPending {
+                created: Some(segment),
+            }),
+        })
+    }
+}
+
+struct ShmPending {
+    /// The segment this side created, if it leads.
+    created: Option<ShmSegment>,
+}
+
+impl Pending for ShmPending {
+    fn awaits_peer_info(&self) -> bool {
+        // The side that maps the segment needs its name.
+        self.created.is_none()
+    }
+
+    fn connect(
+        &mut self,
+        cx: &Context<'_>,
+        peer: usize,
+        peer_info: &[u8],
+        _until: Instant,
+    ) -> io::Result<Option<Box<dyn Connection>>> {
+        let (segment, creator) = match self.created.take() {
+            Some(segment) => (segment, true),
+            None => {
+                let name = std::str::from_utf8(peer_info).map_err(|_| {
+                    io::Error::new(io::ErrorKind::InvalidData, "a malformed segment name")
+                })?;
+                let segment = ShmSegment::open(name, shm::segment_bytes(&cx.fifo))?;
+                segment.unlink()?;
+                (segment, false)
+            }
+        };
+        let mut conn = ShmConnection::new(segment, creator, &cx.fifo);
+        let process = cx.endpoints[peer].process;
+        if process.start != 0 {
+            conn.watch_peer(process);
+        }
+        Ok(Some(Box::new(conn)))
+    }
+}
+
+/// The network: authenticated TCP sockets, the leading rank dialing the
+/// other's data listener.
+struct Net;
+
+impl Transport for Net {
+    fn name(&self) -> &'static str {
+        "NET/Socket"
+    }
+
+    fn can_connect(&self, _cx: &Context<'_>, _peer: usize) -> bool {
+        true
+    }
+
+    fn setup(&self, _cx: &Context<'_>, _peer: usize, channel: usize) -> io::Result<Setup> {
+        Ok(Setup {
+            info: None,
+            pending: Box::new(NetPending { channel }),
+        })
+    }
+}
+
+struct NetPending {
+    channel: usize,
+}
+
+impl Pending for NetPending {
+    fn awaits_peer_info(&self) -> bool {
+        // The dial is the rendezvous.
+        false
+    }
+
+    fn connect(
+        &mut self,
+        cx: &Context<'_>,
+        peer: usize,
+        _peer_info: &[u8],
+        until: Instant,
+    ) -> io::Result<Option<Box<dyn Connection>>> {
+        let channel = self.channel;
+        let stream = if cx.leads(peer) {
+            cx.listener
+                .dial(peer, cx.endpoints[peer].data_addr, channel, until)
+        } else {
+            cx.listener.accept_from(peer, channel, until, cx.abort)
+        };
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let slot_bytes = cx.fifo.slot_bytes(Protocol::Simple);
+        let conn = TcpConnection::start(stream, cx.fifo.nslots, slot_bytes)?;
+        Ok(Some(Box::new(conn)))
+    }
+}
