@@ -1,0 +1,217 @@
+//! A transport added from outside the engine: a test-only entry of the
+//! transport table whose FIFOs live on the heap of this process (for ranks
+//! that are threads of one process), registered ahead of the built-in
+//! ones, carries every collective and shows in `NCCL_DEBUG=INFO` output.
+//! Its own binary, since registration is for the whole process; the work
+//! runs in a child process so that its log can be read.
+
+use std::collections::HashMap;
+use std::io;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rccl::{Communicator, Config, RedOp};
+use rccl_transports::fifo::{fifo_bytes, HeapMemory};
+use rccl_transports::transport::{self, Context, Pending, Setup, Transport};
+use rccl_transports::{Connection, Fifo, Protocol};
+
+const CHILD: &str = "RCCL_TRANSPORT_PLUGIN_CHILD";
+
+/// One pair's memory: per protocol a FIFO each way, and each side's note.
+struct PairMemory {
+    /// Per protocol: (leader to follower, follower to leader).
+    fifos: Vec<(Arc<HeapMemory>, Arc<HeapMemory>)>,
+    notes: [Mutex<Option<String>>; 2],
+}
+
+/// Pairs set up by a leading rank, waiting for the other side.
+static PAIRS: Mutex<Option<HashMap<u64, Arc<PairMemory>>>> = Mutex::new(None);
+static NEXT_PAIR: AtomicU64 = AtomicU64::new(1);
+/// Connections the transport made.
+static CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
+
+struct Loop;
+
+impl Transport for Loop {
+    fn name(&self) -> &'static str {
+        "LOOP/heap"
+    }
+
+    fn can_connect(&self, cx: &Context<'_>, peer: usize) -> bool {
+        cx.endpoints[peer].process.pid == std::process::id()
+    }
+
+    fn setup(&self, cx: &Context<'_>, peer: usize, _channel: usize) -> io::Result<Setup> {
+        if !cx.leads(peer) {
+            return Ok(Setup {
+                info: None,
+                pending: Box::new(LoopPending { leader: None }),
+            });
+        }
+        let shape = cx.fifo;
+        let memory = || {
+            Protocol::ALL
+                .iter()
+                .map(|&p| {
+                    let len = fifo_bytes(p, shape.nslots, shape.slot_bytes(p));
+                    (
+                        Arc::new(HeapMemory::new(len)),
+                        Arc::new(HeapMemory::new(len)),
+                    )
+                })
+                .collect()
+        };
+        let pair = Arc::new(PairMemory {
+            fifos: memory(),
+            notes: Default::default(),
+        });
+        let id = NEXT_PAIR.fetch_add(1, Ordering::Relaxed);
+        PAIRS
+            .lock()
+            .unwrap()
+            .get_or_insert_with(HashMap::new)
+            .insert(id, pair.clone());
+        Ok(Setup {
+            info: Some(id.to_le_bytes().to_vec()),
+            pending: Box::new(LoopPending { leader: Some(pair) }),
+        })
+    }
+}
+
+struct LoopPending {
+    leader: Option<Arc<PairMemory>>,
+}
+
+impl Pending for LoopPending {
+    fn awaits_peer_info(&self) -> bool {
+        self.leader.is_none()
+    }
+
+    fn connect(
+        &mut self,
+        cx: &Context<'_>,
+        _peer: usize,
+        peer_info: &[u8],
+        _until: Instant,
+    ) -> io::Result<Option<Box<dyn Connection>>> {
+        let (pair, leader) = match self.leader.take() {
+            Some(pair) => (pair, true),
+            None => {
+                let id = u64::from_le_bytes(peer_info.try_into().map_err(|_| {
+                    io::Error::new(io::ErrorKind::InvalidData, "a malformed pair id")
+                })?);
+                let pair = PAIRS.lock().unwrap().as_mut().and_then(|p| p.remove(&id));
+                (pair.ok_or_else(|| io::Error::other("no such pair"))?, false)
+            }
+        };
+        let fifo = |mem: &Arc<HeapMemory>, p: Protocol| {
+            Fifo::in_memory(mem.clone(), p, cx.fifo.nslots, cx.fifo.slot_bytes(p))
+        };
+        let (mut send, mut recv) = (Vec::new(), Vec::new());
+        for (&p, (ahead, back)) in Protocol::ALL.iter().zip(&pair.fifos) {
+            let (out, inbound) = if leader { (ahead, back) } else { (back, ahead) };
+            send.push(fifo(out, p));
+            recv.push(fifo(inbound, p));
+        }
+        CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(Box::new(LoopConnection {
+            send,
+            recv,
+            pair,
+            side: usize::from(!leader),
+        })))
+    }
+}
+
+struct LoopConnection {
+    send: Vec<Fifo>,
+    recv: Vec<Fifo>,
+    pair: Arc<PairMemory>,
+    side: usize,
+}
+
+impl Connection for LoopConnection {
+    fn send_fifo(&self, proto: Protocol) -> &Fifo {
+        &self.send[proto.index()]
+    }
+    fn recv_fifo(&self, proto: Protocol) -> &Fifo {
+        &self.recv[proto.index()]
+    }
+    fn failure(&self) -> Option<String> {
+        None
+    }
+    fn transport(&self) -> &'static str {
+        "LOOP/heap"
+    }
+    fn close_with(&self, note: &str) {
+        self.pair.notes[self.side]
+            .lock()
+            .unwrap()
+            .get_or_insert_with(|| note.to_string());
+        for fifo in self.send.iter().chain(&self.recv) {
+            fifo.fail();
+        }
+    }
+    fn peer_note(&self) -> Option<String> {
+        self.pair.notes[1 - self.side].lock().unwrap().clone()
+    }
+}
+
+/// The child: registers the transport, runs all-reduces and an all-gather
+/// over 3 ranks on FIFOs (no board), prints what it saw.
+#[test]
+fn transport_plugin_child() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    transport::register(Arc::new(Loop));
+    let config = Config {
+        board_bytes: 0,
+        ..Config::default()
+    };
+    let comms = Communicator::init_all_config(3, config).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || {
+                let n = 4096 + 7;
+                let mine: Vec<f32> = (0..n).map(|i| (i * (comm.rank() + 1)) as f32).collect();
+                let mut sum = vec![0f32; n];
+                comm.all_reduce(&mine, &mut sum, RedOp::Sum).unwrap();
+                assert!((0..n).all(|i| sum[i] == (i * 6) as f32));
+                let mut all = vec![0u32; 3 * 100];
+                comm.all_gather(&[comm.rank() as u32; 100], &mut all)
+                    .unwrap();
+                assert!((0..300).all(|i| all[i] == (i / 100) as u32));
+            });
+        }
+    });
+    println!("CONNECTIONS {}", CONNECTIONS.load(Ordering::Relaxed));
+}
+
+#[test]
+fn a_transport_registered_from_outside_carries_collectives() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "transport_plugin_child", "--nocapture"])
+        .env(CHILD, "1")
+        .env("NCCL_DEBUG", "INFO")
+        .env("NCCL_DEBUG_SUBSYS", "INIT,SHM,NET")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let made: usize = stdout
+        .lines()
+        .find_map(|l| l.split("CONNECTIONS ").nth(1))
+        .expect("the child reports its connections")
+        .trim()
+        .parse()
+        .unwrap();
+    // A ring of 3 ranks connects each rank to both neighbours, on every
+    // channel; each connection counts once per side.
+    assert!(made >= 6, "{made} connections\n{stderr}");
+    assert!(stderr.contains("via LOOP/heap"), "{stderr}");
+    assert!(!stderr.contains("via SHM/direct"), "{stderr}");
+}
