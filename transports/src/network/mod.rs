@@ -7,6 +7,8 @@
 //!   to add a network.
 //! - [`socket::Socket`]: the first provider, TCP sockets, authenticated with
 //!   the communicator's secret.
+//! - [`NetConnection`]: a [`crate::Connection`] whose FIFOs the process's
+//!   network proxy moves through any [`Net`].
 //!
 //! # The contract (NCCL's, word for word where NCCL states it)
 //!
@@ -56,8 +58,12 @@ use std::io;
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 
+mod connection;
 mod handshake;
+mod proxy;
 pub mod socket;
+
+pub use connection::NetConnection;
 
 /// Most requests a communicator handles at once (`NCCL_NET_MAX_REQUESTS`).
 pub const NET_MAX_REQUESTS: usize = 32;

@@ -1,5 +1,5 @@
 //! Helpers shared by the network tests: connecting communicators of any
-//! [`Net`] without blocking.
+//! [`Net`] without blocking, and pairs of [`NetConnection`]s.
 
 #![allow(dead_code)]
 
@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rccl_transports::network::socket::{Socket, SocketDevice};
-use rccl_transports::network::Net;
+use rccl_transports::network::{Net, NetConnection};
 use rccl_transports::socket::Secret;
 
 /// Longest any step of a test may wait.
@@ -53,4 +53,16 @@ pub fn connect<N: Net>(from: &N, to: &N) -> (N::SendComm, N::RecvComm) {
     });
     to.close_listen(listen).unwrap();
     (send.unwrap(), recv.unwrap())
+}
+
+/// Two connected [`NetConnection`]s (one per rank) with FIFOs of `nslots`
+/// slots of `slot_bytes`.
+pub fn net_connection_pair(nslots: usize, slot_bytes: usize) -> (NetConnection, NetConnection) {
+    let (a, b) = socket_pair();
+    let (a_to_b, b_from_a) = connect(&*a, &*b);
+    let (b_to_a, a_from_b) = connect(&*b, &*a);
+    (
+        NetConnection::start(a, a_to_b, a_from_b, nslots, slot_bytes).unwrap(),
+        NetConnection::start(b, b_to_a, b_from_a, nslots, slot_bytes).unwrap(),
+    )
 }
