@@ -145,7 +145,20 @@ pub(crate) fn adopt(work: Box<dyn Work>) -> io::Result<()> {
     Ok(())
 }
 
+/// Lets the next connection start a new thread if this one unwinds (a
+/// bug): its connections are dropped, so their peers see them closed.
+struct Running(&'static Proxy);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.adopted.lock().1 = false;
+        }
+    }
+}
+
 fn run(proxy: &'static Proxy) {
+    let _running = Running(proxy);
     let mut links: Vec<Box<dyn Work>> = Vec::new();
     let mut fds: Vec<libc::pollfd> = Vec::new();
     let mut idle_since: Option<Instant> = None;
