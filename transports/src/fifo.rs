@@ -131,8 +131,51 @@ pub struct Tag {
     pub count: u32,
 }
 
-/// Bytes in front of a Simple slot's payload: its length and tag.
+/// Bytes in front of a Simple slot's payload: its length and tag
+/// ([`write_slot_header`]), then padding to a cache line.
 const SIMPLE_META: usize = 64;
+
+/// Bytes of a Simple slot in front of its payload. A proxy that moves
+/// slots whole ([`Fifo::peek_slot`], [`Fifo::reserve_slot`]) moves these
+/// too, so the piece's length and tag travel with it.
+pub const SLOT_HEADER: usize = SIMPLE_META;
+
+/// Writes a Simple slot's header: the piece's length, then its tag's seq,
+/// call and count, each a native-endian `u32`.
+///
+/// # Safety
+/// `slot` is 4-byte aligned and valid for 16 bytes of writes.
+pub unsafe fn write_slot_header(slot: *mut u8, len: u32, tag: Tag) {
+    let meta = [len, tag.seq, tag.call, tag.count];
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(meta.as_ptr(), slot.cast::<u32>(), 4) };
+}
+
+/// Reads what [`write_slot_header`] wrote: the length and the tag.
+///
+/// # Safety
+/// `slot` is 4-byte aligned and valid for 16 bytes of reads.
+pub unsafe fn read_slot_header(slot: *const u8) -> (u32, Tag) {
+    let mut meta = [0u32; 4];
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(slot.cast::<u32>(), meta.as_mut_ptr(), 4) };
+    (
+        meta[0],
+        Tag {
+            seq: meta[1],
+            call: meta[2],
+            count: meta[3],
+        },
+    )
+}
+
+/// Rung by a FIFO handle after it publishes, releases or fails, for a
+/// thread that moves many FIFOs and so cannot park on any one FIFO's
+/// words (the network proxy).
+pub trait Doorbell: Send + Sync {
+    /// Someone moved the FIFO.
+    fn ring(&self);
+}
 /// LL words in front of a slot's payload: length, seq, call, count.
 const LL_HEADER_WORDS: usize = 4;
 /// Bytes of an LL128 line, and the data bytes it carries.
@@ -236,6 +279,7 @@ pub struct Fifo {
     slot_stride: usize,
     produce: Mutex<Staging>,
     consume: Mutex<Staging>,
+    doorbell: Option<Arc<dyn Doorbell>>,
 }
 
 impl Clone for Fifo {
@@ -297,6 +341,20 @@ impl Fifo {
             slot_stride: proto.slot_stride(slot_bytes),
             produce: Staging::new(staging),
             consume: Staging::new(staging),
+            doorbell: None,
+        }
+    }
+
+    /// This handle, ringing `doorbell` after each publish, release and
+    /// failure made through it (clones of it do not ring).
+    pub fn with_doorbell(mut self, doorbell: Arc<dyn Doorbell>) -> Fifo {
+        self.doorbell = Some(doorbell);
+        self
+    }
+
+    fn ring(&self) {
+        if let Some(doorbell) = &self.doorbell {
+            doorbell.ring();
         }
     }
 
@@ -347,6 +405,7 @@ impl Fifo {
         // parked waiter re-checks `failed()` after every wake-up.
         futex::wake_all(&header.tail.0);
         futex::wake_all(&header.head.0);
+        self.ring();
     }
 
     // ---- producer side ----
@@ -375,9 +434,10 @@ impl Fifo {
         let meta = [len as u32, tag.seq, tag.call, tag.count];
         match self.proto {
             Protocol::Simple => {
-                // SAFETY: the slot starts with SIMPLE_META >= 16 bytes that
-                // only the producer writes until the tail moves past it.
-                unsafe { std::ptr::copy_nonoverlapping(meta.as_ptr(), slot.cast::<u32>(), 4) };
+                // SAFETY: the slot starts with SIMPLE_META >= 16 bytes,
+                // 64-byte aligned, that only the producer writes until the
+                // tail moves past it.
+                unsafe { write_slot_header(slot, len as u32, tag) };
             }
             Protocol::Ll => {
                 let staging = self.produce.lock();
@@ -396,6 +456,7 @@ impl Fifo {
         if header.sleepers.0.load(Ordering::SeqCst) != 0 {
             futex::wake_all(&header.tail.0);
         }
+        self.ring();
     }
 
     /// Where a producer waiting for a free slot parks.
@@ -427,16 +488,11 @@ impl Fifo {
                 if header.tail.0.load(Ordering::Acquire) == head {
                     return None;
                 }
-                let mut meta = [0u32; 4];
-                // SAFETY: the tail passed this slot, so its meta and payload
-                // are published and stay put until `release`.
-                unsafe { std::ptr::copy_nonoverlapping(slot.cast::<u32>(), meta.as_mut_ptr(), 4) };
-                let len = (meta[0] as usize).min(self.slot_bytes);
-                Some((
-                    slot.wrapping_add(SIMPLE_META) as *const u8,
-                    len,
-                    tag_of(meta),
-                ))
+                // SAFETY: the tail passed this slot, so its header and
+                // payload are published and stay put until `release`.
+                let (len, tag) = unsafe { read_slot_header(slot) };
+                let len = (len as usize).min(self.slot_bytes);
+                Some((slot.wrapping_add(SIMPLE_META) as *const u8, len, tag))
             }
             Protocol::Ll | Protocol::Ll128 => {
                 let mut staging = self.consume.lock();
@@ -470,6 +526,7 @@ impl Fifo {
         if header.sleepers.0.load(Ordering::SeqCst) != 0 {
             futex::wake_all(&header.head.0);
         }
+        self.ring();
     }
 
     /// Where a consumer waiting for data parks.
@@ -480,6 +537,40 @@ impl Fifo {
             seen: header.tail.0.load(Ordering::Acquire),
             sleepers: Some(&header.sleepers.0),
         }
+    }
+
+    /// For a proxy that moves Simple slots whole: the `k`-th published
+    /// piece after the oldest (0: the oldest), as the start of its slot and
+    /// the bytes in use ([`SLOT_HEADER`] and the piece). Slots are freed in
+    /// order with [`Fifo::release`].
+    pub fn peek_slot(&self, k: usize) -> Option<(*const u8, usize)> {
+        debug_assert_eq!(self.proto, Protocol::Simple);
+        let header = self.header();
+        let head = header.head.0.load(Ordering::Relaxed);
+        let published = header.tail.0.load(Ordering::Acquire).wrapping_sub(head);
+        if published as usize <= k {
+            return None;
+        }
+        let slot = self.slot_ptr(head.wrapping_add(k as u32));
+        // SAFETY: the tail passed this slot, so its header is published and
+        // stays put until `release`.
+        let (len, _) = unsafe { read_slot_header(slot) };
+        Some((slot, SLOT_HEADER + (len as usize).min(self.slot_bytes)))
+    }
+
+    /// For a proxy that moves Simple slots whole: the start of the `k`-th
+    /// free slot after the next one to fill (0: the next), which holds
+    /// [`SLOT_HEADER`] + [`Fifo::slot_bytes`] bytes. A slot filled whole,
+    /// header included, is published in order with [`Fifo::publish`].
+    pub fn reserve_slot(&self, k: usize) -> Option<*mut u8> {
+        debug_assert_eq!(self.proto, Protocol::Simple);
+        let header = self.header();
+        let tail = header.tail.0.load(Ordering::Relaxed);
+        let used = tail.wrapping_sub(header.head.0.load(Ordering::Acquire));
+        if used as usize + k >= self.nslots as usize {
+            return None;
+        }
+        Some(self.slot_ptr(tail.wrapping_add(k as u32)))
     }
 
     /// Whether every published slot has been consumed.
@@ -703,6 +794,74 @@ mod tests {
             // The slot after it still holds zeros: flag 0 never matches.
             assert!(fifo.try_peek().is_none());
         }
+    }
+
+    /// A proxy moving whole slots sees the k-th published piece and the
+    /// k-th free slot, headers included, and a slot filled whole (header
+    /// and payload copied) reads back as the piece that was published.
+    #[test]
+    fn whole_slots_move_with_their_headers() {
+        let sender = Fifo::on_heap(Protocol::Simple, 4, 64);
+        let receiver = Fifo::on_heap(Protocol::Simple, 4, 64);
+        for i in 0..3u32 {
+            let slot = sender.try_reserve().unwrap();
+            // SAFETY: the slot holds 64 bytes.
+            unsafe { std::ptr::write_bytes(slot, i as u8 + 1, 10 + i as usize) };
+            sender.publish(10 + i as usize, tag(i));
+        }
+        assert!(sender.peek_slot(3).is_none());
+        for k in 0..3 {
+            let (slot, len) = sender.peek_slot(k).unwrap();
+            assert_eq!(len, SLOT_HEADER + 10 + k);
+            let into = receiver.reserve_slot(k).unwrap();
+            // SAFETY: both slots hold SLOT_HEADER + 64 bytes.
+            unsafe { std::ptr::copy_nonoverlapping(slot, into, len) };
+        }
+        assert!(receiver.reserve_slot(4).is_none());
+        for i in 0..3u32 {
+            let slot = receiver.reserve_slot(0).unwrap();
+            // SAFETY: the slot was filled whole above.
+            let (len, got) = unsafe { read_slot_header(slot) };
+            assert_eq!(got, tag(i));
+            receiver.publish(len as usize, got);
+            sender.release();
+        }
+        assert!(receiver.reserve_slot(0).is_some() && receiver.reserve_slot(1).is_none());
+        for i in 0..3u32 {
+            let (slot, len, got) = receiver.try_peek().unwrap();
+            assert_eq!((len, got), (10 + i as usize, tag(i)));
+            // SAFETY: published with `len` bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(slot, len) };
+            assert!(bytes.iter().all(|&b| b == i as u8 + 1));
+            receiver.release();
+        }
+        assert!(sender.is_drained() && receiver.is_drained());
+    }
+
+    #[test]
+    fn the_doorbell_rings_on_publish_release_and_failure_only_from_its_handle() {
+        struct Count(std::sync::atomic::AtomicUsize);
+        impl Doorbell for Count {
+            fn ring(&self) {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let count = Arc::new(Count(Default::default()));
+        let fifo = Fifo::on_heap(Protocol::Simple, 2, 8);
+        let quiet = fifo.clone();
+        let fifo = fifo.with_doorbell(count.clone());
+        let rings = || count.0.load(std::sync::atomic::Ordering::SeqCst);
+        quiet.try_reserve().unwrap();
+        quiet.publish(8, tag(0));
+        quiet.release();
+        assert_eq!(rings(), 0);
+        fifo.try_reserve().unwrap();
+        fifo.publish(8, tag(1));
+        assert_eq!(rings(), 1);
+        fifo.release();
+        assert_eq!(rings(), 2);
+        fifo.fail();
+        assert_eq!(rings(), 3);
     }
 
     #[test]

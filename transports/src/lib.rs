@@ -10,6 +10,7 @@ pub mod board;
 pub mod fifo;
 pub mod futex;
 pub mod net;
+pub mod network;
 pub mod process;
 pub mod shm;
 pub mod socket;

@@ -29,17 +29,17 @@ use sha2::Sha256;
 type HmacSha256 = Hmac<Sha256>;
 
 /// The first bytes of both handshake messages.
-const MAGIC: [u8; 8] = *b"RCCLAUTH";
+pub(crate) const MAGIC: [u8; 8] = *b"RCCLAUTH";
 /// The handshake protocol version.
-const VERSION: u32 = 1;
-const NONCE_LEN: usize = 32;
-const MAC_LEN: usize = 32;
+pub(crate) const VERSION: u32 = 1;
+pub(crate) const NONCE_LEN: usize = 32;
+pub(crate) const MAC_LEN: usize = 32;
 /// Server greeting: magic, version, server nonce.
-const GREETING_LEN: usize = 8 + 4 + NONCE_LEN;
+pub(crate) const GREETING_LEN: usize = 8 + 4 + NONCE_LEN;
 /// Client response: magic, version, client nonce, client MAC.
-const RESPONSE_LEN: usize = 8 + 4 + NONCE_LEN + MAC_LEN;
-const CLIENT_LABEL: &[u8] = b"rccl-rs client";
-const SERVER_LABEL: &[u8] = b"rccl-rs server";
+pub(crate) const RESPONSE_LEN: usize = 8 + 4 + NONCE_LEN + MAC_LEN;
+pub(crate) const CLIENT_LABEL: &[u8] = b"rccl-rs client";
+pub(crate) const SERVER_LABEL: &[u8] = b"rccl-rs server";
 
 /// The largest hello payload [`connect`] may send.
 pub const MAX_HELLO: usize = 4096;
@@ -100,13 +100,18 @@ pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
     Ok(())
 }
 
-fn nonce() -> io::Result<[u8; NONCE_LEN]> {
+pub(crate) fn nonce() -> io::Result<[u8; NONCE_LEN]> {
     let mut n = [0u8; NONCE_LEN];
     fill_random(&mut n)?;
     Ok(n)
 }
 
-fn mac(secret: &Secret, label: &[u8], server_nonce: &[u8], client_nonce: &[u8]) -> HmacSha256 {
+pub(crate) fn mac(
+    secret: &Secret,
+    label: &[u8],
+    server_nonce: &[u8],
+    client_nonce: &[u8],
+) -> HmacSha256 {
     let mut m = HmacSha256::new_from_slice(&secret.0).expect("HMAC accepts any key length");
     m.update(label);
     m.update(server_nonce);
@@ -257,7 +262,7 @@ fn set_write_deadline(stream: &TcpStream, deadline: Instant) -> io::Result<()> {
     stream.set_write_timeout(Some(left))
 }
 
-fn check_header(buf: &[u8], peer: &str) -> io::Result<()> {
+pub(crate) fn check_header(buf: &[u8], peer: &str) -> io::Result<()> {
     if buf[..8] != MAGIC {
         return Err(err(
             io::ErrorKind::InvalidData,

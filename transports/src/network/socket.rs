@@ -1,0 +1,997 @@
+//! The Socket network: TCP sockets that never block, opened with the
+//! communicator's HMAC handshake ([`crate::socket`]).
+//!
+//! Every listen opens its own listening socket; its handle carries the
+//! address and a random listener id that the connecting side presents as
+//! its hello. A communicator is one TCP connection.
+//!
+//! On the wire each send is one message: a 16-byte header (the size as a
+//! little-endian `u64`, the tag as a little-endian `i32`, then
+//! [`MESSAGE_MAGIC`]), then the bytes. A receiver reads a header only when a
+//! receive is posted, checks it against that receive's buffers before
+//! reading a byte of the body, and reads the body straight into the
+//! buffer. Nothing is allocated from a length the peer sent.
+//!
+//! Progress is made by `test` (and nothing else): sends are written with
+//! `sendmsg` (gathering the pending messages, `MSG_NOSIGNAL` so that a peer
+//! that went away is an error and not a signal), receives read as far as
+//! the socket has data. There are no threads; the caller (the network
+//! proxy) tests requests and sleeps on [`Net::readiness`] between tests.
+
+use std::collections::VecDeque;
+use std::io::{self, Read};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::handshake::{self, Client, Server, LISTENER_ID};
+use super::{
+    CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, Readiness,
+    RecvBuffer, Sizes, MAX_RECVS, NET_MAX_REQUESTS,
+};
+use crate::socket::{fill_random, Secret, DEFAULT_HANDSHAKE_TIMEOUT};
+
+/// The last word of every message header.
+pub const MESSAGE_MAGIC: u32 = 0x524e_4d31; // "RNM1"
+/// Bytes of a message header.
+const MESSAGE_HEADER: usize = 16;
+/// The first bytes of a listen handle.
+const HANDLE_MAGIC: [u8; 4] = *b"RCNS";
+/// Bytes of a listen handle: magic, family, address, port, listener id.
+const HANDLE_LEN: usize = 4 + 1 + 16 + 2 + LISTENER_ID;
+/// Most bytes one message may carry (NCCL's `NCCL_MAX_NET_SIZE_BYTES`).
+const MAX_P2P_BYTES: u64 = 1 << 40;
+/// Most messages one `sendmsg` gathers.
+const GATHER: usize = 32;
+/// Port speed when the interface does not say (NCCL's default).
+const DEFAULT_SPEED_MBPS: u32 = 10_000;
+
+/// The noun in this network's I/O errors.
+const NET: &str = "socket";
+
+/// A network interface to bind: its name (for logs and its speed) and
+/// the local address to listen on and connect from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SocketDevice {
+    /// The interface's name (`eth0`, `lo`).
+    pub name: String,
+    /// The address of this host on it.
+    pub ip: IpAddr,
+}
+
+impl SocketDevice {
+    /// The loopback interface.
+    pub fn loopback() -> SocketDevice {
+        SocketDevice {
+            name: "lo".into(),
+            ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        }
+    }
+}
+
+/// The Socket network of one communicator: its devices (chosen by the
+/// caller, as `NCCL_SOCKET_IFNAME` selects them) and its secret.
+#[derive(Debug)]
+pub struct Socket {
+    devices: Vec<SocketDevice>,
+    secret: Secret,
+    handshake_timeout: Duration,
+}
+
+impl Socket {
+    /// A Socket network over `devices` (at least one), whose connections
+    /// authenticate with `secret`.
+    pub fn new(devices: Vec<SocketDevice>, secret: Secret) -> Result<Socket, NetError> {
+        if devices.is_empty() {
+            return Err(NetError::InvalidArgument(
+                "the Socket network needs at least one interface".into(),
+            ));
+        }
+        Ok(Socket {
+            devices,
+            secret,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+        })
+    }
+
+    /// Sets how long a connecting peer may take over its handshake before
+    /// the listener drops it.
+    pub fn set_handshake_timeout(&mut self, timeout: Duration) {
+        self.handshake_timeout = timeout;
+    }
+
+    fn device(&self, dev: usize) -> Result<&SocketDevice, NetError> {
+        self.devices.get(dev).ok_or_else(|| {
+            NetError::InvalidArgument(format!(
+                "no Socket device {dev} (there are {})",
+                self.devices.len()
+            ))
+        })
+    }
+}
+
+/// A listening communicator: its socket, its id, and the handshakes of
+/// peers that connected.
+pub struct SocketListen {
+    listener: TcpListener,
+    local: SocketAddr,
+    id: [u8; LISTENER_ID],
+    handshakes: Vec<Server>,
+}
+
+impl std::fmt::Debug for SocketListen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SocketListen")
+            .field("local", &self.local)
+            .field("handshakes", &self.handshakes.len())
+            .finish()
+    }
+}
+
+/// A `connect` in progress.
+#[derive(Default)]
+pub struct SocketConnect {
+    client: Option<(Client, SocketAddr)>,
+}
+
+/// A registration: the bytes it covers.
+#[derive(Debug)]
+pub struct SocketMr {
+    start: usize,
+    len: usize,
+}
+
+impl SocketMr {
+    /// Whether `len` bytes at `data` lie inside the registration.
+    fn check(&self, data: usize, len: usize) -> Result<(), NetError> {
+        let inside = data >= self.start
+            && data
+                .checked_add(len)
+                .is_some_and(|end| end <= self.start + self.len);
+        if inside {
+            Ok(())
+        } else {
+            Err(NetError::InvalidArgument(format!(
+                "{len} bytes at {data:#x} are not inside the registration of {} bytes at {:#x}",
+                self.len, self.start
+            )))
+        }
+    }
+}
+
+/// Where a request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OpState {
+    /// Not all moved yet.
+    Pending,
+    /// Moved; `test` has not said so yet.
+    Done,
+    /// `test` said so, or nobody will ask (the request was dropped).
+    Spent,
+    /// Dropped before it was done: spent once done.
+    Abandoned,
+}
+
+/// The descriptor, peer, and failure shared by both directions' states.
+struct Wire {
+    /// `None` once the communicator is closed.
+    stream: Option<TcpStream>,
+    peer: SocketAddr,
+    /// Why the communicator failed: every pending request fails so.
+    failed: Option<NetError>,
+}
+
+impl Wire {
+    /// Why pending requests cannot complete, if they cannot.
+    fn broken(&self) -> Option<NetError> {
+        if let Some(failed) = &self.failed {
+            return Some(failed.clone());
+        }
+        self.stream.is_none().then(|| NetError::Aborted {
+            peer: self.peer.to_string(),
+        })
+    }
+}
+
+struct SendOp {
+    header: [u8; MESSAGE_HEADER],
+    data: *const u8,
+    size: usize,
+    /// Bytes of header and data written.
+    written: usize,
+    state: OpState,
+}
+
+struct SendState {
+    wire: Wire,
+    /// Requests not yet spent, in posting order; `ops[i]` is request
+    /// `first_id + i`.
+    ops: VecDeque<SendOp>,
+    first_id: u64,
+    /// The first op not yet written whole.
+    next_io: usize,
+}
+
+// SAFETY: the raw pointers in `ops` point into registered memory that the
+// caller of `reg_mr` keeps valid and untouched while the sends are
+// pending; the state is only reached through its mutex.
+unsafe impl Send for SendState {}
+
+struct RecvBuf {
+    data: *mut u8,
+    cap: usize,
+    tag: i32,
+    /// The size of the message matched to this buffer, once one is.
+    size: Option<usize>,
+    got: usize,
+}
+
+struct RecvGroup {
+    bufs: Vec<RecvBuf>,
+    filled: usize,
+    state: OpState,
+}
+
+struct RecvState {
+    wire: Wire,
+    groups: VecDeque<RecvGroup>,
+    first_id: u64,
+    /// The first group not yet filled.
+    next_io: usize,
+    header: [u8; MESSAGE_HEADER],
+    header_got: usize,
+    /// The buffer of the group at `next_io` whose body is being read.
+    current: Option<usize>,
+}
+
+// SAFETY: as for SendState: the buffers are registered memory the caller
+// leaves to the receive while it is pending.
+unsafe impl Send for RecvState {}
+
+/// A sending communicator.
+pub struct SocketSend {
+    state: Arc<Mutex<SendState>>,
+    peer: SocketAddr,
+    next_id: u64,
+}
+
+/// A receiving communicator.
+pub struct SocketRecv {
+    state: Arc<Mutex<RecvState>>,
+    peer: SocketAddr,
+    next_id: u64,
+    max_recvs: usize,
+}
+
+impl Endpoint for SocketSend {
+    fn peer(&self) -> String {
+        self.peer.to_string()
+    }
+}
+
+impl Endpoint for SocketRecv {
+    fn peer(&self) -> String {
+        self.peer.to_string()
+    }
+}
+
+/// A send, receive or flush in flight.
+pub struct SocketRequest {
+    kind: Kind,
+    spent: bool,
+}
+
+enum Kind {
+    Send(Arc<Mutex<SendState>>, u64),
+    Recv(Arc<Mutex<RecvState>>, u64),
+    Flush,
+}
+
+impl Drop for SocketRequest {
+    fn drop(&mut self) {
+        if self.spent {
+            return;
+        }
+        match &self.kind {
+            Kind::Send(state, id) => {
+                let mut state = state.lock();
+                let at = (*id - state.first_id) as usize;
+                let op = &mut state.ops[at];
+                op.state = match op.state {
+                    OpState::Pending => OpState::Abandoned,
+                    _ => OpState::Spent,
+                };
+                state.retire();
+            }
+            Kind::Recv(state, id) => {
+                let mut state = state.lock();
+                let at = (*id - state.first_id) as usize;
+                let group = &mut state.groups[at];
+                group.state = match group.state {
+                    OpState::Pending => OpState::Abandoned,
+                    _ => OpState::Spent,
+                };
+                state.retire();
+            }
+            Kind::Flush => {}
+        }
+    }
+}
+
+fn handle_bytes(addr: SocketAddr, id: &[u8; LISTENER_ID]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(HANDLE_LEN);
+    bytes.extend_from_slice(&HANDLE_MAGIC);
+    let mut ip = [0u8; 16];
+    match addr.ip() {
+        IpAddr::V4(v4) => {
+            bytes.push(4);
+            ip[..4].copy_from_slice(&v4.octets());
+        }
+        IpAddr::V6(v6) => {
+            bytes.push(6);
+            ip.copy_from_slice(&v6.octets());
+        }
+    }
+    bytes.extend_from_slice(&ip);
+    bytes.extend_from_slice(&addr.port().to_le_bytes());
+    bytes.extend_from_slice(id);
+    bytes
+}
+
+fn parse_handle(handle: &ListenHandle) -> Result<(SocketAddr, [u8; LISTENER_ID]), NetError> {
+    let bytes = handle.as_bytes();
+    let malformed = || NetError::InvalidArgument("malformed Socket listen handle".into());
+    if bytes.len() != HANDLE_LEN || bytes[..4] != HANDLE_MAGIC {
+        return Err(malformed());
+    }
+    let ip: [u8; 16] = bytes[5..21].try_into().map_err(|_| malformed())?;
+    let ip = match bytes[4] {
+        4 => IpAddr::V4(Ipv4Addr::new(ip[0], ip[1], ip[2], ip[3])),
+        6 => IpAddr::V6(Ipv6Addr::from(ip)),
+        _ => return Err(malformed()),
+    };
+    let port = u16::from_le_bytes([bytes[21], bytes[22]]);
+    let id = bytes[23..].try_into().map_err(|_| malformed())?;
+    Ok((SocketAddr::new(ip, port), id))
+}
+
+/// The speed `/sys/class/net/<name>/speed` gives, or NCCL's default.
+fn interface_speed(name: &str) -> u32 {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/speed"))
+        .ok()
+        .and_then(|text| text.trim().parse::<i64>().ok())
+        .filter(|&speed| speed > 0)
+        .map_or(DEFAULT_SPEED_MBPS, |speed| {
+            speed.min(i64::from(u32::MAX)) as u32
+        })
+}
+
+impl SendState {
+    /// Writes pending messages as far as the socket takes them.
+    fn progress(&mut self) {
+        if self.wire.failed.is_some() {
+            return;
+        }
+        let Some(stream) = &self.wire.stream else {
+            return;
+        };
+        let fd = stream.as_raw_fd();
+        while self.next_io < self.ops.len() {
+            let mut iov = [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; 2 * GATHER];
+            let mut count = 0;
+            for op in self.ops.range(self.next_io..).take(GATHER) {
+                let header_left = MESSAGE_HEADER.saturating_sub(op.written);
+                if header_left > 0 {
+                    iov[count] = libc::iovec {
+                        iov_base: op.header[MESSAGE_HEADER - header_left..].as_ptr() as *mut _,
+                        iov_len: header_left,
+                    };
+                    count += 1;
+                }
+                let data_done = op.written.saturating_sub(MESSAGE_HEADER);
+                if op.size > data_done {
+                    iov[count] = libc::iovec {
+                        iov_base: op.data.wrapping_add(data_done) as *mut _,
+                        iov_len: op.size - data_done,
+                    };
+                    count += 1;
+                }
+            }
+            // SAFETY: msghdr is plain data; all-zero is valid.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = iov.as_mut_ptr();
+            msg.msg_iovlen = count as _;
+            // SAFETY: every iovec points at a header inside `ops` or at
+            // registered bytes of a pending send (valid by reg_mr's
+            // contract); sendmsg only reads them.
+            let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+            if n < 0 {
+                let err = io::Error::last_os_error();
+                match err.kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock => return,
+                    _ => {
+                        self.wire.failed =
+                            Some(NetError::io(NET, "sending to", self.wire.peer, &err));
+                        return;
+                    }
+                }
+            }
+            let mut n = n as usize;
+            while n > 0 {
+                let op = &mut self.ops[self.next_io];
+                let step = n.min(MESSAGE_HEADER + op.size - op.written);
+                op.written += step;
+                n -= step;
+                if op.written == MESSAGE_HEADER + op.size {
+                    op.state = match op.state {
+                        OpState::Abandoned => OpState::Spent,
+                        _ => OpState::Done,
+                    };
+                    self.next_io += 1;
+                }
+            }
+        }
+        self.retire();
+    }
+
+    /// Forgets spent requests at the front.
+    fn retire(&mut self) {
+        while self
+            .ops
+            .front()
+            .is_some_and(|op| op.state == OpState::Spent)
+        {
+            self.ops.pop_front();
+            self.first_id += 1;
+            self.next_io = self.next_io.saturating_sub(1);
+        }
+    }
+}
+
+impl RecvState {
+    /// Reads what the socket has into the posted buffers.
+    fn progress(&mut self) {
+        if self.wire.failed.is_some() {
+            return;
+        }
+        if let Err(err) = self.read_messages() {
+            self.wire.failed = Some(err);
+        }
+        self.retire();
+    }
+
+    fn read_messages(&mut self) -> Result<(), NetError> {
+        let peer = self.wire.peer;
+        let Some(stream) = &self.wire.stream else {
+            return Ok(());
+        };
+        let mut stream: &TcpStream = stream;
+        while self.next_io < self.groups.len() {
+            let group = &mut self.groups[self.next_io];
+            let Some(at) = self.current else {
+                // The next message's header.
+                match stream.read(&mut self.header[self.header_got..]) {
+                    Ok(0) => {
+                        return Err(NetError::Closed {
+                            peer: peer.to_string(),
+                            mid_message: self.header_got > 0,
+                        })
+                    }
+                    Ok(n) => self.header_got += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) => return Err(NetError::io(NET, "receiving from", peer, &e)),
+                }
+                if self.header_got < MESSAGE_HEADER {
+                    continue;
+                }
+                self.header_got = 0;
+                let size = u64::from_le_bytes(self.header[..8].try_into().expect("8 bytes"));
+                let tag = i32::from_le_bytes(self.header[8..12].try_into().expect("4 bytes"));
+                let magic = u32::from_le_bytes(self.header[12..].try_into().expect("4 bytes"));
+                if magic != MESSAGE_MAGIC {
+                    return Err(NetError::Refused {
+                        peer: peer.to_string(),
+                        reason: format!("malformed message header (magic {magic:#x})"),
+                    });
+                }
+                let Some(at) = group
+                    .bufs
+                    .iter()
+                    .position(|buf| buf.tag == tag && buf.size.is_none())
+                else {
+                    return Err(NetError::UnexpectedTag {
+                        peer: peer.to_string(),
+                        tag,
+                    });
+                };
+                let buf = &mut group.bufs[at];
+                if size > buf.cap as u64 {
+                    return Err(NetError::Truncated {
+                        peer: peer.to_string(),
+                        sent: size,
+                        posted: buf.cap,
+                    });
+                }
+                buf.size = Some(size as usize);
+                self.current = Some(at);
+                continue;
+            };
+            let buf = &mut group.bufs[at];
+            let size = buf.size.expect("matched");
+            if buf.got < size {
+                // SAFETY: the buffer is registered memory of `cap >= size`
+                // bytes that the pending receive owns (reg_mr's contract).
+                let body = unsafe {
+                    std::slice::from_raw_parts_mut(buf.data.add(buf.got), size - buf.got)
+                };
+                match stream.read(body) {
+                    Ok(0) => {
+                        return Err(NetError::Closed {
+                            peer: peer.to_string(),
+                            mid_message: true,
+                        })
+                    }
+                    Ok(n) => buf.got += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) => return Err(NetError::io(NET, "receiving from", peer, &e)),
+                }
+            }
+            if buf.got == size {
+                self.current = None;
+                group.filled += 1;
+                if group.filled == group.bufs.len() {
+                    group.state = match group.state {
+                        OpState::Abandoned => OpState::Spent,
+                        _ => OpState::Done,
+                    };
+                    self.next_io += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets spent requests at the front.
+    fn retire(&mut self) {
+        while self
+            .groups
+            .front()
+            .is_some_and(|g| g.state == OpState::Spent)
+        {
+            self.groups.pop_front();
+            self.first_id += 1;
+            self.next_io = self.next_io.saturating_sub(1);
+        }
+    }
+}
+
+impl Net for Socket {
+    type ListenComm = SocketListen;
+    type ConnectStage = SocketConnect;
+    type SendComm = SocketSend;
+    type RecvComm = SocketRecv;
+    type MemHandle = SocketMr;
+    type Request = SocketRequest;
+
+    fn name(&self) -> &'static str {
+        "Socket"
+    }
+
+    fn devices(&self) -> usize {
+        self.devices.len()
+    }
+
+    fn properties(&self, dev: usize) -> Result<Properties, NetError> {
+        let device = self.device(dev)?;
+        let pci_path = std::fs::canonicalize(format!("/sys/class/net/{}/device", device.name)).ok();
+        Ok(Properties {
+            name: device.name.clone(),
+            pci_path,
+            guid: dev as u64,
+            ptr_support: PtrSupport {
+                host: true,
+                cuda: false,
+                dmabuf: false,
+            },
+            reg_is_global: false,
+            force_flush: false,
+            speed_mbps: interface_speed(&device.name),
+            port: 0,
+            latency_us: 0.0,
+            max_comms: 65_536,
+            max_recvs: MAX_RECVS,
+            max_p2p_bytes: MAX_P2P_BYTES,
+        })
+    }
+
+    fn listen(&self, dev: usize) -> Result<(ListenHandle, SocketListen), NetError> {
+        let ip = self.device(dev)?.ip;
+        let bind = SocketAddr::new(ip, 0);
+        let listener =
+            TcpListener::bind(bind).map_err(|e| NetError::io(NET, "listening on", bind, &e))?;
+        let local = listener
+            .local_addr()
+            .and_then(|local| listener.set_nonblocking(true).map(|()| local))
+            .map_err(|e| NetError::io(NET, "listening on", bind, &e))?;
+        let mut id = [0u8; LISTENER_ID];
+        fill_random(&mut id).map_err(|e| NetError::io(NET, "listening on", local, &e))?;
+        let handle = ListenHandle::from_bytes(&handle_bytes(local, &id))?;
+        Ok((
+            handle,
+            SocketListen {
+                listener,
+                local,
+                id,
+                handshakes: Vec::new(),
+            },
+        ))
+    }
+
+    fn connect(
+        &self,
+        dev: usize,
+        handle: &ListenHandle,
+        stage: &mut SocketConnect,
+    ) -> Result<Option<SocketSend>, NetError> {
+        self.device(dev)?;
+        if stage.client.is_none() {
+            let (addr, id) = parse_handle(handle)?;
+            let stream = handshake::start_connect(addr)
+                .map_err(|e| NetError::io(NET, "connecting to", addr, &e))?;
+            stage.client = Some((Client::new(stream, id), addr));
+        }
+        let (client, addr) = stage.client.as_mut().expect("just set");
+        let addr = *addr;
+        match client.progress(&self.secret) {
+            Ok(false) => Ok(None),
+            Ok(true) => {
+                let (client, _) = stage.client.take().expect("in progress");
+                Ok(Some(SocketSend {
+                    state: Arc::new(Mutex::new(SendState {
+                        wire: Wire {
+                            stream: Some(client.into_stream()),
+                            peer: addr,
+                            failed: None,
+                        },
+                        ops: VecDeque::new(),
+                        first_id: 0,
+                        next_io: 0,
+                    })),
+                    peer: addr,
+                    next_id: 0,
+                }))
+            }
+            Err(e) => {
+                stage.client = None;
+                Err(
+                    if e.kind() == io::ErrorKind::PermissionDenied
+                        || e.kind() == io::ErrorKind::InvalidData
+                    {
+                        NetError::Refused {
+                            peer: addr.to_string(),
+                            reason: e.to_string(),
+                        }
+                    } else {
+                        NetError::io(NET, "connecting to", addr, &e)
+                    },
+                )
+            }
+        }
+    }
+
+    fn accept(&self, listen: &mut SocketListen) -> Result<Option<SocketRecv>, NetError> {
+        loop {
+            match listen.listener.accept() {
+                Ok((stream, peer)) => {
+                    let deadline = Instant::now() + self.handshake_timeout;
+                    match Server::new(stream, peer, deadline) {
+                        Ok(server) => listen.handshakes.push(server),
+                        Err(e) => {
+                            tracing::warn!(remote = %peer, "dropped a connection to {}: {e}", listen.local)
+                        }
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::ConnectionAborted
+                    ) =>
+                {
+                    break
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(NetError::io(NET, "accepting on", listen.local, &e)),
+            }
+        }
+        let now = Instant::now();
+        let mut i = 0;
+        while i < listen.handshakes.len() {
+            let server = &mut listen.handshakes[i];
+            let outcome = match server.progress(&self.secret, &listen.id) {
+                Ok(false) if now >= server.deadline => Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "timed out in the handshake",
+                )),
+                outcome => outcome,
+            };
+            match outcome {
+                Ok(false) => i += 1,
+                Ok(true) => {
+                    let server = listen.handshakes.swap_remove(i);
+                    let peer = server.peer();
+                    return Ok(Some(SocketRecv {
+                        state: Arc::new(Mutex::new(RecvState {
+                            wire: Wire {
+                                stream: Some(server.into_stream()),
+                                peer,
+                                failed: None,
+                            },
+                            groups: VecDeque::new(),
+                            first_id: 0,
+                            next_io: 0,
+                            header: [0; MESSAGE_HEADER],
+                            header_got: 0,
+                            current: None,
+                        })),
+                        peer,
+                        next_id: 0,
+                        max_recvs: MAX_RECVS,
+                    }));
+                }
+                Err(e) => {
+                    let server = listen.handshakes.swap_remove(i);
+                    tracing::warn!(
+                        remote = %server.peer(),
+                        listener = %listen.local,
+                        "rejected a connection that failed the handshake: {e}"
+                    );
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    unsafe fn reg_mr(
+        &self,
+        _comm: CommRef<'_, Self>,
+        data: *mut u8,
+        size: usize,
+        memory: MemoryType,
+    ) -> Result<SocketMr, NetError> {
+        if memory != MemoryType::Host {
+            return Err(NetError::Unsupported {
+                net: "Socket",
+                memory,
+            });
+        }
+        Ok(SocketMr {
+            start: data as usize,
+            len: size,
+        })
+    }
+
+    fn dereg_mr(&self, _comm: CommRef<'_, Self>, _mhandle: SocketMr) -> Result<(), NetError> {
+        Ok(())
+    }
+
+    fn isend(
+        &self,
+        comm: &mut SocketSend,
+        data: *const u8,
+        size: usize,
+        tag: i32,
+        mhandle: &SocketMr,
+    ) -> Result<Option<SocketRequest>, NetError> {
+        mhandle.check(data as usize, size)?;
+        if size as u64 > MAX_P2P_BYTES {
+            return Err(NetError::InvalidArgument(format!(
+                "a send of {size} bytes exceeds {MAX_P2P_BYTES}"
+            )));
+        }
+        let mut state = comm.state.lock();
+        if let Some(broken) = state.wire.broken() {
+            return Err(broken);
+        }
+        let limit = NET_MAX_REQUESTS * MAX_RECVS;
+        if state.ops.len() >= limit {
+            return Err(NetError::TooManyRequests { limit });
+        }
+        let mut header = [0u8; MESSAGE_HEADER];
+        header[..8].copy_from_slice(&(size as u64).to_le_bytes());
+        header[8..12].copy_from_slice(&tag.to_le_bytes());
+        header[12..].copy_from_slice(&MESSAGE_MAGIC.to_le_bytes());
+        state.ops.push_back(SendOp {
+            header,
+            data,
+            size,
+            written: 0,
+            state: OpState::Pending,
+        });
+        if state.next_io + 1 == state.ops.len() {
+            // Nothing queued ahead of it: start writing now.
+            state.progress();
+        }
+        let id = comm.next_id;
+        comm.next_id += 1;
+        Ok(Some(SocketRequest {
+            kind: Kind::Send(comm.state.clone(), id),
+            spent: false,
+        }))
+    }
+
+    fn irecv(
+        &self,
+        comm: &mut SocketRecv,
+        buffers: &[RecvBuffer<'_, Self>],
+    ) -> Result<Option<SocketRequest>, NetError> {
+        if buffers.is_empty() || buffers.len() > comm.max_recvs {
+            return Err(NetError::InvalidArgument(format!(
+                "a receive of {} buffers (1 to {} may be grouped)",
+                buffers.len(),
+                comm.max_recvs
+            )));
+        }
+        for buffer in buffers {
+            buffer.mhandle.check(buffer.data as usize, buffer.size)?;
+        }
+        let mut state = comm.state.lock();
+        if let Some(broken) = state.wire.broken() {
+            return Err(broken);
+        }
+        if state.groups.len() >= NET_MAX_REQUESTS {
+            return Err(NetError::TooManyRequests {
+                limit: NET_MAX_REQUESTS,
+            });
+        }
+        state.groups.push_back(RecvGroup {
+            bufs: buffers
+                .iter()
+                .map(|b| RecvBuf {
+                    data: b.data,
+                    cap: b.size,
+                    tag: b.tag,
+                    size: None,
+                    got: 0,
+                })
+                .collect(),
+            filled: 0,
+            state: OpState::Pending,
+        });
+        let id = comm.next_id;
+        comm.next_id += 1;
+        Ok(Some(SocketRequest {
+            kind: Kind::Recv(comm.state.clone(), id),
+            spent: false,
+        }))
+    }
+
+    fn iflush(
+        &self,
+        _comm: &mut SocketRecv,
+        _buffers: &[RecvBuffer<'_, Self>],
+    ) -> Result<Option<SocketRequest>, NetError> {
+        // Host memory is coherent: nothing to flush.
+        Ok(Some(SocketRequest {
+            kind: Kind::Flush,
+            spent: false,
+        }))
+    }
+
+    fn test(&self, request: &mut SocketRequest) -> Result<Option<Sizes>, NetError> {
+        if request.spent {
+            return Err(NetError::InvalidArgument(
+                "a request was tested after it was done".into(),
+            ));
+        }
+        let sizes = match &request.kind {
+            Kind::Send(state, id) => {
+                let mut state = state.lock();
+                state.progress();
+                let at = (*id - state.first_id) as usize;
+                let op = &mut state.ops[at];
+                if op.state != OpState::Done {
+                    return match state.wire.broken() {
+                        Some(broken) => Err(broken),
+                        None => Ok(None),
+                    };
+                }
+                op.state = OpState::Spent;
+                let sizes = Sizes::new(&[op.size]);
+                state.retire();
+                sizes
+            }
+            Kind::Recv(state, id) => {
+                let mut state = state.lock();
+                state.progress();
+                let at = (*id - state.first_id) as usize;
+                let group = &mut state.groups[at];
+                if group.state != OpState::Done {
+                    return match state.wire.broken() {
+                        Some(broken) => Err(broken),
+                        None => Ok(None),
+                    };
+                }
+                group.state = OpState::Spent;
+                let mut sizes = [0usize; MAX_RECVS];
+                for (size, buf) in sizes.iter_mut().zip(&group.bufs) {
+                    *size = buf.size.unwrap_or(0);
+                }
+                let sizes = Sizes::new(&sizes[..group.bufs.len()]);
+                state.retire();
+                sizes
+            }
+            Kind::Flush => Sizes::new(&[]),
+        };
+        request.spent = true;
+        Ok(Some(sizes))
+    }
+
+    fn close_send(&self, comm: SocketSend) -> Result<(), NetError> {
+        comm.state.lock().wire.stream = None;
+        Ok(())
+    }
+
+    fn close_recv(&self, comm: SocketRecv) -> Result<(), NetError> {
+        comm.state.lock().wire.stream = None;
+        Ok(())
+    }
+
+    fn close_listen(&self, comm: SocketListen) -> Result<(), NetError> {
+        drop(comm);
+        Ok(())
+    }
+
+    fn readiness(&self, request: &SocketRequest) -> Option<Readiness> {
+        let (stream, readable) = match &request.kind {
+            Kind::Send(state, _) => (state.lock().wire.stream.as_ref()?.as_raw_fd(), false),
+            Kind::Recv(state, _) => (state.lock().wire.stream.as_ref()?.as_raw_fd(), true),
+            Kind::Flush => return None,
+        };
+        Some(Readiness {
+            fd: stream,
+            readable,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_round_trip_and_refuse_garbage() {
+        let id = [7u8; LISTENER_ID];
+        for addr in ["127.0.0.1:4242", "[::1]:5353"] {
+            let addr: SocketAddr = addr.parse().unwrap();
+            let handle = ListenHandle::from_bytes(&handle_bytes(addr, &id)).unwrap();
+            assert_eq!(parse_handle(&handle).unwrap(), (addr, id));
+        }
+        for bytes in [&b"RCNS"[..], &[0u8; HANDLE_LEN][..]] {
+            let handle = ListenHandle::from_bytes(bytes).unwrap();
+            assert!(parse_handle(&handle).is_err());
+        }
+        assert!(ListenHandle::from_bytes(&[0; 129]).is_err());
+    }
+
+    #[test]
+    fn registrations_bound_the_buffers() {
+        let mr = SocketMr {
+            start: 1000,
+            len: 100,
+        };
+        assert!(mr.check(1000, 100).is_ok());
+        assert!(mr.check(1050, 50).is_ok());
+        assert!(mr.check(999, 1).is_err());
+        assert!(mr.check(1050, 51).is_err());
+        assert!(mr.check(usize::MAX, 2).is_err());
+    }
+}

@@ -1,0 +1,268 @@
+//! [`NetConnection`]: FIFOs moved by the process's network proxy through a
+//! [`Net`] provider (Socket here), with the behaviour of the TCP transport
+//! it replaces: order, closing notes, drain on drop, failures that name the
+//! peer.
+
+mod common;
+
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use common::{connect, net_connection_pair, socket_pair, until, DEADLINE};
+use rccl_transports::fifo::{Fifo, Tag, SLOT_HEADER};
+use rccl_transports::network::{CommRef, MemoryType, Net, NetConnection};
+use rccl_transports::wait::wait_until;
+use rccl_transports::Connection;
+
+fn tag(i: u32) -> Tag {
+    Tag {
+        seq: i,
+        call: i ^ 0xA5,
+        count: i.wrapping_mul(3),
+    }
+}
+
+fn piece(i: u32, len: usize) -> Vec<u8> {
+    (0..len).map(|b| (b as u32 * 13 + i) as u8).collect()
+}
+
+/// Publishes piece `i` of `len` bytes, waiting for a free slot.
+fn send(fifo: &Fifo, i: u32, len: usize) {
+    let abort = AtomicBool::new(false);
+    let slot = wait_until(
+        || fifo.try_reserve(),
+        None,
+        Instant::now() + DEADLINE,
+        &abort,
+    )
+    .expect("a free slot");
+    let bytes = piece(i, len);
+    // SAFETY: the slot holds slot_bytes >= len bytes and is ours until
+    // published.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot, len) };
+    fifo.publish(len, tag(i));
+}
+
+/// Takes the next piece, checking it is piece `i` of `len` bytes.
+fn receive(fifo: &Fifo, i: u32, len: usize) {
+    let abort = AtomicBool::new(false);
+    let (slot, got, t) =
+        wait_until(|| fifo.try_peek(), None, Instant::now() + DEADLINE, &abort).expect("a piece");
+    assert_eq!((got, t), (len, tag(i)), "piece {i}");
+    // SAFETY: published with `got` bytes.
+    assert_eq!(
+        unsafe { std::slice::from_raw_parts(slot, got) },
+        piece(i, len).as_slice(),
+        "piece {i}"
+    );
+    fifo.release();
+}
+
+/// Waits until `conn`'s receiving FIFO has failed.
+fn fails(conn: &NetConnection) {
+    let abort = AtomicBool::new(false);
+    wait_until(
+        || conn.recv_fifo().failed().then_some(()),
+        None,
+        Instant::now() + DEADLINE,
+        &abort,
+    )
+    .expect("the connection to fail");
+}
+
+fn len_of(i: u32) -> usize {
+    (i as usize * 389) % 4097
+}
+
+/// Two ranks exchange thousands of pieces of every length up to a whole
+/// slot, both ways at once, in order and intact.
+#[test]
+fn many_slots_cross_both_ways_in_order() {
+    const PIECES: u32 = 3000;
+    let (a, b) = net_connection_pair(8, 4096);
+    assert_eq!(Connection::transport(&a), "NET/Socket");
+    std::thread::scope(|s| {
+        for (me, other) in [(&a, &b), (&b, &a)] {
+            s.spawn(move || {
+                for i in 0..PIECES {
+                    send(me.send_fifo(), i, len_of(i));
+                }
+            });
+            s.spawn(move || {
+                for i in 0..PIECES {
+                    receive(other.recv_fifo(), i, len_of(i));
+                }
+            });
+        }
+    });
+    assert!(a.failure().is_none() && b.failure().is_none());
+}
+
+/// A closing note reaches the peer after the pieces published before it;
+/// the peer's FIFOs fail and its reason names who closed.
+#[test]
+fn a_closing_note_follows_the_published_pieces() {
+    let (a, b) = net_connection_pair(4, 1024);
+    for i in 0..3 {
+        send(a.send_fifo(), i, 100);
+    }
+    a.close_with("rank 0 (host h, pid 1) aborted its communicator");
+    assert!(a.send_fifo().failed() && a.recv_fifo().failed());
+    for i in 0..3 {
+        receive(b.recv_fifo(), i, 100);
+    }
+    fails(&b);
+    assert_eq!(
+        b.peer_note().as_deref(),
+        Some("rank 0 (host h, pid 1) aborted its communicator")
+    );
+    let failure = b.failure().unwrap();
+    assert!(
+        failure.contains(b.peer()) && failure.contains("aborted its communicator"),
+        "{failure}"
+    );
+    // Only the first note is sent; closing again is harmless.
+    a.close_with("second");
+    assert_eq!(a.failure(), None);
+}
+
+/// A note longer than the peer's slot is cut to fit, at a character
+/// boundary.
+#[test]
+fn a_long_note_is_cut_to_a_slot() {
+    let (a, b) = net_connection_pair(2, 64);
+    let note = "é".repeat(100);
+    a.close_with(&note);
+    fails(&b);
+    let got = b.peer_note().unwrap();
+    assert!(
+        got.len() <= 64 && note.starts_with(&got) && !got.is_empty(),
+        "{got:?}"
+    );
+}
+
+/// Pieces published right before the connection is dropped still arrive;
+/// then the peer sees the connection closed, with a reason naming it.
+#[test]
+fn pieces_published_before_drop_still_arrive() {
+    let (a, b) = net_connection_pair(4, 4096);
+    for i in 0..4 {
+        send(a.send_fifo(), i, 4096);
+    }
+    let t = Instant::now();
+    drop(a);
+    assert!(t.elapsed() < DEADLINE);
+    for i in 0..4 {
+        receive(b.recv_fifo(), i, 4096);
+    }
+    fails(&b);
+    assert_eq!(b.peer_note(), None);
+    let failure = b.failure().unwrap();
+    assert!(
+        failure.contains("closed") && failure.contains(b.peer().rsplit_once(':').unwrap().0),
+        "{failure}"
+    );
+}
+
+/// Closing a connection whose peer stopped reading gives up draining and
+/// sending the note after their bounds instead of hanging, and dropping it
+/// afterwards is quick.
+#[test]
+fn closing_gives_up_on_a_peer_that_stopped_reading() {
+    const SLOT: usize = 1 << 20;
+    let (a, b) = socket_pair();
+    let (a_to_b, _b_never_reads) = connect(&*a, &*b);
+    let (_b_to_a, a_from_b) = connect(&*b, &*a);
+    let conn = NetConnection::start(a, a_to_b, a_from_b, 8, SLOT).unwrap();
+    // Publish until the socket has taken all it will for a while.
+    let fifo = conn.send_fifo();
+    let mut stuck_since = None;
+    while stuck_since.is_none_or(|t: Instant| t.elapsed() < Duration::from_millis(300)) {
+        match fifo.try_reserve() {
+            Some(_) => {
+                fifo.publish(SLOT, tag(0));
+                stuck_since = None;
+            }
+            None => {
+                stuck_since.get_or_insert_with(Instant::now);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    assert!(!fifo.is_drained());
+    let t = Instant::now();
+    conn.close_with("giving up");
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(3),
+        "close took {took:?}"
+    );
+    assert!(fifo.failed());
+    let t = Instant::now();
+    drop(conn);
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "drop took {:?}",
+        t.elapsed()
+    );
+}
+
+/// A message whose header disagrees with its size, or too short to hold
+/// a header, fails the connection with a reason naming the sender.
+#[test]
+fn malformed_messages_fail_the_connection() {
+    for (size, header_len) in [(10usize, 0u32), (SLOT_HEADER + 20, 30)] {
+        let (raw, net) = socket_pair();
+        let (mut rogue, from_rogue) = connect(&*raw, &*net);
+        let (to_rogue, _rogue_in) = connect(&*net, &*raw);
+        let conn = NetConnection::start(net, to_rogue, from_rogue, 4, 1024).unwrap();
+        let mut bytes = vec![0u64; 256];
+        let data = bytes.as_mut_ptr().cast::<u8>();
+        // SAFETY: `bytes` outlives the send, which completes below.
+        unsafe { rccl_transports::fifo::write_slot_header(data, header_len, tag(1)) };
+        // SAFETY: as above.
+        let mr =
+            unsafe { raw.reg_mr(CommRef::Send(&rogue), data, 2048, MemoryType::Host) }.unwrap();
+        let mut request = raw.isend(&mut rogue, data, size, 0, &mr).unwrap().unwrap();
+        until("the rogue send", || raw.test(&mut request).unwrap());
+        fails(&conn);
+        let failure = conn.failure().unwrap();
+        assert!(
+            failure.contains("malformed") && failure.contains(conn.peer()),
+            "{failure}"
+        );
+        assert!(conn.recv_fifo().try_peek().is_none());
+    }
+}
+
+/// A message larger than a slot fails the connection before a byte of it
+/// lands.
+#[test]
+fn a_message_larger_than_a_slot_fails_the_connection() {
+    let (raw, net) = socket_pair();
+    let (mut rogue, from_rogue) = connect(&*raw, &*net);
+    let (to_rogue, _rogue_in) = connect(&*net, &*raw);
+    let conn = NetConnection::start(net, to_rogue, from_rogue, 2, 64).unwrap();
+    let mut bytes = vec![0u8; 4096];
+    // SAFETY: `bytes` outlives the send, which completes below.
+    let mr = unsafe {
+        raw.reg_mr(
+            CommRef::Send(&rogue),
+            bytes.as_mut_ptr(),
+            4096,
+            MemoryType::Host,
+        )
+    }
+    .unwrap();
+    let mut request = raw
+        .isend(&mut rogue, bytes.as_ptr(), 4096, 0, &mr)
+        .unwrap()
+        .unwrap();
+    until("the rogue send", || raw.test(&mut request).unwrap());
+    fails(&conn);
+    assert!(
+        conn.failure().unwrap().contains("truncated"),
+        "{:?}",
+        conn.failure()
+    );
+}
