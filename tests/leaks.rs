@@ -34,6 +34,22 @@ fn settles_to(base: (usize, usize), what: &str) {
     );
 }
 
+/// The counts once they hold still for 200 ms (the network proxy thread
+/// leaves a moment after the last network connection), at most 5 s.
+fn steady_counts() -> (usize, usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut last = counts();
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = counts();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    last
+}
+
 /// One all-reduce on every rank of `comms`, driven from this thread.
 fn all_reduce(comms: &[Communicator]) {
     let inputs: Vec<Vec<f32>> = (0..comms.len()).map(|r| vec![r as f32; 100]).collect();
@@ -66,7 +82,7 @@ fn nothing_leaks_across_life_cycles() {
     // Warm up whatever the process sets up once.
     cycles(&single, 2);
     cycles(&tcp_config(), 1);
-    let base = counts();
+    let base = steady_counts();
 
     let took = cycles(&single, 1000);
     println!("1000 init / all-reduce / destroy cycles of 2 ranks: {took:?}");

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use rccl_algorithms::Topology;
-use rccl_transports::net::TcpTransport;
+use rccl_transports::network::socket::{Socket, SocketDevice};
 
 use crate::bootstrap::{Bootstrap, UniqueId};
 use crate::config::Config;
@@ -19,7 +19,7 @@ use crate::state::ExecState;
 /// What each rank tells the others at init.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct PeerInfo {
-    /// Where its data listener accepts connections.
+    /// Its address on the network (the port is not used).
     pub data_addr: SocketAddr,
     /// Its host name, for messages.
     pub host: String,
@@ -177,7 +177,8 @@ pub(crate) struct CommInner {
     pub nranks: usize,
     pub config: Config,
     pub bootstrap: Bootstrap,
-    pub tcp: TcpTransport,
+    /// The network connections to other hosts go through.
+    pub net: Arc<Socket>,
     pub peers: Vec<PeerInfo>,
     pub abort: Arc<AtomicBool>,
     /// How the communicator was ended, once `abort` is set: "aborted"
@@ -401,6 +402,11 @@ impl CommInner {
 
     /// The error of a call on an ended communicator.
     pub fn ended_error(&self) -> Error {
+        if self.ended.get().is_none() {
+            if let Some(why) = self.bootstrap.broken() {
+                return Error::System(format!("rank {}: bootstrap: {why}", self.rank));
+            }
+        }
         let how = self.ended_how();
         let during = if how == "destroyed" {
             " (ncclCommDestroy) while this call was in flight"
@@ -498,10 +504,14 @@ impl Communicator {
         crate::signal::install_from_env()?;
         let bootstrap = Bootstrap::init(id, rank, nranks, config.timeout, abort.clone())?;
         let ip = bootstrap.peer_addr(rank).ip();
-        let tcp = TcpTransport::listen(ip, rank, bootstrap.secret())
-            .map_err(|e| Error::io(format!("rank {rank}: data listener on {ip}"), e))?;
+        let device = SocketDevice {
+            name: ip.to_string(),
+            ip,
+        };
+        let net = Socket::new(vec![device], bootstrap.secret())
+            .map_err(|e| Error::System(format!("rank {rank}: the network on {ip}: {e}")))?;
         let me = PeerInfo {
-            data_addr: tcp.local_addr(),
+            data_addr: SocketAddr::new(ip, 0),
             host: crate::net::hostname(),
             host_id: host_id(),
             pid: std::process::id(),
@@ -543,7 +553,7 @@ impl Communicator {
             nranks,
             config,
             bootstrap,
-            tcp,
+            net: Arc::new(net),
             peers,
             abort,
             ended: std::sync::OnceLock::new(),

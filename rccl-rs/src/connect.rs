@@ -178,11 +178,11 @@ impl PendingLink {
                     rccl_transports::explain_fd_limit(e)
                 ))
             })?;
-        if let Some(conn) = &conn {
+        if conn.is_some() {
             let (rank, channel, peer, via) = (comm.rank, self.channel, self.peer, self.transport);
             // The subsystem of the line, as NCCL's: NET for the network.
-            if conn.peer_addr().is_some() {
-                let addr = cx.endpoints[peer].data_addr;
+            if via.starts_with("NET") {
+                let addr = cx.endpoints[peer].data_addr.ip();
                 tracing::info!(
                     target: crate::debug::NET,
                     "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via} ({addr})"
@@ -296,7 +296,7 @@ fn context<'a>(comm: &'a CommInner, endpoints: &'a [Endpoint]) -> Context<'a> {
         endpoints,
         fifo: comm.config.fifo_shape(),
         shm_disable: comm.config.shm_disable,
-        listener: &comm.tcp,
+        net: &comm.net,
         abort: &comm.abort,
     }
 }

@@ -15,10 +15,10 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use crate::fifo::{FifoShape, Protocol};
-use crate::net::TcpTransport;
+use crate::network::socket::Socket;
+use crate::network::{ListenHandle, Net, NetConnection};
 use crate::process::ProcessId;
 use crate::shm::{self, ShmConnection, ShmSegment};
-use crate::tcp::TcpConnection;
 use crate::Connection;
 
 /// What a rank published at init that transports decide and connect on.
@@ -28,7 +28,7 @@ pub struct Endpoint {
     pub host_id: String,
     /// Its process (start time 0 if unknown).
     pub process: ProcessId,
-    /// Where its data listener accepts network connections.
+    /// Its address on the network (the port is not used).
     pub data_addr: SocketAddr,
 }
 
@@ -42,8 +42,8 @@ pub struct Context<'a> {
     pub fifo: FifoShape,
     /// `NCCL_SHM_DISABLE`.
     pub shm_disable: bool,
-    /// This rank's data listener, for network transports.
-    pub listener: &'a TcpTransport,
+    /// The communicator's network (`NCCL_NET`: Socket).
+    pub net: &'a Arc<Socket>,
     /// The communicator's abort flag.
     pub abort: &'a AtomicBool,
 }
@@ -110,7 +110,7 @@ pub fn register(transport: Arc<dyn Transport>) {
 /// The first transport of the table that can connect this rank and `peer`.
 pub fn choose(cx: &Context<'_>, peer: usize) -> Option<Arc<dyn Transport>> {
     let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
-    let builtin: [Arc<dyn Transport>; 2] = [Arc::new(Shm), Arc::new(Net)];
+    let builtin: [Arc<dyn Transport>; 2] = [Arc::new(Shm), Arc::new(Network)];
     registered
         .iter()
         .cloned()
@@ -201,11 +201,12 @@ impl Pending for ShmPending {
     }
 }
 
-/// The network: authenticated TCP sockets, the leading rank dialing the
-/// other's data listener.
-struct Net;
+/// The network: a [`Net`] provider (Socket), each side listening and
+/// connecting to the other's listener (its handle goes through the
+/// bootstrap), the connection's slots moved by the process's network proxy.
+struct Network;
 
-impl Transport for Net {
+impl Transport for Network {
     fn name(&self) -> &'static str {
         "NET/Socket"
     }
@@ -214,45 +215,71 @@ impl Transport for Net {
         true
     }
 
-    fn setup(&self, _cx: &Context<'_>, _peer: usize, channel: usize) -> io::Result<Setup> {
+    fn setup(&self, cx: &Context<'_>, _peer: usize, _channel: usize) -> io::Result<Setup> {
+        let (handle, listen) = cx.net.listen(0).map_err(io::Error::other)?;
         Ok(Setup {
-            info: None,
-            pending: Box::new(NetPending { channel }),
+            info: Some(handle.as_bytes().to_vec()),
+            pending: Box::new(NetworkPending {
+                listen: Some(listen),
+                stage: Default::default(),
+                send: None,
+                recv: None,
+            }),
         })
     }
 }
 
-struct NetPending {
-    channel: usize,
+struct NetworkPending {
+    listen: Option<<Socket as Net>::ListenComm>,
+    stage: <Socket as Net>::ConnectStage,
+    send: Option<<Socket as Net>::SendComm>,
+    recv: Option<<Socket as Net>::RecvComm>,
 }
 
-impl Pending for NetPending {
+impl Pending for NetworkPending {
     fn awaits_peer_info(&self) -> bool {
-        // The dial is the rendezvous.
-        false
+        true
     }
 
     fn connect(
         &mut self,
         cx: &Context<'_>,
-        peer: usize,
-        _peer_info: &[u8],
+        _peer: usize,
+        peer_info: &[u8],
         until: Instant,
     ) -> io::Result<Option<Box<dyn Connection>>> {
-        let channel = self.channel;
-        let stream = if cx.leads(peer) {
-            cx.listener
-                .dial(peer, cx.endpoints[peer].data_addr, channel, until)
-        } else {
-            cx.listener.accept_from(peer, channel, until, cx.abort)
-        };
-        let stream = match stream {
-            Ok(stream) => stream,
-            Err(e) if e.kind() == io::ErrorKind::TimedOut => return Ok(None),
-            Err(e) => return Err(e),
+        let theirs = ListenHandle::from_bytes(peer_info).map_err(io::Error::other)?;
+        loop {
+            if self.send.is_none() {
+                self.send = cx
+                    .net
+                    .connect(0, &theirs, &mut self.stage)
+                    .map_err(io::Error::other)?;
+            }
+            if let (None, Some(listen)) = (&self.recv, &mut self.listen) {
+                self.recv = cx.net.accept(listen).map_err(io::Error::other)?;
+            }
+            if self.send.is_some() && self.recv.is_some() {
+                break;
+            }
+            if cx.abort.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(io::Error::new(io::ErrorKind::Interrupted, "aborted"));
+            }
+            if Instant::now() >= until {
+                return Ok(None);
+            }
+            std::thread::yield_now();
+        }
+        if let Some(listen) = self.listen.take() {
+            cx.net.close_listen(listen).map_err(io::Error::other)?;
+        }
+        let (send, recv) = (self.send.take(), self.recv.take());
+        let (Some(send), Some(recv)) = (send, recv) else {
+            unreachable!("both ends are connected")
         };
         let slot_bytes = cx.fifo.slot_bytes(Protocol::Simple);
-        let conn = TcpConnection::start(stream, cx.fifo.nslots, slot_bytes)?;
+        let conn = NetConnection::start(cx.net.clone(), send, recv, cx.fifo.nslots, slot_bytes)
+            .map_err(io::Error::other)?;
         Ok(Some(Box::new(conn)))
     }
 }

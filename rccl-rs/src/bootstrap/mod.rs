@@ -201,6 +201,21 @@ fn aborted(rank: usize, what: impl fmt::Display) -> Error {
 }
 
 impl Bootstrap {
+    /// Why this rank's listener cannot accept connections any more, if it
+    /// cannot (that also sets the abort flag: the rank can take no part).
+    pub(crate) fn broken(&self) -> Option<String> {
+        self.shared.mailbox.lock().broken.clone()
+    }
+
+    /// Why this rank stopped while `doing` something: its listener broke,
+    /// or it was aborted.
+    fn stopped(&self, doing: impl fmt::Display) -> Error {
+        match self.broken() {
+            Some(why) => Error::System(format!("bootstrap: {why} (while {doing})")),
+            None => aborted(self.rank, doing),
+        }
+    }
+
     /// Connects to the root named by `id`, registers this rank's listener
     /// address and learns every rank's. All ranks must pass the same
     /// `nranks`; a duplicate rank or an `nranks` mismatch is reported to
@@ -305,6 +320,7 @@ impl Bootstrap {
         let receiver = Receiver {
             listener,
             shared: shared.clone(),
+            abort: abort.clone(),
             wake: wake_rx,
             rank,
             nranks,
@@ -468,7 +484,7 @@ impl Bootstrap {
             )));
         }
         if self.abort.load(Ordering::Relaxed) {
-            return Err(aborted(self.rank, format_args!("sending to rank {peer}")));
+            return Err(self.stopped(format_args!("sending to rank {peer}")));
         }
         if peer == self.rank {
             self.shared.deliver(peer, kind, tag, data.to_vec());
@@ -490,10 +506,7 @@ impl Bootstrap {
             )
             .map_err(|e| {
                 if e.kind() == io::ErrorKind::Interrupted {
-                    aborted(
-                        self.rank,
-                        format_args!("connecting to rank {peer} at {addr}"),
-                    )
+                    self.stopped(format_args!("connecting to rank {peer} at {addr}"))
                 } else {
                     Error::Remote(format!(
                         "bootstrap: rank {} cannot reach rank {peer} at {addr}: {e}",
@@ -664,6 +677,9 @@ struct Conn {
 struct Receiver {
     listener: AuthListener,
     shared: Arc<Shared>,
+    /// Set when the listener breaks: this rank can take no part any more,
+    /// so its own waits (a connection's handshake too) stop at once.
+    abort: Arc<AtomicBool>,
     wake: UnixStream,
     rank: usize,
     nranks: usize,
@@ -737,6 +753,7 @@ impl Receiver {
                             "rank {} cannot accept connections from other ranks: {e}",
                             self.rank
                         ));
+                        self.abort.store(true, Ordering::SeqCst);
                         self.shared.cond.notify_all();
                     }
                     drop(mailbox);
