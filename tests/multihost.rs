@@ -65,15 +65,20 @@ fn child_rank() {
         comm.finalize().unwrap();
         return;
     }
-    let algorithm = rccl_algorithms::builtin(&mode).unwrap();
-    let kinds: Vec<CollKind> = CollKind::ALL
-        .into_iter()
-        .filter(|&k| algorithm.supports(k))
-        .collect();
-    let cases: Vec<_> = all_cases(nranks, &kinds, &DTYPES)
-        .into_iter()
-        .filter(|c| !c.in_place || algorithm.supports_in_place(c.kind))
-        .collect();
+    let cases: Vec<_> = match rccl_algorithms::builtin(&mode) {
+        Some(algorithm) => {
+            let kinds: Vec<CollKind> = CollKind::ALL
+                .into_iter()
+                .filter(|&k| algorithm.supports(k))
+                .collect();
+            all_cases(nranks, &kinds, &DTYPES)
+                .into_iter()
+                .filter(|c| !c.in_place || algorithm.supports_in_place(c.kind))
+                .collect()
+        }
+        // The tuner's choices, every collective.
+        None => all_cases(nranks, &CollKind::ALL, &DTYPES),
+    };
     let mut failures = Vec::new();
     for case in &cases {
         let mut bufs = CaseBuffers::new(case, nranks, rank);
@@ -89,6 +94,12 @@ fn child_rank() {
         failures.len(),
         failures[..failures.len().min(10)].join("\n")
     );
+    let proxies = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "rccl-net-proxy")
+        .count();
+    eprintln!("NETWORK PROXY THREADS {proxies}");
 }
 
 /// The `NCCL_ALGO` rule forcing `name` for every collective it implements.
@@ -159,6 +170,34 @@ fn each_algorithm_on_two_hosts_of_two_ranks() {
 #[test]
 fn each_algorithm_on_four_hosts_of_two_ranks() {
     suite_on_hosts(4);
+}
+
+#[test]
+fn two_hosts_of_four_ranks_on_four_channels_hold_one_network_proxy_each() {
+    if skip_reason().is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut bed = TestBed::up(2, 4).expect("building the test bed");
+    bed.spawn(&exe, &CHILD_ARGS, |_, cmd| {
+        suite_env(cmd);
+        cmd.env(MODE, "tuner")
+            .env("NCCL_MIN_NCHANNELS", "4")
+            .env("NCCL_MAX_NCHANNELS", "4")
+            .stderr(Stdio::piped());
+    })
+    .unwrap();
+    let results = bed.wait(RUN_LIMIT);
+    for (rank, (status, stderr)) in results.iter().enumerate() {
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "rank {rank}: {status:?}\n{stderr}"
+        );
+        assert!(
+            stderr.contains("NETWORK PROXY THREADS 1"),
+            "rank {rank}:\n{stderr}"
+        );
+    }
 }
 
 #[test]

@@ -2,19 +2,18 @@
 //!
 //! A connection gives the executor memory: a [`fifo::Fifo`] of slots to
 //! fill towards the peer and one to drain from it. Transports differ only in
-//! where that memory lives and who moves it: the TCP transport stages slots
-//! in local memory and a proxy thread per direction moves them over a
-//! socket.
+//! where that memory lives and who moves it: shared memory is the peer's
+//! memory too; the network stages slots in local memory and the process's
+//! network proxy moves them through a [`network::Net`] provider. The
+//! [`transport`] table says which transport connects two ranks.
 
 pub mod board;
 pub mod fifo;
 pub mod futex;
-pub mod net;
 pub mod network;
 pub mod process;
 pub mod shm;
 pub mod socket;
-pub mod tcp;
 pub mod transport;
 pub mod wait;
 
@@ -43,10 +42,6 @@ pub trait Connection: Send + Sync {
     /// waits that have been blocked a while (it may make a system call),
     /// never for the fast path.
     fn peer_gone(&self) -> Option<String> {
-        None
-    }
-    /// The peer's network address, for connections that cross a network.
-    fn peer_addr(&self) -> Option<std::net::SocketAddr> {
         None
     }
 }
@@ -96,28 +91,4 @@ pub fn bounded_note(note: &str) -> &str {
         end -= 1;
     }
     &note[..end]
-}
-
-impl Connection for tcp::TcpConnection {
-    fn send_fifo(&self, _proto: Protocol) -> &Fifo {
-        tcp::TcpConnection::send_fifo(self)
-    }
-    fn recv_fifo(&self, _proto: Protocol) -> &Fifo {
-        tcp::TcpConnection::recv_fifo(self)
-    }
-    fn failure(&self) -> Option<String> {
-        tcp::TcpConnection::failure(self)
-    }
-    fn transport(&self) -> &'static str {
-        "NET/Socket"
-    }
-    fn close_with(&self, note: &str) {
-        tcp::TcpConnection::close_with(self, note)
-    }
-    fn peer_addr(&self) -> Option<std::net::SocketAddr> {
-        tcp::TcpConnection::peer_addr(self)
-    }
-    fn peer_note(&self) -> Option<String> {
-        tcp::TcpConnection::peer_note(self)
-    }
 }

@@ -982,6 +982,37 @@ mod tests {
         assert!(ListenHandle::from_bytes(&[0; 129]).is_err());
     }
 
+    /// Connections that never say a word (the data-listener attack of a
+    /// stranger who can reach the port) neither block nor delay a member:
+    /// handshakes run side by side, each against its own deadline.
+    #[test]
+    fn silent_clients_do_not_delay_a_member() {
+        let secret = Secret::random();
+        let net = Socket::new(vec![SocketDevice::loopback()], secret).unwrap();
+        let (handle, mut listen) = net.listen(0).unwrap();
+        let (addr, _) = parse_handle(&handle).unwrap();
+        let silent: Vec<_> = (0..20)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let start = Instant::now();
+        let (mut stage, mut send, mut recv) = (Default::default(), None, None);
+        while send.is_none() || recv.is_none() {
+            assert!(start.elapsed() < Duration::from_secs(2), "no connection");
+            if send.is_none() {
+                send = net.connect(0, &handle, &mut stage).unwrap();
+            }
+            if recv.is_none() {
+                recv = net.accept(&mut listen).unwrap();
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            start.elapsed()
+        );
+        drop(silent);
+    }
+
     #[test]
     fn registrations_bound_the_buffers() {
         let mr = SocketMr {
