@@ -174,25 +174,13 @@ fn each_algorithm_on_four_hosts_of_two_ranks() {
 
 #[test]
 fn two_hosts_of_four_ranks_on_four_channels_hold_one_network_proxy_each() {
-    if skip_reason().is_some() {
+    let Some(results) = run_ranks(2, 4, "tuner", |cmd| {
+        cmd.env("NCCL_MIN_NCHANNELS", "4")
+            .env("NCCL_MAX_NCHANNELS", "4");
+    }) else {
         return;
-    }
-    let exe = std::env::current_exe().unwrap();
-    let mut bed = TestBed::up(2, 4).expect("building the test bed");
-    bed.spawn(&exe, &CHILD_ARGS, |_, cmd| {
-        suite_env(cmd);
-        cmd.env(MODE, "tuner")
-            .env("NCCL_MIN_NCHANNELS", "4")
-            .env("NCCL_MAX_NCHANNELS", "4")
-            .stderr(Stdio::piped());
-    })
-    .unwrap();
-    let results = bed.wait(RUN_LIMIT);
-    for (rank, (status, stderr)) in results.iter().enumerate() {
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "rank {rank}: {status:?}\n{stderr}"
-        );
+    };
+    for (rank, stderr) in results.iter().enumerate() {
         assert!(
             stderr.contains("NETWORK PROXY THREADS 1"),
             "rank {rank}:\n{stderr}"
@@ -200,19 +188,24 @@ fn two_hosts_of_four_ranks_on_four_channels_hold_one_network_proxy_each() {
     }
 }
 
-#[test]
-fn debug_info_reports_topology_transports_and_choices() {
+/// Runs every rank of `hosts` x `per_host` in `mode`, with `setup`'s
+/// extra settings and stderr captured; checks each exited well and returns
+/// its stderr (`None`: namespaces cannot be made here).
+fn run_ranks(
+    hosts: usize,
+    per_host: usize,
+    mode: &str,
+    setup: impl Fn(&mut Command),
+) -> Option<Vec<String>> {
     if skip_reason().is_some() {
-        return;
+        return None;
     }
     let exe = std::env::current_exe().unwrap();
-    let mut bed = TestBed::up(2, 2).expect("building the test bed");
+    let mut bed = TestBed::up(hosts, per_host).expect("building the test bed");
     bed.spawn(&exe, &CHILD_ARGS, |_, cmd| {
         suite_env(cmd);
-        cmd.env(MODE, "debug")
-            .env("NCCL_DEBUG", "INFO")
-            .env("NCCL_DEBUG_SUBSYS", "INIT,GRAPH,TUNING,COLL,NET,SHM")
-            .stderr(Stdio::piped());
+        cmd.env(MODE, mode).stderr(Stdio::piped());
+        setup(cmd);
     })
     .unwrap();
     let results = bed.wait(RUN_LIMIT);
@@ -221,6 +214,19 @@ fn debug_info_reports_topology_transports_and_choices() {
             status.is_some_and(|s| s.success()),
             "rank {rank}: {status:?}\n{stderr}"
         );
+    }
+    Some(results.into_iter().map(|(_, stderr)| stderr).collect())
+}
+
+#[test]
+fn debug_info_reports_topology_transports_and_choices() {
+    let Some(results) = run_ranks(2, 2, "debug", |cmd| {
+        cmd.env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", "INIT,GRAPH,TUNING,COLL,NET,SHM");
+    }) else {
+        return;
+    };
+    for (rank, stderr) in results.iter().enumerate() {
         // A line with all of `parts`, in order.
         let has = |parts: &[&str]| {
             stderr.lines().any(|l| {

@@ -5,31 +5,15 @@
 //! reports the forced choice; one that leaves the measured collective no
 //! algorithm fails at once, saying so.
 
+#[path = "common/perf_bins.rs"]
+mod perf_bins;
+use perf_bins::perf_command;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-
-const LAUNCHER_VARS: &[&str] = &[
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NCCL_COMM_ID",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "PMIX_RANK",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "NCCL_ALGO",
-    "NCCL_PROTO",
-    "NCCL_TESTS_MIN_BW",
-    "RCCL_PERF_CORRUPT",
-];
 
 /// Sizes 8 B to 64 KiB, a few iterations, one type and op.
 const SWEEP: &[&str] = &[
@@ -47,11 +31,7 @@ fn json_path(name: &str) -> PathBuf {
 /// Runs `bin` with `args` and `env`; every wait inside is bounded by
 /// `RCCL_TIMEOUT_MS`.
 fn run(bin: &str, args: &[&str], env: &[(&str, &str)]) -> (Output, String, Duration) {
-    let mut cmd = Command::new(bin);
-    cmd.args(args);
-    for v in LAUNCHER_VARS {
-        cmd.env_remove(v);
-    }
+    let mut cmd = perf_command(bin, args);
     cmd.envs(env.iter().copied())
         .env("RCCL_TIMEOUT_MS", "20000");
     let started = Instant::now();

@@ -2,27 +2,14 @@
 //! 3, as its `tools/analyze_perf_json.py` reads it), the per-iteration and
 //! per-rank times are present and consistent, and `--stragglers` prints.
 
+#[path = "common/perf_bins.rs"]
+mod perf_bins;
+use perf_bins::perf_command;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
-
-const LAUNCHER_VARS: &[&str] = &[
-    "RANK",
-    "WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NCCL_COMM_ID",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "PMIX_RANK",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "NCCL_TESTS_MIN_BW",
-    "RCCL_PERF_CORRUPT",
-];
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("rccl-perf-json-{}-{name}", std::process::id()));
@@ -32,11 +19,7 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 fn run(bin: &str, args: &[&str]) -> (Output, String) {
-    let mut cmd = Command::new(bin);
-    cmd.args(args);
-    for v in LAUNCHER_VARS {
-        cmd.env_remove(v);
-    }
+    let mut cmd = perf_command(bin, args);
     let out = cmd.output().expect("run the perf binary");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     (out, text)
@@ -341,25 +324,14 @@ fn threads_json_skip_and_no_clobber() {
 fn json_without_per_iter_and_with_errors() {
     let dir = temp_dir("plain");
     let path = dir.join("bc.json");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_broadcast_perf"));
     // Processes: only rank 0 writes the file, every rank gathers times.
-    cmd.args([
-        "--procs",
-        "4",
-        "-b",
-        "4K",
-        "-e",
-        "16K",
-        "-f",
-        "4",
-        "-n",
-        "2",
-        "-J",
-        path.to_str().unwrap(),
-    ]);
-    for v in LAUNCHER_VARS {
-        cmd.env_remove(v);
-    }
+    let json = path.to_str().unwrap();
+    let mut cmd = perf_command(
+        env!("CARGO_BIN_EXE_broadcast_perf"),
+        &[
+            "--procs", "4", "-b", "4K", "-e", "16K", "-f", "4", "-n", "2", "-J", json,
+        ],
+    );
     cmd.env("RCCL_PERF_CORRUPT", "1");
     let out = cmd.output().unwrap();
     assert!(!out.status.success());

@@ -9,40 +9,15 @@ use std::process::{Child, Command, Output, Stdio};
 
 #[path = "common/perf_bins.rs"]
 mod perf_bins;
-use perf_bins::BINS;
+use perf_bins::{perf_command, BINS};
 
 /// One size, one timed iteration, every type and op.
 const ALL: &[&str] = &[
     "-b", "1K", "-e", "1K", "-n", "1", "-w", "1", "-d", "all", "-o", "all",
 ];
 
-const LAUNCHER_VARS: &[&str] = &[
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NCCL_COMM_ID",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "PMIX_RANK",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "MPI_LOCALRANKID",
-    "SLURM_LOCALID",
-    "NCCL_TESTS_MIN_BW",
-    "RCCL_PERF_CORRUPT",
-];
-
 fn command(bin: &str, args: &[&str], corrupt: bool) -> Command {
-    let mut cmd = Command::new(bin);
-    cmd.args(args);
-    for v in LAUNCHER_VARS {
-        cmd.env_remove(v);
-    }
+    let mut cmd = perf_command(bin, args);
     if corrupt {
         cmd.env("RCCL_PERF_CORRUPT", "1");
     }

@@ -1,5 +1,9 @@
-//! Every perf binary of the package with its program name, for the tests
-//! that run them all (included with `#[path]`).
+//! Every perf binary of the package with its program name, and a command
+//! that runs one without what the test runner's environment may carry
+//! (included with `#[path]`).
+
+// Each test binary uses part of this.
+#![allow(dead_code)]
 
 /// Every binary with its program name.
 pub const BINS: &[(&str, &str)] = &[
@@ -17,3 +21,38 @@ pub const BINS: &[(&str, &str)] = &[
     ("sendrecv_perf", env!("CARGO_BIN_EXE_sendrecv_perf")),
     ("hypercube_perf", env!("CARGO_BIN_EXE_hypercube_perf")),
 ];
+
+/// Launcher variables and perf-binary settings that a test must not
+/// inherit from the environment it runs in.
+pub const INHERITED_VARS: &[&str] = &[
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NCCL_COMM_ID",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "PMIX_RANK",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "NCCL_TESTS_MIN_BW",
+    "RCCL_PERF_CORRUPT",
+];
+
+/// A command running `bin` with `args`, none of [`INHERITED_VARS`] set.
+pub fn perf_command(bin: &str, args: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(bin);
+    cmd.args(args);
+    for v in INHERITED_VARS {
+        cmd.env_remove(v);
+    }
+    cmd
+}
