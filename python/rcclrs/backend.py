@@ -531,7 +531,17 @@ class ProcessGroupRccl(dist.ProcessGroup):
         return self._submit(calls, output_tensors, getattr(opts, "asyncOp", True))
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        return self.allgather(output_lists, input_tensors, opts)
+        """all_gather_coalesced: output_lists[r][i] receives rank r's
+        input_tensors[i] (one list per rank, as torch lays them out)."""
+        opts = opts or AllgatherOptions()
+        n_in = len(input_tensors)
+        if len(output_lists) != self._size or any(len(outs) != n_in for outs in output_lists):
+            raise ValueError(
+                f"rcclrs: all_gather_coalesced needs {self._size} output lists (one per rank) "
+                f"of {n_in} tensors (one per input), got {[len(outs) for outs in output_lists]}")
+        calls = [self._allgather_list_call([outs[i] for outs in output_lists], t)
+                 for i, t in enumerate(input_tensors)]
+        return self._submit(calls, output_lists, getattr(opts, "asyncOp", True))
 
     def _allgather_list_call(self, outs, t) -> _Call:
         src = self._buf(t, "all_gather input", output=False)

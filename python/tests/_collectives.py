@@ -442,6 +442,127 @@ def _(s):
     same(fc.all_to_all_single(x, None, None, ours).wait(), ref, "all_to_all_single")
 
 
+# ---- coalesced calls: as many inputs as ranks, and another number --------------
+# (torch lays all_gather_coalesced's outputs out as [rank][input]; with as
+# many inputs as ranks a transposed layout would pass unnoticed by shape.)
+IN_COUNTS = sorted({1, world, world + 1})
+
+
+def inputs(k: int, s: int, dname="float32"):
+    """k tensors of different shapes (tensor i has i + 2 rows)."""
+    return [data(dname, (i + 2, 3), s + i) for i in range(k)]
+
+
+for k in IN_COUNTS:
+    @case(f"coalesced[all_gather_coalesced-{k}-inputs]")
+    def _(s, k=k):
+        xs = inputs(k, s)
+        a = [[torch.empty_like(x) for x in xs] for _ in range(world)]
+        b = [[torch.empty_like(x) for x in xs] for _ in range(world)]
+        dist.all_gather_coalesced(a, xs, group=ours)
+        dist.all_gather_coalesced(b, xs, group=gloo)
+        same(a, b)
+        for r in range(world):
+            same(a[r], inputs(k, s) if r == rank else [data("float32", (i + 2, 3), s + i, r=r) for i in range(k)],
+                 f"rank {r}'s inputs")
+
+    @case(f"coalesced[all_gather_coalesced-{k}-inputs-async]")
+    def _(s, k=k):
+        xs = inputs(k, s, "int64")
+        a = [[torch.empty_like(x) for x in xs] for _ in range(world)]
+        b = [[torch.empty_like(x) for x in xs] for _ in range(world)]
+        dist.all_gather_coalesced(a, xs, group=ours, async_op=True).wait()
+        dist.all_gather_coalesced(b, xs, group=gloo)
+        same(a, b)
+
+    @case(f"coalesced[all_reduce_coalesced-{k}-inputs]")
+    def _(s, k=k):
+        xs = inputs(k, s)
+        a, b = [x.clone() for x in xs], [x.clone() for x in xs]
+        dist.all_reduce_coalesced(a, group=ours)
+        dist.all_reduce_coalesced(b, group=gloo)
+        same(a, b)
+
+    @case(f"coalesced[coalescing_manager-all_reduce-{k}-inputs]")
+    def _(s, k=k):
+        xs = inputs(k, s, "int32")
+        a, b = [x.clone() for x in xs], [x.clone() for x in xs]
+        with dist._coalescing_manager(group=ours, async_ops=True) as cm:
+            for x in a:
+                dist.all_reduce(x, op=R.MAX, group=ours)
+        cm.wait()
+        for x in b:
+            dist.all_reduce(x, op=R.MAX, group=gloo)
+        same(a, b)
+
+    @case(f"coalesced[allgather_into_tensor_coalesced-{k}-inputs]")
+    def _(s, k=k):
+        xs = inputs(k, s)
+        a = [torch.empty(world * x.shape[0], 3) for x in xs]
+        b = [torch.empty(world * x.shape[0], 3) for x in xs]
+        with dist._coalescing_manager(group=ours, async_ops=True) as cm:
+            for out, x in zip(a, xs):
+                dist.all_gather_into_tensor(out, x, group=ours)
+        cm.wait()
+        for out, x in zip(b, xs):
+            dist.all_gather_into_tensor(out, x, group=gloo)
+        same(a, b)
+
+    @case(f"coalesced[reduce_scatter_tensor_coalesced-{k}-inputs]")
+    def _(s, k=k):
+        xs = [data("float64", (world * (i + 1), 2), s + i) for i in range(k)]
+        a = [torch.empty(i + 1, 2, dtype=torch.float64) for i in range(k)]
+        b = [torch.empty(i + 1, 2, dtype=torch.float64) for i in range(k)]
+        with dist._coalescing_manager(group=ours, async_ops=True) as cm:
+            for out, x in zip(a, xs):
+                dist.reduce_scatter_tensor(out, x, group=ours)
+        cm.wait()
+        for out, x in zip(b, xs):
+            dist.reduce_scatter_tensor(out, x, group=gloo)
+        same(a, b)
+
+    @case(f"coalesced[functional-{k}-inputs]")
+    def _(s, k=k):
+        import torch.distributed._functional_collectives as fc
+
+        xs = [data("float32", (world * (i + 1),), s + i) for i in range(k)]
+        refs = [x.clone() for x in xs]
+        for ref in refs:
+            dist.all_reduce(ref, group=gloo)
+        same([t.wait() for t in fc.all_reduce_coalesced(xs, "sum", ours)], refs, "all_reduce_coalesced")
+        refs = [torch.empty(world * x.numel()) for x in xs]
+        for ref, x in zip(refs, xs):
+            dist.all_gather_into_tensor(ref, x, group=gloo)
+        same([t.wait() for t in fc.all_gather_into_tensor_coalesced(xs, ours)], refs,
+             "all_gather_into_tensor_coalesced")
+        refs = [torch.empty(i + 1) for i in range(k)]
+        for ref, x in zip(refs, xs):
+            dist.reduce_scatter_tensor(ref, x, group=gloo)
+        same([t.wait() for t in fc.reduce_scatter_tensor_coalesced(xs, "sum", [0] * k, ours)], refs,
+             "reduce_scatter_tensor_coalesced")
+
+
+@case("coalesced[all_gather_coalesced-as-many-inputs-as-ranks-same-shape]")
+def _(s):
+    # The shapes cannot tell [rank][input] from [input][rank] here.
+    xs = [data("int32", (4,), s + i) for i in range(world)]
+    a = [[torch.empty(4, dtype=torch.int32) for _ in xs] for _ in range(world)]
+    b = [[torch.empty(4, dtype=torch.int32) for _ in xs] for _ in range(world)]
+    dist.all_gather_coalesced(a, xs, group=ours)
+    dist.all_gather_coalesced(b, xs, group=gloo)
+    same(a, b)
+
+
+@case("coalesced[all_gather_coalesced-with-empty]")
+def _(s):
+    xs = [data("float32", (3,), s), torch.empty(0), data("float32", (2, 2), s + 1)]
+    a = [[torch.empty_like(x) for x in xs] for _ in range(world)]
+    b = [[torch.empty_like(x) for x in xs] for _ in range(world)]
+    dist.all_gather_coalesced(a, xs, group=ours)
+    dist.all_gather_coalesced(b, xs, group=gloo)
+    same(a, b)
+
+
 # ---- refused input: clear errors --------------------------------------------------
 def refused(fn, exc, words):
     try:
@@ -462,6 +583,8 @@ def _(s):
             ValueError, ["split_sizes"])
     refused(lambda: dist.all_gather_into_tensor(torch.empty(3), torch.empty(2), group=ours), ValueError,
             ["all_gather_into_tensor output"])
+    refused(lambda: dist.all_gather_coalesced([[torch.empty(1)] * world] * (world + 1), [torch.ones(1)], group=ours),
+            ValueError, [f"{world} output lists (one per rank)"])
     # the group still works after refused calls
     x = torch.ones(3)
     dist.all_reduce(x, group=ours)
