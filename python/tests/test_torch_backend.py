@@ -8,6 +8,7 @@ the tests below check the cases of one collective each.
 import importlib.metadata
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -57,6 +58,8 @@ def test_timeout_is_a_python_exception(tmp_path):
     assert r0["is_dist_backend_error"], r0
     assert 2.5 <= r0["elapsed"] < 30, r0
     assert "timed out after 3s" in r0["message"], r0["message"]
+    # What torch's callers (and its own tests, as for gloo) look for.
+    assert re.search(" (Timed out|closed|timeout) ", r0["message"]), r0["message"]
     assert "earlier failure" in r0["after"], r0["after"]
 
 
