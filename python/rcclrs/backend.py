@@ -17,6 +17,7 @@ import datetime
 import os
 import queue
 import threading
+import time
 import traceback
 
 import torch
@@ -26,6 +27,7 @@ from torch._C._distributed_c10d import (
     AllreduceCoalescedOptions,
     AllreduceOptions,
     AllToAllOptions,
+    Backend as _C10dBackend,
     BarrierOptions,
     BroadcastOptions,
     GatherOptions,
@@ -64,6 +66,8 @@ _BOOL_OPS = {_R.SUM: nccl.MAX, _R.PRODUCT: nccl.MIN, _R.MAX: nccl.MAX, _R.MIN: n
 # the user's (any value this module did not write) wins.
 _TIMEOUT_ENV = "RCCL_TIMEOUT_MS"
 _written_timeout: str | None = None
+# torch's default for CPU groups, for a group created without a timeout.
+_DEFAULT_TIMEOUT_S = 30 * 60.0
 _env_lock = threading.Lock()
 
 
@@ -203,15 +207,29 @@ class _Ctx:
         self.premul_ops.clear()
 
 
+class _DeviceBackend(_C10dBackend):
+    """What ProcessGroupRccl registers for device type cpu (see there)."""
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+
 class ProcessGroupRccl(dist.ProcessGroup):
     """A torch.distributed process group running on rccl-rs (CPU tensors)."""
 
     def __init__(self, store, rank: int, size: int, timeout=None):
         super().__init__(rank, size)
+        # torch asks a group which devices it serves (_device_types: what
+        # monitored_barrier and the object collectives look at) and for its
+        # default backend (the flight recorder), and keeps the group's name
+        # in its backends: a C++ group answers from the backends registered
+        # on it, so one is, for device type cpu. Operations do not go
+        # through it: torch calls this group's own methods.
+        self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+        self._device_backend = _DeviceBackend(rank, size)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, self._device_backend)
         self._rank = rank
         self._size = size
-        self._group_name = ""
-        self._group_desc = ""
         self._timeout = _seconds(timeout)
         self._comm = None
         self._failed: RcclError | None = None
@@ -220,6 +238,10 @@ class ProcessGroupRccl(dist.ProcessGroup):
         self._exec_lock = threading.Lock()
         self._pending = 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # This group's store (torch prefixes it with the group's name):
+        # monitored_barrier meets through it.
+        self._store = store
+        self._monitored_barriers = 0
         self._comm = self._create_comm(store)
         self._worker = threading.Thread(
             target=self._serve, name=f"rcclrs-pg-rank{rank}", daemon=True)
@@ -301,29 +323,6 @@ class ProcessGroupRccl(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
-
-    # The group's name and description: torch sets them after creation.
-    # Kept here because the C++ base would look for them on its (absent)
-    # C++ backend; functional collectives find the group by this name.
-    def _set_group_name(self, name: str) -> None:
-        self._group_name = name
-
-    def _set_group_desc(self, desc: str) -> None:
-        self._group_desc = desc
-
-    def getGroupName(self) -> str:
-        return self._group_name
-
-    def getGroupDesc(self) -> str:
-        return self._group_desc
-
-    @property
-    def group_name(self) -> str:
-        return self._group_name
-
-    @property
-    def group_desc(self) -> str:
-        return self._group_desc
 
     def name(self) -> str:
         return BACKEND_NAME
@@ -810,6 +809,67 @@ class ProcessGroupRccl(dist.ProcessGroup):
         flag = torch.zeros(1, dtype=torch.int32)
         call = self._allreduce_call(flag, _R.SUM)
         return self._submit([call], [], getattr(opts, "asyncOp", True))
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not reach it, as gloo's:
+        rank 0 waits up to `timeout` for every other rank to arrive, then
+        tells them whether all did; the others wait for that word up to
+        the group's timeout. It meets through the store, so a failed one
+        leaves the communicator usable."""
+        if timeout is None:
+            limit = self._timeout or _DEFAULT_TIMEOUT_S
+        else:  # here 0 is no time at all
+            limit = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+        ms = int(limit * 1000)
+        self._monitored_barriers += 1
+        prefix = f"rcclrs/monitored_barrier/{self._monitored_barriers}"
+        if self._rank != 0:
+            self._store.set(f"{prefix}/arrived/{self._rank}", b"1")
+            passed = self._store_wait(f"{prefix}/passed", self._timeout or _DEFAULT_TIMEOUT_S)
+            if not passed or self._store.get(f"{prefix}/passed") != b"1":
+                raise RcclError(
+                    f"[Rank {self._rank}]: Rank {self._rank} successfully reached monitoredBarrier, but "
+                    f"received errors while waiting for send/recv from rank 0. Please check rank 0 "
+                    f"logs for faulty rank.")
+            return
+        start = time.monotonic()
+        arrived, failed = [], []
+        try:
+            for r in range(1, self._size):
+                # Without wait_all_ranks the ranks share the timeout (the
+                # first one missing is reported); with it each gets all of
+                # it, so that every missing one is found.
+                remaining = limit if wait_all_ranks else start + limit - time.monotonic()
+                if remaining <= 0:
+                    raise RcclError(
+                        f"[Rank 0]: Rank 0 timed out in monitoredBarrier after {ms} ms. Ranks that "
+                        f"arrived: {arrived}; not yet waited for: {list(range(r, self._size))}")
+                key = f"{prefix}/arrived/{r}"
+                if self._store_wait(key, remaining):
+                    arrived.append(r)
+                    self._store.delete_key(key)
+                elif wait_all_ranks:
+                    failed.append(r)
+                else:
+                    raise RcclError(f"[Rank 0]: Rank {r} failed to pass monitoredBarrier in {ms} ms")
+            if failed:
+                raise RcclError(
+                    f"[Rank 0]: Ranks {', '.join(map(str, failed))} failed to pass monitoredBarrier "
+                    f"in {ms} ms")
+        except RcclError:
+            self._store.set(f"{prefix}/passed", b"0")
+            raise
+        self._store.set(f"{prefix}/passed", b"1")
+
+    def _store_wait(self, key: str, seconds: float) -> bool:
+        """Whether `key` is in the store within `seconds` (now, for 0)."""
+        if seconds > 0:
+            try:
+                self._store.wait([key], datetime.timedelta(seconds=seconds))
+                return True
+            except RuntimeError:
+                pass  # timed out ("Wait timeout"): the check below has the last word
+        return self._store.check([key])
 
     # ---- coalescing (batch_isend_irecv, _coalescing_manager) ----------------
 

@@ -563,6 +563,43 @@ def _(s):
     same(a, b)
 
 
+# ---- monitored_barrier --------------------------------------------------------------
+def raises(fn, words):
+    try:
+        fn()
+    except RuntimeError as e:
+        assert all(w in str(e) for w in words), f"{words} not in: {e}"
+        return
+    raise AssertionError(f"nothing raised (expected {words})")
+
+
+@case("monitored_barrier[passes, then names the missing ranks]")
+def _(s):
+    t = datetime.timedelta(seconds=30)
+    dist.monitored_barrier(ours, timeout=t)
+    dist.monitored_barrier(ours, timeout=t, wait_all_ranks=True)
+    # No time at all: rank 0 gives up at once and tells the others.
+    if rank == 0:
+        raises(lambda: dist.monitored_barrier(ours, timeout=datetime.timedelta(0)),
+               ["Rank 0 timed out in monitoredBarrier"])
+    else:
+        raises(lambda: dist.monitored_barrier(ours, timeout=datetime.timedelta(0)),
+               [f"Rank {rank} successfully reached monitoredBarrier", "from rank 0"])
+    dist.monitored_barrier(ours, timeout=t)  # usable after a failed one
+    x = torch.ones(3)
+    dist.all_reduce(x, group=ours)
+    same(x, torch.full((3,), float(world)))
+    # The last rank stays away (from here on its count of monitored
+    # barriers is behind: this stays the family's last case).
+    short = datetime.timedelta(seconds=0.5)
+    if rank == 0:
+        raises(lambda: dist.monitored_barrier(ours, timeout=short),
+               [f"Rank {world - 1} failed to pass monitoredBarrier in 500 ms"])
+    elif rank != world - 1:
+        raises(lambda: dist.monitored_barrier(ours, timeout=short), [f"Rank {rank} successfully reached"])
+    dist.barrier(group=gloo)
+
+
 # ---- refused input: clear errors --------------------------------------------------
 def refused(fn, exc, words):
     try:
