@@ -66,9 +66,17 @@ _BOOL_OPS = {_R.SUM: nccl.MAX, _R.PRODUCT: nccl.MIN, _R.MAX: nccl.MAX, _R.MIN: n
 # the user's (any value this module did not write) wins.
 _TIMEOUT_ENV = "RCCL_TIMEOUT_MS"
 _written_timeout: str | None = None
+# How long the send counts of any-source receives gather before they are
+# published (see _SendCounts): the most an any-source receive can lag.
+_PUBLISH_DELAY_S = 0.001
 # torch's default for CPU groups, for a group created without a timeout.
 _DEFAULT_TIMEOUT_S = 30 * 60.0
 _env_lock = threading.Lock()
+
+
+def _sent_key(src: int, dst: int) -> str:
+    """The store key counting the messages rank src sent rank dst."""
+    return f"rcclrs/sent/{src}/{dst}"
 
 
 def _supported() -> str:
@@ -94,12 +102,15 @@ class Work(dist._Work):
 
     ``wait()`` blocks until it completed and raises its error if it failed;
     ``get_future()`` returns a ``torch.futures.Future`` completed with the
-    output tensors (or with the error).
+    output tensors (or with the error). A receive's ``_source_rank()`` is
+    the rank it received from (what ``dist.recv(t)`` without ``src``
+    returns).
     """
 
     def __init__(self, result):
         super().__init__()
         self._result = result
+        self.source_rank: int | None = None
         self._future = torch.futures.Future()
         self._done = threading.Event()
         self._error: BaseException | None = None
@@ -142,6 +153,12 @@ class Work(dist._Work):
 
     def get_future(self):
         return self._future
+
+    def _source_rank(self) -> int:
+        self.wait()
+        if self.source_rank is None:
+            raise RuntimeError("rcclrs: _source_rank() is only defined for a receive")
+        return self.source_rank
 
 
 class _Buf:
@@ -207,6 +224,66 @@ class _Ctx:
         self.premul_ops.clear()
 
 
+class _SendCounts:
+    """The messages this rank sent each peer, published in the group's
+    store for any-source receives (see ProcessGroupRccl.send) by a thread
+    of its own: a send only bumps a local count, and the thread, woken by
+    the first send after a quiet spell, publishes every count that grew
+    within _PUBLISH_DELAY_S of it in one go, so that a stream of sends
+    costs a store update (and a thread switch) per interval, not per send."""
+
+    def __init__(self, store, rank: int, size: int):
+        self._store = store
+        self._rank = rank
+        self._sent = [0] * size
+        self._published = [0] * size
+        self._error: BaseException | None = None
+        self._closed = False
+        self._due = False
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, peer: int) -> None:
+        with self._changed:
+            if self._error is not None:
+                raise RcclError(f"rcclrs: publishing this rank's send counts in the store failed: {self._error}")
+            self._sent[peer] += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._publish, name=f"rcclrs-sent-rank{self._rank}",
+                                                daemon=True)
+                self._thread.start()
+            if not self._due:
+                self._due = True
+                self._changed.notify()
+
+    def _publish(self) -> None:
+        while True:
+            with self._changed:
+                while not self._closed and not self._due:
+                    self._changed.wait()
+                if self._closed:
+                    return
+            time.sleep(_PUBLISH_DELAY_S)
+            with self._changed:
+                self._due = False
+                news = [(peer, n - p) for peer, (n, p) in enumerate(zip(self._sent, self._published)) if n > p]
+                self._published = list(self._sent)
+            try:
+                for peer, n in news:
+                    self._store.add(_sent_key(self._rank, peer), n)
+            except Exception as err:  # noqa: BLE001 - reported by the next send
+                with self._changed:
+                    self._error = err
+                return
+
+    def close(self, wait: float) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify()
+        if self._thread is not None:
+            self._thread.join(wait)
+
+
 class _DeviceBackend(_C10dBackend):
     """What ProcessGroupRccl registers for device type cpu (see there)."""
 
@@ -239,8 +316,14 @@ class ProcessGroupRccl(dist.ProcessGroup):
         self._pending = 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         # This group's store (torch prefixes it with the group's name):
-        # monitored_barrier meets through it.
+        # any-source receives and monitored_barrier meet through it.
         self._store = store
+        # Messages received from each rank, by the worker: with the
+        # counts the senders publish, what an any-source receive can take.
+        self._received = [0] * size
+        self._send_counts = _SendCounts(store, rank, size)
+        self._sent_keys_exist = False
+        self._next_peer = 0
         self._monitored_barriers = 0
         self._comm = self._create_comm(store)
         self._worker = threading.Thread(
@@ -297,6 +380,7 @@ class ProcessGroupRccl(dist.ProcessGroup):
         if self._worker.is_alive():
             self._queue.put(None)
             self._worker.join(wait)
+        self._send_counts.close(1.0)
         return not self._worker.is_alive()
 
     def shutdown(self) -> None:
@@ -341,8 +425,8 @@ class ProcessGroupRccl(dist.ProcessGroup):
 
     # ---- execution ---------------------------------------------------------
 
-    def _submit(self, calls: list[_Call], result, async_op: bool = True) -> Work:
-        work = Work(result)
+    def _submit(self, calls: list[_Call], result, async_op: bool = True, work: Work | None = None) -> Work:
+        work = work or Work(result)
         if self._coalescing is not None:
             self._coalescing.append((calls, work))
             return work
@@ -404,7 +488,10 @@ class ProcessGroupRccl(dist.ProcessGroup):
                         call.finish()
                 return None
             except RcclError as err:
-                if err.code != nccl.INVALID_ARGUMENT:
+                # A library failure other than refused arguments leaves the
+                # communicator unusable; an error of this module's (no
+                # code) leaves nothing posted.
+                if err.code not in (None, nccl.INVALID_ARGUMENT):
                     self._failed = self._failed or err
                 return err
             except BaseException as err:  # noqa: BLE001 - handed to the waiter
@@ -777,12 +864,23 @@ class ProcessGroupRccl(dist.ProcessGroup):
 
     # ---- point to point ----------------------------------------------------
 
+    # Any-source receives: NCCL names the peer of every receive, so each
+    # send counts the messages its rank sent the destination, and the
+    # counts are published in this group's store ("rcclrs/sent/SRC/DST",
+    # by _SendCounts' thread, soon after the send starts). A rank counts
+    # the messages it took from each peer (self._received, in the order
+    # its worker runs receives), so a peer whose published count is ahead
+    # has a message no receive took yet: an any-source receive takes that
+    # one.
+
     def send(self, tensors, dst: int, tag: int = 0):
         peer = self._root(dst, "send destination")
         bufs = [self._buf(t, "send tensor", output=False) for t in tensors]
 
         def call(b):
             def launch(ctx):
+                # Before the send, which may wait for the receiver to post.
+                self._send_counts.add(peer)
                 nccl.check(nccl.lib().ncclSend(b.ptr, b.count, b.dtype, peer, ctx.comm, None),
                            "ncclSend", ctx.comm)
             return _Call(launch)
@@ -791,18 +889,60 @@ class ProcessGroupRccl(dist.ProcessGroup):
     def recv(self, tensors, src: int, tag: int = 0):
         peer = self._root(src, "receive source")
         bufs = [self._buf(t, "recv tensor", output=True) for t in tensors]
-
-        def call(b):
-            def launch(ctx):
-                nccl.check(nccl.lib().ncclRecv(b.ptr, b.count, b.dtype, peer, ctx.comm, None),
-                           "ncclRecv", ctx.comm)
-            return _Call(launch, b.finish)
-        return self._submit([call(b) for b in bufs], tensors)
+        work = Work(tensors)
+        work.source_rank = peer
+        return self._submit([self._recv_call(b, lambda: peer) for b in bufs], tensors, work=work)
 
     def recv_anysource(self, tensors, tag: int = 0):
-        raise RuntimeError("rcclrs: receiving from any source is not supported (NCCL names the peer)")
+        """Receives one tensor from whichever rank sent this rank a message
+        that no receive took yet (the work's _source_rank() says which),
+        waiting up to the group's timeout for one to be sent."""
+        if len(tensors) != 1:
+            raise ValueError("rcclrs: a receive from any source takes one tensor")
+        b = self._buf(tensors[0], "recv tensor", output=True)
+        work = Work(tensors)
+
+        def pick() -> int:
+            work.source_rank = self._next_sender()
+            return work.source_rank
+        return self._submit([self._recv_call(b, pick)], tensors, work=work)
 
     recvAnysource = recv_anysource
+
+    def _recv_call(self, b: _Buf, source) -> _Call:
+        def launch(ctx):
+            peer = source()
+            self._received[peer] += 1
+            nccl.check(nccl.lib().ncclRecv(b.ptr, b.count, b.dtype, peer, ctx.comm, None),
+                       "ncclRecv", ctx.comm)
+        return _Call(launch, b.finish)
+
+    def _next_sender(self) -> int:
+        """A rank that sent this rank a message no receive took yet (polling
+        the store with a growing pause, up to the group's timeout); peers
+        are tried in turn from the one after the last pick."""
+        peers = [r for r in range(self._size) if r != self._rank]
+        keys = [_sent_key(r, self._rank) for r in peers]
+        if not self._sent_keys_exist:
+            for k in keys:
+                self._store.add(k, 0)  # multi_get waits for keys that do not exist
+            self._sent_keys_exist = True
+        limit = self._timeout if self._timeout is not None else _DEFAULT_TIMEOUT_S
+        deadline = time.monotonic() + limit
+        pause = 1e-4
+        while True:
+            sent = [int(v) for v in self._store.multi_get(keys)]
+            for j in range(len(peers)):
+                i = (self._next_peer + j) % len(peers)
+                if sent[i] > self._received[peers[i]]:
+                    self._next_peer = i + 1
+                    return peers[i]
+            if time.monotonic() >= deadline:
+                raise RcclError(
+                    f"rcclrs: receive from any source: Timed out waiting {int(limit * 1000)}ms "
+                    f"for a message to rank {self._rank} from any of {self._size - 1} peers")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.01)
 
     def barrier(self, opts=None):
         opts = opts or BarrierOptions()

@@ -63,6 +63,21 @@ def test_timeout_is_a_python_exception(tmp_path):
     assert "earlier failure" in r0["after"], r0["after"]
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_receive_from_any_source(tmp_path, world):
+    """dist.recv / dist.irecv without src on rank 0 while the others send
+    it two messages each: every message arrives once, with its sender's
+    rank, as under gloo; also after a receive that names its peer."""
+    results = run_ranks("_any_source.py", world, tmp_path, timeout=90)
+    r0 = results[0]
+    everyone_twice = sorted(list(range(1, world)) * 2)
+    for case in ("rcclrs", "gloo", "rcclrs_after_named", "gloo_after_named"):
+        assert sorted(r0[case]) == everyone_twice, (case, r0)
+    assert r0["rcclrs_after_named"][0] == world - 1
+    for rank, r in enumerate(results):
+        assert r["ring"] == [(rank - 1) % world] * 7, (rank, r)
+
+
 def test_subgroups_and_a_default_group_created_twice(tmp_path):
     """A group that leaves ranks out, then groups over everyone; the default
     group destroyed and created again over the same store."""
