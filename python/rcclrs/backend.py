@@ -563,7 +563,10 @@ class ProcessGroupRccl(dist.ProcessGroup):
             reduce_op = _R.SUM if opts is None else opts
             opts = AllreduceOptions()
             opts.reduceOp = reduce_op
-        calls = [self._allreduce_call(t, opts.reduceOp) for t in tensors]
+        if any(t.layout == torch.sparse_coo for t in tensors):
+            calls = [self._sparse_allreduce_call(tensors, opts.reduceOp)]
+        else:
+            calls = [self._allreduce_call(t, opts.reduceOp) for t in tensors]
         return self._submit(calls, tensors, getattr(opts, "asyncOp", True))
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -580,6 +583,58 @@ class ProcessGroupRccl(dist.ProcessGroup):
             nccl.check(nccl.lib().ncclAllReduce(b.ptr, b.ptr, b.count, b.dtype, op, ctx.comm, None),
                        "ncclAllReduce", ctx.comm)
         return _Call(launch, b.finish)
+
+    def _sparse_allreduce_call(self, tensors, reduce_op) -> _Call:
+        """The sum of a sparse COO tensor over the ranks, as gloo computes
+        it: every rank's indices and values, gathered (padded to the
+        largest count), added up into one coalesced tensor that replaces
+        the input. Its gathers run one after the other, alone."""
+        if len(tensors) != 1 or tensors[0].layout != torch.sparse_coo:
+            raise ValueError("rcclrs: a sparse all_reduce takes one sparse COO tensor")
+        if self._coalescing is not None:
+            raise ValueError("rcclrs: a sparse all_reduce cannot be coalesced with other operations")
+        op = getattr(reduce_op, "op", reduce_op)
+        if op != _R.SUM:
+            raise ValueError(f"rcclrs: a sparse all_reduce sums; {op} is not supported")
+        t = tensors[0]
+        x = t.coalesce()
+        values = self._tensor(x.values(), "sparse all_reduce values")  # checks the dtype
+        n = self._size
+        gathered = {}
+
+        def all_gather(ctx, part: torch.Tensor) -> torch.Tensor:
+            src = _Buf(part.contiguous(), output=False)
+            out = torch.empty((n,) + tuple(part.shape), dtype=part.dtype)
+            dst = _Buf(out, output=False)
+            nccl.check(nccl.lib().ncclAllGather(src.ptr, dst.ptr, src.count, src.dtype, ctx.comm, None),
+                       "ncclAllGather", ctx.comm)
+            return out
+
+        def launch(ctx):
+            shape = [x._nnz(), x.sparse_dim(), x.dense_dim(), x.dim(), x.numel()]
+            meta = all_gather(ctx, torch.tensor(shape, dtype=torch.int64))
+            if not bool((meta[:, 1:] == meta[0, 1:]).all()):
+                raise ValueError(
+                    "rcclrs: sparse all_reduce tensors differ between ranks (sparse dims, dense "
+                    f"dims, dims, elements per rank: {meta[:, 1:].tolist()})")
+            counts = meta[:, 0].tolist()
+            most = max(counts)
+            indices = torch.zeros(most, x.sparse_dim(), dtype=torch.int64)
+            indices[:x._nnz()] = x.indices().t()
+            padded = torch.zeros((most,) + tuple(values.shape[1:]), dtype=values.dtype)
+            padded[:x._nnz()] = values
+            all_indices, all_values = all_gather(ctx, indices), all_gather(ctx, padded)
+            gathered["indices"] = torch.cat([all_indices[r, :c] for r, c in enumerate(counts)]).t()
+            gathered["values"] = torch.cat([all_values[r, :c] for r, c in enumerate(counts)])
+
+        def finish():
+            v = gathered["values"]
+            if t.is_complex():
+                v = torch.view_as_complex(v)
+            total = torch.sparse_coo_tensor(gathered["indices"], v, x.shape).coalesce()
+            with torch.no_grad():
+                t.copy_(total)
+        return _Call(launch, finish)
 
     def broadcast(self, tensors, opts=None):
         opts = opts or BroadcastOptions()

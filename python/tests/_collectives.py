@@ -563,6 +563,38 @@ def _(s):
     same(a, b)
 
 
+# ---- sparse all_reduce --------------------------------------------------------------
+def sparse(s: int, sparse_dims: int, dense: tuple, nnz: int, dtype=torch.float32):
+    g = torch.Generator().manual_seed(s * 1000 + rank)
+    shape = (4,) * sparse_dims + dense
+    indices = torch.randint(0, 4, (sparse_dims, nnz), generator=g)  # duplicates too
+    values = torch.randint(-8, 9, (nnz,) + dense, generator=g).to(dtype)
+    return torch.sparse_coo_tensor(indices, values, shape)
+
+
+for sparse_dims, dense in ((1, ()), (2, ()), (3, ()), (1, (2,)), (2, (3, 2))):
+    @case(f"sparse[all_reduce-{sparse_dims}-sparse-dims-dense{list(dense)}]")
+    def _(s, sparse_dims=sparse_dims, dense=dense):
+        x = sparse(s, sparse_dims, dense, nnz=rank + 3)  # a different count on each rank
+        a, b = x.clone(), x.clone()
+        dist.all_reduce(a, group=ours)
+        dist.all_reduce(b, group=gloo)
+        assert a.is_coalesced() == b.is_coalesced()
+        same(a.indices(), b.indices(), "indices")
+        same(a.values(), b.values(), "values")
+        same(a.to_dense(), b.to_dense(), "dense")
+
+
+@case("sparse[all_reduce-float64-empty-on-rank-0-async]")
+def _(s):
+    x = sparse(s, 2, (), nnz=0 if rank == 0 else 4, dtype=torch.float64)
+    a, b = x.clone(), x.clone()
+    dist.all_reduce(a, group=ours, async_op=True).wait()
+    dist.all_reduce(b, group=gloo)
+    same(a.indices(), b.indices(), "indices")
+    same(a.values(), b.values(), "values")
+
+
 # ---- monitored_barrier --------------------------------------------------------------
 def raises(fn, words):
     try:
@@ -622,6 +654,8 @@ def _(s):
             ["all_gather_into_tensor output"])
     refused(lambda: dist.all_gather_coalesced([[torch.empty(1)] * world] * (world + 1), [torch.ones(1)], group=ours),
             ValueError, [f"{world} output lists (one per rank)"])
+    refused(lambda: dist.all_reduce(torch.ones(2).to_sparse(), op=R.MAX, group=ours), ValueError,
+            ["sparse all_reduce sums"])
     # the group still works after refused calls
     x = torch.ones(3)
     dist.all_reduce(x, group=ours)

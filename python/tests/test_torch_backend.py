@@ -22,7 +22,7 @@ FAMILIES = [
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
     "reduce_scatter_tensor", "reduce_scatter", "all_to_all_single", "all_to_all",
     "gather", "scatter", "send_recv", "isend_irecv", "batch_isend_irecv", "barrier", "functional",
-    "coalesced", "monitored_barrier", "errors",
+    "coalesced", "sparse", "monitored_barrier", "errors",
 ]
 
 
