@@ -68,7 +68,7 @@ _TIMEOUT_ENV = "RCCL_TIMEOUT_MS"
 _written_timeout: str | None = None
 # How long the send counts of any-source receives gather before they are
 # published (see _SendCounts): the most an any-source receive can lag.
-_PUBLISH_DELAY_S = 0.001
+_PUBLISH_DELAY_S = 0.01
 # torch's default for CPU groups, for a group created without a timeout.
 _DEFAULT_TIMEOUT_S = 30 * 60.0
 _env_lock = threading.Lock()
