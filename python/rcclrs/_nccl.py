@@ -36,6 +36,9 @@ SUM, PROD, MAX, MIN, AVG = 0, 1, 2, 3, 4
 # ncclScalarResidence_t
 SCALAR_HOST_IMMEDIATE = 1
 
+# How the library's message says that RCCL_TIMEOUT_MS ran out.
+TIMEOUT_DETAIL = "timed out after"
+
 LIBRARY_ENV = "RCCLRS_LIBRARY"
 LIBRARY_NAME = "librcclrs.so"
 
@@ -143,6 +146,10 @@ def check(code: int, what: str, comm=None) -> int:
     if not detail:
         detail = (lib().ncclGetErrorString(code) or b"").decode(errors="replace")
     name = RESULT_NAMES.get(code, f"ncclResult {code}")
+    if TIMEOUT_DETAIL in detail:
+        # Worded as torch's callers look for a timeout (gloo: "Timed out
+        # waiting 1000ms for recv operation to complete").
+        raise RcclError(f"rcclrs: {what} failed ({name}): Timed out waiting for the other ranks: {detail}", code)
     raise RcclError(f"rcclrs: {what} failed ({name}): {detail}", code)
 
 

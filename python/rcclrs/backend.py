@@ -17,6 +17,7 @@ import datetime
 import os
 import queue
 import threading
+import time
 import traceback
 
 import torch
@@ -26,6 +27,7 @@ from torch._C._distributed_c10d import (
     AllreduceCoalescedOptions,
     AllreduceOptions,
     AllToAllOptions,
+    Backend as _C10dBackend,
     BarrierOptions,
     BroadcastOptions,
     GatherOptions,
@@ -64,7 +66,17 @@ _BOOL_OPS = {_R.SUM: nccl.MAX, _R.PRODUCT: nccl.MIN, _R.MAX: nccl.MAX, _R.MIN: n
 # the user's (any value this module did not write) wins.
 _TIMEOUT_ENV = "RCCL_TIMEOUT_MS"
 _written_timeout: str | None = None
+# How long the send counts of any-source receives gather before they are
+# published (see _SendCounts): the most an any-source receive can lag.
+_PUBLISH_DELAY_S = 0.01
+# torch's default for CPU groups, for a group created without a timeout.
+_DEFAULT_TIMEOUT_S = 30 * 60.0
 _env_lock = threading.Lock()
+
+
+def _sent_key(src: int, dst: int) -> str:
+    """The store key counting the messages rank src sent rank dst."""
+    return f"rcclrs/sent/{src}/{dst}"
 
 
 def _supported() -> str:
@@ -90,12 +102,15 @@ class Work(dist._Work):
 
     ``wait()`` blocks until it completed and raises its error if it failed;
     ``get_future()`` returns a ``torch.futures.Future`` completed with the
-    output tensors (or with the error).
+    output tensors (or with the error). A receive's ``_source_rank()`` is
+    the rank it received from (what ``dist.recv(t)`` without ``src``
+    returns).
     """
 
     def __init__(self, result):
         super().__init__()
         self._result = result
+        self.source_rank: int | None = None
         self._future = torch.futures.Future()
         self._done = threading.Event()
         self._error: BaseException | None = None
@@ -138,6 +153,12 @@ class Work(dist._Work):
 
     def get_future(self):
         return self._future
+
+    def _source_rank(self) -> int:
+        self.wait()
+        if self.source_rank is None:
+            raise RuntimeError("rcclrs: _source_rank() is only defined for a receive")
+        return self.source_rank
 
 
 class _Buf:
@@ -203,15 +224,89 @@ class _Ctx:
         self.premul_ops.clear()
 
 
+class _SendCounts:
+    """The messages this rank sent each peer, published in the group's
+    store for any-source receives (see ProcessGroupRccl.send) by a thread
+    of its own: a send only bumps a local count, and the thread, woken by
+    the first send after a quiet spell, publishes every count that grew
+    within _PUBLISH_DELAY_S of it in one go, so that a stream of sends
+    costs a store update (and a thread switch) per interval, not per send."""
+
+    def __init__(self, store, rank: int, size: int):
+        self._store = store
+        self._rank = rank
+        self._sent = [0] * size
+        self._published = [0] * size
+        self._error: BaseException | None = None
+        self._closed = False
+        self._due = False
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, peer: int) -> None:
+        with self._changed:
+            if self._error is not None:
+                raise RcclError(f"rcclrs: publishing this rank's send counts in the store failed: {self._error}")
+            self._sent[peer] += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._publish, name=f"rcclrs-sent-rank{self._rank}",
+                                                daemon=True)
+                self._thread.start()
+            if not self._due:
+                self._due = True
+                self._changed.notify()
+
+    def _publish(self) -> None:
+        while True:
+            with self._changed:
+                while not self._closed and not self._due:
+                    self._changed.wait()
+                if self._closed:
+                    return
+            time.sleep(_PUBLISH_DELAY_S)
+            with self._changed:
+                self._due = False
+                news = [(peer, n - p) for peer, (n, p) in enumerate(zip(self._sent, self._published)) if n > p]
+                self._published = list(self._sent)
+            try:
+                for peer, n in news:
+                    self._store.add(_sent_key(self._rank, peer), n)
+            except Exception as err:  # noqa: BLE001 - reported by the next send
+                with self._changed:
+                    self._error = err
+                return
+
+    def close(self, wait: float) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify()
+        if self._thread is not None:
+            self._thread.join(wait)
+
+
+class _DeviceBackend(_C10dBackend):
+    """What ProcessGroupRccl registers for device type cpu (see there)."""
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+
 class ProcessGroupRccl(dist.ProcessGroup):
     """A torch.distributed process group running on rccl-rs (CPU tensors)."""
 
     def __init__(self, store, rank: int, size: int, timeout=None):
         super().__init__(rank, size)
+        # torch asks a group which devices it serves (_device_types: what
+        # monitored_barrier and the object collectives look at) and for its
+        # default backend (the flight recorder), and keeps the group's name
+        # in its backends: a C++ group answers from the backends registered
+        # on it, so one is, for device type cpu. Operations do not go
+        # through it: torch calls this group's own methods.
+        self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+        self._device_backend = _DeviceBackend(rank, size)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, self._device_backend)
         self._rank = rank
         self._size = size
-        self._group_name = ""
-        self._group_desc = ""
         self._timeout = _seconds(timeout)
         self._comm = None
         self._failed: RcclError | None = None
@@ -220,6 +315,16 @@ class ProcessGroupRccl(dist.ProcessGroup):
         self._exec_lock = threading.Lock()
         self._pending = 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # This group's store (torch prefixes it with the group's name):
+        # any-source receives and monitored_barrier meet through it.
+        self._store = store
+        # Messages received from each rank, by the worker: with the
+        # counts the senders publish, what an any-source receive can take.
+        self._received = [0] * size
+        self._send_counts = _SendCounts(store, rank, size)
+        self._sent_keys_exist = False
+        self._next_peer = 0
+        self._monitored_barriers = 0
         self._comm = self._create_comm(store)
         self._worker = threading.Thread(
             target=self._serve, name=f"rcclrs-pg-rank{rank}", daemon=True)
@@ -275,6 +380,7 @@ class ProcessGroupRccl(dist.ProcessGroup):
         if self._worker.is_alive():
             self._queue.put(None)
             self._worker.join(wait)
+        self._send_counts.close(1.0)
         return not self._worker.is_alive()
 
     def shutdown(self) -> None:
@@ -302,29 +408,6 @@ class ProcessGroupRccl(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
-    # The group's name and description: torch sets them after creation.
-    # Kept here because the C++ base would look for them on its (absent)
-    # C++ backend; functional collectives find the group by this name.
-    def _set_group_name(self, name: str) -> None:
-        self._group_name = name
-
-    def _set_group_desc(self, desc: str) -> None:
-        self._group_desc = desc
-
-    def getGroupName(self) -> str:
-        return self._group_name
-
-    def getGroupDesc(self) -> str:
-        return self._group_desc
-
-    @property
-    def group_name(self) -> str:
-        return self._group_name
-
-    @property
-    def group_desc(self) -> str:
-        return self._group_desc
-
     def name(self) -> str:
         return BACKEND_NAME
 
@@ -342,8 +425,8 @@ class ProcessGroupRccl(dist.ProcessGroup):
 
     # ---- execution ---------------------------------------------------------
 
-    def _submit(self, calls: list[_Call], result, async_op: bool = True) -> Work:
-        work = Work(result)
+    def _submit(self, calls: list[_Call], result, async_op: bool = True, work: Work | None = None) -> Work:
+        work = work or Work(result)
         if self._coalescing is not None:
             self._coalescing.append((calls, work))
             return work
@@ -405,7 +488,10 @@ class ProcessGroupRccl(dist.ProcessGroup):
                         call.finish()
                 return None
             except RcclError as err:
-                if err.code != nccl.INVALID_ARGUMENT:
+                # A library failure other than refused arguments leaves the
+                # communicator unusable; an error of this module's (no
+                # code) leaves nothing posted.
+                if err.code not in (None, nccl.INVALID_ARGUMENT):
                     self._failed = self._failed or err
                 return err
             except BaseException as err:  # noqa: BLE001 - handed to the waiter
@@ -477,7 +563,10 @@ class ProcessGroupRccl(dist.ProcessGroup):
             reduce_op = _R.SUM if opts is None else opts
             opts = AllreduceOptions()
             opts.reduceOp = reduce_op
-        calls = [self._allreduce_call(t, opts.reduceOp) for t in tensors]
+        if any(t.layout == torch.sparse_coo for t in tensors):
+            calls = [self._sparse_allreduce_call(tensors, opts.reduceOp)]
+        else:
+            calls = [self._allreduce_call(t, opts.reduceOp) for t in tensors]
         return self._submit(calls, tensors, getattr(opts, "asyncOp", True))
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -494,6 +583,58 @@ class ProcessGroupRccl(dist.ProcessGroup):
             nccl.check(nccl.lib().ncclAllReduce(b.ptr, b.ptr, b.count, b.dtype, op, ctx.comm, None),
                        "ncclAllReduce", ctx.comm)
         return _Call(launch, b.finish)
+
+    def _sparse_allreduce_call(self, tensors, reduce_op) -> _Call:
+        """The sum of a sparse COO tensor over the ranks, as gloo computes
+        it: every rank's indices and values, gathered (padded to the
+        largest count), added up into one coalesced tensor that replaces
+        the input. Its gathers run one after the other, alone."""
+        if len(tensors) != 1 or tensors[0].layout != torch.sparse_coo:
+            raise ValueError("rcclrs: a sparse all_reduce takes one sparse COO tensor")
+        if self._coalescing is not None:
+            raise ValueError("rcclrs: a sparse all_reduce cannot be coalesced with other operations")
+        op = getattr(reduce_op, "op", reduce_op)
+        if op != _R.SUM:
+            raise ValueError(f"rcclrs: a sparse all_reduce sums; {op} is not supported")
+        t = tensors[0]
+        x = t.coalesce()
+        values = self._tensor(x.values(), "sparse all_reduce values")  # checks the dtype
+        n = self._size
+        gathered = {}
+
+        def all_gather(ctx, part: torch.Tensor) -> torch.Tensor:
+            src = _Buf(part.contiguous(), output=False)
+            out = torch.empty((n,) + tuple(part.shape), dtype=part.dtype)
+            dst = _Buf(out, output=False)
+            nccl.check(nccl.lib().ncclAllGather(src.ptr, dst.ptr, src.count, src.dtype, ctx.comm, None),
+                       "ncclAllGather", ctx.comm)
+            return out
+
+        def launch(ctx):
+            shape = [x._nnz(), x.sparse_dim(), x.dense_dim(), x.dim(), x.numel()]
+            meta = all_gather(ctx, torch.tensor(shape, dtype=torch.int64))
+            if not bool((meta[:, 1:] == meta[0, 1:]).all()):
+                raise ValueError(
+                    "rcclrs: sparse all_reduce tensors differ between ranks (sparse dims, dense "
+                    f"dims, dims, elements per rank: {meta[:, 1:].tolist()})")
+            counts = meta[:, 0].tolist()
+            most = max(counts)
+            indices = torch.zeros(most, x.sparse_dim(), dtype=torch.int64)
+            indices[:x._nnz()] = x.indices().t()
+            padded = torch.zeros((most,) + tuple(values.shape[1:]), dtype=values.dtype)
+            padded[:x._nnz()] = values
+            all_indices, all_values = all_gather(ctx, indices), all_gather(ctx, padded)
+            gathered["indices"] = torch.cat([all_indices[r, :c] for r, c in enumerate(counts)]).t()
+            gathered["values"] = torch.cat([all_values[r, :c] for r, c in enumerate(counts)])
+
+        def finish():
+            v = gathered["values"]
+            if t.is_complex():
+                v = torch.view_as_complex(v)
+            total = torch.sparse_coo_tensor(gathered["indices"], v, x.shape).coalesce()
+            with torch.no_grad():
+                t.copy_(total)
+        return _Call(launch, finish)
 
     def broadcast(self, tensors, opts=None):
         opts = opts or BroadcastOptions()
@@ -531,7 +672,17 @@ class ProcessGroupRccl(dist.ProcessGroup):
         return self._submit(calls, output_tensors, getattr(opts, "asyncOp", True))
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        return self.allgather(output_lists, input_tensors, opts)
+        """all_gather_coalesced: output_lists[r][i] receives rank r's
+        input_tensors[i] (one list per rank, as torch lays them out)."""
+        opts = opts or AllgatherOptions()
+        n_in = len(input_tensors)
+        if len(output_lists) != self._size or any(len(outs) != n_in for outs in output_lists):
+            raise ValueError(
+                f"rcclrs: all_gather_coalesced needs {self._size} output lists (one per rank) "
+                f"of {n_in} tensors (one per input), got {[len(outs) for outs in output_lists]}")
+        calls = [self._allgather_list_call([outs[i] for outs in output_lists], t)
+                 for i, t in enumerate(input_tensors)]
+        return self._submit(calls, output_lists, getattr(opts, "asyncOp", True))
 
     def _allgather_list_call(self, outs, t) -> _Call:
         src = self._buf(t, "all_gather input", output=False)
@@ -768,12 +919,23 @@ class ProcessGroupRccl(dist.ProcessGroup):
 
     # ---- point to point ----------------------------------------------------
 
+    # Any-source receives: NCCL names the peer of every receive, so each
+    # send counts the messages its rank sent the destination, and the
+    # counts are published in this group's store ("rcclrs/sent/SRC/DST",
+    # by _SendCounts' thread, soon after the send starts). A rank counts
+    # the messages it took from each peer (self._received, in the order
+    # its worker runs receives), so a peer whose published count is ahead
+    # has a message no receive took yet: an any-source receive takes that
+    # one.
+
     def send(self, tensors, dst: int, tag: int = 0):
         peer = self._root(dst, "send destination")
         bufs = [self._buf(t, "send tensor", output=False) for t in tensors]
 
         def call(b):
             def launch(ctx):
+                # Before the send, which may wait for the receiver to post.
+                self._send_counts.add(peer)
                 nccl.check(nccl.lib().ncclSend(b.ptr, b.count, b.dtype, peer, ctx.comm, None),
                            "ncclSend", ctx.comm)
             return _Call(launch)
@@ -782,24 +944,127 @@ class ProcessGroupRccl(dist.ProcessGroup):
     def recv(self, tensors, src: int, tag: int = 0):
         peer = self._root(src, "receive source")
         bufs = [self._buf(t, "recv tensor", output=True) for t in tensors]
-
-        def call(b):
-            def launch(ctx):
-                nccl.check(nccl.lib().ncclRecv(b.ptr, b.count, b.dtype, peer, ctx.comm, None),
-                           "ncclRecv", ctx.comm)
-            return _Call(launch, b.finish)
-        return self._submit([call(b) for b in bufs], tensors)
+        work = Work(tensors)
+        work.source_rank = peer
+        return self._submit([self._recv_call(b, lambda: peer) for b in bufs], tensors, work=work)
 
     def recv_anysource(self, tensors, tag: int = 0):
-        raise RuntimeError("rcclrs: receiving from any source is not supported (NCCL names the peer)")
+        """Receives one tensor from whichever rank sent this rank a message
+        that no receive took yet (the work's _source_rank() says which),
+        waiting up to the group's timeout for one to be sent."""
+        if len(tensors) != 1:
+            raise ValueError("rcclrs: a receive from any source takes one tensor")
+        b = self._buf(tensors[0], "recv tensor", output=True)
+        work = Work(tensors)
+
+        def pick() -> int:
+            work.source_rank = self._next_sender()
+            return work.source_rank
+        return self._submit([self._recv_call(b, pick)], tensors, work=work)
 
     recvAnysource = recv_anysource
+
+    def _recv_call(self, b: _Buf, source) -> _Call:
+        def launch(ctx):
+            peer = source()
+            self._received[peer] += 1
+            nccl.check(nccl.lib().ncclRecv(b.ptr, b.count, b.dtype, peer, ctx.comm, None),
+                       "ncclRecv", ctx.comm)
+        return _Call(launch, b.finish)
+
+    def _next_sender(self) -> int:
+        """A rank that sent this rank a message no receive took yet (polling
+        the store with a growing pause, up to the group's timeout); peers
+        are tried in turn from the one after the last pick."""
+        peers = [r for r in range(self._size) if r != self._rank]
+        keys = [_sent_key(r, self._rank) for r in peers]
+        if not self._sent_keys_exist:
+            for k in keys:
+                self._store.add(k, 0)  # multi_get waits for keys that do not exist
+            self._sent_keys_exist = True
+        limit = self._timeout if self._timeout is not None else _DEFAULT_TIMEOUT_S
+        deadline = time.monotonic() + limit
+        pause = 1e-4
+        while True:
+            sent = [int(v) for v in self._store.multi_get(keys)]
+            for j in range(len(peers)):
+                i = (self._next_peer + j) % len(peers)
+                if sent[i] > self._received[peers[i]]:
+                    self._next_peer = i + 1
+                    return peers[i]
+            if time.monotonic() >= deadline:
+                raise RcclError(
+                    f"rcclrs: receive from any source: Timed out waiting {int(limit * 1000)}ms "
+                    f"for a message to rank {self._rank} from any of {self._size - 1} peers")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.01)
 
     def barrier(self, opts=None):
         opts = opts or BarrierOptions()
         flag = torch.zeros(1, dtype=torch.int32)
         call = self._allreduce_call(flag, _R.SUM)
         return self._submit([call], [], getattr(opts, "asyncOp", True))
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not reach it, as gloo's:
+        rank 0 waits up to `timeout` for every other rank to arrive, then
+        tells them whether all did; the others wait for that word up to
+        the group's timeout. It meets through the store, so a failed one
+        leaves the communicator usable."""
+        if timeout is None:
+            limit = self._timeout or _DEFAULT_TIMEOUT_S
+        else:  # here 0 is no time at all
+            limit = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+        ms = int(limit * 1000)
+        self._monitored_barriers += 1
+        prefix = f"rcclrs/monitored_barrier/{self._monitored_barriers}"
+        if self._rank != 0:
+            self._store.set(f"{prefix}/arrived/{self._rank}", b"1")
+            passed = self._store_wait(f"{prefix}/passed", self._timeout or _DEFAULT_TIMEOUT_S)
+            if not passed or self._store.get(f"{prefix}/passed") != b"1":
+                raise RcclError(
+                    f"[Rank {self._rank}]: Rank {self._rank} successfully reached monitoredBarrier, but "
+                    f"received errors while waiting for send/recv from rank 0. Please check rank 0 "
+                    f"logs for faulty rank.")
+            return
+        start = time.monotonic()
+        arrived, failed = [], []
+        try:
+            for r in range(1, self._size):
+                # Without wait_all_ranks the ranks share the timeout (the
+                # first one missing is reported); with it each gets all of
+                # it, so that every missing one is found.
+                remaining = limit if wait_all_ranks else start + limit - time.monotonic()
+                if remaining <= 0:
+                    raise RcclError(
+                        f"[Rank 0]: Rank 0 timed out in monitoredBarrier after {ms} ms. Ranks that "
+                        f"arrived: {arrived}; not yet waited for: {list(range(r, self._size))}")
+                key = f"{prefix}/arrived/{r}"
+                if self._store_wait(key, remaining):
+                    arrived.append(r)
+                    self._store.delete_key(key)
+                elif wait_all_ranks:
+                    failed.append(r)
+                else:
+                    raise RcclError(f"[Rank 0]: Rank {r} failed to pass monitoredBarrier in {ms} ms")
+            if failed:
+                raise RcclError(
+                    f"[Rank 0]: Ranks {', '.join(map(str, failed))} failed to pass monitoredBarrier "
+                    f"in {ms} ms")
+        except RcclError:
+            self._store.set(f"{prefix}/passed", b"0")
+            raise
+        self._store.set(f"{prefix}/passed", b"1")
+
+    def _store_wait(self, key: str, seconds: float) -> bool:
+        """Whether `key` is in the store within `seconds` (now, for 0)."""
+        if seconds > 0:
+            try:
+                self._store.wait([key], datetime.timedelta(seconds=seconds))
+                return True
+            except RuntimeError:
+                pass  # timed out ("Wait timeout"): the check below has the last word
+        return self._store.check([key])
 
     # ---- coalescing (batch_isend_irecv, _coalescing_manager) ----------------
 

@@ -442,6 +442,196 @@ def _(s):
     same(fc.all_to_all_single(x, None, None, ours).wait(), ref, "all_to_all_single")
 
 
+# ---- coalesced calls: as many inputs as ranks, and another number --------------
+# (torch lays all_gather_coalesced's outputs out as [rank][input]; with as
+# many inputs as ranks a transposed layout would pass unnoticed by shape.)
+IN_COUNTS = sorted({1, world, world + 1})
+
+
+def inputs(k: int, s: int, dname="float32"):
+    """k tensors of different shapes (tensor i has i + 2 rows)."""
+    return [data(dname, (i + 2, 3), s + i) for i in range(k)]
+
+
+for k in IN_COUNTS:
+    @case(f"coalesced[all_gather_coalesced-{k}-inputs]")
+    def _(s, k=k):
+        xs = inputs(k, s)
+        a = [[torch.empty_like(x) for x in xs] for _ in range(world)]
+        b = [[torch.empty_like(x) for x in xs] for _ in range(world)]
+        dist.all_gather_coalesced(a, xs, group=ours)
+        dist.all_gather_coalesced(b, xs, group=gloo)
+        same(a, b)
+        for r in range(world):
+            same(a[r], inputs(k, s) if r == rank else [data("float32", (i + 2, 3), s + i, r=r) for i in range(k)],
+                 f"rank {r}'s inputs")
+
+    @case(f"coalesced[all_gather_coalesced-{k}-inputs-async]")
+    def _(s, k=k):
+        xs = inputs(k, s, "int64")
+        a = [[torch.empty_like(x) for x in xs] for _ in range(world)]
+        b = [[torch.empty_like(x) for x in xs] for _ in range(world)]
+        dist.all_gather_coalesced(a, xs, group=ours, async_op=True).wait()
+        dist.all_gather_coalesced(b, xs, group=gloo)
+        same(a, b)
+
+    @case(f"coalesced[all_reduce_coalesced-{k}-inputs]")
+    def _(s, k=k):
+        xs = inputs(k, s)
+        a, b = [x.clone() for x in xs], [x.clone() for x in xs]
+        dist.all_reduce_coalesced(a, group=ours)
+        dist.all_reduce_coalesced(b, group=gloo)
+        same(a, b)
+
+    @case(f"coalesced[coalescing_manager-all_reduce-{k}-inputs]")
+    def _(s, k=k):
+        xs = inputs(k, s, "int32")
+        a, b = [x.clone() for x in xs], [x.clone() for x in xs]
+        with dist._coalescing_manager(group=ours, async_ops=True) as cm:
+            for x in a:
+                dist.all_reduce(x, op=R.MAX, group=ours)
+        cm.wait()
+        for x in b:
+            dist.all_reduce(x, op=R.MAX, group=gloo)
+        same(a, b)
+
+    @case(f"coalesced[allgather_into_tensor_coalesced-{k}-inputs]")
+    def _(s, k=k):
+        xs = inputs(k, s)
+        a = [torch.empty(world * x.shape[0], 3) for x in xs]
+        b = [torch.empty(world * x.shape[0], 3) for x in xs]
+        with dist._coalescing_manager(group=ours, async_ops=True) as cm:
+            for out, x in zip(a, xs):
+                dist.all_gather_into_tensor(out, x, group=ours)
+        cm.wait()
+        for out, x in zip(b, xs):
+            dist.all_gather_into_tensor(out, x, group=gloo)
+        same(a, b)
+
+    @case(f"coalesced[reduce_scatter_tensor_coalesced-{k}-inputs]")
+    def _(s, k=k):
+        xs = [data("float64", (world * (i + 1), 2), s + i) for i in range(k)]
+        a = [torch.empty(i + 1, 2, dtype=torch.float64) for i in range(k)]
+        b = [torch.empty(i + 1, 2, dtype=torch.float64) for i in range(k)]
+        with dist._coalescing_manager(group=ours, async_ops=True) as cm:
+            for out, x in zip(a, xs):
+                dist.reduce_scatter_tensor(out, x, group=ours)
+        cm.wait()
+        for out, x in zip(b, xs):
+            dist.reduce_scatter_tensor(out, x, group=gloo)
+        same(a, b)
+
+    @case(f"coalesced[functional-{k}-inputs]")
+    def _(s, k=k):
+        import torch.distributed._functional_collectives as fc
+
+        xs = [data("float32", (world * (i + 1),), s + i) for i in range(k)]
+        refs = [x.clone() for x in xs]
+        for ref in refs:
+            dist.all_reduce(ref, group=gloo)
+        same([t.wait() for t in fc.all_reduce_coalesced(xs, "sum", ours)], refs, "all_reduce_coalesced")
+        refs = [torch.empty(world * x.numel()) for x in xs]
+        for ref, x in zip(refs, xs):
+            dist.all_gather_into_tensor(ref, x, group=gloo)
+        same([t.wait() for t in fc.all_gather_into_tensor_coalesced(xs, ours)], refs,
+             "all_gather_into_tensor_coalesced")
+        refs = [torch.empty(i + 1) for i in range(k)]
+        for ref, x in zip(refs, xs):
+            dist.reduce_scatter_tensor(ref, x, group=gloo)
+        same([t.wait() for t in fc.reduce_scatter_tensor_coalesced(xs, "sum", [0] * k, ours)], refs,
+             "reduce_scatter_tensor_coalesced")
+
+
+@case("coalesced[all_gather_coalesced-as-many-inputs-as-ranks-same-shape]")
+def _(s):
+    # The shapes cannot tell [rank][input] from [input][rank] here.
+    xs = [data("int32", (4,), s + i) for i in range(world)]
+    a = [[torch.empty(4, dtype=torch.int32) for _ in xs] for _ in range(world)]
+    b = [[torch.empty(4, dtype=torch.int32) for _ in xs] for _ in range(world)]
+    dist.all_gather_coalesced(a, xs, group=ours)
+    dist.all_gather_coalesced(b, xs, group=gloo)
+    same(a, b)
+
+
+@case("coalesced[all_gather_coalesced-with-empty]")
+def _(s):
+    xs = [data("float32", (3,), s), torch.empty(0), data("float32", (2, 2), s + 1)]
+    a = [[torch.empty_like(x) for x in xs] for _ in range(world)]
+    b = [[torch.empty_like(x) for x in xs] for _ in range(world)]
+    dist.all_gather_coalesced(a, xs, group=ours)
+    dist.all_gather_coalesced(b, xs, group=gloo)
+    same(a, b)
+
+
+# ---- sparse all_reduce --------------------------------------------------------------
+def sparse(s: int, sparse_dims: int, dense: tuple, nnz: int, dtype=torch.float32):
+    g = torch.Generator().manual_seed(s * 1000 + rank)
+    shape = (4,) * sparse_dims + dense
+    indices = torch.randint(0, 4, (sparse_dims, nnz), generator=g)  # duplicates too
+    values = torch.randint(-8, 9, (nnz,) + dense, generator=g).to(dtype)
+    return torch.sparse_coo_tensor(indices, values, shape)
+
+
+for sparse_dims, dense in ((1, ()), (2, ()), (3, ()), (1, (2,)), (2, (3, 2))):
+    @case(f"sparse[all_reduce-{sparse_dims}-sparse-dims-dense{list(dense)}]")
+    def _(s, sparse_dims=sparse_dims, dense=dense):
+        x = sparse(s, sparse_dims, dense, nnz=rank + 3)  # a different count on each rank
+        a, b = x.clone(), x.clone()
+        dist.all_reduce(a, group=ours)
+        dist.all_reduce(b, group=gloo)
+        assert a.is_coalesced() == b.is_coalesced()
+        same(a.indices(), b.indices(), "indices")
+        same(a.values(), b.values(), "values")
+        same(a.to_dense(), b.to_dense(), "dense")
+
+
+@case("sparse[all_reduce-float64-empty-on-rank-0-async]")
+def _(s):
+    x = sparse(s, 2, (), nnz=0 if rank == 0 else 4, dtype=torch.float64)
+    a, b = x.clone(), x.clone()
+    dist.all_reduce(a, group=ours, async_op=True).wait()
+    dist.all_reduce(b, group=gloo)
+    same(a.indices(), b.indices(), "indices")
+    same(a.values(), b.values(), "values")
+
+
+# ---- monitored_barrier --------------------------------------------------------------
+def raises(fn, words):
+    try:
+        fn()
+    except RuntimeError as e:
+        assert all(w in str(e) for w in words), f"{words} not in: {e}"
+        return
+    raise AssertionError(f"nothing raised (expected {words})")
+
+
+@case("monitored_barrier[passes, then names the missing ranks]")
+def _(s):
+    t = datetime.timedelta(seconds=30)
+    dist.monitored_barrier(ours, timeout=t)
+    dist.monitored_barrier(ours, timeout=t, wait_all_ranks=True)
+    # No time at all: rank 0 gives up at once and tells the others.
+    if rank == 0:
+        raises(lambda: dist.monitored_barrier(ours, timeout=datetime.timedelta(0)),
+               ["Rank 0 timed out in monitoredBarrier"])
+    else:
+        raises(lambda: dist.monitored_barrier(ours, timeout=datetime.timedelta(0)),
+               [f"Rank {rank} successfully reached monitoredBarrier", "from rank 0"])
+    dist.monitored_barrier(ours, timeout=t)  # usable after a failed one
+    x = torch.ones(3)
+    dist.all_reduce(x, group=ours)
+    same(x, torch.full((3,), float(world)))
+    # The last rank stays away (from here on its count of monitored
+    # barriers is behind: this stays the family's last case).
+    short = datetime.timedelta(seconds=0.5)
+    if rank == 0:
+        raises(lambda: dist.monitored_barrier(ours, timeout=short),
+               [f"Rank {world - 1} failed to pass monitoredBarrier in 500 ms"])
+    elif rank != world - 1:
+        raises(lambda: dist.monitored_barrier(ours, timeout=short), [f"Rank {rank} successfully reached"])
+    dist.barrier(group=gloo)
+
+
 # ---- refused input: clear errors --------------------------------------------------
 def refused(fn, exc, words):
     try:
@@ -462,6 +652,10 @@ def _(s):
             ValueError, ["split_sizes"])
     refused(lambda: dist.all_gather_into_tensor(torch.empty(3), torch.empty(2), group=ours), ValueError,
             ["all_gather_into_tensor output"])
+    refused(lambda: dist.all_gather_coalesced([[torch.empty(1)] * world] * (world + 1), [torch.ones(1)], group=ours),
+            ValueError, [f"{world} output lists (one per rank)"])
+    refused(lambda: dist.all_reduce(torch.ones(2).to_sparse(), op=R.MAX, group=ours), ValueError,
+            ["sparse all_reduce sums"])
     # the group still works after refused calls
     x = torch.ones(3)
     dist.all_reduce(x, group=ours)

@@ -8,6 +8,7 @@ the tests below check the cases of one collective each.
 import importlib.metadata
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -21,7 +22,7 @@ FAMILIES = [
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
     "reduce_scatter_tensor", "reduce_scatter", "all_to_all_single", "all_to_all",
     "gather", "scatter", "send_recv", "isend_irecv", "batch_isend_irecv", "barrier", "functional",
-    "errors",
+    "coalesced", "sparse", "monitored_barrier", "errors",
 ]
 
 
@@ -57,7 +58,24 @@ def test_timeout_is_a_python_exception(tmp_path):
     assert r0["is_dist_backend_error"], r0
     assert 2.5 <= r0["elapsed"] < 30, r0
     assert "timed out after 3s" in r0["message"], r0["message"]
+    # What torch's callers (and its own tests, as for gloo) look for.
+    assert re.search(" (Timed out|closed|timeout) ", r0["message"]), r0["message"]
     assert "earlier failure" in r0["after"], r0["after"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_receive_from_any_source(tmp_path, world):
+    """dist.recv / dist.irecv without src on rank 0 while the others send
+    it two messages each: every message arrives once, with its sender's
+    rank, as under gloo; also after a receive that names its peer."""
+    results = run_ranks("_any_source.py", world, tmp_path, timeout=90)
+    r0 = results[0]
+    everyone_twice = sorted(list(range(1, world)) * 2)
+    for case in ("rcclrs", "gloo", "rcclrs_after_named", "gloo_after_named"):
+        assert sorted(r0[case]) == everyone_twice, (case, r0)
+    assert r0["rcclrs_after_named"][0] == world - 1
+    for rank, r in enumerate(results):
+        assert r["ring"] == [(rank - 1) % world] * 7, (rank, r)
 
 
 def test_subgroups_and_a_default_group_created_twice(tmp_path):
