@@ -28,18 +28,11 @@ pub(crate) fn publish_stall(
             .filter(|d| d.comm == index && d.run.busy())
             .map(|d| match d.run.blocked() {
                 Some(b) => format!(
-                    "{}: operation #{} {}, step {} ({}), waiting {} {}",
+                    "{}: operation #{} {}, {}",
                     d.run.place(),
                     b.seq,
                     b.op,
-                    b.step,
-                    b.prim,
-                    if b.receiving {
-                        "for data from"
-                    } else {
-                        "for FIFO space from"
-                    },
-                    comm.describe(b.peer)
+                    b.waits(&comm.describe(b.peer))
                 ),
                 None => format!("{}: not started", d.run.place()),
             })
@@ -129,21 +122,13 @@ pub(crate) fn hang_report(
         let comm = &comms[*comm_index];
         let line = match blocked {
             Some(b) => format!(
-                "rank {} of {}: timed out after {:?} in operation #{} {} on {place}, step {} \
-                 ({}), waiting {} {}",
+                "rank {} of {}: timed out after {:?} in operation #{} {} on {place}, {}",
                 comm.rank,
                 comm.nranks,
                 comm.config.timeout,
                 b.seq,
                 b.op,
-                b.step,
-                b.prim,
-                if b.receiving {
-                    "for data from"
-                } else {
-                    "for FIFO space from"
-                },
-                comm.describe(b.peer)
+                b.waits(&comm.describe(b.peer))
             ),
             None => format!(
                 "rank {} of {}: timed out after {:?} on {place}",

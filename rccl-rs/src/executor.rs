@@ -152,6 +152,19 @@ pub struct Blocked {
     pub receiving: bool,
 }
 
+impl Blocked {
+    /// "step 3 (recvReduceSend), waiting for data from `peer`": what the
+    /// hang report and the timeout's report say of a blocked primitive.
+    pub fn waits(&self, peer: &str) -> String {
+        let what = if self.receiving {
+            "for data from"
+        } else {
+            "for FIFO space from"
+        };
+        format!("step {} ({}), waiting {what} {peer}", self.step, self.prim)
+    }
+}
+
 /// Outcome of one poll.
 pub enum Poll<'a> {
     /// All queued work is finished.
