@@ -612,6 +612,13 @@ impl Communicator {
                         let made =
                             Communicator::init_rank_aborted_by(nranks, id, rank, config, abort);
                         if let Err(err) = &made {
+                            // A rank that failed because a peer did (a
+                            // remote error) records later: the peer's own
+                            // error, which its thread records only after
+                            // its connections closed, is the cause.
+                            if matches!(err, Error::Remote(_)) {
+                                std::thread::sleep(CAUSE_FIRST);
+                            }
                             first_failure.lock().get_or_insert_with(|| err.clone());
                             for abort in aborts {
                                 abort.store(true, Ordering::SeqCst);
@@ -887,6 +894,10 @@ impl crate::stuck::Member for CommInner {
 }
 
 const SPLIT_TAG_BASE: u64 = 1 << 40;
+
+/// How long `init_all` lets a failing rank's own error be recorded before
+/// a remote error that followed from it.
+const CAUSE_FIRST: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Words of settings every rank must share.
 const SHAPE_WORDS: usize = 8;
