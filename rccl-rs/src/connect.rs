@@ -425,19 +425,6 @@ fn no_segment(comm: &CommInner, creator: usize, got: &[u8], what: &str) -> Optio
     )))
 }
 
-/// The error of a segment that could not be created, with what to change
-/// when `/dev/shm` lacks room (`smaller`: the setting that sizes it).
-fn creation_failed(e: std::io::Error, smaller: &str) -> String {
-    if e.kind() == std::io::ErrorKind::OutOfMemory {
-        format!(
-            "{e}; give the job a larger /dev/shm (e.g. docker run --shm-size), {smaller}, or \
-             set NCCL_SHM_DISABLE=1 (TCP between the ranks of a host)"
-        )
-    } else {
-        e.to_string()
-    }
-}
-
 /// Makes (rank 0) or maps (the others) the communicator's board. Rank 0
 /// removes the segment's name once every rank has posted on it, which
 /// proves they all mapped it.
@@ -451,7 +438,11 @@ fn open_board(waits: &mut Waits<'_>) -> Result<BoardLink> {
         let board = match rccl_transports::Board::create(nranks, capacity) {
             Ok(board) => board,
             Err(e) => {
-                let why = creation_failed(e, "a smaller RCCL_BOARD_BYTES (0 turns the board off)");
+                let why = rccl_transports::shm::explain_no_room(
+                    e,
+                    "a smaller RCCL_BOARD_BYTES (0 turns the board off)",
+                )
+                .to_string();
                 let note = [NO_SEGMENT, why.as_bytes()].concat();
                 for peer in 1..nranks {
                     let _ = comm.bootstrap.send(peer, BOARD_TAG, &note);

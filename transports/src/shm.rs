@@ -267,6 +267,21 @@ pub fn segment_bytes(shape: &FifoShape) -> usize {
     fifos_bytes(shape) + 2 * NOTE_AREA
 }
 
+/// `e`, a failure to make a segment, with what to change when `/dev/shm`
+/// lacks room (`smaller`: the setting that sizes the segment).
+pub fn explain_no_room(e: io::Error, smaller: &str) -> io::Error {
+    if e.kind() != io::ErrorKind::OutOfMemory {
+        return e;
+    }
+    io::Error::new(
+        e.kind(),
+        format!(
+            "{e}; give the job a larger /dev/shm (e.g. docker run --shm-size), {smaller}, or \
+             set NCCL_SHM_DISABLE=1 (TCP between the ranks of a host)"
+        ),
+    )
+}
+
 /// A connection whose FIFOs live in a shared segment.
 pub struct ShmConnection {
     /// Per protocol (indexed like `Protocol::ALL`), the FIFO each way.

@@ -141,18 +141,7 @@ impl Transport for Shm {
             });
         }
         let segment = ShmSegment::create(len).map_err(|e| {
-            if e.kind() == io::ErrorKind::OutOfMemory {
-                io::Error::new(
-                    e.kind(),
-                    format!(
-                        "{e}; give the job a larger /dev/shm (e.g. docker run --shm-size), a \
-                         smaller NCCL_BUFFSIZE or NCCL_MAX_NCHANNELS, or set NCCL_SHM_DISABLE=1 \
-                         (TCP between the ranks of a host)"
-                    ),
-                )
-            } else {
-                e
-            }
+            shm::explain_no_room(e, "a smaller NCCL_BUFFSIZE or NCCL_MAX_NCHANNELS")
         })?;
         Ok(Setup {
             info: Some(segment.name().as_bytes().to_vec()),
