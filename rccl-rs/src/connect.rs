@@ -26,8 +26,13 @@ pub(crate) fn connect(
     guards: &mut [parking_lot::MutexGuard<'_, crate::state::ExecState>],
     started: Instant,
 ) -> Result<()> {
+    // Checked without allocating: a launch over existing connections (the
+    // common case) pays nothing more here.
     let nothing_to_open = launches.iter().zip(guards.iter()).all(|(launch, guard)| {
-        launch.channels.is_empty() && (launch.board.is_empty() || guard.board.is_some())
+        (launch.board.is_empty() || guard.board.is_some())
+            && launch.channels.iter().enumerate().all(|(channel, work)| {
+                peers_in(work).all(|peer| guard.links[channel][peer].is_some())
+            })
     });
     if nothing_to_open {
         return Ok(());
@@ -509,13 +514,16 @@ fn open_board(waits: &mut Waits<'_>) -> Result<BoardLink> {
     })
 }
 
-fn peers_of(work: &[OpWork]) -> Vec<usize> {
-    let mut peers: Vec<usize> = work
-        .iter()
+/// Every peer `work` sends to or receives from, repeats included.
+fn peers_in(work: &[OpWork]) -> impl Iterator<Item = usize> + '_ {
+    work.iter()
         .flat_map(|w| w.steps.iter())
         .flat_map(|s| s.prims.iter())
         .flat_map(|p| p.send_peer().into_iter().chain(p.recv_peer()))
-        .collect();
+}
+
+fn peers_of(work: &[OpWork]) -> Vec<usize> {
+    let mut peers: Vec<usize> = peers_in(work).collect();
     peers.sort_unstable();
     peers.dedup();
     peers
