@@ -539,14 +539,21 @@ fn hang_report_on_request_names_operation_channel_step_and_peer() {
         board_bytes: 0,
         ..test_config()
     };
-    hang_report_names(no_board, "channel 0: operation #0 AllReduce, step ");
+    // Rank 1 never calls: without the board, rank 0 waits for it to set
+    // up its side of their first connection; with it, for its post.
+    hang_report_names(
+        no_board,
+        "setting up the SHM/direct connection on channel 0",
+        "waiting for rank 1 (host",
+    );
     hang_report_names(
         test_config(),
         "the board: operation #0 AllReduce, step 0 (readPosts)",
+        "waiting for data from rank 1 (host",
     );
 }
 
-fn hang_report_names(config: Config, place: &str) {
+fn hang_report_names(config: Config, place: &str, waiting: &str) {
     let comms = Communicator::init_all_config(2, config).unwrap();
     assert!(comms[0]
         .hang_report()
@@ -560,7 +567,7 @@ fn hang_report_names(config: Config, place: &str) {
         let deadline = Instant::now() + Duration::from_secs(10);
         let report = loop {
             let report = comms[0].hang_report();
-            if report.contains("waiting for data from rank 1") || Instant::now() > deadline {
+            if report.contains(waiting) || Instant::now() > deadline {
                 break report;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -572,10 +579,7 @@ fn hang_report_names(config: Config, place: &str) {
         );
         assert!(report.contains("no progress for"), "{report}");
         assert!(report.contains(place), "{report}");
-        assert!(
-            report.contains("waiting for data from rank 1 (host"),
-            "{report}"
-        );
+        assert!(report.contains(waiting), "{report}");
         let all = rccl::hang_report();
         assert!(all.contains(&report.lines().next().unwrap()[..20]), "{all}");
         comms[0].abort();
@@ -586,4 +590,38 @@ fn hang_report_names(config: Config, place: &str) {
         report.contains("aborted") && report.contains("failed:"),
         "{report}"
     );
+}
+
+#[test]
+fn a_send_completed_before_its_sender_destroys_the_communicator_still_arrives() {
+    // A small send completes once its bytes are in the connection, which
+    // the sender (the pair's lower rank) creates. Its communicator may be
+    // gone before the receiver gets there: on the first call between the
+    // two (the connection is made on the way) and on a later one.
+    for connected_first in [false, true] {
+        let comms = Communicator::init_all_config(2, short_timeout()).unwrap();
+        let mut comms = comms.into_iter();
+        let (sender, receiver) = (comms.next().unwrap(), comms.next().unwrap());
+        if connected_first {
+            let mut got = [0u32; 16];
+            let ones = [1u32; 16];
+            let mut group = Group::new();
+            group.send(&sender, &ones, 1).unwrap();
+            group.recv(&receiver, &mut got, 0).unwrap();
+            group.run().unwrap();
+            assert_eq!(got, [1; 16]);
+        }
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                sender.send(&[7u32; 16], 1).unwrap();
+                sender.destroy();
+            });
+            s.spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                let mut got = [0u32; 16];
+                receiver.recv(&mut got, 0).unwrap();
+                assert_eq!(got, [7; 16], "connected first: {connected_first}");
+            });
+        });
+    }
 }

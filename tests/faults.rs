@@ -351,8 +351,9 @@ fn link_cut_between_two_hosts_is_reported_naming_the_peer_and_its_host() {
     drop(ns);
 }
 
-/// A rank blocked in a receive nobody answers, with hang reports on
-/// SIGUSR1 (from the environment).
+/// A rank blocked in a receive nobody answers (it waits for the peer to
+/// set up its side of their connection), with hang reports on SIGUSR1
+/// (from the environment).
 #[test]
 fn hang_child() {
     if std::env::var_os("RCCL_HANG_CHILD").is_none() {
@@ -409,7 +410,7 @@ fn sigusr1_prints_what_every_communicator_waits_for() {
     let mut next_signal = Instant::now();
     while !seen
         .iter()
-        .any(|l: &String| l.contains("waiting for data from rank 1"))
+        .any(|l: &String| l.contains("waiting for rank 1 (host"))
     {
         assert!(
             Instant::now() < deadline,

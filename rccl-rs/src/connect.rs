@@ -5,13 +5,14 @@
 //! peer's side run in slices with the checks of [`crate::stuck`] between
 //! them. The board, one segment for every rank of a host, is made here too.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use rccl_transports::process::ProcessId;
 use rccl_transports::transport::{self, Context, Endpoint, Pending};
 
 use crate::call::describe_call;
-use crate::comm::{failure_note, CommInner};
+use crate::comm::{failure_note, Activity, CommInner};
 use crate::error::{Error, Result};
 use crate::executor::{self, BoardLink, Link, OpWork};
 use crate::plan::CommLaunch;
@@ -313,6 +314,17 @@ struct Waits<'l> {
     deadline: Instant,
     start: Instant,
     told: Option<(Notices<'l>, Calls)>,
+    /// Whether what it waits for is published for hang reports (taken
+    /// back when the waits end).
+    published: bool,
+}
+
+impl Drop for Waits<'_> {
+    fn drop(&mut self) {
+        if self.published {
+            *self.launch.comm.activity.lock() = Activity::default();
+        }
+    }
 }
 
 impl<'l> Waits<'l> {
@@ -322,6 +334,7 @@ impl<'l> Waits<'l> {
             deadline,
             start: Instant::now(),
             told: None,
+            published: false,
         }
     }
 
@@ -351,7 +364,13 @@ impl<'l> Waits<'l> {
 
     fn check_inner(&mut self, peers: &[usize], what: impl Fn() -> String) -> Result<()> {
         let comm = &self.launch.comm;
+        if comm.abort.load(Ordering::Relaxed) {
+            return Err(comm.ended_error());
+        }
         let waited = self.start.elapsed();
+        if waited >= executor::STALL_CHECK_EVERY {
+            self.publish(peers, &what, waited);
+        }
         if Instant::now() >= self.deadline {
             return Err(Error::System(format!(
                 "rank {} of {}: timed out after {:?} waiting for {} to set up {} for {} \
@@ -377,6 +396,29 @@ impl<'l> Waits<'l> {
             }
         }
         Ok(())
+    }
+
+    /// Publishes for hang reports that the launch has waited `waited` for
+    /// `peers` to set up their side of `what`.
+    fn publish(&mut self, peers: &[usize], what: impl Fn() -> String, waited: Duration) {
+        let comm = &self.launch.comm;
+        let others = match peers.len() {
+            0 | 1 => String::new(),
+            n => format!(" and {} more", n - 1),
+        };
+        let (first, ops) = self.launch.summary();
+        *comm.activity.lock() = Activity {
+            since: Some(self.start),
+            first,
+            ops,
+            stalled: Some(waited),
+            waiting: vec![format!(
+                "setting up {}, waiting for {}{others} to set up its side",
+                what(),
+                comm.describe(peers[0])
+            )],
+        };
+        self.published = true;
     }
 
     /// Tells the peers told so far that the launch failed with `error`.

@@ -206,20 +206,7 @@ pub(crate) fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
         .expect("a launch has at least one communicator");
     // What each communicator runs, published for hang reports once the
     // launch is stuck (most launches finish long before).
-    let summaries: SmallVec<[Summary; 1]> = launches
-        .iter()
-        .map(|launch| {
-            let board_ops = launch.board.iter().map(|w| (w.seq, w.name));
-            let mut ops = launch
-                .channels
-                .iter()
-                .flatten()
-                .map(|w| (w.seq, w.name))
-                .chain(board_ops);
-            let first = ops.next().unwrap_or((0, "nothing"));
-            (first, 1 + ops.filter(|&op| op != first).count())
-        })
-        .collect();
+    let summaries: SmallVec<[Summary; 1]> = launches.iter().map(CommLaunch::summary).collect();
     let mut runs: SmallVec<[Driven<'_, '_>; 2]> = SmallVec::new();
     for (index, (launch, guard)) in launches.iter_mut().zip(&guards).enumerate() {
         for (channel, work) in launch.channels.iter_mut().enumerate() {

@@ -117,6 +117,22 @@ pub(crate) struct CommLaunch {
     pub p2p: Vec<RawOp>,
 }
 
+impl CommLaunch {
+    /// What the launch runs, for hang reports: its first operation
+    /// (sequence number and name) and how many it holds.
+    pub fn summary(&self) -> ((u64, &'static str), usize) {
+        let board_ops = self.board.iter().map(|w| (w.seq, w.name));
+        let mut ops = self
+            .channels
+            .iter()
+            .flatten()
+            .map(|w| (w.seq, w.name))
+            .chain(board_ops);
+        let first = ops.next().unwrap_or((0, "nothing"));
+        (first, 1 + ops.filter(|&op| op != first).count())
+    }
+}
+
 /// Builds the per-channel work of a collective.
 pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
     let comm = &launch.comm;

@@ -252,6 +252,8 @@ impl FifoMemory for Window {
 const NOTE_AREA: usize = 4096;
 /// Where a note's bytes start in its area.
 const NOTE_TEXT: usize = 64;
+/// Where in its note area the side that maps the segment says it has.
+const NOTE_MAPPED: usize = 8;
 const _: () = assert!(NOTE_TEXT + MAX_NOTE <= NOTE_AREA);
 
 fn fifos_bytes(shape: &FifoShape) -> usize {
@@ -335,7 +337,7 @@ impl ShmConnection {
         } else {
             (notes + NOTE_AREA, notes)
         };
-        ShmConnection {
+        let conn = ShmConnection {
             send,
             recv,
             segment,
@@ -343,7 +345,21 @@ impl ShmConnection {
             peer_note,
             closed: AtomicBool::new(false),
             peer: None,
+        };
+        if !creator {
+            conn.note_word(conn.my_note + NOTE_MAPPED)
+                .store(1, Ordering::Release);
         }
+        conn
+    }
+
+    /// Whether the peer has mapped the segment this side created. Until
+    /// it has, the segment's name is the only way in, and it goes when
+    /// this side closes.
+    pub fn peer_mapped(&self) -> bool {
+        self.note_word(self.peer_note + NOTE_MAPPED)
+            .load(Ordering::Acquire)
+            != 0
     }
 
     /// Watches the peer's process: a wait blocked on this connection
@@ -356,9 +372,15 @@ impl ShmConnection {
         }
     }
 
-    fn note_len(&self, offset: usize) -> &AtomicU32 {
-        // SAFETY: the note area lies inside the mapping, 4096-aligned, and
-        // its first word is only accessed atomically.
+    fn note_len(&self, note: usize) -> &AtomicU32 {
+        self.note_word(note)
+    }
+
+    fn note_word(&self, offset: usize) -> &AtomicU32 {
+        debug_assert!(offset % 4 == 0 && offset + 4 <= self.segment.len);
+        // SAFETY: the word lies inside the mapping, 4-aligned (note areas
+        // are 4096-aligned, their words at fixed aligned offsets), and is
+        // only accessed atomically by either side.
         unsafe { &*self.segment.ptr.add(offset).cast::<AtomicU32>() }
     }
 }

@@ -137,7 +137,7 @@ impl Transport for Shm {
         if !cx.leads(peer) {
             return Ok(Setup {
                 info: None,
-                pending: Box::new(ShmPending { created: None }),
+                pending: Box::new(ShmPending::Maps),
             });
         }
         let segment = ShmSegment::create(len).map_err(|e| {
@@ -145,22 +145,24 @@ impl Transport for Shm {
         })?;
         Ok(Setup {
             info: Some(segment.name().as_bytes().to_vec()),
-            pending: Box::new(ShmPending {
-                created: Some(segment),
-            }),
+            pending: Box::new(ShmPending::Created(Some(segment), None)),
         })
     }
 }
 
-struct ShmPending {
-    /// The segment this side created, if it leads.
-    created: Option<ShmSegment>,
+enum ShmPending {
+    /// This side leads: the segment it created, then the connection over
+    /// it, held back until the peer has mapped the segment. Handed out
+    /// earlier, a send could complete into it and this side close (and
+    /// remove the name) before the peer ever reached the bytes.
+    Created(Option<ShmSegment>, Option<ShmConnection>),
+    /// This side maps the segment whose name the peer sends.
+    Maps,
 }
 
 impl Pending for ShmPending {
     fn awaits_peer_info(&self) -> bool {
-        // The side that maps the segment needs its name.
-        self.created.is_none()
+        matches!(self, ShmPending::Maps)
     }
 
     fn connect(
@@ -170,24 +172,36 @@ impl Pending for ShmPending {
         peer_info: &[u8],
         _until: Instant,
     ) -> io::Result<Option<Box<dyn Connection>>> {
-        let (segment, creator) = match self.created.take() {
-            Some(segment) => (segment, true),
-            None => {
+        let made = match self {
+            ShmPending::Created(segment, made) => {
+                if let Some(segment) = segment.take() {
+                    *made = Some(connection(cx, peer, segment, true));
+                }
+                return Ok(made
+                    .take_if(|conn| conn.peer_mapped())
+                    .map(|conn| Box::new(conn) as Box<dyn Connection>));
+            }
+            ShmPending::Maps => {
                 let name = std::str::from_utf8(peer_info).map_err(|_| {
                     io::Error::new(io::ErrorKind::InvalidData, "a malformed segment name")
                 })?;
                 let segment = ShmSegment::open(name, shm::segment_bytes(&cx.fifo))?;
                 segment.unlink()?;
-                (segment, false)
+                connection(cx, peer, segment, false)
             }
         };
-        let mut conn = ShmConnection::new(segment, creator, &cx.fifo);
-        let process = cx.endpoints[peer].process;
-        if process.start != 0 {
-            conn.watch_peer(process);
-        }
-        Ok(Some(Box::new(conn)))
+        Ok(Some(Box::new(made)))
     }
+}
+
+/// The connection over `segment`, watching the peer's process.
+fn connection(cx: &Context<'_>, peer: usize, segment: ShmSegment, creator: bool) -> ShmConnection {
+    let mut conn = ShmConnection::new(segment, creator, &cx.fifo);
+    let process = cx.endpoints[peer].process;
+    if process.start != 0 {
+        conn.watch_peer(process);
+    }
+    conn
 }
 
 /// The network: a [`Net`] provider (Socket), each side listening and
