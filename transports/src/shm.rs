@@ -377,7 +377,7 @@ impl ShmConnection {
     }
 
     fn note_word(&self, offset: usize) -> &AtomicU32 {
-        debug_assert!(offset % 4 == 0 && offset + 4 <= self.segment.len);
+        debug_assert!(offset.is_multiple_of(4) && offset + 4 <= self.segment.len);
         // SAFETY: the word lies inside the mapping, 4-aligned (note areas
         // are 4096-aligned, their words at fixed aligned offsets), and is
         // only accessed atomically by either side.
