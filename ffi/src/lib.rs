@@ -37,6 +37,7 @@ macro_rules! nccl_api {
 pub mod abi;
 pub mod check;
 pub mod comms;
+pub mod device_api;
 pub mod error;
 pub mod misc;
 pub mod ops;

@@ -718,6 +718,19 @@ static void case_errors(void) {
   EXPECT_RC(ncclPutSignal(buf, 1, ncclFloat, 1, NULL, 0, 0, 0, 0, c0, NULL), ncclInvalidUsage, c0);
   EXPECT_RC(ncclWaitSignal(0, NULL, c0, NULL), ncclInvalidUsage, c0);
   EXPECT_RC(ncclCommRevoke(c0, 0), ncclInvalidUsage, c0);
+  /* NCCL's device-side API (declared by nccl_device/core.h, which programs
+     that use it include): exported, since PyTorch imports it, and refused. */
+  {
+    extern ncclResult_t ncclDevCommCreate(ncclComm_t, const void *, void *);
+    extern ncclResult_t ncclDevCommDestroy(ncclComm_t, const void *);
+    extern ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t, size_t, int, void **);
+    extern ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t, size_t, void **);
+    void *ptr = NULL;
+    EXPECT_RC(ncclDevCommCreate(c0, NULL, buf), ncclInvalidUsage, c0);
+    EXPECT_RC(ncclDevCommDestroy(c0, buf), ncclInvalidUsage, c0);
+    EXPECT_RC(ncclGetPeerDevicePointer(NULL, 0, 1, &ptr), ncclInvalidUsage, NULL);
+    EXPECT_RC(ncclGetLsaMultimemDevicePointer(NULL, 0, &ptr), ncclInvalidUsage, NULL);
+  }
 
   /* Destroyed and aborted communicators are reported, not used. */
   ncclComm_t gone = ctx[3].comm;
