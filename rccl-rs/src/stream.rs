@@ -29,14 +29,6 @@ use crate::op::RawOp;
 /// A stream of the active device.
 pub(crate) type StreamRef = Arc<dyn Stream>;
 
-/// A device error as the engine's.
-pub(crate) fn device_error(err: rccl_device::Error) -> Error {
-    match err {
-        rccl_device::Error::InvalidArgument(m) => Error::InvalidArgument(m),
-        rccl_device::Error::System(m) => Error::System(m),
-    }
-}
-
 /// Launches of a communicator enqueued on streams and not yet finished.
 #[derive(Default)]
 pub(crate) struct Queued {
@@ -121,7 +113,7 @@ pub(crate) fn placement(
                      touch: pass it with a stream (the C ABI, or the *_on_stream calls)"
                 )));
             };
-            device.stream(raw).map(Some).map_err(device_error)
+            device.stream(raw).map(Some).map_err(Error::from)
         }
     }
 }
@@ -204,5 +196,5 @@ pub(crate) fn enqueue(ops: Vec<RawOp>) -> Result<()> {
     };
     device
         .enqueue_joint(&streams, Box::new(move || task.run()))
-        .map_err(device_error)
+        .map_err(Error::from)
 }

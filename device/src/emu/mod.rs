@@ -25,7 +25,7 @@ const BACKEND: &str = "emu";
 /// How long a stream's worker waits for an event or for the other
 /// streams of a joint task before it gives up with an error
 /// (`RCCL_TIMEOUT_MS`, the engine's timeout, default 300 s).
-fn wait_limit() -> Duration {
+pub fn wait_limit() -> Duration {
     std::env::var("RCCL_TIMEOUT_MS")
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok())
