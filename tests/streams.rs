@@ -265,3 +265,84 @@ fn a_failure_in_flight_surfaces_through_async_error_and_the_next_call() {
         unsafe { comms[0].collective_raw_on_stream(all_reduce(64), send, recv, stream.raw()) };
     assert!(next.unwrap_err().to_string().contains("aborted"));
 }
+
+#[test]
+fn a_communicators_calls_on_different_streams_run_in_issue_order() {
+    let comms = Communicator::init_all_config(2, config()).unwrap();
+    let count = 256;
+    let first: Vec<Arc<dyn Stream>> = (0..2).map(|_| emu().create_stream().unwrap()).collect();
+    let second: Vec<Arc<dyn Stream>> = (0..2).map(|_| emu().create_stream().unwrap()).collect();
+    let gates: Vec<_> = first.iter().map(|s| gate(s.as_ref())).collect();
+    let send: Vec<*mut u8> = (0..2).map(|_| on_device(&vec![1.0; count])).collect();
+    let mid: Vec<*mut u8> = (0..2).map(|_| on_device(&vec![0.0; count])).collect();
+    let out: Vec<*mut u8> = (0..2).map(|_| on_device(&vec![0.0; count])).collect();
+    // send -> mid on the held streams, then mid -> out on free ones: the
+    // second call must still wait for the first.
+    for r in 0..2 {
+        // SAFETY: the buffers are never freed.
+        unsafe {
+            comms[r]
+                .collective_raw_on_stream(all_reduce(count), send[r], mid[r], first[r].raw())
+                .unwrap()
+        };
+    }
+    for r in 0..2 {
+        // SAFETY: as above.
+        unsafe {
+            comms[r]
+                .collective_raw_on_stream(all_reduce(count), mid[r], out[r], second[r].raw())
+                .unwrap()
+        };
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    for open in &gates {
+        open.store(true, Ordering::Release);
+    }
+    for stream in first.iter().chain(&second) {
+        stream.synchronize(soon()).unwrap();
+    }
+    for &dev in &out {
+        assert_eq!(read_back(dev, count), vec![4.0; count]);
+    }
+}
+
+#[test]
+fn finalize_and_host_calls_wait_for_work_queued_on_streams() {
+    let comms = Communicator::init_all_config(2, config()).unwrap();
+    let count = 256;
+    let streams: Vec<Arc<dyn Stream>> = (0..2).map(|_| emu().create_stream().unwrap()).collect();
+    let gates: Vec<_> = streams.iter().map(|s| gate(s.as_ref())).collect();
+    let send: Vec<*mut u8> = (0..2).map(|_| on_device(&vec![1.0; count])).collect();
+    let recv: Vec<*mut u8> = (0..2).map(|_| on_device(&vec![0.0; count])).collect();
+    for r in 0..2 {
+        // SAFETY: the buffers are never freed.
+        unsafe {
+            comms[r]
+                .collective_raw_on_stream(all_reduce(count), send[r], recv[r], streams[r].raw())
+                .unwrap()
+        };
+    }
+    // Addresses cross into the threads as integers.
+    let recv: Vec<usize> = recv.into_iter().map(|p| p as usize).collect();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            for open in &gates {
+                open.store(true, Ordering::Release);
+            }
+        });
+        // Rank 0 finalizes, rank 1 makes a host call (its peer's half of
+        // which rank 0 makes after finalizing): each returns only once the
+        // queued all-reduce has run.
+        s.spawn(|| {
+            comms[0].finalize().unwrap();
+            assert_eq!(read_back(recv[0] as *const u8, count), vec![2.0; count]);
+            let mut host = [1f32; 4];
+            comms[0].all_reduce_in_place(&mut host, RedOp::Sum).unwrap();
+        });
+        let mut host = [1f32; 4];
+        comms[1].all_reduce_in_place(&mut host, RedOp::Sum).unwrap();
+        assert_eq!(read_back(recv[1] as *const u8, count), vec![2.0; count]);
+        assert_eq!(host, [2.0; 4]);
+    });
+}

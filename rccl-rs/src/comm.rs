@@ -786,7 +786,7 @@ impl Communicator {
     pub fn finalize(&self) -> Result<()> {
         let inner = &self.inner;
         inner.check_usable()?;
-        inner.queued.wait_idle(inner.rank, inner.config.timeout)?;
+        inner.queued.wait_idle(inner)?;
         inner.check_usable()?;
         if inner.exec.try_lock_for(inner.config.timeout).is_none() {
             return Err(Error::System(format!(

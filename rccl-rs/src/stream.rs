@@ -14,7 +14,7 @@
 //! Failures of an enqueued launch poison its communicators: they surface
 //! through `async_error` (`ncclCommGetAsyncError`) and the next call.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,46 +29,85 @@ use crate::op::RawOp;
 /// A stream of the active device.
 pub(crate) type StreamRef = Arc<dyn Stream>;
 
-/// Launches of a communicator enqueued on streams and not yet finished.
+/// A communicator's launches enqueued on streams, in issue order: each
+/// runs only after the one issued before it on the communicator, whatever
+/// streams they were given (NCCL orders a communicator's launches the
+/// same way), and host calls and finalize wait until none is left.
 #[derive(Default)]
 pub(crate) struct Queued {
-    count: AtomicUsize,
+    /// Launches issued so far.
+    issued: AtomicU64,
+    /// Launches finished (run or dropped).
+    finished: AtomicU64,
     lock: Mutex<()>,
-    idle: Condvar,
+    changed: Condvar,
 }
 
+/// How often a waiting launch looks at its communicator's abort flag.
+const ABORT_POLL: Duration = Duration::from_millis(10);
+
 impl Queued {
-    fn add(&self) {
-        self.count.fetch_add(1, Ordering::AcqRel);
+    /// The next launch's place in line.
+    fn issue(&self) -> u64 {
+        self.issued.fetch_add(1, Ordering::AcqRel)
     }
 
     fn finish(&self) {
-        if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let _guard = self.lock.lock();
-            self.idle.notify_all();
-        }
+        self.finished.fetch_add(1, Ordering::AcqRel);
+        let _guard = self.lock.lock();
+        self.changed.notify_all();
     }
 
-    /// Waits until nothing is queued (a host call or finalize after
-    /// device calls on the same communicator runs after them), at most
-    /// `timeout`. One atomic load when nothing is.
-    pub(crate) fn wait_idle(&self, rank: usize, timeout: Duration) -> Result<()> {
-        if self.count.load(Ordering::Acquire) == 0 {
+    /// Waits until `done` holds, the communicator fails (its error), or
+    /// `timeout` passes (`what` says what was waited for).
+    fn wait(
+        &self,
+        comm: &CommInner,
+        timeout: Duration,
+        what: &str,
+        done: impl Fn(u64) -> bool,
+    ) -> Result<()> {
+        if done(self.finished.load(Ordering::Acquire)) {
             return Ok(());
         }
         let deadline = std::time::Instant::now() + timeout;
         let mut guard = self.lock.lock();
-        while self.count.load(Ordering::Acquire) != 0 {
-            if self.idle.wait_until(&mut guard, deadline).timed_out()
-                && self.count.load(Ordering::Acquire) != 0
-            {
+        while !done(self.finished.load(Ordering::Acquire)) {
+            comm.check_usable()?;
+            let now = std::time::Instant::now();
+            if now >= deadline {
                 return Err(Error::System(format!(
-                    "rank {rank}: waited {timeout:?} for the communicator's work queued on \
-                     streams"
+                    "rank {}: waited {timeout:?} for {what}",
+                    comm.rank
                 )));
             }
+            self.changed
+                .wait_for(&mut guard, (deadline - now).min(ABORT_POLL));
         }
         Ok(())
+    }
+
+    /// Waits until nothing is queued (a host call or finalize after
+    /// device calls on the same communicator runs after them), at most
+    /// the communicator's timeout. One atomic load each when nothing is.
+    pub(crate) fn wait_idle(&self, comm: &CommInner) -> Result<()> {
+        let issued = self.issued.load(Ordering::Acquire);
+        self.wait(
+            comm,
+            comm.config.timeout,
+            "the communicator's work queued on streams",
+            |finished| finished >= issued,
+        )
+    }
+
+    /// Waits until the launches issued before `ticket` have finished.
+    fn wait_turn(&self, comm: &CommInner, ticket: u64) -> Result<()> {
+        self.wait(
+            comm,
+            comm.config.timeout,
+            "the communicator's launch before this one, queued on another stream",
+            |finished| finished >= ticket,
+        )
     }
 }
 
@@ -123,7 +162,8 @@ pub(crate) fn placement(
 /// sequence numbers moved on without it.
 struct Task {
     planned: Option<Planned>,
-    comms: Vec<Arc<CommInner>>,
+    /// Its communicators, each with the task's place in its line.
+    comms: Vec<(Arc<CommInner>, u64)>,
 }
 
 // SAFETY: a planned launch holds raw pointers into the callers' buffers,
@@ -137,10 +177,13 @@ impl Task {
         let result = self
             .comms
             .iter()
-            .try_for_each(|comm| comm.check_usable())
+            .try_for_each(|(comm, ticket)| {
+                comm.queued.wait_turn(comm, *ticket)?;
+                comm.check_usable()
+            })
             .and_then(|()| launch::run(planned));
         if let Err(err) = result {
-            for comm in &self.comms {
+            for (comm, _) in &self.comms {
                 comm.poison(&err);
             }
         }
@@ -155,11 +198,11 @@ impl Drop for Task {
                  destroyed"
                     .into(),
             );
-            for comm in &self.comms {
+            for (comm, _) in &self.comms {
                 comm.poison(&err);
             }
         }
-        for comm in &self.comms {
+        for (comm, _) in &self.comms {
             comm.queued.finish();
         }
     }
@@ -186,10 +229,10 @@ pub(crate) fn enqueue(ops: Vec<RawOp>) -> Result<()> {
     let Some(planned) = launch::plan(ops)? else {
         return Ok(());
     };
-    let comms: Vec<Arc<CommInner>> = planned.comms().cloned().collect();
-    for comm in &comms {
-        comm.queued.add();
-    }
+    let comms = planned
+        .comms()
+        .map(|comm| (comm.clone(), comm.queued.issue()))
+        .collect();
     let task = Task {
         planned: Some(planned),
         comms,
