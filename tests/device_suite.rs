@@ -274,3 +274,51 @@ fn four_ranks() {
 fn eight_ranks() {
     suite(8);
 }
+
+/// Through the C ABI, outside any group: rank 0's call on device memory
+/// returns although rank 1 has not called yet (this thread makes rank 1's
+/// call only afterwards: a call that waited for its peer would never
+/// return, and fails at its deadline instead); both complete at stream
+/// synchronize.
+#[test]
+fn a_call_returns_before_its_peer_arrives_and_completes_at_synchronize() {
+    emu();
+    let comms = c_comms(2);
+    let count = 1000;
+    let streams: Vec<cudaStream_t> = (0..2)
+        .map(|_| {
+            let mut stream = null_mut();
+            // SAFETY: a writable stream slot.
+            assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
+            stream
+        })
+        .collect();
+    let bufs: Vec<(*mut u8, *mut u8)> = (0..2)
+        .map(|r| {
+            let values: Vec<u8> = vec![r as u8 + 1; count];
+            (to_device(&values), to_device(&vec![0; count]))
+        })
+        .collect();
+    let started = Instant::now();
+    for (rank, &(send, recv)) in bufs.iter().enumerate() {
+        // SAFETY: device buffers of `count` bytes, never freed.
+        let rc = unsafe {
+            ncclAllReduce(
+                send.cast(),
+                recv.cast(),
+                count,
+                DataType::Uint8 as ncclDataType_t,
+                0,
+                comms[rank],
+                streams[rank],
+            )
+        };
+        assert_eq!(rc, ncclSuccess, "{}", last_error(comms[rank]));
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "a call blocked");
+    for (rank, &stream) in streams.iter().enumerate() {
+        // SAFETY: a live stream.
+        assert_eq!(unsafe { rcclrsEmuStreamSynchronize(stream) }, ncclSuccess);
+        assert_eq!(read_back(bufs[rank].1, count), vec![3u8; count]);
+    }
+}
