@@ -346,3 +346,31 @@ fn finalize_and_host_calls_wait_for_work_queued_on_streams() {
         assert_eq!(host, [2.0; 4]);
     });
 }
+
+#[test]
+fn a_group_mixing_host_and_device_calls_is_refused() {
+    let comms = Communicator::init_all_config(1, config()).unwrap();
+    let dev = on_device(&[1.0; 8]);
+    let mut host = [1f32; 8];
+    rccl::group_start();
+    // SAFETY: the group is refused before anything runs.
+    unsafe {
+        comms[0]
+            .collective_raw_on_stream(all_reduce(8), dev, dev, 0)
+            .unwrap();
+        comms[0]
+            .collective_raw_on_stream(
+                all_reduce(8),
+                host.as_ptr().cast(),
+                host.as_mut_ptr().cast(),
+                0,
+            )
+            .unwrap();
+    }
+    let err = rccl::group_end().unwrap_err();
+    assert_eq!(err.code(), 4, "{err}");
+    assert!(
+        err.to_string().contains("mixes calls on host memory"),
+        "{err}"
+    );
+}
