@@ -4,3 +4,162 @@
 //! reached through cudarc with the driver loaded at run time (a machine
 //! without a driver gets an error, never a panic), and `emu`, an emulated
 //! GPU that CI runs (`RCCL_DEVICE=emu`).
+//!
+//! The engine asks three things of a device: which memory a pointer is
+//! ([`Device::classify`], a lookup cheap enough for every call), streams
+//! to order its work on ([`Device::stream`], from the caller's raw
+//! `cudaStream_t`), and a way to run one piece of work once every stream
+//! of a group has reached it ([`Device::enqueue_joint`]).
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub mod emu;
+mod select;
+
+pub use select::{active, select, selection_problem, Kind};
+
+/// What went wrong in a device call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A pointer, handle or size the device does not know or accept.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The device (or the system under it) failed, or a wait passed its
+    /// deadline.
+    #[error("{0}")]
+    System(String),
+}
+
+/// The device crate's result type.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Which memory a pointer points into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    /// Host memory (anything the device does not own).
+    Host,
+    /// Memory of device `index` of `backend` ("emu", "cuda").
+    Device { backend: &'static str, index: u32 },
+}
+
+impl Memory {
+    /// Whether this is device memory.
+    pub fn is_device(self) -> bool {
+        matches!(self, Memory::Device { .. })
+    }
+}
+
+impl fmt::Display for Memory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Memory::Host => f.write_str("host memory"),
+            Memory::Device { backend, index } => {
+                write!(f, "device memory of {backend} device {index}")
+            }
+        }
+    }
+}
+
+/// Work a stream runs in its order: the engine's launch of a group, a
+/// copy. Its failures are reported by the work itself (the engine records
+/// them on its communicators, as NCCL's asynchronous errors).
+pub type Work = Box<dyn FnOnce() + Send + 'static>;
+
+/// A GPU as the engine sees it.
+pub trait Device: Send + Sync {
+    /// The backend's name ("emu", "cuda").
+    fn backend(&self) -> &'static str;
+
+    /// The device index and a description for headers: `[emu 0]`,
+    /// `[cuda 0] NVIDIA H200`.
+    fn label(&self) -> String;
+
+    /// Which memory `ptr` points into. A lookup, no system call: it runs
+    /// on every call of the engine.
+    fn classify(&self, ptr: *const u8) -> Memory;
+
+    /// Allocates `bytes` of device memory.
+    fn alloc(&self, bytes: usize) -> Result<*mut u8>;
+
+    /// Frees what [`Device::alloc`] returned.
+    ///
+    /// # Safety
+    /// No work still queued or running may use the memory.
+    unsafe fn free(&self, ptr: *mut u8) -> Result<()>;
+
+    /// Copies `bytes` from `src` to `dst`, either of them host or device
+    /// memory, and returns when done. Not ordered with any stream: make
+    /// the stream work the copy depends on complete first.
+    ///
+    /// # Safety
+    /// Both ranges must be valid for `bytes` and not overlap.
+    unsafe fn copy(&self, dst: *mut u8, src: *const u8, bytes: usize) -> Result<()>;
+
+    /// The stream whose raw `cudaStream_t` value is `raw` (0: the default
+    /// stream).
+    fn stream(&self, raw: usize) -> Result<Arc<dyn Stream>>;
+
+    /// A new stream; [`Stream::raw`] is its `cudaStream_t` value.
+    fn create_stream(&self) -> Result<Arc<dyn Stream>>;
+
+    /// Destroys the stream `raw`: what it holds still runs, then its
+    /// worker ends; later lookups fail.
+    fn destroy_stream(&self, raw: usize) -> Result<()>;
+
+    /// A new event, recorded nowhere yet.
+    fn create_event(&self) -> Result<Arc<dyn Event>>;
+
+    /// Enqueues `work` so that it runs once, after everything enqueued
+    /// before it on every stream of `streams` (duplicates allowed), and
+    /// before anything enqueued after it on any of them: one task that
+    /// every involved stream waits for. A group over several
+    /// communicators, some sharing a stream, runs this way without
+    /// deadlock.
+    fn enqueue_joint(&self, streams: &[Arc<dyn Stream>], work: Work) -> Result<()>;
+}
+
+/// An ordered queue of device work.
+pub trait Stream: Send + Sync {
+    /// The raw `cudaStream_t` value that names it.
+    fn raw(&self) -> usize;
+
+    /// Enqueues `work` after everything enqueued so far.
+    fn enqueue(&self, work: Work) -> Result<()>;
+
+    /// Enqueues a copy of `bytes` from `src` to `dst`.
+    ///
+    /// # Safety
+    /// Both ranges must stay valid until the copy has run.
+    unsafe fn copy_async(&self, dst: *mut u8, src: *const u8, bytes: usize) -> Result<()>;
+
+    /// Records `event` here: it completes when the work enqueued so far
+    /// has.
+    fn record(&self, event: &dyn Event) -> Result<()>;
+
+    /// Makes work enqueued after this wait until `event`'s latest record
+    /// (at the time of this call) has completed.
+    fn wait_event(&self, event: &dyn Event) -> Result<()>;
+
+    /// Waits until everything enqueued so far has run, at most until
+    /// `deadline`; reports the stream's first failure, if any.
+    fn synchronize(&self, deadline: Instant) -> Result<()>;
+
+    /// For backends that need their own type back.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A marker in a stream's order.
+pub trait Event: Send + Sync {
+    /// Whether the latest record has completed (true when never recorded,
+    /// as CUDA's).
+    fn query(&self) -> bool;
+
+    /// Waits for the latest record to complete, at most until `deadline`.
+    fn synchronize(&self, deadline: Instant) -> Result<()>;
+
+    /// For backends that need their own type back.
+    fn as_any(&self) -> &dyn Any;
+}

@@ -43,7 +43,8 @@ pub type ncclWindow_t = *mut ncclWindow;
 /// The opaque parameter handle (`struct ncclParamHandle`).
 pub enum ncclParamHandle {}
 pub type ncclParamHandle_t = *mut ncclParamHandle;
-/// `cudaStream_t`: accepted and ignored.
+/// `cudaStream_t`: the stream a call on device memory is ordered on
+/// (calls on host memory complete before they return and ignore it).
 pub type cudaStream_t = *mut c_void;
 
 /// `ncclUniqueId`: 128 opaque bytes.

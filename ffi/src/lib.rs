@@ -2,10 +2,12 @@
 //!
 //! `ffi/include/nccl.h` declares every function of NCCL 2.32's `nccl.h`;
 //! this crate defines them all, plus the `pnccl*` profiling aliases NCCL
-//! exports. Buffers are host memory; `cudaStream_t` arguments are accepted
-//! and ignored, since every operation completes before its call returns
-//! (or at the end of the enclosing group). `docs/C-API.md` lists what each
-//! function does here.
+//! exports. A call on host memory completes before it returns (or at the
+//! end of the enclosing group) and ignores its `cudaStream_t`; a call on
+//! device memory of the active device (`RCCL_DEVICE`) is enqueued on its
+//! stream and returns at once, as NCCL's. `rcclrs_emu.h` declares the
+//! emulated GPU's own control calls (`emu.rs`). `docs/C-API.md` lists what
+//! each function does here.
 //!
 //! Every entry point catches panics (returning `ncclInternalError`),
 //! checks its arguments, looks its communicator handle up in a registry of
@@ -38,6 +40,7 @@ pub mod abi;
 pub mod check;
 pub mod comms;
 pub mod device_api;
+pub mod emu;
 pub mod error;
 pub mod misc;
 pub mod ops;
@@ -47,6 +50,7 @@ pub mod simulate;
 
 pub use abi::*;
 pub use comms::*;
+pub use emu::*;
 pub use misc::*;
 pub use ops::*;
 pub use params::*;

@@ -34,18 +34,28 @@ nccl_api! {
     /// Deprecated upstream; nothing to reset here.
     fn ncclResetDebugInit / pncclResetDebugInit() {}
 
-    /// Page-aligned host memory.
+    /// Device memory of the active device (`RCCL_DEVICE`), else
+    /// page-aligned host memory.
     fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
         guard("ncclMemAlloc", std::ptr::null_mut(), || {
             non_null(ptr, "ptr")?;
-            let mut out: *mut c_void = std::ptr::null_mut();
-            let rc = unsafe { libc::posix_memalign(&mut out, PAGE, size.max(1)) };
-            if rc != 0 {
-                return Err(rccl::Error::System(format!(
-                    "cannot allocate {size} bytes: {}",
-                    std::io::Error::from_raw_os_error(rc)
-                )));
-            }
+            let out = match rccl::device::active() {
+                Some(device) => device
+                    .alloc(size)
+                    .map_err(|e| rccl::Error::System(format!("cannot allocate {size} bytes: {e}")))?
+                    .cast(),
+                None => {
+                    let mut out: *mut c_void = std::ptr::null_mut();
+                    let rc = unsafe { libc::posix_memalign(&mut out, PAGE, size.max(1)) };
+                    if rc != 0 {
+                        return Err(rccl::Error::System(format!(
+                            "cannot allocate {size} bytes: {}",
+                            std::io::Error::from_raw_os_error(rc)
+                        )));
+                    }
+                    out
+                }
+            };
             unsafe { *ptr = out };
             Ok(ncclSuccess)
         })
@@ -54,7 +64,12 @@ nccl_api! {
     /// Frees what ncclMemAlloc returned (NULL: nothing to do).
     fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> ncclResult_t {
         guard("ncclMemFree", std::ptr::null_mut(), || {
-            unsafe { libc::free(ptr) };
+            let device = rccl::device::active().filter(|d| d.classify(ptr as *const u8).is_device());
+            match device {
+                Some(device) => unsafe { device.free(ptr.cast()) }
+                    .map_err(|e| invalid(format!("ncclMemFree: {e}")))?,
+                None => unsafe { libc::free(ptr) },
+            }
             Ok(ncclSuccess)
         })
     }

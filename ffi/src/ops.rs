@@ -43,11 +43,26 @@ unsafe fn red_op(entry: &Entry, raw: ncclRedOp_t, dtype: DataType) -> Result<Red
         Scalar::Immediate(bytes) => bytes,
         Scalar::Pointer(addr) => {
             let mut bytes = [0u8; 8];
-            // SAFETY: ncclScalarDevice promises the scalar stays readable
-            // while the op lives (a host pointer here).
-            unsafe {
-                std::ptr::copy_nonoverlapping(addr as *const u8, bytes.as_mut_ptr(), dtype.size())
-            };
+            let device =
+                rccl::device::active().filter(|d| d.classify(addr as *const u8).is_device());
+            match device {
+                // Read when the call is made, not when its stream runs it.
+                // SAFETY: ncclScalarDevice promises the scalar stays
+                // readable while the op lives; `bytes` holds any element.
+                Some(device) => unsafe {
+                    device
+                        .copy(bytes.as_mut_ptr(), addr as *const u8, dtype.size())
+                        .map_err(|e| invalid(format!("the PreMulSum scalar: {e}")))?
+                },
+                // SAFETY: as above, a host pointer.
+                None => unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        addr as *const u8,
+                        bytes.as_mut_ptr(),
+                        dtype.size(),
+                    )
+                },
+            }
             bytes
         }
     };
@@ -66,6 +81,7 @@ unsafe fn collective(
     dtype: ncclDataType_t,
     op: Option<ncclRedOp_t>,
     root: c_int,
+    stream: cudaStream_t,
 ) -> Outcome {
     let (entry, c) = comm_of(comm)?;
     let dtype = datatype(dtype)?;
@@ -99,9 +115,9 @@ unsafe fn collective(
         op,
         root,
     };
-    // SAFETY: nccl.h's contract: the buffers are valid host memory for the
-    // call's lengths until it completes.
-    unsafe { c.collective_raw(call, send.cast(), recv.cast())? };
+    // SAFETY: nccl.h's contract: the buffers are valid for the call's
+    // lengths until it completes (device memory: until its stream ran it).
+    unsafe { c.collective_raw_on_stream(call, send.cast(), recv.cast(), stream as usize)? };
     Ok(ncclSuccess)
 }
 
@@ -112,6 +128,7 @@ unsafe fn p2p(
     count: usize,
     dtype: ncclDataType_t,
     peer: c_int,
+    stream: cudaStream_t,
 ) -> Outcome {
     let (_, c) = comm_of(comm)?;
     let dtype = datatype(dtype)?;
@@ -123,9 +140,9 @@ unsafe fn p2p(
     // SAFETY: as for collectives.
     unsafe {
         if sending {
-            c.send_raw(buf.cast(), count, dtype, peer)?;
+            c.send_raw_on_stream(buf.cast(), count, dtype, peer, stream as usize)?;
         } else {
-            c.recv_raw(buf.cast(), count, dtype, peer)?;
+            c.recv_raw_on_stream(buf.cast(), count, dtype, peer, stream as usize)?;
         }
     }
     Ok(ncclSuccess)
@@ -188,183 +205,183 @@ unsafe fn check_sim_info(info: *const ncclSimInfo_t) -> Result<()> {
 nccl_api! {
     fn ncclAllReduce / pncclAllReduce(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
-        op: ncclRedOp_t, comm: ncclComm_t, _stream: cudaStream_t,
+        op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
         guard_op("ncclAllReduce", comm, || unsafe {
-            collective(comm, CollKind::AllReduce, sendbuff, recvbuff, count, datatype, Some(op), 0)
+            collective(comm, CollKind::AllReduce, sendbuff, recvbuff, count, datatype, Some(op), 0, stream)
         })
     }
 
     fn ncclBroadcast / pncclBroadcast(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
-        root: c_int, comm: ncclComm_t, _stream: cudaStream_t,
+        root: c_int, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
         guard_op("ncclBroadcast", comm, || unsafe {
-            collective(comm, CollKind::Broadcast, sendbuff, recvbuff, count, datatype, None, root)
+            collective(comm, CollKind::Broadcast, sendbuff, recvbuff, count, datatype, None, root, stream)
         })
     }
 
     /// In-place broadcast.
     fn ncclBcast / pncclBcast(
         buff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int,
-        comm: ncclComm_t, _stream: cudaStream_t,
+        comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
         guard_op("ncclBcast", comm, || unsafe {
-            collective(comm, CollKind::Broadcast, buff, buff, count, datatype, None, root)
+            collective(comm, CollKind::Broadcast, buff, buff, count, datatype, None, root, stream)
         })
     }
 
     fn ncclReduce / pncclReduce(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
-        op: ncclRedOp_t, root: c_int, comm: ncclComm_t, _stream: cudaStream_t,
+        op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
         guard_op("ncclReduce", comm, || unsafe {
-            collective(comm, CollKind::Reduce, sendbuff, recvbuff, count, datatype, Some(op), root)
+            collective(comm, CollKind::Reduce, sendbuff, recvbuff, count, datatype, Some(op), root, stream)
         })
     }
 
     fn ncclAllGather / pncclAllGather(
         sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize,
-        datatype: ncclDataType_t, comm: ncclComm_t, _stream: cudaStream_t,
+        datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
         guard_op("ncclAllGather", comm, || unsafe {
-            collective(comm, CollKind::AllGather, sendbuff, recvbuff, sendcount, datatype, None, 0)
+            collective(comm, CollKind::AllGather, sendbuff, recvbuff, sendcount, datatype, None, 0, stream)
         })
     }
 
     fn ncclReduceScatter / pncclReduceScatter(
         sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize,
-        datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, _stream: cudaStream_t,
+        datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
         guard_op("ncclReduceScatter", comm, || unsafe {
-            collective(comm, CollKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, Some(op), 0)
+            collective(comm, CollKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, Some(op), 0, stream)
         })
     }
 
     fn ncclAlltoAll / pncclAlltoAll(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
-        comm: ncclComm_t, _stream: cudaStream_t,
+        comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
         guard_op("ncclAlltoAll", comm, || unsafe {
-            collective(comm, CollKind::AllToAll, sendbuff, recvbuff, count, datatype, None, 0)
+            collective(comm, CollKind::AllToAll, sendbuff, recvbuff, count, datatype, None, 0, stream)
         })
     }
 
     fn ncclGather / pncclGather(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
-        root: c_int, comm: ncclComm_t, _stream: cudaStream_t,
+        root: c_int, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
         guard_op("ncclGather", comm, || unsafe {
-            collective(comm, CollKind::Gather, sendbuff, recvbuff, count, datatype, None, root)
+            collective(comm, CollKind::Gather, sendbuff, recvbuff, count, datatype, None, root, stream)
         })
     }
 
     fn ncclScatter / pncclScatter(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
-        root: c_int, comm: ncclComm_t, _stream: cudaStream_t,
+        root: c_int, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
         guard_op("ncclScatter", comm, || unsafe {
-            collective(comm, CollKind::Scatter, sendbuff, recvbuff, count, datatype, None, root)
+            collective(comm, CollKind::Scatter, sendbuff, recvbuff, count, datatype, None, root, stream)
         })
     }
 
     fn ncclAllReduceConfig / pncclAllReduceConfig(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
-        op: ncclRedOp_t, comm: ncclComm_t, _stream: cudaStream_t, config: *const ncclCollConfig_t,
+        op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
         guard_op("ncclAllReduceConfig", comm, || unsafe {
             coll_config(config)?;
-            collective(comm, CollKind::AllReduce, sendbuff, recvbuff, count, datatype, Some(op), 0)
+            collective(comm, CollKind::AllReduce, sendbuff, recvbuff, count, datatype, Some(op), 0, stream)
         })
     }
 
     fn ncclBroadcastConfig / pncclBroadcastConfig(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
-        root: c_int, comm: ncclComm_t, _stream: cudaStream_t, config: *const ncclCollConfig_t,
+        root: c_int, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
         guard_op("ncclBroadcastConfig", comm, || unsafe {
             coll_config(config)?;
-            collective(comm, CollKind::Broadcast, sendbuff, recvbuff, count, datatype, None, root)
+            collective(comm, CollKind::Broadcast, sendbuff, recvbuff, count, datatype, None, root, stream)
         })
     }
 
     fn ncclReduceConfig / pncclReduceConfig(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
-        op: ncclRedOp_t, root: c_int, comm: ncclComm_t, _stream: cudaStream_t,
+        op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
         guard_op("ncclReduceConfig", comm, || unsafe {
             coll_config(config)?;
-            collective(comm, CollKind::Reduce, sendbuff, recvbuff, count, datatype, Some(op), root)
+            collective(comm, CollKind::Reduce, sendbuff, recvbuff, count, datatype, Some(op), root, stream)
         })
     }
 
     fn ncclAllGatherConfig / pncclAllGatherConfig(
         sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize,
-        datatype: ncclDataType_t, comm: ncclComm_t, _stream: cudaStream_t,
+        datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
         guard_op("ncclAllGatherConfig", comm, || unsafe {
             coll_config(config)?;
-            collective(comm, CollKind::AllGather, sendbuff, recvbuff, sendcount, datatype, None, 0)
+            collective(comm, CollKind::AllGather, sendbuff, recvbuff, sendcount, datatype, None, 0, stream)
         })
     }
 
     fn ncclReduceScatterConfig / pncclReduceScatterConfig(
         sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize,
-        datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, _stream: cudaStream_t,
+        datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
         guard_op("ncclReduceScatterConfig", comm, || unsafe {
             coll_config(config)?;
-            collective(comm, CollKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, Some(op), 0)
+            collective(comm, CollKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, Some(op), 0, stream)
         })
     }
 
     fn ncclAlltoAllConfig / pncclAlltoAllConfig(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
-        comm: ncclComm_t, _stream: cudaStream_t, config: *const ncclCollConfig_t,
+        comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
         guard_op("ncclAlltoAllConfig", comm, || unsafe {
             coll_config(config)?;
-            collective(comm, CollKind::AllToAll, sendbuff, recvbuff, count, datatype, None, 0)
+            collective(comm, CollKind::AllToAll, sendbuff, recvbuff, count, datatype, None, 0, stream)
         })
     }
 
     fn ncclGatherConfig / pncclGatherConfig(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
-        root: c_int, comm: ncclComm_t, _stream: cudaStream_t, config: *const ncclCollConfig_t,
+        root: c_int, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
         guard_op("ncclGatherConfig", comm, || unsafe {
             coll_config(config)?;
-            collective(comm, CollKind::Gather, sendbuff, recvbuff, count, datatype, None, root)
+            collective(comm, CollKind::Gather, sendbuff, recvbuff, count, datatype, None, root, stream)
         })
     }
 
     fn ncclScatterConfig / pncclScatterConfig(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
-        root: c_int, comm: ncclComm_t, _stream: cudaStream_t, config: *const ncclCollConfig_t,
+        root: c_int, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
         guard_op("ncclScatterConfig", comm, || unsafe {
             coll_config(config)?;
-            collective(comm, CollKind::Scatter, sendbuff, recvbuff, count, datatype, None, root)
+            collective(comm, CollKind::Scatter, sendbuff, recvbuff, count, datatype, None, root, stream)
         })
     }
 
     fn ncclSend / pncclSend(
         sendbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: c_int,
-        comm: ncclComm_t, _stream: cudaStream_t,
+        comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
         guard_op("ncclSend", comm, || unsafe {
-            p2p(comm, true, sendbuff as *mut c_void, count, datatype, peer)
+            p2p(comm, true, sendbuff as *mut c_void, count, datatype, peer, stream)
         })
     }
 
     fn ncclRecv / pncclRecv(
         recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, peer: c_int,
-        comm: ncclComm_t, _stream: cudaStream_t,
+        comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
-        guard_op("ncclRecv", comm, || unsafe { p2p(comm, false, recvbuff, count, datatype, peer) })
+        guard_op("ncclRecv", comm, || unsafe { p2p(comm, false, recvbuff, count, datatype, peer, stream) })
     }
 
     fn ncclGroupStart / pncclGroupStart() -> ncclResult_t {
@@ -375,8 +392,9 @@ nccl_api! {
     }
 
     /// Launches everything queued since the outermost ncclGroupStart and
-    /// returns when it has completed; waits for communicators created in
-    /// the group.
+    /// returns when it has completed (calls on device memory: once
+    /// enqueued on their streams); waits for communicators created in the
+    /// group.
     fn ncclGroupEnd / pncclGroupEnd() -> ncclResult_t {
         guard("ncclGroupEnd", std::ptr::null_mut(), || {
             let outermost = rccl::group_depth() == 1;

@@ -61,8 +61,13 @@ fn dropin_link(dir: &Path) -> Vec<String> {
 }
 
 fn run(binary: &Path, lib_dir: &Path, arg: &str) -> String {
+    run_with(binary, lib_dir, arg, &[])
+}
+
+fn run_with(binary: &Path, lib_dir: &Path, arg: &str, env: &[(&str, &str)]) -> String {
     let mut child = Command::new(binary)
         .arg(arg)
+        .envs(env.iter().copied())
         .env("LD_LIBRARY_PATH", lib_dir)
         .env("RCCL_TIMEOUT_MS", "60000")
         .stdout(Stdio::piped())
@@ -190,4 +195,15 @@ fn static_library_links() {
         &[lib.display().to_string()],
     );
     assert!(run(&out, &dir, "").contains("functions: 144"));
+}
+
+/// tests/c/emu.c: a C program on the emulated GPU (device buffers,
+/// streams, groups, events, through rcclrs_emu.h).
+#[test]
+fn c_program_on_the_emulated_gpu() {
+    let dir = dropin_dir("emu");
+    let binary = dir.join("emu");
+    compile("emu.c", &binary, &own_include(), &[], &dropin_link(&dir));
+    let out = run_with(&binary, &dir, "", &[("RCCL_DEVICE", "emu")]);
+    assert!(out.contains("emu: ok"), "{out}");
 }

@@ -9,6 +9,7 @@ use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::group as enqueue;
 use crate::op::{OpKind, RawOp};
+use crate::stream::placement;
 use crate::types::{DataType, RedOp};
 
 /// An element type the library can move and reduce.
@@ -87,7 +88,8 @@ fn per_rank(what: &str, len: usize, nranks: usize) -> Result<usize> {
 
 impl Communicator {
     /// Builds a validated raw collective (the checks every entry point
-    /// shares, typed or C).
+    /// shares, typed or C). `stream`: the raw `cudaStream_t` of a call
+    /// that may take device memory, `None` for host memory only.
     ///
     /// # Safety
     /// `send` and `recv` must be valid for the lengths the collective
@@ -98,6 +100,7 @@ impl Communicator {
         call: CollCall,
         send: *const u8,
         recv: *mut u8,
+        stream: Option<usize>,
     ) -> Result<RawOp> {
         let CollCall {
             kind,
@@ -133,6 +136,11 @@ impl Communicator {
                 kind.name()
             )));
         }
+        let stream = placement(
+            kind.name(),
+            [("sendbuff", send, send_len), ("recvbuff", recv, recv_len)],
+            stream,
+        )?;
         Ok(RawOp {
             comm: self.inner.clone(),
             kind: OpKind::Coll { kind, root, op },
@@ -140,10 +148,12 @@ impl Communicator {
             recv,
             count,
             dtype,
+            stream,
         })
     }
 
-    /// Builds a validated raw send or receive.
+    /// Builds a validated raw send or receive (`stream` as for
+    /// [`Communicator::raw_collective`]).
     pub(crate) fn raw_p2p(
         &self,
         sending: bool,
@@ -151,6 +161,7 @@ impl Communicator {
         count: usize,
         dtype: DataType,
         peer: usize,
+        stream: Option<usize>,
     ) -> Result<RawOp> {
         let what = if sending { "Send" } else { "Recv" };
         if peer >= self.count() {
@@ -170,6 +181,8 @@ impl Communicator {
         if count > 0 && buf.is_null() {
             return Err(Error::InvalidArgument(format!("{what}: buffer is NULL")));
         }
+        let name = if sending { "sendbuff" } else { "recvbuff" };
+        let stream = placement(what, [(name, buf, count), ("", buf, 0)], stream)?;
         Ok(RawOp {
             comm: self.inner.clone(),
             kind: if sending {
@@ -181,11 +194,13 @@ impl Communicator {
             recv: buf,
             count,
             dtype,
+            stream,
         })
     }
 
-    /// Runs (or, inside a group, queues) a collective on raw buffers, as
-    /// the C ABI does.
+    /// Runs (or, inside a group, queues) a collective on raw host
+    /// buffers; device memory is refused (see
+    /// [`Communicator::collective_raw_on_stream`]).
     ///
     /// # Safety
     /// The buffers must be valid host memory for the lengths the collective
@@ -198,11 +213,36 @@ impl Communicator {
         recv: *mut u8,
     ) -> Result<()> {
         // SAFETY: the caller's contract covers the buffers.
-        let raw = unsafe { self.raw_collective(call, send, recv) };
+        let raw = unsafe { self.raw_collective(call, send, recv, None) };
         submit(raw)
     }
 
-    /// Sends (or queues a send of) `count` elements at `buf` to `peer`.
+    /// A collective on raw buffers, as the C ABI runs it: on host memory
+    /// as [`Communicator::collective_raw`]; on device memory enqueued on
+    /// `stream` (a raw `cudaStream_t` of the active device, 0 for its
+    /// default stream), returning at once (inside a group: at the
+    /// outermost end). Its failures then surface through
+    /// [`Communicator::async_error`] and the next call.
+    ///
+    /// # Safety
+    /// The buffers must be valid for the lengths the collective implies
+    /// for this rank until the operation completes: on host memory when
+    /// it returns (or at the end of the group), on device memory once the
+    /// stream has run it.
+    pub unsafe fn collective_raw_on_stream(
+        &self,
+        call: CollCall,
+        send: *const u8,
+        recv: *mut u8,
+        stream: usize,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract covers the buffers.
+        let raw = unsafe { self.raw_collective(call, send, recv, Some(stream)) };
+        submit(raw)
+    }
+
+    /// Sends (or queues a send of) `count` elements of host memory at
+    /// `buf` to `peer`.
     ///
     /// # Safety
     /// `buf` must be valid for `count` elements until the send completes.
@@ -213,10 +253,27 @@ impl Communicator {
         dtype: DataType,
         peer: usize,
     ) -> Result<()> {
-        submit(self.raw_p2p(true, buf as *mut u8, count, dtype, peer))
+        submit(self.raw_p2p(true, buf as *mut u8, count, dtype, peer, None))
     }
 
-    /// Receives (or queues a receive of) `count` elements from `peer`.
+    /// As [`Communicator::send_raw`], on host or device memory (`stream`
+    /// as for [`Communicator::collective_raw_on_stream`]).
+    ///
+    /// # Safety
+    /// `buf` must be valid for `count` elements until the send completes.
+    pub unsafe fn send_raw_on_stream(
+        &self,
+        buf: *const u8,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: usize,
+    ) -> Result<()> {
+        submit(self.raw_p2p(true, buf as *mut u8, count, dtype, peer, Some(stream)))
+    }
+
+    /// Receives (or queues a receive of) `count` elements from `peer` into
+    /// host memory.
     ///
     /// # Safety
     /// `buf` must be valid and writable for `count` elements until the
@@ -228,7 +285,24 @@ impl Communicator {
         dtype: DataType,
         peer: usize,
     ) -> Result<()> {
-        submit(self.raw_p2p(false, buf, count, dtype, peer))
+        submit(self.raw_p2p(false, buf, count, dtype, peer, None))
+    }
+
+    /// As [`Communicator::recv_raw`], on host or device memory (`stream`
+    /// as for [`Communicator::collective_raw_on_stream`]).
+    ///
+    /// # Safety
+    /// `buf` must be valid and writable for `count` elements until the
+    /// receive completes.
+    pub unsafe fn recv_raw_on_stream(
+        &self,
+        buf: *mut u8,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: usize,
+    ) -> Result<()> {
+        submit(self.raw_p2p(false, buf, count, dtype, peer, Some(stream)))
     }
 
     fn typed<T: Element>(
@@ -475,7 +549,14 @@ impl<'a> Group<'a> {
         buf: &'a [T],
         peer: usize,
     ) -> Result<&mut Self> {
-        let op = comm.raw_p2p(true, buf.as_ptr() as *mut u8, buf.len(), T::DATATYPE, peer)?;
+        let op = comm.raw_p2p(
+            true,
+            buf.as_ptr() as *mut u8,
+            buf.len(),
+            T::DATATYPE,
+            peer,
+            None,
+        )?;
         self.ops.push(op);
         Ok(self)
     }
@@ -487,7 +568,14 @@ impl<'a> Group<'a> {
         buf: &'a mut [T],
         peer: usize,
     ) -> Result<&mut Self> {
-        let op = comm.raw_p2p(false, buf.as_mut_ptr().cast(), buf.len(), T::DATATYPE, peer)?;
+        let op = comm.raw_p2p(
+            false,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            T::DATATYPE,
+            peer,
+            None,
+        )?;
         self.ops.push(op);
         Ok(self)
     }
@@ -511,7 +599,7 @@ impl<'a> Group<'a> {
                 op,
                 root: 0,
             };
-            comm.raw_collective(call, send.as_ptr().cast(), recv.as_mut_ptr().cast())
+            comm.raw_collective(call, send.as_ptr().cast(), recv.as_mut_ptr().cast(), None)
         }?;
         self.ops.push(raw);
         Ok(self)

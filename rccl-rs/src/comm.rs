@@ -205,6 +205,8 @@ pub(crate) struct CommInner {
     /// The cost model's link figures, read once at init.
     pub link_model: crate::tuning::LinkModel,
     choices: Mutex<ChoiceCache>,
+    /// Launches enqueued on streams and not finished yet.
+    pub queued: crate::stream::Queued,
 }
 
 impl CommInner {
@@ -572,6 +574,7 @@ impl Communicator {
             splits: AtomicU64::new(0),
             link_model: crate::tuning::LinkModel::from_env(),
             choices: Mutex::new(ChoiceCache::default()),
+            queued: crate::stream::Queued::default(),
         });
         register(&inner);
         let local_ranks = inner
@@ -777,11 +780,13 @@ impl Communicator {
     /// NCCL's: no rank waits for another, so one thread may finalize the
     /// ranks of [`Communicator::init_all`] one after another. Operations on
     /// host memory complete before they return, so this waits only for one
-    /// that another thread still runs (at most the timeout); what the
-    /// connections still hold for peers goes out when the communicator is
-    /// dropped.
+    /// that another thread still runs, and for launches queued on streams
+    /// (at most the timeout each); what the connections still hold for
+    /// peers goes out when the communicator is dropped.
     pub fn finalize(&self) -> Result<()> {
         let inner = &self.inner;
+        inner.check_usable()?;
+        inner.queued.wait_idle(inner)?;
         inner.check_usable()?;
         if inner.exec.try_lock_for(inner.config.timeout).is_none() {
             return Err(Error::System(format!(

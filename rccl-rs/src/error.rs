@@ -51,3 +51,12 @@ impl Error {
         Error::System(format!("{context}: {err}"))
     }
 }
+
+impl From<rccl_device::Error> for Error {
+    fn from(err: rccl_device::Error) -> Error {
+        match err {
+            rccl_device::Error::InvalidArgument(m) => Error::InvalidArgument(m),
+            rccl_device::Error::System(m) => Error::System(m),
+        }
+    }
+}

@@ -43,12 +43,25 @@ pub fn group_start() {
 /// Closes a group (`ncclGroupEnd`); the outermost end launches everything
 /// collected since the outermost start and returns when all of it has
 /// completed, or with the first error (including one raised by a call
-/// inside the group).
+/// inside the group). A group of calls on device memory is enqueued on
+/// their streams instead, as one task, and this returns at once.
 pub fn group_end() -> Result<()> {
     match close_group()? {
-        Some(ops) => launch(ops),
+        Some(ops) if ops.iter().any(|op| op.stream.is_some()) => crate::stream::enqueue(ops),
+        Some(ops) => {
+            for op in &ops {
+                after_queued(op)?;
+            }
+            launch(ops)
+        }
         None => Ok(()),
     }
+}
+
+/// A host call on a communicator runs after the launches queued on its
+/// streams (one atomic load when none is).
+fn after_queued(op: &RawOp) -> Result<()> {
+    op.comm.queued.wait_idle(&op.comm)
 }
 
 /// Closes one level of the group: `None` while an outer level stays open,
@@ -167,12 +180,14 @@ pub fn group_fail(err: &Error) {
     });
 }
 
-/// Runs `op` now, or collects it when a group is open.
+/// Runs `op` now (on device memory: enqueues it on its stream), or
+/// collects it when a group is open.
 ///
 /// # Safety
 /// The op's buffers must stay valid (and, for the receive buffer, not be
 /// accessed by anyone else) until the operation completes: when this
-/// returns outside a group, or at the outermost [`group_end`].
+/// returns outside a group, or at the outermost [`group_end`]; on device
+/// memory, when its stream has run it.
 pub(crate) unsafe fn enqueue(op: RawOp) -> Result<()> {
     op.comm.check_usable()?;
     // Asked before the op moves: a lone call need not travel through the
@@ -181,6 +196,10 @@ pub(crate) unsafe fn enqueue(op: RawOp) -> Result<()> {
         GROUP.with(|g| g.borrow_mut().ops.push(op));
         return Ok(());
     }
+    if op.stream.is_some() {
+        return crate::stream::enqueue(vec![op]);
+    }
+    after_queued(&op)?;
     match on_board_alone(&op) {
         Some(done) => done,
         None => launch(std::iter::once(op)),

@@ -158,6 +158,21 @@ fn lone_board_work(
 /// for a lone call: the smallest calls cost about as much as this
 /// bookkeeping.
 pub(crate) fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
+    match plan(ops)? {
+        Some(planned) => run(planned),
+        None => Ok(()),
+    }
+}
+
+/// A launch planned and not yet run: per communicator, its work.
+pub(crate) struct Planned {
+    launches: SmallVec<[CommLaunch; 1]>,
+}
+
+/// Plans `ops`: the tuner's choices, the schedules, the sequence numbers
+/// (taken here, so calls keep their order). `None` when there is nothing
+/// to run.
+pub(crate) fn plan(ops: impl IntoIterator<Item = RawOp>) -> Result<Option<Planned>> {
     #[cfg(feature = "fault-injection")]
     crate::fault::point("launch");
     // Inline storage: a lone call allocates nothing here.
@@ -182,7 +197,7 @@ pub(crate) fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
         }
     }
     if launches.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     for launch in &mut launches {
         if !launch.p2p.is_empty() {
@@ -190,6 +205,20 @@ pub(crate) fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
             plan_p2p(launch, &p2p)?;
         }
     }
+    Ok(Some(Planned { launches }))
+}
+
+impl Planned {
+    /// The communicators of the launch.
+    pub(crate) fn comms(&self) -> impl Iterator<Item = &Arc<CommInner>> {
+        self.launches.iter().map(|l| &l.comm)
+    }
+}
+
+/// Opens the connections a planned launch needs and drives every channel
+/// of every communicator from the calling thread until all complete.
+pub(crate) fn run(planned: Planned) -> Result<()> {
+    let Planned { mut launches } = planned;
     // Lock communicators in address order so that two threads launching
     // overlapping groups cannot deadlock.
     launches.sort_by_key(|l| Arc::as_ptr(&l.comm) as usize);

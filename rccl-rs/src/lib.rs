@@ -30,6 +30,7 @@ mod plan;
 mod selection;
 mod signal;
 mod state;
+mod stream;
 mod stuck;
 pub mod tuning;
 mod types;
@@ -43,5 +44,8 @@ pub use group::{group_depth, group_end, group_fail, group_simulate_end, group_st
 pub use net::Family;
 pub use plan::{PlannedCollective, PlannedComm, PlannedP2p};
 pub use rccl_algorithms::CollKind;
+/// GPU memory, streams and events (the `rccl-device` crate): what callers of
+/// the stream-ordered calls allocate and synchronize with.
+pub use rccl_device as device;
 pub use signal::report_hangs_on_signal;
 pub use types::{DataType, RedOp};

@@ -31,4 +31,7 @@ pub(crate) struct RawOp {
     pub recv: *mut u8,
     pub count: usize,
     pub dtype: DataType,
+    /// The stream a call on device memory is ordered on; `None` for host
+    /// memory, which the call's thread runs before it returns.
+    pub stream: Option<crate::stream::StreamRef>,
 }

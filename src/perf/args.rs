@@ -58,6 +58,34 @@ fn parse_i32(text: &str) -> Result<i32, String> {
     i32::try_from(parse_int(text)?).map_err(|_| format!("{text:?} is out of range"))
 }
 
+/// Where the buffers live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Memory of the active device, calls ordered on streams.
+    Device,
+    /// Host memory.
+    Host,
+}
+
+/// `-M/--memory`: a placement, or nccl-tests' memory report switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryFlag {
+    /// `device` or `host`.
+    Place(Placement),
+    /// nccl-tests' `-M 0|1`.
+    Report(i32),
+}
+
+fn parse_memory(text: &str) -> Result<MemoryFlag, String> {
+    match text.trim() {
+        "device" => Ok(MemoryFlag::Place(Placement::Device)),
+        "host" => Ok(MemoryFlag::Place(Placement::Host)),
+        other => parse_i32(other)
+            .map(MemoryFlag::Report)
+            .map_err(|_| format!("--memory takes device, host or a number, not {text:?}")),
+    }
+}
+
 /// A reduction operator as the tests name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TestOp {
@@ -220,7 +248,8 @@ pub struct Args {
     /// outer iteration.
     #[arg(short = 'z', long = "blocking", default_value = "0", value_parser = parse_i32)]
     pub blocking: i32,
-    /// Use the default stream (accepted, no effect on host memory).
+    /// Run every rank on the default stream (device memory; host memory
+    /// has no streams).
     #[arg(short = 'y', long = "stream_null", default_value = "0", value_parser = parse_i32)]
     pub stream_null: i32,
     /// Timeout in seconds for any operation (0: the engine's default).
@@ -253,9 +282,12 @@ pub struct Args {
     /// CTAs for a device implementation (accepted, no effect).
     #[arg(short = 'V', long = "device_cta_count", default_value = "16", value_parser = parse_i32)]
     pub device_cta_count: i32,
-    /// Memory usage report (accepted, not reported yet).
-    #[arg(short = 'M', long = "memory", default_value = "0", value_parser = parse_i32)]
-    pub memory: i32,
+    /// (rccl-tests) `device` or `host`: where the buffers live (default:
+    /// device memory where a device backend is active, `RCCL_DEVICE`,
+    /// else host memory). A number is nccl-tests' memory usage report
+    /// (accepted, not reported yet).
+    #[arg(short = 'M', long = "memory", default_value = "0", value_parser = parse_memory)]
+    pub memory: MemoryFlag,
     /// Misalign buffers by this many elements.
     #[arg(short = 'u', long = "unalign", default_value = "0", value_parser = parse_count)]
     pub unalign: usize,
@@ -282,7 +314,6 @@ impl Args {
     pub fn ignored(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
         let flags = [
-            (self.stream_null != 0, "-y/--stream_null"),
             (self.cudagraph != 0, "-G/--cudagraph"),
             (self.local_register != 0, "-R/--local_register"),
             (self.cta_policy != -1, "-x/--cta_policy"),
@@ -290,7 +321,10 @@ impl Args {
                 self.device_implementation != 0,
                 "-D/--device_implementation",
             ),
-            (self.memory != 0, "-M/--memory"),
+            (
+                matches!(self.memory, MemoryFlag::Report(n) if n != 0),
+                "-M/--memory",
+            ),
         ];
         for (set, name) in flags {
             if set {

@@ -1,6 +1,7 @@
 //! The collectives under test: their sizes, bandwidth factors, how to issue
 //! them for one rank, and what each rank's buffers must hold.
 
+use rccl::device::Stream;
 use rccl::{CollCall, CollKind, Communicator, DataType, RedOp};
 
 use super::args::{premul_scalar, TestOp};
@@ -161,15 +162,18 @@ impl Coll {
     }
 
     /// Issues phase `phase` of one call for `comm` (inside the caller's group
-    /// when it drives several ranks).
+    /// when it drives several ranks); on device memory, ordered on
+    /// `stream`.
     ///
     /// # Safety
     /// `send` and `recv` must be valid for the counts of this call as
     /// [`Coll::counts`] lays them out (for the in-place forms, both inside
-    /// one buffer), until the enclosing group ends or the call returns.
+    /// one buffer), until the enclosing group ends or the call returns (on
+    /// device memory: until the stream has run it).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn issue(
         self,
+        stream: Option<&dyn Stream>,
         comm: &Communicator,
         send: *const u8,
         recv: *mut u8,
@@ -180,6 +184,7 @@ impl Coll {
         phase: usize,
     ) -> rccl::Result<()> {
         let (rank, n) = (comm.rank(), comm.count());
+        let raw = stream.map_or(0, |s| s.raw());
         let kind = match self {
             Coll::AllReduce => CollKind::AllReduce,
             Coll::AllGather => CollKind::AllGather,
@@ -193,8 +198,10 @@ impl Coll {
                 rccl::group_start();
                 // SAFETY: the caller guarantees `count` elements at both.
                 let r = unsafe {
-                    comm.send_raw(send, count, dtype, (rank + 1) % n)
-                        .and_then(|()| comm.recv_raw(recv, count, dtype, (rank + n - 1) % n))
+                    comm.send_raw_on_stream(send, count, dtype, (rank + 1) % n, raw)
+                        .and_then(|()| {
+                            comm.recv_raw_on_stream(recv, count, dtype, (rank + n - 1) % n, raw)
+                        })
                 };
                 let end = rccl::group_end();
                 return r.and(end);
@@ -205,9 +212,16 @@ impl Coll {
                     // SAFETY: recv holds n chunks; send holds one.
                     let own = unsafe { recv.add(rank * chunk) };
                     if !std::ptr::eq(own, send) && chunk > 0 {
-                        // SAFETY: both ranges are valid; they do not overlap
-                        // (in place they are the same range, skipped above).
-                        unsafe { std::ptr::copy_nonoverlapping(send, own, chunk) };
+                        match stream {
+                            // SAFETY: both ranges stay valid until the
+                            // stream has run the copy (the caller's
+                            // contract); they do not overlap.
+                            Some(stream) => unsafe { stream.copy_async(own, send, chunk) }?,
+                            // SAFETY: both ranges are valid; they do not
+                            // overlap (in place they are the same range,
+                            // skipped above).
+                            None => unsafe { std::ptr::copy_nonoverlapping(send, own, chunk) },
+                        }
                     }
                 }
                 if n < 2 {
@@ -220,10 +234,17 @@ impl Coll {
                 // SAFETY: s and r are multiples of mask below n, so both
                 // ranges of mask chunks lie inside recv's n chunks.
                 let res = unsafe {
-                    comm.send_raw(recv.add(s * chunk), count * mask, dtype, rank ^ mask)
-                        .and_then(|()| {
-                            comm.recv_raw(recv.add(r * chunk), count * mask, dtype, rank ^ mask)
-                        })
+                    comm.send_raw_on_stream(
+                        recv.add(s * chunk),
+                        count * mask,
+                        dtype,
+                        rank ^ mask,
+                        raw,
+                    )
+                    .and_then(|()| {
+                        let into = recv.add(r * chunk);
+                        comm.recv_raw_on_stream(into, count * mask, dtype, rank ^ mask, raw)
+                    })
                 };
                 let end = rccl::group_end();
                 return res.and(end);
@@ -231,7 +252,7 @@ impl Coll {
         };
         // SAFETY: forwarded from the caller.
         unsafe {
-            comm.collective_raw(
+            comm.collective_raw_on_stream(
                 CollCall {
                     kind,
                     count,
@@ -241,6 +262,7 @@ impl Coll {
                 },
                 send,
                 recv,
+                raw,
             )
         }
     }

@@ -6,14 +6,16 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
+use rccl::device::{Device, Stream};
 use rccl::tuning::Selection;
 use rccl::{CollCall, CollKind, Communicator, Config, DataType, RedOp};
+use std::sync::Arc;
 
 use std::sync::Mutex;
 
 use serde_json::{Map, Value};
 
-use super::args::{Args, TestOp};
+use super::args::{Args, MemoryFlag, Placement, TestOp};
 use super::coll::{Coll, Counts, Pattern};
 use super::format;
 use super::json::{self, IterStats, JsonDoc};
@@ -120,6 +122,7 @@ fn run(coll: Coll, args: &Args, launch: Launch) -> Res<bool> {
         std::env::set_var("RCCL_TIMEOUT_MS", (args.timeout * 1000).to_string());
     }
     let (per_iter, skip) = per_iter_settings(args);
+    let device = memory_device(args)?;
     let is_main_proc = match launch {
         Launch::Threads => true,
         Launch::Env { rank, .. } | Launch::Mpi { rank, .. } => rank == 0,
@@ -147,6 +150,7 @@ fn run(coll: Coll, args: &Args, launch: Launch) -> Res<bool> {
         is_main_proc,
         json.as_ref(),
         (per_iter, skip),
+        device,
     );
     if let Some(doc) = json {
         let mut doc = doc.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -161,6 +165,21 @@ fn run(coll: Coll, args: &Args, launch: Launch) -> Res<bool> {
     result
 }
 
+/// The device whose memory the buffers live in (`--memory`), or `None`
+/// for host memory.
+fn memory_device(args: &Args) -> Res<Option<&'static dyn Device>> {
+    match args.memory {
+        MemoryFlag::Place(Placement::Host) => Ok(None),
+        MemoryFlag::Place(Placement::Device) => rccl::device::active().map(Some).ok_or_else(|| {
+            format!(
+                "--memory device: {}",
+                rccl::device::selection_problem().unwrap_or("no device backend is active")
+            )
+        }),
+        MemoryFlag::Report(_) => Ok(rccl::device::active()),
+    }
+}
+
 fn run_ranks(
     coll: Coll,
     args: &Args,
@@ -168,9 +187,10 @@ fn run_ranks(
     is_main_proc: bool,
     json: Option<&Mutex<JsonDoc>>,
     per_iter: (bool, usize),
+    device: Option<&'static dyn Device>,
 ) -> Res<bool> {
     if is_main_proc {
-        print!("{}", run_header(coll, args, per_iter));
+        print!("{}", run_header(coll, args, per_iter, device));
     }
     // Per thread, each rank's measured and bookkeeping communicators.
     let mut comms: Vec<Vec<(Communicator, Communicator)>> = Vec::new();
@@ -221,6 +241,7 @@ fn run_ranks(
         ranks_per_proc,
         launch: launch.name(),
         gather: args.output_file.is_some() || per_iter.0 || args.stragglers,
+        device,
     };
     let results: Vec<Res<Outcome>> = std::thread::scope(|s| {
         let mut handles = Vec::new();
@@ -297,14 +318,30 @@ struct RunSetup {
     /// -I 1 or --stragglers); the same on every rank, as it adds a
     /// collective.
     gather: bool,
+    /// The device the buffers live on (`None`: host memory).
+    device: Option<&'static dyn Device>,
 }
 
-fn run_header(coll: Coll, args: &Args, per_iter: (bool, usize)) -> String {
+/// The memory the buffers live in, as the header names it.
+fn memory_name(device: Option<&'static dyn Device>) -> String {
+    match device {
+        None => "host".into(),
+        Some(device) => format!("device {}", device.label()),
+    }
+}
+
+fn run_header(
+    coll: Coll,
+    args: &Args,
+    per_iter: (bool, usize),
+    device: Option<&'static dyn Device>,
+) -> String {
     let mut out = format!(
-        "# rccl-tests version {} rccl-rs={} revision={} memory=host\n",
+        "# rccl-tests version {} rccl-rs={} revision={} memory={}\n",
         env!("CARGO_PKG_VERSION"),
         env!("CARGO_PKG_VERSION"),
-        env!("RCCL_BUILD_REVISION")
+        env!("RCCL_BUILD_REVISION"),
+        memory_name(device)
     );
     out += &format!("# Collective test starting: {}\n", coll.program_name());
     let (step, kind) = if args.stepfactor > 1 {
@@ -337,22 +374,52 @@ fn run_header(coll: Coll, args: &Args, per_iter: (bool, usize)) -> String {
     out
 }
 
-/// Host memory of one buffer, 64-byte aligned.
-struct Buffer {
-    mem: Vec<u64>,
-    offset: usize,
+/// One buffer, 64-byte aligned: host memory, or device memory (page
+/// aligned).
+enum Buffer {
+    Host {
+        mem: Vec<u64>,
+        offset: usize,
+    },
+    Device {
+        ptr: *mut u8,
+        device: &'static dyn Device,
+    },
 }
 
+// SAFETY: the device allocation belongs to this buffer alone, as the
+// host one does.
+unsafe impl Send for Buffer {}
+
 impl Buffer {
-    fn new(bytes: usize) -> Buffer {
-        let mem = vec![0u64; bytes.div_ceil(8) + 16];
-        let offset = (64 - (mem.as_ptr() as usize % 64)) % 64;
-        Buffer { mem, offset }
+    fn new(bytes: usize, device: Option<&'static dyn Device>) -> Res<Buffer> {
+        let Some(device) = device else {
+            let mem = vec![0u64; bytes.div_ceil(8) + 16];
+            let offset = (64 - (mem.as_ptr() as usize % 64)) % 64;
+            return Ok(Buffer::Host { mem, offset });
+        };
+        let ptr = device
+            .alloc(bytes)
+            .map_err(|e| format!("{}: cannot allocate device memory: {e}", hostname()))?;
+        Ok(Buffer::Device { ptr, device })
     }
 
     fn ptr(&mut self) -> *mut u8 {
-        // SAFETY: offset < 64 bytes lies inside the 16-word slack.
-        unsafe { self.mem.as_mut_ptr().cast::<u8>().add(self.offset) }
+        match self {
+            // SAFETY: offset < 64 bytes lies inside the 16-word slack.
+            Buffer::Host { mem, offset } => unsafe { mem.as_mut_ptr().cast::<u8>().add(*offset) },
+            Buffer::Device { ptr, .. } => *ptr,
+        }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Buffer::Device { ptr, device } = self {
+            // SAFETY: the rank's stream was synchronized before its buffers
+            // drop (Rank's Drop).
+            let _ = unsafe { device.free(*ptr) };
+        }
     }
 }
 
@@ -361,8 +428,36 @@ struct Rank {
     comm: Communicator,
     /// The harness's own collectives ([`bookkeeping_config`]).
     books: Communicator,
+    /// The stream its calls on device memory are ordered on.
+    stream: Option<Arc<dyn Stream>>,
     send: Buffer,
     recv: Buffer,
+}
+
+impl Rank {
+    /// Waits for the work queued on the rank's stream; reports a failure
+    /// of the stream or of the work (the communicator's async error).
+    fn complete(&self) -> rccl::Result<()> {
+        if let Some(stream) = &self.stream {
+            stream.synchronize(std::time::Instant::now() + self.comm.config().timeout)?;
+            if let Some(err) = self.comm.async_error() {
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        // The buffers drop after this: nothing queued may still use them.
+        if let Some(stream) = self.stream.take() {
+            let _ = stream.synchronize(std::time::Instant::now() + self.comm.config().timeout);
+            if let Some(device) = rccl::device::active() {
+                let _ = device.destroy_stream(stream.raw());
+            }
+        }
+    }
 }
 
 /// Sizes of one step of the sweep.
@@ -461,15 +556,27 @@ impl<'a> Worker<'a> {
     ) -> Res<Worker<'a>> {
         let nranks = comms.first().map_or(1, |(c, _)| c.count());
         let bytes = args.maxbytes + args.unalign * 8;
+        let device = setup.device;
         let ranks = comms
             .into_iter()
-            .map(|(comm, books)| Rank {
-                comm,
-                books,
-                send: Buffer::new(bytes),
-                recv: Buffer::new(bytes),
+            .map(|(comm, books)| {
+                let stream = match device {
+                    None => None,
+                    // -y: every rank on the default stream.
+                    Some(device) if args.stream_null != 0 => Some(device.stream(0)),
+                    Some(device) => Some(device.create_stream()),
+                }
+                .transpose()
+                .map_err(|e| format!("{}: cannot create a stream: {e}", hostname()))?;
+                Ok(Rank {
+                    comm,
+                    books,
+                    stream,
+                    send: Buffer::new(bytes, device)?,
+                    recv: Buffer::new(bytes, device)?,
+                })
             })
-            .collect();
+            .collect::<Res<Vec<Rank>>>()?;
         Ok(Worker {
             coll,
             args,
@@ -606,6 +713,10 @@ impl<'a> Worker<'a> {
         })
         .map_err(engine("ncclAllGather"))?;
         let mut text = String::from("# Using devices\n");
+        let (where_, what) = match self.setup.device {
+            None => ("[cpu]".to_string(), "host memory"),
+            Some(device) => (device.label(), "device memory"),
+        };
         let mut devices = Vec::new();
         let mut all_ranks = Vec::new();
         for (rank, rec) in recvs[0].chunks(REC).enumerate() {
@@ -613,11 +724,11 @@ impl<'a> Worker<'a> {
             let dev = u32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]]);
             let end = rec[8..].iter().position(|&b| b == 0).map_or(REC, |p| 8 + p);
             let host = String::from_utf8_lossy(&rec[8..end]);
-            text += &format!("#  Rank {rank:>2} Group {:>2} Pid {pid:>6} on {host:>10} device {dev:>2} [cpu] host memory\n", 0);
+            text += &format!("#  Rank {rank:>2} Group {:>2} Pid {pid:>6} on {host:>10} device {dev:>2} {where_} {what}\n", 0);
             // nccl-tests lists one device per process: its first rank's.
             let entry = serde_json::json!({
                 "rank": rank, "group": 0, "pid": pid, "hostname": host,
-                "device": dev, "device_hex": "cpu", "device_info": "host memory",
+                "device": dev, "device_hex": where_, "device_info": what,
             });
             if rank % self.setup.ranks_per_proc == 0 {
                 devices.push(entry.clone());
@@ -667,7 +778,7 @@ impl<'a> Worker<'a> {
             serde_json::json!({
                 "version": env!("CARGO_PKG_VERSION"),
                 "revision": env!("RCCL_BUILD_REVISION"),
-                "memory": "host",
+                "memory": if self.setup.device.is_some() { "device" } else { "host" },
                 "launch": self.setup.launch,
                 "nranks": self.nranks,
                 "ranks_per_process": self.setup.ranks_per_proc,
@@ -726,8 +837,47 @@ impl<'a> Worker<'a> {
         Ok(recvs[0])
     }
 
+    /// Waits for every rank's work to complete (on device memory, its
+    /// stream), then for every other thread and process.
     fn barrier(&mut self) -> Res<()> {
+        self.complete()?;
         self.allreduce(0.0, Some(RedOp::Sum)).map(|_| ())
+    }
+
+    /// Waits for the work queued on this thread's ranks' streams (nothing
+    /// to wait for on host memory, whose calls complete before they
+    /// return).
+    fn complete(&self) -> Res<()> {
+        for rank in &self.ranks {
+            rank.complete().map_err(engine(self.coll.program_name()))?;
+        }
+        Ok(())
+    }
+
+    /// Writes `bytes` at `dst` in this run's memory.
+    fn write_mem(&self, dst: *mut u8, bytes: &[u8]) {
+        match self.setup.device {
+            // SAFETY: the callers pass a range inside one of the buffers,
+            // with no work in flight on it.
+            Some(device) => unsafe { device.copy(dst, bytes.as_ptr(), bytes.len()) }
+                .expect("a copy inside a device buffer"),
+            // SAFETY: as above.
+            None => unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) },
+        }
+    }
+
+    /// Reads `len` bytes at `src` in this run's memory.
+    fn read_mem(&self, src: *const u8, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        match self.setup.device {
+            // SAFETY: the callers pass a range inside one of the buffers,
+            // with no work in flight on it.
+            Some(device) => unsafe { device.copy(out.as_mut_ptr(), src, len) }
+                .expect("a copy inside a device buffer"),
+            // SAFETY: as above.
+            None => unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), len) },
+        }
+        out
     }
 
     fn setup(&self, size: usize, dtype: DataType) -> Setup {
@@ -789,12 +939,14 @@ impl<'a> Worker<'a> {
                 for i in 0..self.ranks.len() {
                     let (send, recv) = self.pointers(i, st, in_place, iter);
                     let comm = &self.ranks[i].comm;
+                    let stream = self.ranks[i].stream.as_deref();
                     let red = op.unwrap_or(TestOp::Sum).red_op(st.dtype, comm.rank());
                     // SAFETY: pointers() keeps both inside this rank's
                     // buffers for the call's counts; they stay alive (self
                     // is borrowed) until the group ends.
                     unsafe {
                         coll.issue(
+                            stream,
                             comm,
                             send,
                             recv,
@@ -831,17 +983,17 @@ impl<'a> Worker<'a> {
         let elt = st.dtype.size();
         let root = root.max(0) as usize;
         for i in 0..self.ranks.len() {
+            // recv and send are valid for their counts (pointers()); the
+            // send region is written last (in place, it lies inside recv).
             let (send, recv) = self.pointers(i, st, in_place, 0);
             let r = self.ranks[i].comm.rank();
-            // SAFETY: recv is valid for counts.recv elements (pointers()).
-            unsafe { std::ptr::write_bytes(recv, 0, st.counts.recv * elt) };
+            self.write_mem(recv, &vec![0u8; st.counts.recv * elt]);
             if self.coll.sends(r, root) {
-                // SAFETY: send is valid for counts.send elements and no
-                // other reference to the buffer is alive.
-                let out = unsafe { std::slice::from_raw_parts_mut(send, st.counts.send * elt) };
+                let mut out = vec![0u8; st.counts.send * elt];
                 for (j, chunk) in out.chunks_exact_mut(elt).enumerate() {
                     super::codec::encode(st.dtype, self.coll.input(&pat, r, j), chunk);
                 }
+                self.write_mem(send, &out);
             }
         }
     }
@@ -865,9 +1017,9 @@ impl<'a> Worker<'a> {
             if !self.coll.receives(r, root) {
                 continue;
             }
-            // SAFETY: recv is valid for counts.recv elements; the operation
-            // has completed.
-            let got = unsafe { std::slice::from_raw_parts(recv, st.counts.recv * elt) };
+            // recv is valid for counts.recv elements; the operation has
+            // completed.
+            let got = self.read_mem(recv, st.counts.recv * elt);
             for (j, chunk) in got.chunks_exact(elt).enumerate() {
                 let want = self.coll.expected(&pat, r, root, st.counts.param.max(1), j);
                 if !pat.matches(&want, chunk) {
@@ -890,8 +1042,11 @@ impl<'a> Worker<'a> {
         for i in 0..self.ranks.len() {
             if self.ranks[i].comm.rank() == target && st.counts.recv > 0 {
                 let (_, recv) = self.pointers(i, st, in_place, 0);
-                // SAFETY: recv holds at least one element.
-                unsafe { *recv.add(elt - 1) ^= 0x40 };
+                // recv holds at least one element.
+                let last = recv.wrapping_add(elt - 1);
+                let mut byte = self.read_mem(last, 1);
+                byte[0] ^= 0x40;
+                self.write_mem(last, &byte);
             }
         }
     }
@@ -935,6 +1090,9 @@ impl<'a> Worker<'a> {
                 r = r.and(end);
             }
             r?;
+            if timed {
+                self.complete()?;
+            }
             if let Some(t0) = t0 {
                 let took = t0.elapsed().as_secs_f64();
                 if record {
@@ -946,6 +1104,7 @@ impl<'a> Worker<'a> {
                 }
             }
         }
+        self.complete()?;
         let elapsed = if args.blocking == 3 {
             coll_only
         } else {
@@ -979,6 +1138,7 @@ impl<'a> Worker<'a> {
             let seed = self.rep;
             self.init_data(st, op, root, in_place, seed);
             self.start_coll(st, op, root, in_place, 0)?;
+            self.complete()?;
             if self.corrupt {
                 self.corrupt_output(st, root, in_place);
             }
@@ -1195,6 +1355,7 @@ impl<'a> Worker<'a> {
             for iter in 0..args.warmup_iters {
                 self.start_coll(&st, op, root, false, iter)?;
             }
+            self.complete()?;
             if size == 0 {
                 break;
             }

@@ -1,5 +1,6 @@
 //! The perf tests' shared harness, compatible with nccl-tests: the same
-//! flags, output format and bandwidth arithmetic, over host memory.
+//! flags, output format and bandwidth arithmetic, over host memory or
+//! device memory of the active device (`--memory`).
 
 pub mod args;
 pub mod codec;

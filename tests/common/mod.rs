@@ -286,18 +286,30 @@ impl CaseBuffers {
         }
     }
 
-    /// Runs the case on `comm`.
-    pub fn run(&mut self, comm: &Communicator, case: &Case) -> rccl::Result<()> {
+    /// The call's send and receive pointers for buffers laid out as these
+    /// at `send_base` and `recv_base` (copies of [`CaseBuffers::send`] and
+    /// [`CaseBuffers::recv`], in host or device memory).
+    pub fn pointers_at(
+        &self,
+        case: &Case,
+        send_base: *mut u8,
+        recv_base: *mut u8,
+    ) -> (*const u8, *mut u8) {
         let size = case.dtype.size();
-        let (send, recv) = if self.recv.is_empty() && case.in_place {
-            let base = self.send.as_mut_ptr();
+        if self.recv.is_empty() && case.in_place {
             (
-                base.wrapping_add(self.send_offset * size) as *const u8,
-                base.wrapping_add(self.recv_offset * size),
+                send_base.wrapping_add(self.send_offset * size) as *const u8,
+                send_base.wrapping_add(self.recv_offset * size),
             )
         } else {
-            (self.send.as_ptr(), self.recv.as_mut_ptr())
-        };
+            (send_base as *const u8, recv_base)
+        }
+    }
+
+    /// Runs the case on `comm`.
+    pub fn run(&mut self, comm: &Communicator, case: &Case) -> rccl::Result<()> {
+        let bases = (self.send.as_mut_ptr(), self.recv.as_mut_ptr());
+        let (send, recv) = self.pointers_at(case, bases.0, bases.1);
         // SAFETY: the buffers were sized from the collective's lengths for
         // this rank (in place: the larger one, with NCCL's offsets) and
         // outlive the call, which completes before it returns.

@@ -45,6 +45,7 @@ pub const INHERITED_VARS: &[&str] = &[
     "NCCL_PROTO",
     "NCCL_TESTS_MIN_BW",
     "RCCL_PERF_CORRUPT",
+    "RCCL_DEVICE",
 ];
 
 /// A command running `bin` with `args`, none of [`INHERITED_VARS`] set.

@@ -1,0 +1,243 @@
+//! The stream-ordered path, as NCCL's: a call whose buffers are device
+//! memory is planned on the caller's thread as any call (argument errors,
+//! the tuner's choice, its sequence number), then its launch is enqueued
+//! on the caller's stream and the call returns at once. Later work on that
+//! stream sees the result; the caller never waits for its peers. A group
+//! is one task that every stream of its calls waits for, so a thread that
+//! drives several ranks (some sharing a stream) cannot deadlock.
+//!
+//! The launch runs the host executor over the device memory, which the
+//! emulated GPU keeps in host memory. The CUDA backend replaces that with
+//! its kernel behind the same seam: [`enqueue`] hands the device a planned
+//! launch and its streams.
+//!
+//! Failures of an enqueued launch poison its communicators: they surface
+//! through `async_error` (`ncclCommGetAsyncError`) and the next call.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use rccl_device::{Device, Stream};
+
+use crate::comm::CommInner;
+use crate::error::{Error, Result};
+use crate::launch::{self, Planned};
+use crate::op::RawOp;
+
+/// A stream of the active device.
+pub(crate) type StreamRef = Arc<dyn Stream>;
+
+/// A communicator's launches enqueued on streams, in issue order: each
+/// runs only after the one issued before it on the communicator, whatever
+/// streams they were given (NCCL orders a communicator's launches the
+/// same way), and host calls and finalize wait until none is left.
+#[derive(Default)]
+pub(crate) struct Queued {
+    /// Launches issued so far.
+    issued: AtomicU64,
+    /// Launches finished (run or dropped).
+    finished: AtomicU64,
+    lock: Mutex<()>,
+    changed: Condvar,
+}
+
+/// How often a waiting launch looks at its communicator's abort flag.
+const ABORT_POLL: Duration = Duration::from_millis(10);
+
+impl Queued {
+    /// The next launch's place in line.
+    fn issue(&self) -> u64 {
+        self.issued.fetch_add(1, Ordering::AcqRel)
+    }
+
+    fn finish(&self) {
+        self.finished.fetch_add(1, Ordering::AcqRel);
+        let _guard = self.lock.lock();
+        self.changed.notify_all();
+    }
+
+    /// Waits until `done` holds, the communicator fails (its error), or
+    /// `timeout` passes (`what` says what was waited for).
+    fn wait(
+        &self,
+        comm: &CommInner,
+        timeout: Duration,
+        what: &str,
+        done: impl Fn(u64) -> bool,
+    ) -> Result<()> {
+        if done(self.finished.load(Ordering::Acquire)) {
+            return Ok(());
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        let mut guard = self.lock.lock();
+        while !done(self.finished.load(Ordering::Acquire)) {
+            comm.check_usable()?;
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Err(Error::System(format!(
+                    "rank {}: waited {timeout:?} for {what}",
+                    comm.rank
+                )));
+            }
+            self.changed
+                .wait_for(&mut guard, (deadline - now).min(ABORT_POLL));
+        }
+        Ok(())
+    }
+
+    /// Waits until nothing is queued (a host call or finalize after
+    /// device calls on the same communicator runs after them), at most
+    /// the communicator's timeout. One atomic load each when nothing is.
+    pub(crate) fn wait_idle(&self, comm: &CommInner) -> Result<()> {
+        let issued = self.issued.load(Ordering::Acquire);
+        self.wait(
+            comm,
+            comm.config.timeout,
+            "the communicator's work queued on streams",
+            |finished| finished >= issued,
+        )
+    }
+
+    /// Waits until the launches issued before `ticket` have finished.
+    fn wait_turn(&self, comm: &CommInner, ticket: u64) -> Result<()> {
+        self.wait(
+            comm,
+            comm.config.timeout,
+            "the communicator's launch before this one, queued on another stream",
+            |finished| finished >= ticket,
+        )
+    }
+}
+
+/// One buffer of a call, for [`placement`]: its name in messages
+/// (`sendbuff`), address and length in elements.
+pub(crate) type Buffer<'a> = (&'a str, *const u8, usize);
+
+/// Where a call runs, from its buffers: `None` on host memory (the host
+/// path); the stream to order it on when they are device memory and the
+/// caller passed a stream (`stream`: its raw `cudaStream_t` value; `None`
+/// for the host-only entry points, which refuse device memory). A call
+/// mixing the two is refused, naming which buffer is which. Costs one
+/// lookup per buffer while a device is active, two atomic loads when none
+/// is.
+pub(crate) fn placement(
+    call: &str,
+    buffers: [Buffer<'_>; 2],
+    stream: Option<usize>,
+) -> Result<Option<StreamRef>> {
+    let Some(device) = rccl_device::active() else {
+        return Ok(None);
+    };
+    // Buffers the call does not use (no elements) are not classified.
+    let classified = buffers.map(|(name, ptr, len)| {
+        (len > 0 && !ptr.is_null()).then(|| (name, ptr, device.classify(ptr)))
+    });
+    let mut used = classified.iter().flatten();
+    let on_device = used.clone().find(|(_, _, memory)| memory.is_device());
+    let on_host = used.find(|(_, _, memory)| !memory.is_device());
+    match (on_device, on_host) {
+        (None, _) => Ok(None),
+        (Some((dev_name, dev_ptr, memory)), Some((host_name, host_ptr, _))) => {
+            Err(Error::InvalidArgument(format!(
+                "{call}: {dev_name} {dev_ptr:p} is {memory} but {host_name} {host_ptr:p} is \
+                 host memory: a call's buffers must all be host memory or all device memory"
+            )))
+        }
+        (Some((name, ptr, memory)), None) => {
+            let Some(raw) = stream else {
+                return Err(Error::InvalidArgument(format!(
+                    "{call}: {name} {ptr:p} is {memory}, which this host-memory call does not \
+                     touch: pass it with a stream (the C ABI, or the *_on_stream calls)"
+                )));
+            };
+            device.stream(raw).map(Some).map_err(Error::from)
+        }
+    }
+}
+
+/// A launch enqueued on streams, from plan to completion. Dropped without
+/// running (its streams gone), it still poisons its communicators: their
+/// sequence numbers moved on without it.
+struct Task {
+    planned: Option<Planned>,
+    /// Its communicators, each with the task's place in its line.
+    comms: Vec<(Arc<CommInner>, u64)>,
+}
+
+// SAFETY: a planned launch holds raw pointers into the callers' buffers,
+// which the callers promised stay valid (and untouched by anyone else)
+// until the stream work completes; everything else in it is Send.
+unsafe impl Send for Task {}
+
+impl Task {
+    fn run(mut self) {
+        let planned = self.planned.take().expect("a task runs once");
+        let result = self
+            .comms
+            .iter()
+            .try_for_each(|(comm, ticket)| {
+                comm.queued.wait_turn(comm, *ticket)?;
+                comm.check_usable()
+            })
+            .and_then(|()| launch::run(planned));
+        if let Err(err) = result {
+            for (comm, _) in &self.comms {
+                comm.poison(&err);
+            }
+        }
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        if self.planned.take().is_some() {
+            let err = Error::System(
+                "a launch queued on a stream never ran: its stream was \
+                 destroyed"
+                    .into(),
+            );
+            for (comm, _) in &self.comms {
+                comm.poison(&err);
+            }
+        }
+        for (comm, _) in &self.comms {
+            comm.queued.finish();
+        }
+    }
+}
+
+/// Plans `ops` (every one carrying its stream) and enqueues the launch as
+/// one task on all their streams; returns once enqueued.
+pub(crate) fn enqueue(ops: Vec<RawOp>) -> Result<()> {
+    let device: &dyn Device = rccl_device::active()
+        .ok_or_else(|| Error::Internal("device work without an active device".into()))?;
+    let mut streams: Vec<StreamRef> = Vec::with_capacity(ops.len());
+    for op in &ops {
+        match &op.stream {
+            Some(stream) => streams.push(stream.clone()),
+            None => {
+                return Err(Error::InvalidArgument(
+                    "a group mixes calls on host memory with calls on device memory: run \
+                     them in separate groups"
+                        .into(),
+                ))
+            }
+        }
+    }
+    let Some(planned) = launch::plan(ops)? else {
+        return Ok(());
+    };
+    let comms = planned
+        .comms()
+        .map(|comm| (comm.clone(), comm.queued.issue()))
+        .collect();
+    let task = Task {
+        planned: Some(planned),
+        comms,
+    };
+    device
+        .enqueue_joint(&streams, Box::new(move || task.run()))
+        .map_err(Error::from)
+}
