@@ -224,19 +224,29 @@ impl Plugin {
     /// default, `libnccl-net.so`), by NCCL's rules; the error says what
     /// was tried and why each failed.
     pub fn load(entry: Option<&str>) -> Result<Arc<Plugin>, String> {
+        Plugin::load_version(entry, 12)
+    }
+
+    /// As [`Plugin::load`], taking the newest interface version up to
+    /// `newest` (8 to 12): to check a plug-in at each version it exports.
+    pub fn load_version(entry: Option<&str>, newest: u32) -> Result<Arc<Plugin>, String> {
         let mut tried = Vec::new();
         for name in library_names(entry) {
             // SAFETY: loading a library runs its initializers; a net
             // plug-in is made to be loaded into the process this way.
             match unsafe { libloading::Library::new(&name) } {
-                Ok(library) => return Plugin::from_library(library, name),
+                Ok(library) => return Plugin::from_library(library, name, newest),
                 Err(e) => tried.push(format!("{name}: {e}")),
             }
         }
         Err(format!("could not load {}", tried.join("; ")))
     }
 
-    fn from_library(library: libloading::Library, path: String) -> Result<Arc<Plugin>, String> {
+    fn from_library(
+        library: libloading::Library,
+        path: String,
+        newest: u32,
+    ) -> Result<Arc<Plugin>, String> {
         // The library stays loaded for the life of the process: its
         // tables and comms are used until then.
         let library: &'static libloading::Library = Box::leak(Box::new(library));
@@ -247,11 +257,28 @@ impl Plugin {
             // unloaded.
             unsafe { library.get::<*const T>(name).ok().map(|s| &**s) }
         }
-        let table = symbol::<NetV12>(library, b"ncclNetPlugin_v12\0")
-            .map(Table::V12)
-            .or_else(|| symbol::<NetV11>(library, b"ncclNetPlugin_v11\0").map(Table::V11))
-            .or_else(|| symbol::<NetV10>(library, b"ncclNetPlugin_v10\0").map(Table::V10))
-            .or_else(|| symbol::<NetV9>(library, b"ncclNetPlugin_v9\0").map(Table::V9))
+        let up_to = |v: u32| newest >= v;
+        let table = None
+            .or_else(|| {
+                up_to(12)
+                    .then(|| symbol::<NetV12>(library, b"ncclNetPlugin_v12\0").map(Table::V12))
+                    .flatten()
+            })
+            .or_else(|| {
+                up_to(11)
+                    .then(|| symbol::<NetV11>(library, b"ncclNetPlugin_v11\0").map(Table::V11))
+                    .flatten()
+            })
+            .or_else(|| {
+                up_to(10)
+                    .then(|| symbol::<NetV10>(library, b"ncclNetPlugin_v10\0").map(Table::V10))
+                    .flatten()
+            })
+            .or_else(|| {
+                up_to(9)
+                    .then(|| symbol::<NetV9>(library, b"ncclNetPlugin_v9\0").map(Table::V9))
+                    .flatten()
+            })
             .or_else(|| symbol::<NetV8>(library, b"ncclNetPlugin_v8\0").map(Table::V8))
             .ok_or_else(|| {
                 format!("{path} exports none of ncclNetPlugin_v12 .. ncclNetPlugin_v8")
