@@ -609,9 +609,9 @@ fn nccl_net_chooses_the_network_by_name() {
             });
         }
     });
-    let err = Communicator::init_all_config(2, config("Verbs"))
-        .err()
-        .expect("an unknown network was accepted");
+    let Err(err) = Communicator::init_all_config(2, config("Verbs")) else {
+        panic!("an unknown network was accepted");
+    };
     let text = err.to_string();
     assert!(
         text.contains("NCCL_NET=Verbs: no network of that name") && text.contains("Socket"),
