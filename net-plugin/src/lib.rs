@@ -243,8 +243,7 @@ fn connect_to(
         return Err(invalid("a malformed listen handle"));
     }
     let ours = ListenHandle::from_bytes(&buf[1..1 + len])?;
-    let (body, slot) = buf.split_at_mut(HANDLE_BODY);
-    let _ = body;
+    let slot = &mut buf[HANDLE_BODY..];
     let mut stage_ptr = usize::from_ne_bytes(slot.try_into().expect("a word"));
     if stage_ptr == 0 {
         stage_ptr = Box::into_raw(Box::<SocketConnect>::default()) as usize;
@@ -457,17 +456,14 @@ mod entries {
         _data: *mut c_void,
         _size: usize,
         _kind: c_int,
-        _offset: u64,
-        _fd: c_int,
+        offset: u64,
+        fd: c_int,
         _out: *mut *mut c_void,
     ) -> NcclResult {
         guard(|| {
             Err(NetError::Unsupported {
                 net: "Socket",
-                memory: MemoryType::DmaBuf {
-                    fd: _fd,
-                    offset: _offset,
-                },
+                memory: MemoryType::DmaBuf { fd, offset },
             })
         })
     }

@@ -361,7 +361,9 @@ impl Plugin {
                 })
                 .clone()?,
         }
-        let net = PluginNet {
+        // Made before the checks below, so that failing them finalizes
+        // the context (its Drop).
+        let mut net = PluginNet {
             plugin: self.clone(),
             ctx,
             devices: 0,
@@ -377,7 +379,6 @@ impl Plugin {
                 "the net plug-in {plugin} has no device"
             )));
         }
-        let mut net = net;
         net.devices = ndev as usize;
         net.props = (0..net.devices)
             .map(|dev| net.read_properties(dev))
