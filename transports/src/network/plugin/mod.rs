@@ -58,7 +58,7 @@ thread_local! {
 }
 
 /// Where `logger.c` hands each formatted message: to this process's log
-/// (`NET` subsystem), warnings also to [`LAST_WARNING`].
+/// (`NET` subsystem), warnings also kept as the text of the next failed call's error.
 ///
 /// # Safety
 /// `file` and `message` are null or NUL-terminated strings.
