@@ -58,7 +58,8 @@ thread_local! {
 }
 
 /// Where `logger.c` hands each formatted message: to this process's log
-/// (`NET` subsystem), warnings also kept as the text of the next failed call's error.
+/// (`NET` subsystem); a warning is also kept as the text of the error of
+/// the call that logged it.
 ///
 /// # Safety
 /// `file` and `message` are null or NUL-terminated strings.
