@@ -20,6 +20,8 @@ pub struct Settings {
     pub min_channels: Option<usize>,
     pub max_channels: Option<usize>,
     pub name: Option<String>,
+    /// `netName`: the network to use, as `NCCL_NET` names it.
+    pub net: Option<String>,
 }
 
 fn channels(value: c_int, what: &str) -> Result<Option<usize>> {
@@ -87,12 +89,24 @@ pub unsafe fn read_config(config: *const ncclConfig_t) -> Result<Settings> {
                 .into_owned(),
         );
     }
+    if !c.netName.is_null() {
+        // SAFETY: a non-NULL netName is a C string, per nccl.h.
+        settings.net = Some(
+            unsafe { CStr::from_ptr(c.netName) }
+                .to_string_lossy()
+                .into_owned(),
+        );
+    }
     Ok(settings)
 }
 
 impl Settings {
-    /// The engine settings: `base` with the channel range overridden.
+    /// The engine settings: `base` with the channel range and the network
+    /// overridden.
     pub fn engine_config(&self, mut base: Config) -> Config {
+        if let Some(net) = &self.net {
+            base.net = Some(net.clone());
+        }
         if let Some(max) = self.max_channels {
             base.max_channels = max;
             base.min_channels = base.min_channels.min(max);

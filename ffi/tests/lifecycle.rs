@@ -1,6 +1,7 @@
 //! Finalize and destroy as NCCL programs call them: every rank of
 //! `ncclCommInitAll` finalized from one thread in turn, and a communicator
-//! destroyed while another thread runs a collective on it.
+//! destroyed while another thread runs a collective on it; the network
+//! chosen by `config.netName`.
 
 use std::ffi::{c_void, CStr};
 use std::ptr::null_mut;
@@ -91,4 +92,35 @@ fn destroy_aborts_a_collective_another_thread_runs_on_the_communicator() {
     assert!(took < Duration::from_secs(3), "{took:?}");
     // SAFETY: a live handle, destroyed once.
     assert_eq!(unsafe { ncclCommDestroy(comms[1]) }, ncclSuccess);
+}
+
+/// `config.netName` chooses the network as `NCCL_NET` does: a name that no
+/// network has fails the init with `ncclInvalidUsage`, naming the networks
+/// there are; `socket` (any case) is the built-in Socket network.
+#[test]
+fn config_net_name_chooses_the_network() {
+    let init = |name: &std::ffi::CStr| {
+        let mut id = ncclUniqueId { internal: [0; 128] };
+        let mut config = ncclConfig_t::initializer();
+        config.netName = name.as_ptr();
+        let mut comm = null_mut();
+        // SAFETY: valid out-pointers and an initialized config whose name
+        // outlives the call.
+        let rc = unsafe {
+            assert_eq!(ncclGetUniqueId(&mut id), ncclSuccess);
+            ncclCommInitRankConfig(&mut comm, 1, id, 0, &mut config)
+        };
+        (rc, comm)
+    };
+    let (rc, _) = init(c"Verbs");
+    assert_eq!(rc, ncclInvalidUsage);
+    let err = last_error();
+    assert!(
+        err.contains("NCCL_NET=Verbs: no network of that name") && err.contains("Socket"),
+        "{err}"
+    );
+    let (rc, comm) = init(c"SOCKET");
+    assert_eq!(rc, ncclSuccess, "{}", last_error());
+    // SAFETY: a communicator just made.
+    assert_eq!(unsafe { ncclCommDestroy(comm) }, ncclSuccess);
 }

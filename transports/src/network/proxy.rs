@@ -10,7 +10,7 @@
 //! Each pass asks every connection to move what it can without waiting
 //! ([`Work::progress`]). When a pass moves nothing, the thread yields a
 //! little, then announces that it sleeps, looks once more, and sleeps in
-//! `poll(2)` on what the pending requests wait for ([`Work::wait_on`]) and
+//! `ppoll(2)` on what the pending requests wait for ([`Work::wait_on`]) and
 //! on its doorbell, an eventfd that the FIFOs ring when the executor
 //! publishes, releases or fails a slot ([`Bell`]). Ringing costs the
 //! executor one atomic load unless the proxy sleeps. The sleep is bounded
@@ -28,8 +28,14 @@ use crate::fifo::Doorbell;
 
 /// Longest one sleep of the proxy: bounds a lost wake-up.
 const PARK_MAX: Duration = Duration::from_millis(100);
-/// Sleep when some pending request cannot say what it waits for.
+/// Sleep when some pending request cannot say what it waits for (a net
+/// plug-in's requests: nothing to sleep on, so they are tested again).
 const PARK_UNKNOWN: Duration = Duration::from_millis(1);
+/// The same sleep within [`RECENT`] of the last movement, when the next
+/// message of an operation in progress is likely close.
+const PARK_UNKNOWN_RECENT: Duration = Duration::from_micros(50);
+/// How long after the last movement the proxy keeps its sleeps short.
+const RECENT: Duration = Duration::from_millis(5);
 /// How long a proxy that found nothing to do yields before it sleeps:
 /// the executor usually answers within this, and a yield is cheaper than
 /// a wake-up.
@@ -200,14 +206,24 @@ fn run(proxy: &'static Proxy) {
         for link in &links {
             exact &= link.wait_on(&mut fds);
         }
-        let park = if exact { PARK_MAX } else { PARK_UNKNOWN };
+        let park = match (exact, since.elapsed() < RECENT) {
+            (true, _) => PARK_MAX,
+            (false, true) => PARK_UNKNOWN_RECENT,
+            (false, false) => PARK_UNKNOWN,
+        };
+        let timeout = libc::timespec {
+            tv_sec: park.as_secs() as libc::time_t,
+            tv_nsec: park.subsec_nanos() as libc::c_long,
+        };
         // SAFETY: `fds` holds `fds.len()` initialised pollfds and lives
-        // across the call. Errors (EINTR) just end the sleep.
+        // across the call; a valid timeout and no signal mask. Errors
+        // (EINTR) just end the sleep.
         unsafe {
-            libc::poll(
+            libc::ppoll(
                 fds.as_mut_ptr(),
                 fds.len() as libc::nfds_t,
-                park.as_millis() as libc::c_int,
+                &timeout,
+                std::ptr::null(),
             )
         };
         proxy.bell.sleeping.store(false, Ordering::SeqCst);
