@@ -328,7 +328,10 @@ fn thirty_two_requests_in_flight_and_no_more<N: Net>(a: &N, b: &N) {
         .isend(&mut send, out[send_limit..].as_ptr(), 1, 0, &send_mr)
         .unwrap()
         .unwrap();
+    // A network may hold a send until its receive is posted.
+    let last_recv = b.irecv(&mut recv, &[buffer(send_limit)]).unwrap().unwrap();
     complete(a, vec![last]);
+    complete(b, vec![last_recv]);
 }
 
 /// `accept` returns at once while nobody connected, `connect` returns at
@@ -443,14 +446,10 @@ fn closing_with_requests_pending<N: Net>(a: &N, b: &N) {
         .unwrap()
         .unwrap();
     let err = failure(b, &mut r);
+    // Only a stream network knows a message was cut.
+    let stream = a.name() == "Socket";
     assert!(
-        matches!(
-            err,
-            NetError::Closed {
-                mid_message: true,
-                ..
-            }
-        ),
+        matches!(err, NetError::Closed { mid_message, .. } if mid_message || !stream),
         "{err}"
     );
     assert!(err.to_string().contains(&recv.peer()), "{err}");
@@ -563,6 +562,8 @@ macro_rules! conformance {
 }
 
 conformance!(socket, common::socket_pair());
+conformance!(ib_model, common::ib_pair(1));
+conformance!(ib_model_four_qps, common::ib_pair(4));
 
 /// Checks of the Socket provider beyond the common contract.
 mod socket_only {

@@ -60,6 +60,7 @@ use std::path::PathBuf;
 
 mod connection;
 mod handshake;
+pub mod ib;
 mod proxy;
 pub mod socket;
 
