@@ -696,10 +696,15 @@ impl Link {
         })
     }
 
+    /// Fails the communicator; its TCP connection is shut down, so the
+    /// peer's side fails too instead of waiting.
     fn fail(&mut self, err: NetError) {
         if self.failed.is_none() {
             tracing::info!(target: "NET", "NET/IB: the communicator with {} failed: {err}", self.peer);
             self.failed = Some(err);
+            if let Some(control) = &self.control {
+                let _ = control.shutdown(std::net::Shutdown::Both);
+            }
         }
     }
 
@@ -739,32 +744,36 @@ impl Link {
                 }
             }
         }
-        // The first error is the cause; flushes only follow it.
+        // A flush only follows the cause: the failed request's status, a
+        // fatal event, or the peer closing its side.
         let bad = wcs
             .iter()
-            .filter(|wc| wc.status != WcStatus::Success)
-            .min_by_key(|wc| wc.status == WcStatus::Flush)
+            .find(|wc| wc.status != WcStatus::Success && wc.status != WcStatus::Flush)
+            .or_else(|| wcs.iter().find(|wc| wc.status == WcStatus::Flush))
             .copied();
-        if bad.is_some() || self.fatal().is_some() {
-            // The peer closing its side is the cause of what follows.
-            if let Some(closed) = self.peer_gone() {
-                self.fail(closed);
-                return false;
-            }
-        }
-        if let Some(wc) = bad {
-            self.fail_with(
-                doing,
-                io::ErrorKind::ConnectionAborted,
-                format!(
-                    "a work request failed: {} on QP {:#x}",
-                    wc.status, wc.qp_num
-                ),
-            );
+        let failed = |wc: &Wc| {
+            format!(
+                "a work request failed: {} on QP {:#x}",
+                wc.status, wc.qp_num
+            )
+        };
+        if let Some(wc) = bad.filter(|wc| wc.status != WcStatus::Flush) {
+            self.fail_with(doing, io::ErrorKind::ConnectionAborted, failed(&wc));
             return false;
         }
-        if let Some(fatal) = self.fatal() {
+        // This side's device failing is a cause of its own.
+        if let Some(fatal) = self.device.async_error() {
             self.fail_with(doing, io::ErrorKind::ConnectionAborted, fatal);
+            return false;
+        }
+        let fatal = self.qps.iter().find_map(|qp| qp.async_error());
+        if bad.is_some() || fatal.is_some() {
+            if let Some(closed) = self.peer_gone() {
+                self.fail(closed);
+            } else {
+                let why = fatal.unwrap_or_else(|| failed(&bad.expect("a flush")));
+                self.fail_with(doing, io::ErrorKind::ConnectionAborted, why);
+            }
             return false;
         }
         if wcs.is_empty() && self.last_look.elapsed() >= LIVENESS_EVERY {
@@ -775,13 +784,6 @@ impl Link {
             }
         }
         true
-    }
-
-    /// A fatal event on the device or a queue pair.
-    fn fatal(&self) -> Option<String> {
-        self.device
-            .async_error()
-            .or_else(|| self.qps.iter().find_map(|qp| qp.async_error()))
     }
 
     /// Whether the peer closed the TCP connection (it closed the

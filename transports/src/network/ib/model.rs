@@ -293,6 +293,8 @@ struct Outstanding {
     /// The bytes, copied at posting (inline) or at first sending.
     payload: Option<Vec<u8>>,
     sent_at: Option<Instant>,
+    /// Sent at least once (later sends are retransmissions).
+    sent_once: bool,
 }
 
 struct Qp {
@@ -1028,7 +1030,8 @@ impl NicState {
                 let Some(mut out) = qp.queued.pop_front() else {
                     break;
                 };
-                let first = out.sent_at.is_none() && out.payload.is_none();
+                let first = !out.sent_once;
+                out.sent_once = true;
                 if out.payload.is_none() {
                     match out.wr.sge {
                         None => out.payload = Some(Vec::new()),
@@ -1408,6 +1411,7 @@ impl QueuePair for ModelQp {
                     psn: qp.next_psn,
                     payload,
                     sent_at: None,
+                    sent_once: false,
                 });
                 qp.next_psn = qp.next_psn.wrapping_add(1) & 0xff_ffff;
             }

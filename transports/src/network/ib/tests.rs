@@ -363,10 +363,14 @@ fn unanswered_frames_time_out_after_the_retries() {
     let (a, b) = (model(9), model(10));
     // timeout 14: 67 ms per try; 2 retries: about 200 ms.
     let (x, y) = connected(&a, &b, path(14, 2, 7), 64);
-    let start = Instant::now();
     b.inject(Fault::Stall(Duration::from_secs(2)), 0);
     // The stall starts when b sends its next frame.
+    let sent = b.frames_sent();
     y.qp.post_send(&[write(&y, &x, 0, 8, None, 1)]).unwrap();
+    while b.frames_sent() == sent {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let start = Instant::now();
     x.qp.post_send(&[write(&x, &y, 0, 8, None, 2)]).unwrap();
     let wc = completions(&x.cq, 1)[0];
     assert_eq!((wc.wr_id, wc.status), (2, WcStatus::RetryExceeded));
@@ -387,7 +391,11 @@ fn a_short_stall_loses_nothing() {
     // b stalls 100 ms from its next frame; a's frames are sent again
     // (every 17 ms) and duplicates are dropped.
     b.inject(Fault::Stall(Duration::from_millis(100)), 0);
+    let sent = b.frames_sent();
     y.qp.post_send(&[write(&y, &x, 4000, 8, None, 1)]).unwrap();
+    while b.frames_sent() == sent {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     y.qp.post_recv(&(0..4).map(recv).collect::<Vec<_>>())
         .unwrap();
     let wrs: Vec<SendWr> = (0..4)
