@@ -587,3 +587,35 @@ fn hang_report_names(config: Config, place: &str) {
         "{report}"
     );
 }
+
+/// `NCCL_NET` picks the network by name, ignoring case, and the
+/// connections go through it; a name that no provider has fails the init
+/// with `ncclInvalidUsage`, naming the networks there are.
+#[test]
+fn nccl_net_chooses_the_network_by_name() {
+    let config = |net: &str| Config {
+        net: Some(net.into()),
+        shm_disable: true,
+        ..short_timeout()
+    };
+    let comms = Communicator::init_all_config(2, config("sOCKET")).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || {
+                let mut out = [0u32; 3];
+                comm.all_reduce(&[comm.rank() as u32 + 1; 3], &mut out, RedOp::Sum)
+                    .unwrap();
+                assert_eq!(out, [3; 3]);
+            });
+        }
+    });
+    let err = Communicator::init_all_config(2, config("Verbs"))
+        .err()
+        .expect("an unknown network was accepted");
+    let text = err.to_string();
+    assert!(
+        text.contains("NCCL_NET=Verbs: no network of that name") && text.contains("Socket"),
+        "{text}"
+    );
+    assert_eq!(err.code(), 5, "ncclInvalidUsage");
+}

@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use rccl_algorithms::Topology;
-use rccl_transports::network::socket::{Socket, SocketDevice};
+use rccl_transports::network::providers::{self, NetInit};
+use rccl_transports::network::socket::SocketDevice;
+use rccl_transports::transport::Transport;
 
 use crate::bootstrap::{Bootstrap, UniqueId};
 use crate::config::Config;
@@ -177,8 +179,9 @@ pub(crate) struct CommInner {
     pub nranks: usize,
     pub config: Config,
     pub bootstrap: Bootstrap,
-    /// The network connections to other hosts go through.
-    pub net: Arc<Socket>,
+    /// The network connections to other hosts go through (its entry of
+    /// the transport table).
+    pub net: Arc<dyn Transport>,
     pub peers: Vec<PeerInfo>,
     pub abort: Arc<AtomicBool>,
     /// How the communicator was ended, once `abort` is set: "aborted"
@@ -366,7 +369,7 @@ impl CommInner {
             let via = if self.shares_memory_with(peer) {
                 "SHM/direct".to_string()
             } else {
-                format!("NET/Socket {}", self.peers[peer].data_addr)
+                format!("{} {}", self.net.name(), self.peers[peer].data_addr)
             };
             tracing::info!(target: GRAPH, "[{rank}] Transport to rank {peer} ({}): {via}", self.peers[peer].host);
         }
@@ -508,8 +511,14 @@ impl Communicator {
             name: ip.to_string(),
             ip,
         };
-        let net = Socket::new(vec![device], bootstrap.secret())
-            .map_err(|e| Error::System(format!("rank {rank}: the network on {ip}: {e}")))?;
+        let init = NetInit {
+            rank,
+            device,
+            secret: bootstrap.secret(),
+        };
+        let net = providers::choose(&init, config.net.as_deref())
+            .map_err(|e| Error::InvalidUsage(format!("rank {rank}: {e}")))?
+            .transport;
         let me = PeerInfo {
             data_addr: SocketAddr::new(ip, 0),
             host: crate::net::hostname(),
@@ -553,7 +562,7 @@ impl Communicator {
             nranks,
             config,
             bootstrap,
-            net: Arc::new(net),
+            net,
             peers,
             abort,
             ended: std::sync::OnceLock::new(),

@@ -34,6 +34,10 @@ pub struct Config {
     /// Never use shared memory between ranks of one host; go through the
     /// network transport instead (`NCCL_SHM_DISABLE=1`).
     pub shm_disable: bool,
+    /// The network to use, by name, ignoring case (`NCCL_NET`: `Socket`,
+    /// or a net plug-in's name); `None`: the first that opens (see
+    /// `rccl_transports::network::providers`).
+    pub net: Option<String>,
     /// Which protocols the tuner may use (`NCCL_PROTO`, NCCL's syntax:
     /// `LL,LL128`, `^LL`, per collective `allreduce:LL;broadcast:^LL128`).
     pub proto: Selection,
@@ -61,6 +65,7 @@ impl Default for Config {
             ll_buffsize: 64 << 10,
             ll128_buffsize: 480 << 10,
             shm_disable: false,
+            net: None,
             proto: Selection::default(),
             algo: Selection::default(),
             board_bytes: 64 << 10,
@@ -146,6 +151,9 @@ impl Config {
         }
         if let Some(flag) = env_usize("NCCL_SHM_DISABLE")? {
             config.shm_disable = flag != 0;
+        }
+        if let Ok(name) = std::env::var("NCCL_NET") {
+            config.net = Some(name).filter(|name| !name.is_empty());
         }
         config.validate()?;
         Ok(config)

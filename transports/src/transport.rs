@@ -15,7 +15,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use crate::fifo::{FifoShape, Protocol};
-use crate::network::socket::Socket;
 use crate::network::{ListenHandle, Net, NetConnection};
 use crate::process::ProcessId;
 use crate::shm::{self, ShmConnection, ShmSegment};
@@ -42,8 +41,9 @@ pub struct Context<'a> {
     pub fifo: FifoShape,
     /// `NCCL_SHM_DISABLE`.
     pub shm_disable: bool,
-    /// The communicator's network (`NCCL_NET`: Socket).
-    pub net: &'a Arc<Socket>,
+    /// The communicator's network entry ([`Network`] over the provider
+    /// that [`crate::network::providers::choose`] picked at init).
+    pub net: &'a Arc<dyn Transport>,
     /// The communicator's abort flag.
     pub abort: &'a AtomicBool,
 }
@@ -110,7 +110,7 @@ pub fn register(transport: Arc<dyn Transport>) {
 /// The first transport of the table that can connect this rank and `peer`.
 pub fn choose(cx: &Context<'_>, peer: usize) -> Option<Arc<dyn Transport>> {
     let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
-    let builtin: [Arc<dyn Transport>; 2] = [Arc::new(Shm), Arc::new(Network)];
+    let builtin: [Arc<dyn Transport>; 2] = [Arc::new(Shm), cx.net.clone()];
     registered
         .iter()
         .cloned()
@@ -190,25 +190,38 @@ impl Pending for ShmPending {
     }
 }
 
-/// The network: a [`Net`] provider (Socket), each side listening and
-/// connecting to the other's listener (its handle goes through the
-/// bootstrap), the connection's slots moved by the process's network proxy.
-struct Network;
+/// The network: a [`Net`] provider, each side listening and connecting to
+/// the other's listener (its handle goes through the bootstrap), the
+/// connection's slots moved by the process's network proxy. It connects
+/// any pair of ranks, so it comes last in the table.
+pub struct Network<N: Net> {
+    net: Arc<N>,
+    name: &'static str,
+}
 
-impl Transport for Network {
+impl<N: Net> Network<N> {
+    /// The entry for `net` (`NET/<its name>` in logs).
+    pub fn new(net: Arc<N>) -> Network<N> {
+        let name = crate::network::transport_name(net.name());
+        Network { net, name }
+    }
+}
+
+impl<N: Net> Transport for Network<N> {
     fn name(&self) -> &'static str {
-        "NET/Socket"
+        self.name
     }
 
     fn can_connect(&self, _cx: &Context<'_>, _peer: usize) -> bool {
         true
     }
 
-    fn setup(&self, cx: &Context<'_>, _peer: usize, _channel: usize) -> io::Result<Setup> {
-        let (handle, listen) = cx.net.listen(0).map_err(io::Error::other)?;
+    fn setup(&self, _cx: &Context<'_>, _peer: usize, _channel: usize) -> io::Result<Setup> {
+        let (handle, listen) = self.net.listen(0).map_err(io::Error::other)?;
         Ok(Setup {
             info: Some(handle.as_bytes().to_vec()),
-            pending: Box::new(NetworkPending {
+            pending: Box::new(NetworkPending::<N> {
+                net: self.net.clone(),
                 listen: Some(listen),
                 stage: Default::default(),
                 send: None,
@@ -218,14 +231,15 @@ impl Transport for Network {
     }
 }
 
-struct NetworkPending {
-    listen: Option<<Socket as Net>::ListenComm>,
-    stage: <Socket as Net>::ConnectStage,
-    send: Option<<Socket as Net>::SendComm>,
-    recv: Option<<Socket as Net>::RecvComm>,
+struct NetworkPending<N: Net> {
+    net: Arc<N>,
+    listen: Option<N::ListenComm>,
+    stage: N::ConnectStage,
+    send: Option<N::SendComm>,
+    recv: Option<N::RecvComm>,
 }
 
-impl Pending for NetworkPending {
+impl<N: Net> Pending for NetworkPending<N> {
     fn awaits_peer_info(&self) -> bool {
         true
     }
@@ -238,15 +252,15 @@ impl Pending for NetworkPending {
         until: Instant,
     ) -> io::Result<Option<Box<dyn Connection>>> {
         let theirs = ListenHandle::from_bytes(peer_info).map_err(io::Error::other)?;
+        let net = &*self.net;
         loop {
             if self.send.is_none() {
-                self.send = cx
-                    .net
+                self.send = net
                     .connect(0, &theirs, &mut self.stage)
                     .map_err(io::Error::other)?;
             }
             if let (None, Some(listen)) = (&self.recv, &mut self.listen) {
-                self.recv = cx.net.accept(listen).map_err(io::Error::other)?;
+                self.recv = net.accept(listen).map_err(io::Error::other)?;
             }
             if self.send.is_some() && self.recv.is_some() {
                 break;
@@ -260,14 +274,14 @@ impl Pending for NetworkPending {
             std::thread::yield_now();
         }
         if let Some(listen) = self.listen.take() {
-            cx.net.close_listen(listen).map_err(io::Error::other)?;
+            net.close_listen(listen).map_err(io::Error::other)?;
         }
         let (send, recv) = (self.send.take(), self.recv.take());
         let (Some(send), Some(recv)) = (send, recv) else {
             unreachable!("both ends are connected")
         };
         let slot_bytes = cx.fifo.slot_bytes(Protocol::Simple);
-        let conn = NetConnection::start(cx.net.clone(), send, recv, cx.fifo.nslots, slot_bytes)
+        let conn = NetConnection::start(self.net.clone(), send, recv, cx.fifo.nslots, slot_bytes)
             .map_err(io::Error::other)?;
         Ok(Some(Box::new(conn)))
     }

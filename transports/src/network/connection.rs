@@ -122,7 +122,7 @@ impl std::fmt::Debug for NetConnection {
 }
 
 /// `NET/<name>`, made once per network name.
-fn transport_name(net: &str) -> &'static str {
+pub(crate) fn transport_name(net: &str) -> &'static str {
     static NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
     let mut names = NAMES.lock();
     if let Some(name) = names.iter().find(|name| name[4..] == *net) {

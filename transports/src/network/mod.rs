@@ -9,6 +9,7 @@
 //!   the communicator's secret.
 //! - [`NetConnection`]: a [`crate::Connection`] whose FIFOs the process's
 //!   network proxy moves through any [`Net`].
+//! - [`providers`]: which provider a communicator uses (`NCCL_NET`).
 //!
 //! # The contract (NCCL's, word for word where NCCL states it)
 //!
@@ -61,9 +62,11 @@ use std::path::PathBuf;
 mod connection;
 mod handshake;
 pub mod ib;
+pub mod providers;
 mod proxy;
 pub mod socket;
 
+pub(crate) use connection::transport_name;
 pub use connection::NetConnection;
 
 /// Most requests a communicator handles at once (`NCCL_NET_MAX_REQUESTS`).
