@@ -33,7 +33,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -379,7 +379,13 @@ impl Ib {
                     model::Model::new(v4).map_err(|e| format!("the verbs model on {ip}: {e}"))?,
                 )
             }
-            _ => Arc::new(sys::Libibverbs::open()?),
+            _ => {
+                // Loaded and listed once per process, as NCCL does.
+                static LIBIBVERBS: OnceLock<Result<Arc<sys::Libibverbs>, String>> = OnceLock::new();
+                LIBIBVERBS
+                    .get_or_init(|| sys::Libibverbs::open().map(Arc::new))
+                    .clone()?
+            }
         };
         Ib::new(verbs, config, ip, secret)
     }
