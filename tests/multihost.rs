@@ -218,6 +218,49 @@ fn run_ranks(
     Some(results.into_iter().map(|(_, stderr)| stderr).collect())
 }
 
+/// The correctness suite (the tuner's choices: every collective, the four
+/// datatypes) on 2 hosts x 2 ranks with shared memory off, so every
+/// connection goes through libnccl-net-rcclrs loaded by the plug-in host:
+/// `NCCL_NET_PLUGIN=rcclrs` finds it by NCCL's name, `libnccl-net-rcclrs.so`,
+/// on `LD_LIBRARY_PATH`. Each rank's log says so.
+#[test]
+fn the_suite_on_two_hosts_through_the_exported_net_plugin() {
+    let exe = std::env::current_exe().unwrap();
+    let built = exe.parent().unwrap().join("libnccl_net_rcclrs.so");
+    assert!(built.exists(), "{} is not built", built.display());
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("net-plugin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let named = dir.join("libnccl-net-rcclrs.so");
+    let _ = std::fs::remove_file(&named);
+    std::os::unix::fs::symlink(&built, &named).unwrap();
+    let started = std::time::Instant::now();
+    let Some(results) = run_ranks(2, 2, "tuner", |cmd| {
+        cmd.env("NCCL_NET_PLUGIN", "rcclrs")
+            .env("LD_LIBRARY_PATH", &dir)
+            .env("NCCL_SHM_DISABLE", "1")
+            .env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", "INIT,GRAPH");
+    }) else {
+        return;
+    };
+    eprintln!(
+        "the suite through the plug-in: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    for (rank, stderr) in results.iter().enumerate() {
+        for needle in [
+            "NET/Plugin: loaded rcclrs (ncclNet v12) from libnccl-net-rcclrs.so",
+            "Using network rcclrs",
+            "): NET/rcclrs ",
+        ] {
+            assert!(
+                stderr.contains(needle),
+                "rank {rank} does not report {needle:?}:\n{stderr}"
+            );
+        }
+    }
+}
+
 #[test]
 fn debug_info_reports_topology_transports_and_choices() {
     let Some(results) = run_ranks(2, 2, "debug", |cmd| {

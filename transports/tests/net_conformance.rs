@@ -3,7 +3,10 @@
 //! a receive larger than its send, 32 requests in flight, connect and
 //! accept that never block, closing with requests pending, registration
 //! bounds. Run here against the Socket provider, which also gets its own
-//! checks (secrets, a peer process killed mid-transfer).
+//! checks (secrets, a peer process killed mid-transfer), and against the
+//! plug-in host loading two NCCL net plug-ins: libnccl-net-rcclrs (this
+//! repository's Socket network exported as a plug-in, at interface v12, v10
+//! and v8) and the minimal C plug-in of `tests/c/loopback_net.c` (v8).
 
 mod common;
 
@@ -46,6 +49,24 @@ fn failure<N: Net>(net: &N, request: &mut N::Request) -> NetError {
         Ok(None) => None,
         Err(e) => Some(e),
     })
+}
+
+/// How a provider reports what went wrong on the wire or at the peer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Errors {
+    /// As the [`NetError`] variant that says it (Rust providers).
+    Typed,
+    /// As [`NetError::Plugin`]: an `ncclResult_t` and the plug-in's
+    /// warning, all a C plug-in can say.
+    Coded,
+}
+
+/// Checks that `err` is what `typed` accepts, or a plug-in's coded error.
+fn expect_error(errors: Errors, err: &NetError, typed: impl Fn(&NetError) -> bool) {
+    match errors {
+        Errors::Typed => assert!(typed(err), "{err}"),
+        Errors::Coded => assert!(matches!(err, NetError::Plugin { .. }), "{err}"),
+    }
 }
 
 fn pattern(i: usize, len: usize) -> Vec<u8> {
@@ -130,7 +151,7 @@ fn a_receive_larger_than_its_send_reports_the_real_size<N: Net>(a: &N, b: &N) {
 
 /// A send larger than the receive it matches fails the receive, naming
 /// the sender and both sizes.
-fn a_send_larger_than_its_receive_is_an_error<N: Net>(a: &N, b: &N) {
+fn a_send_larger_than_its_receive_is_an_error<N: Net>(a: &N, b: &N, errors: Errors) {
     let mut out = vec![1u8; 200];
     let mut into = vec![0u8; 100];
     let (mut send, mut recv) = connect(a, b);
@@ -146,7 +167,7 @@ fn a_send_larger_than_its_receive_is_an_error<N: Net>(a: &N, b: &N) {
         .unwrap();
     complete(a, vec![s]);
     let err = failure(b, &mut r);
-    assert!(
+    expect_error(errors, &err, |err| {
         matches!(
             err,
             NetError::Truncated {
@@ -154,9 +175,8 @@ fn a_send_larger_than_its_receive_is_an_error<N: Net>(a: &N, b: &N) {
                 posted: 100,
                 ..
             }
-        ),
-        "{err}"
-    );
+        )
+    });
     assert!(err.to_string().contains(&recv.peer()), "{err}");
 }
 
@@ -165,7 +185,7 @@ fn a_send_larger_than_its_receive_is_an_error<N: Net>(a: &N, b: &N) {
 /// filled, and reports one size per buffer; a send whose tag matches no
 /// empty buffer of the first group posted is an error, even if a later
 /// group has that tag.
-fn grouped_receives_place_sends_by_tag<N: Net>(a: &N, b: &N) {
+fn grouped_receives_place_sends_by_tag<N: Net>(a: &N, b: &N, errors: Errors) {
     let max_recvs = b.properties(0).unwrap().max_recvs;
     let mut out = vec![0u8; 1024];
     let mut into = vec![0u8; 8 * 64];
@@ -248,10 +268,9 @@ fn grouped_receives_place_sends_by_tag<N: Net>(a: &N, b: &N) {
     assert!(filled(0, 20, b'b') && filled(1, 30, b'c') && filled(2, 10, b'a'));
     assert!(filled(3, 11, b'd') && filled(4, 12, b'e'));
     let err = failure(b, &mut r3);
-    assert!(
-        matches!(err, NetError::UnexpectedTag { tag: 3, .. }),
-        "{err}"
-    );
+    expect_error(errors, &err, |err| {
+        matches!(err, NetError::UnexpectedTag { tag: 3, .. })
+    });
 }
 
 /// A receiving communicator takes 32 receives at once and refuses the
@@ -396,7 +415,7 @@ fn connect_and_accept_never_block<N: Net>(a: &N, b: &N) {
 /// Closing a communicator with requests pending: its own requests fail at
 /// once; the peer's pending requests fail within the deadline, naming this
 /// side; nothing blocks.
-fn closing_with_requests_pending<N: Net>(a: &N, b: &N) {
+fn closing_with_requests_pending<N: Net>(a: &N, b: &N, errors: Errors) {
     const BIG: usize = 8 << 20;
     let mut out = vec![3u8; BIG];
     let mut into = vec![0u8; BIG];
@@ -448,9 +467,10 @@ fn closing_with_requests_pending<N: Net>(a: &N, b: &N) {
     let err = failure(b, &mut r);
     // Only a stream network knows a message was cut.
     let stream = a.name() == "Socket";
-    assert!(
-        matches!(err, NetError::Closed { mid_message, .. } if mid_message || !stream),
-        "{err}"
+    expect_error(
+        errors,
+        &err,
+        |err| matches!(err, NetError::Closed { mid_message, .. } if *mid_message || !stream),
     );
     assert!(err.to_string().contains(&recv.peer()), "{err}");
     // The communicator stays failed.
@@ -511,9 +531,9 @@ fn properties_registration_and_misuse<N: Net>(a: &N, b: &N) {
 }
 
 /// Instantiates the suite for one provider, given an expression making two
-/// contexts of one communicator.
+/// contexts of one communicator, and how the provider reports errors.
 macro_rules! conformance {
-    ($provider:ident, $pair:expr) => {
+    ($provider:ident, $pair:expr, $errors:expr) => {
         mod $provider {
             use super::*;
 
@@ -530,12 +550,12 @@ macro_rules! conformance {
             #[test]
             fn a_send_larger_than_its_receive_is_an_error() {
                 let (a, b) = $pair;
-                super::a_send_larger_than_its_receive_is_an_error(&*a, &*b);
+                super::a_send_larger_than_its_receive_is_an_error(&*a, &*b, $errors);
             }
             #[test]
             fn grouped_receives_place_sends_by_tag() {
                 let (a, b) = $pair;
-                super::grouped_receives_place_sends_by_tag(&*a, &*b);
+                super::grouped_receives_place_sends_by_tag(&*a, &*b, $errors);
             }
             #[test]
             fn thirty_two_requests_in_flight_and_no_more() {
@@ -550,7 +570,7 @@ macro_rules! conformance {
             #[test]
             fn closing_with_requests_pending() {
                 let (a, b) = $pair;
-                super::closing_with_requests_pending(&*a, &*b);
+                super::closing_with_requests_pending(&*a, &*b, $errors);
             }
             #[test]
             fn properties_registration_and_misuse() {
@@ -561,9 +581,29 @@ macro_rules! conformance {
     };
 }
 
-conformance!(socket, common::socket_pair());
-conformance!(ib_model, common::ib_pair(1));
-conformance!(ib_model_four_qps, common::ib_pair(4));
+conformance!(socket, common::socket_pair(), Errors::Typed);
+conformance!(ib_model, common::ib_pair(1), Errors::Typed);
+conformance!(ib_model_four_qps, common::ib_pair(4), Errors::Typed);
+conformance!(
+    exported_plugin_v12,
+    common::plugin_pair(&common::exported_plugin(), 12),
+    Errors::Coded
+);
+conformance!(
+    exported_plugin_v10,
+    common::plugin_pair(&common::exported_plugin(), 10),
+    Errors::Coded
+);
+conformance!(
+    exported_plugin_v8,
+    common::plugin_pair(&common::exported_plugin(), 8),
+    Errors::Coded
+);
+conformance!(
+    c_plugin,
+    common::plugin_pair(&common::c_plugin(), 8),
+    Errors::Coded
+);
 
 /// Checks of the Socket provider beyond the common contract.
 mod socket_only {

@@ -8,7 +8,9 @@ mod common;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use common::{connect, net_connection_pair, socket_pair, until, DEADLINE};
+use common::{
+    connect, net_connection_pair, net_connection_pair_over, socket_pair, until, DEADLINE,
+};
 use rccl_transports::fifo::{Fifo, Tag, SLOT_HEADER};
 use rccl_transports::network::{CommRef, MemoryType, Net, NetConnection};
 use rccl_transports::wait::wait_until;
@@ -78,18 +80,38 @@ fn len_of(i: u32) -> usize {
 /// slot, both ways at once, in order and intact.
 #[test]
 fn many_slots_cross_both_ways_in_order() {
-    const PIECES: u32 = 3000;
     let (a, b) = net_connection_pair(8, 4096);
     assert_eq!(Connection::transport(&a), "NET/Socket");
+    exchange(&a, &b, 3000);
+}
+
+/// The same through the plug-in host, over libnccl-net-rcclrs and over the
+/// C plug-in: the proxy drives a plug-in's requests like any provider's.
+#[test]
+fn many_slots_cross_both_ways_through_net_plugins() {
+    for (path, name) in [
+        (common::exported_plugin(), "NET/rcclrs"),
+        (common::c_plugin(), "NET/Loopback"),
+    ] {
+        let (a, b) = common::plugin_pair(&path, 12);
+        let (a, b) = net_connection_pair_over(a, b, 8, 4096);
+        assert_eq!(Connection::transport(&a), name);
+        exchange(&a, &b, 1000);
+    }
+}
+
+/// Each side sends `pieces` pieces of every length to the other, both ways
+/// at once: each arrives in order and intact.
+fn exchange(a: &NetConnection, b: &NetConnection, pieces: u32) {
     std::thread::scope(|s| {
-        for (me, other) in [(&a, &b), (&b, &a)] {
+        for (me, other) in [(a, b), (b, a)] {
             s.spawn(move || {
-                for i in 0..PIECES {
+                for i in 0..pieces {
                     send(me.send_fifo(), i, len_of(i));
                 }
             });
             s.spawn(move || {
-                for i in 0..PIECES {
+                for i in 0..pieces {
                     receive(other.recv_fifo(), i, len_of(i));
                 }
             });

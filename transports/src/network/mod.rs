@@ -10,6 +10,8 @@
 //! - [`NetConnection`]: a [`crate::Connection`] whose FIFOs the process's
 //!   network proxy moves through any [`Net`].
 //! - [`providers`]: which provider a communicator uses (`NCCL_NET`).
+//! - [`plugin`]: the plug-in host, a third-party NCCL net plug-in
+//!   (`NCCL_NET_PLUGIN`) as a provider.
 //!
 //! # The contract (NCCL's, word for word where NCCL states it)
 //!
@@ -62,6 +64,7 @@ use std::path::PathBuf;
 mod connection;
 mod handshake;
 pub mod ib;
+pub mod plugin;
 pub mod providers;
 mod proxy;
 pub mod socket;
@@ -310,6 +313,32 @@ pub enum NetError {
     /// registration, a request tested after it was done).
     #[error("{0}")]
     InvalidArgument(String),
+    /// A net plug-in's call failed: its `ncclResult_t`, and the warning it
+    /// logged.
+    #[error("{}", plugin_error(plugin, call, peer, *code, message))]
+    Plugin {
+        /// The plug-in's name.
+        plugin: &'static str,
+        /// The call (`isend`, `test`).
+        call: &'static str,
+        /// The communicator's peer as the host names it (empty for calls
+        /// on no communicator).
+        peer: String,
+        /// The `ncclResult_t`.
+        code: i32,
+        /// What the plug-in logged as a warning during the call.
+        message: String,
+    },
+}
+
+fn plugin_error(plugin: &str, call: &str, peer: &str, code: i32, message: &str) -> String {
+    let code = plugin::abi::result_name(code);
+    let with = if peer.is_empty() {
+        String::new()
+    } else {
+        format!(" with {peer}")
+    };
+    format!("the net plug-in {plugin}: {call} failed ({code}){with}: {message}")
 }
 
 impl NetError {

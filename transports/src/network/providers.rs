@@ -103,7 +103,12 @@ fn builtin() -> Vec<Provider> {
 /// plug-ins that loaded, the built-in networks.
 pub fn providers() -> Vec<Provider> {
     let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
-    registered.iter().cloned().chain(builtin()).collect()
+    registered
+        .iter()
+        .cloned()
+        .chain(super::plugin::providers())
+        .chain(builtin())
+        .collect()
 }
 
 /// The network for a communicator: among [`providers`], the one `wanted`

@@ -3,11 +3,14 @@
 
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use rccl_transports::network::ib::model::Model;
 use rccl_transports::network::ib::{Ib, IbConfig};
+use rccl_transports::network::plugin::{Plugin, PluginNet};
 use rccl_transports::network::socket::{Socket, SocketDevice};
 use rccl_transports::network::{Net, NetConnection};
 use rccl_transports::socket::Secret;
@@ -87,10 +90,78 @@ pub fn connect<N: Net>(from: &N, to: &N) -> (N::SendComm, N::RecvComm) {
 /// slots of `slot_bytes`.
 pub fn net_connection_pair(nslots: usize, slot_bytes: usize) -> (NetConnection, NetConnection) {
     let (a, b) = socket_pair();
+    net_connection_pair_over(a, b, nslots, slot_bytes)
+}
+
+/// As [`net_connection_pair`], over the contexts `a` and `b` of any
+/// provider.
+pub fn net_connection_pair_over<N: Net>(
+    a: Arc<N>,
+    b: Arc<N>,
+    nslots: usize,
+    slot_bytes: usize,
+) -> (NetConnection, NetConnection) {
     let (a_to_b, b_from_a) = connect(&*a, &*b);
     let (b_to_a, a_from_b) = connect(&*b, &*a);
     (
         NetConnection::start(a, a_to_b, a_from_b, nslots, slot_bytes).unwrap(),
         NetConnection::start(b, b_to_a, b_from_a, nslots, slot_bytes).unwrap(),
+    )
+}
+
+/// libnccl-net-rcclrs (cargo names it libnccl_net_rcclrs.so), built as a
+/// dev-dependency next to the test binary.
+pub fn exported_plugin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps, deps.parent().unwrap()]
+        .iter()
+        .map(|dir| dir.join("libnccl_net_rcclrs.so"))
+        .find(|path| path.exists())
+        .expect("libnccl_net_rcclrs.so next to the test binary")
+}
+
+/// The C plug-in of tests/c/loopback_net.c, compiled once with `cc`.
+pub fn c_plugin() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| compile_c_plugin("libnccl-net-loopback.so", &[]))
+        .clone()
+}
+
+/// The C plug-in built so that its `init` fails (`LOOPBACK_FAIL_INIT`).
+pub fn failing_c_plugin() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| compile_c_plugin("libnccl-net-failing.so", &["-DLOOPBACK_FAIL_INIT"]))
+        .clone()
+}
+
+fn compile_c_plugin(name: &str, defines: &[&str]) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/loopback_net.c");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror"])
+        .args(defines)
+        .arg("-o")
+        .arg(&out)
+        .arg(&source)
+        .status()
+        .expect("running cc");
+    assert!(status.success(), "{cc} failed on {}", source.display());
+    out
+}
+
+/// Two contexts of one communicator from the plug-in at `path`, loaded at
+/// the newest interface version it exports up to `newest`.
+pub fn plugin_pair(path: &Path, newest: u32) -> (Arc<PluginNet>, Arc<PluginNet>) {
+    let entry = path.to_str().unwrap();
+    let plugin = Plugin::load_version(Some(entry), newest).unwrap();
+    assert!(plugin.version() <= newest);
+    let comm_id = u64::from_le_bytes(Secret::random().0[..8].try_into().unwrap());
+    (
+        Arc::new(plugin.open(comm_id).unwrap()),
+        Arc::new(plugin.open(comm_id).unwrap()),
     )
 }
