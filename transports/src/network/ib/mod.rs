@@ -429,7 +429,9 @@ impl Ib {
         let port = self.port(dev)?;
         Ok(PathSettings {
             port: port.info.port,
-            is_global: true,
+            // As NCCL: a global route header on Ethernet (RoCE), LIDs on
+            // InfiniBand.
+            is_global: port.info.link_layer == LinkLayer::Ethernet,
             sgid_index: port.gid.index,
             sl: self.config.sl,
             traffic_class: self.config.traffic_class,

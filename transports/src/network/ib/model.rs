@@ -153,14 +153,6 @@ impl Model {
         self.nic.ring();
     }
 
-    /// Brings a port that went down back up (for tests that go on after a
-    /// [`Fault::DropLink`]).
-    pub fn restore_link(&self) {
-        let mut state = self.nic.state.lock();
-        state.port_error = None;
-        state.faults.clear();
-    }
-
     /// Data frames this NIC has sent (each work request once).
     pub fn frames_sent(&self) -> u64 {
         self.nic.state.lock().frames_sent
