@@ -945,6 +945,9 @@ mod ib_faults {
         );
         both_fail(&outcome, "receiver stalled 3 s");
         assert!(outcome.names("retry counter exceeded"));
+        // After the retries (about 200 ms), not when the stall ends: the
+        // side that fails tells the other at once.
+        assert!(outcome.took < Duration::from_secs(1), "{:?}", outcome.took);
     }
 
     #[test]
