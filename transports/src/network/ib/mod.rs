@@ -41,8 +41,8 @@ use parking_lot::Mutex;
 use super::handshake::{self, Client, Partial, Server, LISTENER_ID};
 use super::socket::{handle_bytes, parse_handle};
 use super::{
-    CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, RecvBuffer,
-    Sizes, MAX_RECVS, NET_MAX_REQUESTS,
+    CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, Readiness,
+    RecvBuffer, Sizes, MAX_RECVS, NET_MAX_REQUESTS,
 };
 use crate::socket::{fill_random, Secret, DEFAULT_HANDSHAKE_TIMEOUT};
 use verbs::{
@@ -500,6 +500,7 @@ impl Ib {
             failed: None,
             closed: false,
             last_look: Instant::now(),
+            armed: false,
         })
     }
 }
@@ -607,6 +608,8 @@ struct Link {
     failed: Option<NetError>,
     closed: bool,
     last_look: Instant,
+    /// The completion queue raises an event for the next completion.
+    armed: bool,
 }
 
 /// The queue-pair details one side sends the other.
@@ -742,10 +745,22 @@ impl Link {
             imm: None,
             qp_num: 0,
         }; 64];
+        // Armed before polling, so a completion after this poll raises the
+        // event the proxy sleeps on.
+        if !self.armed {
+            if let Err(e) = self.cq.arm() {
+                self.fail_with(doing, io::ErrorKind::Other, e.to_string());
+                return false;
+            }
+            self.armed = true;
+        }
         loop {
             match self.cq.poll(&mut batch) {
                 Ok(0) => break,
-                Ok(n) => wcs.extend_from_slice(&batch[..n]),
+                Ok(n) => {
+                    wcs.extend_from_slice(&batch[..n]);
+                    self.armed = false;
+                }
                 Err(e) => {
                     self.fail_with(doing, io::ErrorKind::Other, e.to_string());
                     return false;
@@ -1715,6 +1730,23 @@ impl Net for Ib {
     fn close_listen(&self, comm: IbListen) -> Result<(), NetError> {
         drop(comm);
         Ok(())
+    }
+
+    fn readiness(&self, request: &IbRequest) -> Option<Readiness> {
+        let fd = match &request.kind {
+            Kind::Send(state, id) => {
+                let mut state = state.lock();
+                // A FIFO entry lands by RDMA and raises no event: a send
+                // still waiting for one is tested again soon instead.
+                if !state.op(*id).posted {
+                    return None;
+                }
+                state.link.cq.event_fd()
+            }
+            Kind::Recv(state, _) => state.lock().link.cq.event_fd(),
+            Kind::Flush => return None,
+        };
+        Some(Readiness { fd, readable: true })
     }
 }
 

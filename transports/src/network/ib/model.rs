@@ -43,7 +43,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -234,6 +234,8 @@ struct CqState {
     entries: VecDeque<Wc>,
     depth: usize,
     overflowed: bool,
+    /// Written at every completion: the queue's event.
+    event: OwnedFd,
 }
 
 impl CqState {
@@ -244,6 +246,10 @@ impl CqState {
             return false;
         }
         self.entries.push_back(wc);
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a live u64 to an eventfd we own; a
+        // full counter already means "readable".
+        unsafe { libc::write(self.event.as_raw_fd(), (&one as *const u64).cast(), 8) };
         true
     }
 }
@@ -266,6 +272,19 @@ impl CompletionQueue for ModelCq {
             *slot = wc;
         }
         Ok(n)
+    }
+
+    fn event_fd(&self) -> RawFd {
+        self.state.lock().event.as_raw_fd()
+    }
+
+    fn arm(&self) -> Result<(), VerbsError> {
+        let state = self.state.lock();
+        let mut count = 0u64;
+        // SAFETY: reads at most 8 bytes into a live u64 from a
+        // non-blocking eventfd we own.
+        unsafe { libc::read(state.event.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+        Ok(())
     }
 }
 
@@ -1188,11 +1207,21 @@ impl Device for ModelDevice {
     }
 
     fn create_cq(&self, depth: u32) -> Result<Arc<dyn CompletionQueue>, VerbsError> {
+        // SAFETY: plain eventfd(2) call; the descriptor is owned below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(VerbsError::new(
+                "ibv_create_comp_channel",
+                io::Error::last_os_error().to_string(),
+            ));
+        }
         Ok(Arc::new(ModelCq {
             state: Arc::new(Mutex::new(CqState {
                 entries: VecDeque::new(),
                 depth: depth as usize,
                 overflowed: false,
+                // SAFETY: `fd` is a fresh descriptor nobody else owns.
+                event: unsafe { OwnedFd::from_raw_fd(fd) },
             })),
         }))
     }

@@ -11,6 +11,7 @@
 //! where it is installed and compares every size and offset used.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -172,6 +173,8 @@ const MR_RKEY: usize = 40;
 const QP_NUM: usize = 52;
 const CONTEXT_ASYNC_FD: usize = 268;
 const OPS_POLL_CQ: usize = 96;
+const OPS_REQ_NOTIFY_CQ: usize = 104;
+const COMP_CHANNEL_FD: usize = 8;
 const OPS_POST_SEND: usize = 208;
 const OPS_POST_RECV: usize = 216;
 
@@ -209,6 +212,7 @@ const IBV_LINK_LAYER_ETHERNET: u8 = 2;
 const IBV_PORT_ACTIVE: u32 = 4;
 
 type PollCq = unsafe extern "C" fn(*mut c_void, c_int, *mut ibv_wc) -> c_int;
+type ReqNotifyCq = unsafe extern "C" fn(*mut c_void, c_int) -> c_int;
 type PostSend = unsafe extern "C" fn(*mut c_void, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
 type PostRecv = unsafe extern "C" fn(*mut c_void, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 
@@ -226,6 +230,10 @@ struct Lib {
     dealloc_pd: unsafe extern "C" fn(*mut c_void) -> c_int,
     reg_mr: unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int) -> *mut c_void,
     dereg_mr: unsafe extern "C" fn(*mut c_void) -> c_int,
+    create_comp_channel: unsafe extern "C" fn(*mut c_void) -> *mut c_void,
+    destroy_comp_channel: unsafe extern "C" fn(*mut c_void) -> c_int,
+    get_cq_event: unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut *mut c_void) -> c_int,
+    ack_cq_events: unsafe extern "C" fn(*mut c_void, u32),
     create_cq:
         unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, *mut c_void, c_int) -> *mut c_void,
     destroy_cq: unsafe extern "C" fn(*mut c_void) -> c_int,
@@ -268,6 +276,10 @@ impl Lib {
             dealloc_pd: symbol!(b"ibv_dealloc_pd"),
             reg_mr: symbol!(b"ibv_reg_mr"),
             dereg_mr: symbol!(b"ibv_dereg_mr"),
+            create_comp_channel: symbol!(b"ibv_create_comp_channel"),
+            destroy_comp_channel: symbol!(b"ibv_destroy_comp_channel"),
+            get_cq_event: symbol!(b"ibv_get_cq_event"),
+            ack_cq_events: symbol!(b"ibv_ack_cq_events"),
             create_cq: symbol!(b"ibv_create_cq"),
             destroy_cq: symbol!(b"ibv_destroy_cq"),
             create_qp: symbol!(b"ibv_create_qp"),
@@ -605,26 +617,46 @@ impl Device for RealDevice {
     }
 
     fn create_cq(&self, depth: u32) -> Result<Arc<dyn CompletionQueue>, VerbsError> {
-        // SAFETY: an open context; no channel, no vector.
+        // SAFETY: an open context.
+        let channel = unsafe { (self.lib.create_comp_channel)(self.ctx) };
+        if channel.is_null() {
+            return Err(errno_error("ibv_create_comp_channel"));
+        }
+        // SAFETY: offset of fd in struct ibv_comp_channel; its events are
+        // read without waiting.
+        let event_fd: c_int = unsafe {
+            let fd = field(channel, COMP_CHANNEL_FD);
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+            fd
+        };
+        // SAFETY: an open context and its channel; no vector.
         let cq = unsafe {
-            (self.lib.create_cq)(
-                self.ctx,
-                depth as c_int,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
+            (self.lib.create_cq)(self.ctx, depth as c_int, std::ptr::null_mut(), channel, 0)
         };
         if cq.is_null() {
-            return Err(errno_error("ibv_create_cq"));
+            let err = errno_error("ibv_create_cq");
+            // SAFETY: the channel made above, used by nothing.
+            unsafe { (self.lib.destroy_comp_channel)(channel) };
+            return Err(err);
         }
         // SAFETY: cq->context is the first field; its ops table holds
-        // poll_cq at this offset (checked by the layout test).
-        let poll: PollCq = unsafe { field(field::<*mut c_void>(cq, 0), OPS_POLL_CQ) };
+        // poll_cq and req_notify_cq at these offsets (checked by the
+        // layout test).
+        let (poll, notify) = unsafe {
+            let ctx = field::<*mut c_void>(cq, 0);
+            (
+                field::<PollCq>(ctx, OPS_POLL_CQ),
+                field::<ReqNotifyCq>(ctx, OPS_REQ_NOTIFY_CQ),
+            )
+        };
         Ok(Arc::new(RealCq {
             lib: self.lib.clone(),
             cq,
+            channel,
+            event_fd,
             poll,
+            notify,
         }))
     }
 
@@ -717,7 +749,10 @@ impl Drop for RealMr {
 struct RealCq {
     lib: Arc<Lib>,
     cq: *mut c_void,
+    channel: *mut c_void,
+    event_fd: c_int,
     poll: PollCq,
+    notify: ReqNotifyCq,
 }
 
 // SAFETY: libibverbs' completion queues may be polled from any thread.
@@ -727,8 +762,13 @@ unsafe impl Sync for RealCq {}
 
 impl Drop for RealCq {
     fn drop(&mut self) {
-        // SAFETY: queue pairs hold an Arc of the queue, so none is left.
-        unsafe { (self.lib.destroy_cq)(self.cq) };
+        // SAFETY: queue pairs hold an Arc of the queue, so none is left;
+        // every event was acknowledged when read (`arm`), so the queue can
+        // go, then its channel.
+        unsafe {
+            (self.lib.destroy_cq)(self.cq);
+            (self.lib.destroy_comp_channel)(self.channel);
+        }
     }
 }
 
@@ -762,6 +802,26 @@ impl CompletionQueue for RealCq {
             };
         }
         Ok(n as usize)
+    }
+
+    fn event_fd(&self) -> RawFd {
+        self.event_fd
+    }
+
+    fn arm(&self) -> Result<(), VerbsError> {
+        let (mut cq, mut ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: the channel's fd is non-blocking, so this returns at
+        // once when no event is pending; each event read is acknowledged.
+        while unsafe { (self.lib.get_cq_event)(self.channel, &mut cq, &mut ctx) } == 0 {
+            // SAFETY: `cq` is the queue the event was for (this one).
+            unsafe { (self.lib.ack_cq_events)(cq, 1) };
+        }
+        // SAFETY: a live queue; 0: every completion, not only solicited.
+        let rc = unsafe { (self.notify)(self.cq, 0) };
+        if rc != 0 {
+            return Err(rc_error("ibv_req_notify_cq", rc));
+        }
+        Ok(())
     }
 }
 
@@ -1110,6 +1170,11 @@ mod tests {
             ("offsetof(struct ibv_qp, qp_num)", QP_NUM),
             ("offsetof(struct ibv_context, async_fd)", CONTEXT_ASYNC_FD),
             ("offsetof(struct ibv_context, ops.poll_cq)", OPS_POLL_CQ),
+            (
+                "offsetof(struct ibv_context, ops.req_notify_cq)",
+                OPS_REQ_NOTIFY_CQ,
+            ),
+            ("offsetof(struct ibv_comp_channel, fd)", COMP_CHANNEL_FD),
             ("offsetof(struct ibv_context, ops.post_send)", OPS_POST_SEND),
             ("offsetof(struct ibv_context, ops.post_recv)", OPS_POST_RECV),
             ("IBV_QPT_RC", IBV_QPT_RC as usize),

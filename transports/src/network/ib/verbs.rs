@@ -9,6 +9,7 @@
 //! (with or without immediate data), send, and receives.
 
 use std::fmt;
+use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -366,6 +367,12 @@ pub trait CompletionQueue: Send + Sync {
     /// Moves up to `wcs.len()` completions into `wcs`: how many. Fails
     /// once the queue overflowed.
     fn poll(&self, wcs: &mut [Wc]) -> Result<usize, VerbsError>;
+    /// A descriptor that turns readable when a completion arrives after
+    /// [`CompletionQueue::arm`], for the network proxy to sleep on.
+    fn event_fd(&self) -> RawFd;
+    /// Consumes the events so far and asks for the next one. Poll after
+    /// arming: a completion that arrives later raises an event.
+    fn arm(&self) -> Result<(), VerbsError>;
 }
 
 /// A reliable-connected queue pair.
