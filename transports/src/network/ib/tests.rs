@@ -490,3 +490,29 @@ fn sends_land_in_posted_receive_buffers() {
     assert_eq!(completions(&y.cq, 1)[0].status, WcStatus::LocalLength);
     assert_ne!(completions(&x.cq, 1)[0].status, WcStatus::Success);
 }
+
+/// Whether `fd` turns readable within `ms` milliseconds.
+fn readable(fd: std::os::fd::RawFd, ms: i32) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a count of 1.
+    unsafe { libc::poll(&mut pfd, 1, ms) == 1 }
+}
+
+#[test]
+fn an_armed_completion_queue_raises_its_event() {
+    let (a, b) = (model(19), model(20));
+    let (x, y) = connected(&a, &b, path(14, 7, 7), 64);
+    y.cq.arm().unwrap();
+    let fd = y.cq.event_fd();
+    assert!(!readable(fd, 0));
+    y.qp.post_recv(&[recv(1)]).unwrap();
+    x.qp.post_send(&[write(&x, &y, 0, 8, Some(1), 1)]).unwrap();
+    assert!(readable(fd, 5_000), "no event for a completion");
+    y.cq.arm().unwrap();
+    assert!(!readable(fd, 0), "arming did not consume the event");
+    assert_eq!(completions(&y.cq, 1)[0].imm, Some(1));
+}
