@@ -250,7 +250,10 @@ struct Namespaces {
 
 impl Namespaces {
     fn create() -> Result<Namespaces, String> {
-        let id = std::process::id() % 100_000;
+        // Tests of one process running side by side get their own pairs.
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = (std::process::id() % 10_000) * 10 + made % 10;
         let names = [format!("rccl-fa-{id}"), format!("rccl-fb-{id}")];
         let veths = [format!("rva{id}"), format!("rvb{id}")];
         let ns = Namespaces { names, veths };
@@ -851,5 +854,89 @@ fn running_out_of_file_descriptors_at_the_root_is_reported_to_the_ranks() {
             !text.contains("timed out"),
             "rank {rank} blames a timeout: {text}"
         );
+    }
+}
+
+/// Faults injected into the verbs model under the IB network between two
+/// namespace hosts (`RCCL_IB_MODEL_FAULT` on one rank, after its NIC sent
+/// 2000 frames): the port going down, a corrupted key, a stall past the
+/// retries (`NCCL_IB_TIMEOUT=14`, `NCCL_IB_RETRY_CNT=2`: about 200 ms).
+/// Both ranks fail, each naming the other, well before the engine's
+/// timeout (3 s).
+#[test]
+fn ib_model_faults_fail_both_ranks_naming_each_other() {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    if !root || !ip(&["-V"]) {
+        println!("SKIPPED IB fault test: needs root and iproute2 (`ip`)");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    for (fault, on) in [
+        ("drop:2000", 0),
+        ("corrupt:2000", 0),
+        ("stall:2000:5000", 1),
+    ] {
+        let ns = match Namespaces::create() {
+            Ok(ns) => ns,
+            Err(why) => {
+                println!("SKIPPED IB fault test: cannot build network namespaces: {why}");
+                return;
+            }
+        };
+        let port = free_port().to_string();
+        let mut ranks = Ranks(
+            (0..2)
+                .map(|rank| {
+                    let mut cmd = Command::new("ip");
+                    cmd.args(["netns", "exec", &ns.names[rank]])
+                        .arg(&exe)
+                        .env("NCCL_SOCKET_IFNAME", &ns.veths[rank])
+                        .env("NCCL_HOSTID", format!("host-{rank}"))
+                        .env("NCCL_NET", "IB")
+                        .env("RCCL_IB_MODEL", "1")
+                        .env("NCCL_IB_TIMEOUT", "14")
+                        .env("NCCL_IB_RETRY_CNT", "2");
+                    if rank == on {
+                        cmd.env("RCCL_IB_MODEL_FAULT", fault);
+                    } else {
+                        cmd.env_remove("RCCL_IB_MODEL_FAULT");
+                    }
+                    spawn_rank(&mut cmd, rank, 2, "10.231.0.1", &port)
+                })
+                .collect(),
+        );
+        let rx = collect_lines(&mut ranks);
+        wait_ready(&rx, 2);
+        let got = failures(&rx, &[0, 1], 0);
+        let first = got.iter().map(|(_, ms, _)| *ms).min().unwrap();
+        for (rank, ms, text) in &got {
+            println!(
+                "IB model {fault} on rank {on}: rank {rank} failed {} ms after the first: {text}",
+                ms - first
+            );
+        }
+        for (rank, ms, text) in &got {
+            let peer = 1 - rank;
+            assert!(
+                ms - first < 2_000,
+                "rank {rank} took {} ms more",
+                ms - first
+            );
+            assert!(
+                text.contains(&format!("rank {peer} (host ")),
+                "rank {rank} does not name rank {peer}: {text}"
+            );
+            assert!(
+                !text.contains("timed out") && !text.contains("timeout"),
+                "rank {rank} waited for the engine's timeout: {text}"
+            );
+        }
+        drop(ranks);
+        drop(ns);
     }
 }

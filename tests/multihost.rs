@@ -386,3 +386,104 @@ fn testbed_script_runs_ranks_per_host_and_cleans_up() {
         "state file left behind"
     );
 }
+
+/// The IB provider over the verbs model (`RCCL_IB_MODEL=1`, chosen by
+/// `NCCL_NET=IB`, two queue pairs per connection) between hosts: every
+/// collective of the suite with the tuner's choices, then with ring
+/// forced, on `hosts` hosts of 2 ranks (the four datatypes above).
+fn suite_over_the_ib_model(hosts: usize) {
+    if skip_reason().is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut bed = TestBed::up(hosts, 2).expect("building the test bed");
+    for mode in ["tuner", "ring"] {
+        let started = std::time::Instant::now();
+        bed.spawn(&exe, &CHILD_ARGS, |_, cmd| {
+            suite_env(cmd);
+            cmd.env(MODE, mode)
+                .env("NCCL_NET", "IB")
+                .env("RCCL_IB_MODEL", "1")
+                .env("NCCL_IB_QPS_PER_CONNECTION", "2");
+            if mode != "tuner" {
+                cmd.env("NCCL_ALGO", algo_rule(mode));
+            }
+        })
+        .unwrap();
+        let results = bed.wait(RUN_LIMIT);
+        let statuses: Vec<_> = results.iter().map(|(s, _)| *s).collect();
+        assert!(
+            statuses.iter().all(|s| s.is_some_and(|s| s.success())),
+            "IB model, {mode}, {hosts} hosts x 2 ranks: {statuses:?} (None: killed after {RUN_LIMIT:?})"
+        );
+        eprintln!(
+            "IB model, {mode}, on {hosts} hosts x 2 ranks: passed in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+#[test]
+fn the_suite_over_the_ib_model_on_two_hosts() {
+    suite_over_the_ib_model(2);
+}
+
+#[test]
+fn the_suite_over_the_ib_model_on_four_hosts() {
+    suite_over_the_ib_model(4);
+}
+
+/// Whether this machine has an RDMA device (then IB is used, not skipped).
+fn rdma_device_here() -> bool {
+    std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
+}
+
+#[test]
+fn without_an_rdma_device_ib_says_why_and_socket_is_used() {
+    if rdma_device_here() {
+        eprintln!("skipping: this machine has an RDMA device");
+        return;
+    }
+    let Some(results) = run_ranks(2, 1, "debug", |cmd| {
+        cmd.env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", "INIT,GRAPH")
+            .env_remove("RCCL_IB_MODEL")
+            .env_remove("NCCL_NET");
+    }) else {
+        return;
+    };
+    for (rank, stderr) in results.iter().enumerate() {
+        assert!(
+            stderr.contains("NET/IB not used: "),
+            "rank {rank} does not say why IB is unused:\n{stderr}"
+        );
+        assert!(
+            stderr.contains("Using network Socket"),
+            "rank {rank}:\n{stderr}"
+        );
+        assert!(stderr.contains(": NET/Socket "), "rank {rank}:\n{stderr}");
+    }
+}
+
+#[test]
+fn the_ib_model_is_used_when_asked_for() {
+    let Some(results) = run_ranks(2, 1, "debug", |cmd| {
+        cmd.env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", "INIT,GRAPH,NET")
+            .env("RCCL_IB_MODEL", "1")
+            .env_remove("NCCL_NET");
+    }) else {
+        return;
+    };
+    for (rank, stderr) in results.iter().enumerate() {
+        assert!(
+            stderr.contains("Using network IB"),
+            "rank {rank}:\n{stderr}"
+        );
+        assert!(
+            stderr.contains("NET/IB: using rccl_model0:1 (RoCE, GID index 3, RoCE v2)"),
+            "rank {rank}:\n{stderr}"
+        );
+        assert!(stderr.contains(": NET/IB "), "rank {rank}:\n{stderr}");
+    }
+}

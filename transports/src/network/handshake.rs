@@ -27,26 +27,26 @@ pub(crate) const LISTENER_ID: usize = 16;
 const HELLO_FRAME: usize = 4 + LISTENER_ID;
 
 /// Bytes moved so far of a message of known length.
-struct Partial {
-    bytes: Vec<u8>,
+pub(crate) struct Partial {
+    pub(crate) bytes: Vec<u8>,
     done: usize,
 }
 
 impl Partial {
-    fn to_read(len: usize) -> Partial {
+    pub(crate) fn to_read(len: usize) -> Partial {
         Partial {
             bytes: vec![0; len],
             done: 0,
         }
     }
 
-    fn to_write(bytes: Vec<u8>) -> Partial {
+    pub(crate) fn to_write(bytes: Vec<u8>) -> Partial {
         Partial { bytes, done: 0 }
     }
 
     /// Reads what the socket has, up to the message's end: whether the
     /// message is complete.
-    fn read(&mut self, mut stream: &TcpStream) -> io::Result<bool> {
+    pub(crate) fn read(&mut self, mut stream: &TcpStream) -> io::Result<bool> {
         while self.done < self.bytes.len() {
             match stream.read(&mut self.bytes[self.done..]) {
                 Ok(0) => {
@@ -69,7 +69,7 @@ impl Partial {
     }
 
     /// Writes what the socket takes: whether the message is all sent.
-    fn write(&mut self, mut stream: &TcpStream) -> io::Result<bool> {
+    pub(crate) fn write(&mut self, mut stream: &TcpStream) -> io::Result<bool> {
         while self.done < self.bytes.len() {
             match stream.write(&self.bytes[self.done..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

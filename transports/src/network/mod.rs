@@ -63,6 +63,7 @@ use std::path::PathBuf;
 
 mod connection;
 mod handshake;
+pub mod ib;
 pub mod plugin;
 pub mod providers;
 mod proxy;

@@ -86,11 +86,17 @@ pub fn register(provider: Provider) {
 
 /// The built-in networks, in order of preference.
 fn builtin() -> Vec<Provider> {
-    vec![Provider::new("Socket", |init: &NetInit| {
-        let socket =
-            Socket::new(vec![init.device.clone()], init.secret).map_err(|e| e.to_string())?;
-        Ok(Arc::new(Network::new(Arc::new(socket))) as Arc<dyn Transport>)
-    })]
+    vec![
+        Provider::new("IB", |init: &NetInit| {
+            let ib = super::ib::Ib::from_env(init.device.ip, init.secret)?;
+            Ok(Arc::new(Network::new(Arc::new(ib))) as Arc<dyn Transport>)
+        }),
+        Provider::new("Socket", |init: &NetInit| {
+            let socket =
+                Socket::new(vec![init.device.clone()], init.secret).map_err(|e| e.to_string())?;
+            Ok(Arc::new(Network::new(Arc::new(socket))) as Arc<dyn Transport>)
+        }),
+    ]
 }
 
 /// Every provider, in order of preference: registered ones, the net
@@ -193,10 +199,18 @@ mod tests {
         Provider::new(name, |_: &NetInit| Err("no device".to_string()))
     }
 
+    /// The built-in Socket behind an IB that never opens (the built-in IB
+    /// opens wherever there is a device).
     fn list() -> Vec<Provider> {
         let mut list = vec![unavailable("IB")];
-        list.extend(builtin());
+        list.extend(builtin().into_iter().filter(|p| p.name() == "Socket"));
         list
+    }
+
+    #[test]
+    fn ib_comes_before_socket() {
+        let names: Vec<_> = builtin().iter().map(|p| p.name().to_string()).collect();
+        assert_eq!(names, ["IB", "Socket"]);
     }
 
     #[test]

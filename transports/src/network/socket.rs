@@ -321,7 +321,7 @@ impl Drop for SocketRequest {
     }
 }
 
-fn handle_bytes(addr: SocketAddr, id: &[u8; LISTENER_ID]) -> Vec<u8> {
+pub(super) fn handle_bytes(addr: SocketAddr, id: &[u8; LISTENER_ID]) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(HANDLE_LEN);
     bytes.extend_from_slice(&HANDLE_MAGIC);
     let mut ip = [0u8; 16];
@@ -341,7 +341,9 @@ fn handle_bytes(addr: SocketAddr, id: &[u8; LISTENER_ID]) -> Vec<u8> {
     bytes
 }
 
-fn parse_handle(handle: &ListenHandle) -> Result<(SocketAddr, [u8; LISTENER_ID]), NetError> {
+pub(super) fn parse_handle(
+    handle: &ListenHandle,
+) -> Result<(SocketAddr, [u8; LISTENER_ID]), NetError> {
     let bytes = handle.as_bytes();
     let malformed = || NetError::InvalidArgument("malformed Socket listen handle".into());
     if bytes.len() != HANDLE_LEN || bytes[..4] != HANDLE_MAGIC {

@@ -8,6 +8,8 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use rccl_transports::network::ib::model::Model;
+use rccl_transports::network::ib::{Ib, IbConfig};
 use rccl_transports::network::plugin::{Plugin, PluginNet};
 use rccl_transports::network::socket::{Socket, SocketDevice};
 use rccl_transports::network::{Net, NetConnection};
@@ -25,6 +27,32 @@ pub fn socket_pair() -> (Arc<Socket>, Arc<Socket>) {
 /// A Socket context on loopback with `secret`.
 pub fn socket(secret: Secret) -> Arc<Socket> {
     Arc::new(Socket::new(vec![SocketDevice::loopback()], secret).unwrap())
+}
+
+/// Two IB contexts of one communicator over the verbs model on loopback,
+/// with `qps` queue pairs per connection.
+pub fn ib_pair(qps: usize) -> (Arc<Ib>, Arc<Ib>) {
+    let secret = Secret::random();
+    (ib(secret, qps), ib(secret, qps))
+}
+
+/// An IB context over the verbs model on loopback with `secret`.
+pub fn ib(secret: Secret, qps: usize) -> Arc<Ib> {
+    ib_on(
+        std::net::Ipv4Addr::LOCALHOST,
+        secret,
+        IbConfig {
+            qps_per_connection: qps,
+            ..IbConfig::default()
+        },
+    )
+}
+
+/// An IB context over the verbs model's NIC on `ip` (a NIC per address
+/// and process: tests that inject faults use their own).
+pub fn ib_on(ip: std::net::Ipv4Addr, secret: Secret, config: IbConfig) -> Arc<Ib> {
+    let model = Arc::new(Model::new(ip).unwrap());
+    Arc::new(Ib::new(model, config, ip.into(), secret).unwrap())
 }
 
 /// Calls `step` until it returns `Some`, failing the test at the deadline.
