@@ -193,6 +193,9 @@ impl Pending for ShmPending {
 /// The network: a [`Net`] provider (Socket), each side listening and
 /// connecting to the other's listener (its handle goes through the
 /// bootstrap), the connection's slots moved by the process's network proxy.
+/// Channel `c` uses device `c mod devices` at both ends (its rail: the
+/// communicator gives every rank's provider the same number of devices),
+/// listening and connecting on it.
 struct Network;
 
 impl Transport for Network {
@@ -204,11 +207,13 @@ impl Transport for Network {
         true
     }
 
-    fn setup(&self, cx: &Context<'_>, _peer: usize, _channel: usize) -> io::Result<Setup> {
-        let (handle, listen) = cx.net.listen(0).map_err(io::Error::other)?;
+    fn setup(&self, cx: &Context<'_>, _peer: usize, channel: usize) -> io::Result<Setup> {
+        let dev = channel % cx.net.devices().max(1);
+        let (handle, listen) = cx.net.listen(dev).map_err(io::Error::other)?;
         Ok(Setup {
             info: Some(handle.as_bytes().to_vec()),
             pending: Box::new(NetworkPending {
+                dev,
                 listen: Some(listen),
                 stage: Default::default(),
                 send: None,
@@ -219,6 +224,8 @@ impl Transport for Network {
 }
 
 struct NetworkPending {
+    /// The device (rail) of the connection's channel.
+    dev: usize,
     listen: Option<<Socket as Net>::ListenComm>,
     stage: <Socket as Net>::ConnectStage,
     send: Option<<Socket as Net>::SendComm>,
@@ -242,7 +249,7 @@ impl Pending for NetworkPending {
             if self.send.is_none() {
                 self.send = cx
                     .net
-                    .connect(0, &theirs, &mut self.stage)
+                    .connect(self.dev, &theirs, &mut self.stage)
                     .map_err(io::Error::other)?;
             }
             if let (None, Some(listen)) = (&self.recv, &mut self.listen) {
