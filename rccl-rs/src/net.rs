@@ -229,11 +229,12 @@ pub struct Nic {
 }
 
 /// The network devices among `ifaces`: every up interface the filter
-/// accepts (without one, those [`select_address`] would consider, loopback
-/// excepted), one address each (IPv4 preferred, as for the bootstrap),
+/// accepts, one address each (IPv4 preferred, as for the bootstrap),
 /// sorted by name so that the hosts of a cluster number their rails
-/// alike. When none holds `bootstrap` (the address peers reach this rank
-/// at), that address alone: one NIC, as before there were several.
+/// alike. Without a filter, or when none of them holds `bootstrap` (the
+/// address peers reach this rank at), that address alone: several NICs
+/// are used only when `NCCL_SOCKET_IFNAME` names them, so that an
+/// interface the peers cannot reach never carries a channel.
 pub fn select_nics(
     ifaces: &[Interface],
     filter: Option<&IfNameFilter>,
@@ -243,17 +244,7 @@ pub fn select_nics(
 ) -> Vec<Nic> {
     let mut names: Vec<&str> = ifaces
         .iter()
-        .filter(|i| {
-            i.up && match filter {
-                Some(f) => f.accepts(&i.name),
-                None => {
-                    !i.loopback
-                        && !i.addr.is_loopback()
-                        && !i.name.starts_with("docker")
-                        && !i.name.starts_with("virbr")
-                }
-            }
-        })
+        .filter(|i| i.up && filter.is_some_and(|f| f.accepts(&i.name)))
         .map(|i| i.name.as_str())
         .collect();
     names.sort_unstable();
@@ -473,14 +464,17 @@ mod tests {
         // `=`: exact names.
         assert_eq!(names(Some("=eth0,eth10"), boot), names(Some("eth"), boot));
         assert_eq!(names(Some("=eth0"), boot), [eth("eth0", "10.0.0.5")]);
-        // `^`: all but those; without a filter, loopback and docker go.
-        let all = [
-            eth("eth0", "10.0.0.5"),
-            eth("eth10", "10.1.0.5"),
-            ("ib0".to_string(), "192.168.1.5".to_string(), 100_000),
-        ];
-        assert_eq!(names(Some("^docker,lo"), boot), all);
-        assert_eq!(names(None, boot), all);
+        // `^`: all but those.
+        assert_eq!(
+            names(Some("^docker,lo"), boot),
+            [
+                eth("eth0", "10.0.0.5"),
+                eth("eth10", "10.1.0.5"),
+                ("ib0".to_string(), "192.168.1.5".to_string(), 100_000),
+            ]
+        );
+        // Without a filter: the bootstrap's interface alone.
+        assert_eq!(names(None, boot), [eth("eth0", "10.0.0.5")]);
         // The bootstrap's address on none of them: that address alone.
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         assert_eq!(
