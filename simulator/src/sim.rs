@@ -7,9 +7,12 @@
 //! the receiver; a forwarding primitive starts sending once the first
 //! piece is in and cannot finish before the last piece is in and
 //! processed (cut-through at piece granularity). Each link is a resource
-//! with a "free at" time: a message occupies every link of its path for
-//! bytes / bandwidth, so concurrent flows on a link are served one message
-//! (chunk) at a time, which gives each an equal share over a few chunks.
+//! with busy intervals: a message occupies every link of its path for
+//! bytes / bandwidth from the first idle stretch that long after its data
+//! is ready, so concurrent flows on a link are served one message (chunk)
+//! at a time, which gives each an equal share over a few chunks, and a
+//! message whose data is ready late does not hold the link against
+//! messages ready before it.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -534,6 +537,32 @@ fn compact(prim: &Prim, elem: usize, fold: usize) -> Op {
     }
 }
 
+/// The busy intervals of one link, in time order, none overlapping.
+#[derive(Clone, Default)]
+struct Busy(Vec<(f64, f64)>);
+
+impl Busy {
+    /// Books the link for `len` microseconds from the earliest time at or
+    /// after `at` when it is idle that long, forgetting intervals that
+    /// ended before `now` (the replay's clock only moves forward); returns
+    /// the start.
+    fn reserve(&mut self, at: f64, len: f64, now: f64) -> f64 {
+        let past = self.0.iter().take_while(|&&(_, end)| end <= now).count();
+        self.0.drain(..past);
+        let mut start = at;
+        let mut i = 0;
+        while let Some(&(s, e)) = self.0.get(i) {
+            if start + len <= s {
+                break;
+            }
+            start = start.max(e);
+            i += 1;
+        }
+        self.0.insert(i, (start, start + len));
+        start
+    }
+}
+
 /// Times of a message at its receiver: first piece in, last piece in.
 #[derive(Clone, Copy)]
 struct Msg {
@@ -933,7 +962,7 @@ fn replay(
 ) -> Result<(Vec<f64>, u64), SimError> {
     let (ops, steps) = (&threads.ops, &threads.steps);
     let nthreads = ops.len();
-    let mut free = vec![0.0f64; net.bw.len()];
+    let mut links: Vec<Busy> = vec![Busy::default(); net.bw.len()];
     let mut cursor = vec![0usize; nthreads];
     // Every thread with work starts once its rank has paid the call's
     // fixed cost; one without finishes at once.
@@ -1055,10 +1084,9 @@ fn replay(
                 for &l in &path.links[..path.len] {
                     let bw = net.bw[l] * proto.efficiency;
                     min_bw = min_bw.min(bw);
-                    let start = src_ready.max(free[l]);
-                    free[l] = start + bytes / bw;
+                    let start = links[l].reserve(src_ready, bytes / bw, now);
                     last_start = last_start.max(start);
-                    depart = depart.max(free[l]);
+                    depart = depart.max(start + bytes / bw);
                 }
                 // A rank that makes its transfers itself also makes the
                 // copy into its own buffer on the same core: after each

@@ -378,7 +378,7 @@ fn symmetry_folding_matches_full_replay() {
         // (here 8 of 16, on links of half the rate): a few percent slow
         // while the pipeline is latency-bound, where two channels' pieces
         // on one link would interleave.
-        let tolerance = if algo == "ring" { 0.06 } else { 0.01 };
+        let tolerance = if algo == "ring" { 0.08 } else { 0.01 };
         close(folded.time_us, exact.time_us, tolerance);
     }
 }
