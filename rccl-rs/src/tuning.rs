@@ -340,7 +340,8 @@ pub fn choose(
     }
     let (_, mut algorithm, mut protocol) = best.expect("candidates and protocols are not empty");
     let mut nchannels = channels_for(config, bytes, placement.all_shm, placement.rails);
-    if !placement.all_shm && placement.topology.nhosts() > 1 {
+    let across = !placement.all_shm && placement.topology.nhosts() > 1;
+    if across {
         // Every protocol crosses hosts as Simple: the first allowed one
         // (Simple, unless NCCL_PROTO rules it out) is as good as any.
         let protocol = protocols[0];
@@ -373,13 +374,25 @@ pub fn choose(
             nchannels = c.clamp(config.min_channels, config.max_channels);
         }
     }
+    let mut params = Params {
+        nchannels,
+        chunk_elems: (chunk_bytes(config, protocol) / elem_size).max(1),
+    };
+    if across {
+        // The cut the replay ranked it with (the tree's chunks shrink
+        // with its depth).
+        params = rccl_simulator::tune::params_for(
+            algorithm,
+            placement.topology,
+            spec,
+            elem_size,
+            params,
+        );
+    }
     Ok(Choice {
         algorithm,
         protocol,
-        params: Params {
-            nchannels,
-            chunk_elems: (chunk_bytes(config, protocol) / elem_size).max(1),
-        },
+        params,
     })
 }
 
@@ -397,7 +410,7 @@ fn across_hosts(
     protocol: Protocol,
     params: &Params,
 ) -> Option<&'static dyn Algorithm> {
-    use rccl_simulator::tune::{engine_cluster, fastest, Candidate, EngineLinks};
+    use rccl_simulator::tune::{engine_cluster, fastest, params_for, Candidate, EngineLinks};
     let builtin: Vec<&'static dyn Algorithm> = candidates
         .iter()
         .copied()
@@ -427,7 +440,7 @@ fn across_hosts(
         .map(|&algorithm| Candidate {
             algorithm,
             protocol,
-            params: *params,
+            params: params_for(algorithm, topology, spec, elem_size, *params),
         })
         .collect();
     let ranking = fastest(&cluster, spec, elem_size, &tried);
@@ -787,7 +800,7 @@ mod tests {
 
     #[test]
     fn across_hosts_the_choice_is_the_fastest_replay() {
-        use rccl_simulator::tune::{engine_cluster, fastest, Candidate, EngineLinks};
+        use rccl_simulator::tune::{engine_cluster, fastest, params_for, Candidate, EngineLinks};
         let config = Config {
             max_channels: 4,
             ..Config::default()
@@ -827,12 +840,16 @@ mod tests {
                     .copied()
                     .filter(|a| a.supports(spec.kind) && a.supports_topology(&topology))
                     .collect();
+                let base = Params {
+                    nchannels: choice.params.nchannels,
+                    chunk_elems: chunk_bytes(&config, Protocol::Simple) / 4,
+                };
                 let tried: Vec<Candidate<'_>> = allowed
                     .iter()
                     .map(|&algorithm| Candidate {
                         algorithm,
                         protocol: rccl_simulator::Protocol::Simple,
-                        params: choice.params,
+                        params: params_for(algorithm, &topology, &spec, 4, base),
                     })
                     .collect();
                 let best = fastest(&cluster, &spec, 4, &tried).best.unwrap();
@@ -841,6 +858,7 @@ mod tests {
                     allowed[best].name(),
                     "{host_of:?} x {rails} rails, {bytes} bytes"
                 );
+                assert_eq!(choice.params, tried[best].params);
                 assert_eq!(choice.protocol, Protocol::Simple);
                 picked.insert(choice.algorithm.name());
             }

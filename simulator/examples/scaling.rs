@@ -12,8 +12,8 @@
 //! `cargo run --release -p rccl-simulator --example scaling [OUT.png]`
 
 use plotters::prelude::*;
-use rccl_algorithms::{builtin, CollKind, CollSpec, Params};
-use rccl_simulator::tune::{fastest, Candidate};
+use rccl_algorithms::{builtin, CollKind, CollSpec, Params, Topology};
+use rccl_simulator::tune::{fastest, params_for, Candidate};
 use rccl_simulator::{cluster, default_params, simulate, Protocol};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -54,12 +54,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 count: bytes / 4,
             };
             let p: Params = default_params(&c, &spec, 4, Protocol::Simple);
+            let topo = Topology::from_hosts(c.host_of());
             let candidates: Vec<Candidate<'_>> = algos
                 .iter()
                 .map(|a| Candidate {
                     algorithm: builtin(a).unwrap(),
                     protocol: Protocol::Simple,
-                    params: p,
+                    params: params_for(builtin(a).unwrap(), &topo, &spec, 4, p),
                 })
                 .collect();
             let start = std::time::Instant::now();

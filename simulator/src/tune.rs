@@ -5,7 +5,7 @@
 //! examples about their presets, so the tuner and the simulator rank
 //! algorithms with one model.
 
-use rccl_algorithms::{Algorithm, CollSpec, Params};
+use rccl_algorithms::{tree::channel_tree, Algorithm, CollSpec, Params, Topology};
 
 use crate::cluster::{self, ClusterSpec, Fabric, IntraLink, Nic, Protocol};
 use crate::sim::simulate;
@@ -61,6 +61,52 @@ pub fn fastest(
     Ranking { best, times_us }
 }
 
+/// The parameters `algorithm` runs with when `base` is the call's cut:
+/// the tree's chunks shrink with its depth, as NCCL's do, so that its
+/// pipeline fills (halved while a channel holds fewer than 8 x depth
+/// chunks, down to 128 KiB; fewer than 4 x depth, down to 64 KiB; fewer
+/// than depth, down to 32 KiB); every other algorithm keeps `base`.
+pub fn params_for(
+    algorithm: &dyn Algorithm,
+    topo: &Topology,
+    spec: &CollSpec,
+    elem_size: usize,
+    base: Params,
+) -> Params {
+    if algorithm.name() != "tree" || topo.nranks() < 2 {
+        return base;
+    }
+    let depth = tree_depth(topo);
+    let per_channel = spec.count * elem_size / base.nchannels.max(1);
+    let mut chunk = base.chunk_elems.max(1) * elem_size;
+    for (per_depth, floor) in [(8, 128 << 10), (4, 64 << 10), (1, 32 << 10)] {
+        while per_channel / chunk < depth * per_depth && chunk / 2 >= floor {
+            chunk /= 2;
+        }
+    }
+    Params {
+        chunk_elems: (chunk / elem_size).max(1),
+        ..base
+    }
+}
+
+/// The deepest rank of channel 0's trees: hops from it to the root.
+fn tree_depth(topo: &Topology) -> usize {
+    (0..2)
+        .flat_map(|t| {
+            (0..topo.nranks()).map(move |mut rank| {
+                let mut hops = 0;
+                while let Some(parent) = channel_tree(topo, 0, t, rank).parent {
+                    rank = parent;
+                    hops += 1;
+                }
+                hops
+            })
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// The link figures an engine knows about its communicator.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EngineLinks {
@@ -108,6 +154,32 @@ pub fn engine_cluster(host_of: &[usize], links: &EngineLinks) -> ClusterSpec {
 mod tests {
     use super::*;
     use rccl_algorithms::{CollKind, Ring, Tree};
+
+    #[test]
+    fn tree_chunks_shrink_with_depth() {
+        let spec = |count| CollSpec {
+            kind: CollKind::AllReduce,
+            nranks: 64,
+            root: 0,
+            count,
+        };
+        let base = Params {
+            nchannels: 4,
+            chunk_elems: 512 << 10,
+        };
+        // 8 hosts of 8: depth 7 in the chain + 3 across = 10 or so.
+        let topo = Topology::blocks(8, 8);
+        let depth = tree_depth(&topo);
+        assert!((9..=11).contains(&depth), "{depth}");
+        // 64 MiB per channel: 32 chunks of 2 MiB, fewer than 8 x depth;
+        // halved to 512 KiB, 128 chunks.
+        let p = params_for(&Tree, &topo, &spec(64 << 20), 4, base);
+        assert_eq!(p.chunk_elems * 4, 512 << 10);
+        // A small call stops at 32 KiB; other algorithms keep theirs.
+        let p = params_for(&Tree, &topo, &spec(1 << 10), 4, base);
+        assert_eq!(p.chunk_elems * 4, 32 << 10);
+        assert_eq!(params_for(&Ring, &topo, &spec(1 << 10), 4, base), base);
+    }
 
     #[test]
     fn the_fastest_replay_wins_and_refusals_are_skipped() {
