@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A multi-host test bed on one machine: K network namespaces ("hosts"),
-# each with one veth link into a bridge that lives in its own "switch"
-# namespace, optionally shaped; L ranks per host.
+# each with one veth link per rail into that rail's bridge, the bridges
+# living in their own "switch" namespace, optionally shaped; L ranks per
+# host, R rails (default 1).
 #
-#   scripts/testbed.sh up K L [--delay 20us] [--rate 10gbit] [--name NAME] [--owner PID]
+#   scripts/testbed.sh up K L [--rails R] [--delay 20us] [--rate 10gbit] [--name NAME] [--owner PID]
 #   scripts/testbed.sh run [--name NAME] [--env VAR=VALUE]... -- CMD [ARGS...]
 #   scripts/testbed.sh down [--name NAME]
 #   scripts/testbed.sh with K L [up options] [--env VAR=VALUE]... -- CMD [ARGS...]
@@ -11,13 +12,16 @@
 #
 # Shape. Namespaces are called NAME-sw (the switch) and NAME-h0 ...
 # NAME-h<K-1> (the hosts), NAME being rccl-tb-<pid of "up">-<random> unless
-# given. Host i has one interface, tb0, with 10.231.0.<i+1>/24, whose
-# peer (port p<i>) is enslaved to the bridge br0 in the switch namespace.
+# given. Host i has one interface per rail r, tb<r>, with
+# 10.231.<r>.<i+1>/24, whose peer (port p<i> on rail 0, p<i>r<r> on the
+# others) is enslaved to the rail's bridge br<r> in the switch namespace:
+# each rail is its own network, as on a rail-optimized fabric.
 # Nothing is created in the caller's namespace and no address is routed
 # outside the bed; every host also has its loopback up.
 #
 # Shaping (when --delay or --rate is given) happens at two egress points
-# per direction of a host's link, like a full-duplex NIC behind a switch:
+# per direction of each of a host's links (so R rails give a host R times
+# the rate), like a full-duplex NIC behind a switch:
 #   * host side, tb0 egress: netem "delay D rate R" (the whole one-way
 #     delay D and the host's send rate R);
 #   * switch side, p<i> egress (towards host i): tbf "rate R", no delay,
@@ -44,7 +48,8 @@
 set -euo pipefail
 
 STATE_DIR=${RCCL_TB_DIR:-/run/rccl-testbed}
-SUBNET=10.231.0
+SUBNET_BASE=10.231
+SUBNET=$SUBNET_BASE.0
 IFACE=tb0
 
 die() { echo "testbed: $*" >&2; exit 1; }
@@ -123,9 +128,10 @@ cmd_up() {
     shift 2 || die "usage: up K L [--delay D] [--rate R] [--name NAME]"
     [[ "$k" =~ ^[0-9]+$ && "$k" -ge 1 && "$k" -le 200 ]] || die "K must be 1..200"
     [[ "$l" =~ ^[0-9]+$ && "$l" -ge 1 ]] || die "L must be at least 1"
-    local delay="" rate="" name="" owner="" keep=1
+    local delay="" rate="" name="" owner="" keep=1 rails=1
     while [ $# -gt 0 ]; do
         case $1 in
+            --rails) rails=$2; shift 2 ;;
             --delay) delay=$2; shift 2 ;;
             --rate) rate=$2; shift 2 ;;
             --name) name=$2; shift 2 ;;
@@ -134,6 +140,7 @@ cmd_up() {
             *) die "unknown option $1" ;;
         esac
     done
+    [[ "$rails" =~ ^[0-9]+$ && "$rails" -ge 1 && "$rails" -le 16 ]] || die "--rails must be 1..16"
     [ -n "$name" ] || name="rccl-tb-${owner:-$$}-$(head -c4 /dev/urandom | od -An -tx1 | tr -d ' \n')"
     [[ "$name" =~ ^[A-Za-z0-9-]+$ ]] || die "bad name $name"
     need_tools
@@ -143,11 +150,13 @@ cmd_up() {
     # Half-built beds are removed on any failure.
     CLEANUP_NAME=$name
 
-    local sw="$name-sw" i ns
+    local sw="$name-sw" i ns r
     ip netns add "$sw"
     ip -n "$sw" link set lo up
-    ip -n "$sw" link add br0 type bridge
-    ip -n "$sw" link set br0 up
+    for ((r = 0; r < rails; r++)); do
+        ip -n "$sw" link add "br$r" type bridge
+        ip -n "$sw" link set "br$r" up
+    done
     local use_netem=0 delay_note=none
     if [ -n "$delay" ] || [ -n "$rate" ]; then
         if netem_available "$name"; then
@@ -161,20 +170,24 @@ cmd_up() {
         ns="$name-h$i"
         ip netns add "$ns"
         ip -n "$ns" link set lo up
-        ip -n "$sw" link add "p$i" type veth peer name "$IFACE" netns "$ns"
-        ip -n "$sw" link set "p$i" master br0
-        ip -n "$sw" link set "p$i" up
-        ip -n "$ns" addr add "$SUBNET.$((i + 1))/24" dev "$IFACE"
-        ip -n "$ns" link set "$IFACE" up
-        if [ "$use_netem" = 1 ]; then
-            tc -n "$ns" qdisc add dev "$IFACE" root netem limit 100000 \
-                ${delay:+delay "$delay"} ${rate:+rate "$rate"}
-        elif [ -n "$rate" ]; then
-            tc -n "$ns" qdisc add dev "$IFACE" root tbf rate "$rate" burst 256kb latency 100ms
-        fi
-        if [ -n "$rate" ]; then
-            tc -n "$sw" qdisc add dev "p$i" root tbf rate "$rate" burst 256kb latency 100ms
-        fi
+        for ((r = 0; r < rails; r++)); do
+            local dev="tb$r" port="p$i"
+            [ "$r" = 0 ] || port="p${i}r$r"
+            ip -n "$sw" link add "$port" type veth peer name "$dev" netns "$ns"
+            ip -n "$sw" link set "$port" master "br$r"
+            ip -n "$sw" link set "$port" up
+            ip -n "$ns" addr add "$SUBNET_BASE.$r.$((i + 1))/24" dev "$dev"
+            ip -n "$ns" link set "$dev" up
+            if [ "$use_netem" = 1 ]; then
+                tc -n "$ns" qdisc add dev "$dev" root netem limit 100000 \
+                    ${delay:+delay "$delay"} ${rate:+rate "$rate"}
+            elif [ -n "$rate" ]; then
+                tc -n "$ns" qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency 100ms
+            fi
+            if [ -n "$rate" ]; then
+                tc -n "$sw" qdisc add dev "$port" root tbf rate "$rate" burst 256kb latency 100ms
+            fi
+        done
     done
     # Wait until every host reaches host 0 (bridge ports forwarding).
     for ((i = 1; i < k; i++)); do
@@ -190,8 +203,9 @@ cmd_up() {
 NAME=$name
 HOSTS=$k
 RANKS_PER_HOST=$l
+RAILS=$rails
 MASTER_ADDR=$SUBNET.1
-IFACE=$IFACE
+IFACE=$([ "$rails" = 1 ] && echo "$IFACE" || echo tb)
 DELAY=$delay_note
 RATE=${rate:-none}
 SHAPER=$([ "$use_netem" = 1 ] && echo netem || { [ -n "$rate" ] && echo tbf || echo none; })
@@ -199,7 +213,7 @@ OWNER=${owner:-none}
 EOF
     # A plain "up" keeps the bed; "with" removes it when it exits.
     [ "$keep" = 0 ] || CLEANUP_NAME=""
-    echo "testbed: $name: $k hosts x $l ranks (delay ${delay_note}, rate ${rate:-unshaped}); host i is namespace $name-h<i>, $IFACE $SUBNET.<i+1>"
+    echo "testbed: $name: $k hosts x $l ranks x $rails rail(s) (delay ${delay_note}, rate ${rate:-unshaped} per rail); host i is namespace $name-h<i>, tb<r> $SUBNET_BASE.<r>.<i+1>"
     if [ "$keep" = 1 ]; then
         echo "testbed: run ranks with:  RCCL_TB=$name $0 run -- CMD [ARGS...]"
         echo "testbed: remove with:     RCCL_TB=$name $0 down"
@@ -273,7 +287,7 @@ cmd_with() {
     shift 2
     while [ $# -gt 0 ]; do
         case $1 in
-            --delay | --rate) up+=("$1" "$2"); shift 2 ;;
+            --delay | --rate | --rails) up+=("$1" "$2"); shift 2 ;;
             --env) run+=("$1" "$2"); shift 2 ;;
             --) shift; break ;;
             *) break ;;

@@ -1,9 +1,12 @@
 //! The correctness suite across emulated hosts: network namespaces joined
-//! by a bridge (`tests/common/netns.rs`, the shape of
+//! by a bridge per rail (`tests/common/netns.rs`, the shape of
 //! `scripts/testbed.sh`), 2 ranks per host sharing memory, TCP between
-//! hosts, with each built-in algorithm forced through `NCCL_ALGO`; and the
-//! `NCCL_DEBUG=INFO` report of such a run. Every test skips itself, saying
-//! why, when it cannot make namespaces (not root, no `ip`).
+//! hosts, with each built-in algorithm forced through `NCCL_ALGO` on 2 and
+//! 4 hosts of one rail, and the algorithms whose shape follows the rails
+//! (ring, tree) and the tuner's own choices on 2, 3 and 4 hosts of two
+//! rails; and the `NCCL_DEBUG=INFO` report of such a run. Every test
+//! skips itself, saying why, when it cannot make namespaces (not root, no
+//! `ip`).
 //!
 //! To stay CI-friendly the multi-host runs use four datatypes (int32,
 //! float32, bfloat16, f8e4m3: an integer, the common float, a 16-bit and an
@@ -135,46 +138,92 @@ const CHILD_ARGS: [&str; 5] = [
     "1",
 ];
 
-fn suite_on_hosts(hosts: usize) {
+/// Runs the suite under each of `modes` (a built-in algorithm's name, or
+/// "tuner" for the tuner's choices) on `hosts` hosts of 2 ranks joined by
+/// `rails` rails; returns how many bytes each host sent on each rail.
+fn suite_on_hosts(hosts: usize, rails: usize, modes: &[&str]) -> Vec<Vec<u64>> {
     if skip_reason().is_some() {
-        return;
+        return Vec::new();
     }
     let exe = std::env::current_exe().unwrap();
-    let mut bed = TestBed::up(hosts, 2).expect("building the test bed");
-    for algorithm in rccl_algorithms::builtins() {
-        let name = algorithm.name();
+    let mut bed = TestBed::with_rails(hosts, 2, rails).expect("building the test bed");
+    for &name in modes {
         let started = std::time::Instant::now();
         bed.spawn(&exe, &CHILD_ARGS, |_, cmd| {
             suite_env(cmd);
-            cmd.env(MODE, name).env("NCCL_ALGO", algo_rule(name));
+            cmd.env(MODE, name);
+            if name != "tuner" {
+                cmd.env("NCCL_ALGO", algo_rule(name));
+            }
         })
         .unwrap();
         let results = bed.wait(RUN_LIMIT);
         let statuses: Vec<_> = results.iter().map(|(s, _)| *s).collect();
         assert!(
             statuses.iter().all(|s| s.is_some_and(|s| s.success())),
-            "{name} on {hosts} hosts x 2 ranks: {statuses:?} (None: killed after {RUN_LIMIT:?})"
+            "{name} on {hosts} hosts x 2 ranks x {rails} rails: {statuses:?} (None: killed after {RUN_LIMIT:?})"
         );
         eprintln!(
-            "{name} on {hosts} hosts x 2 ranks: passed in {:.1} s",
+            "{name} on {hosts} hosts x 2 ranks x {rails} rails: passed in {:.1} s",
             started.elapsed().as_secs_f64()
+        );
+    }
+    (0..hosts)
+        .map(|host| (0..rails).map(|rail| bed.sent_bytes(host, rail)).collect())
+        .collect()
+}
+
+fn every_builtin() -> Vec<&'static str> {
+    rccl_algorithms::builtins()
+        .iter()
+        .map(|a| a.name())
+        .collect()
+}
+
+#[test]
+fn each_algorithm_on_two_hosts_of_two_ranks() {
+    suite_on_hosts(2, 1, &every_builtin());
+}
+
+#[test]
+fn each_algorithm_on_four_hosts_of_two_ranks() {
+    suite_on_hosts(4, 1, &every_builtin());
+}
+
+#[test]
+fn rings_trees_and_the_tuner_on_three_hosts_of_one_rail() {
+    suite_on_hosts(3, 1, &["ring", "tree", "tuner"]);
+}
+
+/// Two rails: every channel on its own, so each host sends on both.
+fn on_two_rails(hosts: usize) {
+    let sent = suite_on_hosts(hosts, 2, &["ring", "tree", "tuner"]);
+    for (host, rails) in sent.iter().enumerate() {
+        assert!(
+            rails.iter().all(|&bytes| bytes > 1 << 20),
+            "host {host} sent {rails:?} bytes on its rails: one idle"
         );
     }
 }
 
 #[test]
-fn each_algorithm_on_two_hosts_of_two_ranks() {
-    suite_on_hosts(2);
+fn rings_trees_and_the_tuner_on_two_hosts_of_two_rails() {
+    on_two_rails(2);
 }
 
 #[test]
-fn each_algorithm_on_four_hosts_of_two_ranks() {
-    suite_on_hosts(4);
+fn rings_trees_and_the_tuner_on_three_hosts_of_two_rails() {
+    on_two_rails(3);
+}
+
+#[test]
+fn rings_trees_and_the_tuner_on_four_hosts_of_two_rails() {
+    on_two_rails(4);
 }
 
 #[test]
 fn two_hosts_of_four_ranks_on_four_channels_hold_one_network_proxy_each() {
-    let Some(results) = run_ranks(2, 4, "tuner", |cmd| {
+    let Some(results) = run_ranks(2, 4, 1, "tuner", |cmd| {
         cmd.env("NCCL_MIN_NCHANNELS", "4")
             .env("NCCL_MAX_NCHANNELS", "4");
     }) else {
@@ -194,6 +243,7 @@ fn two_hosts_of_four_ranks_on_four_channels_hold_one_network_proxy_each() {
 fn run_ranks(
     hosts: usize,
     per_host: usize,
+    rails: usize,
     mode: &str,
     setup: impl Fn(&mut Command),
 ) -> Option<Vec<String>> {
@@ -201,7 +251,7 @@ fn run_ranks(
         return None;
     }
     let exe = std::env::current_exe().unwrap();
-    let mut bed = TestBed::up(hosts, per_host).expect("building the test bed");
+    let mut bed = TestBed::with_rails(hosts, per_host, rails).expect("building the test bed");
     bed.spawn(&exe, &CHILD_ARGS, |_, cmd| {
         suite_env(cmd);
         cmd.env(MODE, mode).stderr(Stdio::piped());
@@ -234,7 +284,7 @@ fn the_suite_on_two_hosts_through_the_exported_net_plugin() {
     let _ = std::fs::remove_file(&named);
     std::os::unix::fs::symlink(&built, &named).unwrap();
     let started = std::time::Instant::now();
-    let Some(results) = run_ranks(2, 2, "tuner", |cmd| {
+    let Some(results) = run_ranks(2, 2, 1, "tuner", |cmd| {
         cmd.env("NCCL_NET_PLUGIN", "rcclrs")
             .env("LD_LIBRARY_PATH", &dir)
             .env("NCCL_SHM_DISABLE", "1")
@@ -263,7 +313,7 @@ fn the_suite_on_two_hosts_through_the_exported_net_plugin() {
 
 #[test]
 fn debug_info_reports_topology_transports_and_choices() {
-    let Some(results) = run_ranks(2, 2, "debug", |cmd| {
+    let Some(results) = run_ranks(2, 2, 1, "debug", |cmd| {
         cmd.env("NCCL_DEBUG", "INFO")
             .env("NCCL_DEBUG_SUBSYS", "INIT,GRAPH,TUNING,COLL,NET,SHM");
     }) else {
@@ -298,9 +348,22 @@ fn debug_info_reports_topology_transports_and_choices() {
         // Topology: which ranks share each host.
         must_all(&[&tag, "Topology: host 0 (", "): ranks [0, 1]"]);
         must_all(&[&tag, "Topology: host 1 (", "): ranks [2, 3]"]);
-        must(format!("{tag}Ring : "));
-        must(format!("{tag}Tree 0 : "));
-        must(format!("{tag}Tree 1 : "));
+        // Per channel its ring, trees and NIC.
+        must_all(&[
+            &tag,
+            "NET/Socket : Using [0]tb0:",
+            " ; 1 rail(s) across 2 host(s)",
+        ]);
+        for channel in 0..2 {
+            let head = format!("{tag}Channel {channel:02}/02 : ");
+            must_all(&[
+                &head,
+                "Ring : ",
+                &format!(" ; NIC 0 tb0 {}", netns::host_addr(rank / 2)),
+            ]);
+            must_all(&[&head, "Tree 0 : "]);
+            must_all(&[&head, "Tree 1 : "]);
+        }
         // The transport to each peer: shared memory on the same host,
         // sockets on the bed's network across hosts.
         for peer in (0..4).filter(|&p| p != rank) {
@@ -334,6 +397,53 @@ fn debug_info_reports_topology_transports_and_choices() {
         assert!(
             choices.iter().all(|l| l.contains(" proto ")),
             "a choice without its protocol: {choices:?}"
+        );
+    }
+}
+
+#[test]
+fn debug_info_names_each_channels_nic_and_the_replayed_choice_on_two_rails() {
+    let Some(results) = run_ranks(2, 2, 2, "debug", |cmd| {
+        cmd.env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", "GRAPH,TUNING")
+            .env("RCCL_NIC_SPEED", "tb0=2000,tb1=3000");
+    }) else {
+        return;
+    };
+    for (rank, stderr) in results.iter().enumerate() {
+        let host = rank / 2;
+        let has = |needles: &[&str]| {
+            stderr
+                .lines()
+                .any(|l| needles.iter().all(|n| l.contains(n)))
+        };
+        let tag = format!("[{rank}] ");
+        let using = format!(
+            "Using [0]tb0:{}<2000Mb/s> [1]tb1:{}<3000Mb/s> ; 2 rail(s) across 2 host(s)",
+            netns::rail_addr(host, 0),
+            netns::rail_addr(host, 1)
+        );
+        assert!(has(&[&tag, &using]), "rank {rank}:\n{stderr}");
+        // Channel c on NIC c mod 2; the ring enters host h at local index
+        // c mod 2: channel 0's ring is 0 1 2 3, channel 1's 1 0 3 2.
+        for (channel, ring) in [(0, "Ring : 0 1 2 3"), (1, "Ring : 1 0 3 2")] {
+            let nic = format!(
+                " ; NIC {channel} tb{channel} {}",
+                netns::rail_addr(host, channel)
+            );
+            assert!(
+                has(&[&tag, &format!("Channel {channel:02}/02 : "), ring, &nic]),
+                "rank {rank} channel {channel}:\n{stderr}"
+            );
+        }
+        // Across hosts the tuner's choice per size comes from replays.
+        assert!(
+            has(&[
+                "AllReduce: 262144 Bytes on 2 hosts x 2 rails",
+                "replayed ring ",
+                "tree "
+            ]),
+            "rank {rank}:\n{stderr}"
         );
     }
 }
@@ -444,7 +554,7 @@ fn without_an_rdma_device_ib_says_why_and_socket_is_used() {
         eprintln!("skipping: this machine has an RDMA device");
         return;
     }
-    let Some(results) = run_ranks(2, 1, "debug", |cmd| {
+    let Some(results) = run_ranks(2, 1, 1, "debug", |cmd| {
         cmd.env("NCCL_DEBUG", "INFO")
             .env("NCCL_DEBUG_SUBSYS", "INIT,GRAPH")
             .env_remove("RCCL_IB_MODEL")
@@ -467,7 +577,7 @@ fn without_an_rdma_device_ib_says_why_and_socket_is_used() {
 
 #[test]
 fn the_ib_model_is_used_when_asked_for() {
-    let Some(results) = run_ranks(2, 1, "debug", |cmd| {
+    let Some(results) = run_ranks(2, 1, 1, "debug", |cmd| {
         cmd.env("NCCL_DEBUG", "INFO")
             .env("NCCL_DEBUG_SUBSYS", "INIT,GRAPH,NET")
             .env("RCCL_IB_MODEL", "1")

@@ -1,7 +1,12 @@
 //! The ring algorithm, as in NCCL.
 //!
-//! Ranks form the ring `0 -> 1 -> ... -> n-1 -> 0`: every rank sends to
-//! `next = (rank + 1) % n` and receives from `prev = (rank + n - 1) % n`.
+//! Within one host, ranks form the ring `0 -> 1 -> ... -> n-1 -> 0`. Across
+//! hosts, each channel has its own ring ([`Topology::ring_order`], NCCL's
+//! rail-aligned rings): the hosts in order, each entered once and left
+//! once, the ranks of a host rotated by the channel, so the ranks that
+//! send and receive across hosts differ from channel to channel. Every
+//! rank sends to the next rank of its channel's ring and receives from
+//! the previous one.
 //! The elements are split across channels (each channel a contiguous part,
 //! see [`split_even`]); within a channel the work is pipelined in chunks of at
 //! most `params.chunk_elems` elements, one message per chunk.
@@ -51,7 +56,7 @@ impl Algorithm for Ring {
         )
     }
 
-    fn schedule(&self, spec: &CollSpec, rank: Rank, params: &Params, _topo: &Topology) -> Schedule {
+    fn schedule(&self, spec: &CollSpec, rank: Rank, params: &Params, topo: &Topology) -> Schedule {
         assert!(
             self.supports(spec.kind),
             "ring does not implement {}",
@@ -63,12 +68,13 @@ impl Algorithm for Ring {
             return schedule;
         }
         let mut schedule = Schedule::new(nchannels);
-        let ring = RingPos::new(spec.nranks, rank);
-        for (steps, (offset, len)) in schedule
+        for (channel, (steps, (offset, len))) in schedule
             .channels
             .iter_mut()
             .zip(split_even(spec.count, nchannels))
+            .enumerate()
         {
+            let ring = RingPos::new(topo.ring_order(channel), rank);
             let mut out = Steps(steps);
             match spec.kind {
                 CollKind::AllReduce => all_reduce(&mut out, &ring, offset, len, chunk),
@@ -88,29 +94,50 @@ impl Algorithm for Ring {
 /// A rank's place in the ring.
 struct RingPos {
     n: usize,
+    /// The ranks in ring order.
+    order: Vec<Rank>,
+    /// This rank's position in `order`.
+    pos: usize,
     rank: Rank,
     next: Rank,
     prev: Rank,
 }
 
 impl RingPos {
-    fn new(n: usize, rank: Rank) -> RingPos {
+    fn new(order: Vec<Rank>, rank: Rank) -> RingPos {
+        let n = order.len();
+        let pos = order
+            .iter()
+            .position(|&r| r == rank)
+            .expect("every rank is on the ring");
         RingPos {
             n,
+            next: order[(pos + 1) % n],
+            prev: order[(pos + n - 1) % n],
+            order,
+            pos,
             rank,
-            next: (rank + 1) % n,
-            prev: (rank + n - 1) % n,
         }
     }
 
-    /// `(rank - k) mod n`, for `k` up to `2n`.
-    fn back(&self, k: usize) -> usize {
-        (self.rank + 2 * self.n - k) % self.n
+    /// The position `k` places before this rank's, for `k` up to `2n`.
+    fn back_pos(&self, k: usize) -> usize {
+        (self.pos + 2 * self.n - k) % self.n
     }
 
-    /// Position in a ring that starts at `first`.
+    /// The rank `k` places before this one, for `k` up to `2n`.
+    fn back(&self, k: usize) -> Rank {
+        self.order[self.back_pos(k)]
+    }
+
+    /// This rank's position in a ring that starts at rank `first`.
     fn from(&self, first: Rank) -> usize {
-        (self.rank + self.n - first) % self.n
+        let at = self
+            .order
+            .iter()
+            .position(|&r| r == first)
+            .expect("every rank is on the ring");
+        (self.pos + self.n - at) % self.n
     }
 }
 
@@ -154,22 +181,23 @@ fn all_reduce(out: &mut Steps, ring: &RingPos, offset: usize, len: usize, chunk:
             Slice::recv(o, l)
         };
 
-        // Reduce-scatter phase: at step t the rank handles chunk r - 1 - t.
-        let k = ring.back(1);
+        // Reduce-scatter phase: at step t the rank at position p handles chunk
+        // p - 1 - t.
+        let k = ring.back_pos(1);
         out.push(Prim::Send {
             to: next,
             src: send(k),
         });
         for t in 1..n - 1 {
-            let k = ring.back(1 + t);
+            let k = ring.back_pos(1 + t);
             out.push(Prim::RecvReduceSend {
                 from: prev,
                 src: send(k),
                 to: next,
             });
         }
-        // Chunk r is now complete: store the final result and pass it on.
-        let k = ring.rank;
+        // Chunk p is now complete: store the final result and pass it on.
+        let k = ring.pos;
         out.push(Prim::RecvReduceCopySend {
             from: prev,
             src: send(k),
@@ -178,14 +206,14 @@ fn all_reduce(out: &mut Steps, ring: &RingPos, offset: usize, len: usize, chunk:
         });
         // All-gather phase.
         for t in n..2 * n - 2 {
-            let k = ring.back(1 + t);
+            let k = ring.back_pos(1 + t);
             out.push(Prim::RecvCopySend {
                 from: prev,
                 dst: recv(k),
                 to: next,
             });
         }
-        let k = ring.back(2 * n - 1);
+        let k = ring.back_pos(2 * n - 1);
         out.push(Prim::Recv {
             from: prev,
             dst: recv(k),
@@ -221,7 +249,7 @@ fn broadcast(out: &mut Steps, ring: &RingPos, root: Rank, offset: usize, len: us
 
 fn reduce(out: &mut Steps, ring: &RingPos, root: Rank, offset: usize, len: usize, chunk: usize) {
     // The ring starts right after the root and ends at it.
-    let pos = ring.from((root + 1) % ring.n);
+    let pos = (ring.from(root) + ring.n - 1) % ring.n;
     let (next, prev) = (ring.next, ring.prev);
     for (o, l) in chunks(offset, len, chunk) {
         let src = Slice::send(o, l);

@@ -1,4 +1,5 @@
-//! Which ranks share a host: the input hierarchical algorithms need.
+//! Which ranks share a host: the input hierarchical algorithms need, and
+//! the order of each channel's ring and chain across hosts.
 
 use crate::Rank;
 
@@ -93,6 +94,35 @@ impl Topology {
         self.hosts
             .iter()
             .filter_map(|h| h.get(index).copied())
+            .collect()
+    }
+
+    /// The ranks of `host` in the order channel `channel` visits them:
+    /// rotated so that the channel enters the host at local index
+    /// `channel mod m` (`m` ranks on the host) and leaves it from the one
+    /// before. Each channel's traffic crosses hosts on one NIC (its rail),
+    /// so a channel enters and leaves every host on the same rail, and the
+    /// ranks that touch the network change from channel to channel.
+    pub fn host_chain(&self, host: usize, channel: usize) -> Vec<Rank> {
+        let ranks = &self.hosts[host];
+        let first = channel % ranks.len();
+        ranks[first..]
+            .iter()
+            .chain(&ranks[..first])
+            .copied()
+            .collect()
+    }
+
+    /// The ring of channel `channel` (NCCL's rail-aligned rings): every
+    /// host's [`Topology::host_chain`], hosts in order, so the ring crosses
+    /// each host boundary exactly once, and the hop out of a host and the
+    /// hop into the next use the channel's rail. With one host, rank order.
+    pub fn ring_order(&self, channel: usize) -> Vec<Rank> {
+        if self.nhosts() <= 1 {
+            return (0..self.nranks()).collect();
+        }
+        (0..self.nhosts())
+            .flat_map(|host| self.host_chain(host, channel))
             .collect()
     }
 }

@@ -1,5 +1,17 @@
 //! NCCL's double binary tree.
 //!
+//! **Across hosts** (more than one host in the [`Topology`]) the trees are
+//! built as NCCL builds them, per channel: inside each host a chain of its
+//! ranks ([`Topology::host_chain`], the channel's rotation, so the chain's
+//! head is the rank where the channel's ring enters the host), and across
+//! hosts the double binary tree below over the hosts, whose edges join the
+//! chains' heads. Every edge that crosses hosts is on the channel's rail;
+//! each rank but a head has its chain neighbours as parent and child, and
+//! a head has the head of its parent host as parent and, as children, the
+//! next rank of its chain and the heads of its child hosts. Depth is
+//! `m - 1 + log2(hosts)` for `m` ranks per host, so small calls scale with
+//! `log(hosts)`, not `hosts`. Within one host, the trees below over ranks.
+//!
 //! **The trees.** Tree 0 is NCCL's binary tree over ranks (`ncclGetBtree`):
 //! rank 0 is the root with one child, the largest power of two below `n`;
 //! a rank whose lowest set bit is `b` has children `rank - b/2` and
@@ -112,6 +124,39 @@ pub fn dtree(n: usize, rank: Rank) -> [Node; 2] {
     [t0, t1]
 }
 
+/// The place of `rank` in tree `t` (0 or 1) of channel `channel` over
+/// `topo`: over ranks within one host, chains joined by the double binary
+/// tree over hosts across several (see the module documentation).
+pub fn channel_tree(topo: &Topology, channel: usize, t: usize, rank: Rank) -> Node {
+    if topo.nhosts() <= 1 {
+        let [t0, t1] = dtree(topo.nranks(), rank);
+        return if t == 0 { t0 } else { t1 };
+    }
+    let host = topo.host_of(rank);
+    let chain = topo.host_chain(host, channel);
+    let q = chain
+        .iter()
+        .position(|&r| r == rank)
+        .expect("a rank is on its host's chain");
+    let next_in_chain = chain.get(q + 1).copied();
+    if q > 0 {
+        return Node {
+            parent: Some(chain[q - 1]),
+            children: next_in_chain.into_iter().collect(),
+        };
+    }
+    let head = |h: usize| topo.host_chain(h, channel)[0];
+    let hosts = dtree(topo.nhosts(), host);
+    let across = &hosts[t.min(1)];
+    Node {
+        parent: across.parent.map(head),
+        children: next_in_chain
+            .into_iter()
+            .chain(across.children.iter().map(|&h| head(h)))
+            .collect(),
+    }
+}
+
 /// The binary tree over virtual ranks `to_virtual(r)`, seen from `rank`.
 fn renumber(
     n: usize,
@@ -135,7 +180,7 @@ impl Algorithm for Tree {
         matches!(kind, CollKind::AllReduce | CollKind::Broadcast)
     }
 
-    fn schedule(&self, spec: &CollSpec, rank: Rank, params: &Params, _topo: &Topology) -> Schedule {
+    fn schedule(&self, spec: &CollSpec, rank: Rank, params: &Params, topo: &Topology) -> Schedule {
         assert!(
             self.supports(spec.kind),
             "tree does not implement {}",
@@ -148,15 +193,16 @@ impl Algorithm for Tree {
             return schedule;
         }
         let mut schedule = Schedule::new(nchannels);
-        for (steps, (offset, len)) in schedule
+        for (channel, (steps, (offset, len))) in schedule
             .channels
             .iter_mut()
             .zip(split_even(spec.count, nchannels))
+            .enumerate()
         {
             let mut out = Steps::default();
             match spec.kind {
                 CollKind::AllReduce => {
-                    let trees = dtree(n, rank);
+                    let trees = [0, 1].map(|t| channel_tree(topo, channel, t, rank));
                     let halves: Vec<(usize, usize)> = split_even(len, 2).collect();
                     let up: Vec<Vec<Vec<Prim>>> = (0..2)
                         .map(|t| reduce_up(&trees[t], offset + halves[t].0, halves[t].1, chunk))
@@ -216,49 +262,40 @@ impl Algorithm for Tree {
     }
 }
 
-/// The reduce-up steps of one tree over `[offset, offset + len)`.
+/// The reduce-up steps of one tree over `[offset, offset + len)`: the
+/// first child's partial is combined with the rank's input into its
+/// receive buffer, each further child's into that, and the last child's
+/// goes on to the parent (or, at the root, is the result).
 fn reduce_up(node: &Node, offset: usize, len: usize, chunk: usize) -> Vec<Vec<Prim>> {
     let mut steps = Vec::new();
     for (o, l) in chunks(offset, len, chunk) {
         let (send, recv) = (Slice::send(o, l), Slice::recv(o, l));
-        match (node.parent, node.children.as_slice()) {
-            (Some(p), []) => steps.push(vec![Prim::Send { to: p, src: send }]),
-            (Some(p), &[c]) => steps.push(vec![Prim::RecvReduceSend {
+        let Some((&last, firsts)) = node.children.split_last() else {
+            let p = node.parent.expect("a tree over more than one rank");
+            steps.push(vec![Prim::Send { to: p, src: send }]);
+            continue;
+        };
+        let mut acc = send;
+        for &c in firsts {
+            steps.push(vec![Prim::RecvReduceCopyPartial {
                 from: c,
-                src: send,
-                to: p,
-            }]),
-            (Some(p), &[c0, c1]) => {
-                steps.push(vec![Prim::RecvReduceCopyPartial {
-                    from: c0,
-                    src: send,
-                    dst: recv,
-                }]);
-                steps.push(vec![Prim::RecvReduceSend {
-                    from: c1,
-                    src: recv,
-                    to: p,
-                }]);
-            }
-            (None, &[c]) => steps.push(vec![Prim::RecvReduceCopy {
-                from: c,
-                src: send,
+                src: acc,
                 dst: recv,
-            }]),
-            (None, &[c0, c1]) => {
-                steps.push(vec![Prim::RecvReduceCopyPartial {
-                    from: c0,
-                    src: send,
-                    dst: recv,
-                }]);
-                steps.push(vec![Prim::RecvReduceCopy {
-                    from: c1,
-                    src: recv,
-                    dst: recv,
-                }]);
-            }
-            _ => unreachable!("binary trees have at most two children and n > 1"),
+            }]);
+            acc = recv;
         }
+        steps.push(vec![match node.parent {
+            Some(p) => Prim::RecvReduceSend {
+                from: last,
+                src: acc,
+                to: p,
+            },
+            None => Prim::RecvReduceCopy {
+                from: last,
+                src: acc,
+                dst: recv,
+            },
+        }]);
     }
     steps
 }

@@ -25,6 +25,7 @@ const KNOWN: &[(&str, Option<&str>)] = &[
     ("RCCL_KEY_FILE", None),
     ("RCCL_INSECURE_ADDRESS_SECRET", None),
     ("NCCL_SOCKET_IFNAME", None),
+    ("RCCL_NIC_SPEED", None),
     ("RCCL_TIMEOUT_MS", Some("300000")),
     ("RCCL_BOARD_BYTES", Some("65536")),
     ("RCCL_BOOTSTRAP_ROOT_TIMEOUT", Some("300")),

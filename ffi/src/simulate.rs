@@ -100,7 +100,12 @@ pub fn chosen_cluster() -> Result<Option<ClusterSpec>> {
 pub fn cluster_of(comm: &PlannedComm) -> Result<ClusterSpec> {
     let base = match chosen_cluster()? {
         Some(c) => c,
-        None => cluster::local(1, comm.config.shm_disable),
+        None => {
+            // This machine's figures, with the communicator's rails.
+            let mut local = cluster::local(1, comm.config.shm_disable);
+            local.nic.per_host = Some(comm.rails.max(1));
+            local
+        }
     };
     let topology = &comm.topology;
     let host_of: Vec<usize> = (0..topology.nranks())

@@ -240,10 +240,11 @@ fn sends_and_receives_are_estimated_from_this_ranks_side() {
 /// on hosts as `host_of` says.
 fn planned_send(host_of: Vec<usize>, bytes: usize) -> PlannedComm {
     let config = rccl::Config::from_env().unwrap();
-    let (nchannels, protocol) = rccl::tuning::p2p_choice(&config, bytes);
+    let (nchannels, protocol) = rccl::tuning::p2p_choice(&config, bytes, 1);
     PlannedComm {
         rank: 0,
         topology: Topology::from_hosts(host_of),
+        rails: 1,
         p2p: Some(PlannedP2p {
             calls: vec![P2pOp::Send {
                 peer: 1,

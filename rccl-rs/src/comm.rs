@@ -12,8 +12,10 @@ use rccl_transports::network::providers::{self, NetInit};
 use rccl_transports::network::socket::SocketDevice;
 use rccl_transports::transport::Transport;
 
+use crate::net::Nic;
+
 use crate::bootstrap::{Bootstrap, UniqueId};
-use crate::config::Config;
+use crate::config::{Config, MAX_CHANNELS};
 use crate::error::{Error, Result};
 use crate::executor;
 use crate::state::ExecState;
@@ -37,6 +39,9 @@ pub(crate) struct PeerInfo {
     /// Settings that must agree across ranks: buffsize, min and max
     /// channels, shared memory disabled.
     pub shape: [u64; SHAPE_WORDS],
+    /// Its host's network devices, the first one holding `data_addr`'s
+    /// address or not (see [`crate::net::select_nics`]).
+    pub nics: Vec<Nic>,
 }
 
 impl PeerInfo {
@@ -56,6 +61,14 @@ impl PeerInfo {
         for word in self.shape {
             out.extend_from_slice(&word.to_le_bytes());
         }
+        out.extend_from_slice(&(self.nics.len() as u32).to_le_bytes());
+        for nic in &self.nics {
+            for field in [nic.name.as_bytes(), nic.addr.to_string().as_bytes()] {
+                out.extend_from_slice(&(field.len() as u32).to_le_bytes());
+                out.extend_from_slice(field);
+            }
+            out.extend_from_slice(&nic.speed_mbps.to_le_bytes());
+        }
         out
     }
 
@@ -71,7 +84,20 @@ impl PeerInfo {
             for word in &mut shape {
                 *word = reader.u64()?;
             }
+            let count = reader.u32()? as usize;
+            if count > MAX_NICS {
+                return None;
+            }
+            let mut nics = Vec::with_capacity(count);
+            for _ in 0..count {
+                nics.push(Nic {
+                    name: reader.string()?,
+                    addr: reader.string()?.parse().ok()?,
+                    speed_mbps: reader.u32()?,
+                });
+            }
             Some(PeerInfo {
+                nics,
                 data_addr: addr.parse().ok()?,
                 host,
                 host_id,
@@ -84,6 +110,10 @@ impl PeerInfo {
         parsed.ok_or_else(|| Error::Remote(format!("rank {rank} sent malformed init information")))
     }
 }
+
+/// A bound on the NICs a peer may announce, before anything is allocated
+/// for them (NCCL's socket transport uses at most 16).
+const MAX_NICS: usize = 64;
 
 /// Reads little-endian fields off a byte slice.
 struct Reader<'a>(&'a [u8]);
@@ -200,6 +230,9 @@ pub(crate) struct CommInner {
     pub all_shm: bool,
     /// Which ranks share a host.
     pub topology: Topology,
+    /// The rails: NICs per host that the channels spread over (the fewest
+    /// any host has); channel `c` crosses hosts on NIC `c mod rails`.
+    pub rails: usize,
     pub exec: Mutex<ExecState>,
     pub activity: Mutex<Activity>,
     /// What peers waiting on this rank said they run.
@@ -258,6 +291,7 @@ impl CommInner {
                 in_place,
                 board_bytes: self.board_bytes(),
                 model: &self.link_model,
+                rails: self.rails,
             },
         )?;
         if cacheable {
@@ -357,15 +391,50 @@ impl CommInner {
             let name = &self.peers[ranks[0]].host;
             tracing::info!(target: GRAPH, "[{rank}] Topology: host {host} ({name}): ranks {ranks:?}");
         }
-        let ring: Vec<String> = (0..n).map(|r| r.to_string()).collect();
-        tracing::info!(target: GRAPH, "[{rank}] Ring : {}", ring.join(" "));
-        for (t, node) in rccl_algorithms::tree::dtree(n, rank).iter().enumerate() {
-            let parent = node.parent.map_or("-1".to_string(), |p| p.to_string());
+        let nics: Vec<String> = self.peers[rank]
+            .nics
+            .iter()
+            .enumerate()
+            .map(|(i, nic)| format!("[{i}]{}:{}<{}Mb/s>", nic.name, nic.addr, nic.speed_mbps))
+            .collect();
+        tracing::info!(
+            target: GRAPH,
+            "[{rank}] NET/Socket : Using {} ; {} rail(s) across {} host(s)",
+            nics.join(" "),
+            self.rails,
+            self.topology.nhosts()
+        );
+        // As NCCL: per channel its ring, its two trees, and the NIC its
+        // traffic between hosts takes.
+        let nch = self.config.max_channels;
+        for channel in 0..nch {
+            let ring: Vec<String> = self
+                .topology
+                .ring_order(channel)
+                .iter()
+                .map(|r| r.to_string())
+                .collect();
+            let nic = if self.topology.nhosts() > 1 {
+                let rail = channel % self.rails;
+                let nic = &self.peers[rank].nics[rail];
+                format!(" ; NIC {rail} {} {}", nic.name, nic.addr)
+            } else {
+                String::new()
+            };
             tracing::info!(
                 target: GRAPH,
-                "[{rank}] Tree {t} : {parent} -> {rank} -> {:?}",
-                node.children
+                "[{rank}] Channel {channel:02}/{nch:02} : Ring : {}{nic}",
+                ring.join(" ")
             );
+            for t in 0..2 {
+                let node = rccl_algorithms::tree::channel_tree(&self.topology, channel, t, rank);
+                let parent = node.parent.map_or("-1".to_string(), |p| p.to_string());
+                tracing::info!(
+                    target: GRAPH,
+                    "[{rank}] Channel {channel:02}/{nch:02} : Tree {t} : {parent} -> {rank} -> {:?}",
+                    node.children
+                );
+            }
         }
         for peer in (0..n).filter(|&p| p != rank) {
             let via = if self.shares_memory_with(peer) {
@@ -509,19 +578,8 @@ impl Communicator {
         crate::signal::install_from_env()?;
         let bootstrap = Bootstrap::init(id, rank, nranks, config.timeout, abort.clone())?;
         let ip = bootstrap.peer_addr(rank).ip();
-        let device = SocketDevice {
-            name: ip.to_string(),
-            ip,
-        };
-        let init = NetInit {
-            rank,
-            device,
-            secret: bootstrap.secret(),
-        };
-        let net = providers::choose(&init, config.net.as_deref())
-            .map_err(|e| Error::InvalidUsage(format!("rank {rank}: {e}")))?
-            .transport;
         let me = PeerInfo {
+            nics: crate::net::host_nics(ip)?,
             data_addr: SocketAddr::new(ip, 0),
             host: crate::net::hostname(),
             host_id: host_id(),
@@ -543,6 +601,39 @@ impl Communicator {
                 me.shape, p.shape
             )));
         }
+        // Every rank uses as many rails as the host with the fewest NICs
+        // has, so channel c's rail is the same everywhere.
+        let rails = peers.iter().map(|p| p.nics.len()).min().unwrap_or(1).max(1);
+        let devices = me.nics[..rails.min(me.nics.len())]
+            .iter()
+            .map(|nic| SocketDevice {
+                name: nic.name.clone(),
+                ip: nic.addr,
+            })
+            .collect();
+        // Channels follow the rails unless NCCL_MAX_NCHANNELS (or a
+        // configured maximum other than the default) says otherwise.
+        if std::env::var_os("NCCL_MAX_NCHANNELS").is_none()
+            && config.max_channels == Config::default().max_channels
+        {
+            config.max_channels = config.max_channels.max(rails).min(MAX_CHANNELS);
+        }
+        let mut link_model = crate::tuning::LinkModel::from_env();
+        if let Some(slowest) = me.nics[..rails.min(me.nics.len())]
+            .iter()
+            .map(|nic| f64::from(nic.speed_mbps) / 8e3)
+            .reduce(f64::min)
+        {
+            link_model.net_bandwidth_gbs = link_model.net_bandwidth_gbs.min(slowest);
+        }
+        let init = NetInit {
+            rank,
+            devices,
+            secret: bootstrap.secret(),
+        };
+        let net = providers::choose(&init, config.net.as_deref())
+            .map_err(|e| Error::InvalidUsage(format!("rank {rank}: {e}")))?
+            .transport;
         let all_shm =
             (0..nranks).all(|peer| !config.shm_disable && peers[peer].host_id == me.host_id);
         // Hosts numbered by the first rank seen on each.
@@ -573,6 +664,7 @@ impl Communicator {
             next_p2p_seq: AtomicU64::new(0),
             all_shm,
             topology,
+            rails,
             exec: Mutex::new(ExecState {
                 links,
                 board: None,
@@ -581,7 +673,7 @@ impl Communicator {
             activity: Mutex::new(Activity::default()),
             heard: Mutex::default(),
             splits: AtomicU64::new(0),
-            link_model: crate::tuning::LinkModel::from_env(),
+            link_model,
             choices: Mutex::new(ChoiceCache::default()),
             queued: crate::stream::Queued::default(),
         });
@@ -696,6 +788,13 @@ impl Communicator {
     /// The settings in force.
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The rails: NICs per host that channels spread over between hosts
+    /// (the fewest any host of the communicator has; channel `c` uses NIC
+    /// `c mod rails`).
+    pub fn rails(&self) -> usize {
+        self.inner.rails
     }
 
     /// What the tuner picks on this rank for a collective call of `count`
@@ -1065,6 +1164,18 @@ mod fuzz {
             pid: 42,
             start: 7,
             shape: [1, 2, 3, 4, 5, 6, 7, 8],
+            nics: vec![
+                Nic {
+                    name: "tb0".into(),
+                    addr: "10.231.0.2".parse().unwrap(),
+                    speed_mbps: 2000,
+                },
+                Nic {
+                    name: "tb1".into(),
+                    addr: "10.232.0.2".parse().unwrap(),
+                    speed_mbps: 10_000,
+                },
+            ],
         }
     }
 
@@ -1076,6 +1187,10 @@ mod fuzz {
         longer.push(0);
         assert!(PeerInfo::decode(&longer, 1).is_err());
         assert!(PeerInfo::decode(&bytes[..bytes.len() - 1], 1).is_err());
+        // A NIC count past the bound is refused before anything is read.
+        let mut many = info();
+        many.nics = vec![many.nics[0].clone(); MAX_NICS + 1];
+        assert!(PeerInfo::decode(&many.encode(), 1).is_err());
     }
 
     proptest! {

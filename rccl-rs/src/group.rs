@@ -112,6 +112,7 @@ pub fn group_simulate_end() -> Result<Option<Vec<PlannedComm>>> {
                     PlannedComm {
                         rank: op.comm.rank,
                         topology: op.comm.topology.clone(),
+                        rails: op.comm.rails,
                         config: op.comm.config.clone(),
                         collectives: Vec::new(),
                         p2p: None,

@@ -37,6 +37,8 @@ pub struct PlannedComm {
     pub rank: usize,
     /// Which ranks share a host.
     pub topology: Topology,
+    /// NICs per host its channels spread over.
+    pub rails: usize,
     /// The communicator's settings (shared memory, FIFO sizes, ...).
     pub config: Config,
     /// The group's collectives on this communicator, in call order.
@@ -97,7 +99,7 @@ pub(crate) fn p2p_calls<'a>(ops: impl IntoIterator<Item = &'a RawOp>) -> Vec<P2p
 pub(crate) fn p2p_shape(comm: &CommInner, calls: &[P2pOp]) -> Result<(usize, Protocol, usize)> {
     check_self_pairs(comm.rank, calls)?;
     let largest = calls.iter().map(P2pOp::length).max().unwrap_or(0);
-    let (nchannels, protocol) = tuning::p2p_choice(&comm.config, largest);
+    let (nchannels, protocol) = tuning::p2p_choice(&comm.config, largest, comm.rails);
     Ok((
         nchannels,
         protocol,

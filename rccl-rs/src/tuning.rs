@@ -55,6 +55,9 @@ pub struct Placement<'a> {
     pub board_bytes: usize,
     /// The link figures of the cost model.
     pub model: &'a LinkModel,
+    /// NICs per host the channels spread over (channel `c` on NIC
+    /// `c mod rails`).
+    pub rails: usize,
 }
 
 /// Name of the algorithm that runs through the board when the call fits.
@@ -128,9 +131,11 @@ fn protocol_factors(protocol: Protocol) -> (f64, f64) {
     }
 }
 
-/// The modeled time in microseconds of `algorithm` moving a call of
-/// `bytes` (per rank) with `protocol`, or `None` when the model does not
-/// know the algorithm (a user's algorithm is only run when selected).
+/// The closed-form time in microseconds of `algorithm` moving a call of
+/// `bytes` (per rank) with `protocol` within a host, or `None` when it does
+/// not know the algorithm (a user's algorithm is only run when selected).
+/// Across hosts the tuner replays the candidates instead
+/// ([`across_hosts`]).
 pub(crate) fn estimate_us(
     model: &LinkModel,
     algorithm: &str,
@@ -334,7 +339,22 @@ pub fn choose(
         }
     }
     let (_, mut algorithm, mut protocol) = best.expect("candidates and protocols are not empty");
-    let mut nchannels = channels_for(config, bytes, placement.all_shm);
+    let mut nchannels = channels_for(config, bytes, placement.all_shm, placement.rails);
+    let across = !placement.all_shm && placement.topology.nhosts() > 1;
+    if across {
+        // Every protocol crosses hosts as Simple: the first allowed one
+        // (Simple, unless NCCL_PROTO rules it out) is as good as any.
+        let protocol = protocols[0];
+        let params = Params {
+            nchannels,
+            chunk_elems: (chunk_bytes(config, protocol) / elem_size).max(1),
+        };
+        if let Some(replayed) =
+            across_hosts(spec, elem_size, placement, &candidates, protocol, &params)
+        {
+            algorithm = replayed;
+        }
+    }
     if let Some(hint) = PLUGIN
         .read()
         .as_ref()
@@ -354,14 +374,99 @@ pub fn choose(
             nchannels = c.clamp(config.min_channels, config.max_channels);
         }
     }
+    let mut params = Params {
+        nchannels,
+        chunk_elems: (chunk_bytes(config, protocol) / elem_size).max(1),
+    };
+    if across {
+        // The cut the replay ranked it with (the tree's chunks shrink
+        // with its depth).
+        params = rccl_simulator::tune::params_for(
+            algorithm,
+            placement.topology,
+            spec,
+            elem_size,
+            params,
+        );
+    }
     Ok(Choice {
         algorithm,
         protocol,
-        params: Params {
-            nchannels,
-            chunk_elems: (chunk_bytes(config, protocol) / elem_size).max(1),
-        },
+        params,
     })
+}
+
+/// The fastest built-in candidate for a call across hosts, by replaying
+/// each with the simulator on a cluster of this communicator's placement,
+/// rails and link figures ([`rccl_simulator::tune`]: the same model
+/// `rccl-sim` and `ncclGroupSimulateEnd` use). The ranking is logged
+/// (`NCCL_DEBUG_SUBSYS=TUNING`). `None` when fewer than two built-in
+/// candidates are allowed or none can be replayed.
+fn across_hosts(
+    spec: &CollSpec,
+    elem_size: usize,
+    placement: &Placement<'_>,
+    candidates: &[&'static dyn Algorithm],
+    protocol: Protocol,
+    params: &Params,
+) -> Option<&'static dyn Algorithm> {
+    use rccl_simulator::tune::{engine_cluster, fastest, params_for, Candidate, EngineLinks};
+    let builtin: Vec<&'static dyn Algorithm> = candidates
+        .iter()
+        .copied()
+        .filter(|a| rccl_algorithms::builtin(a.name()).is_some_and(|b| std::ptr::eq(*a, b)))
+        .collect();
+    if builtin.len() < 2 {
+        return None;
+    }
+    let topology = placement.topology;
+    let host_of: Vec<usize> = (0..topology.nranks())
+        .map(|r| topology.host_of(r))
+        .collect();
+    let model = placement.model;
+    let cluster = engine_cluster(
+        &host_of,
+        &EngineLinks {
+            shm_gbs: model.shm_bandwidth_gbs,
+            shm_latency_us: model.shm_latency_us,
+            nic_gbs: model.net_bandwidth_gbs,
+            nic_latency_us: model.net_latency_us,
+            rails: placement.rails,
+        },
+    );
+    let protocol = rccl_simulator::Protocol::parse(protocol.name())?;
+    let tried: Vec<Candidate<'_>> = builtin
+        .iter()
+        .map(|&algorithm| Candidate {
+            algorithm,
+            protocol,
+            params: params_for(algorithm, topology, spec, elem_size, *params),
+        })
+        .collect();
+    let ranking = fastest(&cluster, spec, elem_size, &tried);
+    let best = builtin[ranking.best?];
+    if tracing::enabled!(target: crate::debug::TUNING, tracing::Level::INFO) {
+        let times: Vec<String> = builtin
+            .iter()
+            .zip(&ranking.times_us)
+            .map(|(a, t)| match t {
+                Some(t) => format!("{} {t:.1} us", a.name()),
+                None => format!("{} -", a.name()),
+            })
+            .collect();
+        tracing::info!(
+            target: crate::debug::TUNING,
+            "{}: {} Bytes on {} hosts x {} rails, {} channels: replayed {} -> {}",
+            spec.kind.name(),
+            spec.count * elem_size,
+            topology.nhosts(),
+            placement.rails,
+            params.nchannels,
+            times.join(", "),
+            best.name()
+        );
+    }
+    Some(best)
 }
 
 /// Algorithms registered by the application, besides the built-in ones.
@@ -460,10 +565,10 @@ pub(crate) fn register_schedule_files_from_env() -> Result<()> {
 }
 
 /// Channels and protocol for a batch of sends and receives whose largest
-/// message is `bytes` long.
+/// message is `bytes` long, on a communicator of `rails` rails.
 #[doc(hidden)]
-pub fn p2p_choice(config: &Config, bytes: usize) -> (usize, Protocol) {
-    (channels_for(config, bytes, false), Protocol::Simple)
+pub fn p2p_choice(config: &Config, bytes: usize, rails: usize) -> (usize, Protocol) {
+    (channels_for(config, bytes, false, rails), Protocol::Simple)
 }
 
 /// Channels for `bytes`: extra channels pay where transfers proceed on
@@ -471,11 +576,20 @@ pub fn p2p_choice(config: &Config, bytes: usize) -> (usize, Protocol) {
 /// the calling thread does every copy itself, so more channels only
 /// interleave the same work (measured: 1 MiB all-reduce over two processes
 /// ran at 5.7 GB/s on two channels against 9.4 GB/s at 512 KiB on one).
-fn channels_for(config: &Config, bytes: usize, all_shm: bool) -> usize {
+/// Across hosts, one per `BYTES_PER_CHANNEL`, and from `rails` channels
+/// on a multiple of `rails` so that every NIC carries as many channels.
+fn channels_for(config: &Config, bytes: usize, all_shm: bool, rails: usize) -> usize {
     if all_shm {
         return config.min_channels;
     }
-    (bytes / BYTES_PER_CHANNEL).clamp(config.min_channels, config.max_channels)
+    let rails = rails.max(1);
+    let wanted = (bytes / BYTES_PER_CHANNEL).max(1);
+    let spread = if wanted >= rails {
+        wanted.next_multiple_of(rails)
+    } else {
+        wanted
+    };
+    spread.clamp(config.min_channels, config.max_channels)
 }
 
 /// The pipeline chunk for `protocol`: half a connection's FIFO, so a
@@ -524,6 +638,7 @@ mod tests {
             in_place: false,
             board_bytes: 0,
             model: &LinkModel::MEASURED,
+            rails: 1,
         }
     }
 
@@ -656,5 +771,99 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn channels_follow_the_rails_across_hosts() {
+        let config = Config {
+            max_channels: 8,
+            ..Config::default()
+        };
+        let mib = 1 << 20;
+        // Within a host: the fewest channels, whatever the rails.
+        assert_eq!(channels_for(&config, 64 * mib, true, 4), 1);
+        // Small calls: fewer channels than rails; from `rails` channels on,
+        // a multiple of the rails, within NCCL_MIN/MAX_NCHANNELS.
+        assert_eq!(channels_for(&config, 8, false, 2), 1);
+        assert_eq!(channels_for(&config, mib, false, 2), 2);
+        assert_eq!(channels_for(&config, 3 * mib, false, 4), 8);
+        assert_eq!(channels_for(&config, 5 * mib / 2, false, 1), 5);
+        assert_eq!(channels_for(&config, 64 * mib, false, 2), 8);
+        let narrow = Config {
+            min_channels: 3,
+            max_channels: 3,
+            ..Config::default()
+        };
+        assert_eq!(channels_for(&narrow, 64 * mib, false, 2), 3);
+        assert_eq!(channels_for(&narrow, 8, false, 2), 3);
+    }
+
+    #[test]
+    fn across_hosts_the_choice_is_the_fastest_replay() {
+        use rccl_simulator::tune::{engine_cluster, fastest, params_for, Candidate, EngineLinks};
+        let config = Config {
+            max_channels: 4,
+            ..Config::default()
+        };
+        let model = LinkModel::MEASURED;
+        let mut picked = std::collections::BTreeSet::new();
+        for (host_of, rails) in [
+            (vec![0, 1, 2, 3, 4, 5, 6, 7], 1),
+            (vec![0, 0, 1, 1], 2),
+            (vec![0, 0, 1, 1, 2, 2, 3, 3], 2),
+            (vec![0, 1, 0, 1, 2, 2], 1),
+        ] {
+            let topology = Topology::from_hosts(host_of.clone());
+            for bytes in [64usize, 64 << 10, 16 << 20] {
+                let spec = CollSpec {
+                    kind: CollKind::AllReduce,
+                    nranks: host_of.len(),
+                    root: 0,
+                    count: bytes / 4,
+                };
+                let mut at = placement(&topology, false);
+                at.rails = rails;
+                let choice = choose(&config, &spec, 4, &at).unwrap();
+                // The same question asked of the simulator directly.
+                let cluster = engine_cluster(
+                    &host_of,
+                    &EngineLinks {
+                        shm_gbs: model.shm_bandwidth_gbs,
+                        shm_latency_us: model.shm_latency_us,
+                        nic_gbs: model.net_bandwidth_gbs,
+                        nic_latency_us: model.net_latency_us,
+                        rails,
+                    },
+                );
+                let allowed: Vec<&'static dyn Algorithm> = rccl_algorithms::builtins()
+                    .iter()
+                    .copied()
+                    .filter(|a| a.supports(spec.kind) && a.supports_topology(&topology))
+                    .collect();
+                let base = Params {
+                    nchannels: choice.params.nchannels,
+                    chunk_elems: chunk_bytes(&config, Protocol::Simple) / 4,
+                };
+                let tried: Vec<Candidate<'_>> = allowed
+                    .iter()
+                    .map(|&algorithm| Candidate {
+                        algorithm,
+                        protocol: rccl_simulator::Protocol::Simple,
+                        params: params_for(algorithm, &topology, &spec, 4, base),
+                    })
+                    .collect();
+                let best = fastest(&cluster, &spec, 4, &tried).best.unwrap();
+                assert_eq!(
+                    choice.algorithm.name(),
+                    allowed[best].name(),
+                    "{host_of:?} x {rails} rails, {bytes} bytes"
+                );
+                assert_eq!(choice.params, tried[best].params);
+                assert_eq!(choice.protocol, Protocol::Simple);
+                picked.insert(choice.algorithm.name());
+            }
+        }
+        // The sizes and placements above do not all want one algorithm.
+        assert!(picked.len() >= 2, "{picked:?}");
     }
 }

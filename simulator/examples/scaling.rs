@@ -1,12 +1,19 @@
-//! Ring vs tree vs hierarchical AllReduce on the H100 preset from 2 to
-//! 4096 hosts (256 MiB and 1 MiB), printed as a table and drawn to
+//! AllReduce on the H100 preset (8 ranks and 8 NICs per host) from 2 to
+//! 256 hosts, 256 MiB and 1 MiB: the rail-aligned ring, the tree (a chain
+//! in each host, a double binary tree across hosts, per channel), the
+//! hierarchical algorithm, the tuner's pick among those three (the
+//! fastest replay, `rccl_simulator::tune::fastest`, as the engine's tuner
+//! picks across hosts), and for comparison a flat ring that crosses every
+//! host on one NIC (the ring before rails: the same schedules on hosts of
+//! one NIC). Printed as a table and drawn to
 //! `docs/img/allreduce_scaling.png`; then the cost of one tensor-parallel
 //! group of 8 placed across two hosts.
 //!
 //! `cargo run --release -p rccl-simulator --example scaling [OUT.png]`
 
 use plotters::prelude::*;
-use rccl_algorithms::{builtin, CollKind, CollSpec, Params};
+use rccl_algorithms::{builtin, CollKind, CollSpec, Params, Topology};
+use rccl_simulator::tune::{fastest, params_for, Candidate};
 use rccl_simulator::{cluster, default_params, simulate, Protocol};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -21,8 +28,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .map_err(|_| "font")?;
 
-    let hosts: Vec<usize> = (1..=12).map(|k| 1usize << k).collect();
+    let hosts: Vec<usize> = (1..=8).map(|k| 1usize << k).collect();
     let algos = ["ring", "tree", "hier"];
+    let rows = ["ring", "tree", "hier", "tuner's pick", "flat ring (1 NIC)"];
     let sizes = [(256usize << 20, "256 MiB"), (1 << 20, "1 MiB")];
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     println!(
@@ -34,35 +42,76 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .join(" | ")
     );
     for (bytes, label) in sizes {
-        for algo in algos {
-            let mut pts = Vec::new();
-            let mut cells = Vec::new();
-            for &h in &hosts {
-                let c = cluster::h100(h);
-                let spec = CollSpec {
-                    kind: CollKind::AllReduce,
-                    nranks: c.nranks(),
-                    root: 0,
-                    count: bytes / 4,
-                };
-                let mut p: Params = default_params(&c, &spec, 4, Protocol::Simple);
-                if algo != "ring" {
-                    // Full replays at thousands of ranks: 4 channels.
-                    p.nchannels = p.nchannels.min(4);
-                }
-                let start = std::time::Instant::now();
-                let r = simulate(&c, &spec, 4, builtin(algo).unwrap(), Protocol::Simple, &p)?;
-                eprintln!(
-                    "{label} {algo} {h} hosts: {:.1} us busbw {:.2} ({:.2} s)",
-                    r.time_us,
-                    r.busbw,
-                    start.elapsed().as_secs_f64()
-                );
-                pts.push((h as f64, r.busbw));
-                cells.push(format!("{:.1}", r.busbw));
+        // busbw per row, per host count; the pick's name per host count.
+        let mut table: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
+        let mut picks = Vec::new();
+        for &h in &hosts {
+            let c = cluster::h100(h);
+            let spec = CollSpec {
+                kind: CollKind::AllReduce,
+                nranks: c.nranks(),
+                root: 0,
+                count: bytes / 4,
+            };
+            let p: Params = default_params(&c, &spec, 4, Protocol::Simple);
+            let topo = Topology::from_hosts(c.host_of());
+            let candidates: Vec<Candidate<'_>> = algos
+                .iter()
+                .map(|a| Candidate {
+                    algorithm: builtin(a).unwrap(),
+                    protocol: Protocol::Simple,
+                    params: params_for(builtin(a).unwrap(), &topo, &spec, 4, p),
+                })
+                .collect();
+            let start = std::time::Instant::now();
+            let ranking = fastest(&c, &spec, 4, &candidates);
+            let busbw =
+                |t: f64| bytes as f64 / t / 1e3 * 2.0 * (c.nranks() - 1) as f64 / c.nranks() as f64;
+            for (i, t) in ranking.times_us.iter().enumerate() {
+                table[i].push(busbw(t.ok_or("a replay failed")?));
             }
-            println!("| {label} | {algo} | {} |", cells.join(" | "));
-            series.push((format!("{algo}, {label}"), pts));
+            let best = ranking.best.ok_or("no replay")?;
+            let picked = table[best][table[best].len() - 1];
+            table[3].push(picked);
+            picks.push(algos[best]);
+            let mut one_nic = c.clone();
+            one_nic.nic.per_host = Some(1);
+            let flat = simulate(
+                &one_nic,
+                &spec,
+                4,
+                builtin("ring").unwrap(),
+                Protocol::Simple,
+                &p,
+            )?;
+            table[4].push(flat.busbw);
+            eprintln!(
+                "{label} {h} hosts: {:?} pick {} flat {:.1} ({:.1} s)",
+                ranking.times_us,
+                algos[best],
+                flat.busbw,
+                start.elapsed().as_secs_f64()
+            );
+        }
+        for (row, values) in rows.iter().zip(&table) {
+            let cells: Vec<String> = values
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    if *row == "tuner's pick" {
+                        format!("{v:.1} ({})", picks[i])
+                    } else {
+                        format!("{v:.1}")
+                    }
+                })
+                .collect();
+            println!("| {label} | {row} | {} |", cells.join(" | "));
+            let pts = hosts
+                .iter()
+                .zip(values)
+                .map(|(&h, &v)| (h as f64, v))
+                .collect();
+            series.push((format!("{row}, {label}"), pts));
         }
     }
 
@@ -76,17 +125,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(60)
-        .build_cartesian_2d((2f64..4096f64).log_scale(), (0.01f64..1000f64).log_scale())?;
+        .build_cartesian_2d((2f64..256f64).log_scale(), (0.1f64..1000f64).log_scale())?;
     chart
         .configure_mesh()
         .x_desc("hosts (8 ranks each)")
         .y_desc("busbw (GB/s)")
         .label_style(("sans-serif", 15))
         .draw()?;
-    let colors = [RED, BLUE, GREEN];
+    let colors = [RED, BLUE, GREEN, BLACK, MAGENTA];
     for (i, (name, pts)) in series.iter().enumerate() {
-        let color = colors[i % 3];
-        let style = if i < 3 {
+        let color = colors[i % rows.len()];
+        let style = if i < rows.len() {
             color.stroke_width(3)
         } else {
             color.mix(0.6).stroke_width(1)

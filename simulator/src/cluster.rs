@@ -147,8 +147,10 @@ pub struct Nic {
     /// Fraction of the line rate a transfer achieves (headers, protocol).
     #[serde(default = "one")]
     pub efficiency: f64,
-    /// NICs per host (default: one per rank, "rails"); local rank `i` uses
-    /// NIC `i * nics / ranks_per_host`.
+    /// NICs per host (default: one per rank, "rails"). Channel `c` crosses
+    /// hosts on NIC `c mod nics` at both ends (its rail), as the engine
+    /// routes it; local rank `i` is the one attached to NIC
+    /// `i * nics / ranks_per_host` (whose NIC a rank's faults slow).
     #[serde(default)]
     pub per_host: Option<usize>,
     /// One-way latency NIC to NIC, excluding switch hops, microseconds.

@@ -11,6 +11,8 @@
 //! * [`simulate_p2p`] replays one rank's sends and receives of a group,
 //!   with its peers posting the matching calls.
 //! * [`report`] prints nccl-tests' table and a JSON form.
+//! * [`tune`] ranks candidate algorithms by replay: the engine's tuner
+//!   picks with it across hosts.
 //!
 //! # Example
 //!
@@ -29,6 +31,7 @@ pub mod cluster;
 pub mod probe;
 pub mod report;
 pub mod sim;
+pub mod tune;
 
 pub use cluster::{ClusterSpec, Protocol, SimError};
 pub use rccl_algorithms::{P2pOp, Params};

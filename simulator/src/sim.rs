@@ -7,9 +7,12 @@
 //! the receiver; a forwarding primitive starts sending once the first
 //! piece is in and cannot finish before the last piece is in and
 //! processed (cut-through at piece granularity). Each link is a resource
-//! with a "free at" time: a message occupies every link of its path for
-//! bytes / bandwidth, so concurrent flows on a link are served one message
-//! (chunk) at a time, which gives each an equal share over a few chunks.
+//! with busy intervals: a message occupies every link of its path for
+//! bytes / bandwidth from the first idle stretch that long after its data
+//! is ready, so concurrent flows on a link are served one message (chunk)
+//! at a time, which gives each an equal share over a few chunks, and a
+//! message whose data is ready late does not hold the link against
+//! messages ready before it.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -29,6 +32,9 @@ const SEND: u8 = 2;
 const REDUCE: u8 = 4;
 /// writes the rank's own buffer besides (or instead of) a transfer.
 const LOCAL: u8 = 8;
+/// sends to a rank outside the replayed period (folded onto one inside):
+/// the transfer leaves the period's leaf group.
+const AWAY: u8 = 16;
 
 /// One primitive, compacted: 16 bytes.
 #[derive(Clone, Copy, Debug)]
@@ -107,6 +113,10 @@ struct Net {
     intra_rx: usize,
     nic_tx: usize,
     nic_rx: usize,
+    /// The NICs per host the channels spread over: those attached to the
+    /// communicator's ranks on the host with the fewest (all of a host's
+    /// when its ranks fill it).
+    rails: usize,
     leaf_up: usize,
     leaf_down: usize,
     nics: usize,
@@ -267,7 +277,14 @@ impl Net {
                 bw[intra_tx + r] = port.min(rank_copy) * intra.handoff_scale;
             }
         }
+        let fewest = (0..c.hosts)
+            .map(|h| seen[h])
+            .filter(|&k| k > 0)
+            .min()
+            .unwrap_or(1);
+        let rails = (fewest * nics / c.ranks_per_host.max(1)).clamp(1, nics);
         let mut net = Net {
+            rails,
             host_of,
             local,
             bw,
@@ -312,7 +329,6 @@ impl Net {
 
 /// Geometry the path computation needs.
 struct Geo {
-    rph: usize,
     hpl: usize,
     rail: bool,
     intra: Option<IntraLink>,
@@ -324,7 +340,6 @@ struct Geo {
 impl Geo {
     fn new(cluster: &ClusterSpec, proto: &ProtoSpec) -> Geo {
         Geo {
-            rph: cluster.ranks_per_host,
             hpl: cluster.fabric.hosts_per_leaf.min(cluster.hosts).max(1),
             rail: cluster.fabric.rail_optimized,
             intra: cluster.intra,
@@ -334,9 +349,13 @@ impl Geo {
         }
     }
 
-    fn path(&self, net: &Net, src: usize, dst: usize) -> Path {
+    /// The links from `src` to `dst` for a message of channel `ch`: within
+    /// a host the two ranks' ports; across hosts the NICs of the channel's
+    /// rail (`ch mod nics`) at both ends, as the engine routes it. `away`:
+    /// `dst` stands for a rank of another leaf group (symmetry folding).
+    fn path(&self, net: &Net, src: usize, dst: usize, ch: usize, away: bool) -> Path {
         let (hs, hd) = (net.host_of[src], net.host_of[dst]);
-        if hs == hd {
+        if hs == hd && !away {
             if let Some(intra) = self.intra {
                 return Path {
                     links: [net.intra_tx + src, net.intra_rx + dst, 0, 0],
@@ -352,8 +371,8 @@ impl Geo {
             }
         }
         let nics = net.nics;
-        let ks = net.local[src] * nics / self.rph;
-        let kd = net.local[dst] * nics / self.rph;
+        let ks = ch % net.rails;
+        let kd = ks;
         let leaf = |h: usize, k: usize| {
             if self.rail {
                 (h / self.hpl) * nics + k
@@ -363,7 +382,7 @@ impl Geo {
         };
         let tx = net.nic_tx + hs * nics + ks;
         let rx = net.nic_rx + hd * nics + kd;
-        if hs == hd {
+        if hs == hd && !away {
             // Loopback through the NIC (no host link): no switch.
             return Path {
                 links: [tx, rx, 0, 0],
@@ -374,7 +393,7 @@ impl Geo {
             };
         }
         let (ls, ld) = (leaf(hs, ks), leaf(hd, kd));
-        if ls == ld {
+        if ls == ld && !away {
             Path {
                 links: [tx, rx, 0, 0],
                 len: 2,
@@ -408,6 +427,27 @@ fn shift_symmetric(name: &str) -> bool {
 /// together, so one channel at 1/nchannels of the bandwidth is exact.
 fn channel_lockstep(name: &str) -> bool {
     name == "ring"
+}
+
+/// The channels after which the ring's channels repeat: across hosts a
+/// channel's ring rotates each host's ranks by the channel and crosses
+/// hosts on NIC `channel mod nics`, so the least common multiple of the
+/// host sizes and the NIC count; within one host, 1.
+fn channel_period(topo: &Topology, nics: usize) -> usize {
+    if topo.nhosts() <= 1 {
+        return 1;
+    }
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    topo.hosts()
+        .iter()
+        .map(Vec::len)
+        .chain([nics.max(1)])
+        .fold(1, |l, m| l / gcd(l, m) * m)
 }
 
 /// The number of ranks to replay: a period `p` of the cluster under which
@@ -463,8 +503,9 @@ pub fn default_protocol(cluster: &ClusterSpec, spec: &CollSpec, elem_size: usize
 fn compact(prim: &Prim, elem: usize, fold: usize) -> Op {
     let bytes = (prim.len() * elem) as u32;
     let m = |r: usize| (r % fold) as u32;
+    let away = |to: usize| if to >= fold { AWAY } else { 0 };
     let (flags, from, to) = match *prim {
-        Prim::Send { to, .. } => (SEND, 0, m(to)),
+        Prim::Send { to, .. } => (SEND | away(to), 0, m(to)),
         Prim::Recv { from, .. } => (RECV, m(from), 0),
         Prim::Copy { src, dst } => {
             let same = src.buf == dst.buf && src.offset == dst.offset;
@@ -476,14 +517,16 @@ fn compact(prim: &Prim, elem: usize, fold: usize) -> Op {
             } else {
                 LOCAL
             };
-            (SEND | copy, 0, m(to))
+            (SEND | copy | away(to), 0, m(to))
         }
-        Prim::RecvReduceSend { from, to, .. } => (RECV | SEND | REDUCE, m(from), m(to)),
-        Prim::RecvReduceCopySend { from, to, .. } => (RECV | SEND | REDUCE | LOCAL, m(from), m(to)),
+        Prim::RecvReduceSend { from, to, .. } => (RECV | SEND | REDUCE | away(to), m(from), m(to)),
+        Prim::RecvReduceCopySend { from, to, .. } => {
+            (RECV | SEND | REDUCE | LOCAL | away(to), m(from), m(to))
+        }
         Prim::RecvReduceCopy { from, .. } | Prim::RecvReduceCopyPartial { from, .. } => {
             (RECV | REDUCE, m(from), 0)
         }
-        Prim::RecvCopySend { from, to, .. } => (RECV | SEND | LOCAL, m(from), m(to)),
+        Prim::RecvCopySend { from, to, .. } => (RECV | SEND | LOCAL | away(to), m(from), m(to)),
         Prim::ReduceCopy { .. } | Prim::ReduceCopyPartial { .. } => (LOCAL | REDUCE, 0, 0),
     };
     Op {
@@ -491,6 +534,32 @@ fn compact(prim: &Prim, elem: usize, fold: usize) -> Op {
         to,
         bytes,
         flags,
+    }
+}
+
+/// The busy intervals of one link, in time order, none overlapping.
+#[derive(Clone, Default)]
+struct Busy(Vec<(f64, f64)>);
+
+impl Busy {
+    /// Books the link for `len` microseconds from the earliest time at or
+    /// after `at` when it is idle that long, forgetting intervals that
+    /// ended before `now` (the replay's clock only moves forward); returns
+    /// the start.
+    fn reserve(&mut self, at: f64, len: f64, now: f64) -> f64 {
+        let past = self.0.iter().take_while(|&&(_, end)| end <= now).count();
+        self.0.drain(..past);
+        let mut start = at;
+        let mut i = 0;
+        while let Some(&(s, e)) = self.0.get(i) {
+            if start + len <= s {
+                break;
+            }
+            start = start.max(e);
+            i += 1;
+        }
+        self.0.insert(i, (start, start + len));
+        start
     }
 }
 
@@ -600,20 +669,29 @@ pub fn simulate_with(
     // Only the ring's channels run in lockstep, link-bound; folding the
     // channels of tree, hier or rhd was measured 1.3-2x pessimistic (a
     // folded channel cannot borrow the bandwidth others leave idle).
-    let fold_ch = options.fold_channels && real_nch > 1 && channel_lockstep(algorithm.name());
-    // With channels folded: one channel with the largest share of the
-    // elements, on links and ranks of 1/nchannels the throughput.
+    // Channels `c` and `c + period` run the same ring on the same rail, so
+    // replaying `period` channels, each for `nch / period` of them, is
+    // exact.
+    let period = channel_period(&topo, net.rails);
+    let fold_ch = options.fold_channels
+        && real_nch > period
+        && real_nch % period == 0
+        && channel_lockstep(algorithm.name())
+        && cluster.faults.slow_ranks.is_empty()
+        && cluster.faults.degraded_links.is_empty();
+    // With channels folded: `period` channels with the largest share of
+    // the elements, on links and ranks of period/nchannels the throughput.
     let (sim_spec, sim_params, share) = if fold_ch {
         (
             CollSpec {
-                count: spec.count.div_ceil(real_nch),
+                count: spec.count.div_ceil(real_nch) * period,
                 ..*spec
             },
             Params {
-                nchannels: 1,
+                nchannels: period,
                 ..*params
             },
-            real_nch as f64,
+            (real_nch / period) as f64,
         )
     } else {
         (*spec, *params, 1.0)
@@ -657,7 +735,7 @@ pub fn simulate_with(
         nchannels: real_nch,
         chunk_elems: params.chunk_elems,
         ranks_replayed: fold,
-        prims: prims * (n / fold) as u64 * if fold_ch { real_nch as u64 } else { 1 },
+        prims: prims * (n / fold) as u64 * share as u64,
         last_rank,
     })
 }
@@ -884,7 +962,7 @@ fn replay(
 ) -> Result<(Vec<f64>, u64), SimError> {
     let (ops, steps) = (&threads.ops, &threads.steps);
     let nthreads = ops.len();
-    let mut free = vec![0.0f64; net.bw.len()];
+    let mut links: Vec<Busy> = vec![Busy::default(); net.bw.len()];
     let mut cursor = vec![0usize; nthreads];
     // Every thread with work starts once its rank has paid the call's
     // fixed cost; one without finishes at once.
@@ -988,7 +1066,7 @@ fn replay(
             }
             if op.flags & SEND != 0 {
                 let dst = op.to as usize;
-                let path = geo.path(net, rank, dst);
+                let path = geo.path(net, rank, dst, ch, op.flags & AWAY != 0);
                 // A forwarder processes a piece before it can send it, unless
                 // its processing is the transfer itself.
                 let stage = if path.sender_copies {
@@ -1006,10 +1084,9 @@ fn replay(
                 for &l in &path.links[..path.len] {
                     let bw = net.bw[l] * proto.efficiency;
                     min_bw = min_bw.min(bw);
-                    let start = src_ready.max(free[l]);
-                    free[l] = start + bytes / bw;
+                    let start = links[l].reserve(src_ready, bytes / bw, now);
                     last_start = last_start.max(start);
-                    depart = depart.max(free[l]);
+                    depart = depart.max(start + bytes / bw);
                 }
                 // A rank that makes its transfers itself also makes the
                 // copy into its own buffer on the same core: after each

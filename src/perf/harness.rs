@@ -1323,7 +1323,7 @@ impl<'a> Worker<'a> {
                         _ => st.counts.param,
                     };
                     let (channels, protocol) =
-                        rccl::tuning::p2p_choice(comm.config(), largest * elt);
+                        rccl::tuning::p2p_choice(comm.config(), largest * elt, comm.rails());
                     ("p2p", protocol.name(), channels)
                 }
             };

@@ -1,8 +1,9 @@
 //! A multi-host test bed of network namespaces, the Rust counterpart of
 //! `scripts/testbed.sh` (same shape and names): `hosts` namespaces, each
-//! with one veth (`tb0`, 10.231.0.<i+1>/24) into a bridge in a "switch"
-//! namespace, unshaped. Ranks run inside their host's namespace through
-//! `ip netns exec` with the torchrun variables, `NCCL_SOCKET_IFNAME=tb0`
+//! with one veth per rail (`tb<r>`, 10.231.<r>.<i+1>/24) into that rail's
+//! bridge (`br<r>`) in a "switch" namespace, unshaped. Ranks run inside
+//! their host's namespace through `ip netns exec` with the torchrun
+//! variables, `NCCL_SOCKET_IFNAME=tb0` (`tb`, every rail, with several)
 //! and `NCCL_HOSTID=host<i>`. Dropping the bed kills its ranks and deletes
 //! every namespace it made, also when a test panics; beds left behind by a
 //! killed test process are swept by the next one.
@@ -16,9 +17,14 @@ use std::time::{Duration, Instant};
 /// The interface of each host namespace.
 pub const IFACE: &str = "tb0";
 
-/// Host `i`'s address.
+/// Host `i`'s address (on rail 0).
 pub fn host_addr(host: usize) -> String {
-    format!("10.231.0.{}", host + 1)
+    rail_addr(host, 0)
+}
+
+/// Host `i`'s address on rail `rail`.
+pub fn rail_addr(host: usize, rail: usize) -> String {
+    format!("10.231.{rail}.{}", host + 1)
 }
 
 /// Why multi-host tests cannot run here, if they cannot: not root, no
@@ -111,6 +117,7 @@ pub struct TestBed {
     name: String,
     hosts: usize,
     per_host: usize,
+    rails: usize,
     made: Vec<String>,
     ranks: Vec<Child>,
     runs: usize,
@@ -119,11 +126,18 @@ pub struct TestBed {
 impl TestBed {
     /// Builds `hosts` host namespaces for `per_host` ranks each.
     pub fn up(hosts: usize, per_host: usize) -> Result<TestBed, String> {
+        TestBed::with_rails(hosts, per_host, 1)
+    }
+
+    /// Builds `hosts` host namespaces for `per_host` ranks each, joined by
+    /// `rails` networks (a bridge each, one veth per host on each).
+    pub fn with_rails(hosts: usize, per_host: usize, rails: usize) -> Result<TestBed, String> {
         sweep_stale();
         let mut bed = TestBed {
             name: bed_name(),
             hosts,
             per_host,
+            rails,
             made: Vec::new(),
             ranks: Vec::new(),
             runs: 0,
@@ -131,21 +145,39 @@ impl TestBed {
         // On error, `bed` drops and removes what was made so far.
         let sw = bed.add_ns("sw")?;
         ip(&["-n", &sw, "link", "set", "lo", "up"])?;
-        ip(&["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
-        ip(&["-n", &sw, "link", "set", "br0", "up"])?;
+        for rail in 0..rails {
+            let bridge = format!("br{rail}");
+            ip(&["-n", &sw, "link", "add", &bridge, "type", "bridge"])?;
+            ip(&["-n", &sw, "link", "set", &bridge, "up"])?;
+        }
         for host in 0..hosts {
             let ns = bed.add_ns(&format!("h{host}"))?;
-            let port = format!("p{host}");
             ip(&["-n", &ns, "link", "set", "lo", "up"])?;
-            ip(&[
-                "-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", IFACE, "netns",
-                &ns,
-            ])?;
-            ip(&["-n", &sw, "link", "set", &port, "master", "br0"])?;
-            ip(&["-n", &sw, "link", "set", &port, "up"])?;
-            let addr = format!("{}/24", host_addr(host));
-            ip(&["-n", &ns, "addr", "add", &addr, "dev", IFACE])?;
-            ip(&["-n", &ns, "link", "set", IFACE, "up"])?;
+            for rail in 0..rails {
+                // Rail 0 keeps the single-rail bed's names.
+                let (port, iface) = if rail == 0 {
+                    (format!("p{host}"), IFACE.to_string())
+                } else {
+                    (format!("p{host}r{rail}"), format!("tb{rail}"))
+                };
+                ip(&[
+                    "-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", &iface,
+                    "netns", &ns,
+                ])?;
+                ip(&[
+                    "-n",
+                    &sw,
+                    "link",
+                    "set",
+                    &port,
+                    "master",
+                    &format!("br{rail}"),
+                ])?;
+                ip(&["-n", &sw, "link", "set", &port, "up"])?;
+                let addr = format!("{}/24", rail_addr(host, rail));
+                ip(&["-n", &ns, "addr", "add", &addr, "dev", &iface])?;
+                ip(&["-n", &ns, "link", "set", &iface, "up"])?;
+            }
         }
         Ok(bed)
     }
@@ -155,6 +187,22 @@ impl TestBed {
         ip(&["netns", "add", &ns])?;
         self.made.push(ns.clone());
         Ok(ns)
+    }
+
+    /// Bytes host `host` has sent on rail `rail` so far.
+    pub fn sent_bytes(&self, host: usize, rail: usize) -> u64 {
+        let iface = if rail == 0 {
+            IFACE.to_string()
+        } else {
+            format!("tb{rail}")
+        };
+        Command::new("ip")
+            .args(["netns", "exec", &self.host_ns(host), "cat"])
+            .arg(format!("/sys/class/net/{iface}/statistics/tx_bytes"))
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(0)
     }
 
     /// The namespace of host `host`.
@@ -192,7 +240,10 @@ impl TestBed {
                 .env("LOCAL_WORLD_SIZE", self.per_host.to_string())
                 .env("MASTER_ADDR", host_addr(0))
                 .env("MASTER_PORT", &port)
-                .env("NCCL_SOCKET_IFNAME", IFACE)
+                .env(
+                    "NCCL_SOCKET_IFNAME",
+                    if self.rails > 1 { "tb" } else { IFACE },
+                )
                 .env("NCCL_HOSTID", format!("host{host}"))
                 .stdin(Stdio::null());
             configure(rank, &mut cmd);

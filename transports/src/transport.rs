@@ -230,12 +230,17 @@ impl<N: Net> Transport for Network<N> {
         true
     }
 
-    fn setup(&self, _cx: &Context<'_>, _peer: usize, _channel: usize) -> io::Result<Setup> {
-        let (handle, listen) = self.net.listen(0).map_err(io::Error::other)?;
+    fn setup(&self, _cx: &Context<'_>, _peer: usize, channel: usize) -> io::Result<Setup> {
+        // Channel `c` uses device `c mod devices` at both ends (its rail:
+        // the communicator gives every rank's provider the same number of
+        // devices), listening and connecting on it.
+        let dev = channel % self.net.devices().max(1);
+        let (handle, listen) = self.net.listen(dev).map_err(io::Error::other)?;
         Ok(Setup {
             info: Some(handle.as_bytes().to_vec()),
             pending: Box::new(NetworkPending::<N> {
                 net: self.net.clone(),
+                dev,
                 listen: Some(listen),
                 stage: Default::default(),
                 send: None,
@@ -247,6 +252,8 @@ impl<N: Net> Transport for Network<N> {
 
 struct NetworkPending<N: Net> {
     net: Arc<N>,
+    /// The device (rail) of the connection's channel.
+    dev: usize,
     listen: Option<N::ListenComm>,
     stage: N::ConnectStage,
     send: Option<N::SendComm>,
@@ -270,7 +277,7 @@ impl<N: Net> Pending for NetworkPending<N> {
         loop {
             if self.send.is_none() {
                 self.send = net
-                    .connect(0, &theirs, &mut self.stage)
+                    .connect(self.dev, &theirs, &mut self.stage)
                     .map_err(io::Error::other)?;
             }
             if let (None, Some(listen)) = (&self.recv, &mut self.listen) {

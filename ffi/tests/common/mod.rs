@@ -243,6 +243,7 @@ pub fn direct_us_on(cluster: &ClusterSpec, count: usize) -> f64 {
         in_place: false,
         board_bytes: if all_shm { config.board_bytes } else { 0 },
         model: &model,
+        rails: 1,
     };
     let choice = rccl::tuning::choose(&config, &spec, 4, &placement).unwrap();
     let protocol = Protocol::parse(choice.protocol.name()).unwrap();
@@ -288,7 +289,7 @@ pub fn direct_p2p_us_on(cluster: &ClusterSpec, rank: usize, calls: &[Call]) -> f
         .map(|&(Call::Send(_, n) | Call::Recv(_, n))| n * 4)
         .max()
         .unwrap_or(0);
-    let (nchannels, protocol) = rccl::tuning::p2p_choice(&config, largest);
+    let (nchannels, protocol) = rccl::tuning::p2p_choice(&config, largest, 1);
     let params = Params {
         nchannels,
         chunk_elems: rccl::tuning::chunk_bytes(&config, protocol),

@@ -9,7 +9,7 @@
 //! communicator whose handle the sender was given.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::time::Instant;
 
@@ -88,8 +88,11 @@ fn refused(why: &str) -> io::Error {
 }
 
 /// Starts a TCP connection to `addr` without waiting for it: a
-/// non-blocking socket whose connection may still be in progress.
-pub(crate) fn start_connect(addr: SocketAddr) -> io::Result<TcpStream> {
+/// non-blocking socket whose connection may still be in progress. With
+/// `from`, the socket is bound to that local address first, so the
+/// connection leaves through the interface that holds it (a channel's
+/// NIC); an address of the other family than `addr` is ignored.
+pub(crate) fn start_connect(from: Option<IpAddr>, addr: SocketAddr) -> io::Result<TcpStream> {
     // SAFETY: plain socket(2) call; the descriptor is owned by the
     // TcpStream built from it below (or closed on error by that stream's
     // drop).
@@ -108,6 +111,43 @@ pub(crate) fn start_connect(addr: SocketAddr) -> io::Result<TcpStream> {
     }
     // SAFETY: `fd` is a fresh socket nobody else owns.
     let stream = unsafe { TcpStream::from_raw_fd(fd) };
+    if let Some(from) = from.filter(|f| f.is_ipv4() == addr.is_ipv4() && !f.is_unspecified()) {
+        let (storage, len) = raw_address(SocketAddr::new(from, 0));
+        // SAFETY: `storage` holds a valid address of `len` bytes for the
+        // socket's family; bind only reads it.
+        let rc = unsafe {
+            libc::bind(
+                stream.as_raw_fd(),
+                (&storage as *const libc::sockaddr_storage).cast(),
+                len,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    let (storage, len) = raw_address(addr);
+    // SAFETY: `storage` holds a valid address of `len` bytes for the
+    // socket's family; connect only reads it.
+    let rc = unsafe {
+        libc::connect(
+            stream.as_raw_fd(),
+            (&storage as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    };
+    if rc < 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(err);
+        }
+    }
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// `addr` as the C library takes it, and its length.
+fn raw_address(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match addr {
@@ -141,23 +181,7 @@ pub(crate) fn start_connect(addr: SocketAddr) -> io::Result<TcpStream> {
             std::mem::size_of::<libc::sockaddr_in6>()
         }
     };
-    // SAFETY: `storage` holds a valid address of `len` bytes for the
-    // socket's family; connect only reads it.
-    let rc = unsafe {
-        libc::connect(
-            stream.as_raw_fd(),
-            (&storage as *const libc::sockaddr_storage).cast(),
-            len as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EINPROGRESS) {
-            return Err(err);
-        }
-    }
-    stream.set_nodelay(true)?;
-    Ok(stream)
+    (storage, len as libc::socklen_t)
 }
 
 /// Whether a connection started by [`start_connect`] is established

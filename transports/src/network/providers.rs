@@ -23,8 +23,9 @@ use crate::transport::{Network, Transport};
 pub struct NetInit {
     /// This rank (for logs).
     pub rank: usize,
-    /// The interface and address this rank uses (`NCCL_SOCKET_IFNAME`).
-    pub device: SocketDevice,
+    /// The interfaces this rank's channels use across hosts, one per rail
+    /// (`NCCL_SOCKET_IFNAME`), the bootstrap's first.
+    pub devices: Vec<SocketDevice>,
     /// The communicator's secret.
     pub secret: Secret,
 }
@@ -88,12 +89,13 @@ pub fn register(provider: Provider) {
 fn builtin() -> Vec<Provider> {
     vec![
         Provider::new("IB", |init: &NetInit| {
-            let ib = super::ib::Ib::from_env(init.device.ip, init.secret)?;
+            let ip = init.devices.first().ok_or("no network interface")?.ip;
+            let ib = super::ib::Ib::from_env(ip, init.secret)?;
             Ok(Arc::new(Network::new(Arc::new(ib))) as Arc<dyn Transport>)
         }),
         Provider::new("Socket", |init: &NetInit| {
             let socket =
-                Socket::new(vec![init.device.clone()], init.secret).map_err(|e| e.to_string())?;
+                Socket::new(init.devices.clone(), init.secret).map_err(|e| e.to_string())?;
             Ok(Arc::new(Network::new(Arc::new(socket))) as Arc<dyn Transport>)
         }),
     ]
@@ -187,10 +189,10 @@ mod tests {
     fn init() -> NetInit {
         NetInit {
             rank: 0,
-            device: SocketDevice {
+            devices: vec![SocketDevice {
                 name: "lo".into(),
                 ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            },
+            }],
             secret: Secret([1; 32]),
         }
     }
@@ -230,7 +232,7 @@ mod tests {
         list.insert(
             0,
             Provider::new("Loop", |init: &NetInit| {
-                let socket = Socket::new(vec![init.device.clone()], init.secret).unwrap();
+                let socket = Socket::new(init.devices.clone(), init.secret).unwrap();
                 Ok(Arc::new(Network::new(Arc::new(socket))) as Arc<dyn Transport>)
             }),
         );

@@ -360,8 +360,9 @@ pub(super) fn parse_handle(
     Ok((SocketAddr::new(ip, port), id))
 }
 
-/// The speed `/sys/class/net/<name>/speed` gives, or NCCL's default.
-fn interface_speed(name: &str) -> u32 {
+/// The speed in Mbit/s `/sys/class/net/<name>/speed` gives, or NCCL's
+/// default (10 Gbit/s).
+pub fn interface_speed(name: &str) -> u32 {
     std::fs::read_to_string(format!("/sys/class/net/{name}/speed"))
         .ok()
         .and_then(|text| text.trim().parse::<i64>().ok())
@@ -644,10 +645,10 @@ impl Net for Socket {
         handle: &ListenHandle,
         stage: &mut SocketConnect,
     ) -> Result<Option<SocketSend>, NetError> {
-        self.device(dev)?;
+        let local = self.device(dev)?.ip;
         if stage.client.is_none() {
             let (addr, id) = parse_handle(handle)?;
-            let stream = handshake::start_connect(addr)
+            let stream = handshake::start_connect(Some(local), addr)
                 .map_err(|e| NetError::io(NET, "connecting to", addr, &e))?;
             stage.client = Some((Client::new(stream, id), addr));
         }

@@ -1431,7 +1431,7 @@ impl Net for Ib {
         self.port(dev)?;
         if stage.step.is_none() {
             let (addr, id) = parse_handle(handle)?;
-            let stream = handshake::start_connect(addr)
+            let stream = handshake::start_connect(None, addr)
                 .map_err(|e| NetError::io(NET, "connecting to", addr, &e))?;
             stage.step = Some(ConnectStep::Handshake(Client::new(stream, id), addr));
         }

@@ -1347,7 +1347,7 @@ impl QueuePair for ModelQp {
             // An address the model cannot reach is a path nothing answers
             // on: sends time out, as on a fabric.
             if let Some(addr) = route(&remote.gid) {
-                match start_connect(SocketAddr::V4(addr)) {
+                match start_connect(None, SocketAddr::V4(addr)) {
                     Ok(stream) => {
                         let mut wire = Wire {
                             stream,
