@@ -918,7 +918,7 @@ fn settings_shape(config: &Config) -> [u64; SHAPE_WORDS] {
         config.ll128_buffsize as u64,
         config.min_channels as u64,
         config.max_channels as u64,
-        u64::from(config.shm_disable),
+        u64::from(config.shm_disable) | u64::from(config.p2p_disable) << 1,
         selections.finish(),
         config.board_bytes as u64,
     ]

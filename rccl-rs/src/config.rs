@@ -34,6 +34,10 @@ pub struct Config {
     /// Never use shared memory between ranks of one host; go through the
     /// network transport instead (`NCCL_SHM_DISABLE=1`).
     pub shm_disable: bool,
+    /// Never connect ranks of different processes through device memory
+    /// one exports and the other maps (`NCCL_P2P_DISABLE=1`): calls on
+    /// device memory then go through shared memory.
+    pub p2p_disable: bool,
     /// Which protocols the tuner may use (`NCCL_PROTO`, NCCL's syntax:
     /// `LL,LL128`, `^LL`, per collective `allreduce:LL;broadcast:^LL128`).
     pub proto: Selection,
@@ -61,6 +65,7 @@ impl Default for Config {
             ll_buffsize: 64 << 10,
             ll128_buffsize: 480 << 10,
             shm_disable: false,
+            p2p_disable: false,
             proto: Selection::default(),
             algo: Selection::default(),
             board_bytes: 64 << 10,
@@ -146,6 +151,9 @@ impl Config {
         }
         if let Some(flag) = env_usize("NCCL_SHM_DISABLE")? {
             config.shm_disable = flag != 0;
+        }
+        if let Some(flag) = env_usize("NCCL_P2P_DISABLE")? {
+            config.p2p_disable = flag != 0;
         }
         config.validate()?;
         Ok(config)

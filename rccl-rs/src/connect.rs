@@ -55,7 +55,7 @@ pub(crate) fn connect(
     let contexts: Vec<Context<'_>> = launches
         .iter()
         .zip(&endpoints)
-        .map(|(launch, endpoints)| context(&launch.comm, endpoints))
+        .map(|(launch, endpoints)| context(launch, endpoints))
         .collect();
     let mut pending = Vec::new();
     for (index, ((launch, guard), cx)) in launches
@@ -296,12 +296,15 @@ fn endpoints(comm: &CommInner) -> Vec<Endpoint> {
         .collect()
 }
 
-fn context<'a>(comm: &'a CommInner, endpoints: &'a [Endpoint]) -> Context<'a> {
+fn context<'a>(launch: &'a CommLaunch, endpoints: &'a [Endpoint]) -> Context<'a> {
+    let comm = &launch.comm;
     Context {
         rank: comm.rank,
         endpoints,
         fifo: comm.config.fifo_shape(),
         shm_disable: comm.config.shm_disable,
+        p2p_disable: comm.config.p2p_disable,
+        device_memory: launch.on_device,
         net: &comm.net,
         abort: &comm.abort,
     }

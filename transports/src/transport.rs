@@ -15,6 +15,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use crate::fifo::{FifoShape, Protocol};
+use crate::ipc::P2pIpc;
 use crate::network::socket::Socket;
 use crate::network::{ListenHandle, Net, NetConnection};
 use crate::process::ProcessId;
@@ -42,6 +43,10 @@ pub struct Context<'a> {
     pub fifo: FifoShape,
     /// `NCCL_SHM_DISABLE`.
     pub shm_disable: bool,
+    /// `NCCL_P2P_DISABLE`.
+    pub p2p_disable: bool,
+    /// Whether the connections are made for calls on device memory.
+    pub device_memory: bool,
     /// The communicator's network (`NCCL_NET`: Socket).
     pub net: &'a Arc<Socket>,
     /// The communicator's abort flag.
@@ -110,7 +115,7 @@ pub fn register(transport: Arc<dyn Transport>) {
 /// The first transport of the table that can connect this rank and `peer`.
 pub fn choose(cx: &Context<'_>, peer: usize) -> Option<Arc<dyn Transport>> {
     let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
-    let builtin: [Arc<dyn Transport>; 2] = [Arc::new(Shm), Arc::new(Network)];
+    let builtin: [Arc<dyn Transport>; 3] = [Arc::new(P2pIpc), Arc::new(Shm), Arc::new(Network)];
     registered
         .iter()
         .cloned()
