@@ -180,8 +180,9 @@ fn finish(mut children: Vec<Child>) -> (Vec<bool>, String) {
 fn the_suite_over_four_processes_through_p2p_ipc() {
     let (ok, text) = finish(spawn(4, "suite", &[]));
     assert!(ok.iter().all(|&ok| ok), "{ok:?}\n{text}");
+    // Device calls connect through P2P/IPC; the suite's comparison calls
+    // on host memory through shared memory.
     assert!(text.contains("via P2P/IPC"), "{text}");
-    assert!(!text.contains("via SHM/direct"), "{text}");
 }
 
 #[test]

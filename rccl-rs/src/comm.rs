@@ -547,9 +547,12 @@ impl Communicator {
             })
             .collect();
         let topology = Topology::from_hosts(host_of);
-        let links = (0..config.max_channels)
-            .map(|_| (0..nranks).map(|_| None).collect())
-            .collect();
+        let channels = config.max_channels;
+        let no_links = || {
+            (0..channels)
+                .map(|_| (0..nranks).map(|_| None).collect())
+                .collect()
+        };
         let inner = Arc::new(CommInner {
             rank,
             nranks,
@@ -565,7 +568,8 @@ impl Communicator {
             all_shm,
             topology,
             exec: Mutex::new(ExecState {
-                links,
+                links: no_links(),
+                device_links: no_links(),
                 board: None,
                 lone: None,
             }),
@@ -839,7 +843,7 @@ impl Drop for CommInner {
     fn drop(&mut self) {
         // Peers still waiting on this rank hear why instead of timing out.
         let note = format!("{} destroyed its communicator", self.describe(self.rank));
-        for link in self.exec.get_mut().links.iter().flatten().flatten() {
+        for link in self.exec.get_mut().all_links() {
             link.conn.close_with(&note);
         }
     }
@@ -851,7 +855,7 @@ impl Drop for CommInner {
 /// on unchanged: every rank names the rank where it started. Returns the
 /// note.
 pub(crate) fn close_links(comm: &CommInner, state: &ExecState, error: &Error) -> String {
-    let links = || state.links.iter().flatten().flatten();
+    let links = || state.all_links();
     let note = links()
         .find_map(|link| link.conn.peer_note())
         .or_else(|| state.board.as_ref().and_then(|link| link.board.note()))

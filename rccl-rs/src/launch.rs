@@ -244,7 +244,7 @@ pub(crate) fn run(planned: Planned) -> Result<()> {
             if work.is_empty() {
                 continue;
             }
-            let mut run = ChannelRun::new(channel, &guard.links[channel]);
+            let mut run = ChannelRun::new(channel, &guard.links_for(launch.on_device)[channel]);
             for op in work.drain(..) {
                 run.push(op);
             }
