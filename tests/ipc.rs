@@ -254,3 +254,37 @@ fn sigkill_of_one_of_four_processes_mid_all_reduce_on_device_memory() {
     let left = shm_names_of(&pids);
     assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }
+
+/// ncclMemAlloc's device memory is shareable with other processes (as
+/// NCCL's, a cuMem allocation with an exportable handle); registering it
+/// with a communicator and deregistering it work once, and ncclMemFree
+/// releases it.
+#[test]
+fn mem_alloc_gives_exportable_device_memory_that_registers_and_deregisters() {
+    let device = emu();
+    let comm = Communicator::init_all(1).unwrap().pop().unwrap();
+    let entry = Entry::new(Slot::Ready(comm), true, 0, None);
+    registry::insert(entry.clone());
+    let comm = entry.handle();
+    let mut buf: *mut std::ffi::c_void = null_mut();
+    // SAFETY: a writable pointer slot.
+    assert_eq!(unsafe { ncclMemAlloc(&mut buf, 4096) }, ncclSuccess);
+    assert!(device.classify(buf.cast()).is_device());
+    let (handle, len) = device.export(buf.cast()).expect("exportable");
+    assert_eq!(len, 4096);
+    drop(handle);
+    let mut registration: *mut std::ffi::c_void = null_mut();
+    // SAFETY: a live communicator, a live buffer, a writable handle slot.
+    unsafe {
+        assert_eq!(
+            ncclCommRegister(comm, buf, 4096, &mut registration),
+            ncclSuccess
+        );
+        assert_eq!(ncclCommDeregister(comm, registration), ncclSuccess);
+        assert_ne!(ncclCommDeregister(comm, registration), ncclSuccess);
+        assert!(last_error(comm).contains("not a registration"));
+        assert_eq!(ncclMemFree(buf), ncclSuccess);
+        assert_eq!(ncclCommDestroy(comm), ncclSuccess);
+    }
+    assert!(!device.classify(buf.cast()).is_device());
+}
