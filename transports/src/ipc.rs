@@ -370,3 +370,85 @@ fn recv_fd(stream: &UnixStream) -> io::Result<Option<OwnedFd>> {
         Ok(Some(OwnedFd::from_raw_fd(fd)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listening(token: [u8; TOKEN]) -> (Exports, Vec<u8>) {
+        let name = format!("{NAME_PREFIX}test-{}", std::process::id());
+        let listener =
+            UnixListener::bind_addr(&SocketAddr::from_abstract_name(&name).unwrap()).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let handle = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let exports = Exports {
+            token,
+            listener: Some(listener),
+            accepted: None,
+            handle: Some(handle),
+            memory: None,
+            conn: None,
+        };
+        (exports, name.into_bytes())
+    }
+
+    /// Calls the exporter with `token`; the stream, once it has sent it.
+    fn call(name: &[u8], token: &[u8]) -> UnixStream {
+        let mut stream =
+            UnixStream::connect_addr(&SocketAddr::from_abstract_name(name).unwrap()).unwrap();
+        stream.write_all(token).unwrap();
+        stream
+    }
+
+    /// Polls `exports` until it hands over or 5 s pass.
+    fn poll(exports: &mut Exports, until_handed: bool) -> bool {
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if exports.hand_over().unwrap() {
+                return true;
+            }
+            if !until_handed && exports.accepted.is_none() {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        false
+    }
+
+    #[test]
+    fn only_a_caller_with_the_token_gets_the_descriptor() {
+        let token = [7u8; TOKEN];
+        let (mut exports, name) = listening(token);
+        // A stranger: dropped, no descriptor, the exporter keeps listening.
+        let stranger = call(&name, &[8u8; TOKEN]);
+        assert!(!poll(&mut exports, false));
+        stranger.set_nonblocking(true).unwrap();
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        let refused = loop {
+            match recv_fd(&stranger) {
+                Ok(None) if Instant::now() < deadline => std::thread::yield_now(),
+                other => break other,
+            }
+        };
+        assert!(refused.is_err(), "a stranger got {refused:?}");
+        assert!(exports.listener.is_some() && exports.handle.is_some());
+        // The peer with the token gets it.
+        let peer = call(&name, &token);
+        peer.set_nonblocking(true).unwrap();
+        assert!(poll(&mut exports, true));
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        let got = loop {
+            match recv_fd(&peer).unwrap() {
+                Some(fd) => break fd,
+                None if Instant::now() < deadline => std::thread::yield_now(),
+                None => panic!("no descriptor came"),
+            }
+        };
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", got.as_raw_fd())).unwrap();
+        assert_eq!(link, std::path::Path::new("/dev/null"));
+        assert!(
+            exports.listener.is_none(),
+            "the socket closes once handed over"
+        );
+    }
+}
