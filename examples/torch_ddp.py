@@ -5,6 +5,11 @@ runs can be compared:
     torchrun --nproc-per-node 4 examples/torch_ddp.py --backend rcclrs
     torchrun --nproc-per-node 4 examples/torch_ddp.py --backend gloo
 
+With `--device cuda:0` the model and data live on the GPU (NCCL's backend,
+"nccl", which rccl-rs serves when librcclrs.so is preloaded); the data and
+the initial model are made on the CPU either way, so runs on both devices
+start from the same numbers.
+
 Every rank trains on its own shard of a synthetic regression problem; DDP
 all-reduces the gradients (in several buckets, asynchronously, while the
 backward pass runs). Rank 0 prints the mean loss over all ranks at every
@@ -31,7 +36,7 @@ except ImportError:  # not installed: use the package in this repository
 
 
 def params_digest(model: nn.Module) -> str:
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat = torch.cat([p.detach().cpu().reshape(-1) for p in model.parameters()])
     return hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()
 
 
@@ -40,6 +45,7 @@ def main() -> None:
     parser.add_argument("--backend", default="rcclrs", help="rcclrs (default) or gloo")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--batch", type=int, default=32, help="samples per rank and step")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda:N")
     parser.add_argument("--json", help="rank 0 writes the losses and a digest of the parameters here")
     args = parser.parse_args()
 
@@ -53,6 +59,8 @@ def main() -> None:
         nn.Linear(64, 64), nn.ReLU(),
         nn.Linear(64, 1),
     )
+    device = torch.device(args.device)
+    model = model.to(device)
     # Small buckets: several all-reduces per step, overlapping the backward.
     ddp = DDP(model, bucket_cap_mb=0.01)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
@@ -62,6 +70,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(1000 + rank)
     x = torch.randn(args.steps * args.batch, 32, generator=g)
     y = torch.sin(x @ w / 4).unsqueeze(1) + 0.05 * torch.randn(x.shape[0], 1, generator=g)
+    x, y = x.to(device), y.to(device)
 
     losses = []
     start = time.perf_counter()

@@ -45,6 +45,35 @@ fn every_binary_checks_clean_on_emu_device_memory() {
 }
 
 #[test]
+fn every_binary_with_four_processes_checks_clean_through_p2p_ipc() {
+    let args = [
+        "--memory", "device", "--procs", "4", "-c", "1", "-b", "8", "-e", "64K", "-f", "8192",
+        "-n", "1", "-w", "0",
+    ];
+    for (name, bin) in BINS {
+        let mut cmd = perf_command(bin, &args);
+        cmd.env("RCCL_DEVICE", "emu")
+            .env("RCCL_TIMEOUT_MS", "60000")
+            .env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", "SHM");
+        let out = cmd.output().expect("run the perf binary");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{name} failed:\n{text}");
+        assert!(
+            text.contains("# Out of bounds values : 0 OK"),
+            "{name}:\n{text}"
+        );
+        // 64 KiB is past the board of a small all-reduce: every binary
+        // connects some peers.
+        assert!(text.contains("via P2P/IPC"), "{name}:\n{text}");
+    }
+}
+
+#[test]
 fn every_type_and_op_checks_clean_on_emu_device_memory() {
     let mut args = SMALL.to_vec();
     args.extend(["-d", "all", "-o", "all", "-e", "4K"]);

@@ -13,6 +13,7 @@
 
 use std::any::Any;
 use std::fmt;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -119,6 +120,45 @@ pub trait Device: Send + Sync {
     /// communicators, some sharing a stream, runs this way without
     /// deadlock.
     fn enqueue_joint(&self, streams: &[Arc<dyn Stream>], work: Work) -> Result<()>;
+
+    /// Whether this backend shares device memory between processes
+    /// ([`Device::alloc_shareable`], [`Device::export`],
+    /// [`Device::import`]).
+    fn shares_memory(&self) -> bool {
+        false
+    }
+
+    /// Allocates `bytes` of zeroed device memory that [`Device::export`]
+    /// can hand to another process (CUDA: a cuMem allocation whose handle
+    /// type is a POSIX file descriptor). Freed by [`Device::free`].
+    fn alloc_shareable(&self, bytes: usize) -> Result<*mut u8> {
+        let _ = bytes;
+        Err(self.no_sharing())
+    }
+
+    /// A file descriptor that names the shareable allocation at `ptr`, to
+    /// pass to another process of this host over a Unix socket
+    /// (`SCM_RIGHTS`); with its length.
+    fn export(&self, ptr: *mut u8) -> Result<(OwnedFd, usize)> {
+        let _ = ptr;
+        Err(self.no_sharing())
+    }
+
+    /// Maps the `bytes` of device memory another process exported as
+    /// `handle`. A process cannot open a handle it exported itself (as
+    /// CUDA's). Unmapped by [`Device::free`].
+    fn import(&self, handle: OwnedFd, bytes: usize) -> Result<*mut u8> {
+        let _ = (handle, bytes);
+        Err(self.no_sharing())
+    }
+
+    /// The error of a backend that shares no memory between processes.
+    fn no_sharing(&self) -> Error {
+        Error::InvalidArgument(format!(
+            "the {} backend does not share device memory between processes",
+            self.backend()
+        ))
+    }
 }
 
 /// An ordered queue of device work.

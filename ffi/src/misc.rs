@@ -34,14 +34,19 @@ nccl_api! {
     /// Deprecated upstream; nothing to reset here.
     fn ncclResetDebugInit / pncclResetDebugInit() {}
 
-    /// Device memory of the active device (`RCCL_DEVICE`), else
-    /// page-aligned host memory.
+    /// Device memory of the active device (`RCCL_DEVICE`), shareable
+    /// with other processes where the device shares memory (as NCCL's,
+    /// a cuMem allocation with an exportable handle), else page-aligned
+    /// host memory.
     fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
         guard("ncclMemAlloc", std::ptr::null_mut(), || {
             non_null(ptr, "ptr")?;
             let out = match rccl::device::active() {
-                Some(device) => device
-                    .alloc(size)
+                Some(device) => if device.shares_memory() {
+                        device.alloc_shareable(size)
+                    } else {
+                        device.alloc(size)
+                    }
                     .map_err(|e| rccl::Error::System(format!("cannot allocate {size} bytes: {e}")))?
                     .cast(),
                 None => {

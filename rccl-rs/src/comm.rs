@@ -647,9 +647,12 @@ impl Communicator {
             })
             .collect();
         let topology = Topology::from_hosts(host_of);
-        let links = (0..config.max_channels)
-            .map(|_| (0..nranks).map(|_| None).collect())
-            .collect();
+        let channels = config.max_channels;
+        let no_links = || {
+            (0..channels)
+                .map(|_| (0..nranks).map(|_| None).collect())
+                .collect()
+        };
         let inner = Arc::new(CommInner {
             rank,
             nranks,
@@ -666,7 +669,8 @@ impl Communicator {
             topology,
             rails,
             exec: Mutex::new(ExecState {
-                links,
+                links: no_links(),
+                device_links: no_links(),
                 board: None,
                 lone: None,
             }),
@@ -947,7 +951,7 @@ impl Drop for CommInner {
     fn drop(&mut self) {
         // Peers still waiting on this rank hear why instead of timing out.
         let note = format!("{} destroyed its communicator", self.describe(self.rank));
-        for link in self.exec.get_mut().links.iter().flatten().flatten() {
+        for link in self.exec.get_mut().all_links() {
             link.conn.close_with(&note);
         }
     }
@@ -959,7 +963,7 @@ impl Drop for CommInner {
 /// on unchanged: every rank names the rank where it started. Returns the
 /// note.
 pub(crate) fn close_links(comm: &CommInner, state: &ExecState, error: &Error) -> String {
-    let links = || state.links.iter().flatten().flatten();
+    let links = || state.all_links();
     let note = links()
         .find_map(|link| link.conn.peer_note())
         .or_else(|| state.board.as_ref().and_then(|link| link.board.note()))
@@ -1026,7 +1030,7 @@ fn settings_shape(config: &Config) -> [u64; SHAPE_WORDS] {
         config.ll128_buffsize as u64,
         config.min_channels as u64,
         config.max_channels as u64,
-        u64::from(config.shm_disable),
+        u64::from(config.shm_disable) | u64::from(config.p2p_disable) << 1,
         selections.finish(),
         config.board_bytes as u64,
     ]

@@ -38,6 +38,10 @@ pub struct Config {
     /// or a net plug-in's name); `None`: the first that opens (see
     /// `rccl_transports::network::providers`).
     pub net: Option<String>,
+    /// Never connect ranks of different processes through device memory
+    /// one exports and the other maps (`NCCL_P2P_DISABLE=1`): calls on
+    /// device memory then go through shared memory.
+    pub p2p_disable: bool,
     /// Which protocols the tuner may use (`NCCL_PROTO`, NCCL's syntax:
     /// `LL,LL128`, `^LL`, per collective `allreduce:LL;broadcast:^LL128`).
     pub proto: Selection,
@@ -66,6 +70,7 @@ impl Default for Config {
             ll128_buffsize: 480 << 10,
             shm_disable: false,
             net: None,
+            p2p_disable: false,
             proto: Selection::default(),
             algo: Selection::default(),
             board_bytes: 64 << 10,
@@ -154,6 +159,9 @@ impl Config {
         }
         if let Ok(name) = std::env::var("NCCL_NET") {
             config.net = Some(name).filter(|name| !name.is_empty());
+        }
+        if let Some(flag) = env_usize("NCCL_P2P_DISABLE")? {
+            config.p2p_disable = flag != 0;
         }
         config.validate()?;
         Ok(config)

@@ -32,7 +32,8 @@ pub(crate) fn connect(
     let nothing_to_open = launches.iter().zip(guards.iter()).all(|(launch, guard)| {
         (launch.board.is_empty() || guard.board.is_some())
             && launch.channels.iter().enumerate().all(|(channel, work)| {
-                peers_in(work).all(|peer| guard.links[channel][peer].is_some())
+                peers_in(work)
+                    .all(|peer| guard.links_for(launch.on_device)[channel][peer].is_some())
             })
     });
     if nothing_to_open {
@@ -55,7 +56,7 @@ pub(crate) fn connect(
     let contexts: Vec<Context<'_>> = launches
         .iter()
         .zip(&endpoints)
-        .map(|(launch, endpoints)| context(&launch.comm, endpoints))
+        .map(|(launch, endpoints)| context(launch, endpoints))
         .collect();
     let mut pending = Vec::new();
     for (index, ((launch, guard), cx)) in launches
@@ -66,7 +67,7 @@ pub(crate) fn connect(
     {
         for (channel, work) in launch.channels.iter().enumerate() {
             for peer in peers_of(work) {
-                if guard.links[channel][peer].is_none() {
+                if guard.links_for(launch.on_device)[channel][peer].is_none() {
                     let link = set_up(&launch.comm, cx, peer, channel)
                         .inspect_err(|err| launch.comm.poison(err))?;
                     pending.push((index, link));
@@ -83,7 +84,8 @@ pub(crate) fn connect(
             match link.advance(comm, &contexts[*index]) {
                 Ok(Some(conn)) => {
                     let (index, link) = pending.swap_remove(i);
-                    guards[index].links[link.channel][link.peer] = Some(Link {
+                    let on_device = launches[index].on_device;
+                    guards[index].links_for_mut(on_device)[link.channel][link.peer] = Some(Link {
                         conn,
                         peer_name: comm.describe(link.peer),
                     });
@@ -296,12 +298,15 @@ fn endpoints(comm: &CommInner) -> Vec<Endpoint> {
         .collect()
 }
 
-fn context<'a>(comm: &'a CommInner, endpoints: &'a [Endpoint]) -> Context<'a> {
+fn context<'a>(launch: &'a CommLaunch, endpoints: &'a [Endpoint]) -> Context<'a> {
+    let comm = &launch.comm;
     Context {
         rank: comm.rank,
         endpoints,
         fifo: comm.config.fifo_shape(),
         shm_disable: comm.config.shm_disable,
+        p2p_disable: comm.config.p2p_disable,
+        device_memory: launch.on_device,
         net: &comm.net,
         abort: &comm.abort,
     }

@@ -64,6 +64,7 @@ pub(crate) fn find_mismatch(
             Run::Board(_) => state
                 .links
                 .iter()
+                .chain(&state.device_links)
                 .filter_map(|channel| channel[peer].as_ref())
                 .flat_map(|link| Protocol::ALL.map(|p| link.conn.recv_fifo(p).try_peek()))
                 .flatten()

@@ -187,10 +187,12 @@ pub(crate) fn plan(ops: impl IntoIterator<Item = RawOp>) -> Result<Option<Planne
                     channels: Vec::new(),
                     board: SmallVec::new(),
                     p2p: Vec::new(),
+                    on_device: false,
                 });
                 launches.len() - 1
             }
         };
+        launches[index].on_device |= op.stream.is_some();
         match op.kind {
             OpKind::Coll { .. } => plan_collective(&mut launches[index], &op)?,
             OpKind::Send { .. } | OpKind::Recv { .. } => launches[index].p2p.push(op),
@@ -242,7 +244,7 @@ pub(crate) fn run(planned: Planned) -> Result<()> {
             if work.is_empty() {
                 continue;
             }
-            let mut run = ChannelRun::new(channel, &guard.links[channel]);
+            let mut run = ChannelRun::new(channel, &guard.links_for(launch.on_device)[channel]);
             for op in work.drain(..) {
                 run.push(op);
             }

@@ -117,6 +117,8 @@ pub(crate) struct CommLaunch {
     pub board: SmallVec<[BoardOp; 1]>,
     /// The sends and receives, planned together once all are known.
     pub p2p: Vec<RawOp>,
+    /// Whether its calls are on device memory (they all are, or none).
+    pub on_device: bool,
 }
 
 impl CommLaunch {

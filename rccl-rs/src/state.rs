@@ -8,11 +8,45 @@ use crate::types::{DataType, RedOp};
 /// The executor's state of a communicator: its connections, per channel
 /// and peer rank. Locked for the duration of each launch.
 pub(crate) struct ExecState {
+    /// The connections of calls on host memory.
     pub links: Vec<Vec<Option<Link>>>,
+    /// The connections of calls on device memory, made apart: the
+    /// transport table may pick another transport for them (`P2P/IPC`
+    /// between processes).
+    pub device_links: Vec<Vec<Option<Link>>>,
     /// The board, once a call has needed it.
     pub board: Option<BoardLink>,
     /// The last lone all-reduce asked about the board, remembered whole.
     pub lone: Option<LoneBoardCall>,
+}
+
+impl ExecState {
+    /// The connections of calls on device memory, or on host memory.
+    pub fn links_for(&self, on_device: bool) -> &[Vec<Option<Link>>] {
+        if on_device {
+            &self.device_links
+        } else {
+            &self.links
+        }
+    }
+
+    /// The same, to add to.
+    pub fn links_for_mut(&mut self, on_device: bool) -> &mut [Vec<Option<Link>>] {
+        if on_device {
+            &mut self.device_links
+        } else {
+            &mut self.links
+        }
+    }
+
+    /// Every connection, of both kinds of calls.
+    pub fn all_links(&self) -> impl Iterator<Item = &Link> + Clone {
+        self.links
+            .iter()
+            .chain(&self.device_links)
+            .flatten()
+            .flatten()
+    }
 }
 
 /// The last lone all-reduce that asked whether it runs on the board, with

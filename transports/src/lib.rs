@@ -10,6 +10,7 @@
 pub mod board;
 pub mod fifo;
 pub mod futex;
+mod ipc;
 pub mod network;
 pub mod process;
 pub mod shm;

@@ -232,16 +232,25 @@ impl Drop for ShmSegment {
     }
 }
 
+impl FifoMemory for ShmSegment {
+    fn base(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
 /// A page-aligned window of a segment holding one FIFO.
 struct Window {
-    segment: Arc<ShmSegment>,
+    segment: Arc<dyn FifoMemory>,
     offset: usize,
     len: usize,
 }
 
 impl FifoMemory for Window {
     fn base(&self) -> *mut u8 {
-        self.segment.ptr.wrapping_add(self.offset)
+        self.segment.base().wrapping_add(self.offset)
     }
     fn len(&self) -> usize {
         self.len
@@ -284,12 +293,15 @@ pub fn explain_no_room(e: io::Error, smaller: &str) -> io::Error {
     )
 }
 
-/// A connection whose FIFOs live in a shared segment.
+/// A connection whose FIFOs live in memory both sides map: a shared
+/// segment, or device memory one process exported and the other mapped.
 pub struct ShmConnection {
     /// Per protocol (indexed like `Protocol::ALL`), the FIFO each way.
     send: Vec<Fifo>,
     recv: Vec<Fifo>,
-    segment: Arc<ShmSegment>,
+    segment: Arc<dyn FifoMemory>,
+    /// What carries it, for messages (`SHM`, `P2P`).
+    transport: &'static str,
     /// Offsets of this side's note area and the peer's.
     my_note: usize,
     peer_note: usize,
@@ -303,11 +315,21 @@ impl ShmConnection {
     /// through the first FIFO and receives through the second; the other
     /// side the reverse.
     pub fn new(segment: ShmSegment, creator: bool, shape: &FifoShape) -> ShmConnection {
+        ShmConnection::over(Arc::new(segment), creator, shape, "SHM")
+    }
+
+    /// The connection over any memory both sides map, laid out as a
+    /// segment of [`segment_bytes`]; `transport` names it in messages.
+    pub fn over(
+        segment: Arc<dyn FifoMemory>,
+        creator: bool,
+        shape: &FifoShape,
+        transport: &'static str,
+    ) -> ShmConnection {
         assert!(
-            segment.len >= segment_bytes(shape),
+            segment.len() >= segment_bytes(shape),
             "segment too small for its FIFOs"
         );
-        let segment = Arc::new(segment);
         let (mut send, mut recv) = (Vec::new(), Vec::new());
         let mut offset = 0;
         for proto in Protocol::ALL {
@@ -341,6 +363,7 @@ impl ShmConnection {
             send,
             recv,
             segment,
+            transport,
             my_note,
             peer_note,
             closed: AtomicBool::new(false),
@@ -377,11 +400,11 @@ impl ShmConnection {
     }
 
     fn note_word(&self, offset: usize) -> &AtomicU32 {
-        debug_assert!(offset.is_multiple_of(4) && offset + 4 <= self.segment.len);
+        debug_assert!(offset.is_multiple_of(4) && offset + 4 <= self.segment.len());
         // SAFETY: the word lies inside the mapping, 4-aligned (note areas
         // are 4096-aligned, their words at fixed aligned offsets), and is
         // only accessed atomically by either side.
-        unsafe { &*self.segment.ptr.add(offset).cast::<AtomicU32>() }
+        unsafe { &*self.segment.base().add(offset).cast::<AtomicU32>() }
     }
 }
 
@@ -396,7 +419,7 @@ impl Connection for ShmConnection {
         None
     }
     fn transport(&self) -> &'static str {
-        "SHM"
+        self.transport
     }
     fn close_with(&self, note: &str) {
         if !self.closed.swap(true, Ordering::SeqCst) {
@@ -406,7 +429,7 @@ impl Connection for ShmConnection {
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     note.as_ptr(),
-                    self.segment.ptr.add(self.my_note + NOTE_TEXT),
+                    self.segment.base().add(self.my_note + NOTE_TEXT),
                     note.len(),
                 )
             };
@@ -425,7 +448,7 @@ impl Connection for ShmConnection {
         // SAFETY: the peer wrote `len` bytes before publishing the length;
         // the area holds MAX_NOTE bytes, and `len` is bounded by it.
         let bytes = unsafe {
-            std::slice::from_raw_parts(self.segment.ptr.add(self.peer_note + NOTE_TEXT), len)
+            std::slice::from_raw_parts(self.segment.base().add(self.peer_note + NOTE_TEXT), len)
         };
         Some(String::from_utf8_lossy(bytes).into_owned())
     }

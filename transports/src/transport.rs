@@ -15,6 +15,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use crate::fifo::{FifoShape, Protocol};
+use crate::ipc::P2pIpc;
 use crate::network::{ListenHandle, Net, NetConnection};
 use crate::process::ProcessId;
 use crate::shm::{self, ShmConnection, ShmSegment};
@@ -44,6 +45,10 @@ pub struct Context<'a> {
     /// The communicator's network entry ([`Network`] over the provider
     /// that [`crate::network::providers::choose`] picked at init).
     pub net: &'a Arc<dyn Transport>,
+    /// `NCCL_P2P_DISABLE`.
+    pub p2p_disable: bool,
+    /// Whether the connections are made for calls on device memory.
+    pub device_memory: bool,
     /// The communicator's abort flag.
     pub abort: &'a AtomicBool,
 }
@@ -110,7 +115,7 @@ pub fn register(transport: Arc<dyn Transport>) {
 /// The first transport of the table that can connect this rank and `peer`.
 pub fn choose(cx: &Context<'_>, peer: usize) -> Option<Arc<dyn Transport>> {
     let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
-    let builtin: [Arc<dyn Transport>; 2] = [Arc::new(Shm), cx.net.clone()];
+    let builtin: [Arc<dyn Transport>; 3] = [Arc::new(P2pIpc), Arc::new(Shm), cx.net.clone()];
     registered
         .iter()
         .cloned()

@@ -9,6 +9,8 @@
 mod stream;
 
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -39,6 +41,8 @@ pub struct Emu {
     allocations: RwLock<BTreeMap<usize, usize>>,
     /// How many there are: classification skips the lock while none is.
     live: AtomicUsize,
+    /// The memfd behind each shareable allocation, by start address.
+    shareable: Mutex<HashMap<usize, OwnedFd>>,
     /// Streams by raw handle (the default stream, 0, included once made).
     streams: Mutex<HashMap<usize, Arc<EmuStream>>>,
     /// Numbers the streams created.
@@ -52,6 +56,7 @@ pub struct Emu {
 static EMU: LazyLock<Emu> = LazyLock::new(|| Emu {
     allocations: RwLock::new(BTreeMap::new()),
     live: AtomicUsize::new(0),
+    shareable: Mutex::new(HashMap::new()),
     streams: Mutex::new(HashMap::new()),
     next_stream: AtomicUsize::new(0),
     wait_limit: wait_limit(),
@@ -86,6 +91,37 @@ impl Emu {
             )));
         }
         Ok(())
+    }
+
+    /// Maps `len` bytes of `fd` (or fresh anonymous pages when `None`)
+    /// and lists the mapping as device memory.
+    fn map(&self, fd: Option<&OwnedFd>, len: usize, what: &str) -> Result<*mut u8> {
+        let (flags, raw) = match fd {
+            Some(fd) => (libc::MAP_SHARED, fd.as_raw_fd()),
+            None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1),
+        };
+        // SAFETY: a new mapping at a kernel-chosen address, of fresh pages
+        // or of a memory file this call holds open; no existing memory is
+        // touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                raw,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::System(format!(
+                "emu device 0: cannot {what} {len} bytes: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        self.allocations.write().insert(ptr as usize, len);
+        self.live.fetch_add(1, Ordering::Release);
+        Ok(ptr.cast())
     }
 
     fn emu_stream(&self, raw: usize) -> Result<Arc<EmuStream>> {
@@ -144,28 +180,7 @@ impl Device for Emu {
     }
 
     fn alloc(&self, bytes: usize) -> Result<*mut u8> {
-        let len = bytes.max(1);
-        // SAFETY: an anonymous private mapping of fresh pages; no existing
-        // memory is touched.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(Error::System(format!(
-                "emu device 0: cannot allocate {bytes} bytes: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        self.allocations.write().insert(ptr as usize, len);
-        self.live.fetch_add(1, Ordering::Release);
-        Ok(ptr.cast())
+        self.map(None, bytes.max(1), "allocate")
     }
 
     unsafe fn free(&self, ptr: *mut u8) -> Result<()> {
@@ -175,6 +190,9 @@ impl Device for Emu {
             )));
         };
         self.live.fetch_sub(1, Ordering::Release);
+        // A shareable allocation's memfd goes with it (a peer that
+        // imported it keeps its own mapping).
+        self.shareable.lock().remove(&(ptr as usize));
         // SAFETY: the range is a mapping this backend made and no longer
         // lists; the caller promises no work uses it.
         if unsafe { libc::munmap(ptr.cast(), len) } != 0 {
@@ -246,6 +264,95 @@ impl Device for Emu {
             }
         }
     }
+
+    fn shares_memory(&self) -> bool {
+        true
+    }
+
+    fn alloc_shareable(&self, bytes: usize) -> Result<*mut u8> {
+        let len = bytes.max(1);
+        let name = CString::new(memfd_name(std::process::id())).expect("no NUL in the name");
+        // SAFETY: name is a valid NUL-terminated string.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(Error::System(format!(
+                "emu device 0: memfd_create: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        // SAFETY: raw is a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let size = libc::off_t::try_from(len)
+            .map_err(|_| Error::InvalidArgument(format!("{bytes} bytes is too large")))?;
+        // SAFETY: fd is an open memory file; fresh pages read as zeros.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
+            return Err(Error::System(format!(
+                "emu device 0: cannot size shareable memory of {bytes} bytes: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let ptr = self.map(Some(&fd), len, "allocate shareable")?;
+        self.shareable.lock().insert(ptr as usize, fd);
+        Ok(ptr)
+    }
+
+    fn export(&self, ptr: *mut u8) -> Result<(OwnedFd, usize)> {
+        let shareable = self.shareable.lock();
+        let fd = shareable.get(&(ptr as usize)).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{ptr:p} is not a shareable allocation of emu device 0"
+            ))
+        })?;
+        let len = self.holds(ptr as usize, 0).map_or(0, |(_, len)| len);
+        let copy = fd
+            .try_clone()
+            .map_err(|e| Error::System(format!("emu device 0: exporting {ptr:p}: {e}")))?;
+        Ok((copy, len))
+    }
+
+    fn import(&self, handle: OwnedFd, bytes: usize) -> Result<*mut u8> {
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+            .map(|path| path.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let exporter = link
+            .strip_prefix("/memfd:")
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|name| name.strip_prefix(MEMFD_PREFIX))
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "emu device 0: the handle is not emu device memory ({link})"
+                ))
+            })?;
+        if exporter == std::process::id() {
+            return Err(Error::InvalidArgument(
+                "emu device 0: a process cannot open a memory handle it exported itself \
+                 (as CUDA's)"
+                    .into(),
+            ));
+        }
+        // SAFETY: an all-zero stat is a valid value for fstat to fill.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: the handle is open; stat is a valid out-pointer.
+        if unsafe { libc::fstat(handle.as_raw_fd(), &mut stat) } != 0
+            || (stat.st_size as usize) < bytes
+        {
+            return Err(Error::InvalidArgument(format!(
+                "emu device 0: the handle holds {} bytes, not the {bytes} asked for",
+                stat.st_size
+            )));
+        }
+        // The mapping keeps the memory; the descriptor closes here.
+        self.map(Some(&handle), bytes.max(1), "map imported")
+    }
+}
+
+/// How the memfds of shareable emu memory are named: the prefix, then the
+/// exporting process's pid (`/proc/<pid>/fd` shows `/memfd:<name>`).
+const MEMFD_PREFIX: &str = "rccl-emu-";
+
+fn memfd_name(pid: u32) -> String {
+    format!("{MEMFD_PREFIX}{pid}")
 }
 
 impl Stream for EmuStream {

@@ -251,3 +251,59 @@ fn a_wait_on_an_event_never_reached_ends_at_its_deadline_with_an_error() {
     gate.store(1, Ordering::Release);
     first.synchronize(soon()).unwrap();
 }
+
+/// This process's open memfds of shareable emu memory.
+fn own_memfds() -> usize {
+    let name = format!("/memfd:{}", super::memfd_name(std::process::id()));
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|link| link.to_string_lossy().starts_with(&name))
+        .count()
+}
+
+#[test]
+fn shareable_memory_is_exported_as_a_file_another_process_reads_and_not_reopened_here() {
+    let emu = device();
+    let before = own_memfds();
+    let ptr = emu.alloc_shareable(5000).unwrap();
+    assert!(emu.classify(ptr).is_device());
+    // SAFETY: inside the 5000 zeroed bytes just allocated.
+    unsafe {
+        assert_eq!(ptr.add(4999).read(), 0);
+        ptr.copy_from_nonoverlapping(b"shared".as_ptr(), 6);
+    }
+    let (handle, len) = emu.export(ptr).unwrap();
+    assert_eq!(len, 5000);
+    // Another process sees the bytes through the handle.
+    let seen = std::process::Command::new("head")
+        .args(["-c", "6"])
+        .stdin(std::process::Stdio::from(handle.try_clone().unwrap()))
+        .output()
+        .unwrap();
+    assert_eq!(seen.stdout, b"shared");
+    // As CUDA's: the exporting process cannot open its own handle.
+    let own = emu.import(handle, 5000).unwrap_err();
+    assert!(own.to_string().contains("exported itself"), "{own}");
+    // Nothing else is taken for an export.
+    let host = emu.alloc(64).unwrap();
+    assert!(emu.export(host).is_err());
+    let pipe = std::process::Command::new("true")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+        .stdout
+        .take()
+        .unwrap();
+    let foreign = emu.import(std::os::fd::OwnedFd::from(pipe), 64);
+    assert!(foreign
+        .unwrap_err()
+        .to_string()
+        .contains("not emu device memory"));
+    // SAFETY: allocated above; no work uses them.
+    unsafe {
+        emu.free(host).unwrap();
+        emu.free(ptr).unwrap();
+    }
+    assert_eq!(own_memfds(), before, "free closes the allocation's memfd");
+}

@@ -1,0 +1,193 @@
+//! One case of the correctness suite through the C ABI on device buffers
+//! of the emulated GPU with a stream, checked against the suite's
+//! reference and against the same call on host buffers, bit for bit: what
+//! the thread suite (device_suite.rs) and the process suite (ipc.rs) run.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::common::{check, Case, CaseBuffers};
+use rccl::device::{self, Device, Kind};
+use rccl::{CollKind, DataType, RedOp};
+use rcclrs::*;
+
+pub fn emu() -> &'static dyn Device {
+    device::select(Kind::Emu).unwrap()
+}
+
+pub fn last_error(comm: ncclComm_t) -> String {
+    // SAFETY: ncclGetLastError never returns NULL.
+    unsafe { CStr::from_ptr(ncclGetLastError(comm)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The `ncclRedOp_t` of `op` on `comm` (PreMulSum: created here, with the
+/// suite's scalar read at once).
+pub fn c_op(comm: ncclComm_t, op: RedOp, dtype: DataType) -> ncclRedOp_t {
+    match op {
+        RedOp::Sum => 0,
+        RedOp::Prod => 1,
+        RedOp::Max => 2,
+        RedOp::Min => 3,
+        RedOp::Avg => 4,
+        RedOp::PreMulSum { mut scalar } => {
+            let mut created = 0;
+            // SAFETY: `scalar` holds one element of `dtype`.
+            let rc = unsafe {
+                ncclRedOpCreatePreMulSum(
+                    &mut created,
+                    scalar.as_mut_ptr().cast(),
+                    dtype as ncclDataType_t,
+                    ncclScalarHostImmediate,
+                    comm,
+                )
+            };
+            assert_eq!(rc, ncclSuccess, "{}", last_error(comm));
+            created
+        }
+    }
+}
+
+/// Calls the collective of `case` through the C ABI.
+pub unsafe fn c_call(
+    case: &Case,
+    comm: ncclComm_t,
+    op: ncclRedOp_t,
+    send: *const u8,
+    recv: *mut u8,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let (s, r): (*const c_void, *mut c_void) = (send.cast(), recv.cast());
+    let (n, t, root) = (case.count, case.dtype as ncclDataType_t, case.root as c_int);
+    // SAFETY: the caller passes buffers laid out for the case.
+    unsafe {
+        match case.kind {
+            CollKind::AllReduce => ncclAllReduce(s, r, n, t, op, comm, stream),
+            CollKind::Broadcast => ncclBroadcast(s, r, n, t, root, comm, stream),
+            CollKind::Reduce => ncclReduce(s, r, n, t, op, root, comm, stream),
+            CollKind::AllGather => ncclAllGather(s, r, n, t, comm, stream),
+            CollKind::ReduceScatter => ncclReduceScatter(s, r, n, t, op, comm, stream),
+            CollKind::AllToAll => ncclAlltoAll(s, r, n, t, comm, stream),
+            CollKind::Gather => ncclGather(s, r, n, t, root, comm, stream),
+            CollKind::Scatter => ncclScatter(s, r, n, t, root, comm, stream),
+        }
+    }
+}
+
+/// A copy of `host` in device memory (at least one byte, so that an
+/// empty buffer still has an address).
+pub fn to_device(host: &[u8]) -> *mut u8 {
+    let dev = emu().alloc(host.len()).unwrap();
+    // SAFETY: both ranges hold host.len() bytes.
+    unsafe { emu().copy(dev, host.as_ptr(), host.len()) }.unwrap();
+    dev
+}
+
+pub fn read_back(dev: *const u8, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    // SAFETY: both ranges hold `len` bytes.
+    unsafe { emu().copy(out.as_mut_ptr(), dev, len) }.unwrap();
+    out
+}
+
+/// Holds `stream` until the returned flag is raised (at most 20 s).
+pub fn gate(stream: cudaStream_t) -> Arc<AtomicBool> {
+    let open = Arc::new(AtomicBool::new(false));
+    let theirs = open.clone();
+    let until = Instant::now() + Duration::from_secs(20);
+    emu()
+        .stream(stream as usize)
+        .unwrap()
+        .enqueue(Box::new(move || {
+            while !theirs.load(Ordering::Acquire) && Instant::now() < until {
+                std::thread::yield_now();
+            }
+        }))
+        .unwrap();
+    open
+}
+
+/// Runs `case` on device buffers (enqueued on `stream`, then
+/// synchronized) and on host buffers; returns the device output or the
+/// first failure.
+pub fn run_case(
+    case: &Case,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    nranks: usize,
+    rank: usize,
+) -> Result<(), String> {
+    let op = c_op(comm, case.op, case.dtype);
+    let mut on_device = CaseBuffers::new(case, nranks, rank);
+    let (dev_send, dev_recv) = (to_device(&on_device.send), to_device(&on_device.recv));
+    let (send, recv) = on_device.pointers_at(case, dev_send, dev_recv);
+    // The stream is held while the call is made: the call must only
+    // enqueue its work, leaving the device buffers as they were.
+    let open = gate(stream);
+    // SAFETY: the device buffers mirror the case's host layout and are
+    // freed only after the stream is synchronized.
+    let rc = unsafe { c_call(case, comm, op, send, recv, stream) };
+    let untouched = read_back(dev_recv, on_device.recv.len()) == on_device.recv
+        && read_back(dev_send, on_device.send.len()) == on_device.send;
+    open.store(true, Ordering::Release);
+    if rc != ncclSuccess {
+        return Err(format!("{case:?} on rank {rank}: {}", last_error(comm)));
+    }
+    if !untouched {
+        return Err(format!(
+            "{case:?} on rank {rank}: the call wrote its device buffers before its stream ran it"
+        ));
+    }
+    // SAFETY: synchronizes a live stream.
+    if unsafe { rcclrsEmuStreamSynchronize(stream) } != ncclSuccess {
+        return Err(format!(
+            "{case:?} on rank {rank}: {}",
+            last_error(null_mut())
+        ));
+    }
+    let mut async_error = ncclSuccess;
+    // SAFETY: a live communicator, a writable result.
+    unsafe { ncclCommGetAsyncError(comm, &mut async_error) };
+    if async_error != ncclSuccess {
+        return Err(format!("{case:?} on rank {rank}: {}", last_error(comm)));
+    }
+    // SAFETY: the stream ran the call; each copy covers its buffer.
+    unsafe {
+        emu()
+            .copy(on_device.send.as_mut_ptr(), dev_send, on_device.send.len())
+            .unwrap();
+        emu()
+            .copy(on_device.recv.as_mut_ptr(), dev_recv, on_device.recv.len())
+            .unwrap();
+        emu().free(dev_send).unwrap();
+        emu().free(dev_recv).unwrap();
+    }
+    let mut on_host = CaseBuffers::new(case, nranks, rank);
+    let bases = (on_host.send.as_mut_ptr(), on_host.recv.as_mut_ptr());
+    let (send, recv) = on_host.pointers_at(case, bases.0, bases.1);
+    // SAFETY: host buffers laid out for the case, alive for the call,
+    // which completes before it returns.
+    let rc = unsafe { c_call(case, comm, op, send, recv, stream) };
+    if rc != ncclSuccess {
+        return Err(format!(
+            "{case:?} on rank {rank} (host): {}",
+            last_error(comm)
+        ));
+    }
+    if op >= ncclNumOps {
+        // SAFETY: an op created above.
+        unsafe { ncclRedOpDestroy(op, comm) };
+    }
+    let device_out = on_device.output(case, nranks, rank);
+    check(case, nranks, rank, device_out)?;
+    if device_out != on_host.output(case, nranks, rank) {
+        return Err(format!(
+            "{case:?} on rank {rank}: the device output differs from the host path's"
+        ));
+    }
+    Ok(())
+}

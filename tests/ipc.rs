@@ -1,0 +1,297 @@
+//! Ranks in separate processes of one host on device memory of the
+//! emulated GPU, connected through `P2P/IPC` (FIFOs in device memory one
+//! process exports and the other maps, the handle a file descriptor passed
+//! over a Unix socket): the correctness suite over 4 processes, the
+//! transport chosen (and `NCCL_P2P_DISABLE`), and a process killed mid
+//! all-reduce.
+
+mod common;
+mod device_cases;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::ptr::null_mut;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{all_cases, TEST_BUFFSIZE};
+use device_cases::{emu, last_error, run_case, to_device};
+use rccl::{CollKind, Communicator, DataType};
+use rcclrs::registry::{self, Entry, Slot};
+use rcclrs::*;
+
+/// Set in a child: what it runs (`suite`, `loop`).
+const ROLE: &str = "RCCL_TEST_IPC_ROLE";
+
+/// This process's rank as a C handle, joined through the torchrun
+/// variables, with a stream of its own.
+fn join() -> (ncclComm_t, cudaStream_t, usize, usize) {
+    emu();
+    let comm = Communicator::from_env().expect("init from the environment");
+    let (rank, nranks) = (comm.rank(), comm.count());
+    let entry = Entry::new(Slot::Ready(comm), true, 0, None);
+    registry::insert(entry.clone());
+    let mut stream: cudaStream_t = null_mut();
+    // SAFETY: a writable stream slot.
+    assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
+    (entry.handle(), stream, rank, nranks)
+}
+
+/// Runs as one rank when started by the tests below; does nothing when
+/// the test harness runs it directly.
+#[test]
+fn child() {
+    match std::env::var(ROLE).as_deref() {
+        Ok("suite") => suite_rank(),
+        Ok("loop") => all_reduce_until_killed(),
+        _ => {}
+    }
+}
+
+fn suite_rank() {
+    let (comm, stream, rank, nranks) = join();
+    let dtypes = [DataType::Float32, DataType::Int32, DataType::Bfloat16];
+    for case in all_cases(nranks, &CollKind::ALL, &dtypes) {
+        if let Err(msg) = run_case(&case, comm, stream, nranks, rank) {
+            // SAFETY: this rank stops: its peers' waits end.
+            unsafe { ncclCommAbort(comm) };
+            panic!("{msg}");
+        }
+    }
+    // SAFETY: a live handle, destroyed once; the stream is idle.
+    unsafe {
+        assert_eq!(ncclCommDestroy(comm), ncclSuccess);
+        assert_eq!(rcclrsEmuStreamDestroy(stream), ncclSuccess);
+    }
+}
+
+/// All-reduces of 64 Ki floats on device memory until one fails: prints
+/// `ready` after the first, then `failed <text>` with the error.
+fn all_reduce_until_killed() {
+    let (comm, stream, _, _) = join();
+    let count = 1 << 16;
+    let send = to_device(&vec![0u8; count * 4]);
+    let recv = to_device(&vec![0u8; count * 4]);
+    // Bounded, so that a child the test lost (its runner killed) stops by
+    // itself rather than spinning on.
+    let start = Instant::now();
+    for round in 0.. {
+        if start.elapsed() > Duration::from_secs(60) {
+            println!("stopped: nobody killed a peer");
+            return;
+        }
+        // SAFETY: device buffers of `count` floats, never freed.
+        let mut rc = unsafe { ncclAllReduce(send.cast(), recv.cast(), count, 7, 0, comm, stream) };
+        if rc == ncclSuccess {
+            // SAFETY: a live stream.
+            rc = unsafe { rcclrsEmuStreamSynchronize(stream) };
+        }
+        let mut async_error = ncclSuccess;
+        // SAFETY: a live communicator, a writable result.
+        unsafe { ncclCommGetAsyncError(comm, &mut async_error) };
+        if rc != ncclSuccess || async_error != ncclSuccess {
+            // The next call on a failed communicator returns its error.
+            // SAFETY: as above.
+            let again =
+                unsafe { ncclAllReduce(send.cast(), recv.cast(), count, 7, 0, comm, stream) };
+            assert_ne!(again, ncclSuccess);
+            println!("failed {}", last_error(comm));
+            return;
+        }
+        if round == 0 {
+            println!("ready");
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `nranks` children in `role`, with `env` added.
+fn spawn(nranks: usize, role: &str, env: &[(&str, &str)]) -> Vec<Child> {
+    let port = free_port().to_string();
+    let exe = std::env::current_exe().unwrap();
+    (0..nranks)
+        .map(|rank| {
+            let mut cmd = Command::new(&exe);
+            cmd.args(["--exact", "child", "--nocapture", "--test-threads", "1"])
+                .env(ROLE, role)
+                .env("RCCL_DEVICE", "emu")
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", nranks.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .env("NCCL_BUFFSIZE", TEST_BUFFSIZE.to_string())
+                .env("NCCL_MIN_NCHANNELS", "2")
+                .env("NCCL_MAX_NCHANNELS", "2")
+                .env("NCCL_DEBUG", "INFO")
+                .env("NCCL_DEBUG_SUBSYS", "INIT,SHM,NET")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (key, value) in env {
+                cmd.env(key, value);
+            }
+            cmd.spawn().unwrap()
+        })
+        .collect()
+}
+
+/// Every line the children print, as (rank, line), read by one thread
+/// per stream.
+fn lines(children: &mut [Child]) -> mpsc::Receiver<(usize, String)> {
+    let (tx, rx) = mpsc::channel();
+    for (rank, child) in children.iter_mut().enumerate() {
+        let out: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
+        let err: Box<dyn std::io::Read + Send> = Box::new(child.stderr.take().unwrap());
+        for stream in [out, err] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let _ = tx.send((rank, line));
+                }
+            });
+        }
+    }
+    rx
+}
+
+/// Waits for every child (killing those still running after 120 s) and
+/// returns whether each succeeded, with everything they printed.
+fn finish(mut children: Vec<Child>) -> (Vec<bool>, String) {
+    let rx = lines(&mut children);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let ok = children
+        .iter_mut()
+        .map(|child| loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status.success();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        })
+        .collect();
+    let text: Vec<String> = rx.try_iter().map(|(r, l)| format!("[{r}] {l}")).collect();
+    (ok, text.join("\n"))
+}
+
+#[test]
+fn the_suite_over_four_processes_through_p2p_ipc() {
+    let (ok, text) = finish(spawn(4, "suite", &[]));
+    assert!(ok.iter().all(|&ok| ok), "{ok:?}\n{text}");
+    // Device calls connect through P2P/IPC; the suite's comparison calls
+    // on host memory through shared memory.
+    assert!(text.contains("via P2P/IPC"), "{text}");
+}
+
+#[test]
+fn with_p2p_disabled_device_calls_go_through_shared_memory() {
+    let (ok, text) = finish(spawn(2, "suite", &[("NCCL_P2P_DISABLE", "1")]));
+    assert!(ok.iter().all(|&ok| ok), "{ok:?}\n{text}");
+    assert!(text.contains("via SHM/direct"), "{text}");
+    assert!(!text.contains("via P2P/IPC"), "{text}");
+}
+
+/// Names in /dev/shm left by these processes.
+fn shm_names_of(pids: &[u32]) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| pids.iter().any(|p| name.starts_with(&format!("rccl-{p}-"))))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn sigkill_of_one_of_four_processes_mid_all_reduce_on_device_memory() {
+    let (nranks, victim) = (4, 2);
+    let mut children = spawn(nranks, "loop", &[("RCCL_TIMEOUT_MS", "30000")]);
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
+    let rx = lines(&mut children);
+    let mut seen = String::new();
+    let mut ready = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ready < nranks {
+        let (rank, line) = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("ranks not ready:\n{seen}"));
+        // The harness's "test child ... " may lead the first line.
+        ready += usize::from(line.ends_with("ready"));
+        seen += &format!("[{rank}] {line}\n");
+    }
+    assert!(seen.contains("via P2P/IPC"), "{seen}");
+    std::thread::sleep(Duration::from_millis(200));
+    let killed = Instant::now();
+    children[victim].kill().unwrap();
+    children[victim].wait().unwrap();
+    let mut failed = Vec::new();
+    while failed.len() < nranks - 1 {
+        let Ok((rank, line)) = rx.recv_timeout(Duration::from_secs(15)) else {
+            panic!("survivors did not fail: {failed:?}");
+        };
+        if let Some((_, text)) = line.split_once("failed ") {
+            failed.push((rank, killed.elapsed(), text.to_string()));
+        }
+    }
+    for (rank, after, text) in &failed {
+        println!(
+            "SIGKILL of rank {victim} over P2P/IPC: rank {rank} failed after {after:?}: {text}"
+        );
+        assert!(*after < Duration::from_secs(10), "rank {rank}: {after:?}");
+        assert!(
+            text.contains(&format!("rank {victim} ")),
+            "rank {rank} does not name the dead rank: {text}"
+        );
+    }
+    for (rank, child) in children.iter_mut().enumerate() {
+        if rank != victim {
+            let _ = child.wait();
+        }
+    }
+    let left = shm_names_of(&pids);
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
+}
+
+/// ncclMemAlloc's device memory is shareable with other processes (as
+/// NCCL's, a cuMem allocation with an exportable handle); registering it
+/// with a communicator and deregistering it work once, and ncclMemFree
+/// releases it.
+#[test]
+fn mem_alloc_gives_exportable_device_memory_that_registers_and_deregisters() {
+    let device = emu();
+    let comm = Communicator::init_all(1).unwrap().pop().unwrap();
+    let entry = Entry::new(Slot::Ready(comm), true, 0, None);
+    registry::insert(entry.clone());
+    let comm = entry.handle();
+    let mut buf: *mut std::ffi::c_void = null_mut();
+    // SAFETY: a writable pointer slot.
+    assert_eq!(unsafe { ncclMemAlloc(&mut buf, 4096) }, ncclSuccess);
+    assert!(device.classify(buf.cast()).is_device());
+    let (handle, len) = device.export(buf.cast()).expect("exportable");
+    assert_eq!(len, 4096);
+    drop(handle);
+    let mut registration: *mut std::ffi::c_void = null_mut();
+    // SAFETY: a live communicator, a live buffer, a writable handle slot.
+    unsafe {
+        assert_eq!(
+            ncclCommRegister(comm, buf, 4096, &mut registration),
+            ncclSuccess
+        );
+        assert_eq!(ncclCommDeregister(comm, registration), ncclSuccess);
+        assert_ne!(ncclCommDeregister(comm, registration), ncclSuccess);
+        assert!(last_error(comm).contains("not a registration"));
+        assert_eq!(ncclMemFree(buf), ncclSuccess);
+        assert_eq!(ncclCommDestroy(comm), ncclSuccess);
+    }
+    assert!(!device.classify(buf.cast()).is_device());
+}
