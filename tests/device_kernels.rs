@@ -425,15 +425,19 @@ impl FifoMemory for Shared {
     }
 }
 
+fn proto_code(protocol: Protocol) -> u32 {
+    match protocol {
+        Protocol::Ll => proto::LL,
+        Protocol::Ll128 => proto::LL128,
+        Protocol::Simple => proto::SIMPLE,
+    }
+}
+
 fn fifo_pair(protocol: Protocol, nslots: usize, slot_bytes: usize) -> (Fifo, FifoView) {
     let mem = Arc::new(HeapMemory::new(fifo_bytes(protocol, nslots, slot_bytes)));
     let view = FifoView {
         base: mem.base(),
-        proto: match protocol {
-            Protocol::Ll => proto::LL,
-            Protocol::Ll128 => proto::LL128,
-            Protocol::Simple => proto::SIMPLE,
-        },
+        proto: proto_code(protocol),
         nslots: nslots as u32,
         slot_bytes: slot_bytes as u32,
         pad: 0,
@@ -512,6 +516,25 @@ fn twin_slots_read_by_the_host_fifo_and_back_for_every_protocol() {
                 });
                 assert_eq!((n, t), (len, [k, 5, 6]), "{protocol:?} piece {k}");
                 assert_eq!(&out[..n], &back[..]);
+            }
+        }
+    }
+}
+
+#[test]
+fn fifo_sizes_agree_with_the_host_fifo() {
+    for protocol in Protocol::ALL {
+        for nslots in [1, 2, 8, 16] {
+            for slot_bytes in [8, 120, 240, 4080, 4096, 65536] {
+                assert_eq!(
+                    rccl_device::abi::fifo_bytes(
+                        proto_code(protocol),
+                        nslots as u32,
+                        slot_bytes as u32
+                    ),
+                    fifo_bytes(protocol, nslots, slot_bytes),
+                    "{protocol:?} {nslots} x {slot_bytes}"
+                );
             }
         }
     }

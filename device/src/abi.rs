@@ -84,6 +84,19 @@ pub mod proto {
     pub const SIMPLE: u32 = 2;
 }
 
+/// Bytes of FIFO memory for `nslots` slots of `slot_bytes` payload: the
+/// 4096-byte control block and each slot's protocol bytes, rounded up to
+/// 64, all rounded up to 4096 (rccl-transports' `fifo_bytes`).
+pub fn fifo_bytes(protocol: u32, nslots: u32, slot_bytes: u32) -> usize {
+    let slot_bytes = slot_bytes as usize;
+    let raw = match protocol {
+        proto::LL => (4 + slot_bytes.div_ceil(4)) * 8,
+        proto::LL128 => (1 + slot_bytes.div_ceil(120)) * 128,
+        _ => 64 + slot_bytes,
+    };
+    (4096 + nslots as usize * raw.next_multiple_of(64)).next_multiple_of(4096)
+}
+
 /// One FIFO laid out as rccl-transports' `Fifo` lays it out. Mirrors
 /// `rccl::FifoView` in `kernels/fifo.h`.
 #[repr(C)]
