@@ -10,6 +10,7 @@
 //! by the host's C++ compiler, is [`twin`].
 
 pub mod abi;
+pub mod cuda;
 pub mod twin;
 
 /// The kernels' fatbin (SASS for sm_80, sm_90, sm_100 and compute_80
