@@ -46,7 +46,7 @@ flags=(
 out=device/fatbin/kernels.fatbin
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$nvcc" -fatbin "${flags[@]}" -o "$tmp/kernels.fatbin" device/kernels/kernels.cu
+"$nvcc" --threads 0 -fatbin "${flags[@]}" -o "$tmp/kernels.fatbin" device/kernels/kernels.cu
 mv "$tmp/kernels.fatbin" "$out"
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }
