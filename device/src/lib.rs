@@ -10,6 +10,10 @@
 //! to order its work on ([`Device::stream`], from the caller's raw
 //! `cudaStream_t`), and a way to run one piece of work once every stream
 //! of a group has reached it ([`Device::enqueue_joint`]).
+//!
+//! The kernels (`kernels/`, CUDA C++) are prebuilt into `fatbin/` by
+//! `scripts/build-kernels.sh`; their host twin, the same sources compiled
+//! by the host's C++ compiler, is [`twin`].
 
 use std::any::Any;
 use std::fmt;
@@ -17,8 +21,11 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
+pub mod abi;
+pub mod cuda;
 pub mod emu;
 mod select;
+pub mod twin;
 
 pub use select::{active, select, selection_problem, Kind};
 
@@ -203,3 +210,10 @@ pub trait Event: Send + Sync {
     /// For backends that need their own type back.
     fn as_any(&self) -> &dyn Any;
 }
+
+/// The kernels' fatbin (SASS for sm_80, sm_90, sm_100 and compute_80
+/// PTX), built from `kernels/` by `scripts/build-kernels.sh`.
+pub static KERNELS_FATBIN: &[u8] = include_bytes!("../fatbin/kernels.fatbin");
+
+/// What the fatbin was built from (`fatbin/MANIFEST`).
+pub static KERNELS_MANIFEST: &str = include_str!("../fatbin/MANIFEST");

@@ -15,10 +15,10 @@ use rccl_transports::socket::Secret;
 fn init() -> NetInit {
     NetInit {
         rank: 0,
-        device: SocketDevice {
+        devices: vec![SocketDevice {
             name: "lo".into(),
             ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
-        },
+        }],
         secret: Secret::random(),
     }
 }

@@ -1,0 +1,25 @@
+// The host twin: the kernels' sources compiled by the host's C++ compiler,
+// one lane on the calling thread. The Rust tests call it to check the
+// data path bit for bit against rccl's host kernels and the host FIFOs.
+#include "fifo.h"
+#include "reduce.h"
+
+extern "C" {
+
+void rccl_twin_reduce(const rccl::ReduceArgs* args) { rccl::reduce_any(*args, 0, 1); }
+
+void rccl_twin_copy(void* dst, const void* src, uint64_t bytes) {
+  rccl::copy_lane(dst, src, bytes, 0, 1);
+}
+
+int rccl_twin_fifo_send(const rccl::FifoView* fifo, const uint32_t meta[4],
+                        const unsigned char* data) {
+  return rccl::fifo_try_send(*fifo, meta, data, 0, 1) ? 1 : 0;
+}
+
+int rccl_twin_fifo_recv(const rccl::FifoView* fifo, unsigned char* out, uint32_t cap,
+                        uint32_t meta[4]) {
+  return rccl::fifo_try_recv(*fifo, out, cap, meta, 0, 1) ? 1 : 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,127 @@
+//! The structures the kernels take, laid out as `kernels/*.h` declares
+//! them (`repr(C)`; both sides are checked by the twin's tests).
+
+use std::ffi::c_void;
+use std::ptr;
+
+/// `ncclRedOp_t` values of the built-in operators, then PreMulSum.
+pub mod op {
+    /// `ncclSum`
+    pub const SUM: i32 = 0;
+    /// `ncclProd`
+    pub const PROD: i32 = 1;
+    /// `ncclMax`
+    pub const MAX: i32 = 2;
+    /// `ncclMin`
+    pub const MIN: i32 = 3;
+    /// `ncclAvg`
+    pub const AVG: i32 = 4;
+    /// A PreMulSum operator (`ncclRedOpCreatePreMulSum`).
+    pub const PRE_MUL_SUM: i32 = 5;
+}
+
+/// One reduction over `count` elements of `dtype` (`ncclDataType_t`):
+/// `out = acc OP pre(input)`, or `out = pre(input)` when `acc` is null; the
+/// output transform (integer Avg) applies when `finish` is 1. Mirrors
+/// `rccl::ReduceArgs` in `kernels/reduce.h`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ReduceArgs {
+    pub acc: *const c_void,
+    pub input: *const c_void,
+    pub out: *mut c_void,
+    pub count: u64,
+    /// Rank count, for Avg.
+    pub nranks: u64,
+    /// PreMulSum's scalar in the datatype's encoding, little-endian.
+    pub scalar: u64,
+    /// A scalar in device memory, read instead of `scalar` when not null.
+    pub scalar_ptr: *const c_void,
+    pub dtype: i32,
+    pub op: i32,
+    pub finish: i32,
+    pub pad: i32,
+}
+
+impl ReduceArgs {
+    /// `out = acc OP input` (or the input transform alone when `acc` is
+    /// null) with a host scalar.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        dtype: i32,
+        op: i32,
+        nranks: u64,
+        scalar: [u8; 8],
+        acc: *const c_void,
+        input: *const c_void,
+        out: *mut c_void,
+        count: u64,
+        finish: bool,
+    ) -> ReduceArgs {
+        ReduceArgs {
+            acc,
+            input,
+            out,
+            count,
+            nranks,
+            scalar: u64::from_le_bytes(scalar),
+            scalar_ptr: ptr::null(),
+            dtype,
+            op,
+            finish: i32::from(finish),
+            pad: 0,
+        }
+    }
+}
+
+/// rccl-transports' protocols, by their index in `Protocol::ALL`.
+pub mod proto {
+    /// LL: 8-byte words of 4 data bytes and a 4-byte flag.
+    pub const LL: u32 = 0;
+    /// LL128: 128-byte lines of 120 data bytes and an 8-byte flag.
+    pub const LL128: u32 = 1;
+    /// Simple: a slot published by the tail counter.
+    pub const SIMPLE: u32 = 2;
+}
+
+/// Bytes of FIFO memory for `nslots` slots of `slot_bytes` payload: the
+/// 4096-byte control block and each slot's protocol bytes, rounded up to
+/// 64, all rounded up to 4096 (rccl-transports' `fifo_bytes`).
+pub fn fifo_bytes(protocol: u32, nslots: u32, slot_bytes: u32) -> usize {
+    let slot_bytes = slot_bytes as usize;
+    let raw = match protocol {
+        proto::LL => (4 + slot_bytes.div_ceil(4)) * 8,
+        proto::LL128 => (1 + slot_bytes.div_ceil(120)) * 128,
+        _ => 64 + slot_bytes,
+    };
+    (4096 + nslots as usize * raw.next_multiple_of(64)).next_multiple_of(4096)
+}
+
+/// One FIFO laid out as rccl-transports' `Fifo` lays it out. Mirrors
+/// `rccl::FifoView` in `kernels/fifo.h`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FifoView {
+    /// The FIFO's control block, followed by its slots.
+    pub base: *mut u8,
+    pub proto: u32,
+    pub nslots: u32,
+    pub slot_bytes: u32,
+    pub pad: u32,
+}
+
+/// The FIFO loopback kernel's arguments (`rccl_fifo_loopback` in
+/// `kernels/kernels.cu`): `bytes` of `src` sent through `fifo` by one warp
+/// and received into `dst` by another; `status` (two `u32` of device
+/// memory, zeroed) gets the pieces received and an error mask (bit 0: a
+/// wait gave up after `spins` polls, bit 1: a piece out of order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LoopbackArgs {
+    pub fifo: FifoView,
+    pub src: u64,
+    pub dst: u64,
+    pub bytes: u64,
+    pub spins: u64,
+    pub status: u64,
+}

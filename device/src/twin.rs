@@ -1,0 +1,65 @@
+//! The host twin of the kernels: `kernels/`'s sources compiled by the
+//! host's C++ compiler (build.rs), run on the calling thread. The GPU runs
+//! the same statements, one lane per thread; tests hold the twin to rccl's
+//! host kernels and FIFOs bit for bit.
+
+use std::ffi::c_void;
+
+use crate::abi::{FifoView, ReduceArgs};
+
+extern "C" {
+    fn rccl_twin_reduce(args: *const ReduceArgs);
+    fn rccl_twin_copy(dst: *mut c_void, src: *const c_void, bytes: u64);
+    fn rccl_twin_fifo_send(fifo: *const FifoView, meta: *const u32, data: *const u8) -> i32;
+    fn rccl_twin_fifo_recv(fifo: *const FifoView, out: *mut u8, cap: u32, meta: *mut u32) -> i32;
+}
+
+/// Runs the reduction `args` describes.
+///
+/// # Safety
+/// `input` and `out` (and `acc` unless null, `scalar_ptr` unless null) are
+/// valid for `count` elements of the datatype (one for the scalar), each
+/// pair identical or disjoint.
+pub unsafe fn reduce(args: &ReduceArgs) {
+    // SAFETY: the caller's contract; the twin reads `args` only.
+    unsafe { rccl_twin_reduce(args) }
+}
+
+/// Copies `bytes` bytes.
+///
+/// # Safety
+/// `src` valid for reads and `dst` for writes of `bytes` bytes, disjoint.
+pub unsafe fn copy(dst: *mut c_void, src: *const c_void, bytes: u64) {
+    // SAFETY: the caller's contract.
+    unsafe { rccl_twin_copy(dst, src, bytes) }
+}
+
+/// Sends `data` as one piece tagged `(seq, call, count)` if the FIFO has a
+/// free slot; whether it was sent.
+///
+/// # Safety
+/// `fifo` describes FIFO memory (zeroed when first used) that holds its
+/// control block and `nslots` slots, used by one producer (this caller)
+/// and one consumer; `data.len()` is at most `slot_bytes`.
+pub unsafe fn fifo_send(fifo: &FifoView, data: &[u8], tag: [u32; 3]) -> bool {
+    let meta = [data.len() as u32, tag[0], tag[1], tag[2]];
+    // SAFETY: the caller's contract; `meta` holds 4 words.
+    unsafe { rccl_twin_fifo_send(fifo, meta.as_ptr(), data.as_ptr()) != 0 }
+}
+
+/// Receives the oldest piece into `out` (at most `out.len()` bytes) and
+/// frees its slot: `(length, [seq, call, count])`, or `None` when no piece
+/// is complete yet.
+///
+/// # Safety
+/// As [`fifo_send`], this caller being the consumer.
+pub unsafe fn fifo_recv(fifo: &FifoView, out: &mut [u8]) -> Option<(usize, [u32; 3])> {
+    let mut meta = [0u32; 4];
+    let cap = u32::try_from(out.len()).unwrap_or(u32::MAX);
+    // SAFETY: the caller's contract; `out` holds `cap` bytes, `meta` 4 words.
+    let got = unsafe { rccl_twin_fifo_recv(fifo, out.as_mut_ptr(), cap, meta.as_mut_ptr()) };
+    (got != 0).then_some((
+        (meta[0] as usize).min(out.len()),
+        [meta[1], meta[2], meta[3]],
+    ))
+}

@@ -1,0 +1,594 @@
+//! The CUDA kernels' sources, compiled for the host (rccl-device's twin),
+//! against rccl's host kernels and FIFOs: every datatype x operator bit
+//! for bit, on inputs with NaN, infinities, denormals and fp8 saturation
+//! edges; and every protocol's slots written by one side and read by the
+//! other.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use rccl::kernels::{encode_f64, ReduceKernel};
+use rccl::{DataType, RedOp};
+use rccl_device::abi::{op, proto, FifoView, ReduceArgs};
+use rccl_device::twin;
+use rccl_transports::fifo::{fifo_bytes, FifoMemory, HeapMemory};
+use rccl_transports::{Fifo, Protocol, Tag};
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// Values every datatype's inputs include, as `f64` (encoded with
+/// rounding, so fp8 gets its saturation edges and e5m2 its overflow).
+const SPECIAL: &[f64] = &[
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    0.5,
+    3.0,
+    f64::INFINITY,
+    f64::NEG_INFINITY,
+    448.0,
+    -448.0,
+    464.0,
+    480.0,
+    -500.0,
+    57344.0,
+    61440.0,
+    65504.0,
+    65520.0,
+    1.0e-3,
+    1.0 / 512.0,
+    1.0 / 1024.0,
+    1.0 / 65536.0,
+    6.0e-8,
+    1.0e-40,
+    -1.0e-40,
+    1.0e-310,
+    3.0e38,
+    -3.0e38,
+    1.0e300,
+    127.0,
+    -128.0,
+    255.0,
+    2147483647.0,
+    -2147483648.0,
+];
+
+/// Bit patterns of one NaN family per datatype: a quiet NaN and the
+/// signalling NaN that quiets to it (two NaNs combined give one of them,
+/// and which one depends on the host compiler's operand order; see
+/// `nan_at`'s uses).
+fn nan_family(dtype: DataType) -> &'static [u64] {
+    match dtype {
+        DataType::Float16 => &[0x7e05, 0x7c05],
+        DataType::Bfloat16 => &[0x7fc5, 0x7f85],
+        DataType::Float32 => &[0x7fc0_0123, 0x7f80_0123],
+        DataType::Float64 => &[0x7ff8_0000_0000_0123, 0x7ff0_0000_0000_0123],
+        DataType::Float8e4m3 => &[0x7f],
+        DataType::Float8e5m2 => &[0x7d, 0x7e, 0x7f],
+        _ => &[],
+    }
+}
+
+fn is_nan(dtype: DataType, bits: u64) -> bool {
+    match dtype {
+        DataType::Float16 => bits & 0x7fff > 0x7c00,
+        DataType::Bfloat16 => bits & 0x7fff > 0x7f80,
+        DataType::Float32 => bits & 0x7fff_ffff > 0x7f80_0000,
+        DataType::Float64 => bits & 0x7fff_ffff_ffff_ffff > 0x7ff0_0000_0000_0000,
+        DataType::Float8e4m3 => bits & 0x7f == 0x7f,
+        DataType::Float8e5m2 => bits & 0x7f > 0x7c,
+        _ => false,
+    }
+}
+
+/// Whether element `i` of `bytes` is a NaN of `dtype`.
+fn nan_at(dtype: DataType, bytes: &[u8], i: usize) -> bool {
+    let size = dtype.size();
+    let mut w = [0u8; 8];
+    w[..size].copy_from_slice(&bytes[i * size..(i + 1) * size]);
+    is_nan(dtype, u64::from_le_bytes(w))
+}
+
+/// `count` elements of `dtype`: random bits, special values and NaNs.
+fn data(dtype: DataType, count: usize, rng: &mut Rng) -> Vec<u8> {
+    let size = dtype.size();
+    let mut out = vec![0u8; count * size];
+    for chunk in out.chunks_mut(size) {
+        let pick = rng.next();
+        let mut bits = rng.next();
+        match pick % 8 {
+            0..=2 => {
+                let v = SPECIAL[(pick >> 8) as usize % SPECIAL.len()];
+                encode_f64(dtype, v, chunk);
+                continue;
+            }
+            3 if dtype.is_float() => {
+                let family = nan_family(dtype);
+                bits = family[(pick >> 8) as usize % family.len()];
+            }
+            // Small magnitudes: denormals of the narrow formats, and
+            // integers that sum and multiply without only wrapping.
+            4 => bits &= 0x0f,
+            _ => {}
+        }
+        if dtype.is_float() && is_nan(dtype, bits) && !nan_family(dtype).contains(&bits) {
+            bits = nan_family(dtype)[0];
+        }
+        chunk.copy_from_slice(&bits.to_le_bytes()[..size]);
+    }
+    out
+}
+
+/// 16-byte aligned byte buffers (what the kernels' pack path needs).
+struct Aligned(Vec<u128>);
+
+impl Aligned {
+    fn new(bytes: usize) -> Aligned {
+        Aligned(vec![0; bytes.div_ceil(16) + 1])
+    }
+    fn ptr(&mut self, offset: usize) -> *mut u8 {
+        // SAFETY: callers keep `offset + len` within the buffer (one spare
+        // 16-byte word covers the offsets used here).
+        unsafe { self.0.as_mut_ptr().cast::<u8>().add(offset) }
+    }
+    fn bytes(&mut self, offset: usize, len: usize) -> &mut [u8] {
+        // SAFETY: as `ptr`; the buffer outlives the slice.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(offset), len) }
+    }
+}
+
+fn scalar_bytes(dtype: DataType, value: f64) -> [u8; 8] {
+    let mut s = [0u8; 8];
+    encode_f64(dtype, value, &mut s);
+    s
+}
+
+/// Every operator to check for `dtype`, with the rank count it uses.
+fn ops(dtype: DataType) -> Vec<(RedOp, usize)> {
+    let mut ops = vec![
+        (RedOp::Sum, 2),
+        (RedOp::Prod, 2),
+        (RedOp::Max, 2),
+        (RedOp::Min, 2),
+        (RedOp::Avg, 1),
+        (RedOp::Avg, 3),
+        (RedOp::Avg, 8),
+    ];
+    let scalars: &[f64] = if dtype.is_float() {
+        &[1.0, 2.5, -0.375, 1.0e-3, 6.0e-8, 300.0]
+    } else {
+        &[1.0, 3.0, -2.0, 0.0, 200.0]
+    };
+    for &s in scalars {
+        ops.push((
+            RedOp::PreMulSum {
+                scalar: scalar_bytes(dtype, s),
+            },
+            2,
+        ));
+    }
+    ops
+}
+
+fn op_code(red: RedOp) -> (i32, [u8; 8]) {
+    match red {
+        RedOp::Sum => (op::SUM, [0; 8]),
+        RedOp::Prod => (op::PROD, [0; 8]),
+        RedOp::Max => (op::MAX, [0; 8]),
+        RedOp::Min => (op::MIN, [0; 8]),
+        RedOp::Avg => (op::AVG, [0; 8]),
+        RedOp::PreMulSum { scalar } => (op::PRE_MUL_SUM, scalar),
+    }
+}
+
+/// Where the output goes relative to the inputs.
+#[derive(Clone, Copy, Debug)]
+enum Place {
+    Apart,
+    OnAcc,
+    OnInput,
+}
+
+/// Runs one reduction through rccl's host kernel and through the twin
+/// (with the scalar passed by value, then by pointer) and compares bits.
+#[allow(clippy::too_many_arguments)]
+fn check_one(
+    dtype: DataType,
+    red: RedOp,
+    nranks: usize,
+    with_acc: bool,
+    finish: bool,
+    place: Place,
+    offset: usize,
+    count: usize,
+    rng: &mut Rng,
+) {
+    let bytes = count * dtype.size();
+    let acc_data = data(dtype, count, rng);
+    let in_data = data(dtype, count, rng);
+    let kernel = ReduceKernel::new(dtype, red, nranks).expect("kernel");
+    let (code, scalar) = op_code(red);
+    let mut results = Vec::new();
+    for way in 0..3 {
+        let mut acc = Aligned::new(bytes + offset);
+        let mut input = Aligned::new(bytes + offset);
+        let mut out = Aligned::new(bytes + offset);
+        acc.bytes(offset, bytes).copy_from_slice(&acc_data);
+        input.bytes(offset, bytes).copy_from_slice(&in_data);
+        let a = acc.ptr(offset);
+        let b = input.ptr(offset);
+        let o = match place {
+            Place::Apart => out.ptr(offset),
+            Place::OnAcc if with_acc => a,
+            _ => b,
+        };
+        let acc_ptr = with_acc.then_some(a.cast_const());
+        let mut args = ReduceArgs::new(
+            dtype as i32,
+            code,
+            nranks as u64,
+            scalar,
+            acc_ptr.unwrap_or(std::ptr::null()).cast(),
+            b.cast_const().cast(),
+            o.cast::<c_void>(),
+            count as u64,
+            finish,
+        );
+        match way {
+            // SAFETY: every pointer is valid for `count` elements; the
+            // output is disjoint from or identical to each input.
+            0 => unsafe { kernel.run(acc_ptr, b, o, count, finish) },
+            1 => unsafe { twin::reduce(&args) },
+            _ => {
+                // A device scalar: read through a pointer, not passed.
+                args.scalar = 0;
+                args.scalar_ptr = scalar.as_ptr().cast();
+                // SAFETY: as above; the scalar outlives the call.
+                unsafe { twin::reduce(&args) }
+            }
+        }
+        // SAFETY: `o` points at `bytes` initialized bytes of one buffer.
+        results.push(unsafe { std::slice::from_raw_parts(o, bytes) }.to_vec());
+    }
+    // The input as the combine sees it (after the input transform).
+    let mut operand = vec![0u8; bytes];
+    // SAFETY: both buffers hold `count` elements and are disjoint.
+    unsafe { kernel.run(None, in_data.as_ptr(), operand.as_mut_ptr(), count, false) };
+    for (way, got) in results.iter().enumerate().skip(1) {
+        if let Some(i) = (0..count).find(|&i| {
+            let r = i * dtype.size()..(i + 1) * dtype.size();
+            let both_nan = with_acc && nan_at(dtype, &acc_data, i) && nan_at(dtype, &operand, i);
+            got[r.clone()] != results[0][r] && !(both_nan && nan_at(dtype, got, i))
+        }) {
+            let r = i * dtype.size()..(i + 1) * dtype.size();
+            panic!(
+                "{dtype:?} {red:?} nranks {nranks} acc {with_acc} finish {finish} {place:?} \
+                 offset {offset} count {count} way {way}: element {i}: acc {:02x?} input {:02x?} \
+                 host {:02x?} twin {:02x?}",
+                &acc_data[r.clone()],
+                &in_data[r.clone()],
+                &results[0][r.clone()],
+                &got[r]
+            );
+        }
+    }
+}
+
+#[test]
+fn every_datatype_and_operator_matches_the_host_kernels_bit_for_bit() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut runs = 0;
+    for dtype in DataType::ALL {
+        for (red, nranks) in ops(dtype) {
+            for with_acc in [true, false] {
+                for finish in [true, false] {
+                    // Aligned (the 16-byte pack path), one element off (the
+                    // element path) and one byte off (unaligned elements).
+                    for offset in [0, dtype.size(), 1] {
+                        for place in [Place::Apart, Place::OnAcc, Place::OnInput] {
+                            let count = 517 + (rng.next() % 64) as usize;
+                            check_one(
+                                dtype, red, nranks, with_acc, finish, place, offset, count,
+                                &mut rng,
+                            );
+                            runs += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(runs > 3000, "{runs} runs");
+}
+
+/// Every pair of values of the 8-bit float types (all 65536), and all
+/// fp16 / bf16 values against a spread of partners, for every combine.
+#[test]
+fn narrow_floats_match_on_every_code() {
+    for dtype in [DataType::Float8e4m3, DataType::Float8e5m2] {
+        let acc: Vec<u8> = (0..65536u32).map(|i| (i >> 8) as u8).collect();
+        let input: Vec<u8> = (0..65536u32).map(|i| i as u8).collect();
+        for red in [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min] {
+            compare_whole(dtype, red, &acc, &input);
+        }
+    }
+    for dtype in [DataType::Float16, DataType::Bfloat16] {
+        let mut rng = Rng(7);
+        let all: Vec<u16> = (0..=u16::MAX)
+            .map(|v| {
+                if is_nan(dtype, v.into()) {
+                    nan_family(dtype)[0] as u16
+                } else {
+                    v
+                }
+            })
+            .collect();
+        let acc: Vec<u8> = all.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let input = data(dtype, all.len(), &mut rng);
+        for red in [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min] {
+            compare_whole(dtype, red, &acc, &input);
+        }
+    }
+}
+
+/// `acc OP input` through both, compared bit for bit, except that a NaN
+/// combined with a NaN need only give a NaN (x86 returns the operand the
+/// compiler put first).
+fn compare_whole(dtype: DataType, red: RedOp, acc: &[u8], input: &[u8]) {
+    let count = acc.len() / dtype.size();
+    let kernel = ReduceKernel::new(dtype, red, 2).expect("kernel");
+    let mut host = vec![0u8; acc.len()];
+    let mut mine = vec![0u8; acc.len()];
+    // SAFETY: all buffers hold `count` elements and are disjoint.
+    unsafe {
+        kernel.run(
+            Some(acc.as_ptr()),
+            input.as_ptr(),
+            host.as_mut_ptr(),
+            count,
+            true,
+        )
+    };
+    let (code, scalar) = op_code(red);
+    let args = ReduceArgs::new(
+        dtype as i32,
+        code,
+        2,
+        scalar,
+        acc.as_ptr().cast(),
+        input.as_ptr().cast(),
+        mine.as_mut_ptr().cast(),
+        count as u64,
+        true,
+    );
+    // SAFETY: as above.
+    unsafe { twin::reduce(&args) };
+    let size = dtype.size();
+    for i in 0..count {
+        let r = i * size..(i + 1) * size;
+        if nan_at(dtype, acc, i) && nan_at(dtype, input, i) {
+            assert!(nan_at(dtype, &mine, i) && nan_at(dtype, &host, i));
+            continue;
+        }
+        assert_eq!(
+            host[r.clone()],
+            mine[r.clone()],
+            "{dtype:?} {red:?}: acc {:02x?} input {:02x?}",
+            &acc[r.clone()],
+            &input[r]
+        );
+    }
+}
+
+#[test]
+fn copy_moves_every_byte_at_any_alignment() {
+    let mut rng = Rng(11);
+    for (src_off, dst_off, len) in [
+        (0, 0, 4099),
+        (0, 0, 64),
+        (3, 0, 1000),
+        (5, 7, 333),
+        (0, 16, 17),
+    ] {
+        let mut src = Aligned::new(len + src_off);
+        let mut dst = Aligned::new(len + dst_off);
+        for b in src.bytes(src_off, len) {
+            *b = rng.next() as u8;
+        }
+        let expect = src.bytes(src_off, len).to_vec();
+        // SAFETY: both ranges are inside their buffers and disjoint.
+        unsafe { twin::copy(dst.ptr(dst_off).cast(), src.ptr(src_off).cast(), len as u64) };
+        assert_eq!(dst.bytes(dst_off, len), &expect[..]);
+    }
+}
+
+/// FIFO memory both the host FIFO and the twin use.
+struct Shared(Arc<HeapMemory>);
+
+impl FifoMemory for Shared {
+    fn base(&self) -> *mut u8 {
+        self.0.base()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+fn proto_code(protocol: Protocol) -> u32 {
+    match protocol {
+        Protocol::Ll => proto::LL,
+        Protocol::Ll128 => proto::LL128,
+        Protocol::Simple => proto::SIMPLE,
+    }
+}
+
+fn fifo_pair(protocol: Protocol, nslots: usize, slot_bytes: usize) -> (Fifo, FifoView) {
+    let mem = Arc::new(HeapMemory::new(fifo_bytes(protocol, nslots, slot_bytes)));
+    let view = FifoView {
+        base: mem.base(),
+        proto: proto_code(protocol),
+        nslots: nslots as u32,
+        slot_bytes: slot_bytes as u32,
+        pad: 0,
+    };
+    let fifo = Fifo::in_memory(Arc::new(Shared(mem)), protocol, nslots, slot_bytes);
+    (fifo, view)
+}
+
+fn piece(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed | 1);
+    (0..len).map(|_| rng.next() as u8).collect()
+}
+
+#[test]
+fn twin_slots_read_by_the_host_fifo_and_back_for_every_protocol() {
+    for protocol in Protocol::ALL {
+        for slot_bytes in [8, 240, 256, 1000] {
+            let nslots = 4;
+            let (fifo, view) = fifo_pair(protocol, nslots, slot_bytes);
+            let lens: Vec<usize> = [0, 1, 3, 4, 5, 8, 119, 120, 121, 239, 240, 241, 999, 1000]
+                .into_iter()
+                .filter(|&l| l <= slot_bytes)
+                .collect();
+            // Enough pieces that the counters wrap around the slots.
+            for (k, &len) in lens
+                .iter()
+                .cycle()
+                .take(3 * nslots + lens.len())
+                .enumerate()
+            {
+                let k = k as u32;
+                let tag = [k, 0xc0de, 77 + k];
+                // Twin to host.
+                let sent = piece(len, u64::from(k) + 1);
+                // SAFETY: `view` describes the FIFO's zeroed memory; this
+                // thread is its only producer and consumer.
+                assert!(
+                    unsafe { twin::fifo_send(&view, &sent, tag) },
+                    "{protocol:?} send {k}"
+                );
+                let (at, got_len, got_tag) = fifo.try_peek().expect("host sees the twin's piece");
+                assert_eq!(
+                    (got_len, got_tag),
+                    (
+                        len,
+                        Tag {
+                            seq: k,
+                            call: 0xc0de,
+                            count: 77 + k
+                        }
+                    )
+                );
+                // SAFETY: the peeked piece stays valid until `release`.
+                assert_eq!(
+                    unsafe { std::slice::from_raw_parts(at, got_len) },
+                    &sent[..]
+                );
+                fifo.release();
+                // Host to twin.
+                let back = piece(len, u64::from(k) + 1000);
+                let slot = fifo.try_reserve().expect("free slot");
+                // SAFETY: the reserved slot holds `slot_bytes >= len` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(back.as_ptr(), slot, len) };
+                fifo.publish(
+                    len,
+                    Tag {
+                        seq: k,
+                        call: 5,
+                        count: 6,
+                    },
+                );
+                let mut out = vec![0u8; slot_bytes];
+                // SAFETY: as above.
+                let (n, t) = unsafe { twin::fifo_recv(&view, &mut out) }.unwrap_or_else(|| {
+                    panic!("{protocol:?} slot {slot_bytes}: twin reads piece {k} of {len}")
+                });
+                assert_eq!((n, t), (len, [k, 5, 6]), "{protocol:?} piece {k}");
+                assert_eq!(&out[..n], &back[..]);
+            }
+        }
+    }
+}
+
+#[test]
+fn fifo_sizes_agree_with_the_host_fifo() {
+    for protocol in Protocol::ALL {
+        for nslots in [1, 2, 8, 16] {
+            for slot_bytes in [8, 120, 240, 4080, 4096, 65536] {
+                assert_eq!(
+                    rccl_device::abi::fifo_bytes(
+                        proto_code(protocol),
+                        nslots as u32,
+                        slot_bytes as u32
+                    ),
+                    fifo_bytes(protocol, nslots, slot_bytes),
+                    "{protocol:?} {nslots} x {slot_bytes}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn twin_waits_for_slots_and_for_flags() {
+    for protocol in Protocol::ALL {
+        let (fifo, view) = fifo_pair(protocol, 2, 256);
+        let mut out = vec![0u8; 256];
+        // Nothing published: nothing to receive.
+        // SAFETY: as in the round-trip test.
+        assert!(unsafe { twin::fifo_recv(&view, &mut out) }.is_none());
+        // Two slots: the third send waits for the consumer.
+        for k in 0..2 {
+            // SAFETY: as above.
+            assert!(unsafe { twin::fifo_send(&view, &piece(200, k + 1), [k as u32, 0, 0]) });
+        }
+        // SAFETY: as above.
+        assert!(!unsafe { twin::fifo_send(&view, &piece(200, 9), [2, 0, 0]) });
+        fifo.try_peek().expect("first piece");
+        fifo.release();
+        // SAFETY: as above.
+        assert!(unsafe { twin::fifo_send(&view, &piece(200, 9), [2, 0, 0]) });
+        if protocol == Protocol::Simple {
+            continue;
+        }
+        // A word (LL) or a line (LL128) whose flag has not arrived keeps
+        // the whole piece unseen.
+        let (fifo, view) = fifo_pair(protocol, 2, 256);
+        let slot = fifo.try_reserve().expect("slot");
+        // SAFETY: the slot holds 256 bytes.
+        unsafe { std::ptr::write_bytes(slot, 0xab, 200) };
+        fifo.publish(200, Tag::default());
+        let flag_at = match protocol {
+            // The last payload word's flag: header words, then 50 words.
+            Protocol::Ll => 4096 + (4 + 49) * 8 + 4,
+            // The second payload line's flag.
+            _ => 4096 + 2 * 128 + 120,
+        };
+        // SAFETY: the offset lies inside the FIFO's first slot.
+        let flag = unsafe { view.base.add(flag_at) };
+        // SAFETY: as above; nobody else touches the FIFO now.
+        let saved = unsafe { flag.read() };
+        unsafe { flag.write(saved ^ 0xff) };
+        // SAFETY: as in the round-trip test.
+        assert!(
+            unsafe { twin::fifo_recv(&view, &mut out) }.is_none(),
+            "{protocol:?}"
+        );
+        // SAFETY: as above.
+        unsafe { flag.write(saved) };
+        // SAFETY: as above.
+        let (n, _) = unsafe { twin::fifo_recv(&view, &mut out) }.expect("complete now");
+        assert_eq!(&out[..n], &[0xab; 200][..]);
+    }
+}
