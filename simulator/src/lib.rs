@@ -24,7 +24,8 @@
 //! let spec = CollSpec { kind: CollKind::AllReduce, nranks: 16, root: 0, count: 1 << 24 };
 //! let params = default_params(&c, &spec, 4, Protocol::Simple);
 //! let r = simulate(&c, &spec, 4, &Ring, Protocol::Simple, &params).unwrap();
-//! assert!(r.busbw > 10.0 && r.busbw < 100.0, "{}", r.busbw);
+//! // The channels cross hosts on rails of their own (NICs of 46-48 GB/s).
+//! assert!(r.busbw > 100.0 && r.busbw < 400.0, "{}", r.busbw);
 //! ```
 
 pub mod cluster;
