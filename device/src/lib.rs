@@ -12,6 +12,7 @@
 pub mod abi;
 pub mod cuda;
 pub mod twin;
+pub mod work;
 
 /// The kernels' fatbin (SASS for sm_80, sm_90, sm_100 and compute_80
 /// PTX), built from `kernels/` by `scripts/build-kernels.sh`.
