@@ -312,6 +312,62 @@ fn every_datatype_and_operator_matches_the_host_kernels_bit_for_bit() {
     assert!(runs > 3000, "{runs} runs");
 }
 
+/// A partial result (the `partial` flag) takes no input transform: the
+/// twin matches rccl's kernel for the op that combines partial results.
+#[test]
+fn partial_inputs_combine_as_the_host_combines_them() {
+    let mut rng = Rng(99);
+    for dtype in DataType::ALL {
+        for (red, nranks) in ops(dtype) {
+            let partial_op = match red {
+                RedOp::PreMulSum { .. } => RedOp::Sum,
+                RedOp::Avg if dtype.is_float() => RedOp::Sum,
+                other => other,
+            };
+            let kernel = ReduceKernel::new(dtype, partial_op, nranks).expect("kernel");
+            let count = 300;
+            let acc = data(dtype, count, &mut rng);
+            let input = data(dtype, count, &mut rng);
+            let mut host = vec![0u8; acc.len()];
+            let mut mine = vec![0u8; acc.len()];
+            // SAFETY: every buffer holds `count` elements; outputs are
+            // disjoint from the inputs.
+            unsafe {
+                kernel.run(
+                    Some(acc.as_ptr()),
+                    input.as_ptr(),
+                    host.as_mut_ptr(),
+                    count,
+                    true,
+                )
+            };
+            let (code, scalar) = op_code(red);
+            let mut args = ReduceArgs::new(
+                dtype as i32,
+                code,
+                nranks as u64,
+                scalar,
+                acc.as_ptr().cast(),
+                input.as_ptr().cast(),
+                mine.as_mut_ptr().cast(),
+                count as u64,
+                true,
+            );
+            args.partial = 1;
+            // SAFETY: as above.
+            unsafe { twin::reduce(&args) };
+            for i in 0..count {
+                let r = i * dtype.size()..(i + 1) * dtype.size();
+                let both_nan = nan_at(dtype, &acc, i) && nan_at(dtype, &input, i);
+                assert!(
+                    host[r.clone()] == mine[r.clone()] || (both_nan && nan_at(dtype, &mine, i)),
+                    "{dtype:?} {red:?} element {i}"
+                );
+            }
+        }
+    }
+}
+
 /// Every pair of values of the 8-bit float types (all 65536), and all
 /// fp16 / bf16 values against a spread of partners, for every combine.
 #[test]

@@ -2,6 +2,7 @@
 // Each is a thin entry over the code the host twin (twin.cpp) runs too.
 #include "fifo.h"
 #include "reduce.h"
+#include "work.h"
 
 namespace {
 
@@ -85,4 +86,14 @@ extern "C" __global__ void rccl_fifo_loopback(LoopbackArgs args) {
       }
     }
   }
+}
+
+// One rank's device work: block b runs channel b with its first warp.
+// `status[b]` gets the channel's result (0 done, 1 aborted, 2 gave up
+// after `spins` polls without progress, 3 a step too large).
+extern "C" __global__ void rccl_run_work(const rccl::WorkHeader* work, uint64_t spins,
+                                         int32_t* status) {
+  if (threadIdx.x >= 32 || blockIdx.x >= work->nchannels) return;
+  const int r = rccl::work_run_channel(*work, blockIdx.x, spins, threadIdx.x, 32);
+  if (threadIdx.x == 0) status[blockIdx.x] = r;
 }

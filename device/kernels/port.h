@@ -9,11 +9,18 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#if !defined(__CUDA_ARCH__)
+#include <sched.h>
+#endif
 
 #if defined(__CUDACC__)
 #define RCCL_HD __host__ __device__ __forceinline__
+// Called from many places, compiled once (keeps the interpreter's code,
+// and the compile, small).
+#define RCCL_HD_OUTLINE __host__ __device__ __noinline__
 #else
 #define RCCL_HD inline
+#define RCCL_HD_OUTLINE inline __attribute__((noinline))
 #endif
 
 // Unrolls the loop that follows (the pack loops: constant trip counts).
@@ -78,6 +85,17 @@ RCCL_HD bool all_lanes(bool ok) {
 RCCL_HD void lanes_sync() {
 #if RCCL_ON_DEVICE
   __syncwarp();
+#endif
+}
+
+// A waiter with nothing to do steps aside: briefly on the GPU (fewer polls
+// of the memory its peer writes), to another thread on the host (ranks may
+// outnumber the host's cores).
+RCCL_HD void idle_pause() {
+#if RCCL_ON_DEVICE
+  __nanosleep(64);
+#else
+  sched_yield();
 #endif
 }
 

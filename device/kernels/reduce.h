@@ -75,7 +75,9 @@ struct ReduceArgs {
   int32_t dtype;
   int32_t op;
   int32_t finish;
-  int32_t pad;
+  // The input is a partial result, already transformed on its way in: no
+  // input transform (PreMulSum and float Avg combine as Sum).
+  int32_t partial;
 };
 
 // ---- floating-point helpers ----
@@ -585,7 +587,8 @@ RCCL_HD uint64_t scalar_of(const ReduceArgs& args) {
 
 template <class Ops>
 RCCL_HD void reduce_for(const ReduceArgs& args, uint64_t lane, uint64_t lanes) {
-  const Prepared p = prepare(args.dtype, args.op, args.nranks, scalar_of(args));
+  Prepared p = prepare(args.dtype, args.op, args.nranks, scalar_of(args));
+  if (args.partial) p.has_pre = false;
   reduce_typed<Ops>(args, p, lane, lanes);
 }
 

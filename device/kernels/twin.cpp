@@ -3,6 +3,7 @@
 // data path bit for bit against rccl's host kernels and the host FIFOs.
 #include "fifo.h"
 #include "reduce.h"
+#include "work.h"
 
 extern "C" {
 
@@ -20,6 +21,10 @@ int rccl_twin_fifo_send(const rccl::FifoView* fifo, const uint32_t meta[4],
 int rccl_twin_fifo_recv(const rccl::FifoView* fifo, unsigned char* out, uint32_t cap,
                         uint32_t meta[4]) {
   return rccl::fifo_try_recv(*fifo, out, cap, meta, 0, 1) ? 1 : 0;
+}
+
+int rccl_twin_run_channel(const rccl::WorkHeader* work, uint32_t channel, uint64_t spins) {
+  return rccl::work_run_channel(*work, channel, spins, 0, 1);
 }
 
 }  // extern "C"

@@ -40,7 +40,9 @@ pub struct ReduceArgs {
     pub dtype: i32,
     pub op: i32,
     pub finish: i32,
-    pub pad: i32,
+    /// 1: the input is a partial result (no input transform: PreMulSum and
+    /// float Avg combine as Sum).
+    pub partial: i32,
 }
 
 impl ReduceArgs {
@@ -69,7 +71,7 @@ impl ReduceArgs {
             dtype,
             op,
             finish: i32::from(finish),
-            pad: 0,
+            partial: 0,
         }
     }
 }

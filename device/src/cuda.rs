@@ -354,6 +354,7 @@ impl Driver {
         }
         let copy = function("rccl_copy")?;
         let fifo_loopback = function("rccl_fifo_loopback")?;
+        let run_work = function("rccl_run_work")?;
         let dev = result::device::get(device).call("cuDeviceGet")?;
         // SAFETY: `dev` is a valid device.
         let sms = unsafe {
@@ -373,6 +374,7 @@ impl Driver {
             reduce,
             copy,
             fifo_loopback,
+            run_work,
             max_blocks: (sms.max(1) * per_sm.max(1)) as u32,
         })
     }
@@ -404,6 +406,7 @@ pub struct Kernels {
     reduce: Vec<sys::CUfunction>,
     copy: sys::CUfunction,
     fifo_loopback: sys::CUfunction,
+    run_work: sys::CUfunction,
     /// Blocks that fill the device once.
     max_blocks: u32,
 }
@@ -507,6 +510,46 @@ impl Kernels {
             result::launch_kernel(
                 self.fifo_loopback,
                 (2, 1, 1),
+                (32, 1, 1),
+                0,
+                stream,
+                &mut params,
+            )
+        }
+        .call("cuLaunchKernel")
+    }
+}
+
+impl Kernels {
+    /// Launches device work: one block per channel, whose first warp runs
+    /// the channel; `status` (one `i32` per channel) gets each channel's
+    /// end (0 done, 1 aborted, 2 gave up after `spins` polls, 3 a step
+    /// too large).
+    ///
+    /// # Safety
+    /// `work` is device memory holding an encoded [`crate::work::Work`]
+    /// of `nchannels` channels whose addresses the device can reach;
+    /// `status` holds `nchannels` words.
+    pub unsafe fn run_work(
+        &self,
+        work: CUdeviceptr,
+        nchannels: u32,
+        spins: u64,
+        status: CUdeviceptr,
+        stream: CUstream,
+    ) -> Result<()> {
+        let (mut w, mut s, mut st) = (work, spins, status);
+        let mut params = [
+            (&mut w as *mut CUdeviceptr).cast::<c_void>(),
+            (&mut s as *mut u64).cast::<c_void>(),
+            (&mut st as *mut CUdeviceptr).cast::<c_void>(),
+        ];
+        // SAFETY: the parameters match the kernel's (pointer, u64,
+        // pointer); the caller's contract covers the memory.
+        unsafe {
+            result::launch_kernel(
+                self.run_work,
+                (nchannels.max(1), 1, 1),
                 (32, 1, 1),
                 0,
                 stream,

@@ -26,6 +26,7 @@ pub mod cuda;
 pub mod emu;
 mod select;
 pub mod twin;
+pub mod work;
 
 pub use select::{active, select, selection_problem, Kind};
 

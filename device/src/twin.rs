@@ -6,12 +6,48 @@
 use std::ffi::c_void;
 
 use crate::abi::{FifoView, ReduceArgs};
+use crate::work::{Work, WorkHeader};
 
 extern "C" {
     fn rccl_twin_reduce(args: *const ReduceArgs);
     fn rccl_twin_copy(dst: *mut c_void, src: *const c_void, bytes: u64);
     fn rccl_twin_fifo_send(fifo: *const FifoView, meta: *const u32, data: *const u8) -> i32;
     fn rccl_twin_fifo_recv(fifo: *const FifoView, out: *mut u8, cap: u32, meta: *mut u32) -> i32;
+    fn rccl_twin_run_channel(work: *const WorkHeader, channel: u32, spins: u64) -> i32;
+}
+
+/// How a channel of device work ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChannelEnd {
+    /// Every step ran.
+    Done,
+    /// The abort word was set.
+    Aborted,
+    /// `spins` polls passed without progress.
+    GaveUp,
+    /// A step held more primitives than the interpreter keeps.
+    StepTooLarge,
+}
+
+/// Runs channel `channel` of `work` on this thread to its end.
+///
+/// # Safety
+/// Every buffer, FIFO and scratch address in `work` is valid host memory
+/// of the sizes its schedule uses; the peers' ends of its FIFOs are run by
+/// other threads; no other thread runs this channel of this work.
+pub unsafe fn run_channel(work: &Work, channel: usize, spins: u64) -> ChannelEnd {
+    assert!(
+        channel < work.nchannels(),
+        "channel {channel} of {}",
+        work.nchannels()
+    );
+    // SAFETY: the caller's contract; the block is a complete encoding.
+    match unsafe { rccl_twin_run_channel(work.header(), channel as u32, spins) } {
+        0 => ChannelEnd::Done,
+        1 => ChannelEnd::Aborted,
+        2 => ChannelEnd::GaveUp,
+        _ => ChannelEnd::StepTooLarge,
+    }
 }
 
 /// Runs the reduction `args` describes.

@@ -1,0 +1,272 @@
+// Device work: one rank's schedule of one collective (rccl-algorithms'
+// Schedule: per channel, steps of primitives over slices of the user's
+// buffers), encoded as a position-independent block of plain structs, and
+// the interpreter that runs one channel of it over FIFOs (fifo.h) with the
+// reductions of reduce.h. The GPU runs a channel per block (its first
+// warp); the host twin runs it on a thread. Mirrored by device/src/work.rs.
+//
+// Layout: a WorkHeader, then its channels, peers, steps and primitives,
+// found at byte offsets from the header, so the block can be copied to the
+// device as is.
+#pragma once
+
+#include "fifo.h"
+#include "reduce.h"
+
+namespace rccl {
+
+// rccl-algorithms' Prim, in its order.
+enum PrimKind : uint32_t {
+  kPrimSend = 0,
+  kPrimRecv = 1,
+  kPrimCopy = 2,
+  kPrimCopySend = 3,
+  kPrimRecvReduceSend = 4,
+  kPrimRecvReduceCopy = 5,
+  kPrimRecvReduceCopySend = 6,
+  kPrimRecvCopySend = 7,
+  kPrimRecvReduceCopyPartial = 8,
+  kPrimReduceCopy = 9,
+  kPrimReduceCopyPartial = 10,
+};
+
+enum BufKind : uint32_t { kBufSend = 0, kBufRecv = 1 };
+
+// Most primitives one step holds (the interpreter keeps their progress).
+constexpr uint32_t kMaxStepPrims = 32;
+
+struct WorkPrim {
+  uint32_t kind;
+  int32_t recv_peer;  // index into the channel's peers, or -1
+  int32_t send_peer;  // index into the channel's peers, or -1
+  uint32_t src_buf;   // BufKind
+  uint32_t dst_buf;   // BufKind
+  uint32_t pad;
+  uint64_t src_off;   // elements
+  uint64_t dst_off;   // elements
+  uint64_t len;       // elements
+};
+
+struct WorkStep {
+  uint32_t first_prim;
+  uint32_t nprims;
+};
+
+// A peer of a channel: the FIFO this rank sends into and the one it
+// receives from.
+struct WorkPeer {
+  int32_t rank;
+  uint32_t pad;
+  FifoView send;
+  FifoView recv;
+};
+
+struct WorkChannel {
+  uint32_t first_step;
+  uint32_t nsteps;
+  uint32_t first_peer;
+  uint32_t npeers;
+  // Staging for one received or transformed piece: slot_bytes of the
+  // channel's FIFOs.
+  unsigned char* scratch;
+  uint64_t scratch_bytes;
+};
+
+struct WorkHeader {
+  const unsigned char* sendbuf;
+  unsigned char* recvbuf;
+  // The reduction (op < 0: none, the collective only moves data).
+  uint64_t nranks;
+  uint64_t scalar;
+  const void* scalar_ptr;
+  int32_t dtype;
+  int32_t op;
+  uint32_t elem_size;
+  uint32_t nchannels;
+  // Every piece's tag (seq, call) and the call's count.
+  uint32_t tag_seq;
+  uint32_t tag_call;
+  uint32_t tag_count;
+  uint32_t pad;
+  // Nonzero: stop (the host aborts the call).
+  const uint32_t* abort;
+  // Byte offsets from this header.
+  uint64_t channels_at;
+  uint64_t peers_at;
+  uint64_t steps_at;
+  uint64_t prims_at;
+};
+
+template <class T>
+RCCL_HD const T* work_array(const WorkHeader& w, uint64_t at) {
+  return reinterpret_cast<const T*>(reinterpret_cast<const unsigned char*>(&w) + at);
+}
+
+RCCL_HD unsigned char* work_addr(const WorkHeader& w, uint32_t buf, uint64_t elem) {
+  unsigned char* base = buf == kBufSend ? const_cast<unsigned char*>(w.sendbuf) : w.recvbuf;
+  return base + elem * w.elem_size;
+}
+
+RCCL_HD bool fifo_has_room(const FifoView& f) {
+  const uint32_t tail = load_relaxed_u32(tail_word(f));
+  const uint32_t head = load_acquire_u32(head_word(f));
+  return all_lanes(tail - head < f.nslots);
+}
+
+// out = acc op input over n elements (acc null: the input transform
+// alone); `partial`: the input is a partial result, which takes no input
+// transform.
+RCCL_HD_OUTLINE void work_reduce(const WorkHeader& w, const void* acc, const void* input, void* out,
+                         uint64_t n, bool finish, bool partial, uint32_t lane, uint32_t lanes) {
+  ReduceArgs a;
+  a.acc = acc;
+  a.input = input;
+  a.out = out;
+  a.count = n;
+  a.nranks = w.nranks;
+  a.scalar = w.scalar;
+  a.scalar_ptr = w.scalar_ptr;
+  a.dtype = w.dtype;
+  a.op = w.op;
+  a.finish = finish ? 1 : 0;
+  a.partial = partial ? 1 : 0;
+  reduce_any(a, lane, lanes);
+  lanes_sync();
+}
+
+// out = src, through the input transform when src is the user's send
+// buffer of a reducing collective.
+RCCL_HD void work_load(const WorkHeader& w, uint32_t src_buf, const unsigned char* src,
+                       unsigned char* out, uint64_t n, uint32_t lane, uint32_t lanes) {
+  if (w.op >= 0 && src_buf == kBufSend) {
+    work_reduce(w, nullptr, src, out, n, false, false, lane, lanes);
+  } else if (src != out) {
+    copy_lane(out, src, n * w.elem_size, lane, lanes);
+    lanes_sync();
+  }
+}
+
+// Moves one piece of `p` (done elements of it so far); the elements moved,
+// 0 when its FIFOs are not ready.
+RCCL_HD uint64_t work_advance(const WorkHeader& w, const WorkChannel& ch, const WorkPeer* peers,
+                              const WorkPrim& p, uint64_t done, uint32_t lane, uint32_t lanes) {
+  const uint64_t es = w.elem_size;
+  const unsigned char* src = work_addr(w, p.src_buf, p.src_off + done);
+  unsigned char* dst = work_addr(w, p.dst_buf, p.dst_off + done);
+  unsigned char* scratch = ch.scratch;
+  const uint32_t meta_tail[3] = {w.tag_seq, w.tag_call, w.tag_count};
+  const FifoView* to = p.send_peer >= 0 ? &peers[p.send_peer].send : nullptr;
+  const FifoView* from = p.recv_peer >= 0 ? &peers[p.recv_peer].recv : nullptr;
+  uint64_t n = p.len - done;
+
+  if (from == nullptr) {
+    // Local primitives and plain sends.
+    if (to != nullptr) {
+      const uint64_t cap = to->slot_bytes / es;
+      n = n < cap ? n : cap;
+      if (!fifo_has_room(*to)) return 0;
+    }
+    switch (p.kind) {
+      case kPrimCopy: work_load(w, p.src_buf, src, dst, n, lane, lanes); return n;
+      case kPrimReduceCopy:
+      case kPrimReduceCopyPartial:
+        work_reduce(w, dst, src, dst, n, p.kind == kPrimReduceCopy, p.src_buf != kBufSend, lane,
+                    lanes);
+        return n;
+      default: break;
+    }
+    const unsigned char* piece = src;
+    if (p.kind == kPrimCopySend) {
+      work_load(w, p.src_buf, src, dst, n, lane, lanes);
+      piece = dst;
+    } else if (w.op >= 0 && p.src_buf == kBufSend) {
+      work_load(w, p.src_buf, src, scratch, n, lane, lanes);
+      piece = scratch;
+    }
+    const uint32_t meta[4] = {uint32_t(n * es), meta_tail[0], meta_tail[1], meta_tail[2]};
+    return fifo_try_send(*to, meta, piece, lane, lanes) ? n : 0;
+  }
+
+  // A forwarding primitive takes a piece only when it can pass it on.
+  if (to != nullptr && !fifo_has_room(*to)) return 0;
+  uint32_t meta[4];
+  if (!fifo_try_recv(*from, scratch, uint32_t(ch.scratch_bytes), meta, lane, lanes)) return 0;
+  lanes_sync();
+  uint64_t got = meta[0] / es;
+  got = got < n ? got : n;
+  const bool partial = p.src_buf != kBufSend;
+  switch (p.kind) {
+    case kPrimRecv: copy_lane(dst, scratch, got * es, lane, lanes); break;
+    case kPrimRecvCopySend: copy_lane(dst, scratch, got * es, lane, lanes); break;
+    case kPrimRecvReduceSend:
+      work_reduce(w, scratch, src, scratch, got, false, partial, lane, lanes);
+      break;
+    case kPrimRecvReduceCopy:
+    case kPrimRecvReduceCopyPartial:
+      work_reduce(w, scratch, src, dst, got, p.kind == kPrimRecvReduceCopy, partial, lane, lanes);
+      break;
+    case kPrimRecvReduceCopySend:
+      work_reduce(w, scratch, src, scratch, got, true, partial, lane, lanes);
+      copy_lane(dst, scratch, got * es, lane, lanes);
+      break;
+    default: break;
+  }
+  lanes_sync();
+  if (to != nullptr) {
+    const uint32_t out_meta[4] = {uint32_t(got * es), meta_tail[0], meta_tail[1], meta_tail[2]};
+    // Room was checked above and only this lane group fills `to`.
+    fifo_try_send(*to, out_meta, scratch, lane, lanes);
+  }
+  return got;
+}
+
+// Whether an earlier unfinished primitive of the step shares p's send or
+// receive peer (messages to or from one peer go in the order listed).
+RCCL_HD bool work_blocked(const WorkPrim* prims, const uint64_t* done, uint32_t k) {
+  for (uint32_t j = 0; j < k; ++j) {
+    if (done[j] == prims[j].len) continue;
+    if (prims[k].send_peer >= 0 && prims[j].send_peer == prims[k].send_peer) return true;
+    if (prims[k].recv_peer >= 0 && prims[j].recv_peer == prims[k].recv_peer) return true;
+  }
+  return false;
+}
+
+// Runs channel `c` of `w` to the end: 0 done, 1 aborted, 2 gave up after
+// `spins` polls without progress, 3 a step holds too many primitives.
+RCCL_HD int work_run_channel(const WorkHeader& w, uint32_t c, uint64_t spins, uint32_t lane,
+                             uint32_t lanes) {
+  const WorkChannel& ch = work_array<WorkChannel>(w, w.channels_at)[c];
+  const WorkPeer* peers = work_array<WorkPeer>(w, w.peers_at) + ch.first_peer;
+  const WorkStep* steps = work_array<WorkStep>(w, w.steps_at) + ch.first_step;
+  const WorkPrim* all_prims = work_array<WorkPrim>(w, w.prims_at);
+  for (uint32_t s = 0; s < ch.nsteps; ++s) {
+    const WorkPrim* prims = all_prims + steps[s].first_prim;
+    const uint32_t nprims = steps[s].nprims;
+    if (nprims > kMaxStepPrims) return 3;
+    uint64_t done[kMaxStepPrims];
+    for (uint32_t k = 0; k < nprims; ++k) done[k] = 0;
+    uint64_t idle = 0;
+    for (;;) {
+      bool finished = true, moved = false;
+      for (uint32_t k = 0; k < nprims; ++k) {
+        if (done[k] == prims[k].len) continue;
+        finished = false;
+        if (work_blocked(prims, done, k)) continue;
+        const uint64_t n = work_advance(w, ch, peers, prims[k], done[k], lane, lanes);
+        done[k] += n;
+        moved = moved || n > 0;
+      }
+      if (finished) break;
+      if (moved) {
+        idle = 0;
+      } else {
+        if (w.abort != nullptr && all_lanes(load_relaxed_u32(w.abort) != 0)) return 1;
+        if (++idle > spins) return 2;
+        idle_pause();
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace rccl
