@@ -479,6 +479,40 @@ fn closing_with_requests_pending<N: Net>(a: &N, b: &N, errors: Errors) {
         .is_err());
 }
 
+/// A sender that saw its last send complete may close at once (its
+/// process may end): the receive it completed still completes, with its
+/// data, however late the receiver looks; the next receive fails.
+fn what_completed_before_the_peer_closed_still_arrives<N: Net>(a: &N, b: &N) {
+    const LEN: usize = 64 << 10;
+    let mut out = pattern(3, LEN);
+    let mut into = vec![0u8; 2 * LEN];
+    let (mut send, mut recv) = connect(a, b);
+    let send_mr = register(a, CommRef::Send(&send), &mut out);
+    let recv_mr = register(b, CommRef::Recv(&recv), &mut into);
+    let (first, second) = into.split_at_mut(LEN);
+    let r = b
+        .irecv(&mut recv, &[one::<N>(first, 0, &recv_mr)])
+        .unwrap()
+        .unwrap();
+    let s = a
+        .isend(&mut send, out.as_ptr(), LEN, 0, &send_mr)
+        .unwrap()
+        .unwrap();
+    complete(a, vec![s]);
+    a.close_send(send).unwrap();
+    // Long enough for the receiver's side to see the close.
+    std::thread::sleep(Duration::from_millis(200));
+    let received = complete(b, vec![r]);
+    assert_eq!(received[0].as_slice(), [LEN]);
+    assert!(first == pattern(3, LEN).as_slice(), "the data arrived");
+    let late = b.irecv(&mut recv, &[one::<N>(second, 0, &recv_mr)]);
+    match late {
+        Ok(Some(mut r)) => drop(failure(b, &mut r)),
+        Ok(None) => panic!("a receive after the peer closed was deferred, not refused"),
+        Err(_) => {}
+    }
+}
+
 /// Properties are sane; registrations refuse memory the provider cannot
 /// move and bound every buffer; bad requests are refused without harm; a
 /// flush of host memory completes; a request is done once.
@@ -571,6 +605,11 @@ macro_rules! conformance {
             fn closing_with_requests_pending() {
                 let (a, b) = $pair;
                 super::closing_with_requests_pending(&*a, &*b, $errors);
+            }
+            #[test]
+            fn what_completed_before_the_peer_closed_still_arrives() {
+                let (a, b) = $pair;
+                super::what_completed_before_the_peer_closed_still_arrives(&*a, &*b);
             }
             #[test]
             fn properties_registration_and_misuse() {

@@ -569,19 +569,13 @@ impl Link {
 
     /// Polls the completion queue into `wcs`; looks for fatal events and,
     /// now and then, for the peer closing the TCP connection. `false` if
-    /// the communicator is (now) failed.
+    /// the communicator is (now) failed; `wcs` then still holds the
+    /// requests that completed before it failed (a peer that saw its last
+    /// send complete may close at once), and only those.
     fn poll(&mut self, doing: &'static str, wcs: &mut Vec<Wc>) -> bool {
         if self.broken().is_some() {
             return false;
         }
-        let mut batch = [Wc {
-            wr_id: 0,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Send,
-            byte_len: 0,
-            imm: None,
-            qp_num: 0,
-        }; 64];
         // Armed before polling, so a completion after this poll raises the
         // event the proxy sleeps on.
         if !self.armed {
@@ -591,18 +585,16 @@ impl Link {
             }
             self.armed = true;
         }
-        loop {
-            match self.cq.poll(&mut batch) {
-                Ok(0) => break,
-                Ok(n) => {
-                    wcs.extend_from_slice(&batch[..n]);
-                    self.armed = false;
-                }
-                Err(e) => {
-                    self.fail_with(doing, io::ErrorKind::Other, e.to_string());
-                    return false;
-                }
-            }
+        let healthy = self.check(doing, wcs);
+        wcs.retain(|wc| wc.status == WcStatus::Success);
+        healthy
+    }
+
+    /// Drains the completion queue into `wcs` and fails the communicator
+    /// if a completion, an event or the peer says so.
+    fn check(&mut self, doing: &'static str, wcs: &mut Vec<Wc>) -> bool {
+        if !self.drain(doing, wcs) {
+            return false;
         }
         // A flush only follows the cause: the failed request's status, a
         // fatal event, or the peer closing its side.
@@ -628,6 +620,8 @@ impl Link {
         }
         let fatal = self.qps.iter().find_map(|qp| qp.async_error());
         if bad.is_some() || fatal.is_some() {
+            // What completed before the link went is still good.
+            self.drain(doing, wcs);
             if let Some(closed) = self.peer_gone() {
                 self.fail(closed);
             } else {
@@ -639,11 +633,37 @@ impl Link {
         if wcs.is_empty() && self.last_look.elapsed() >= LIVENESS_EVERY {
             self.last_look = Instant::now();
             if let Some(err) = self.peer_gone() {
+                self.drain(doing, wcs);
                 self.fail(err);
                 return false;
             }
         }
         true
+    }
+
+    /// Moves every completion the queue holds into `wcs`.
+    fn drain(&mut self, doing: &'static str, wcs: &mut Vec<Wc>) -> bool {
+        let mut batch = [Wc {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm: None,
+            qp_num: 0,
+        }; 64];
+        loop {
+            match self.cq.poll(&mut batch) {
+                Ok(0) => return true,
+                Ok(n) => {
+                    wcs.extend_from_slice(&batch[..n]);
+                    self.armed = false;
+                }
+                Err(e) => {
+                    self.fail_with(doing, io::ErrorKind::Other, e.to_string());
+                    return false;
+                }
+            }
+        }
     }
 
     /// Whether the peer closed the TCP connection (it closed the
@@ -939,9 +959,7 @@ impl SendState {
     /// Moves what can move: completions, then sends onto FIFO entries.
     fn progress(&mut self) {
         let mut wcs = Vec::new();
-        if !self.link.poll("sending to", &mut wcs) {
-            return;
-        }
+        let healthy = self.link.poll("sending to", &mut wcs);
         for wc in wcs {
             let id = wc.wr_id & !WR_KIND;
             match wc.wr_id & WR_KIND {
@@ -962,6 +980,9 @@ impl SendState {
                 }
                 _ => {}
             }
+        }
+        if !healthy {
+            return;
         }
         while self.next_match < self.first_id + self.ops.len() as u64 {
             if !self.match_next() {
@@ -1149,9 +1170,9 @@ impl RecvState {
 
     fn progress(&mut self) {
         let mut wcs = Vec::new();
-        if !self.link.poll("receiving from", &mut wcs) {
-            return;
-        }
+        // A failed link still hands over what completed before it failed;
+        // the rest fails at `test`.
+        self.link.poll("receiving from", &mut wcs);
         for wc in wcs {
             if wc.opcode != WcOpcode::RecvRdmaWithImm {
                 continue;

@@ -288,6 +288,12 @@ impl CompletionQueue for ModelCq {
     }
 }
 
+fn complete(cq: &Mutex<CqState>, wc: Wc) {
+    if !cq.lock().push(wc) {
+        tracing::debug!(qpn = wc.qp_num, "model: a completion found its queue full");
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum QpState {
     Reset,
@@ -330,9 +336,7 @@ struct Qp {
 
 impl Qp {
     fn complete(&self, wc: Wc) {
-        if !self.cq.lock().push(wc) {
-            tracing::debug!(qpn = wc.qp_num, "model: a completion found its queue full");
-        }
+        complete(&self.cq, wc);
     }
 
     /// Puts the queue pair in error and flushes every work request.
@@ -555,6 +559,11 @@ struct NicState {
     corrupt_next: bool,
     stall_until: Option<Instant>,
     port_error: Option<String>,
+    /// The receive completion of the frame being answered, delivered once
+    /// its acknowledgement is on the wire: as on hardware, a responder
+    /// that sees the data (and whose process then ends) cannot leave the
+    /// sender without its acknowledgement.
+    arrived: Option<(Arc<Mutex<CqState>>, Wc)>,
 }
 
 /// The NIC: its stream listener, its state, and the thread that plays the
@@ -600,6 +609,7 @@ impl Nic {
                 corrupt_next: false,
                 stall_until: None,
                 port_error: None,
+                arrived: None,
             }),
         });
         let thread_nic = nic.clone();
@@ -888,14 +898,17 @@ impl NicState {
                 unsafe { write_ordered(frame.addr as *mut u8, payload) };
                 if with_imm {
                     let recv = qp.recvs.pop_front().expect("checked");
-                    qp.complete(Wc {
-                        wr_id: recv.wr_id,
-                        status: WcStatus::Success,
-                        opcode: WcOpcode::RecvRdmaWithImm,
-                        byte_len: frame.len as u32,
-                        imm: Some(frame.imm),
-                        qp_num: qpn,
-                    });
+                    self.arrived = Some((
+                        qp.cq.clone(),
+                        Wc {
+                            wr_id: recv.wr_id,
+                            status: WcStatus::Success,
+                            opcode: WcOpcode::RecvRdmaWithImm,
+                            byte_len: frame.len as u32,
+                            imm: Some(frame.imm),
+                            qp_num: qpn,
+                        },
+                    ));
                 }
                 (Some(WcStatus::Success), 0)
             }
@@ -918,18 +931,21 @@ impl NicState {
                             unsafe { write_ordered(sge.addr as *mut u8, payload) };
                         }
                     }
-                    qp.complete(Wc {
-                        wr_id: recv.wr_id,
-                        status: if fits {
-                            WcStatus::Success
-                        } else {
-                            WcStatus::LocalLength
+                    self.arrived = Some((
+                        qp.cq.clone(),
+                        Wc {
+                            wr_id: recv.wr_id,
+                            status: if fits {
+                                WcStatus::Success
+                            } else {
+                                WcStatus::LocalLength
+                            },
+                            opcode: WcOpcode::Recv,
+                            byte_len: frame.len as u32,
+                            imm: (frame.flags & HAS_IMM != 0).then_some(frame.imm),
+                            qp_num: qpn,
                         },
-                        opcode: WcOpcode::Recv,
-                        byte_len: frame.len as u32,
-                        imm: (frame.flags & HAS_IMM != 0).then_some(frame.imm),
-                        qp_num: qpn,
-                    });
+                    ));
                     if fits {
                         (Some(WcStatus::Success), 0)
                     } else {
@@ -942,9 +958,18 @@ impl NicState {
             Some(WcStatus::Success) => {
                 qp.expect_psn = qp.expect_psn.wrapping_add(1);
                 self.answer(i, ACK, frame.psn, 0);
+                let wire = self.wire_mut(i);
+                if !wire.flush() {
+                    wire.closed = true;
+                }
+                self.deliver_arrived();
             }
             None => self.answer(i, NAK, frame.psn, nak),
             Some(_) => {
+                // The failed receive's completion comes before the flushed
+                // ones.
+                self.deliver_arrived();
+                let qp = self.qps.get_mut(&qpn).expect("seen above");
                 if qp.fatal.is_none() && nak == NAK_ACCESS {
                     qp.fatal = Some(format!(
                         "a remote access violation on QP {qpn:#x} (IBV_EVENT_QP_ACCESS_ERR)"
@@ -953,6 +978,12 @@ impl NicState {
                 qp.enter_error(qpn);
                 self.answer(i, NAK, frame.psn, nak);
             }
+        }
+    }
+
+    fn deliver_arrived(&mut self) {
+        if let Some((cq, wc)) = self.arrived.take() {
+            complete(&cq, wc);
         }
     }
 
