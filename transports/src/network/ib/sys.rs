@@ -1049,6 +1049,35 @@ mod tests {
     use super::*;
     use std::mem::{offset_of, size_of};
 
+    /// A row of the table below: the C expression and our value.
+    macro_rules! size {
+        ($ty:ident) => {
+            (
+                concat!("sizeof(struct ", stringify!($ty), ")"),
+                size_of::<$ty>(),
+            )
+        };
+    }
+    macro_rules! offset {
+        ($ty:ident, $field:ident) => {
+            (
+                concat!(
+                    "offsetof(struct ",
+                    stringify!($ty),
+                    ", ",
+                    stringify!($field),
+                    ")"
+                ),
+                offset_of!($ty, $field),
+            )
+        };
+    }
+    macro_rules! constant {
+        ($name:ident) => {
+            (stringify!($name), $name as usize)
+        };
+    }
+
     /// Every size, offset and constant used above, as the C compiler sees
     /// them in rdma-core's header (skipped where the header or a C
     /// compiler is missing; CI installs libibverbs-dev).
@@ -1060,67 +1089,25 @@ mod tests {
             return;
         }
         let ours: Vec<(&str, usize)> = vec![
-            ("sizeof(struct ibv_qp_cap)", size_of::<ibv_qp_cap>()),
-            (
-                "sizeof(struct ibv_qp_init_attr)",
-                size_of::<ibv_qp_init_attr>(),
-            ),
-            (
-                "offsetof(struct ibv_qp_init_attr, cap)",
-                offset_of!(ibv_qp_init_attr, cap),
-            ),
-            (
-                "offsetof(struct ibv_qp_init_attr, qp_type)",
-                offset_of!(ibv_qp_init_attr, qp_type),
-            ),
-            (
-                "sizeof(struct ibv_global_route)",
-                size_of::<ibv_global_route>(),
-            ),
-            ("sizeof(struct ibv_ah_attr)", size_of::<ibv_ah_attr>()),
-            (
-                "offsetof(struct ibv_ah_attr, dlid)",
-                offset_of!(ibv_ah_attr, dlid),
-            ),
-            (
-                "offsetof(struct ibv_ah_attr, port_num)",
-                offset_of!(ibv_ah_attr, port_num),
-            ),
-            ("sizeof(struct ibv_qp_attr)", size_of::<ibv_qp_attr>()),
-            (
-                "offsetof(struct ibv_qp_attr, dest_qp_num)",
-                offset_of!(ibv_qp_attr, dest_qp_num),
-            ),
-            (
-                "offsetof(struct ibv_qp_attr, ah_attr)",
-                offset_of!(ibv_qp_attr, ah_attr),
-            ),
-            (
-                "offsetof(struct ibv_qp_attr, pkey_index)",
-                offset_of!(ibv_qp_attr, pkey_index),
-            ),
-            (
-                "offsetof(struct ibv_qp_attr, min_rnr_timer)",
-                offset_of!(ibv_qp_attr, min_rnr_timer),
-            ),
-            (
-                "offsetof(struct ibv_qp_attr, timeout)",
-                offset_of!(ibv_qp_attr, timeout),
-            ),
-            (
-                "offsetof(struct ibv_qp_attr, rnr_retry)",
-                offset_of!(ibv_qp_attr, rnr_retry),
-            ),
-            (
-                "offsetof(struct ibv_qp_attr, rate_limit)",
-                offset_of!(ibv_qp_attr, rate_limit),
-            ),
-            ("sizeof(struct ibv_sge)", size_of::<ibv_sge>()),
-            ("sizeof(struct ibv_send_wr)", size_of::<ibv_send_wr>()),
-            (
-                "offsetof(struct ibv_send_wr, imm_data)",
-                offset_of!(ibv_send_wr, imm_data),
-            ),
+            size!(ibv_qp_cap),
+            size!(ibv_qp_init_attr),
+            offset!(ibv_qp_init_attr, cap),
+            offset!(ibv_qp_init_attr, qp_type),
+            size!(ibv_global_route),
+            size!(ibv_ah_attr),
+            offset!(ibv_ah_attr, dlid),
+            offset!(ibv_ah_attr, port_num),
+            size!(ibv_qp_attr),
+            offset!(ibv_qp_attr, dest_qp_num),
+            offset!(ibv_qp_attr, ah_attr),
+            offset!(ibv_qp_attr, pkey_index),
+            offset!(ibv_qp_attr, min_rnr_timer),
+            offset!(ibv_qp_attr, timeout),
+            offset!(ibv_qp_attr, rnr_retry),
+            offset!(ibv_qp_attr, rate_limit),
+            size!(ibv_sge),
+            size!(ibv_send_wr),
+            offset!(ibv_send_wr, imm_data),
             (
                 "offsetof(struct ibv_send_wr, wr.rdma.remote_addr)",
                 offset_of!(ibv_send_wr, remote_addr),
@@ -1129,20 +1116,11 @@ mod tests {
                 "offsetof(struct ibv_send_wr, wr.rdma.rkey)",
                 offset_of!(ibv_send_wr, rkey),
             ),
-            ("sizeof(struct ibv_recv_wr)", size_of::<ibv_recv_wr>()),
-            ("sizeof(struct ibv_wc)", size_of::<ibv_wc>()),
-            (
-                "offsetof(struct ibv_wc, imm_data)",
-                offset_of!(ibv_wc, imm_data),
-            ),
-            (
-                "offsetof(struct ibv_wc, wc_flags)",
-                offset_of!(ibv_wc, wc_flags),
-            ),
-            (
-                "sizeof(struct ibv_async_event)",
-                size_of::<ibv_async_event>(),
-            ),
+            size!(ibv_recv_wr),
+            size!(ibv_wc),
+            offset!(ibv_wc, imm_data),
+            offset!(ibv_wc, wc_flags),
+            size!(ibv_async_event),
             ("sizeof(struct ibv_port_attr)", PORT_ATTR_BYTES),
             (
                 "offsetof(struct ibv_port_attr, active_mtu)",
@@ -1177,47 +1155,38 @@ mod tests {
             ("offsetof(struct ibv_comp_channel, fd)", COMP_CHANNEL_FD),
             ("offsetof(struct ibv_context, ops.post_send)", OPS_POST_SEND),
             ("offsetof(struct ibv_context, ops.post_recv)", OPS_POST_RECV),
-            ("IBV_QPT_RC", IBV_QPT_RC as usize),
-            ("IBV_QPS_INIT", IBV_QPS_INIT as usize),
-            ("IBV_QPS_RTR", IBV_QPS_RTR as usize),
-            ("IBV_QPS_RTS", IBV_QPS_RTS as usize),
-            ("IBV_QP_STATE", IBV_QP_STATE as usize),
-            ("IBV_QP_ACCESS_FLAGS", IBV_QP_ACCESS_FLAGS as usize),
-            ("IBV_QP_PKEY_INDEX", IBV_QP_PKEY_INDEX as usize),
-            ("IBV_QP_PORT", IBV_QP_PORT as usize),
-            ("IBV_QP_AV", IBV_QP_AV as usize),
-            ("IBV_QP_PATH_MTU", IBV_QP_PATH_MTU as usize),
-            ("IBV_QP_TIMEOUT", IBV_QP_TIMEOUT as usize),
-            ("IBV_QP_RETRY_CNT", IBV_QP_RETRY_CNT as usize),
-            ("IBV_QP_RNR_RETRY", IBV_QP_RNR_RETRY as usize),
-            ("IBV_QP_RQ_PSN", IBV_QP_RQ_PSN as usize),
-            ("IBV_QP_MAX_QP_RD_ATOMIC", IBV_QP_MAX_QP_RD_ATOMIC as usize),
-            ("IBV_QP_MIN_RNR_TIMER", IBV_QP_MIN_RNR_TIMER as usize),
-            ("IBV_QP_SQ_PSN", IBV_QP_SQ_PSN as usize),
-            (
-                "IBV_QP_MAX_DEST_RD_ATOMIC",
-                IBV_QP_MAX_DEST_RD_ATOMIC as usize,
-            ),
-            ("IBV_QP_DEST_QPN", IBV_QP_DEST_QPN as usize),
-            ("IBV_WR_RDMA_WRITE", IBV_WR_RDMA_WRITE as usize),
-            (
-                "IBV_WR_RDMA_WRITE_WITH_IMM",
-                IBV_WR_RDMA_WRITE_WITH_IMM as usize,
-            ),
-            ("IBV_WR_SEND", IBV_WR_SEND as usize),
-            ("IBV_WR_SEND_WITH_IMM", IBV_WR_SEND_WITH_IMM as usize),
-            ("IBV_SEND_SIGNALED", IBV_SEND_SIGNALED as usize),
-            ("IBV_SEND_INLINE", IBV_SEND_INLINE as usize),
-            ("IBV_WC_WITH_IMM", IBV_WC_WITH_IMM as usize),
-            ("IBV_WC_SEND", IBV_WC_SEND as usize),
-            ("IBV_WC_RDMA_WRITE", IBV_WC_RDMA_WRITE as usize),
-            ("IBV_WC_RECV", IBV_WC_RECV as usize),
-            (
-                "IBV_WC_RECV_RDMA_WITH_IMM",
-                IBV_WC_RECV_RDMA_WITH_IMM as usize,
-            ),
-            ("IBV_LINK_LAYER_ETHERNET", IBV_LINK_LAYER_ETHERNET as usize),
-            ("IBV_PORT_ACTIVE", IBV_PORT_ACTIVE as usize),
+            constant!(IBV_QPT_RC),
+            constant!(IBV_QPS_INIT),
+            constant!(IBV_QPS_RTR),
+            constant!(IBV_QPS_RTS),
+            constant!(IBV_QP_STATE),
+            constant!(IBV_QP_ACCESS_FLAGS),
+            constant!(IBV_QP_PKEY_INDEX),
+            constant!(IBV_QP_PORT),
+            constant!(IBV_QP_AV),
+            constant!(IBV_QP_PATH_MTU),
+            constant!(IBV_QP_TIMEOUT),
+            constant!(IBV_QP_RETRY_CNT),
+            constant!(IBV_QP_RNR_RETRY),
+            constant!(IBV_QP_RQ_PSN),
+            constant!(IBV_QP_MAX_QP_RD_ATOMIC),
+            constant!(IBV_QP_MIN_RNR_TIMER),
+            constant!(IBV_QP_SQ_PSN),
+            constant!(IBV_QP_MAX_DEST_RD_ATOMIC),
+            constant!(IBV_QP_DEST_QPN),
+            constant!(IBV_WR_RDMA_WRITE),
+            constant!(IBV_WR_RDMA_WRITE_WITH_IMM),
+            constant!(IBV_WR_SEND),
+            constant!(IBV_WR_SEND_WITH_IMM),
+            constant!(IBV_SEND_SIGNALED),
+            constant!(IBV_SEND_INLINE),
+            constant!(IBV_WC_WITH_IMM),
+            constant!(IBV_WC_SEND),
+            constant!(IBV_WC_RDMA_WRITE),
+            constant!(IBV_WC_RECV),
+            constant!(IBV_WC_RECV_RDMA_WITH_IMM),
+            constant!(IBV_LINK_LAYER_ETHERNET),
+            constant!(IBV_PORT_ACTIVE),
             ("IBV_WC_WR_FLUSH_ERR", WcStatus::Flush.raw() as usize),
             (
                 "IBV_WC_REM_ACCESS_ERR",
