@@ -566,57 +566,39 @@ fn properties_registration_and_misuse<N: Net>(a: &N, b: &N) {
 
 /// Instantiates the suite for one provider, given an expression making two
 /// contexts of one communicator, and how the provider reports errors.
+/// Every contract check above as a test of one provider: `$pair` makes two
+/// instances of it, `$errors` says how it reports failures.
 macro_rules! conformance {
     ($provider:ident, $pair:expr, $errors:expr) => {
         mod $provider {
             use super::*;
-
-            #[test]
-            fn sends_and_receives_match_in_posting_order() {
-                let (a, b) = $pair;
-                super::sends_and_receives_match_in_posting_order(&*a, &*b);
-            }
-            #[test]
-            fn a_receive_larger_than_its_send_reports_the_real_size() {
-                let (a, b) = $pair;
-                super::a_receive_larger_than_its_send_reports_the_real_size(&*a, &*b);
-            }
-            #[test]
-            fn a_send_larger_than_its_receive_is_an_error() {
-                let (a, b) = $pair;
-                super::a_send_larger_than_its_receive_is_an_error(&*a, &*b, $errors);
-            }
-            #[test]
-            fn grouped_receives_place_sends_by_tag() {
-                let (a, b) = $pair;
-                super::grouped_receives_place_sends_by_tag(&*a, &*b, $errors);
-            }
-            #[test]
-            fn thirty_two_requests_in_flight_and_no_more() {
-                let (a, b) = $pair;
-                super::thirty_two_requests_in_flight_and_no_more(&*a, &*b);
-            }
-            #[test]
-            fn connect_and_accept_never_block() {
-                let (a, b) = $pair;
-                super::connect_and_accept_never_block(&*a, &*b);
-            }
-            #[test]
-            fn closing_with_requests_pending() {
-                let (a, b) = $pair;
-                super::closing_with_requests_pending(&*a, &*b, $errors);
-            }
-            #[test]
-            fn what_completed_before_the_peer_closed_still_arrives() {
-                let (a, b) = $pair;
-                super::what_completed_before_the_peer_closed_still_arrives(&*a, &*b);
-            }
-            #[test]
-            fn properties_registration_and_misuse() {
-                let (a, b) = $pair;
-                super::properties_registration_and_misuse(&*a, &*b);
-            }
+            conformance!(@each $pair, ();
+                sends_and_receives_match_in_posting_order,
+                a_receive_larger_than_its_send_reports_the_real_size,
+                thirty_two_requests_in_flight_and_no_more,
+                connect_and_accept_never_block,
+                what_completed_before_the_peer_closed_still_arrives,
+                properties_registration_and_misuse);
+            conformance!(@each $pair, ($errors);
+                a_send_larger_than_its_receive_is_an_error,
+                grouped_receives_place_sends_by_tag,
+                closing_with_requests_pending);
         }
+    };
+    (@each $pair:expr, $errors:tt; $check:ident $(, $rest:ident)*) => {
+        #[test]
+        fn $check() {
+            let (a, b) = $pair;
+            conformance!(@call $check, a, b, $errors);
+        }
+        conformance!(@each $pair, $errors; $($rest),*);
+    };
+    (@each $pair:expr, $errors:tt;) => {};
+    (@call $check:ident, $a:ident, $b:ident, ()) => {
+        super::$check(&*$a, &*$b)
+    };
+    (@call $check:ident, $a:ident, $b:ident, ($errors:expr)) => {
+        super::$check(&*$a, &*$b, $errors)
     };
 }
 
