@@ -564,8 +564,6 @@ fn properties_registration_and_misuse<N: Net>(a: &N, b: &N) {
     b.close_recv(recv).unwrap();
 }
 
-/// Instantiates the suite for one provider, given an expression making two
-/// contexts of one communicator, and how the provider reports errors.
 /// Every contract check above as a test of one provider: `$pair` makes two
 /// instances of it, `$errors` says how it reports failures.
 macro_rules! conformance {
