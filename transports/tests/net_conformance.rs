@@ -5,8 +5,9 @@
 //! bounds. Run here against the Socket provider, which also gets its own
 //! checks (secrets, a peer process killed mid-transfer), and against the
 //! plug-in host loading two NCCL net plug-ins: libnccl-net-rcclrs (this
-//! repository's Socket network exported as a plug-in, at interface v12, v10
-//! and v8) and the minimal C plug-in of `tests/c/loopback_net.c` (v8).
+//! repository's networks exported as a plug-in: Socket at interface v12,
+//! v10 and v8, IB over the verbs model at v12) and the minimal C plug-in of
+//! `tests/c/loopback_net.c` (v8).
 
 mod common;
 
@@ -625,17 +626,22 @@ conformance!(ib_model, common::ib_pair(1), Errors::Typed);
 conformance!(ib_model_four_qps, common::ib_pair(4), Errors::Typed);
 conformance!(
     exported_plugin_v12,
-    common::plugin_pair(&common::exported_plugin(), 12),
+    common::exported_plugin_pair("socket", 12),
     Errors::Coded
 );
 conformance!(
     exported_plugin_v10,
-    common::plugin_pair(&common::exported_plugin(), 10),
+    common::exported_plugin_pair("socket", 10),
     Errors::Coded
 );
 conformance!(
     exported_plugin_v8,
-    common::plugin_pair(&common::exported_plugin(), 8),
+    common::exported_plugin_pair("socket", 8),
+    Errors::Coded
+);
+conformance!(
+    exported_plugin_ib_model,
+    common::exported_plugin_pair("ib", 12),
     Errors::Coded
 );
 conformance!(

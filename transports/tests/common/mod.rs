@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rccl_transports::network::ib::model::Model;
@@ -119,6 +119,38 @@ pub fn exported_plugin() -> PathBuf {
         .map(|dir| dir.join("libnccl_net_rcclrs.so"))
         .find(|path| path.exists())
         .expect("libnccl_net_rcclrs.so next to the test binary")
+}
+
+/// Two contexts of libnccl-net-rcclrs running the network `p2p` names
+/// (`NCCL_PLUGIN_P2P`: `socket`, or `ib` over the verbs model), loaded at
+/// the newest interface version it exports up to `newest`. The plug-in
+/// runs one network per loaded library, so each `p2p` loads its own copy;
+/// the settings it reads at `init` are set only while its contexts are
+/// made, under a lock that every such pair takes.
+pub fn exported_plugin_pair(p2p: &str, newest: u32) -> (Arc<PluginNet>, Arc<PluginNet>) {
+    static COPIED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut copied = COPIED.lock().unwrap_or_else(|e| e.into_inner());
+    let copy = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("libnccl-net-rcclrs-{p2p}.so"));
+    if !copied.iter().any(|done| done == p2p) {
+        std::fs::copy(exported_plugin(), &copy).unwrap();
+        copied.push(p2p.to_string());
+    }
+    let model = p2p == "ib";
+    std::env::set_var("NCCL_PLUGIN_P2P", p2p);
+    if model {
+        std::env::set_var("RCCL_IB_MODEL", "1");
+    }
+    let pair = plugin_pair(&copy, newest);
+    std::env::remove_var("NCCL_PLUGIN_P2P");
+    std::env::remove_var("RCCL_IB_MODEL");
+    // The device says which network runs: the model's NIC, or an address.
+    let device = pair.0.properties(0).unwrap().name;
+    assert_eq!(
+        device.starts_with("rccl_model"),
+        model,
+        "NCCL_PLUGIN_P2P={p2p}: device {device}"
+    );
+    pair
 }
 
 /// The C plug-in of tests/c/loopback_net.c, compiled once with `cc`.
