@@ -83,7 +83,7 @@ fn code_of(err: &NetError) -> NcclResult {
         NetError::Io { .. } | NetError::Aborted { .. } | NetError::Refused { .. } => {
             abi::SYSTEM_ERROR
         }
-        NetError::Unsupported { .. } => abi::INVALID_ARGUMENT,
+        NetError::Unsupported { .. } | NetError::InvalidArgument(_) => abi::INVALID_ARGUMENT,
         _ => abi::INTERNAL_ERROR,
     }
 }

@@ -650,6 +650,64 @@ conformance!(
     Errors::Coded
 );
 
+/// How libnccl-net-rcclrs refuses a network it cannot run.
+mod exported_plugin_only {
+    use super::*;
+    use rccl_transports::network::plugin::{abi, Plugin};
+
+    /// `init` under `settings`: its error (`None`: it succeeded).
+    fn init_error(copy: &str, settings: &[(&str, &str)]) -> Option<NetError> {
+        common::with_exported_plugin(copy, settings, |path| {
+            let plugin = Plugin::load_version(Some(path.to_str().unwrap()), 12).unwrap();
+            plugin.open(1).err()
+        })
+    }
+
+    #[test]
+    fn nccl_plugin_p2p_naming_no_network_of_the_plugin_fails_init_saying_so() {
+        let err = init_error("bad-p2p", &[("NCCL_PLUGIN_P2P", "verbs")]).expect("init failed");
+        let text = err.to_string();
+        assert!(
+            matches!(
+                err,
+                NetError::Plugin {
+                    code: abi::INVALID_ARGUMENT,
+                    ..
+                }
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("init failed")
+                && text.contains(
+                    "NCCL_PLUGIN_P2P=verbs: the networks of this plug-in are ib and socket"
+                ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn nccl_plugin_p2p_ib_without_a_device_fails_init_saying_why() {
+        if std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some()) {
+            eprintln!("skipping: this machine has an RDMA device");
+            return;
+        }
+        let err = init_error("no-ib", &[("NCCL_PLUGIN_P2P", "ib")]).expect("init failed");
+        let text = err.to_string();
+        assert!(
+            matches!(
+                err,
+                NetError::Plugin {
+                    code: abi::INVALID_ARGUMENT,
+                    ..
+                }
+            ),
+            "{text}"
+        );
+        assert!(text.contains("IB unavailable: "), "{text}");
+    }
+}
+
 /// Checks of the Socket provider beyond the common contract.
 mod socket_only {
     use super::*;
