@@ -268,6 +268,23 @@ fn run_ranks(
     Some(results.into_iter().map(|(_, stderr)| stderr).collect())
 }
 
+/// A folder holding libnccl-net-rcclrs under NCCL's name for it,
+/// `libnccl-net-rcclrs.so` (a link to the library cargo built), made once.
+fn exported_plugin_dir() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let built = exe.parent().unwrap().join("libnccl_net_rcclrs.so");
+        assert!(built.exists(), "{} is not built", built.display());
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("net-plugin");
+        std::fs::create_dir_all(&dir).unwrap();
+        let named = dir.join("libnccl-net-rcclrs.so");
+        let _ = std::fs::remove_file(&named);
+        std::os::unix::fs::symlink(&built, &named).unwrap();
+        dir
+    })
+}
+
 /// The correctness suite (the tuner's choices: every collective, the four
 /// datatypes) on `hosts` hosts x 2 ranks with shared memory off, so every
 /// connection goes through libnccl-net-rcclrs loaded by the plug-in host:
@@ -278,19 +295,12 @@ fn run_ranks(
 /// rank's log says so. (The plug-in over the IB model runs on 2 hosts: on
 /// 4 it takes 15 s, and the IB provider itself runs on 4 hosts below.)
 fn suite_through_the_exported_net_plugin(hosts: usize, ib_model: bool) {
-    let exe = std::env::current_exe().unwrap();
-    let built = exe.parent().unwrap().join("libnccl_net_rcclrs.so");
-    assert!(built.exists(), "{} is not built", built.display());
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("net-plugin");
-    std::fs::create_dir_all(&dir).unwrap();
-    let named = dir.join("libnccl-net-rcclrs.so");
-    let _ = std::fs::remove_file(&named);
-    std::os::unix::fs::symlink(&built, &named).unwrap();
+    let dir = exported_plugin_dir();
     let chooses = !ib_model && !rdma_device_here();
     let started = std::time::Instant::now();
     let Some(results) = run_ranks(hosts, 2, 1, "tuner", |cmd| {
         cmd.env("NCCL_NET_PLUGIN", "rcclrs")
-            .env("LD_LIBRARY_PATH", &dir)
+            .env("LD_LIBRARY_PATH", dir)
             .env("NCCL_SHM_DISABLE", "1")
             .env("NCCL_DEBUG", "INFO")
             .env("NCCL_DEBUG_SUBSYS", "INIT,GRAPH,NET")

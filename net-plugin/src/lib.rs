@@ -219,21 +219,21 @@ impl AnyNet {
 
 /// The network `NCCL_PLUGIN_P2P` names, or else IB where it opens and
 /// Socket otherwise (NCCL's own order), saying why IB was passed over.
-fn choose(comm_id: Option<u64>) -> Result<AnyNet, NetError> {
+fn choose() -> Result<AnyNet, NetError> {
     let wanted = std::env::var(P2P_VAR).ok().filter(|v| !v.is_empty());
     let net = match wanted.as_deref() {
-        Some(w) if w.eq_ignore_ascii_case("ib") => AnyNet::Ib(Ib::open(comm_id)?),
-        Some(w) if w.eq_ignore_ascii_case("socket") => AnyNet::Socket(Socket::open(comm_id)?),
+        Some(w) if w.eq_ignore_ascii_case("ib") => AnyNet::Ib(Ib::open(None)?),
+        Some(w) if w.eq_ignore_ascii_case("socket") => AnyNet::Socket(Socket::open(None)?),
         Some(w) => {
             return Err(invalid(&format!(
                 "{P2P_VAR}={w}: the networks of this plug-in are ib and socket"
             )))
         }
-        None => match Ib::open(comm_id) {
+        None => match Ib::open(None) {
             Ok(ib) => AnyNet::Ib(ib),
             Err(why) => {
                 log(abi::LOG_INFO, &format!("NET/IB not used: {why}"));
-                AnyNet::Socket(Socket::open(comm_id)?)
+                AnyNet::Socket(Socket::open(None)?)
             }
         },
     };
@@ -259,7 +259,7 @@ static PROCESS_NET: Mutex<Option<AnyNet>> = Mutex::new(None);
 fn init_process_net() -> Result<AnyNet, NetError> {
     let mut net = PROCESS_NET.lock().unwrap_or_else(|e| e.into_inner());
     if net.is_none() {
-        *net = Some(choose(None)?);
+        *net = Some(choose()?);
     }
     Ok(net.clone().expect("set above"))
 }
