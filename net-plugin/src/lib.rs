@@ -1,20 +1,29 @@
-//! `libnccl-net-rcclrs.so`: rccl-rs's Socket network as an NCCL net
-//! plug-in, exported as `ncclNetPlugin_v8` .. `ncclNetPlugin_v12`, so that
-//! NVIDIA's NCCL (`NCCL_NET_PLUGIN=rcclrs`) or rccl-rs's own plug-in host
-//! can load it. Its name is `rcclrs` (what `NCCL_NET` matches).
+//! `libnccl-net-rcclrs.so`: rccl-rs's IB and Socket networks as an NCCL
+//! net plug-in, exported as `ncclNetPlugin_v8` .. `ncclNetPlugin_v12`, so
+//! that NVIDIA's NCCL (`NCCL_NET_PLUGIN=rcclrs`) or rccl-rs's own plug-in
+//! host can load it. Its name is `rcclrs` (what `NCCL_NET` matches),
+//! whichever network it runs.
 //!
-//! - **Device**: one, the interface `NCCL_SOCKET_IFNAME` /
+//! - **Network**: one per process, chosen by the first `init`, as NVIDIA's
+//!   RDMA plug-in chooses: `NCCL_PLUGIN_P2P=ib` or `socket`; unset, IB
+//!   where it opens (a device, `NCCL_IB_HCA` and the other `NCCL_IB_*`
+//!   settings as rccl-rs reads them; the verbs model under
+//!   `RCCL_IB_MODEL=1`), else Socket, saying at `NCCL_DEBUG=INFO` why IB
+//!   was passed over. Any other value fails `init`, which makes NCCL fall
+//!   back to its own networks.
+//! - **Devices**: IB's ports (`mlx5_0:1`, with their PCI paths and GUIDs),
+//!   or for Socket one, the interface `NCCL_SOCKET_IFNAME` /
 //!   `NCCL_SOCKET_FAMILY` select (as rccl-rs's bootstrap chooses it).
-//! - **Authentication**: connections run the Socket network's HMAC
-//!   handshake. From v11 on, its key is derived from the `commId` NCCL
-//!   gives `init` (a hash of the communicator's unique id), so only members
-//!   of the communicator connect; v8 to v10 give no such id, and the key is
-//!   one constant: the random listener id in each handle (which travels by
+//! - **Authentication**: connections run the network's HMAC handshake.
+//!   From v11 on, its key is derived from the `commId` NCCL gives `init` (a
+//!   hash of the communicator's unique id), so only members of the
+//!   communicator connect; v8 to v10 give no such id, and the key is one
+//!   constant: the random listener id in each handle (which travels by
 //!   NCCL's bootstrap) is then what a connecting side must know.
 //! - **Errors**: every entry returns an `ncclResult_t` and logs the reason
 //!   as a warning through the logger `init` was given; no panic crosses
 //!   the C boundary (each entry runs under `catch_unwind`).
-//! - **Handles**: a listen handle holds the Socket handle's length and
+//! - **Handles**: a listen handle holds the network's handle length and
 //!   bytes, then a pointer to the state of a `connect` in progress (NCCL
 //!   passes the same handle to every `connect` call of one connection, as
 //!   its own plug-ins expect).
@@ -25,11 +34,9 @@ use std::ptr::null_mut;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use rccl_transports::network::ib::Ib;
 use rccl_transports::network::plugin::abi::{self, NcclResult};
-use rccl_transports::network::socket::{
-    Socket, SocketConnect, SocketDevice, SocketListen, SocketMr, SocketRecv, SocketRequest,
-    SocketSend,
-};
+use rccl_transports::network::socket::{Socket, SocketDevice};
 use rccl_transports::network::{
     CommRef, ListenHandle, MemoryType, Net, NetError, RecvBuffer, MAX_RECVS, NET_HANDLE_MAXSIZE,
 };
@@ -39,6 +46,9 @@ use rccl_transports::socket::Secret;
 const NAME: &CStr = c"rcclrs";
 /// The largest transfer (NCCL's `NCCL_MAX_NET_SIZE_BYTES`).
 const MAX_BYTES: usize = 1 << 40;
+/// Which network the plug-in runs: `ib` or `socket` (the variable NVIDIA's
+/// RDMA plug-in reads for the same choice).
+const P2P_VAR: &str = "NCCL_PLUGIN_P2P";
 
 /// The logger NCCL gave `init` (its address; 0 before).
 static LOGGER: AtomicUsize = AtomicUsize::new(0);
@@ -56,7 +66,7 @@ fn log(level: c_int, message: &str) {
     unsafe {
         logger(
             level,
-            abi::SUBSYS_NET,
+            abi::SUBSYS_INIT | abi::SUBSYS_NET,
             c"net-plugin".as_ptr(),
             0,
             c"NET/rcclrs: %s".as_ptr(),
@@ -73,7 +83,7 @@ fn code_of(err: &NetError) -> NcclResult {
         NetError::Io { .. } | NetError::Aborted { .. } | NetError::Refused { .. } => {
             abi::SYSTEM_ERROR
         }
-        NetError::Unsupported { .. } => abi::INVALID_ARGUMENT,
+        NetError::Unsupported { .. } | NetError::InvalidArgument(_) => abi::INVALID_ARGUMENT,
         _ => abi::INTERNAL_ERROR,
     }
 }
@@ -124,17 +134,137 @@ fn secret(comm_id: Option<u64>) -> Secret {
     Secret(hash.finalize().into())
 }
 
-fn open(comm_id: Option<u64>) -> Result<Arc<Socket>, NetError> {
-    Ok(Arc::new(Socket::new(
-        vec![device()?.clone()],
-        secret(comm_id),
-    )?))
+/// The networks the plug-in can run; every object it hands NCCL starts
+/// with one, so that an entry knows which network's object it was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Kind {
+    Socket = 1,
+    Ib = 2,
 }
 
-/// The network of v8 to v10 (one per process, made by `init`).
-static PROCESS_NET: Mutex<Option<Arc<Socket>>> = Mutex::new(None);
+/// A network of either kind: the process's, or a v11+ context.
+#[derive(Clone)]
+enum AnyNet {
+    Socket(Arc<Socket>),
+    Ib(Arc<Ib>),
+}
 
-fn process_net() -> Result<Arc<Socket>, NetError> {
+/// Calls the generic `$f::<N>(net, args..)` with the network `$net` holds.
+macro_rules! with_net {
+    ($net:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $net {
+            AnyNet::Socket(net) => $f(net, $($arg),*),
+            AnyNet::Ib(net) => $f(net, $($arg),*),
+        }
+    };
+}
+
+/// Calls the generic `$f::<N>(args..)` for the network of the object at
+/// `$object` (a pointer this plug-in handed out).
+macro_rules! by_kind {
+    ($object:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        // SAFETY: NCCL passes objects this plug-in made (or null).
+        match unsafe { kind_of($object)? } {
+            Kind::Socket => $f::<Socket>($($arg),*),
+            Kind::Ib => $f::<Ib>($($arg),*),
+        }
+    };
+}
+
+/// What the plug-in needs of a network beyond [`Net`].
+trait Exported: Net + Sized {
+    const KIND: Kind;
+    /// Opens the network on this host's interface.
+    fn open(comm_id: Option<u64>) -> Result<Arc<Self>, NetError>;
+    fn any(net: Arc<Self>) -> AnyNet;
+}
+
+impl Exported for Socket {
+    const KIND: Kind = Kind::Socket;
+    fn open(comm_id: Option<u64>) -> Result<Arc<Socket>, NetError> {
+        Ok(Arc::new(Socket::new(
+            vec![device()?.clone()],
+            secret(comm_id),
+        )?))
+    }
+    fn any(net: Arc<Socket>) -> AnyNet {
+        AnyNet::Socket(net)
+    }
+}
+
+impl Exported for Ib {
+    const KIND: Kind = Kind::Ib;
+    /// IB as rccl-rs opens it (`NCCL_IB_HCA` and the other `NCCL_IB_*`
+    /// settings; the verbs model under `RCCL_IB_MODEL=1`).
+    fn open(comm_id: Option<u64>) -> Result<Arc<Ib>, NetError> {
+        Ib::from_env(device()?.ip, secret(comm_id))
+            .map(Arc::new)
+            .map_err(|why| NetError::InvalidArgument(format!("IB unavailable: {why}")))
+    }
+    fn any(net: Arc<Ib>) -> AnyNet {
+        AnyNet::Ib(net)
+    }
+}
+
+impl AnyNet {
+    /// A new network of the same kind (a v11+ context's).
+    fn open_like(&self, comm_id: Option<u64>) -> Result<AnyNet, NetError> {
+        fn again<N: Exported>(_: &Arc<N>, comm_id: Option<u64>) -> Result<AnyNet, NetError> {
+            N::open(comm_id).map(N::any)
+        }
+        with_net!(self, again(comm_id))
+    }
+}
+
+/// The network `NCCL_PLUGIN_P2P` names, or else IB where it opens and
+/// Socket otherwise (NCCL's own order), saying why IB was passed over.
+fn choose() -> Result<AnyNet, NetError> {
+    let wanted = std::env::var(P2P_VAR).ok().filter(|v| !v.is_empty());
+    let net = match wanted.as_deref() {
+        Some(w) if w.eq_ignore_ascii_case("ib") => AnyNet::Ib(Ib::open(None)?),
+        Some(w) if w.eq_ignore_ascii_case("socket") => AnyNet::Socket(Socket::open(None)?),
+        Some(w) => {
+            return Err(invalid(&format!(
+                "{P2P_VAR}={w}: the networks of this plug-in are ib and socket"
+            )))
+        }
+        None => match Ib::open(None) {
+            Ok(ib) => AnyNet::Ib(ib),
+            Err(why) => {
+                log(abi::LOG_INFO, &format!("NET/IB not used: {why}"));
+                AnyNet::Socket(Socket::open(None)?)
+            }
+        },
+    };
+    fn describe<N: Net>(net: &Arc<N>) -> String {
+        let devices: Vec<String> = (0..net.devices())
+            .map(|dev| {
+                net.properties(dev)
+                    .map_or_else(|e| e.to_string(), |p| p.name)
+            })
+            .collect();
+        format!("using {} ({})", net.name(), devices.join(", "))
+    }
+    log(abi::LOG_INFO, &with_net!(&net, describe()));
+    Ok(net)
+}
+
+/// The process's network, chosen by the first `init`: the network of v8
+/// to v10, and what `devices` and `getProperties` (which have no context)
+/// describe from v11 on, where it also fixes each context's kind.
+static PROCESS_NET: Mutex<Option<AnyNet>> = Mutex::new(None);
+
+/// The process's network, chosen and opened by the first call.
+fn init_process_net() -> Result<AnyNet, NetError> {
+    let mut net = PROCESS_NET.lock().unwrap_or_else(|e| e.into_inner());
+    if net.is_none() {
+        *net = Some(choose()?);
+    }
+    Ok(net.clone().expect("set above"))
+}
+
+fn process_net() -> Result<AnyNet, NetError> {
     PROCESS_NET
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -146,33 +276,97 @@ fn process_net() -> Result<Arc<Socket>, NetError> {
 ///
 /// # Safety
 /// `ctx` is a context `init` made and `finalize` has not ended.
-unsafe fn ctx_net(ctx: *mut c_void) -> Result<Arc<Socket>, NetError> {
+unsafe fn ctx_net(ctx: *mut c_void) -> Result<AnyNet, NetError> {
     if ctx.is_null() {
         return Err(invalid("a null context"));
     }
     // SAFETY: the caller's contract.
-    Ok(unsafe { &*(ctx as *const Arc<Socket>) }.clone())
+    Ok(unsafe { &*(ctx as *const AnyNet) }.clone())
+}
+
+/// An object handed to NCCL: its network's kind first.
+#[repr(C)]
+struct Object<T> {
+    kind: Kind,
+    value: T,
+}
+
+/// The kind of the object at `p`.
+///
+/// # Safety
+/// `p` is null or an object [`raw`] made and not yet freed.
+unsafe fn kind_of(p: *mut c_void) -> Result<Kind, NetError> {
+    if p.is_null() {
+        return Err(invalid("a null communicator, request or registration"));
+    }
+    // SAFETY: the caller's contract; `kind` is the first field of the
+    // `repr(C)` Object, read as its byte.
+    match unsafe { *p.cast::<u8>() } {
+        1 => Ok(Kind::Socket),
+        2 => Ok(Kind::Ib),
+        _ => Err(invalid("not an object of this plug-in")),
+    }
+}
+
+/// A boxed value of network `N` as NCCL's opaque pointer.
+fn raw<N: Exported, T>(value: T) -> *mut c_void {
+    Box::into_raw(Box::new(Object {
+        kind: N::KIND,
+        value,
+    }))
+    .cast()
+}
+
+/// # Safety
+/// `p` is a non-null pointer `raw::<_, T>` made and not yet freed.
+unsafe fn get<'a, T>(p: *mut c_void) -> Result<&'a mut T, NetError> {
+    if p.is_null() {
+        return Err(invalid("a null communicator or handle"));
+    }
+    // SAFETY: the caller's contract.
+    Ok(unsafe { &mut (*p.cast::<Object<T>>()).value })
+}
+
+/// Frees what `raw::<_, T>` made.
+///
+/// # Safety
+/// As [`get`]; `p` is not used again.
+unsafe fn take<T>(p: *mut c_void) -> Result<T, NetError> {
+    if p.is_null() {
+        return Err(invalid("a null communicator, request or registration"));
+    }
+    // SAFETY: the caller's contract.
+    Ok(unsafe { Box::from_raw(p.cast::<Object<T>>()) }.value)
 }
 
 /// A sending or receiving communicator, as NCCL holds it.
-struct Comm {
-    net: Arc<Socket>,
-    side: Side,
+struct Comm<N: Net> {
+    net: Arc<N>,
+    side: Side<N>,
 }
 
-enum Side {
-    Send(SocketSend),
-    Recv(SocketRecv),
+enum Side<N: Net> {
+    Send(N::SendComm),
+    Recv(N::RecvComm),
 }
 
-struct Listen {
-    net: Arc<Socket>,
-    listen: SocketListen,
+impl<N: Net> Comm<N> {
+    fn as_ref(&self) -> CommRef<'_, N> {
+        match &self.side {
+            Side::Send(s) => CommRef::Send(s),
+            Side::Recv(r) => CommRef::Recv(r),
+        }
+    }
 }
 
-struct Request {
-    net: Arc<Socket>,
-    request: SocketRequest,
+struct Listen<N: Net> {
+    net: Arc<N>,
+    listen: N::ListenComm,
+}
+
+struct Request<N: Net> {
+    net: Arc<N>,
+    request: N::Request,
 }
 
 /// Writes `value` through an out-pointer.
@@ -185,56 +379,53 @@ fn put<T>(out: *mut T, value: T) -> Result<(), NetError> {
     Ok(())
 }
 
-/// A boxed value as NCCL's opaque pointer.
-fn raw<T>(value: T) -> *mut c_void {
-    Box::into_raw(Box::new(value)).cast()
-}
-
-/// # Safety
-/// `p` is a non-null pointer `raw::<T>` made and not yet freed.
-unsafe fn get<'a, T>(p: *mut c_void) -> Result<&'a mut T, NetError> {
-    if p.is_null() {
-        return Err(invalid("a null communicator or handle"));
-    }
-    // SAFETY: the caller's contract.
-    Ok(unsafe { &mut *p.cast::<T>() })
+/// A device number from NCCL.
+fn dev_index(dev: c_int) -> Result<usize, NetError> {
+    usize::try_from(dev).map_err(|_| invalid("a negative device"))
 }
 
 /// Bytes of the handle before the connect state's pointer.
 const HANDLE_BODY: usize = NET_HANDLE_MAXSIZE - std::mem::size_of::<usize>();
 
-fn listen_on(
-    net: Arc<Socket>,
+fn listen_on<N: Exported>(
+    net: &Arc<N>,
     dev: c_int,
     handle: *mut c_void,
     out: *mut *mut c_void,
 ) -> Result<(), NetError> {
-    if dev != 0 || handle.is_null() {
-        return Err(invalid("listen: no such device, or a null handle"));
+    if handle.is_null() {
+        return Err(invalid("listen: a null handle"));
     }
-    let (ours, listen) = net.listen(0)?;
+    let (ours, listen) = net.listen(dev_index(dev)?)?;
     let bytes = ours.as_bytes();
     if bytes.len() + 1 > HANDLE_BODY {
-        return Err(invalid("the Socket handle does not fit"));
+        return Err(invalid("the network's handle does not fit"));
     }
     let mut buf = [0u8; NET_HANDLE_MAXSIZE];
     buf[0] = bytes.len() as u8;
     buf[1..1 + bytes.len()].copy_from_slice(bytes);
     // SAFETY: NCCL's handle buffers hold NCCL_NET_HANDLE_MAXSIZE bytes.
     unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), handle.cast::<u8>(), buf.len()) };
-    put(out, raw(Listen { net, listen }))
+    put(
+        out,
+        raw::<N, _>(Listen {
+            net: net.clone(),
+            listen,
+        }),
+    )
 }
 
-fn connect_to(
-    net: Arc<Socket>,
+fn connect_to<N: Exported>(
+    net: &Arc<N>,
     dev: c_int,
     handle: *mut c_void,
     out: *mut *mut c_void,
 ) -> Result<(), NetError> {
-    if dev != 0 || handle.is_null() {
-        return Err(invalid("connect: no such device, or a null handle"));
+    if handle.is_null() {
+        return Err(invalid("connect: a null handle"));
     }
     put(out, null_mut())?;
+    let dev = dev_index(dev)?;
     let bytes = handle.cast::<u8>();
     // SAFETY: NCCL's handle buffers hold NCCL_NET_HANDLE_MAXSIZE bytes.
     let buf = unsafe { std::slice::from_raw_parts_mut(bytes, NET_HANDLE_MAXSIZE) };
@@ -246,23 +437,24 @@ fn connect_to(
     let slot = &mut buf[HANDLE_BODY..];
     let mut stage_ptr = usize::from_ne_bytes(slot.try_into().expect("a word"));
     if stage_ptr == 0 {
-        stage_ptr = Box::into_raw(Box::<SocketConnect>::default()) as usize;
+        stage_ptr = Box::into_raw(Box::<N::ConnectStage>::default()) as usize;
         slot.copy_from_slice(&stage_ptr.to_ne_bytes());
     }
-    // SAFETY: the pointer was stored by an earlier call on this handle and
-    // is freed (and cleared) below once the connect ends.
-    let stage = unsafe { &mut *(stage_ptr as *mut SocketConnect) };
-    let outcome = net.connect(0, &ours, stage);
+    // SAFETY: the pointer was stored by an earlier call on this handle (of
+    // this context, so of this network) and is freed (and cleared) below
+    // once the connect ends.
+    let stage = unsafe { &mut *(stage_ptr as *mut N::ConnectStage) };
+    let outcome = net.connect(dev, &ours, stage);
     if !matches!(outcome, Ok(None)) {
         // SAFETY: made by Box::into_raw above; cleared so it is freed once.
-        drop(unsafe { Box::from_raw(stage_ptr as *mut SocketConnect) });
+        drop(unsafe { Box::from_raw(stage_ptr as *mut N::ConnectStage) });
         slot.fill(0);
     }
     if let Some(send) = outcome? {
         put(
             out,
-            raw(Comm {
-                net,
+            raw::<N, _>(Comm {
+                net: net.clone(),
                 side: Side::Send(send),
             }),
         )?;
@@ -270,29 +462,55 @@ fn connect_to(
     Ok(())
 }
 
-/// Fills NCCL's properties from the Socket network's.
-fn properties() -> Result<rccl_transports::network::Properties, NetError> {
-    Socket::new(vec![device()?.clone()], secret(None))?.properties(0)
+/// How many devices the process's network has.
+fn device_count() -> Result<c_int, NetError> {
+    fn count<N: Net>(net: &Arc<N>) -> usize {
+        net.devices()
+    }
+    Ok(with_net!(&process_net()?, count()).min(c_int::MAX as usize) as c_int)
 }
 
-/// The interface's name, as a C string kept for the process.
-fn device_name(name: &str) -> *mut c_char {
-    static NAME: OnceLock<CString> = OnceLock::new();
-    NAME.get_or_init(|| CString::new(name).unwrap_or_default())
-        .as_ptr()
-        .cast_mut()
+/// Device `dev`'s properties on the process's network.
+fn properties(dev: c_int) -> Result<rccl_transports::network::Properties, NetError> {
+    fn of<N: Net>(
+        net: &Arc<N>,
+        dev: usize,
+    ) -> Result<rccl_transports::network::Properties, NetError> {
+        net.properties(dev)
+    }
+    with_net!(&process_net()?, of(dev_index(dev)?))
+}
+
+/// `text` as a C string kept for the process (device names and paths,
+/// which NCCL keeps pointers to).
+fn c_string(text: &str) -> *mut c_char {
+    static KEPT: Mutex<Vec<CString>> = Mutex::new(Vec::new());
+    let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    let wanted = CString::new(text.replace('\0', " ")).unwrap_or_default();
+    let at = match kept.iter().position(|s| *s == wanted) {
+        Some(at) => at,
+        None => {
+            kept.push(wanted);
+            kept.len() - 1
+        }
+    };
+    // A CString's bytes stay where they are while the Vec grows.
+    kept[at].as_ptr().cast_mut()
 }
 
 macro_rules! fill_common {
     ($p:expr, $props:expr) => {{
-        $p.name = device_name(&$props.name);
-        $p.pci_path = null_mut();
-        $p.guid = 0;
+        $p.name = c_string(&$props.name);
+        $p.pci_path = $props
+            .pci_path
+            .as_ref()
+            .map_or(null_mut(), |path| c_string(&path.to_string_lossy()));
+        $p.guid = $props.guid;
         $p.ptr_support = abi::PTR_HOST;
         $p.reg_is_global = 0;
         $p.speed = $props.speed_mbps.min(i32::MAX as u32) as c_int;
-        $p.port = 0;
-        $p.latency = 0.0;
+        $p.port = $props.port.min(i32::MAX as u32) as c_int;
+        $p.latency = $props.latency_us;
         $p.max_comms = $props.max_comms.min(i32::MAX as usize) as c_int;
         $p.max_recvs = $props.max_recvs as c_int;
         $p.net_device_type = abi::NET_DEVICE_HOST;
@@ -311,7 +529,22 @@ macro_rules! fill_v9 {
     }};
 }
 
-fn regmr(
+fn accept_on<N: Exported>(listen: *mut c_void, out: *mut *mut c_void) -> Result<(), NetError> {
+    // SAFETY: NCCL passes a listening communicator this plug-in made.
+    let listen = unsafe { get::<Listen<N>>(listen)? };
+    if let Some(recv) = listen.net.accept(&mut listen.listen)? {
+        put(
+            out,
+            raw::<N, _>(Comm {
+                net: listen.net.clone(),
+                side: Side::Recv(recv),
+            }),
+        )?;
+    }
+    Ok(())
+}
+
+fn regmr<N: Exported>(
     comm: *mut c_void,
     data: *mut c_void,
     size: usize,
@@ -319,21 +552,33 @@ fn regmr(
     out: *mut *mut c_void,
 ) -> Result<(), NetError> {
     // SAFETY: NCCL passes a communicator this plug-in made.
-    let comm = unsafe { get::<Comm>(comm)? };
+    let comm = unsafe { get::<Comm<N>>(comm)? };
     let memory = match kind {
         abi::PTR_HOST => MemoryType::Host,
         _ => MemoryType::Cuda,
     };
-    let cref = match &comm.side {
-        Side::Send(s) => CommRef::Send(s),
-        Side::Recv(r) => CommRef::Recv(r),
-    };
     // SAFETY: NCCL keeps registered memory valid until deregMr.
-    let mr = unsafe { comm.net.reg_mr(cref, data.cast(), size, memory)? };
-    put(out, raw(mr))
+    let mr = unsafe { comm.net.reg_mr(comm.as_ref(), data.cast(), size, memory)? };
+    put(out, raw::<N, _>(mr))
 }
 
-fn isend_any(
+fn regmr_dma_buf<N: Exported>(comm: *mut c_void, offset: u64, fd: c_int) -> Result<(), NetError> {
+    // SAFETY: NCCL passes a communicator this plug-in made.
+    let comm = unsafe { get::<Comm<N>>(comm)? };
+    Err(NetError::Unsupported {
+        net: comm.net.name(),
+        memory: MemoryType::DmaBuf { fd, offset },
+    })
+}
+
+fn deregmr<N: Exported>(comm: *mut c_void, mhandle: *mut c_void) -> Result<(), NetError> {
+    // SAFETY: NCCL passes a communicator and a registration this plug-in
+    // made; the registration is freed once, here.
+    let (comm, mr) = unsafe { (get::<Comm<N>>(comm)?, take::<N::MemHandle>(mhandle)?) };
+    comm.net.dereg_mr(comm.as_ref(), mr)
+}
+
+fn isend_any<N: Exported>(
     comm: *mut c_void,
     data: *mut c_void,
     size: usize,
@@ -343,14 +588,14 @@ fn isend_any(
 ) -> Result<(), NetError> {
     put(out, null_mut())?;
     // SAFETY: NCCL passes a communicator and registration this plug-in made.
-    let (comm, mr) = unsafe { (get::<Comm>(comm)?, get::<SocketMr>(mhandle)?) };
+    let (comm, mr) = unsafe { (get::<Comm<N>>(comm)?, get::<N::MemHandle>(mhandle)?) };
     let Side::Send(send) = &mut comm.side else {
         return Err(invalid("isend on a receiving communicator"));
     };
     if let Some(request) = comm.net.isend(send, data.cast(), size, tag, mr)? {
         put(
             out,
-            raw(Request {
+            raw::<N, _>(Request {
                 net: comm.net.clone(),
                 request,
             }),
@@ -359,11 +604,11 @@ fn isend_any(
     Ok(())
 }
 
-fn irecv_any(
+fn irecv_any<N: Exported>(
     comm: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
-    size_of: impl Fn(usize) -> usize,
+    size_of: &dyn Fn(usize) -> usize,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
     out: *mut *mut c_void,
@@ -375,7 +620,7 @@ fn irecv_any(
     }
     // SAFETY: NCCL passes a communicator this plug-in made and arrays of
     // `n` entries.
-    let comm = unsafe { get::<Comm>(comm)? };
+    let comm = unsafe { get::<Comm<N>>(comm)? };
     let mut buffers = Vec::with_capacity(n);
     for i in 0..n {
         // SAFETY: arrays of `n` entries; handles this plug-in made.
@@ -383,10 +628,10 @@ fn irecv_any(
             (
                 *data.add(i),
                 *tags.add(i),
-                get::<SocketMr>(*mhandles.add(i))?,
+                get::<N::MemHandle>(*mhandles.add(i))?,
             )
         };
-        buffers.push(RecvBuffer::<Socket> {
+        buffers.push(RecvBuffer::<N> {
             data: d.cast(),
             size: size_of(i),
             tag,
@@ -399,7 +644,7 @@ fn irecv_any(
     if let Some(request) = comm.net.irecv(recv, &buffers)? {
         put(
             out,
-            raw(Request {
+            raw::<N, _>(Request {
                 net: comm.net.clone(),
                 request,
             }),
@@ -408,12 +653,56 @@ fn irecv_any(
     Ok(())
 }
 
+fn flush_on<N: Exported>(comm: *mut c_void, out: *mut *mut c_void) -> Result<(), NetError> {
+    // Host memory only: nothing to flush.
+    // SAFETY: NCCL passes a communicator this plug-in made.
+    unsafe { get::<Comm<N>>(comm)? };
+    put(out, null_mut())
+}
+
+fn test_request<N: Exported>(
+    request: *mut c_void,
+    done: *mut c_int,
+    sizes: *mut c_int,
+) -> Result<(), NetError> {
+    // SAFETY: NCCL passes a request this plug-in made, not yet done.
+    let req = unsafe { get::<Request<N>>(request)? };
+    let Some(moved) = req.net.test(&mut req.request)? else {
+        return Ok(());
+    };
+    if !sizes.is_null() {
+        for (i, &size) in moved.as_slice().iter().enumerate() {
+            // SAFETY: NCCL's sizes array has an entry per buffer.
+            unsafe { *sizes.add(i) = size.min(c_int::MAX as usize) as c_int };
+        }
+    }
+    // SAFETY: done: the request is freed once, here.
+    drop(unsafe { take::<Request<N>>(request)? });
+    put(done, 1)
+}
+
+fn close_comm<N: Exported>(comm: *mut c_void) -> Result<(), NetError> {
+    // SAFETY: NCCL passes a communicator this plug-in made, closed once.
+    let comm = unsafe { take::<Comm<N>>(comm)? };
+    match comm.side {
+        Side::Send(s) => comm.net.close_send(s),
+        Side::Recv(r) => comm.net.close_recv(r),
+    }
+}
+
+fn close_listen_comm<N: Exported>(listen: *mut c_void) -> Result<(), NetError> {
+    // SAFETY: NCCL passes a listening communicator this plug-in made,
+    // closed once.
+    let listen = unsafe { take::<Listen<N>>(listen)? };
+    listen.net.close_listen(listen.listen)
+}
+
 mod entries {
     //! The C entries, shared by every version's table where they agree.
     use super::*;
 
     pub unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
-        guard(|| put(ndev, 1))
+        guard(|| put(ndev, device_count()?))
     }
 
     pub unsafe extern "C" fn accept(
@@ -426,18 +715,7 @@ mod entries {
             if !dev.is_null() {
                 put(dev, null_mut())?;
             }
-            // SAFETY: NCCL passes a listening communicator this plug-in made.
-            let listen = unsafe { get::<Listen>(listen)? };
-            if let Some(recv) = listen.net.accept(&mut listen.listen)? {
-                put(
-                    out,
-                    raw(Comm {
-                        net: listen.net.clone(),
-                        side: Side::Recv(recv),
-                    }),
-                )?;
-            }
-            Ok(())
+            by_kind!(listen, accept_on(listen, out))
         })
     }
 
@@ -448,11 +726,11 @@ mod entries {
         kind: c_int,
         out: *mut *mut c_void,
     ) -> NcclResult {
-        guard(|| regmr(comm, data, size, kind, out))
+        guard(|| by_kind!(comm, regmr(comm, data, size, kind, out)))
     }
 
     pub unsafe extern "C" fn reg_mr_dma_buf(
-        _comm: *mut c_void,
+        comm: *mut c_void,
         _data: *mut c_void,
         _size: usize,
         _kind: c_int,
@@ -460,30 +738,11 @@ mod entries {
         fd: c_int,
         _out: *mut *mut c_void,
     ) -> NcclResult {
-        guard(|| {
-            Err(NetError::Unsupported {
-                net: "Socket",
-                memory: MemoryType::DmaBuf { fd, offset },
-            })
-        })
+        guard(|| by_kind!(comm, regmr_dma_buf(comm, offset, fd)))
     }
 
     pub unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> NcclResult {
-        guard(|| {
-            // SAFETY: NCCL passes a communicator and a registration this
-            // plug-in made; the registration is freed once, here.
-            let comm = unsafe { get::<Comm>(comm)? };
-            if mhandle.is_null() {
-                return Err(invalid("a null registration"));
-            }
-            // SAFETY: as above.
-            let mr = unsafe { Box::from_raw(mhandle.cast::<SocketMr>()) };
-            let cref = match &comm.side {
-                Side::Send(s) => CommRef::Send(s),
-                Side::Recv(r) => CommRef::Recv(r),
-            };
-            comm.net.dereg_mr(cref, *mr)
-        })
+        guard(|| by_kind!(comm, deregmr(comm, mhandle)))
     }
 
     pub unsafe extern "C" fn iflush(
@@ -494,12 +753,7 @@ mod entries {
         _mhandles: *mut *mut c_void,
         out: *mut *mut c_void,
     ) -> NcclResult {
-        // Host memory only: nothing to flush.
-        guard(|| {
-            // SAFETY: NCCL passes a communicator this plug-in made.
-            unsafe { get::<Comm>(comm)? };
-            put(out, null_mut())
-        })
+        guard(|| by_kind!(comm, flush_on(comm, out)))
     }
 
     pub unsafe extern "C" fn test(
@@ -509,68 +763,27 @@ mod entries {
     ) -> NcclResult {
         guard(|| {
             put(done, 0)?;
-            // SAFETY: NCCL passes a request this plug-in made, not yet done.
-            let req = unsafe { get::<Request>(request)? };
-            let Some(moved) = req.net.test(&mut req.request)? else {
-                return Ok(());
-            };
-            if !sizes.is_null() {
-                for (i, &size) in moved.as_slice().iter().enumerate() {
-                    // SAFETY: NCCL's sizes array has an entry per buffer.
-                    unsafe { *sizes.add(i) = size.min(c_int::MAX as usize) as c_int };
-                }
-            }
-            // SAFETY: done: the request is freed once, here.
-            drop(unsafe { Box::from_raw(request.cast::<Request>()) });
-            put(done, 1)
+            by_kind!(request, test_request(request, done, sizes))
         })
-    }
-
-    unsafe fn close_comm(comm: *mut c_void) -> Result<(), NetError> {
-        if comm.is_null() {
-            return Err(invalid("a null communicator"));
-        }
-        // SAFETY: NCCL passes a communicator this plug-in made, closed once.
-        let comm = unsafe { Box::from_raw(comm.cast::<Comm>()) };
-        match comm.side {
-            Side::Send(s) => comm.net.close_send(s),
-            Side::Recv(r) => comm.net.close_recv(r),
-        }
     }
 
     pub unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
-        // SAFETY: as close_comm requires.
-        guard(|| unsafe { close_comm(comm) })
+        guard(|| by_kind!(comm, close_comm(comm)))
     }
 
     pub unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
-        // SAFETY: as close_comm requires.
-        guard(|| unsafe { close_comm(comm) })
+        guard(|| by_kind!(comm, close_comm(comm)))
     }
 
     pub unsafe extern "C" fn close_listen(listen: *mut c_void) -> NcclResult {
-        guard(|| {
-            if listen.is_null() {
-                return Err(invalid("a null listening communicator"));
-            }
-            // SAFETY: NCCL passes a listening communicator this plug-in
-            // made, closed once.
-            let listen = unsafe { Box::from_raw(listen.cast::<Listen>()) };
-            listen.net.close_listen(listen.listen)
-        })
+        guard(|| by_kind!(listen, close_listen_comm(listen)))
     }
 
     // v8 to v10: one network per process.
 
     pub unsafe extern "C" fn init_v8(logger: abi::Logger) -> NcclResult {
         LOGGER.store(logger as usize, Ordering::Release);
-        guard(|| {
-            let mut net = PROCESS_NET.lock().unwrap_or_else(|e| e.into_inner());
-            if net.is_none() {
-                *net = Some(open(None)?);
-            }
-            Ok(())
-        })
+        guard(|| init_process_net().map(drop))
     }
 
     pub unsafe extern "C" fn init_v10(
@@ -586,7 +799,7 @@ mod entries {
         handle: *mut c_void,
         out: *mut *mut c_void,
     ) -> NcclResult {
-        guard(|| listen_on(process_net()?, dev, handle, out))
+        guard(|| with_net!(&process_net()?, listen_on(dev, handle, out)))
     }
 
     pub unsafe extern "C" fn connect_v8(
@@ -599,7 +812,7 @@ mod entries {
             if !dev_comm.is_null() {
                 put(dev_comm, null_mut())?;
             }
-            connect_to(process_net()?, dev, handle, out)
+            with_net!(&process_net()?, connect_to(dev, handle, out))
         })
     }
 
@@ -614,7 +827,8 @@ mod entries {
         unsafe { connect_v8(dev, handle, out, dev_comm) }
     }
 
-    // v11 on: a network per communicator (the context).
+    // v11 on: a network per communicator (the context), of the kind the
+    // process's network has.
 
     pub unsafe extern "C" fn init_v11(
         ctx: *mut *mut c_void,
@@ -625,7 +839,7 @@ mod entries {
     ) -> NcclResult {
         LOGGER.store(logger as usize, Ordering::Release);
         guard(|| {
-            let net = open(Some(comm_id))?;
+            let net = init_process_net()?.open_like(Some(comm_id))?;
             put(ctx, Box::into_raw(Box::new(net)).cast())
         })
     }
@@ -636,7 +850,7 @@ mod entries {
                 return Err(invalid("a null context"));
             }
             // SAFETY: a context init_v11 made, ended once.
-            drop(unsafe { Box::from_raw(ctx.cast::<Arc<Socket>>()) });
+            drop(unsafe { Box::from_raw(ctx.cast::<AnyNet>()) });
             Ok(())
         })
     }
@@ -652,7 +866,7 @@ mod entries {
         out: *mut *mut c_void,
     ) -> NcclResult {
         // SAFETY: NCCL passes a context init_v11 made.
-        guard(|| listen_on(unsafe { ctx_net(ctx)? }, dev, handle, out))
+        guard(|| with_net!(&unsafe { ctx_net(ctx)? }, listen_on(dev, handle, out)))
     }
 
     pub unsafe extern "C" fn connect_v11(
@@ -667,7 +881,7 @@ mod entries {
                 put(dev_comm, null_mut())?;
             }
             // SAFETY: NCCL passes a context init_v11 made.
-            connect_to(unsafe { ctx_net(ctx)? }, dev, handle, out)
+            with_net!(&unsafe { ctx_net(ctx)? }, connect_to(dev, handle, out))
         })
     }
 
@@ -683,7 +897,7 @@ mod entries {
     ) -> NcclResult {
         guard(|| {
             let size = usize::try_from(size).map_err(|_| invalid("a negative size"))?;
-            isend_any(comm, data, size, tag, mh, out)
+            by_kind!(comm, isend_any(comm, data, size, tag, mh, out))
         })
     }
 
@@ -695,7 +909,7 @@ mod entries {
         mh: *mut c_void,
         out: *mut *mut c_void,
     ) -> NcclResult {
-        guard(|| isend_any(comm, data, size, tag, mh, out))
+        guard(|| by_kind!(comm, isend_any(comm, data, size, tag, mh, out)))
     }
 
     pub unsafe extern "C" fn isend_v10(
@@ -707,7 +921,8 @@ mod entries {
         _phandle: *mut c_void,
         out: *mut *mut c_void,
     ) -> NcclResult {
-        guard(|| isend_any(comm, data, size, tag, mh, out))
+        // SAFETY: the same contract.
+        unsafe { isend_v9(comm, data, size, tag, mh, out) }
     }
 
     pub unsafe extern "C" fn irecv_v8(
@@ -725,7 +940,10 @@ mod entries {
             }
             // SAFETY: NCCL's sizes array has `n` entries.
             let size_of = |i: usize| unsafe { *sizes.add(i) }.max(0) as usize;
-            irecv_any(comm, n, data, size_of, tags, mhandles, out)
+            by_kind!(
+                comm,
+                irecv_any(comm, n, data, &size_of, tags, mhandles, out)
+            )
         })
     }
 
@@ -744,7 +962,10 @@ mod entries {
             }
             // SAFETY: NCCL's sizes array has `n` entries.
             let size_of = |i: usize| unsafe { *sizes.add(i) };
-            irecv_any(comm, n, data, size_of, tags, mhandles, out)
+            by_kind!(
+                comm,
+                irecv_any(comm, n, data, &size_of, tags, mhandles, out)
+            )
         })
     }
 
@@ -763,59 +984,44 @@ mod entries {
         unsafe { irecv_v9(comm, n, data, sizes, tags, mhandles, out) }
     }
 
-    pub unsafe extern "C" fn props_v8(dev: c_int, out: *mut abi::PropertiesV8) -> NcclResult {
+    /// Device `dev`'s properties written through `out` by `fill`.
+    fn props_into<P>(
+        dev: c_int,
+        out: *mut P,
+        fill: impl FnOnce(&mut P, &rccl_transports::network::Properties),
+    ) -> NcclResult {
         guard(|| {
-            if dev != 0 || out.is_null() {
-                return Err(invalid("getProperties: no such device"));
+            if out.is_null() {
+                return Err(invalid("getProperties: a null out-pointer"));
             }
-            let props = properties()?;
+            let props = properties(dev)?;
             // SAFETY: a valid out-pointer (checked non-null).
-            let p = unsafe { &mut *out };
-            fill_common!(p, props);
+            fill(unsafe { &mut *out }, &props);
             Ok(())
         })
+    }
+
+    pub unsafe extern "C" fn props_v8(dev: c_int, out: *mut abi::PropertiesV8) -> NcclResult {
+        props_into(dev, out, |p, props| fill_common!(p, props))
     }
 
     pub unsafe extern "C" fn props_v9(dev: c_int, out: *mut abi::PropertiesV10) -> NcclResult {
-        guard(|| {
-            if dev != 0 || out.is_null() {
-                return Err(invalid("getProperties: no such device"));
-            }
-            let props = properties()?;
-            // SAFETY: a valid out-pointer (checked non-null).
-            let p = unsafe { &mut *out };
-            fill_v9!(p, props);
-            Ok(())
-        })
+        props_into(dev, out, |p, props| fill_v9!(p, props))
     }
 
     pub unsafe extern "C" fn props_v11(dev: c_int, out: *mut abi::PropertiesV11) -> NcclResult {
-        guard(|| {
-            if dev != 0 || out.is_null() {
-                return Err(invalid("getProperties: no such device"));
-            }
-            let props = properties()?;
-            // SAFETY: a valid out-pointer (checked non-null).
-            let p = unsafe { &mut *out };
+        props_into(dev, out, |p, props| {
             fill_v9!(p, props);
             p.tail.max_multi_request_size = 1;
-            Ok(())
         })
     }
 
     pub unsafe extern "C" fn props_v12(dev: c_int, out: *mut abi::PropertiesV12) -> NcclResult {
-        guard(|| {
-            if dev != 0 || out.is_null() {
-                return Err(invalid("getProperties: no such device"));
-            }
-            let props = properties()?;
-            // SAFETY: a valid out-pointer (checked non-null).
-            let p = unsafe { &mut *out };
+        props_into(dev, out, |p, props| {
             fill_v9!(p, props);
             p.tail.max_multi_request_size = 1;
             p.tail.rail_id = -1;
             p.tail.plane_id = -1;
-            Ok(())
         })
     }
 }

@@ -5,8 +5,9 @@
 //! bounds. Run here against the Socket provider, which also gets its own
 //! checks (secrets, a peer process killed mid-transfer), and against the
 //! plug-in host loading two NCCL net plug-ins: libnccl-net-rcclrs (this
-//! repository's Socket network exported as a plug-in, at interface v12, v10
-//! and v8) and the minimal C plug-in of `tests/c/loopback_net.c` (v8).
+//! repository's networks exported as a plug-in: Socket at interface v12,
+//! v10 and v8, IB over the verbs model at v12) and the minimal C plug-in of
+//! `tests/c/loopback_net.c` (v8).
 
 mod common;
 
@@ -605,17 +606,22 @@ conformance!(ib_model, common::ib_pair(1), Errors::Typed);
 conformance!(ib_model_four_qps, common::ib_pair(4), Errors::Typed);
 conformance!(
     exported_plugin_v12,
-    common::plugin_pair(&common::exported_plugin(), 12),
+    common::exported_plugin_pair("socket", 12),
     Errors::Coded
 );
 conformance!(
     exported_plugin_v10,
-    common::plugin_pair(&common::exported_plugin(), 10),
+    common::exported_plugin_pair("socket", 10),
     Errors::Coded
 );
 conformance!(
     exported_plugin_v8,
-    common::plugin_pair(&common::exported_plugin(), 8),
+    common::exported_plugin_pair("socket", 8),
+    Errors::Coded
+);
+conformance!(
+    exported_plugin_ib_model,
+    common::exported_plugin_pair("ib", 12),
     Errors::Coded
 );
 conformance!(
@@ -623,6 +629,64 @@ conformance!(
     common::plugin_pair(&common::c_plugin(), 8),
     Errors::Coded
 );
+
+/// How libnccl-net-rcclrs refuses a network it cannot run.
+mod exported_plugin_only {
+    use super::*;
+    use rccl_transports::network::plugin::{abi, Plugin};
+
+    /// `init` under `settings`: its error (`None`: it succeeded).
+    fn init_error(copy: &str, settings: &[(&str, &str)]) -> Option<NetError> {
+        common::with_exported_plugin(copy, settings, |path| {
+            let plugin = Plugin::load_version(Some(path.to_str().unwrap()), 12).unwrap();
+            plugin.open(1).err()
+        })
+    }
+
+    #[test]
+    fn nccl_plugin_p2p_naming_no_network_of_the_plugin_fails_init_saying_so() {
+        let err = init_error("bad-p2p", &[("NCCL_PLUGIN_P2P", "verbs")]).expect("init failed");
+        let text = err.to_string();
+        assert!(
+            matches!(
+                err,
+                NetError::Plugin {
+                    code: abi::INVALID_ARGUMENT,
+                    ..
+                }
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("init failed")
+                && text.contains(
+                    "NCCL_PLUGIN_P2P=verbs: the networks of this plug-in are ib and socket"
+                ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn nccl_plugin_p2p_ib_without_a_device_fails_init_saying_why() {
+        if std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some()) {
+            eprintln!("skipping: this machine has an RDMA device");
+            return;
+        }
+        let err = init_error("no-ib", &[("NCCL_PLUGIN_P2P", "ib")]).expect("init failed");
+        let text = err.to_string();
+        assert!(
+            matches!(
+                err,
+                NetError::Plugin {
+                    code: abi::INVALID_ARGUMENT,
+                    ..
+                }
+            ),
+            "{text}"
+        );
+        assert!(text.contains("IB unavailable: "), "{text}");
+    }
+}
 
 /// Checks of the Socket provider beyond the common contract.
 mod socket_only {

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rccl_transports::network::ib::model::Model;
@@ -119,6 +119,53 @@ pub fn exported_plugin() -> PathBuf {
         .map(|dir| dir.join("libnccl_net_rcclrs.so"))
         .find(|path| path.exists())
         .expect("libnccl_net_rcclrs.so next to the test binary")
+}
+
+/// Runs `body` on a copy of libnccl-net-rcclrs of its own (named after
+/// `copy`, made once per process) with the environment `settings` set, for
+/// what the plug-in reads at `init`. The plug-in runs one network per
+/// loaded library, hence the copies; the settings are set only while
+/// `body` runs, under a lock that every such call takes.
+pub fn with_exported_plugin<T>(
+    copy: &str,
+    settings: &[(&str, &str)],
+    body: impl FnOnce(&Path) -> T,
+) -> T {
+    static COPIED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut copied = COPIED.lock().unwrap_or_else(|e| e.into_inner());
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("libnccl-net-rcclrs-{copy}.so"));
+    if !copied.iter().any(|done| done == copy) {
+        std::fs::copy(exported_plugin(), &path).unwrap();
+        copied.push(copy.to_string());
+    }
+    for (name, value) in settings {
+        std::env::set_var(name, value);
+    }
+    let out = body(&path);
+    for (name, _) in settings {
+        std::env::remove_var(name);
+    }
+    out
+}
+
+/// Two contexts of libnccl-net-rcclrs running the network `p2p` names
+/// (`NCCL_PLUGIN_P2P`: `socket`, or `ib` over the verbs model), loaded at
+/// the newest interface version it exports up to `newest`.
+pub fn exported_plugin_pair(p2p: &str, newest: u32) -> (Arc<PluginNet>, Arc<PluginNet>) {
+    let model = p2p == "ib";
+    let mut settings = vec![("NCCL_PLUGIN_P2P", p2p)];
+    if model {
+        settings.push(("RCCL_IB_MODEL", "1"));
+    }
+    let pair = with_exported_plugin(p2p, &settings, |path| plugin_pair(path, newest));
+    // The device says which network runs: the model's NIC, or an address.
+    let device = pair.0.properties(0).unwrap().name;
+    assert_eq!(
+        device.starts_with("rccl_model"),
+        model,
+        "NCCL_PLUGIN_P2P={p2p}: device {device}"
+    );
+    pair
 }
 
 /// The C plug-in of tests/c/loopback_net.c, compiled once with `cc`.
