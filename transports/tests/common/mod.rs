@@ -135,7 +135,11 @@ pub fn with_exported_plugin<T>(
     let mut copied = COPIED.lock().unwrap_or_else(|e| e.into_inner());
     let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("libnccl-net-rcclrs-{copy}.so"));
     if !copied.iter().any(|done| done == copy) {
-        std::fs::copy(exported_plugin(), &path).unwrap();
+        // Renamed into place, never written over: another test process may
+        // have the previous copy mapped.
+        let partial = path.with_extension(format!("so.{}", std::process::id()));
+        std::fs::copy(exported_plugin(), &partial).unwrap();
+        std::fs::rename(&partial, &path).unwrap();
         copied.push(copy.to_string());
     }
     for (name, value) in settings {
@@ -187,16 +191,20 @@ pub fn failing_c_plugin() -> PathBuf {
 fn compile_c_plugin(name: &str, defines: &[&str]) -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/loopback_net.c");
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    // Built aside and renamed into place: another test process may be
+    // loading the previous build.
+    let partial = out.with_extension(format!("so.{}", std::process::id()));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
         .args(["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror"])
         .args(defines)
         .arg("-o")
-        .arg(&out)
+        .arg(&partial)
         .arg(&source)
         .status()
         .expect("running cc");
     assert!(status.success(), "{cc} failed on {}", source.display());
+    std::fs::rename(&partial, &out).unwrap();
     out
 }
 

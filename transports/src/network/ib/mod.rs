@@ -747,8 +747,13 @@ struct SendOpState {
     size: usize,
     tag: i32,
     lkey: u32,
-    /// Data work requests not yet completed.
+    /// Work requests not yet completed: its data's, and its slot's signal
+    /// (one for all queue pairs). Done only once the signal landed: a
+    /// sender that closes after its last send completed (its process may
+    /// end) leaves the receiver nothing to wait for.
     left: usize,
+    /// The FIFO slot it was matched to.
+    slot: Option<u64>,
     /// Matched to a FIFO entry and its data posted.
     posted: bool,
     state: OpState,
@@ -971,8 +976,17 @@ impl SendState {
                     }
                 }
                 WR_SIGNAL => {
-                    if let Some(signal) = self.signals.iter_mut().find(|(slot, _)| *slot == id) {
-                        signal.1 -= 1;
+                    let Some(signal) = self.signals.iter_mut().find(|(slot, _)| *slot == id) else {
+                        continue;
+                    };
+                    signal.1 -= 1;
+                    if signal.1 == 0 {
+                        for op in self.ops.iter_mut().filter(|op| op.slot == Some(id)) {
+                            op.left -= 1;
+                            if op.left == 0 {
+                                op.state.finish();
+                            }
+                        }
                     }
                     while self.signals.front().is_some_and(|(_, left)| *left == 0) {
                         self.signals.pop_front();
@@ -1041,8 +1055,11 @@ impl SendState {
         else {
             // No buffer of the slot has this tag: the receiver fails.
             self.next_match += 1;
-            self.op(id).posted = true;
-            self.op(id).state.finish();
+            let slot = self.slot;
+            let op = self.op(id);
+            op.posted = true;
+            op.slot = Some(slot);
+            op.left = 1;
             let sizes = vec![SIZE_BAD_TAG | u64::from(tag as u32); self.entries.len()];
             return self.signal(&sizes);
         };
@@ -1050,7 +1067,8 @@ impl SendState {
         self.next_match += 1;
         let entry = self.entries[r].0;
         let nqps = self.link.qps.len();
-        let mut left = 0;
+        // The slot's signal, then each data write.
+        let mut left = 1;
         if size as u64 <= entry.size && size > 0 {
             let op = self.op(id);
             let (data, lkey) = (op.data, op.lkey);
@@ -1082,12 +1100,11 @@ impl SendState {
                 left += 1;
             }
         }
+        let slot = self.slot;
         let op = self.op(id);
         op.posted = true;
+        op.slot = Some(slot);
         op.left = left;
-        if left == 0 {
-            op.state.finish();
-        }
         if self.entries.iter().all(|(_, send)| send.is_some()) {
             let sizes: Vec<u64> = self
                 .entries

@@ -206,6 +206,7 @@ impl Net for Ib {
             tag,
             lkey: mhandle.mr.lkey(),
             left: 0,
+            slot: None,
             posted: false,
             state: OpState::Pending,
         });
