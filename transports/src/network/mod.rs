@@ -62,6 +62,7 @@ use std::os::fd::RawFd;
 use std::path::PathBuf;
 
 mod connection;
+mod entry;
 mod handshake;
 pub mod ib;
 pub mod plugin;
@@ -71,6 +72,7 @@ pub mod socket;
 
 pub(crate) use connection::transport_name;
 pub use connection::NetConnection;
+pub use entry::Network;
 
 /// Most requests a communicator handles at once (`NCCL_NET_MAX_REQUESTS`).
 pub const NET_MAX_REQUESTS: usize = 32;

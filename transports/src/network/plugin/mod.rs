@@ -33,10 +33,10 @@ use parking_lot::Mutex;
 
 use super::providers::{NetInit, Provider};
 use super::{
-    CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, RecvBuffer,
-    Sizes, MAX_RECVS, NET_HANDLE_MAXSIZE, NET_MAX_REQUESTS,
+    CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Network, Properties, PtrSupport,
+    RecvBuffer, Sizes, MAX_RECVS, NET_HANDLE_MAXSIZE, NET_MAX_REQUESTS,
 };
-use crate::transport::{Network, Transport};
+use crate::transport::Transport;
 use abi::{CommConfig, NcclResult, NetV10, NetV11, NetV12, NetV8, NetV9};
 
 extern "C" {
