@@ -61,6 +61,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 
+mod checks;
 mod connection;
 mod entry;
 mod handshake;
