@@ -6,11 +6,15 @@
 //! Detection times are printed (`cargo test -- --nocapture`) and recorded
 //! in docs/RELIABILITY.md.
 
+#[path = "common/children.rs"]
+mod children;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use children::{free_port, Ranks};
 use rccl::{Communicator, RedOp};
 
 const CHILD_MARKER: &str = "RCCL_FAULT_CHILD";
@@ -47,26 +51,6 @@ fn fault_child_rank() {
             std::process::exit(0);
         }
     }
-}
-
-/// Children killed when dropped, whatever the test's outcome.
-struct Ranks(Vec<Child>);
-
-impl Drop for Ranks {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// What the children print, line by line, tagged with their rank.

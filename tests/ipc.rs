@@ -5,6 +5,8 @@
 //! transport chosen (and `NCCL_P2P_DISABLE`), and a process killed mid
 //! all-reduce.
 
+#[path = "common/children.rs"]
+mod children;
 mod common;
 mod device_cases;
 
@@ -14,6 +16,7 @@ use std::ptr::null_mut;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use children::{free_port, Ranks};
 use common::{all_cases, TEST_BUFFSIZE};
 use device_cases::{emu, last_error, run_case, to_device};
 use rccl::{CollKind, Communicator, DataType};
@@ -104,19 +107,12 @@ fn all_reduce_until_killed() {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Starts `nranks` children in `role`, with `env` added.
-fn spawn(nranks: usize, role: &str, env: &[(&str, &str)]) -> Vec<Child> {
+/// Starts `nranks` children in `role`, with `env` added, killed when the
+/// test ends however it ends.
+fn spawn(nranks: usize, role: &str, env: &[(&str, &str)]) -> Ranks {
     let port = free_port().to_string();
     let exe = std::env::current_exe().unwrap();
-    (0..nranks)
+    let children = (0..nranks)
         .map(|rank| {
             let mut cmd = Command::new(&exe);
             cmd.args(["--exact", "child", "--nocapture", "--test-threads", "1"])
@@ -138,7 +134,8 @@ fn spawn(nranks: usize, role: &str, env: &[(&str, &str)]) -> Vec<Child> {
             }
             cmd.spawn().unwrap()
         })
-        .collect()
+        .collect();
+    Ranks(children)
 }
 
 /// Every line the children print, as (rank, line), read by one thread
@@ -162,23 +159,9 @@ fn lines(children: &mut [Child]) -> mpsc::Receiver<(usize, String)> {
 
 /// Waits for every child (killing those still running after 120 s) and
 /// returns whether each succeeded, with everything they printed.
-fn finish(mut children: Vec<Child>) -> (Vec<bool>, String) {
-    let rx = lines(&mut children);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let ok = children
-        .iter_mut()
-        .map(|child| loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status.success();
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        })
-        .collect();
+fn finish(mut children: Ranks) -> (Vec<bool>, String) {
+    let rx = lines(&mut children.0);
+    let ok = children.wait_all(Duration::from_secs(120));
     let text: Vec<String> = rx.try_iter().map(|(r, l)| format!("[{r}] {l}")).collect();
     (ok, text.join("\n"))
 }
@@ -216,8 +199,8 @@ fn shm_names_of(pids: &[u32]) -> Vec<String> {
 fn sigkill_of_one_of_four_processes_mid_all_reduce_on_device_memory() {
     let (nranks, victim) = (4, 2);
     let mut children = spawn(nranks, "loop", &[("RCCL_TIMEOUT_MS", "30000")]);
-    let pids: Vec<u32> = children.iter().map(Child::id).collect();
-    let rx = lines(&mut children);
+    let pids: Vec<u32> = children.0.iter().map(Child::id).collect();
+    let rx = lines(&mut children.0);
     let mut seen = String::new();
     let mut ready = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -232,8 +215,8 @@ fn sigkill_of_one_of_four_processes_mid_all_reduce_on_device_memory() {
     assert!(seen.contains("via P2P/IPC"), "{seen}");
     std::thread::sleep(Duration::from_millis(200));
     let killed = Instant::now();
-    children[victim].kill().unwrap();
-    children[victim].wait().unwrap();
+    children.0[victim].kill().unwrap();
+    children.0[victim].wait().unwrap();
     let mut failed = Vec::new();
     while failed.len() < nranks - 1 {
         let Ok((rank, line)) = rx.recv_timeout(Duration::from_secs(15)) else {
@@ -253,11 +236,8 @@ fn sigkill_of_one_of_four_processes_mid_all_reduce_on_device_memory() {
             "rank {rank} does not name the dead rank: {text}"
         );
     }
-    for (rank, child) in children.iter_mut().enumerate() {
-        if rank != victim {
-            let _ = child.wait();
-        }
-    }
+    // The survivors exit on their own; the victim's status is already in.
+    children.wait_all(Duration::from_secs(30));
     let left = shm_names_of(&pids);
     assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }

@@ -7,8 +7,11 @@
 
 use std::process::{Child, Command, Output, Stdio};
 
+#[path = "common/children.rs"]
+mod children;
 #[path = "common/perf_bins.rs"]
 mod perf_bins;
+use children::free_port;
 use perf_bins::{perf_command, BINS};
 
 /// One size, one timed iteration, every type and op.
@@ -22,14 +25,6 @@ fn command(bin: &str, args: &[&str], corrupt: bool) -> Command {
         cmd.env("RCCL_PERF_CORRUPT", "1");
     }
     cmd
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The #wrong values of every result row (the last column of each half).

@@ -3,6 +3,8 @@
 //! launches let in: strangers without the key, and other jobs on the same
 //! port.
 
+#[path = "common/children.rs"]
+mod children;
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
@@ -12,6 +14,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use children::free_port;
 use common::{all_cases, check, CaseBuffers, TEST_BUFFSIZE};
 use rccl::{Bootstrap, CollKind, Communicator, DataType, Error, RedOp, UniqueId};
 
@@ -40,14 +43,6 @@ fn child_rank() {
         "{}",
         failures[..failures.len().min(10)].join("\n")
     );
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn run_processes(nranks: usize, shm_disable: bool) {

@@ -1,10 +1,13 @@
 //! The correctness suite with each protocol forced (`NCCL_PROTO`) and with
 //! 1, 2 and 4 channels, for ranks as threads and as processes.
 
+#[path = "common/children.rs"]
+mod children;
 mod common;
 
 use std::process::Command;
 
+use children::free_port;
 use common::{all_cases, check, suite_on_threads, test_config, CaseBuffers};
 use rccl::tuning::Selection;
 use rccl::{CollKind, Communicator, Config, DataType};
@@ -73,12 +76,7 @@ fn each_protocol_with_four_processes() {
     let exe = std::env::current_exe().unwrap();
     let config = test_config();
     for (proto, channels) in [("LL", 1), ("LL128", 4), ("Simple", 2)] {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-            .to_string();
+        let port = free_port().to_string();
         let children: Vec<_> = (0..4)
             .map(|rank| {
                 Command::new(&exe)

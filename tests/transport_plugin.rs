@@ -14,7 +14,8 @@ use std::time::Instant;
 
 use rccl::{Communicator, Config, RedOp};
 use rccl_transports::fifo::{fifo_bytes, HeapMemory};
-use rccl_transports::transport::{self, Context, Pending, Setup, Transport};
+use rccl_transports::table;
+use rccl_transports::transport::{Context, Pending, Setup, Transport};
 use rccl_transports::{Connection, Fifo, Protocol};
 
 const CHILD: &str = "RCCL_TRANSPORT_PLUGIN_CHILD";
@@ -166,7 +167,7 @@ fn transport_plugin_child() {
     if std::env::var_os(CHILD).is_none() {
         return;
     }
-    transport::register(Arc::new(Loop));
+    table::register(Arc::new(Loop));
     let config = Config {
         board_bytes: 0,
         ..Config::default()

@@ -242,7 +242,21 @@ pub(crate) struct CommInner {
     pub link_model: crate::tuning::LinkModel,
     choices: Mutex<ChoiceCache>,
     /// Launches enqueued on streams and not finished yet.
-    pub queued: crate::stream::Queued,
+    pub queued: crate::queue::Queued,
+}
+
+impl crate::queue::Owner for CommInner {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn timeout(&self) -> std::time::Duration {
+        self.config.timeout
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        CommInner::check_usable(self)
+    }
 }
 
 impl CommInner {
@@ -679,7 +693,7 @@ impl Communicator {
             splits: AtomicU64::new(0),
             link_model,
             choices: Mutex::new(ChoiceCache::default()),
-            queued: crate::stream::Queued::default(),
+            queued: crate::queue::Queued::default(),
         });
         register(&inner);
         let local_ranks = inner
@@ -898,7 +912,7 @@ impl Communicator {
     pub fn finalize(&self) -> Result<()> {
         let inner = &self.inner;
         inner.check_usable()?;
-        inner.queued.wait_idle(inner)?;
+        inner.queued.wait_idle(&**inner)?;
         inner.check_usable()?;
         if inner.exec.try_lock_for(inner.config.timeout).is_none() {
             return Err(Error::System(format!(

@@ -1,5 +1,5 @@
 //! Connection setup: every connection a launch's work needs, made before it
-//! runs, through the transport table ([`rccl_transports::transport`]): the
+//! runs, through the transport table ([`rccl_transports::table`]): the
 //! first entry that can connect a pair sets up each side, the sides trade
 //! what the other needs through the bootstrap, then connect. Waits for a
 //! peer's side run in slices with the checks of [`crate::stuck`] between
@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use rccl_transports::process::ProcessId;
-use rccl_transports::transport::{self, Context, Endpoint, Pending};
+use rccl_transports::table;
+use rccl_transports::transport::{Context, Endpoint, Pending};
 
 use crate::call::describe_call;
 use crate::comm::{failure_note, Activity, CommInner};
@@ -239,7 +240,7 @@ impl PendingLink {
 /// fails at once with the cause).
 fn set_up(comm: &CommInner, cx: &Context<'_>, peer: usize, channel: usize) -> Result<PendingLink> {
     let tag = CONNECT_TAG_BASE + channel as u64;
-    let chosen = transport::choose(cx, peer).ok_or_else(|| {
+    let chosen = table::choose(cx, peer).ok_or_else(|| {
         Error::InvalidUsage(format!(
             "rank {}: no transport can connect {} (NCCL_SHM_DISABLE?)",
             comm.rank,

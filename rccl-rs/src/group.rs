@@ -61,7 +61,7 @@ pub fn group_end() -> Result<()> {
 /// A host call on a communicator runs after the launches queued on its
 /// streams (one atomic load when none is).
 fn after_queued(op: &RawOp) -> Result<()> {
-    op.comm.queued.wait_idle(&op.comm)
+    op.comm.queued.wait_idle(&*op.comm)
 }
 
 /// Closes one level of the group: `None` while an outer level stays open,

@@ -27,6 +27,7 @@ mod launch_key;
 mod net;
 mod op;
 mod plan;
+mod queue;
 mod selection;
 mod signal;
 mod state;

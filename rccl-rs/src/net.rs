@@ -342,7 +342,7 @@ fn env(name: &str) -> Option<String> {
 }
 
 /// This host's bootstrap address, honouring `NCCL_SOCKET_IFNAME` and
-/// `NCCL_SOCKET_FAMILY` (see [`IfNameFilter`] and [`select_address`]).
+/// `NCCL_SOCKET_FAMILY` (see `IfNameFilter` and `select_address`).
 pub fn host_address() -> Result<IpAddr> {
     let family = env("NCCL_SOCKET_FAMILY")
         .map(|f| Family::parse(&f))

@@ -33,5 +33,5 @@ pub(crate) struct RawOp {
     pub dtype: DataType,
     /// The stream a call on device memory is ordered on; `None` for host
     /// memory, which the call's thread runs before it returns.
-    pub stream: Option<crate::stream::StreamRef>,
+    pub stream: Option<crate::queue::StreamRef>,
 }

@@ -14,102 +14,15 @@
 //! Failures of an enqueued launch poison its communicators: they surface
 //! through `async_error` (`ncclCommGetAsyncError`) and the next call.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
-use rccl_device::{Device, Stream};
+use rccl_device::Device;
 
 use crate::comm::CommInner;
 use crate::error::{Error, Result};
 use crate::launch::{self, Planned};
 use crate::op::RawOp;
-
-/// A stream of the active device.
-pub(crate) type StreamRef = Arc<dyn Stream>;
-
-/// A communicator's launches enqueued on streams, in issue order: each
-/// runs only after the one issued before it on the communicator, whatever
-/// streams they were given (NCCL orders a communicator's launches the
-/// same way), and host calls and finalize wait until none is left.
-#[derive(Default)]
-pub(crate) struct Queued {
-    /// Launches issued so far.
-    issued: AtomicU64,
-    /// Launches finished (run or dropped).
-    finished: AtomicU64,
-    lock: Mutex<()>,
-    changed: Condvar,
-}
-
-/// How often a waiting launch looks at its communicator's abort flag.
-const ABORT_POLL: Duration = Duration::from_millis(10);
-
-impl Queued {
-    /// The next launch's place in line.
-    fn issue(&self) -> u64 {
-        self.issued.fetch_add(1, Ordering::AcqRel)
-    }
-
-    fn finish(&self) {
-        self.finished.fetch_add(1, Ordering::AcqRel);
-        let _guard = self.lock.lock();
-        self.changed.notify_all();
-    }
-
-    /// Waits until `done` holds, the communicator fails (its error), or
-    /// `timeout` passes (`what` says what was waited for).
-    fn wait(
-        &self,
-        comm: &CommInner,
-        timeout: Duration,
-        what: &str,
-        done: impl Fn(u64) -> bool,
-    ) -> Result<()> {
-        if done(self.finished.load(Ordering::Acquire)) {
-            return Ok(());
-        }
-        let deadline = std::time::Instant::now() + timeout;
-        let mut guard = self.lock.lock();
-        while !done(self.finished.load(Ordering::Acquire)) {
-            comm.check_usable()?;
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                return Err(Error::System(format!(
-                    "rank {}: waited {timeout:?} for {what}",
-                    comm.rank
-                )));
-            }
-            self.changed
-                .wait_for(&mut guard, (deadline - now).min(ABORT_POLL));
-        }
-        Ok(())
-    }
-
-    /// Waits until nothing is queued (a host call or finalize after
-    /// device calls on the same communicator runs after them), at most
-    /// the communicator's timeout. One atomic load each when nothing is.
-    pub(crate) fn wait_idle(&self, comm: &CommInner) -> Result<()> {
-        let issued = self.issued.load(Ordering::Acquire);
-        self.wait(
-            comm,
-            comm.config.timeout,
-            "the communicator's work queued on streams",
-            |finished| finished >= issued,
-        )
-    }
-
-    /// Waits until the launches issued before `ticket` have finished.
-    fn wait_turn(&self, comm: &CommInner, ticket: u64) -> Result<()> {
-        self.wait(
-            comm,
-            comm.config.timeout,
-            "the communicator's launch before this one, queued on another stream",
-            |finished| finished >= ticket,
-        )
-    }
-}
+use crate::queue::StreamRef;
 
 /// One buffer of a call, for [`placement`]: its name in messages
 /// (`sendbuff`), address and length in elements.
@@ -178,7 +91,7 @@ impl Task {
             .comms
             .iter()
             .try_for_each(|(comm, ticket)| {
-                comm.queued.wait_turn(comm, *ticket)?;
+                comm.queued.wait_turn(&**comm, *ticket)?;
                 comm.check_usable()
             })
             .and_then(|()| launch::run(planned));

@@ -4,8 +4,9 @@
 //! fill towards the peer and one to drain from it. Transports differ only in
 //! where that memory lives and who moves it: shared memory is the peer's
 //! memory too; the network stages slots in local memory and the process's
-//! network proxy moves them through a [`network::Net`] provider. The
-//! [`transport`] table says which transport connects two ranks.
+//! network proxy moves them through a [`network::Net`] provider. A
+//! [`transport::Transport`] makes connections; the [`table`] says which
+//! one connects two ranks.
 
 pub mod board;
 pub mod fifo;
@@ -15,6 +16,7 @@ pub mod network;
 pub mod process;
 pub mod shm;
 pub mod socket;
+pub mod table;
 pub mod transport;
 pub mod wait;
 

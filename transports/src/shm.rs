@@ -12,10 +12,12 @@ use std::ffi::CString;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::fifo::{fifo_bytes, Fifo, FifoMemory, FifoShape, Protocol};
 use crate::process::ProcessId;
 use crate::socket::fill_random;
+use crate::transport::{Context, Pending, Setup, Transport};
 use crate::{bounded_note, Connection, MAX_NOTE};
 
 /// A mapped shared-memory segment.
@@ -464,6 +466,91 @@ impl Drop for ShmConnection {
             fifo.fail();
         }
     }
+}
+
+/// Shared memory between processes (or threads) of one host: both FIFOs
+/// of a pair in one segment that the leading rank creates and the other
+/// maps and unlinks at once.
+pub(crate) struct Shm;
+
+impl Transport for Shm {
+    fn name(&self) -> &'static str {
+        "SHM/direct"
+    }
+
+    fn can_connect(&self, cx: &Context<'_>, peer: usize) -> bool {
+        !cx.shm_disable && cx.same_host(peer)
+    }
+
+    fn setup(&self, cx: &Context<'_>, peer: usize, _channel: usize) -> io::Result<Setup> {
+        let len = segment_bytes(&cx.fifo);
+        if !cx.leads(peer) {
+            return Ok(Setup {
+                info: None,
+                pending: Box::new(ShmPending::Maps),
+            });
+        }
+        let segment = ShmSegment::create(len)
+            .map_err(|e| explain_no_room(e, "a smaller NCCL_BUFFSIZE or NCCL_MAX_NCHANNELS"))?;
+        Ok(Setup {
+            info: Some(segment.name().as_bytes().to_vec()),
+            pending: Box::new(ShmPending::Created(Some(segment), None)),
+        })
+    }
+}
+
+enum ShmPending {
+    /// This side leads: the segment it created, then the connection over
+    /// it, held back until the peer has mapped the segment. Handed out
+    /// earlier, a send could complete into it and this side close (and
+    /// remove the name) before the peer ever reached the bytes.
+    Created(Option<ShmSegment>, Option<ShmConnection>),
+    /// This side maps the segment whose name the peer sends.
+    Maps,
+}
+
+impl Pending for ShmPending {
+    fn awaits_peer_info(&self) -> bool {
+        matches!(self, ShmPending::Maps)
+    }
+
+    fn connect(
+        &mut self,
+        cx: &Context<'_>,
+        peer: usize,
+        peer_info: &[u8],
+        _until: Instant,
+    ) -> io::Result<Option<Box<dyn Connection>>> {
+        let made = match self {
+            ShmPending::Created(segment, made) => {
+                if let Some(segment) = segment.take() {
+                    *made = Some(connection(cx, peer, segment, true));
+                }
+                return Ok(made
+                    .take_if(|conn| conn.peer_mapped())
+                    .map(|conn| Box::new(conn) as Box<dyn Connection>));
+            }
+            ShmPending::Maps => {
+                let name = std::str::from_utf8(peer_info).map_err(|_| {
+                    io::Error::new(io::ErrorKind::InvalidData, "a malformed segment name")
+                })?;
+                let segment = ShmSegment::open(name, segment_bytes(&cx.fifo))?;
+                segment.unlink()?;
+                connection(cx, peer, segment, false)
+            }
+        };
+        Ok(Some(Box::new(made)))
+    }
+}
+
+/// The connection over `segment`, watching the peer's process.
+fn connection(cx: &Context<'_>, peer: usize, segment: ShmSegment, creator: bool) -> ShmConnection {
+    let mut conn = ShmConnection::new(segment, creator, &cx.fifo);
+    let process = cx.endpoints[peer].process;
+    if process.start != 0 {
+        conn.watch_peer(process);
+    }
+    conn
 }
 
 #[cfg(test)]

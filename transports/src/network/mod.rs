@@ -61,7 +61,9 @@ use std::io;
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 
+mod checks;
 mod connection;
+mod entry;
 mod handshake;
 pub mod ib;
 pub mod plugin;
@@ -71,6 +73,7 @@ pub mod socket;
 
 pub(crate) use connection::transport_name;
 pub use connection::NetConnection;
+pub use entry::Network;
 
 /// Most requests a communicator handles at once (`NCCL_NET_MAX_REQUESTS`).
 pub const NET_MAX_REQUESTS: usize = 32;

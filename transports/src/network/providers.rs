@@ -15,8 +15,9 @@ use std::sync::{Arc, RwLock};
 
 use super::socket::{Socket, SocketDevice};
 use super::NetError;
+use super::Network;
 use crate::socket::Secret;
-use crate::transport::{Network, Transport};
+use crate::transport::Transport;
 
 /// What a communicator gives the network it opens.
 #[derive(Clone, Debug)]

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::checks::{check_recv, check_unspent, nothing_to_flush, Registration};
 use super::handshake::{self, Client, Server, LISTENER_ID};
 use super::{
     CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, Readiness,
@@ -144,21 +145,9 @@ pub struct SocketMr {
     len: usize,
 }
 
-impl SocketMr {
-    /// Whether `len` bytes at `data` lie inside the registration.
-    fn check(&self, data: usize, len: usize) -> Result<(), NetError> {
-        let inside = data >= self.start
-            && data
-                .checked_add(len)
-                .is_some_and(|end| end <= self.start + self.len);
-        if inside {
-            Ok(())
-        } else {
-            Err(NetError::InvalidArgument(format!(
-                "{len} bytes at {data:#x} are not inside the registration of {} bytes at {:#x}",
-                self.len, self.start
-            )))
-        }
+impl Registration for SocketMr {
+    fn bounds(&self) -> (usize, usize) {
+        (self.start, self.len)
     }
 }
 
@@ -836,16 +825,7 @@ impl Net for Socket {
         comm: &mut SocketRecv,
         buffers: &[RecvBuffer<'_, Self>],
     ) -> Result<Option<SocketRequest>, NetError> {
-        if buffers.is_empty() || buffers.len() > comm.max_recvs {
-            return Err(NetError::InvalidArgument(format!(
-                "a receive of {} buffers (1 to {} may be grouped)",
-                buffers.len(),
-                comm.max_recvs
-            )));
-        }
-        for buffer in buffers {
-            buffer.mhandle.check(buffer.data as usize, buffer.size)?;
-        }
+        check_recv(buffers, comm.max_recvs)?;
         let mut state = comm.state.lock();
         if let Some(broken) = state.wire.broken() {
             return Err(broken);
@@ -882,19 +862,14 @@ impl Net for Socket {
         _comm: &mut SocketRecv,
         _buffers: &[RecvBuffer<'_, Self>],
     ) -> Result<Option<SocketRequest>, NetError> {
-        // Host memory is coherent: nothing to flush.
-        Ok(Some(SocketRequest {
+        nothing_to_flush(SocketRequest {
             kind: Kind::Flush,
             spent: false,
-        }))
+        })
     }
 
     fn test(&self, request: &mut SocketRequest) -> Result<Option<Sizes>, NetError> {
-        if request.spent {
-            return Err(NetError::InvalidArgument(
-                "a request was tested after it was done".into(),
-            ));
-        }
+        check_unspent(request.spent)?;
         let sizes = match &request.kind {
             Kind::Send(state, id) => {
                 let mut state = state.lock();

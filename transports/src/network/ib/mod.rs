@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::checks::{check_recv, check_unspent, nothing_to_flush, Registration};
 use super::handshake::{self, Client, Partial, Server, LISTENER_ID};
 use super::socket::{handle_bytes, parse_handle};
 use super::{
@@ -840,20 +841,9 @@ impl std::fmt::Debug for IbMr {
     }
 }
 
-impl IbMr {
-    fn check(&self, data: usize, len: usize) -> Result<(), NetError> {
-        let inside = data >= self.start
-            && data
-                .checked_add(len)
-                .is_some_and(|end| end <= self.start + self.len);
-        if inside {
-            Ok(())
-        } else {
-            Err(NetError::InvalidArgument(format!(
-                "{len} bytes at {data:#x} are not inside the registration of {} bytes at {:#x}",
-                self.len, self.start
-            )))
-        }
+impl Registration for IbMr {
+    fn bounds(&self) -> (usize, usize) {
+        (self.start, self.len)
     }
 }
 

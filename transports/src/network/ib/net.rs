@@ -224,16 +224,7 @@ impl Net for Ib {
         buffers: &[RecvBuffer<'_, Self>],
     ) -> Result<Option<IbRequest>, NetError> {
         let mut state = comm.state.lock();
-        if buffers.is_empty() || buffers.len() > state.max_recvs {
-            return Err(NetError::InvalidArgument(format!(
-                "a receive of {} buffers (1 to {} may be grouped)",
-                buffers.len(),
-                state.max_recvs
-            )));
-        }
-        for buffer in buffers {
-            buffer.mhandle.check(buffer.data as usize, buffer.size)?;
-        }
+        check_recv(buffers, state.max_recvs)?;
         if let Some(broken) = state.link.broken() {
             return Err(broken);
         }
@@ -309,19 +300,14 @@ impl Net for Ib {
         _comm: &mut IbRecv,
         _buffers: &[RecvBuffer<'_, Self>],
     ) -> Result<Option<IbRequest>, NetError> {
-        // Host memory is coherent: nothing to flush.
-        Ok(Some(IbRequest {
+        nothing_to_flush(IbRequest {
             kind: Kind::Flush,
             spent: false,
-        }))
+        })
     }
 
     fn test(&self, request: &mut IbRequest) -> Result<Option<Sizes>, NetError> {
-        if request.spent {
-            return Err(NetError::InvalidArgument(
-                "a request was tested after it was done".into(),
-            ));
-        }
+        check_unspent(request.spent)?;
         let sizes = match &request.kind {
             Kind::Send(state, id) => {
                 let mut state = state.lock();

@@ -31,12 +31,13 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use super::checks::{check_recv, check_unspent, nothing_to_flush, Registration};
 use super::providers::{NetInit, Provider};
 use super::{
-    CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, RecvBuffer,
-    Sizes, MAX_RECVS, NET_HANDLE_MAXSIZE, NET_MAX_REQUESTS,
+    CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Network, Properties, PtrSupport,
+    RecvBuffer, Sizes, MAX_RECVS, NET_HANDLE_MAXSIZE, NET_MAX_REQUESTS,
 };
-use crate::transport::{Network, Transport};
+use crate::transport::Transport;
 use abi::{CommConfig, NcclResult, NetV10, NetV11, NetV12, NetV8, NetV9};
 
 extern "C" {
@@ -617,20 +618,9 @@ pub struct PluginMr {
 // SAFETY: the plug-in's handle, usable from any thread.
 unsafe impl Send for PluginMr {}
 
-impl PluginMr {
-    fn check(&self, data: usize, len: usize) -> Result<(), NetError> {
-        let inside = data >= self.start
-            && data
-                .checked_add(len)
-                .is_some_and(|end| end <= self.start + self.len);
-        if inside {
-            Ok(())
-        } else {
-            Err(NetError::InvalidArgument(format!(
-                "{len} bytes at {data:#x} are not inside the registration of {} bytes at {:#x}",
-                self.len, self.start
-            )))
-        }
+impl Registration for PluginMr {
+    fn bounds(&self) -> (usize, usize) {
+        (self.start, self.len)
     }
 }
 
@@ -1023,16 +1013,7 @@ impl Net for PluginNet {
         comm: &mut PluginRecv,
         buffers: &[RecvBuffer<'_, Self>],
     ) -> Result<Option<PluginRequest>, NetError> {
-        if buffers.is_empty() || buffers.len() > comm.max_recvs {
-            return Err(NetError::InvalidArgument(format!(
-                "a receive of {} buffers (1 to {} may be grouped)",
-                buffers.len(),
-                comm.max_recvs
-            )));
-        }
-        for buffer in buffers {
-            buffer.mhandle.check(buffer.data as usize, buffer.size)?;
-        }
+        check_recv(buffers, comm.max_recvs)?;
         comm.state.usable()?;
         comm.reap();
         if comm.state.in_flight.load(Ordering::Acquire) >= NET_MAX_REQUESTS {
@@ -1093,8 +1074,8 @@ impl Net for PluginNet {
             mhandles[i] = b.mhandle.raw;
         }
         let Some(iflush) = each!(self.plugin.table, |t| t.iflush) else {
-            // No flush entry: nothing to flush (host memory).
-            return Ok(Some(self.request(null_mut(), comm, 0, false)));
+            // No flush entry: the plug-in moves host memory only.
+            return nothing_to_flush(self.request(null_mut(), comm, 0, false));
         };
         let mut request = null_mut();
         clear_warning();
@@ -1115,11 +1096,7 @@ impl Net for PluginNet {
     }
 
     fn test(&self, request: &mut PluginRequest) -> Result<Option<Sizes>, NetError> {
-        if request.spent {
-            return Err(NetError::InvalidArgument(
-                "a request was tested after it was done".into(),
-            ));
-        }
+        check_unspent(request.spent)?;
         request.comm.usable()?;
         let done_now = |request: &mut PluginRequest, sizes: &[usize]| {
             request.spent = true;
