@@ -41,8 +41,8 @@
 //! key, or the NIC stops for `MS` milliseconds.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -56,24 +56,18 @@ use super::verbs::{
     ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE,
 };
 use crate::network::handshake::start_connect;
+use wire::{
+    Frame, Wire, ACK, FRAME_HEADER, HAS_IMM, HELLO, MAX_FRAME_PAYLOAD, NAK, NAK_ACCESS,
+    NAK_INVALID, NAK_RNR, SEND, WRITE,
+};
+
+mod wire;
 
 /// The model's device name, as `NCCL_IB_HCA` selects it.
 pub const DEVICE_NAME: &str = "rccl_model0";
 /// The fault a process's NICs start with.
 pub const FAULT_ENV: &str = "RCCL_IB_MODEL_FAULT";
 
-const FRAME_HEADER: usize = 40;
-const HELLO: u8 = 1;
-const WRITE: u8 = 2;
-const SEND: u8 = 3;
-const ACK: u8 = 4;
-const NAK: u8 = 5;
-const HAS_IMM: u8 = 1;
-const NAK_RNR: u8 = 1;
-const NAK_ACCESS: u8 = 2;
-const NAK_INVALID: u8 = 3;
-/// Most payload bytes of one frame (the provider's largest transfer).
-const MAX_FRAME_PAYLOAD: u64 = 1 << 30;
 /// Bytes queued on a stream before the NIC stops taking work requests.
 const WIRE_QUEUE: usize = 4 << 20;
 /// How long a sender waits after receiver-not-ready (the minimum RNR
@@ -438,113 +432,6 @@ impl Region {
             && addr
                 .checked_add(len)
                 .is_some_and(|end| end <= (self.addr + self.len) as u64)
-    }
-}
-
-/// A stream between two NICs.
-struct Wire {
-    stream: TcpStream,
-    /// The queue pair that sends on it (outgoing), or that it delivers to
-    /// (incoming, once its hello named one).
-    qpn: Option<u32>,
-    outgoing: bool,
-    peer: String,
-    out: Vec<u8>,
-    out_at: usize,
-    inbuf: Vec<u8>,
-    closed: bool,
-}
-
-impl Wire {
-    fn queue(&mut self, header: &[u8; FRAME_HEADER], payload: &[u8]) {
-        self.out.extend_from_slice(header);
-        self.out.extend_from_slice(payload);
-    }
-
-    fn pending_out(&self) -> usize {
-        self.out.len() - self.out_at
-    }
-
-    /// Writes what the socket takes; `false` if the stream failed.
-    fn flush(&mut self) -> bool {
-        while self.out_at < self.out.len() {
-            match self.stream.write(&self.out[self.out_at..]) {
-                Ok(0) => return false,
-                Ok(n) => self.out_at += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(_) => return false,
-            }
-        }
-        if self.out_at == self.out.len() {
-            self.out.clear();
-            self.out_at = 0;
-        }
-        true
-    }
-
-    /// Reads what the socket has (a bounded amount); `false` at its end.
-    fn fill(&mut self) -> bool {
-        let mut chunk = [0u8; 64 * 1024];
-        for _ in 0..64 {
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return false,
-                Ok(n) => self.inbuf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
-                Err(_) => return false,
-            }
-        }
-        true
-    }
-}
-
-/// One frame's header.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Frame {
-    kind: u8,
-    flags: u8,
-    reason: u8,
-    psn: u32,
-    imm: u32,
-    rkey: u32,
-    qpn: u32,
-    src_qpn: u32,
-    addr: u64,
-    len: u64,
-}
-
-impl Frame {
-    fn encode(&self) -> [u8; FRAME_HEADER] {
-        let mut b = [0u8; FRAME_HEADER];
-        b[0] = self.kind;
-        b[1] = self.flags;
-        b[2] = self.reason;
-        b[4..8].copy_from_slice(&self.psn.to_le_bytes());
-        b[8..12].copy_from_slice(&self.imm.to_le_bytes());
-        b[12..16].copy_from_slice(&self.rkey.to_le_bytes());
-        b[16..20].copy_from_slice(&self.qpn.to_le_bytes());
-        b[20..24].copy_from_slice(&self.src_qpn.to_le_bytes());
-        b[24..32].copy_from_slice(&self.addr.to_le_bytes());
-        b[32..40].copy_from_slice(&self.len.to_le_bytes());
-        b
-    }
-
-    fn decode(b: &[u8]) -> Frame {
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        Frame {
-            kind: b[0],
-            flags: b[1],
-            reason: b[2],
-            psn: u32_at(4),
-            imm: u32_at(8),
-            rkey: u32_at(12),
-            qpn: u32_at(16),
-            src_qpn: u32_at(20),
-            addr: u64_at(24),
-            len: u64_at(32),
-        }
     }
 }
 
