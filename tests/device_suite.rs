@@ -142,3 +142,79 @@ fn a_call_returns_before_its_peer_arrives_and_completes_at_synchronize() {
         assert_eq!(read_back(bufs[rank].1, count), vec![3u8; count]);
     }
 }
+
+/// Calls on device memory of ranks in one process run as device work (the
+/// kernels' interpreter, compiled for the host on the emulated GPU), never
+/// the host executor: each call of each rank launches one block, whether
+/// a collective, an in-place one-shot all-reduce (which the host runs on
+/// its board) or a group of sends and receives, driven from one thread
+/// for both ranks.
+#[test]
+fn calls_on_device_memory_run_as_device_work() {
+    emu();
+    let comms = c_comms(2);
+    let mut stream: cudaStream_t = null_mut();
+    // SAFETY: a writable stream slot.
+    assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
+    let count = 64;
+    let bufs: Vec<*mut u8> = (0..2).map(|r| to_device(&[r as u8 + 1; 64])).collect();
+    let outs: Vec<*mut u8> = (0..2).map(|_| to_device(&[0; 64])).collect();
+    let group = |call: &dyn Fn(usize) -> ncclResult_t| {
+        let before = rccl_device::emu::works_run();
+        // SAFETY: plain group calls.
+        assert_eq!(unsafe { ncclGroupStart() }, ncclSuccess);
+        for (rank, &comm) in comms.iter().enumerate() {
+            assert_eq!(call(rank), ncclSuccess, "{}", last_error(comm));
+        }
+        // SAFETY: as above.
+        assert_eq!(unsafe { ncclGroupEnd() }, ncclSuccess);
+        // SAFETY: a live stream.
+        assert_eq!(unsafe { rcclrsEmuStreamSynchronize(stream) }, ncclSuccess);
+        // Other tests of this binary may launch work meanwhile: at least
+        // this group's two blocks ran.
+        assert!(rccl_device::emu::works_run() >= before + 2);
+    };
+    let uint8 = DataType::Uint8 as ncclDataType_t;
+    // In place, small: the host path would take the board.
+    // SAFETY (each call): device buffers of `count` bytes, never freed.
+    group(&|r| unsafe {
+        ncclAllReduce(
+            bufs[r].cast(),
+            bufs[r].cast(),
+            count,
+            uint8,
+            0,
+            comms[r],
+            stream,
+        )
+    });
+    for &buf in &bufs {
+        assert_eq!(read_back(buf, count), vec![3u8; count]);
+    }
+    group(&|r| unsafe {
+        ncclAllReduce(
+            bufs[r].cast(),
+            outs[r].cast(),
+            count,
+            uint8,
+            0,
+            comms[r],
+            stream,
+        )
+    });
+    for &out in &outs {
+        assert_eq!(read_back(out, count), vec![6u8; count]);
+    }
+    // Each rank sends its buffer to the other.
+    group(&|r| unsafe {
+        let peer = 1 - r as i32;
+        let sent = ncclSend(bufs[r].cast(), count, uint8, peer, comms[r], stream);
+        if sent != ncclSuccess {
+            return sent;
+        }
+        ncclRecv(outs[r].cast(), count, uint8, peer, comms[r], stream)
+    });
+    for &out in &outs {
+        assert_eq!(read_back(out, count), vec![3u8; count]);
+    }
+}
