@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 pub mod abi;
 pub mod cuda;
+pub mod cuda_device;
 pub mod emu;
 mod select;
 pub mod twin;
