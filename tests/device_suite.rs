@@ -14,13 +14,19 @@ use std::time::{Duration, Instant};
 use common::{all_cases, test_config};
 use device_cases::{emu, last_error, read_back, run_case, to_device};
 use parking_lot::Mutex;
+use rccl::tuning::Selection;
 use rccl::{CollKind, Communicator, DataType};
 use rcclrs::registry::{self, Entry, Slot};
 use rcclrs::*;
 
 /// `nranks` communicators with the suite's settings, as C handles.
 fn c_comms(nranks: usize) -> Vec<ncclComm_t> {
-    Communicator::init_all_config(nranks, test_config())
+    c_comms_with(nranks, test_config())
+}
+
+/// `nranks` communicators with `config`, as C handles.
+fn c_comms_with(nranks: usize, config: rccl::Config) -> Vec<ncclComm_t> {
+    Communicator::init_all_config(nranks, config)
         .unwrap()
         .into_iter()
         .map(|comm| {
@@ -32,9 +38,13 @@ fn c_comms(nranks: usize) -> Vec<ncclComm_t> {
 }
 
 fn suite(nranks: usize) {
+    suite_with(nranks, test_config(), &CollKind::ALL, &DataType::ALL);
+}
+
+fn suite_with(nranks: usize, config: rccl::Config, kinds: &[CollKind], dtypes: &[DataType]) {
     emu();
-    let comms = c_comms(nranks);
-    let cases = all_cases(nranks, &CollKind::ALL, &DataType::ALL);
+    let comms = c_comms_with(nranks, config);
+    let cases = all_cases(nranks, kinds, dtypes);
     let failures = Mutex::new(Vec::<String>::new());
     std::thread::scope(|s| {
         for (rank, &comm) in comms.iter().enumerate() {
@@ -93,6 +103,31 @@ fn four_ranks() {
 #[test]
 fn eight_ranks() {
     suite(8);
+}
+
+/// The LL and LL128 protocols, which the tuner does not pick for ranks of
+/// one host, forced (`NCCL_PROTO`) through the interpreter's FIFOs, with
+/// ring and tree (`NCCL_ALGO`): bitwise the host path's results with the
+/// same settings.
+#[test]
+fn ll_and_ll128_forced() {
+    let kinds = [
+        CollKind::AllReduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::Broadcast,
+    ];
+    let dtypes = [DataType::Float32, DataType::Bfloat16, DataType::Int8];
+    for proto in ["LL", "LL128"] {
+        for algo in ["ring", "tree"] {
+            let config = rccl::Config {
+                proto: Selection::parse("NCCL_PROTO", proto).unwrap(),
+                algo: Selection::parse("NCCL_ALGO", &format!("allreduce:{algo}")).unwrap(),
+                ..test_config()
+            };
+            suite_with(3, config, &kinds, &dtypes);
+        }
+    }
 }
 
 /// Through the C ABI, outside any group: rank 0's call on device memory
