@@ -58,9 +58,11 @@ pub struct CudaDevice {
     ordinal: i32,
     name: String,
     kernels: OnceLock<std::result::Result<Kernels, CudaError>>,
-    /// Streams of this backend's own, one per block of a round: blocks of
-    /// ranks that share the caller's stream must run at once.
-    helpers: Mutex<Vec<usize>>,
+    /// Idle streams of this backend's own. A launch takes one per block
+    /// of its largest round (blocks of ranks that share the caller's
+    /// stream must run at once) and gives them back from its last host
+    /// function, so no two launches in flight share one.
+    helpers: Arc<Mutex<Vec<usize>>>,
     spare_status: Arc<Mutex<Vec<Status>>>,
     /// Memory freed from a host function, which may not call CUDA: freed
     /// at the next allocation.
@@ -85,7 +87,7 @@ impl CudaDevice {
             ordinal,
             name: driver.device_name(ordinal)?,
             kernels: OnceLock::new(),
-            helpers: Mutex::new(Vec::new()),
+            helpers: Arc::default(),
             spare_status: Arc::default(),
             deferred: Mutex::default(),
         })
@@ -103,13 +105,28 @@ impl CudaDevice {
         self.driver.current_device().map(|_| ()).map_err(err)
     }
 
-    /// `count` helper streams.
-    fn helpers(&self, count: usize) -> Result<Vec<CUstream>> {
-        let mut helpers = self.helpers.lock();
-        while helpers.len() < count {
-            helpers.push(self.driver.create_stream().map_err(err)? as usize);
+    /// `count` helper streams, taken from the idle ones or created.
+    fn take_helpers(&self, count: usize) -> Result<Vec<usize>> {
+        let mut taken = Vec::with_capacity(count);
+        {
+            let mut idle = self.helpers.lock();
+            while taken.len() < count {
+                match idle.pop() {
+                    Some(s) => taken.push(s),
+                    None => break,
+                }
+            }
         }
-        Ok(helpers[..count].iter().map(|&s| s as CUstream).collect())
+        while taken.len() < count {
+            match self.driver.create_stream() {
+                Ok(s) => taken.push(s as usize),
+                Err(e) => {
+                    self.helpers.lock().extend(taken);
+                    return Err(err(e));
+                }
+            }
+        }
+        Ok(taken)
     }
 
     fn status(&self, len: usize) -> Result<Status> {
@@ -310,32 +327,50 @@ impl Device for CudaDevice {
             .map_err(|e| Error::System(format!("cuMemAllocAsync: {e:?}")))?;
         let mut at = 0u64;
         let mut word = 0usize;
+        // A round of one block runs on `first` itself.
+        let widest = rounds.iter().map(Vec::len).max().unwrap_or(0);
+        let helpers = self.take_helpers(if widest > 1 { widest } else { 0 })?;
         for round in &rounds {
-            let helpers = self.helpers(round.len())?;
-            for (work, &helper) in round.iter().zip(&helpers) {
+            // Every block of the round is copied first, then the kernels
+            // start together on the helpers (a block waits for its peers'
+            // blocks through their FIFOs), then `first` waits for them all.
+            let mut placed = Vec::with_capacity(round.len());
+            for work in round {
                 let bytes = work.bytes();
                 // SAFETY: `mem + at` holds `bytes.len()` bytes; the source
                 // is pageable, so the driver stages it before returning.
                 unsafe { result::memcpy_htod_async(mem + at, bytes, first) }
                     .map_err(|e| Error::System(format!("cuMemcpyHtoDAsync: {e:?}")))?;
-                order(first, helper)?;
-                // SAFETY: the block was copied to `mem + at` before the
-                // kernel (ordered above); its addresses are device memory
-                // the engine keeps until `done`; the status words are
-                // mapped pinned memory of `channels` words.
+                placed.push((mem + at, work.nchannels(), word));
+                at += bytes.len() as u64;
+                word += work.nchannels();
+            }
+            let lanes: Vec<CUstream> = if round.len() == 1 {
+                vec![first]
+            } else {
+                helpers.iter().map(|&s| s as CUstream).collect()
+            };
+            for (&(block, nchannels, word), &helper) in placed.iter().zip(&lanes) {
+                if helper != first {
+                    order(first, helper)?;
+                }
+                // SAFETY: the block was copied to `block` before the kernel
+                // (ordered above); its addresses are device memory the
+                // engine keeps until `done`; the status words are mapped
+                // pinned memory of `channels` words.
                 unsafe {
                     kernels.run_work(
-                        mem + at,
-                        work.nchannels() as u32,
+                        block,
+                        nchannels as u32,
                         spins,
                         status.words.add(word) as u64,
                         helper,
                     )
                 }
                 .map_err(err)?;
+            }
+            for &helper in lanes.iter().filter(|&&s| s != first) {
                 order(helper, first)?;
-                at += bytes.len() as u64;
-                word += work.nchannels();
             }
         }
         // SAFETY: every kernel reading `mem` is ordered before this on
@@ -343,6 +378,7 @@ impl Device for CudaDevice {
         unsafe { result::free_async(mem, first) }
             .map_err(|e| Error::System(format!("cuMemFreeAsync: {e:?}")))?;
         let spare = self.spare_status.clone();
+        let idle = self.helpers.clone();
         enqueue_host(
             first,
             Box::new(move || {
@@ -359,6 +395,7 @@ impl Device for CudaDevice {
                     ))),
                 };
                 spare.lock().push(status);
+                idle.lock().extend(helpers);
                 done(result);
             }),
         )?;
