@@ -8,8 +8,9 @@
 #   scripts/gpu-check.sh           there: runs every check, writes logs
 #                                  under $OUT and prints a summary table
 #
-# .gpu/ holds: bin/ (rccl-kernel-check and the perf binaries), lib/
-# (librcclrs.so), include/nccl.h, nccl-tests/ (NVIDIA's nccl-tests source,
+# .gpu/ holds: binaries.tar.gz (bin/: rccl-kernel-check and the perf
+# binaries, lib/: librcclrs.so; each binary embeds the kernels' fatbin, so
+# they travel compressed and the run unpacks them), include/nccl.h, nccl-tests/ (NVIDIA's nccl-tests source,
 # fetched into .gpu/nccl-tests beforehand), REVISION and CAPS (what the
 # binaries can do; a check they cannot run yet is listed as NOT YET).
 set -uo pipefail
@@ -30,6 +31,8 @@ prepare() {
     strip -o "$pack/bin/${b}_perf" "target/release/${b}_perf"
   done
   strip -o "$pack/lib/librcclrs.so" target/release/librcclrs.so
+  tar -czf "$pack/binaries.tar.gz" -C "$pack" bin lib
+  rm -rf "$pack/bin" "$pack/lib"
   cp ffi/include/nccl.h "$pack/include/"
   { git rev-parse HEAD; git status --porcelain | grep -q . && echo "(with uncommitted changes)"; } > "$pack/REVISION" || true
   # The perf binaries reach device memory once `--memory` takes
@@ -58,6 +61,7 @@ fi
 
 out=${OUT:-$root/gpu-check-out}
 mkdir -p "$out"
+[ -d "$pack/bin" ] || tar -xzf "$pack/binaries.tar.gz" -C "$pack"
 start=$(date +%s)
 budget=${GPU_CHECK_SECONDS:-450}
 summary=()
@@ -97,18 +101,28 @@ else
 fi
 
 # ---- the perf binaries on device memory, 2/4/8 ranks on device 0 ----
+# Each rank's call runs the device-work interpreter kernel (one block per
+# channel) on device 0 through the CUDA backend (RCCL_DEVICE unset picks
+# it when the driver sees a device); a run whose header does not name
+# `[cuda 0]` did not reach the GPU and counts as failed.
 if has_cap device_memory; then
   wrong_total=0
+  not_on_gpu=0
+  failed_runs=""
   for b in all_reduce all_gather broadcast reduce reduce_scatter alltoall scatter gather sendrecv hypercube; do
     for k in 2 4 8; do
       log="$out/perf_${b}_g$k.log"
-      timeout "$(left 60)" "$pack/bin/${b}_perf" --memory device -g "$k" -b 8 -e 1G -f 4 -n 5 -w 1 -c 1 > "$log" 2>&1
+      RCCL_TIMEOUT_MS=30000 timeout "$(left 60)" "$pack/bin/${b}_perf" --memory device -g "$k" \
+        -b 8 -e 1G -f 4 -n 5 -w 1 -c 1 > "$log" 2>&1
       w=$(awk '/Out of bounds values/ {print $7}' "$log")
-      [ -z "$w" ] && w=1
+      [ -z "$w" ] && { w=1; failed_runs+=" ${b}-g$k"; }
+      grep -q '\[cuda 0\]' "$log" || not_on_gpu=$((not_on_gpu + 1))
       wrong_total=$((wrong_total + w))
     done
   done
-  record "perf binaries, device memory, -g 2/4/8" "$([ "$wrong_total" = 0 ] && echo PASS || echo FAIL)" "wrong: $wrong_total (logs perf_*.log)"
+  record "perf binaries, device memory, -g 2/4/8" \
+    "$([ "$wrong_total" = 0 ] && [ "$not_on_gpu" = 0 ] && echo PASS || echo FAIL)" \
+    "wrong: $wrong_total, runs not on [cuda 0]: $not_on_gpu, no result:${failed_runs:- none} (logs perf_*.log)"
   # busbw of k ranks on one GPU beside the bound B(k-1)/k^2.
   for k in 2 4 8; do
     bw=$(awk '$1 == 268435456 {print $8}' "$out/perf_all_reduce_g$k.log" | head -1)
@@ -219,7 +233,7 @@ if has_cap device_memory; then
     NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > "$out/nccl-tests-rccl-build.log" 2>&1
   for graph in 0 1; do
     log="$out/nccl-tests_rccl_G$graph.log"
-    LD_LIBRARY_PATH="$pack/lib:${LD_LIBRARY_PATH:-}" timeout "$(left 60)" \
+    RCCL_TIMEOUT_MS=30000 LD_LIBRARY_PATH="$pack/lib:${LD_LIBRARY_PATH:-}" timeout "$(left 60)" \
       "$build/nt-rccl/all_reduce_perf" -g 1 -b 8 -e 1G -f 4 -c 1 -G "$graph" > "$log" 2>&1
     w=$(awk '/Out of bounds values/ {print $7}' "$log")
     record "nccl-tests all_reduce -g 1 -G $graph (rccl-rs)" "$([ "$w" = 0 ] && echo PASS || echo FAIL)" "wrong: ${w:-no result} ($(basename "$log"))"

@@ -14,13 +14,19 @@ use std::time::{Duration, Instant};
 use common::{all_cases, test_config};
 use device_cases::{emu, last_error, read_back, run_case, to_device};
 use parking_lot::Mutex;
+use rccl::tuning::Selection;
 use rccl::{CollKind, Communicator, DataType};
 use rcclrs::registry::{self, Entry, Slot};
 use rcclrs::*;
 
 /// `nranks` communicators with the suite's settings, as C handles.
 fn c_comms(nranks: usize) -> Vec<ncclComm_t> {
-    Communicator::init_all_config(nranks, test_config())
+    c_comms_with(nranks, test_config())
+}
+
+/// `nranks` communicators with `config`, as C handles.
+fn c_comms_with(nranks: usize, config: rccl::Config) -> Vec<ncclComm_t> {
+    Communicator::init_all_config(nranks, config)
         .unwrap()
         .into_iter()
         .map(|comm| {
@@ -32,9 +38,13 @@ fn c_comms(nranks: usize) -> Vec<ncclComm_t> {
 }
 
 fn suite(nranks: usize) {
+    suite_with(nranks, test_config(), &CollKind::ALL, &DataType::ALL);
+}
+
+fn suite_with(nranks: usize, config: rccl::Config, kinds: &[CollKind], dtypes: &[DataType]) {
     emu();
-    let comms = c_comms(nranks);
-    let cases = all_cases(nranks, &CollKind::ALL, &DataType::ALL);
+    let comms = c_comms_with(nranks, config);
+    let cases = all_cases(nranks, kinds, dtypes);
     let failures = Mutex::new(Vec::<String>::new());
     std::thread::scope(|s| {
         for (rank, &comm) in comms.iter().enumerate() {
@@ -95,6 +105,31 @@ fn eight_ranks() {
     suite(8);
 }
 
+/// The LL and LL128 protocols, which the tuner does not pick for ranks of
+/// one host, forced (`NCCL_PROTO`) through the interpreter's FIFOs, with
+/// ring and tree (`NCCL_ALGO`): bitwise the host path's results with the
+/// same settings.
+#[test]
+fn ll_and_ll128_forced() {
+    let kinds = [
+        CollKind::AllReduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::Broadcast,
+    ];
+    let dtypes = [DataType::Float32, DataType::Bfloat16, DataType::Int8];
+    for proto in ["LL", "LL128"] {
+        for algo in ["ring", "tree"] {
+            let config = rccl::Config {
+                proto: Selection::parse("NCCL_PROTO", proto).unwrap(),
+                algo: Selection::parse("NCCL_ALGO", &format!("allreduce:{algo}")).unwrap(),
+                ..test_config()
+            };
+            suite_with(3, config, &kinds, &dtypes);
+        }
+    }
+}
+
 /// Through the C ABI, outside any group: rank 0's call on device memory
 /// returns although rank 1 has not called yet (this thread makes rank 1's
 /// call only afterwards: a call that waited for its peer would never
@@ -140,5 +175,81 @@ fn a_call_returns_before_its_peer_arrives_and_completes_at_synchronize() {
         // SAFETY: a live stream.
         assert_eq!(unsafe { rcclrsEmuStreamSynchronize(stream) }, ncclSuccess);
         assert_eq!(read_back(bufs[rank].1, count), vec![3u8; count]);
+    }
+}
+
+/// Calls on device memory of ranks in one process run as device work (the
+/// kernels' interpreter, compiled for the host on the emulated GPU), never
+/// the host executor: each call of each rank launches one block, whether
+/// a collective, an in-place one-shot all-reduce (which the host runs on
+/// its board) or a group of sends and receives, driven from one thread
+/// for both ranks.
+#[test]
+fn calls_on_device_memory_run_as_device_work() {
+    emu();
+    let comms = c_comms(2);
+    let mut stream: cudaStream_t = null_mut();
+    // SAFETY: a writable stream slot.
+    assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
+    let count = 64;
+    let bufs: Vec<*mut u8> = (0..2).map(|r| to_device(&[r as u8 + 1; 64])).collect();
+    let outs: Vec<*mut u8> = (0..2).map(|_| to_device(&[0; 64])).collect();
+    let group = |call: &dyn Fn(usize) -> ncclResult_t| {
+        let before = rccl_device::emu::works_run();
+        // SAFETY: plain group calls.
+        assert_eq!(unsafe { ncclGroupStart() }, ncclSuccess);
+        for (rank, &comm) in comms.iter().enumerate() {
+            assert_eq!(call(rank), ncclSuccess, "{}", last_error(comm));
+        }
+        // SAFETY: as above.
+        assert_eq!(unsafe { ncclGroupEnd() }, ncclSuccess);
+        // SAFETY: a live stream.
+        assert_eq!(unsafe { rcclrsEmuStreamSynchronize(stream) }, ncclSuccess);
+        // Other tests of this binary may launch work meanwhile: at least
+        // this group's two blocks ran.
+        assert!(rccl_device::emu::works_run() >= before + 2);
+    };
+    let uint8 = DataType::Uint8 as ncclDataType_t;
+    // In place, small: the host path would take the board.
+    // SAFETY (each call): device buffers of `count` bytes, never freed.
+    group(&|r| unsafe {
+        ncclAllReduce(
+            bufs[r].cast(),
+            bufs[r].cast(),
+            count,
+            uint8,
+            0,
+            comms[r],
+            stream,
+        )
+    });
+    for &buf in &bufs {
+        assert_eq!(read_back(buf, count), vec![3u8; count]);
+    }
+    group(&|r| unsafe {
+        ncclAllReduce(
+            bufs[r].cast(),
+            outs[r].cast(),
+            count,
+            uint8,
+            0,
+            comms[r],
+            stream,
+        )
+    });
+    for &out in &outs {
+        assert_eq!(read_back(out, count), vec![6u8; count]);
+    }
+    // Each rank sends its buffer to the other.
+    group(&|r| unsafe {
+        let peer = 1 - r as i32;
+        let sent = ncclSend(bufs[r].cast(), count, uint8, peer, comms[r], stream);
+        if sent != ncclSuccess {
+            return sent;
+        }
+        ncclRecv(outs[r].cast(), count, uint8, peer, comms[r], stream)
+    });
+    for &out in &outs {
+        assert_eq!(read_back(out, count), vec![3u8; count]);
     }
 }

@@ -374,3 +374,33 @@ fn a_group_mixing_host_and_device_calls_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn device_work_whose_peer_never_comes_fails_at_the_timeout() {
+    let comms = Communicator::init_all_config(
+        2,
+        Config {
+            timeout: Duration::from_millis(300),
+            ..config()
+        },
+    )
+    .unwrap();
+    let stream = emu().create_stream().unwrap();
+    let send = on_device(&[1.0; 64]);
+    let recv = on_device(&[0.0; 64]);
+    let started = Instant::now();
+    // Rank 1 never calls.
+    // SAFETY: the buffers are never freed.
+    unsafe {
+        comms[0]
+            .collective_raw_on_stream(all_reduce(64), send, recv, stream.raw())
+            .unwrap()
+    };
+    stream.synchronize(soon()).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let err = comms[0]
+        .async_error()
+        .expect("the launch failed")
+        .to_string();
+    assert!(err.contains("did not finish within 300ms"), "{err}");
+}

@@ -8,8 +8,10 @@
 //! The engine asks three things of a device: which memory a pointer is
 //! ([`Device::classify`], a lookup cheap enough for every call), streams
 //! to order its work on ([`Device::stream`], from the caller's raw
-//! `cudaStream_t`), and a way to run one piece of work once every stream
-//! of a group has reached it ([`Device::enqueue_joint`]).
+//! `cudaStream_t`), a way to run one piece of work once every stream
+//! of a group has reached it ([`Device::enqueue_joint`]), and the launch
+//! of device work ([`Device::launch_work`]: the kernels' interpreter
+//! running rccl-algorithms' schedules).
 //!
 //! The kernels (`kernels/`, CUDA C++) are prebuilt into `fatbin/` by
 //! `scripts/build-kernels.sh`; their host twin, the same sources compiled
@@ -19,10 +21,11 @@ use std::any::Any;
 use std::fmt;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub mod abi;
 pub mod cuda;
+pub mod cuda_device;
 pub mod emu;
 mod select;
 pub mod twin;
@@ -77,6 +80,24 @@ impl fmt::Display for Memory {
 /// them on its communicators, as NCCL's asynchronous errors).
 pub type Work = Box<dyn FnOnce() + Send + 'static>;
 
+/// Device work to run in stream order ([`Device::launch_work`]).
+pub struct WorkLaunch {
+    /// Rounds, run one after another. Every channel of every block of a
+    /// round runs at once: blocks of one round may wait on each other
+    /// through their FIFOs (ranks of one process sharing the device).
+    pub rounds: Vec<Vec<Arc<work::Work>>>,
+    /// How long the launch may run once started; then every block's abort
+    /// word is set and the launch fails.
+    pub timeout: Duration,
+    /// Asked while the launch runs: `true` sets every block's abort word
+    /// (the engine's communicator was aborted or failed).
+    pub stop: Box<dyn Fn() -> bool + Send>,
+    /// Told how the launch ended, once it has, in stream order. Dropped
+    /// without being called when the launch never runs (its stream was
+    /// destroyed).
+    pub done: Box<dyn FnOnce(Result<()>) + Send>,
+}
+
 /// A GPU as the engine sees it.
 pub trait Device: Send + Sync {
     /// The backend's name ("emu", "cuda").
@@ -92,6 +113,16 @@ pub trait Device: Send + Sync {
 
     /// Allocates `bytes` of device memory.
     fn alloc(&self, bytes: usize) -> Result<*mut u8>;
+
+    /// Allocates `bytes` of device memory, zeroed (FIFOs start zeroed).
+    fn alloc_zeroed(&self, bytes: usize) -> Result<*mut u8> {
+        let ptr = self.alloc(bytes)?;
+        let zeros = vec![0u8; bytes];
+        // SAFETY: `ptr` is a fresh allocation of `bytes`, `zeros` a host
+        // buffer as long; they do not overlap.
+        unsafe { self.copy(ptr, zeros.as_ptr(), bytes) }?;
+        Ok(ptr)
+    }
 
     /// Frees what [`Device::alloc`] returned.
     ///
@@ -128,6 +159,13 @@ pub trait Device: Send + Sync {
     /// communicators, some sharing a stream, runs this way without
     /// deadlock.
     fn enqueue_joint(&self, streams: &[Arc<dyn Stream>], work: Work) -> Result<()>;
+
+    /// Enqueues device work as [`Device::enqueue_joint`] enqueues a task:
+    /// after everything enqueued before it on every stream of `streams`,
+    /// before anything enqueued after it on any of them. Every address in
+    /// the blocks (buffers, FIFOs, scratch, abort word) must be memory the
+    /// device reaches, valid until `done` is called.
+    fn launch_work(&self, streams: &[Arc<dyn Stream>], launch: WorkLaunch) -> Result<()>;
 
     /// Whether this backend shares device memory between processes
     /// ([`Device::alloc_shareable`], [`Device::export`],

@@ -8,6 +8,8 @@
 
 use std::sync::OnceLock;
 
+use crate::cuda::CudaError;
+use crate::cuda_device::CudaDevice;
 use crate::{emu, Device, Error, Result};
 
 /// A backend to select.
@@ -30,20 +32,26 @@ static FROM_ENV: OnceLock<Chosen> = OnceLock::new();
 fn open(kind: Kind) -> Chosen {
     match kind {
         Kind::Emu => Ok(emu::device()),
-        // The CUDA backend plugs in here.
-        Kind::Cuda => Err("RCCL_DEVICE=cuda: this build has no CUDA backend".into()),
+        Kind::Cuda => open_cuda().map_err(|e| format!("RCCL_DEVICE=cuda: {e}")),
     }
+}
+
+/// The CUDA device, opened once (it lives for the process).
+fn open_cuda() -> std::result::Result<&'static dyn Device, CudaError> {
+    static CUDA: OnceLock<std::result::Result<&'static CudaDevice, CudaError>> = OnceLock::new();
+    let device = CUDA.get_or_init(|| CudaDevice::open().map(|d| &*Box::leak(Box::new(d))));
+    device.clone().map(|d| d as &'static dyn Device)
 }
 
 fn from_env() -> Chosen {
     match std::env::var("RCCL_DEVICE").as_deref() {
         Ok("emu") => open(Kind::Emu),
         Ok("cuda") => open(Kind::Cuda),
-        // Unset: CUDA when a driver is present (the CUDA backend's check
-        // plugs in here), else host memory only.
-        Err(_) | Ok("") => {
-            Err("no device backend: RCCL_DEVICE is unset and no CUDA driver was found".into())
-        }
+        // Unset: CUDA when a driver loads and sees a device, else host
+        // memory only.
+        Err(_) | Ok("") => open_cuda().map_err(|e| {
+            format!("no device backend: RCCL_DEVICE is unset and no CUDA device was found ({e})")
+        }),
         Ok(other) => Err(format!(
             "RCCL_DEVICE={other} is not a device backend (emu or cuda)"
         )),

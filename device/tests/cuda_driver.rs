@@ -72,3 +72,33 @@ fn binaries_linking_the_crate_need_no_cuda_library() {
         }
     }
 }
+
+/// Selecting the CUDA backend opens it where a driver sees a device (the
+/// label names it), and elsewhere fails with the driver's reason, never a
+/// panic; the emulated GPU can still be selected after a failed attempt.
+#[test]
+fn selecting_cuda_opens_the_device_or_says_why_not() {
+    let usable = Driver::get()
+        .and_then(|d| d.device_count())
+        .map(|n| n > 0)
+        .unwrap_or(false);
+    match rccl_device::select(rccl_device::Kind::Cuda) {
+        Ok(device) => {
+            assert!(usable, "a CUDA device without a driver");
+            assert_eq!(device.backend(), "cuda");
+            assert!(device.label().starts_with("[cuda "), "{}", device.label());
+        }
+        Err(e) => {
+            assert!(!usable, "a usable driver, yet: {e}");
+            let text = e.to_string();
+            assert!(text.starts_with("RCCL_DEVICE=cuda: "), "{text}");
+            if !driver_library_present() {
+                assert!(text.contains("no CUDA driver: libcuda.so.1"), "{text}");
+            }
+            assert_eq!(
+                rccl_device::select(rccl_device::Kind::Emu).map(|d| d.backend()),
+                Ok("emu")
+            );
+        }
+    }
+}

@@ -687,6 +687,7 @@ impl Communicator {
                 device_links: no_links(),
                 board: None,
                 lone: None,
+                device_work: None,
             }),
             activity: Mutex::new(Activity::default()),
             heard: Mutex::default(),

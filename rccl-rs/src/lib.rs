@@ -12,6 +12,7 @@ mod comm;
 mod config;
 mod connect;
 mod debug;
+mod device_work;
 mod diagnose;
 mod error;
 mod executor;

@@ -119,6 +119,9 @@ pub(crate) struct CommLaunch {
     pub p2p: Vec<RawOp>,
     /// Whether its calls are on device memory (they all are, or none).
     pub on_device: bool,
+    /// Its operations run as device work, in call order (calls on device
+    /// memory of a communicator whose ranks are all in this process).
+    pub device_ops: Vec<crate::device_work::DeviceOp>,
 }
 
 impl CommLaunch {
@@ -141,9 +144,10 @@ impl CommLaunch {
 pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
     let comm = &launch.comm;
     let (spec, choice, in_place) = choose_collective(op)?;
+    let as_device_work = op.stream.is_some() && crate::device_work::interprets(comm);
     let on_board = runs_on_board(op, &choice);
     let started = start_collective(op, &choice, in_place, on_board)?;
-    if on_board {
+    if on_board && !as_device_work {
         launch.board.push(board_op(op, started));
         return Ok(());
     }
@@ -155,6 +159,16 @@ pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()>
     let schedule = choice
         .algorithm
         .schedule(&spec, comm.rank, &choice.params, &comm.topology);
+    if as_device_work {
+        if schedule.channels.iter().any(|steps| !steps.is_empty()) {
+            // One-shot reads every input after writing the output: in
+            // place, the board stages the input; device work does too.
+            let staged = on_board && in_place;
+            let work = crate::device_work::collective(op, schedule, choice.protocol, tag, staged);
+            launch.device_ops.push(work);
+        }
+        return Ok(());
+    }
     let buffers = Buffers {
         send: op.send,
         recv: op.recv,
@@ -421,6 +435,18 @@ pub(crate) fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
     }
     let (nchannels, protocol, chunk_bytes) = p2p_shape(comm, &calls)?;
     let schedule = p2p_schedule(comm.rank, &calls, nchannels, chunk_bytes);
+    if launch.on_device && crate::device_work::interprets(comm) {
+        if schedule.channels.iter().any(|steps| !steps.is_empty()) {
+            let stream = ops[0]
+                .stream
+                .clone()
+                .expect("a call on device memory has a stream");
+            let work =
+                crate::device_work::p2p(schedule, protocol, stream, comm.nranks, &sends, &recvs);
+            launch.device_ops.push(work);
+        }
+        return Ok(());
+    }
     let binding = || Binding::Segments {
         send: sends.clone(),
         recv: recvs.clone(),

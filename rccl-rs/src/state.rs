@@ -18,6 +18,8 @@ pub(crate) struct ExecState {
     pub board: Option<BoardLink>,
     /// The last lone all-reduce asked about the board, remembered whole.
     pub lone: Option<LoneBoardCall>,
+    /// The FIFOs and state of calls run as device work, once one ran.
+    pub device_work: Option<crate::device_work::DeviceLinks>,
 }
 
 impl ExecState {

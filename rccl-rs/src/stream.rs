@@ -6,10 +6,11 @@
 //! is one task that every stream of its calls waits for, so a thread that
 //! drives several ranks (some sharing a stream) cannot deadlock.
 //!
-//! The launch runs the host executor over the device memory, which the
-//! emulated GPU keeps in host memory. The CUDA backend replaces that with
-//! its kernel behind the same seam: [`enqueue`] hands the device a planned
-//! launch and its streams.
+//! A launch whose communicators have all their ranks in this process runs
+//! as device work (`device_work.rs`: the kernels' interpreter, on the GPU
+//! or compiled for the host on the emulated one). A communicator spanning
+//! processes runs the host executor over the device memory, which only the
+//! emulated GPU keeps in host memory; on CUDA such a call is refused.
 //!
 //! Failures of an enqueued launch poison its communicators: they surface
 //! through `async_error` (`ncclCommGetAsyncError`) and the next call.
@@ -142,6 +143,26 @@ pub(crate) fn enqueue(ops: Vec<RawOp>) -> Result<()> {
     let Some(planned) = launch::plan(ops)? else {
         return Ok(());
     };
+    match planned.as_device_work() {
+        Some(true) => return crate::device_work::launch(planned, &streams, device),
+        // Ranks in other processes: the host executor over the device
+        // memory, which only the emulated GPU keeps in host memory.
+        Some(false) if device.backend() == "emu" => {}
+        Some(false) => {
+            return Err(Error::InvalidUsage(format!(
+                "calls on {} device memory run as device work only between ranks of one \
+                 process; this communicator has ranks in other processes",
+                device.backend()
+            )))
+        }
+        None => {
+            return Err(Error::InvalidUsage(
+                "a group on device memory mixes communicators whose ranks are all in this \
+                 process with communicators that span processes: run them in separate groups"
+                    .into(),
+            ))
+        }
+    }
     let comms = planned
         .comms()
         .map(|comm| (comm.clone(), comm.queued.issue()))

@@ -4,8 +4,10 @@
 //! Device memory is host memory from `mmap` that the backend tracks, so
 //! the engine can tell it from host memory and keep the host path off it.
 //! Streams are ordered queues, each run by a worker thread; events mark a
-//! point of a stream's order; every wait has a deadline.
+//! point of a stream's order; every wait has a deadline. Device work runs
+//! through the kernels' interpreter compiled for the host (`launch.rs`).
 
+mod launch;
 mod stream;
 
 use std::collections::{BTreeMap, HashMap};
@@ -17,8 +19,9 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::{Device, Error, Event, Memory, Result, Stream, Work};
+use crate::{Device, Error, Event, Memory, Result, Stream, Work, WorkLaunch};
 
+pub use launch::works_run;
 pub use stream::{EmuEvent, EmuStream};
 
 /// The backend's name in messages.
@@ -183,6 +186,11 @@ impl Device for Emu {
         self.map(None, bytes.max(1), "allocate")
     }
 
+    fn alloc_zeroed(&self, bytes: usize) -> Result<*mut u8> {
+        // Fresh anonymous pages read as zeros.
+        self.alloc(bytes)
+    }
+
     unsafe fn free(&self, ptr: *mut u8) -> Result<()> {
         let Some(len) = self.allocations.write().remove(&(ptr as usize)) else {
             return Err(Error::InvalidArgument(format!(
@@ -263,6 +271,10 @@ impl Device for Emu {
                 stream::enqueue_joint(many, work, self.wait_limit)
             }
         }
+    }
+
+    fn launch_work(&self, streams: &[Arc<dyn Stream>], launch: WorkLaunch) -> Result<()> {
+        self.enqueue_joint(streams, Box::new(move || launch::run(launch)))
     }
 
     fn shares_memory(&self) -> bool {
