@@ -12,6 +12,8 @@ mod comm;
 mod config;
 mod connect;
 mod debug;
+mod device_launch;
+mod device_links;
 mod device_work;
 mod diagnose;
 mod error;

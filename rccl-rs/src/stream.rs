@@ -144,7 +144,7 @@ pub(crate) fn enqueue(ops: Vec<RawOp>) -> Result<()> {
         return Ok(());
     };
     match planned.as_device_work() {
-        Some(true) => return crate::device_work::launch(planned, &streams, device),
+        Some(true) => return crate::device_launch::launch(planned, &streams, device),
         // Ranks in other processes: the host executor over the device
         // memory, which only the emulated GPU keeps in host memory.
         Some(false) if device.backend() == "emu" => {}

@@ -290,7 +290,13 @@ fn a_message_larger_than_a_slot_fails_the_connection() {
 }
 
 const ECHO_HANDLE: &str = "RCCL_NET_TEST_ECHO_HANDLE";
-const ROUNDS: u32 = 200;
+/// Round trips timed together, and how many such batches are run: the
+/// fastest batch counts, so a machine busy for a moment does not fail the
+/// check, while pacing by 1 ms sleeps slows every batch alike.
+const BATCH: u32 = 199;
+const BATCHES: u32 = 3;
+/// A first round, then the batches.
+const ROUNDS: u32 = 1 + BATCH * BATCHES;
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -343,8 +349,9 @@ fn echo(theirs: &str) -> ! {
 /// A plug-in's requests give the proxy nothing to sleep on, so it tests
 /// them again after a sleep; while messages flow those sleeps stay short
 /// (50 us, not 1 ms), so a ping-pong with another process through the C
-/// plug-in is not paced by them: 199 round trips take under 400 ms
-/// (measured here: 40 to 160 ms, against 710 ms with 1 ms sleeps).
+/// plug-in is not paced by them: 199 round trips take under 400 ms in the
+/// fastest of three batches (measured here: 40 to 160 ms, against 710 ms
+/// with 1 ms sleeps).
 #[test]
 fn a_ping_pong_through_a_plugin_is_not_paced_by_the_proxys_sleep() {
     if let Ok(theirs) = std::env::var(ECHO_HANDLE) {
@@ -379,13 +386,18 @@ fn a_ping_pong_through_a_plugin_is_not_paced_by_the_proxys_sleep() {
     // One round first: both proxies are started.
     send(conn.send_fifo(), 0, 8);
     receive(conn.recv_fifo(), 0, 8);
-    let start = Instant::now();
-    for i in 1..ROUNDS {
-        send(conn.send_fifo(), i, 8);
-        receive(conn.recv_fifo(), i, 8);
-    }
-    let took = start.elapsed();
+    let batches: Vec<Duration> = (0..BATCHES)
+        .map(|b| {
+            let start = Instant::now();
+            for i in 1 + b * BATCH..1 + (b + 1) * BATCH {
+                send(conn.send_fifo(), i, 8);
+                receive(conn.recv_fifo(), i, 8);
+            }
+            start.elapsed()
+        })
+        .collect();
     assert!(child.wait().unwrap().success());
-    eprintln!("{} round trips through the C plug-in: {took:?}", ROUNDS - 1);
-    assert!(took < Duration::from_millis(400), "{took:?}");
+    eprintln!("batches of {BATCH} round trips through the C plug-in: {batches:?}");
+    let fastest = batches.iter().min().unwrap();
+    assert!(*fastest < Duration::from_millis(400), "{batches:?}");
 }

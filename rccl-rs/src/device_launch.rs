@@ -1,0 +1,207 @@
+//! Launching device work: a planned launch whose communicators have all
+//! their ranks in this process is encoded, operation by operation, over
+//! each communicator's device links (`device_work.rs`) and handed to the
+//! device as one launch on the calls' streams.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use rccl_device::abi::FifoView;
+use rccl_device::work::{encode, Work, WorkCall, WorkLinks};
+use rccl_device::{Device, WorkLaunch};
+
+use crate::comm::CommInner;
+use crate::device_links::{DeviceLinks, DeviceMem, Owner};
+use crate::error::{Error, Result};
+use crate::launch::Planned;
+use crate::queue::StreamRef;
+
+/// One operation's view of its communicator's links, for the encoder.
+struct OpLinks<'a> {
+    links: &'a DeviceLinks,
+    proto: usize,
+    nslots: u32,
+    slot_bytes: u32,
+}
+
+impl WorkLinks for OpLinks<'_> {
+    fn fifos(&self, channel: usize, peer: usize) -> (FifoView, FifoView) {
+        let (send, recv) = &self.links.fifos[&(channel, peer, self.proto)];
+        let view = |mem: &DeviceMem| FifoView {
+            base: mem.ptr,
+            proto: self.proto as u32,
+            nslots: self.nslots,
+            slot_bytes: self.slot_bytes,
+            pad: 0,
+        };
+        (view(send), view(recv))
+    }
+
+    fn scratch(&self, channel: usize) -> (*mut u8, u64) {
+        // A channel without steps has none: it never stages a piece.
+        match &self.links.scratch[channel] {
+            Some(mem) => (mem.ptr, self.slot_bytes as u64),
+            None => (std::ptr::null_mut(), 0),
+        }
+    }
+}
+
+/// Reports a launch's end to its communicators: a failure poisons them;
+/// dropped without a report (the launch never ran: its stream was
+/// destroyed), it poisons them too. Either way their queue moves on.
+struct Finish {
+    comms: Vec<Arc<CommInner>>,
+    reported: bool,
+}
+
+impl Finish {
+    fn report(mut self, result: rccl_device::Result<()>) {
+        self.reported = true;
+        if let Err(err) = result {
+            for comm in &self.comms {
+                let err = if comm.abort.load(Ordering::Relaxed) {
+                    comm.ended_error()
+                } else {
+                    Error::System(format!("rank {}: {err}", comm.rank))
+                };
+                comm.poison(&err);
+            }
+        }
+    }
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        for comm in &self.comms {
+            if !self.reported {
+                comm.poison(&Error::System(
+                    "device work queued on a stream never ran: its stream was destroyed".into(),
+                ));
+            }
+            comm.queued.finish();
+        }
+    }
+}
+
+/// Encodes every operation of `planned` as device work and launches it on
+/// `streams` as one launch: round `r` runs the `r`-th operation of every
+/// communicator of the group at once. Returns once enqueued.
+pub(crate) fn launch(
+    planned: Planned,
+    streams: &[StreamRef],
+    device: &'static dyn Device,
+) -> Result<()> {
+    let mut launches = planned.into_launches();
+    // Lock communicators in address order, as host launches do.
+    launches.sort_by_key(|l| Arc::as_ptr(&l.comm) as usize);
+    let comms: Vec<Arc<CommInner>> = launches.iter().map(|l| l.comm.clone()).collect();
+    let mut guards: Vec<_> = comms.iter().map(|comm| comm.exec.lock()).collect();
+    let first = &streams[0];
+    let mut rounds: Vec<Vec<Arc<Work>>> = Vec::new();
+    let mut memory: Vec<Arc<DeviceMem>> = Vec::new();
+    for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
+        let comm = &launch.comm;
+        if guard.device_work.is_none() {
+            guard.device_work = Some(DeviceLinks::new(comm.config.max_channels, device)?);
+        }
+        let links = guard.device_work.as_mut().expect("made above");
+        let shape = comm.config.fifo_shape();
+        let mut staged = 0;
+        for (round, op) in launch.device_ops.iter().enumerate() {
+            // After the communicator's previous launch, whatever stream
+            // that one was on.
+            if let Some(last) = &links.last {
+                op.stream.wait_event(last.as_ref()).map_err(Error::from)?;
+            }
+            links.connect(
+                device,
+                Owner {
+                    secret: comm.bootstrap.secret().0,
+                    nranks: comm.nranks,
+                    rank: comm.rank,
+                },
+                &shape,
+                &op.schedule,
+                op.protocol,
+            )?;
+            let mut call = WorkCall {
+                abort: links.abort.ptr.cast::<u32>(),
+                ..op.call
+            };
+            if let Some(bytes) = op.staged {
+                if links.staging.len() == staged {
+                    let board = comm.board_bytes();
+                    links.staging.push(DeviceMem::zeroed(device, board)?);
+                }
+                let staging = links.staging[staged].ptr;
+                staged += 1;
+                // SAFETY: the input is the caller's device memory of `bytes`
+                // (at most the board's size), valid until its stream work
+                // completes; the staging buffer is the communicator's,
+                // unused by its earlier launches once the wait above is
+                // passed.
+                unsafe { op.stream.copy_async(staging, call.sendbuf, bytes) }
+                    .map_err(Error::from)?;
+                call.sendbuf = staging;
+            }
+            let view = OpLinks {
+                links,
+                proto: op.protocol.index(),
+                nslots: shape.nslots as u32,
+                slot_bytes: shape.slot_bytes(op.protocol) as u32,
+            };
+            let work = encode(&op.schedule, &call, &view).map_err(|why| {
+                Error::InvalidUsage(format!("rank {}: device work: {why}", comm.rank))
+            })?;
+            if rounds.len() <= round {
+                rounds.push(Vec::new());
+            }
+            rounds[round].push(Arc::new(work));
+        }
+        memory.extend(links.memory());
+    }
+    for comm in &comms {
+        comm.queued.issue();
+    }
+    let finish = Finish {
+        comms: comms.clone(),
+        reported: false,
+    };
+    let watched = comms.clone();
+    let timeout = comms
+        .iter()
+        .map(|c| c.config.timeout)
+        .min()
+        .expect("a launch has a communicator");
+    tracing::debug!(
+        target: crate::debug::COLL,
+        "device work: {} blocks in {} rounds on {}",
+        rounds.iter().map(Vec::len).sum::<usize>(),
+        rounds.len(),
+        device.label()
+    );
+    device
+        .launch_work(
+            streams,
+            WorkLaunch {
+                rounds,
+                timeout,
+                stop: Box::new(move || {
+                    watched
+                        .iter()
+                        .any(|c| c.abort.load(Ordering::Relaxed) || c.poisoned.get().is_some())
+                }),
+                done: Box::new(move |result| {
+                    finish.report(result);
+                    drop(memory);
+                }),
+            },
+        )
+        .map_err(Error::from)?;
+    let done = device.create_event().map_err(Error::from)?;
+    first.record(done.as_ref()).map_err(Error::from)?;
+    for guard in &mut guards {
+        guard.device_work.as_mut().expect("made above").last = Some(done.clone());
+    }
+    Ok(())
+}

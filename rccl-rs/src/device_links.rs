@@ -1,0 +1,155 @@
+//! A communicator's device links: the FIFOs (per channel, peer and
+//! protocol), staging buffers and abort word its device work uses, kept
+//! between launches as the host path keeps its connections. The two ends
+//! of a FIFO find the same memory in a process-wide table keyed by the
+//! communicator's secret.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use rccl_algorithms::Schedule;
+use rccl_device::abi;
+use rccl_device::{Device, Event};
+use rccl_transports::{FifoShape, Protocol};
+
+use crate::error::{Error, Result};
+
+/// The rank whose links these are: its communicator (secret and size) and
+/// its place in it.
+#[derive(Clone, Copy)]
+pub(crate) struct Owner {
+    pub(crate) secret: [u8; 32],
+    pub(crate) nranks: usize,
+    pub(crate) rank: usize,
+}
+
+/// Device memory, freed when the last holder lets go.
+pub(crate) struct DeviceMem {
+    device: &'static dyn Device,
+    pub(crate) ptr: *mut u8,
+}
+
+// SAFETY: the pointer names device memory, which any thread may hand to
+// the device; it is freed once, by the last holder's drop.
+unsafe impl Send for DeviceMem {}
+// SAFETY: as above; nothing is read or written through `&DeviceMem`.
+unsafe impl Sync for DeviceMem {}
+
+impl DeviceMem {
+    pub(crate) fn zeroed(device: &'static dyn Device, bytes: usize) -> Result<Arc<DeviceMem>> {
+        let ptr = device.alloc_zeroed(bytes).map_err(Error::from)?;
+        Ok(Arc::new(DeviceMem { device, ptr }))
+    }
+}
+
+impl Drop for DeviceMem {
+    fn drop(&mut self) {
+        // SAFETY: the memory came from this device; every launch that used
+        // it held a reference until it finished, so none uses it now.
+        // Nothing is left to do about a failure here.
+        let _ = unsafe { self.device.free(self.ptr) };
+    }
+}
+
+/// Which FIFO: the communicator (its secret and size), the channel, the
+/// sending and receiving ranks, the protocol and the slot size.
+type FifoKey = ([u8; 32], usize, usize, usize, usize, usize, usize);
+
+/// Every FIFO of a communicator of this process, by key: the first of its
+/// two ranks to need it allocates it, the other finds it here.
+static FIFOS: Mutex<Option<HashMap<FifoKey, Weak<DeviceMem>>>> = Mutex::new(None);
+
+/// The FIFO to a peer and the one from it.
+type FifoPair = (Arc<DeviceMem>, Arc<DeviceMem>);
+
+/// A communicator's device work state, kept between launches.
+pub(crate) struct DeviceLinks {
+    /// `(channel, peer, protocol index)` -> (FIFO to the peer, FIFO from it).
+    pub(crate) fifos: HashMap<(usize, usize, usize), FifoPair>,
+    /// Per channel, the staging buffer of one piece of any protocol.
+    pub(crate) scratch: Vec<Option<Arc<DeviceMem>>>,
+    /// Staging buffers of inputs (board-sized), the `k`-th for the `k`-th
+    /// staged operation of a launch.
+    pub(crate) staging: Vec<Arc<DeviceMem>>,
+    /// The word the communicator's device work polls; set, it stops.
+    pub(crate) abort: Arc<DeviceMem>,
+    /// Recorded after the last launch: the next one waits for it.
+    pub(crate) last: Option<Arc<dyn Event>>,
+}
+
+impl DeviceLinks {
+    pub(crate) fn new(max_channels: usize, device: &'static dyn Device) -> Result<DeviceLinks> {
+        Ok(DeviceLinks {
+            fifos: HashMap::new(),
+            scratch: (0..max_channels).map(|_| None).collect(),
+            staging: Vec::new(),
+            abort: DeviceMem::zeroed(device, 8)?,
+            last: None,
+        })
+    }
+
+    /// Makes sure the FIFOs and staging buffers of `schedule`, run by
+    /// `owner` with `protocol`, exist.
+    pub(crate) fn connect(
+        &mut self,
+        device: &'static dyn Device,
+        owner: Owner,
+        shape: &FifoShape,
+        schedule: &Schedule,
+        protocol: Protocol,
+    ) -> Result<()> {
+        let proto = protocol.index();
+        let slot_bytes = shape.slot_bytes(protocol);
+        let bytes = abi::fifo_bytes(proto as u32, shape.nslots as u32, slot_bytes as u32);
+        let Owner {
+            secret,
+            nranks,
+            rank,
+        } = owner;
+        for (channel, steps) in schedule.channels.iter().enumerate() {
+            if steps.is_empty() {
+                continue;
+            }
+            if self.scratch[channel].is_none() {
+                let largest = shape.slot_bytes.iter().copied().max().unwrap_or(0);
+                self.scratch[channel] = Some(DeviceMem::zeroed(device, largest)?);
+            }
+            let peers = steps
+                .iter()
+                .flat_map(|s| s.prims.iter())
+                .flat_map(|p| [p.recv_peer(), p.send_peer()])
+                .flatten();
+            for peer in peers {
+                if self.fifos.contains_key(&(channel, peer, proto)) {
+                    continue;
+                }
+                let mut table = FIFOS.lock();
+                let table = table.get_or_insert_with(HashMap::new);
+                table.retain(|_, fifo| fifo.strong_count() > 0);
+                let mut fifo = |from: usize, to: usize| -> Result<Arc<DeviceMem>> {
+                    let key = (secret, nranks, channel, from, to, proto, slot_bytes);
+                    if let Some(fifo) = table.get(&key).and_then(Weak::upgrade) {
+                        return Ok(fifo);
+                    }
+                    let fifo = DeviceMem::zeroed(device, bytes)?;
+                    table.insert(key, Arc::downgrade(&fifo));
+                    Ok(fifo)
+                };
+                let pair = (fifo(rank, peer)?, fifo(peer, rank)?);
+                self.fifos.insert((channel, peer, proto), pair);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every piece of device memory the communicator's work may use.
+    pub(crate) fn memory(&self) -> impl Iterator<Item = Arc<DeviceMem>> + '_ {
+        self.fifos
+            .values()
+            .flat_map(|(send, recv)| [send.clone(), recv.clone()])
+            .chain(self.scratch.iter().flatten().cloned())
+            .chain(self.staging.iter().cloned())
+            .chain([self.abort.clone()])
+    }
+}
