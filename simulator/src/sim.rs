@@ -413,6 +413,9 @@ impl Geo {
     }
 }
 
+/// Slots of a connection's FIFO.
+const FIFO_SLOTS: usize = 8;
+
 /// Most primitives one simulation may hold (about 16 bytes each).
 pub const MAX_PRIMS: u64 = 400_000_000;
 
@@ -482,7 +485,7 @@ pub fn default_params(
     let slot = cluster.protocols.get(proto).slot_bytes;
     Params {
         nchannels: (bytes / t.bytes_per_channel.max(1)).clamp(t.min_channels, t.max_channels),
-        chunk_elems: (slot * 8 / 2 / elem_size).max(1),
+        chunk_elems: (slot * FIFO_SLOTS / 2 / elem_size).max(1),
     }
 }
 
@@ -751,7 +754,7 @@ pub fn default_p2p_params(cluster: &ClusterSpec, calls: &[P2pOp]) -> Params {
     Params {
         nchannels: (largest_p2p(calls) / t.bytes_per_channel.max(1))
             .clamp(t.min_channels, t.max_channels),
-        chunk_elems: (slot * 8 / 2).max(1),
+        chunk_elems: (slot * FIFO_SLOTS / 2).max(1),
     }
 }
 
@@ -985,6 +988,7 @@ fn replay(
     let key =
         |from: u32, to: u32, ch: usize| ((from as u64) << 40) | ((to as u64) << 16) | ch as u64;
     let piece_cap = proto.slot_bytes as f64 * proto.efficiency;
+    let fifo_bytes = piece_cap * FIFO_SLOTS as f64;
     let mut prims: u64 = 0;
     let mut mask: Vec<Vec<bool>> = vec![Vec::new(); nthreads];
     let mut step_end = vec![0.0f64; nthreads];
@@ -1080,13 +1084,18 @@ fn replay(
                 };
                 let mut last_start = src_ready;
                 let mut depart = src_ready;
+                // When the last byte leaves the sender's own port.
+                let mut sent = src_ready;
                 let mut min_bw = f64::INFINITY;
-                for &l in &path.links[..path.len] {
+                for (i, &l) in path.links[..path.len].iter().enumerate() {
                     let bw = net.bw[l] * proto.efficiency;
                     min_bw = min_bw.min(bw);
                     let start = links[l].reserve(src_ready, bytes / bw, now);
                     last_start = last_start.max(start);
                     depart = depart.max(start + bytes / bw);
+                    if i == 0 {
+                        sent = start + bytes / bw;
+                    }
                 }
                 // A rank that makes its transfers itself also makes the
                 // copy into its own buffer on the same core: after each
@@ -1094,11 +1103,12 @@ fn replay(
                 let serial_copy = path.sender_copies && op.flags & LOCAL != 0;
                 if let Some(m) = input {
                     // Cannot outrun the input, nor its processing.
-                    depart = depart
-                        .max(m.tail + stage + piece / min_bw)
-                        .max(src_ready + bytes / proc_in);
+                    let floor = (m.tail + stage + piece / min_bw).max(src_ready + bytes / proc_in);
+                    depart = depart.max(floor);
+                    sent = sent.max(floor);
                 } else if op.flags & LOCAL != 0 && !serial_copy {
                     depart = depart.max(src_ready + bytes / proc_bw);
+                    sent = sent.max(src_ready + bytes / proc_bw);
                 }
                 if serial_copy {
                     let transfer = bytes / proc_in.min(min_bw);
@@ -1115,7 +1125,15 @@ fn replay(
                 if let Some(w) = waiting.remove(&k) {
                     heap.push(Reverse((Time(now), w)));
                 }
-                op_end = op_end.max(depart);
+                // A sender that copies is busy until its copy lands in the
+                // peer's FIFO. A DMA or RDMA transfer (NVLink, a NIC) drains
+                // the FIFO behind the sender: it moves on once its data is
+                // staged and its port has drained all but a FIFO of it.
+                op_end = op_end.max(if path.sender_copies {
+                    depart
+                } else {
+                    sent - fifo_bytes / (net.bw[path.links[0]] * proto.efficiency)
+                });
             }
             end = end.max(op_end);
         }
