@@ -840,7 +840,7 @@ fn a_tree_across_hosts_keeps_every_rail_busy() {
     // the results coming down at once and the senders not waiting on the
     // receivers' ports, the tree comes within 15% of that bound at 256
     // MiB (with both trees on every channel, one phase after the other,
-    // and senders held until their message had crossed, it took 2.2x).
+    // and senders held until their message had crossed, it took 2.1x).
     let c = cluster::h100(8);
     let bytes = 256usize << 20;
     let spec = CollSpec {
