@@ -330,6 +330,8 @@ impl Net {
 /// Geometry the path computation needs.
 struct Geo {
     hpl: usize,
+    /// Every host on one leaf switch (one switch).
+    one_leaf: bool,
     rail: bool,
     intra: Option<IntraLink>,
     nic_lat: f64,
@@ -341,6 +343,7 @@ impl Geo {
     fn new(cluster: &ClusterSpec, proto: &ProtoSpec) -> Geo {
         Geo {
             hpl: cluster.fabric.hosts_per_leaf.min(cluster.hosts).max(1),
+            one_leaf: cluster.fabric.hosts_per_leaf >= cluster.hosts,
             rail: cluster.fabric.rail_optimized,
             intra: cluster.intra,
             nic_lat: cluster.nic.latency_us,
@@ -393,7 +396,9 @@ impl Geo {
             };
         }
         let (ls, ld) = (leaf(hs, ks), leaf(hd, kd));
-        if ls == ld && !away {
+        // On one switch a peer of another folded group is on the same
+        // leaf as every other.
+        if ls == ld && (!away || self.one_leaf) {
             Path {
                 links: [tx, rx, 0, 0],
                 len: 2,
@@ -455,15 +460,25 @@ fn channel_period(topo: &Topology, nics: usize) -> usize {
 
 /// The number of ranks to replay: a period `p` of the cluster under which
 /// rank `r` and `r + p` see identical links, when the algorithm is
-/// shift-symmetric, or every rank.
-fn fold_period(c: &ClusterSpec, algo: &str, n: usize) -> usize {
+/// shift-symmetric, the collective has no root (a root breaks the
+/// symmetry) and its count splits evenly over the ranks of every channel
+/// (an uneven split leaves some ranks empty messages, which they skip,
+/// and others not), or every rank.
+fn fold_period(c: &ClusterSpec, algo: &str, spec: &CollSpec, nchannels: usize) -> usize {
+    let n = spec.nranks;
     let uniform = c.placement.is_none()
         && c.faults.slow_ranks.is_empty()
         && c.faults.degraded_links.is_empty();
-    if !uniform || !shift_symmetric(algo) {
+    let even = spec.count % (n * nchannels) == 0;
+    if !uniform || !shift_symmetric(algo) || spec.kind.has_root() || !even {
         return n;
     }
-    let hpl = c.fabric.hosts_per_leaf.min(c.hosts).max(1);
+    // Hosts on one switch are all alike: one host is a period.
+    let hpl = if c.fabric.hosts_per_leaf >= c.hosts {
+        1
+    } else {
+        c.fabric.hosts_per_leaf.max(1)
+    };
     let p = c.ranks_per_host * hpl;
     if p < n && n % p == 0 && c.hosts % hpl == 0 {
         p
@@ -661,7 +676,7 @@ pub fn simulate_with(
         )));
     }
     let fold = if options.fold_ranks {
-        fold_period(cluster, algorithm.name(), n)
+        fold_period(cluster, algorithm.name(), spec, params.nchannels.max(1))
     } else {
         n
     };

@@ -390,6 +390,50 @@ fn symmetry_folding_matches_full_replay() {
 }
 
 #[test]
+fn hosts_on_one_switch_fold_to_one() {
+    // 6 hosts of 4 ranks and 4 rails on one switch (the engine's tuner's
+    // cluster): the ring and hier replay one host's ranks, exactly.
+    let host_of: Vec<usize> = (0..24).map(|r| r / 4).collect();
+    let c = rccl_simulator::tune::engine_cluster(
+        &host_of,
+        &rccl_simulator::tune::EngineLinks {
+            shm_gbs: 5.0,
+            shm_latency_us: 1.0,
+            nic_gbs: 1.0,
+            nic_latency_us: 40.0,
+            rails: 4,
+        },
+    );
+    // Counts that split evenly over 24 ranks and 4 channels.
+    for (algo, count) in [("ring", 96 * 16), ("ring", 96 << 15), ("hier", 96 << 15)] {
+        let spec = CollSpec {
+            kind: CollKind::AllReduce,
+            nranks: 24,
+            root: 0,
+            count,
+        };
+        let p = Params {
+            nchannels: 4,
+            chunk_elems: 1 << 17,
+        };
+        let a = builtin(algo).unwrap();
+        let full = SimOptions {
+            fold_ranks: false,
+            fold_channels: false,
+        };
+        let exact = simulate_with(&c, &spec, 4, a, Protocol::Simple, &p, full).unwrap();
+        let ranks_only = SimOptions {
+            fold_ranks: true,
+            fold_channels: false,
+        };
+        let folded = simulate_with(&c, &spec, 4, a, Protocol::Simple, &p, ranks_only).unwrap();
+        assert_eq!(folded.ranks_replayed, 4, "{algo}");
+        // Exact but for the order of simultaneous events.
+        close(folded.time_us, exact.time_us, 1e-4);
+    }
+}
+
+#[test]
 fn every_builtin_runs_every_collective_it_supports() {
     let mut c = cluster::h100(2);
     c.ranks_per_host = 4;
