@@ -405,8 +405,8 @@ fn debug_info_reports_topology_transports_and_choices() {
                 "Ring : ",
                 &format!(" ; NIC 0 tb0 {}", netns::host_addr(rank / 2)),
             ]);
-            must_all(&[&head, "Tree 0 : "]);
-            must_all(&[&head, "Tree 1 : "]);
+            // Of 2 channels, channel 0 runs tree 0 and channel 1 tree 1.
+            must_all(&[&head, &format!("Tree {channel} : ")]);
         }
         // The transport to each peer: shared memory on the same host,
         // sockets on the bed's network across hosts.

@@ -20,8 +20,15 @@
 //! (`rank -> rank + 1`) when `n` is odd (`ncclGetDtree`), so that most ranks
 //! are a leaf in one tree and interior in the other.
 //!
-//! **AllReduce.** Each channel splits its elements in two halves, one per
-//! tree. Within a tree, pipelined in chunks of at most `chunk_elems`:
+//! **AllReduce.** As NCCL duplicates its channels for the trees, each
+//! channel runs one tree on all its elements ([`channel_trees`]): of
+//! `2k` or `2k + 1` channels, channel `c < k` runs tree 0 and channel
+//! `c + k` tree 1, so channels `c` and `c + k` (the same rail when `k` is
+//! a multiple of the rails) carry one tree each, and a host interior in
+//! one is a leaf in the other: every NIC carries the same bytes each way
+//! as the ring's. A single channel, or the last of an odd count, splits
+//! its elements in two halves, one per tree. Within a tree, pipelined in
+//! chunks of at most `chunk_elems`:
 //!
 //! * *reduce up*, for each chunk: a leaf `send`s its input to its parent;
 //!   a rank with one child does `recvReduceSend` (child's partial op own
@@ -34,15 +41,19 @@
 //!   children, interior ranks `recvCopySend` it to their first child (and
 //!   `send` it to the second), leaves `recv` it.
 //!
-//! As in NCCL's `runTreeUpDown`, the broadcast starts once a rank has sent
-//! all its chunks up. Each rank runs the phases in the order: reduce up
-//! tree 0, reduce up tree 1, broadcast down tree 0, broadcast down tree 1.
-//! A phase depends only on the same phase at other ranks and on earlier
-//! phases, so the trees overlap (a rank done with tree 0's reduction feeds
-//! tree 1's while others still work on tree 0) and cannot deadlock each
-//! other, which running both trees' primitives in shared steps could: a
-//! step ends only when both trees' primitives in it are done. The result is
-//! computed once per element, at a root, so every rank holds the same bits.
+//! A channel that runs one tree overlaps the two phases as NCCL's
+//! `runTreeSplit` does: a rank `d` hops below the root broadcasts chunk `j`
+//! in the steps where it reduces chunk `j + 1 + 2d` (the result of chunk
+//! `j` comes back down about two hops per level after the chunk went up),
+//! one step holding a primitive of each phase, so the links carry both
+//! directions at once and a step's fixed cost is paid once for both. The
+//! lag grows down the tree, so a step never waits on a parent's step that
+//! waits on this one. A channel that runs both trees runs the phases one
+//! after the other, as NCCL's `runTreeUpDown`: reduce up tree 0, reduce up
+//! tree 1, broadcast down tree 0, broadcast down tree 1; a phase depends
+//! only on the same phase at other ranks and on earlier phases, so the
+//! trees cannot deadlock each other. The result is computed once per
+//! element, at a root, so every rank holds the same bits.
 //!
 //! **Broadcast**: one tree rooted at the call's root (tree 0 with ranks
 //! renumbered from the root), pipelined the same way: the root
@@ -157,6 +168,21 @@ pub fn channel_tree(topo: &Topology, channel: usize, t: usize, rank: Rank) -> No
     }
 }
 
+/// The trees channel `channel` of `nchannels` runs an AllReduce on, as
+/// NCCL pairs its duplicated channels: of `2k` or `2k + 1` channels,
+/// tree 0 on channels `0..k`, tree 1 on `k..2k`, both (each on half the
+/// channel's elements) on a single or last odd channel.
+pub fn channel_trees(nchannels: usize, channel: usize) -> &'static [usize] {
+    let k = nchannels / 2;
+    if channel < k {
+        &[0]
+    } else if channel < 2 * k {
+        &[1]
+    } else {
+        &[0, 1]
+    }
+}
+
 /// The binary tree over virtual ranks `to_virtual(r)`, seen from `rank`.
 fn renumber(
     n: usize,
@@ -202,23 +228,39 @@ impl Algorithm for Tree {
             let mut out = Steps::default();
             match spec.kind {
                 CollKind::AllReduce => {
-                    let trees = [0, 1].map(|t| channel_tree(topo, channel, t, rank));
-                    let halves: Vec<(usize, usize)> = split_even(len, 2).collect();
-                    let up: Vec<Vec<Vec<Prim>>> = (0..2)
-                        .map(|t| reduce_up(&trees[t], offset + halves[t].0, halves[t].1, chunk))
+                    let trees = channel_trees(nchannels, channel);
+                    let parts: Vec<(Node, (usize, usize))> = trees
+                        .iter()
+                        .map(|&t| channel_tree(topo, channel, t, rank))
+                        .zip(split_even(len, trees.len()))
                         .collect();
-                    let down: Vec<Vec<Vec<Prim>>> = (0..2)
-                        .map(|t| {
-                            broadcast_down(&trees[t], offset + halves[t].0, halves[t].1, chunk)
-                        })
-                        .collect();
-                    // Reduce up tree 0, then tree 1, then broadcast down
-                    // each: a rank starts on a phase once it is done with
-                    // the previous one, so the trees overlap without ever
-                    // waiting on each other.
-                    for phase in [&up[0], &up[1], &down[0], &down[1]] {
-                        for step in phase {
-                            out.step(step.clone());
+                    if let [(node, _)] = parts.as_slice() {
+                        let t = trees[0];
+                        let lag = 1 + 2 * depth(|r| channel_tree(topo, channel, t, r), rank);
+                        let up = reduce_up(node, offset, len, chunk);
+                        let down = broadcast_down(node, offset, len, chunk);
+                        for g in 0..up.len() + lag {
+                            let u = up.get(g).map_or(&[][..], Vec::as_slice);
+                            let d = g
+                                .checked_sub(lag)
+                                .and_then(|j| down.get(j))
+                                .map_or(&[][..], Vec::as_slice);
+                            for i in 0..u.len().max(d.len()) {
+                                let prims = u.get(i).into_iter().chain(d.get(i)).flatten();
+                                out.step(prims.cloned().collect());
+                            }
+                        }
+                    } else {
+                        // Reduce up every tree, then broadcast down each.
+                        for (node, (o, l)) in &parts {
+                            for step in reduce_up(node, offset + o, *l, chunk).concat() {
+                                out.step(step);
+                            }
+                        }
+                        for (node, (o, l)) in &parts {
+                            for step in broadcast_down(node, offset + o, *l, chunk).concat() {
+                                out.step(step);
+                            }
                         }
                     }
                 }
@@ -262,17 +304,31 @@ impl Algorithm for Tree {
     }
 }
 
-/// The reduce-up steps of one tree over `[offset, offset + len)`: the
-/// first child's partial is combined with the rank's input into its
-/// receive buffer, each further child's into that, and the last child's
-/// goes on to the parent (or, at the root, is the result).
-fn reduce_up(node: &Node, offset: usize, len: usize, chunk: usize) -> Vec<Vec<Prim>> {
-    let mut steps = Vec::new();
+/// Hops from `rank` to the root of the tree whose nodes `node_of` gives.
+fn depth(node_of: impl Fn(Rank) -> Node, mut rank: Rank) -> usize {
+    let mut hops = 0;
+    while let Some(parent) = node_of(rank).parent {
+        rank = parent;
+        hops += 1;
+    }
+    hops
+}
+
+/// The steps of one pipeline chunk.
+type ChunkSteps = Vec<Vec<Prim>>;
+
+/// The reduce-up steps of one tree over `[offset, offset + len)`, chunk by
+/// chunk: the first child's partial is combined with the rank's input
+/// into its receive buffer, each further child's into that, and the last
+/// child's goes on to the parent (or, at the root, is the result).
+fn reduce_up(node: &Node, offset: usize, len: usize, chunk: usize) -> Vec<ChunkSteps> {
+    let mut all = Vec::new();
     for (o, l) in chunks(offset, len, chunk) {
+        let mut steps = Vec::new();
         let (send, recv) = (Slice::send(o, l), Slice::recv(o, l));
         let Some((&last, firsts)) = node.children.split_last() else {
             let p = node.parent.expect("a tree over more than one rank");
-            steps.push(vec![Prim::Send { to: p, src: send }]);
+            all.push(vec![vec![Prim::Send { to: p, src: send }]]);
             continue;
         };
         let mut acc = send;
@@ -296,14 +352,18 @@ fn reduce_up(node: &Node, offset: usize, len: usize, chunk: usize) -> Vec<Vec<Pr
                 dst: recv,
             },
         }]);
+        all.push(steps);
     }
-    steps
+    all
 }
 
-/// The broadcast-down steps of one tree over `[offset, offset + len)`.
-fn broadcast_down(node: &Node, offset: usize, len: usize, chunk: usize) -> Vec<Vec<Prim>> {
-    let mut steps = Vec::new();
+/// The broadcast-down steps of one tree over `[offset, offset + len)`,
+/// chunk by chunk: the result goes on to the first child as it arrives,
+/// then to the others at once.
+fn broadcast_down(node: &Node, offset: usize, len: usize, chunk: usize) -> Vec<ChunkSteps> {
+    let mut all = Vec::new();
     for (o, l) in chunks(offset, len, chunk) {
+        let mut steps = Vec::new();
         let recv = Slice::recv(o, l);
         match (node.parent, node.children.as_slice()) {
             (None, children) => steps.push(
@@ -319,11 +379,16 @@ fn broadcast_down(node: &Node, offset: usize, len: usize, chunk: usize) -> Vec<V
                     dst: recv,
                     to: c,
                 }]);
-                for &c in rest {
-                    steps.push(vec![Prim::Send { to: c, src: recv }]);
+                if !rest.is_empty() {
+                    steps.push(
+                        rest.iter()
+                            .map(|&c| Prim::Send { to: c, src: recv })
+                            .collect(),
+                    );
                 }
             }
         }
+        all.push(steps);
     }
-    steps
+    all
 }

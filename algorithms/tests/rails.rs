@@ -6,7 +6,7 @@
 //! orders included).
 
 use proptest::prelude::*;
-use rccl_algorithms::tree::channel_tree;
+use rccl_algorithms::tree::{self, channel_tree};
 use rccl_algorithms::{verify_on, Algorithm, CollKind, CollSpec, Params, Ring, Topology, Tree};
 
 /// Ranks placed on `hosts` hosts of `per_host` each (the last host
@@ -126,15 +126,18 @@ fn trees_across_hosts_are_chains_joined_by_a_double_binary_tree_of_heads() {
             kind: CollKind::AllReduce,
             nranks: n,
             root: 0,
-            count: 64 * 4,
+            // 64 chunks per channel: more than the deepest rank's lag.
+            count: 4 * 64 * 8,
         };
         let params = Params {
             nchannels: 4,
             chunk_elems: 8,
         };
         for rank in 0..n {
-            let mut expected: Vec<usize> = (0..2)
-                .flat_map(|t| {
+            // Of 4 channels, 0 and 1 run tree 0, 2 and 3 tree 1.
+            let mut expected: Vec<usize> = tree::channel_trees(4, channel)
+                .iter()
+                .flat_map(|&t| {
                     let node = channel_tree(&topo, channel, t, rank);
                     node.parent.into_iter().chain(node.children)
                 })
@@ -150,6 +153,26 @@ fn trees_across_hosts_are_chains_joined_by_a_double_binary_tree_of_heads() {
             peers.sort_unstable();
             peers.dedup();
             assert_eq!(peers, expected, "rank {rank} channel {channel}");
+            // A channel of one tree reduces up and broadcasts down at
+            // once: some step of a rank with a parent both receives a
+            // result from it and works on a partial (sends one to it or
+            // receives one from a child).
+            let tree = tree::channel_trees(4, channel)[0];
+            let node = channel_tree(&topo, channel, tree, rank);
+            if let Some(parent) = node.parent {
+                let up = |p: &rccl_algorithms::Prim| {
+                    p.send_peer() == Some(parent)
+                        || p.recv_peer().is_some_and(|c| node.children.contains(&c))
+                };
+                let both = schedule.channels[channel].iter().any(|step| {
+                    step.prims.iter().any(up)
+                        && step.prims.iter().any(|p| p.recv_peer() == Some(parent))
+                });
+                assert!(
+                    both,
+                    "rank {rank} channel {channel}: phases one after the other"
+                );
+            }
         }
     }
 }

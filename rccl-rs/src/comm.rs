@@ -418,8 +418,9 @@ impl CommInner {
             self.rails,
             self.topology.nhosts()
         );
-        // As NCCL: per channel its ring, its two trees, and the NIC its
-        // traffic between hosts takes.
+        // As NCCL: per channel its ring, the tree it runs with all
+        // channels in use (both on a lone or last odd channel), and the
+        // NIC its traffic between hosts takes.
         let nch = self.config.max_channels;
         for channel in 0..nch {
             let ring: Vec<String> = self
@@ -440,7 +441,7 @@ impl CommInner {
                 "[{rank}] Channel {channel:02}/{nch:02} : Ring : {}{nic}",
                 ring.join(" ")
             );
-            for t in 0..2 {
+            for &t in rccl_algorithms::tree::channel_trees(nch, channel) {
                 let node = rccl_algorithms::tree::channel_tree(&self.topology, channel, t, rank);
                 let parent = node.parent.map_or("-1".to_string(), |p| p.to_string());
                 tracing::info!(

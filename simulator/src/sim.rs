@@ -330,6 +330,8 @@ impl Net {
 /// Geometry the path computation needs.
 struct Geo {
     hpl: usize,
+    /// Every host on one leaf switch (one switch).
+    one_leaf: bool,
     rail: bool,
     intra: Option<IntraLink>,
     nic_lat: f64,
@@ -341,6 +343,7 @@ impl Geo {
     fn new(cluster: &ClusterSpec, proto: &ProtoSpec) -> Geo {
         Geo {
             hpl: cluster.fabric.hosts_per_leaf.min(cluster.hosts).max(1),
+            one_leaf: cluster.fabric.hosts_per_leaf >= cluster.hosts,
             rail: cluster.fabric.rail_optimized,
             intra: cluster.intra,
             nic_lat: cluster.nic.latency_us,
@@ -393,7 +396,9 @@ impl Geo {
             };
         }
         let (ls, ld) = (leaf(hs, ks), leaf(hd, kd));
-        if ls == ld && !away {
+        // On one switch a peer of another folded group is on the same
+        // leaf as every other.
+        if ls == ld && (!away || self.one_leaf) {
             Path {
                 links: [tx, rx, 0, 0],
                 len: 2,
@@ -412,6 +417,9 @@ impl Geo {
         }
     }
 }
+
+/// Slots of a connection's FIFO.
+const FIFO_SLOTS: usize = 8;
 
 /// Most primitives one simulation may hold (about 16 bytes each).
 pub const MAX_PRIMS: u64 = 400_000_000;
@@ -452,15 +460,25 @@ fn channel_period(topo: &Topology, nics: usize) -> usize {
 
 /// The number of ranks to replay: a period `p` of the cluster under which
 /// rank `r` and `r + p` see identical links, when the algorithm is
-/// shift-symmetric, or every rank.
-fn fold_period(c: &ClusterSpec, algo: &str, n: usize) -> usize {
+/// shift-symmetric, the collective has no root (a root breaks the
+/// symmetry) and its count splits evenly over the ranks of every channel
+/// (an uneven split leaves some ranks empty messages, which they skip,
+/// and others not), or every rank.
+fn fold_period(c: &ClusterSpec, algo: &str, spec: &CollSpec, nchannels: usize) -> usize {
+    let n = spec.nranks;
     let uniform = c.placement.is_none()
         && c.faults.slow_ranks.is_empty()
         && c.faults.degraded_links.is_empty();
-    if !uniform || !shift_symmetric(algo) {
+    let even = spec.count % (n * nchannels) == 0;
+    if !uniform || !shift_symmetric(algo) || spec.kind.has_root() || !even {
         return n;
     }
-    let hpl = c.fabric.hosts_per_leaf.min(c.hosts).max(1);
+    // Hosts on one switch are all alike: one host is a period.
+    let hpl = if c.fabric.hosts_per_leaf >= c.hosts {
+        1
+    } else {
+        c.fabric.hosts_per_leaf.max(1)
+    };
     let p = c.ranks_per_host * hpl;
     if p < n && n % p == 0 && c.hosts % hpl == 0 {
         p
@@ -482,7 +500,7 @@ pub fn default_params(
     let slot = cluster.protocols.get(proto).slot_bytes;
     Params {
         nchannels: (bytes / t.bytes_per_channel.max(1)).clamp(t.min_channels, t.max_channels),
-        chunk_elems: (slot * 8 / 2 / elem_size).max(1),
+        chunk_elems: (slot * FIFO_SLOTS / 2 / elem_size).max(1),
     }
 }
 
@@ -658,7 +676,7 @@ pub fn simulate_with(
         )));
     }
     let fold = if options.fold_ranks {
-        fold_period(cluster, algorithm.name(), n)
+        fold_period(cluster, algorithm.name(), spec, params.nchannels.max(1))
     } else {
         n
     };
@@ -751,7 +769,7 @@ pub fn default_p2p_params(cluster: &ClusterSpec, calls: &[P2pOp]) -> Params {
     Params {
         nchannels: (largest_p2p(calls) / t.bytes_per_channel.max(1))
             .clamp(t.min_channels, t.max_channels),
-        chunk_elems: (slot * 8 / 2).max(1),
+        chunk_elems: (slot * FIFO_SLOTS / 2).max(1),
     }
 }
 
@@ -985,6 +1003,7 @@ fn replay(
     let key =
         |from: u32, to: u32, ch: usize| ((from as u64) << 40) | ((to as u64) << 16) | ch as u64;
     let piece_cap = proto.slot_bytes as f64 * proto.efficiency;
+    let fifo_bytes = piece_cap * FIFO_SLOTS as f64;
     let mut prims: u64 = 0;
     let mut mask: Vec<Vec<bool>> = vec![Vec::new(); nthreads];
     let mut step_end = vec![0.0f64; nthreads];
@@ -1080,13 +1099,18 @@ fn replay(
                 };
                 let mut last_start = src_ready;
                 let mut depart = src_ready;
+                // When the last byte leaves the sender's own port.
+                let mut sent = src_ready;
                 let mut min_bw = f64::INFINITY;
-                for &l in &path.links[..path.len] {
+                for (i, &l) in path.links[..path.len].iter().enumerate() {
                     let bw = net.bw[l] * proto.efficiency;
                     min_bw = min_bw.min(bw);
                     let start = links[l].reserve(src_ready, bytes / bw, now);
                     last_start = last_start.max(start);
                     depart = depart.max(start + bytes / bw);
+                    if i == 0 {
+                        sent = start + bytes / bw;
+                    }
                 }
                 // A rank that makes its transfers itself also makes the
                 // copy into its own buffer on the same core: after each
@@ -1094,11 +1118,12 @@ fn replay(
                 let serial_copy = path.sender_copies && op.flags & LOCAL != 0;
                 if let Some(m) = input {
                     // Cannot outrun the input, nor its processing.
-                    depart = depart
-                        .max(m.tail + stage + piece / min_bw)
-                        .max(src_ready + bytes / proc_in);
+                    let floor = (m.tail + stage + piece / min_bw).max(src_ready + bytes / proc_in);
+                    depart = depart.max(floor);
+                    sent = sent.max(floor);
                 } else if op.flags & LOCAL != 0 && !serial_copy {
                     depart = depart.max(src_ready + bytes / proc_bw);
+                    sent = sent.max(src_ready + bytes / proc_bw);
                 }
                 if serial_copy {
                     let transfer = bytes / proc_in.min(min_bw);
@@ -1115,7 +1140,15 @@ fn replay(
                 if let Some(w) = waiting.remove(&k) {
                     heap.push(Reverse((Time(now), w)));
                 }
-                op_end = op_end.max(depart);
+                // A sender that copies is busy until its copy lands in the
+                // peer's FIFO. A DMA or RDMA transfer (NVLink, a NIC) drains
+                // the FIFO behind the sender: it moves on once its data is
+                // staged and its port has drained all but a FIFO of it.
+                op_end = op_end.max(if path.sender_copies {
+                    depart
+                } else {
+                    sent - fifo_bytes / (net.bw[path.links[0]] * proto.efficiency)
+                });
             }
             end = end.max(op_end);
         }
