@@ -311,6 +311,38 @@ impl Prim {
         }
     }
 
+    /// The slice of the local buffers the primitive reads (its source) and
+    /// the one it writes (its destination), where it has them: a send
+    /// only reads, a receive only writes.
+    pub fn slices(&self) -> (Option<Slice>, Option<Slice>) {
+        match *self {
+            Prim::Send { src, .. } | Prim::RecvReduceSend { src, .. } => (Some(src), None),
+            Prim::Recv { dst, .. } | Prim::RecvCopySend { dst, .. } => (None, Some(dst)),
+            Prim::Copy { src, dst }
+            | Prim::CopySend { src, dst, .. }
+            | Prim::RecvReduceCopy { src, dst, .. }
+            | Prim::RecvReduceCopySend { src, dst, .. }
+            | Prim::RecvReduceCopyPartial { src, dst, .. }
+            | Prim::ReduceCopy { src, dst }
+            | Prim::ReduceCopyPartial { src, dst } => (Some(src), Some(dst)),
+        }
+    }
+
+    /// [`Prim::slices`], to change in place.
+    pub fn slices_mut(&mut self) -> (Option<&mut Slice>, Option<&mut Slice>) {
+        match self {
+            Prim::Send { src, .. } | Prim::RecvReduceSend { src, .. } => (Some(src), None),
+            Prim::Recv { dst, .. } | Prim::RecvCopySend { dst, .. } => (None, Some(dst)),
+            Prim::Copy { src, dst }
+            | Prim::CopySend { src, dst, .. }
+            | Prim::RecvReduceCopy { src, dst, .. }
+            | Prim::RecvReduceCopySend { src, dst, .. }
+            | Prim::RecvReduceCopyPartial { src, dst, .. }
+            | Prim::ReduceCopy { src, dst }
+            | Prim::ReduceCopyPartial { src, dst } => (Some(src), Some(dst)),
+        }
+    }
+
     /// NCCL's name for the primitive.
     pub fn name(&self) -> &'static str {
         match self {

@@ -754,23 +754,6 @@ struct Sim<'a> {
     scratch_b: Vec<Term>,
 }
 
-/// The slices a primitive reads and writes (`reduceCopy` also reads its
-/// destination; it counts as written, which the race checks treat as the
-/// stronger access).
-fn footprint(p: &Prim) -> (Option<Slice>, Option<Slice>) {
-    match *p {
-        Prim::Send { src, .. } | Prim::RecvReduceSend { src, .. } => (Some(src), None),
-        Prim::Recv { dst, .. } | Prim::RecvCopySend { dst, .. } => (None, Some(dst)),
-        Prim::Copy { src, dst }
-        | Prim::CopySend { src, dst, .. }
-        | Prim::RecvReduceCopy { src, dst, .. }
-        | Prim::RecvReduceCopySend { src, dst, .. }
-        | Prim::RecvReduceCopyPartial { src, dst, .. }
-        | Prim::ReduceCopy { src, dst }
-        | Prim::ReduceCopyPartial { src, dst } => (Some(src), Some(dst)),
-    }
-}
-
 impl<'a> Sim<'a> {
     fn new(spec: &CollSpec, scheds: &'a [Schedule], in_place: bool, cap: usize) -> Sim<'a> {
         let n = spec.nranks;
@@ -863,7 +846,7 @@ impl<'a> Sim<'a> {
                                 return Err(VerifyError::SelfPeer { at, peer });
                             }
                         }
-                        let (src, dst) = footprint(prim);
+                        let (src, dst) = prim.slices();
                         if let (Some(src), Some(dst)) = (src, dst) {
                             if src.len != dst.len {
                                 return Err(VerifyError::SliceLengthMismatch {
@@ -935,7 +918,7 @@ impl<'a> Sim<'a> {
                     // Reads of an element written by a later primitive of
                     // the same step.
                     for (p, prim) in step.prims.iter().enumerate() {
-                        if let (Some(src), _) = footprint(prim) {
+                        if let (Some(src), _) = prim.slices() {
                             for j in 0..src.len {
                                 let (u, wp) = step_writer[mem.addr(&src, j)];
                                 if u == uid && wp as usize > p {
@@ -957,7 +940,7 @@ impl<'a> Sim<'a> {
             for (c, steps) in sched.channels.iter().enumerate() {
                 for (s, step) in steps.iter().enumerate() {
                     for (p, prim) in step.prims.iter().enumerate() {
-                        if let (Some(src), _) = footprint(prim) {
+                        if let (Some(src), _) = prim.slices() {
                             for j in 0..src.len {
                                 let a = mem.addr(&src, j);
                                 if chan_reader[a].is_none() {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::mem::size_of;
 
-use rccl_algorithms::{Buf, Prim, Schedule, Slice};
+use rccl_algorithms::{Buf, Prim, Schedule};
 
 use crate::abi::FifoView;
 
@@ -161,23 +161,6 @@ fn kind_of(p: &Prim) -> u32 {
     }
 }
 
-/// The source and destination slices of a primitive (a send's source
-/// doubles as its destination, unused; a receive's destination likewise).
-fn slices_of(p: &Prim) -> (Slice, Slice) {
-    match *p {
-        Prim::Send { src, .. } => (src, src),
-        Prim::Recv { dst, .. } | Prim::RecvCopySend { dst, .. } => (dst, dst),
-        Prim::Copy { src, dst }
-        | Prim::CopySend { src, dst, .. }
-        | Prim::RecvReduceCopy { src, dst, .. }
-        | Prim::RecvReduceCopySend { src, dst, .. }
-        | Prim::RecvReduceCopyPartial { src, dst, .. }
-        | Prim::ReduceCopy { src, dst }
-        | Prim::ReduceCopyPartial { src, dst } => (src, dst),
-        Prim::RecvReduceSend { src, .. } => (src, src),
-    }
-}
-
 fn buf_code(b: Buf) -> u32 {
     match b {
         Buf::Send => 0,
@@ -241,7 +224,13 @@ pub fn encode(schedule: &Schedule, call: &WorkCall, links: &dyn WorkLinks) -> Re
                 nprims: step.prims.len() as u32,
             });
             for prim in &step.prims {
-                let (src, dst) = slices_of(prim);
+                // A send's source doubles as its (unused) destination; a
+                // receive's destination as its source.
+                let (src, dst) = match prim.slices() {
+                    (Some(src), Some(dst)) => (src, dst),
+                    (Some(only), None) | (None, Some(only)) => (only, only),
+                    (None, None) => unreachable!("every primitive has a slice"),
+                };
                 let peer = |p: Option<usize>| p.map(|r| index[&r]).unwrap_or(-1);
                 prims.push(WorkPrim {
                     kind: kind_of(prim),

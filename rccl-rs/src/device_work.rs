@@ -10,7 +10,7 @@
 //! `device_launch.rs` encodes a planned launch over them and hands it to
 //! the device, each launch of a communicator after its previous one.
 
-use rccl_algorithms::{Buf, Prim, Schedule, Slice};
+use rccl_algorithms::{Buf, Schedule};
 use rccl_device::abi;
 use rccl_device::work::WorkCall;
 use rccl_transports::{Protocol, Tag};
@@ -99,21 +99,6 @@ pub(crate) fn collective(
     }
 }
 
-/// The slices of a primitive, to rebase.
-fn slices_mut(p: &mut Prim) -> Vec<&mut Slice> {
-    match p {
-        Prim::Send { src, .. } | Prim::RecvReduceSend { src, .. } => vec![src],
-        Prim::Recv { dst, .. } | Prim::RecvCopySend { dst, .. } => vec![dst],
-        Prim::Copy { src, dst }
-        | Prim::CopySend { src, dst, .. }
-        | Prim::RecvReduceCopy { src, dst, .. }
-        | Prim::RecvReduceCopySend { src, dst, .. }
-        | Prim::RecvReduceCopyPartial { src, dst, .. }
-        | Prim::ReduceCopy { src, dst }
-        | Prim::ReduceCopyPartial { src, dst } => vec![src, dst],
-    }
-}
-
 /// The device work of a batch of sends and receives. The schedule sees
 /// the calls' buffers laid end to end; device work has one send and one
 /// receive base, so every slice is rebased onto the lowest buffer of its
@@ -135,7 +120,8 @@ pub(crate) fn p2p(
         .flatten()
         .flat_map(|s| s.prims.iter_mut())
     {
-        for slice in slices_mut(prim) {
+        let (src, dst) = prim.slices_mut();
+        for slice in src.into_iter().chain(dst) {
             let (segments, base) = match slice.buf {
                 Buf::Send => (sends, send_base),
                 Buf::Recv => (recvs, recv_base),
