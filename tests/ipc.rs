@@ -1,9 +1,9 @@
 //! Ranks in separate processes of one host on device memory of the
-//! emulated GPU, connected through `P2P/IPC` (FIFOs in device memory one
-//! process exports and the other maps, the handle a file descriptor passed
-//! over a Unix socket): the correctness suite over 4 processes, the
-//! transport chosen (and `NCCL_P2P_DISABLE`), and a process killed mid
-//! all-reduce.
+//! emulated GPU, run as device work over FIFOs in device memory one
+//! process exports and the other maps (the handle a file descriptor passed
+//! over a Unix socket, as `P2P/IPC`'s): the correctness suite over 4
+//! processes, the links made (and `NCCL_P2P_DISABLE`: the host executor
+//! through shared memory), and a process killed mid all-reduce.
 
 #[path = "common/children.rs"]
 mod children;
@@ -66,6 +66,7 @@ fn suite_rank() {
         assert_eq!(ncclCommDestroy(comm), ncclSuccess);
         assert_eq!(rcclrsEmuStreamDestroy(stream), ncclSuccess);
     }
+    println!("device blocks run: {}", rccl_device::emu::works_run());
 }
 
 /// All-reduces of 64 Ki floats on device memory until one fails: prints
@@ -170,9 +171,30 @@ fn finish(mut children: Ranks) -> (Vec<bool>, String) {
 fn the_suite_over_four_processes_through_p2p_ipc() {
     let (ok, text) = finish(spawn(4, "suite", &[]));
     assert!(ok.iter().all(|&ok| ok), "{ok:?}\n{text}");
-    // Device calls connect through P2P/IPC; the suite's comparison calls
-    // on host memory through shared memory.
-    assert!(text.contains("via P2P/IPC"), "{text}");
+    // Device calls run as device work over FIFOs handed over as P2P/IPC
+    // does, never the host executor (whose links would say "via P2P/IPC"
+    // alone); the suite's comparison calls on host memory go through
+    // shared memory.
+    assert_device_work(&text);
+    let blocks: Vec<u64> = text
+        .lines()
+        .filter_map(|l| l.split_once("device blocks run: "))
+        .map(|(_, n)| n.trim().parse().unwrap())
+        .collect();
+    assert!(
+        blocks.len() == 4 && blocks.iter().all(|&n| n > 0),
+        "{blocks:?}"
+    );
+}
+
+/// Asserts that the ranks' device calls connected as device work through
+/// exported memory, and that none ran the host executor's P2P/IPC links.
+fn assert_device_work(text: &str) {
+    assert!(text.contains("via P2P/IPC (device work)"), "{text}");
+    assert!(
+        !text.lines().any(|l| l.trim_end().ends_with("via P2P/IPC")),
+        "{text}"
+    );
 }
 
 #[test]
@@ -212,7 +234,7 @@ fn sigkill_of_one_of_four_processes_mid_all_reduce_on_device_memory() {
         ready += usize::from(line.ends_with("ready"));
         seen += &format!("[{rank}] {line}\n");
     }
-    assert!(seen.contains("via P2P/IPC"), "{seen}");
+    assert_device_work(&seen);
     std::thread::sleep(Duration::from_millis(200));
     let killed = Instant::now();
     children.0[victim].kill().unwrap();

@@ -1,5 +1,5 @@
-//! Launching device work: a planned launch whose communicators have all
-//! their ranks in this process is encoded, operation by operation, over
+//! Launching device work: a planned launch whose communicators' ranks
+//! all reach each other's device memory is encoded, operation by operation, over
 //! each communicator's device links (`device_work.rs`) and handed to the
 //! device as one launch on the calls' streams.
 
@@ -12,6 +12,8 @@ use rccl_device::{Device, WorkLaunch};
 
 use crate::comm::CommInner;
 use crate::device_links::{DeviceLinks, DeviceMem, Owner};
+use crate::device_share::{self, Watch};
+use crate::device_work::DeviceOp;
 use crate::error::{Error, Result};
 use crate::launch::Planned;
 use crate::queue::StreamRef;
@@ -83,6 +85,42 @@ impl Drop for Finish {
     }
 }
 
+/// Makes sure the FIFOs and staging buffers of `op` exist: links to ranks
+/// of this process through the process-wide table, links to other
+/// processes through exported memory (`device_share.rs`).
+fn connect(
+    comm: &CommInner,
+    links: &mut DeviceLinks,
+    device: &'static dyn Device,
+    op: &DeviceOp,
+) -> Result<()> {
+    let shape = comm.config.fifo_shape();
+    let missing = links.missing(device, &shape, &op.schedule, op.protocol)?;
+    let (remote, local): (Vec<_>, Vec<_>) = missing
+        .into_iter()
+        .partition(|&(_, peer)| device_share::remote(comm, peer));
+    let owner = Owner {
+        secret: comm.bootstrap.secret().0,
+        nranks: comm.nranks,
+        rank: comm.rank,
+    };
+    links.connect_local(device, owner, &shape, op.protocol, &local)?;
+    if remote.is_empty() {
+        return Ok(());
+    }
+    for (channel, peer, pair) in device_share::connect(comm, device, &shape, op.protocol, &remote)?
+    {
+        tracing::info!(
+            target: crate::debug::SHM,
+            "[{}] Channel {channel:02} : {} -> {peer} via P2P/IPC (device work)",
+            comm.rank,
+            comm.rank
+        );
+        links.insert(channel, peer, op.protocol, pair);
+    }
+    Ok(())
+}
+
 /// Encodes every operation of `planned` as device work and launches it on
 /// `streams` as one launch: round `r` runs the `r`-th operation of every
 /// communicator of the group at once. Returns once enqueued.
@@ -96,14 +134,25 @@ pub(crate) fn launch(
     launches.sort_by_key(|l| Arc::as_ptr(&l.comm) as usize);
     let comms: Vec<Arc<CommInner>> = launches.iter().map(|l| l.comm.clone()).collect();
     let mut guards: Vec<_> = comms.iter().map(|comm| comm.exec.lock()).collect();
+    // Links to other processes are made in an order every process agrees
+    // on (the communicators' secrets), before any is encoded.
+    let mut order: Vec<usize> = (0..launches.len()).collect();
+    order.sort_by_key(|&i| launches[i].comm.bootstrap.secret().0);
+    for i in order {
+        let (launch, guard) = (&launches[i], &mut guards[i]);
+        if guard.device_work.is_none() {
+            guard.device_work = Some(DeviceLinks::new(launch.comm.config.max_channels, device)?);
+        }
+        let links = guard.device_work.as_mut().expect("made above");
+        for op in &launch.device_ops {
+            connect(&launch.comm, links, device, op)?;
+        }
+    }
     let first = &streams[0];
     let mut rounds: Vec<Vec<Arc<Work>>> = Vec::new();
     let mut memory: Vec<Arc<DeviceMem>> = Vec::new();
     for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
         let comm = &launch.comm;
-        if guard.device_work.is_none() {
-            guard.device_work = Some(DeviceLinks::new(comm.config.max_channels, device)?);
-        }
         let links = guard.device_work.as_mut().expect("made above");
         let shape = comm.config.fifo_shape();
         let mut staged = 0;
@@ -113,17 +162,6 @@ pub(crate) fn launch(
             if let Some(last) = &links.last {
                 op.stream.wait_event(last.as_ref()).map_err(Error::from)?;
             }
-            links.connect(
-                device,
-                Owner {
-                    secret: comm.bootstrap.secret().0,
-                    nranks: comm.nranks,
-                    rank: comm.rank,
-                },
-                &shape,
-                &op.schedule,
-                op.protocol,
-            )?;
             let mut call = WorkCall {
                 abort: links.abort.ptr.cast::<u32>(),
                 ..op.call
@@ -168,6 +206,7 @@ pub(crate) fn launch(
         reported: false,
     };
     let watched = comms.clone();
+    let watches: Vec<Watch> = comms.iter().filter_map(Watch::new).collect();
     let timeout = comms
         .iter()
         .map(|c| c.config.timeout)
@@ -190,6 +229,7 @@ pub(crate) fn launch(
                     watched
                         .iter()
                         .any(|c| c.abort.load(Ordering::Relaxed) || c.poisoned.get().is_some())
+                        || watches.iter().any(Watch::peer_died)
                 }),
                 done: Box::new(move |result| {
                     finish.report(result);
