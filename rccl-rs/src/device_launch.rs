@@ -6,14 +6,15 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use rccl_algorithms::Schedule;
 use rccl_device::abi::FifoView;
 use rccl_device::work::{encode, Work, WorkCall, WorkLinks};
 use rccl_device::{Device, WorkLaunch};
+use rccl_transports::Protocol;
 
 use crate::comm::CommInner;
 use crate::device_links::{DeviceLinks, DeviceMem, Owner};
 use crate::device_share::{self, Watch};
-use crate::device_work::DeviceOp;
 use crate::error::{Error, Result};
 use crate::launch::Planned;
 use crate::queue::StreamRef;
@@ -85,17 +86,29 @@ impl Drop for Finish {
     }
 }
 
-/// Makes sure the FIFOs and staging buffers of `op` exist: links to ranks
-/// of this process through the process-wide table, links to other
-/// processes through exported memory (`device_share.rs`).
+/// Makes sure the FIFOs and staging buffers of each `(schedule,
+/// protocol)` of `ops`, in order, exist: links to ranks of this process
+/// through the process-wide table, links to other processes through
+/// exported memory (`device_share.rs`).
+fn connect_all(
+    comm: &CommInner,
+    links: &mut DeviceLinks,
+    device: &'static dyn Device,
+    ops: &[(&Schedule, Protocol)],
+) -> Result<()> {
+    ops.iter()
+        .try_for_each(|&(schedule, protocol)| connect(comm, links, device, schedule, protocol))
+}
+
 fn connect(
     comm: &CommInner,
     links: &mut DeviceLinks,
     device: &'static dyn Device,
-    op: &DeviceOp,
+    schedule: &Schedule,
+    protocol: Protocol,
 ) -> Result<()> {
     let shape = comm.config.fifo_shape();
-    let missing = links.missing(device, &shape, &op.schedule, op.protocol)?;
+    let missing = links.missing(device, &shape, schedule, protocol)?;
     let (remote, local): (Vec<_>, Vec<_>) = missing
         .into_iter()
         .partition(|&(_, peer)| device_share::remote(comm, peer));
@@ -104,19 +117,18 @@ fn connect(
         nranks: comm.nranks,
         rank: comm.rank,
     };
-    links.connect_local(device, owner, &shape, op.protocol, &local)?;
+    links.connect_local(device, owner, &shape, protocol, &local)?;
     if remote.is_empty() {
         return Ok(());
     }
-    for (channel, peer, pair) in device_share::connect(comm, device, &shape, op.protocol, &remote)?
-    {
+    for (channel, peer, pair) in device_share::connect(comm, device, &shape, protocol, &remote)? {
         tracing::info!(
             target: crate::debug::SHM,
             "[{}] Channel {channel:02} : {} -> {peer} via P2P/IPC (device work)",
             comm.rank,
             comm.rank
         );
-        links.insert(channel, peer, op.protocol, pair);
+        links.insert(channel, peer, protocol, pair);
     }
     Ok(())
 }
@@ -134,18 +146,48 @@ pub(crate) fn launch(
     launches.sort_by_key(|l| Arc::as_ptr(&l.comm) as usize);
     let comms: Vec<Arc<CommInner>> = launches.iter().map(|l| l.comm.clone()).collect();
     let mut guards: Vec<_> = comms.iter().map(|comm| comm.exec.lock()).collect();
-    // Links to other processes are made in an order every process agrees
-    // on (the communicators' secrets), before any is encoded.
-    let mut order: Vec<usize> = (0..launches.len()).collect();
-    order.sort_by_key(|&i| launches[i].comm.bootstrap.secret().0);
-    for i in order {
-        let (launch, guard) = (&launches[i], &mut guards[i]);
+    for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
         if guard.device_work.is_none() {
             guard.device_work = Some(DeviceLinks::new(launch.comm.config.max_channels, device)?);
         }
-        let links = guard.device_work.as_mut().expect("made above");
-        for op in &launch.device_ops {
-            connect(&launch.comm, links, device, op)?;
+    }
+    // Every communicator's links are made before any operation is encoded.
+    // Links to other processes wait for the peers' side: with several
+    // communicators (or ranks of one communicator driven by this thread)
+    // in the launch, each connects on a thread of its own, so no process
+    // waits on a peer that waits on another of this launch's ranks.
+    let jobs: Vec<_> = launches
+        .iter()
+        .zip(guards.iter_mut())
+        .map(|(launch, guard)| {
+            let ops: Vec<_> = launch
+                .device_ops
+                .iter()
+                .map(|op| (&op.schedule, op.protocol))
+                .collect();
+            let links = guard.device_work.as_mut().expect("made above");
+            (&*launch.comm, links, ops)
+        })
+        .collect();
+    let spans_processes =
+        |comm: &CommInner| (0..comm.nranks).any(|p| device_share::remote(comm, p));
+    if jobs.len() > 1 && jobs.iter().any(|(comm, ..)| spans_processes(comm)) {
+        std::thread::scope(|scope| {
+            let running: Vec<_> = jobs
+                .into_iter()
+                .map(|(comm, links, ops)| {
+                    scope.spawn(move || connect_all(comm, links, device, &ops))
+                })
+                .collect();
+            running.into_iter().try_for_each(|job| {
+                job.join().unwrap_or_else(|_| {
+                    Err(Error::Internal("connecting device links panicked".into()))
+                })
+            })
+        })?;
+    } else {
+        for (comm, links, ops) in jobs {
+            connect_all(comm, links, device, &ops)?;
         }
     }
     let first = &streams[0];
