@@ -129,6 +129,29 @@ if has_cap device_memory; then
     bound=$(awk -v b="$copy_gbps" -v k="$k" 'BEGIN{printf "%.1f", b*(k-1)/(k*k)}')
     record "all_reduce 256MiB busbw, $k ranks" "$(awk -v x="${bw:-0}" -v y="$bound" 'BEGIN{print (y > 0 && x >= 0.8*y) ? "PASS" : "FAIL"}')" "$bw GB/s, bound $bound GB/s"
   done
+  # ---- the same binaries with 2 and 4 processes on device 0 ----
+  # Ranks in separate processes run as device work over FIFOs one process
+  # allocates with cuMem and exports as a file descriptor (CUDA IPC); the
+  # links say "via P2P/IPC (device work)". busbw at 8 MiB beside the
+  # thread-mode (-g) figure of the same size.
+  for k in 2 4; do
+    wrong_total=0
+    no_link=""
+    for b in all_reduce all_gather broadcast reduce reduce_scatter alltoall scatter gather sendrecv hypercube; do
+      log="$out/perf_${b}_procs$k.log"
+      RCCL_TIMEOUT_MS=30000 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=SHM timeout "$(left 30)" \
+        "$pack/bin/${b}_perf" --memory device --procs "$k" -b 8 -e 8M -f 4 -n 5 -w 1 -c 1 > "$log" 2>&1
+      w=$(awk '/Out of bounds values/ {print $7}' "$log")
+      [ -z "$w" ] && w=1
+      wrong_total=$((wrong_total + w))
+      grep -q "via P2P/IPC (device work)" "$log" || no_link+=" $b"
+    done
+    bw=$(awk '!/^#/ && $1 == 8388608 {print $8}' "$out/perf_all_reduce_procs$k.log" | tail -1)
+    threads=$(awk '!/^#/ && $1 == 8388608 {print $8}' "$out/perf_all_reduce_g$k.log" | head -1)
+    record "perf binaries, --procs $k, CUDA IPC" \
+      "$([ "$wrong_total" = 0 ] && [ -z "$no_link" ] && echo PASS || echo FAIL)" \
+      "wrong: $wrong_total, no device-work link:${no_link:- none}; all_reduce 8MiB busbw $bw GB/s (threads -g $k: $threads) (logs perf_*_procs$k.log)"
+  done
 else
   record "perf binaries, device memory, -g 2/4/8" "NOT YET" "perf binaries have no --memory device"
   record "all_reduce busbw vs B(k-1)/k^2" "NOT YET" "needs the perf binaries on device memory"

@@ -1,9 +1,9 @@
 //! Ranks in separate processes of one host on device memory of the
-//! emulated GPU, connected through `P2P/IPC` (FIFOs in device memory one
-//! process exports and the other maps, the handle a file descriptor passed
-//! over a Unix socket): the correctness suite over 4 processes, the
-//! transport chosen (and `NCCL_P2P_DISABLE`), and a process killed mid
-//! all-reduce.
+//! emulated GPU, run as device work over FIFOs in device memory one
+//! process exports and the other maps (the handle a file descriptor passed
+//! over a Unix socket, as `P2P/IPC`'s): the correctness suite over 4
+//! processes, the links made (and `NCCL_P2P_DISABLE`: the host executor
+//! through shared memory), and a process killed mid all-reduce.
 
 #[path = "common/children.rs"]
 mod children;
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use children::{free_port, Ranks};
 use common::{all_cases, TEST_BUFFSIZE};
-use device_cases::{emu, last_error, run_case, to_device};
+use device_cases::{emu, last_error, read_back, run_case, to_device};
 use rccl::{CollKind, Communicator, DataType};
 use rcclrs::registry::{self, Entry, Slot};
 use rcclrs::*;
@@ -47,6 +47,7 @@ fn child() {
     match std::env::var(ROLE).as_deref() {
         Ok("suite") => suite_rank(),
         Ok("loop") => all_reduce_until_killed(),
+        Ok("pair") => two_ranks_from_one_thread(),
         _ => {}
     }
 }
@@ -66,6 +67,7 @@ fn suite_rank() {
         assert_eq!(ncclCommDestroy(comm), ncclSuccess);
         assert_eq!(rcclrsEmuStreamDestroy(stream), ncclSuccess);
     }
+    println!("device blocks run: {}", rccl_device::emu::works_run());
 }
 
 /// All-reduces of 64 Ki floats on device memory until one fails: prints
@@ -105,6 +107,87 @@ fn all_reduce_until_killed() {
             println!("ready");
         }
     }
+}
+
+/// Process `RANK` of 2 holds ranks `RANK` and `RANK + 2` of 4 and drives
+/// both from this thread in one group: all-reduces on device memory, then
+/// checks the sums. Every ring neighbour is in the other process, so
+/// whichever rank this process links first waits for both ranks of the
+/// other: the two must link at once.
+fn two_ranks_from_one_thread() {
+    emu();
+    let process: usize = std::env::var("RANK").unwrap().parse().unwrap();
+    let port = std::env::var("MASTER_PORT").unwrap();
+    let id = rccl::UniqueId::from_address(&format!("127.0.0.1:{port}")).unwrap();
+    if process == 0 {
+        id.serve_root().unwrap();
+    }
+    let ranks = [process, process + 2];
+    let comms: Vec<Communicator> = std::thread::scope(|scope| {
+        let id = &id;
+        let joining: Vec<_> = ranks
+            .map(|rank| scope.spawn(move || Communicator::init_rank(4, id, rank).unwrap()))
+            .into_iter()
+            .collect();
+        joining.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    let handles: Vec<(ncclComm_t, cudaStream_t)> = comms
+        .into_iter()
+        .map(|comm| {
+            let entry = Entry::new(Slot::Ready(comm), true, 0, None);
+            registry::insert(entry.clone());
+            let mut stream: cudaStream_t = null_mut();
+            // SAFETY: a writable stream slot.
+            assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
+            (entry.handle(), stream)
+        })
+        .collect();
+    let count = 1 << 14;
+    for round in 0..3u32 {
+        let buffers: Vec<(*mut u8, *mut u8)> = ranks
+            .iter()
+            .map(|&rank| {
+                let value = (rank as f32 + 1.0) * (round as f32 + 1.0);
+                let send: Vec<u8> = (0..count).flat_map(|_| value.to_le_bytes()).collect();
+                (to_device(&send), to_device(&vec![0u8; count * 4]))
+            })
+            .collect();
+        // SAFETY: live communicators and streams; device buffers of
+        // `count` floats, read back after the streams are synchronized.
+        unsafe {
+            assert_eq!(ncclGroupStart(), ncclSuccess);
+            for (&(comm, stream), &(send, recv)) in handles.iter().zip(&buffers) {
+                let rc = ncclAllReduce(send.cast(), recv.cast(), count, 7, 0, comm, stream);
+                assert_eq!(rc, ncclSuccess, "{}", last_error(comm));
+            }
+            assert_eq!(ncclGroupEnd(), ncclSuccess);
+            for &(comm, stream) in &handles {
+                assert_eq!(
+                    rcclrsEmuStreamSynchronize(stream),
+                    ncclSuccess,
+                    "{}",
+                    last_error(comm)
+                );
+            }
+        }
+        let expected = 10.0 * (round as f32 + 1.0);
+        for &(_, recv) in &buffers {
+            let got = read_back(recv, count * 4);
+            assert!(
+                got.chunks_exact(4)
+                    .all(|w| f32::from_le_bytes(w.try_into().unwrap()) == expected),
+                "round {round}: not {expected} everywhere"
+            );
+        }
+    }
+    // SAFETY: live handles, destroyed once; the streams are idle.
+    unsafe {
+        for (comm, stream) in handles {
+            assert_eq!(ncclCommDestroy(comm), ncclSuccess);
+            assert_eq!(rcclrsEmuStreamDestroy(stream), ncclSuccess);
+        }
+    }
+    println!("device blocks run: {}", rccl_device::emu::works_run());
 }
 
 /// Starts `nranks` children in `role`, with `env` added, killed when the
@@ -170,9 +253,30 @@ fn finish(mut children: Ranks) -> (Vec<bool>, String) {
 fn the_suite_over_four_processes_through_p2p_ipc() {
     let (ok, text) = finish(spawn(4, "suite", &[]));
     assert!(ok.iter().all(|&ok| ok), "{ok:?}\n{text}");
-    // Device calls connect through P2P/IPC; the suite's comparison calls
-    // on host memory through shared memory.
-    assert!(text.contains("via P2P/IPC"), "{text}");
+    // Device calls run as device work over FIFOs handed over as P2P/IPC
+    // does, never the host executor (whose links would say "via P2P/IPC"
+    // alone); the suite's comparison calls on host memory go through
+    // shared memory.
+    assert_device_work(&text);
+    let blocks: Vec<u64> = text
+        .lines()
+        .filter_map(|l| l.split_once("device blocks run: "))
+        .map(|(_, n)| n.trim().parse().unwrap())
+        .collect();
+    assert!(
+        blocks.len() == 4 && blocks.iter().all(|&n| n > 0),
+        "{blocks:?}"
+    );
+}
+
+/// Asserts that the ranks' device calls connected as device work through
+/// exported memory, and that none ran the host executor's P2P/IPC links.
+fn assert_device_work(text: &str) {
+    assert!(text.contains("via P2P/IPC (device work)"), "{text}");
+    assert!(
+        !text.lines().any(|l| l.trim_end().ends_with("via P2P/IPC")),
+        "{text}"
+    );
 }
 
 #[test]
@@ -181,6 +285,15 @@ fn with_p2p_disabled_device_calls_go_through_shared_memory() {
     assert!(ok.iter().all(|&ok| ok), "{ok:?}\n{text}");
     assert!(text.contains("via SHM/direct"), "{text}");
     assert!(!text.contains("via P2P/IPC"), "{text}");
+}
+
+#[test]
+fn two_processes_of_two_ranks_each_driven_by_one_thread_run_device_work() {
+    let (ok, text) = finish(spawn(2, "pair", &[("RCCL_TIMEOUT_MS", "20000")]));
+    assert!(ok.iter().all(|&ok| ok), "{ok:?}\n{text}");
+    assert_device_work(&text);
+    assert_eq!(text.matches("device blocks run: ").count(), 2, "{text}");
+    assert!(!text.contains("device blocks run: 0\n"), "{text}");
 }
 
 /// Names in /dev/shm left by these processes.
@@ -212,7 +325,7 @@ fn sigkill_of_one_of_four_processes_mid_all_reduce_on_device_memory() {
         ready += usize::from(line.ends_with("ready"));
         seen += &format!("[{rank}] {line}\n");
     }
-    assert!(seen.contains("via P2P/IPC"), "{seen}");
+    assert_device_work(&seen);
     std::thread::sleep(Duration::from_millis(200));
     let killed = Instant::now();
     children.0[victim].kill().unwrap();

@@ -9,7 +9,9 @@
 //! through the perf binaries on `--memory device`.
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -67,6 +69,9 @@ pub struct CudaDevice {
     /// Memory freed from a host function, which may not call CUDA: freed
     /// at the next allocation.
     deferred: Mutex<Vec<u64>>,
+    /// cuMem mappings (shareable allocations and imports), by address:
+    /// their allocation handle and mapped size.
+    mapped: Mutex<HashMap<u64, (sys::CUmemGenericAllocationHandle, usize)>>,
 }
 
 thread_local! {
@@ -90,6 +95,7 @@ impl CudaDevice {
             helpers: Arc::default(),
             spare_status: Arc::default(),
             deferred: Mutex::default(),
+            mapped: Mutex::default(),
         })
     }
 
@@ -142,6 +148,101 @@ impl CudaDevice {
             words: words.cast(),
             len,
         })
+    }
+}
+
+/// Memory shared between processes: cuMem allocations whose handle type is
+/// a POSIX file descriptor, mapped read-write for this device.
+///
+/// NOT YET RUN ON HARDWARE, as the rest of this file.
+impl CudaDevice {
+    /// Where allocations live: pinned memory of this device, exportable
+    /// as a file descriptor.
+    fn shareable_prop(&self) -> sys::CUmemAllocationProp {
+        // SAFETY: an all-zero property block is valid (no flags, no
+        // metadata); the fields that matter are set below.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.requestedHandleTypes =
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        prop.location = self.location();
+        prop
+    }
+
+    fn location(&self) -> sys::CUmemLocation {
+        sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: self.ordinal,
+        }
+    }
+
+    /// `bytes` rounded up to the allocation granularity.
+    fn granular(&self, bytes: usize) -> Result<usize> {
+        let prop = self.shareable_prop();
+        let mut granularity = 0usize;
+        // SAFETY: valid out-pointer and property block.
+        call("cuMemGetAllocationGranularity", unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut granularity,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        })?;
+        Ok(bytes.max(1).div_ceil(granularity.max(1)) * granularity.max(1))
+    }
+
+    /// Maps `handle` (`size` bytes, granular) at a fresh address, readable
+    /// and writable by this device; the mapping owns the handle from here.
+    fn map(&self, handle: sys::CUmemGenericAllocationHandle, size: usize) -> Result<*mut u8> {
+        let mut ptr: sys::CUdeviceptr = 0;
+        let access = sys::CUmemAccessDesc {
+            location: self.location(),
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: a reservation of `size` bytes, `handle` mapped over all
+        // of it, access set on that range; undone on failure.
+        let mapped = unsafe {
+            call(
+                "cuMemAddressReserve",
+                sys::cuMemAddressReserve(&mut ptr, size, 0, 0, 0),
+            )
+            .and_then(|()| call("cuMemMap", sys::cuMemMap(ptr, size, 0, handle, 0)))
+            .and_then(|()| call("cuMemSetAccess", sys::cuMemSetAccess(ptr, size, &access, 1)))
+        };
+        if let Err(e) = mapped {
+            // SAFETY: undoes what succeeded above; failures of the undo
+            // add nothing to the error.
+            unsafe {
+                if ptr != 0 {
+                    let _ = sys::cuMemUnmap(ptr, size);
+                    let _ = sys::cuMemAddressFree(ptr, size);
+                }
+                let _ = sys::cuMemRelease(handle);
+            }
+            return Err(e);
+        }
+        self.mapped.lock().insert(ptr, (handle, size));
+        Ok(ptr as *mut u8)
+    }
+
+    /// Frees `ptr`: a cuMem mapping is unmapped and its handle released,
+    /// anything else is `cuMemFree`d.
+    ///
+    /// # Safety
+    /// As [`Device::free`].
+    unsafe fn release(&self, ptr: u64) -> Result<()> {
+        let Some((handle, size)) = self.mapped.lock().remove(&ptr) else {
+            // SAFETY: the caller's contract.
+            return unsafe { self.driver.free(ptr) }.map_err(err);
+        };
+        // SAFETY: the mapping made by `map`, unused (the caller's
+        // contract); the physical memory goes once every process that
+        // mapped it has released it.
+        unsafe {
+            call("cuMemUnmap", sys::cuMemUnmap(ptr, size))?;
+            call("cuMemAddressFree", sys::cuMemAddressFree(ptr, size))?;
+            call("cuMemRelease", sys::cuMemRelease(handle))
+        }
     }
 }
 
@@ -245,7 +346,7 @@ impl Device for CudaDevice {
         for ptr in std::mem::take(&mut *self.deferred.lock()) {
             // SAFETY: freed by its last user, deferred out of a host
             // function; nothing enqueued since uses it.
-            unsafe { self.driver.free(ptr) }.map_err(err)?;
+            unsafe { self.release(ptr) }?;
         }
         Ok(self.driver.alloc(bytes).map_err(err)? as *mut u8)
     }
@@ -264,7 +365,7 @@ impl Device for CudaDevice {
         }
         self.enter()?;
         // SAFETY: the caller's contract.
-        unsafe { self.driver.free(ptr as u64) }.map_err(err)
+        unsafe { self.release(ptr as u64) }
     }
 
     unsafe fn copy(&self, dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {
@@ -273,6 +374,64 @@ impl Device for CudaDevice {
         call("cuMemcpy", unsafe {
             sys::cuMemcpy(dst as u64, src as u64, bytes)
         })
+    }
+
+    fn shares_memory(&self) -> bool {
+        true
+    }
+
+    fn alloc_shareable(&self, bytes: usize) -> Result<*mut u8> {
+        self.enter()?;
+        let size = self.granular(bytes)?;
+        let prop = self.shareable_prop();
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: a valid out-pointer and property block.
+        call("cuMemCreate", unsafe {
+            sys::cuMemCreate(&mut handle, size, &prop, 0)
+        })?;
+        let ptr = self.map(handle, size)?;
+        // SAFETY: a fresh mapping of `size` bytes.
+        unsafe { self.driver.memset(ptr as u64, 0, size) }.map_err(err)?;
+        Ok(ptr)
+    }
+
+    fn export(&self, ptr: *mut u8) -> Result<(OwnedFd, usize)> {
+        let Some((handle, size)) = self.mapped.lock().get(&(ptr as u64)).copied() else {
+            return Err(Error::InvalidArgument(format!(
+                "{ptr:p} is not a shareable allocation of cuda device {}",
+                self.ordinal
+            )));
+        };
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: the handle is live (mapped); a POSIX handle is written
+        // as one int.
+        call("cuMemExportToShareableHandle", unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        })?;
+        // SAFETY: the driver made a new descriptor for this caller.
+        Ok((unsafe { OwnedFd::from_raw_fd(fd) }, size))
+    }
+
+    fn import(&self, handle: OwnedFd, bytes: usize) -> Result<*mut u8> {
+        self.enter()?;
+        let size = self.granular(bytes)?;
+        let mut imported: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: a POSIX handle is passed as the descriptor's value in
+        // the pointer; the driver holds its own reference to the memory,
+        // so `handle` is closed when this returns.
+        call("cuMemImportFromShareableHandle", unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut imported,
+                handle.as_raw_fd() as isize as *mut c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        self.map(imported, size)
     }
 
     fn stream(&self, raw: usize) -> Result<Arc<dyn Stream>> {

@@ -1,17 +1,20 @@
-//! Launching device work: a planned launch whose communicators have all
-//! their ranks in this process is encoded, operation by operation, over
+//! Launching device work: a planned launch whose communicators' ranks
+//! all reach each other's device memory is encoded, operation by operation, over
 //! each communicator's device links (`device_work.rs`) and handed to the
 //! device as one launch on the calls' streams.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use rccl_algorithms::Schedule;
 use rccl_device::abi::FifoView;
 use rccl_device::work::{encode, Work, WorkCall, WorkLinks};
 use rccl_device::{Device, WorkLaunch};
+use rccl_transports::Protocol;
 
 use crate::comm::CommInner;
 use crate::device_links::{DeviceLinks, DeviceMem, Owner};
+use crate::device_share::{self, Watch};
 use crate::error::{Error, Result};
 use crate::launch::Planned;
 use crate::queue::StreamRef;
@@ -83,6 +86,53 @@ impl Drop for Finish {
     }
 }
 
+/// Makes sure the FIFOs and staging buffers of each `(schedule,
+/// protocol)` of `ops`, in order, exist: links to ranks of this process
+/// through the process-wide table, links to other processes through
+/// exported memory (`device_share.rs`).
+fn connect_all(
+    comm: &CommInner,
+    links: &mut DeviceLinks,
+    device: &'static dyn Device,
+    ops: &[(&Schedule, Protocol)],
+) -> Result<()> {
+    ops.iter()
+        .try_for_each(|&(schedule, protocol)| connect(comm, links, device, schedule, protocol))
+}
+
+fn connect(
+    comm: &CommInner,
+    links: &mut DeviceLinks,
+    device: &'static dyn Device,
+    schedule: &Schedule,
+    protocol: Protocol,
+) -> Result<()> {
+    let shape = comm.config.fifo_shape();
+    let missing = links.missing(device, &shape, schedule, protocol)?;
+    let (remote, local): (Vec<_>, Vec<_>) = missing
+        .into_iter()
+        .partition(|&(_, peer)| device_share::remote(comm, peer));
+    let owner = Owner {
+        secret: comm.bootstrap.secret().0,
+        nranks: comm.nranks,
+        rank: comm.rank,
+    };
+    links.connect_local(device, owner, &shape, protocol, &local)?;
+    if remote.is_empty() {
+        return Ok(());
+    }
+    for (channel, peer, pair) in device_share::connect(comm, device, &shape, protocol, &remote)? {
+        tracing::info!(
+            target: crate::debug::SHM,
+            "[{}] Channel {channel:02} : {} -> {peer} via P2P/IPC (device work)",
+            comm.rank,
+            comm.rank
+        );
+        links.insert(channel, peer, protocol, pair);
+    }
+    Ok(())
+}
+
 /// Encodes every operation of `planned` as device work and launches it on
 /// `streams` as one launch: round `r` runs the `r`-th operation of every
 /// communicator of the group at once. Returns once enqueued.
@@ -96,14 +146,55 @@ pub(crate) fn launch(
     launches.sort_by_key(|l| Arc::as_ptr(&l.comm) as usize);
     let comms: Vec<Arc<CommInner>> = launches.iter().map(|l| l.comm.clone()).collect();
     let mut guards: Vec<_> = comms.iter().map(|comm| comm.exec.lock()).collect();
+    for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
+        if guard.device_work.is_none() {
+            guard.device_work = Some(DeviceLinks::new(launch.comm.config.max_channels, device)?);
+        }
+    }
+    // Every communicator's links are made before any operation is encoded.
+    // Links to other processes wait for the peers' side: with several
+    // communicators (or ranks of one communicator driven by this thread)
+    // in the launch, each connects on a thread of its own, so no process
+    // waits on a peer that waits on another of this launch's ranks.
+    let jobs: Vec<_> = launches
+        .iter()
+        .zip(guards.iter_mut())
+        .map(|(launch, guard)| {
+            let ops: Vec<_> = launch
+                .device_ops
+                .iter()
+                .map(|op| (&op.schedule, op.protocol))
+                .collect();
+            let links = guard.device_work.as_mut().expect("made above");
+            (&*launch.comm, links, ops)
+        })
+        .collect();
+    let spans_processes =
+        |comm: &CommInner| (0..comm.nranks).any(|p| device_share::remote(comm, p));
+    if jobs.len() > 1 && jobs.iter().any(|(comm, ..)| spans_processes(comm)) {
+        std::thread::scope(|scope| {
+            let running: Vec<_> = jobs
+                .into_iter()
+                .map(|(comm, links, ops)| {
+                    scope.spawn(move || connect_all(comm, links, device, &ops))
+                })
+                .collect();
+            running.into_iter().try_for_each(|job| {
+                job.join().unwrap_or_else(|_| {
+                    Err(Error::Internal("connecting device links panicked".into()))
+                })
+            })
+        })?;
+    } else {
+        for (comm, links, ops) in jobs {
+            connect_all(comm, links, device, &ops)?;
+        }
+    }
     let first = &streams[0];
     let mut rounds: Vec<Vec<Arc<Work>>> = Vec::new();
     let mut memory: Vec<Arc<DeviceMem>> = Vec::new();
     for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
         let comm = &launch.comm;
-        if guard.device_work.is_none() {
-            guard.device_work = Some(DeviceLinks::new(comm.config.max_channels, device)?);
-        }
         let links = guard.device_work.as_mut().expect("made above");
         let shape = comm.config.fifo_shape();
         let mut staged = 0;
@@ -113,17 +204,6 @@ pub(crate) fn launch(
             if let Some(last) = &links.last {
                 op.stream.wait_event(last.as_ref()).map_err(Error::from)?;
             }
-            links.connect(
-                device,
-                Owner {
-                    secret: comm.bootstrap.secret().0,
-                    nranks: comm.nranks,
-                    rank: comm.rank,
-                },
-                &shape,
-                &op.schedule,
-                op.protocol,
-            )?;
             let mut call = WorkCall {
                 abort: links.abort.ptr.cast::<u32>(),
                 ..op.call
@@ -168,6 +248,7 @@ pub(crate) fn launch(
         reported: false,
     };
     let watched = comms.clone();
+    let watches: Vec<Watch> = comms.iter().filter_map(Watch::new).collect();
     let timeout = comms
         .iter()
         .map(|c| c.config.timeout)
@@ -190,6 +271,7 @@ pub(crate) fn launch(
                     watched
                         .iter()
                         .any(|c| c.abort.load(Ordering::Relaxed) || c.poisoned.get().is_some())
+                        || watches.iter().any(Watch::peer_died)
                 }),
                 done: Box::new(move |result| {
                     finish.report(result);

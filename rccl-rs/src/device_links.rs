@@ -37,9 +37,15 @@ unsafe impl Send for DeviceMem {}
 unsafe impl Sync for DeviceMem {}
 
 impl DeviceMem {
+    /// Takes over `ptr`, device memory of `device` (allocated, shareable
+    /// or imported), freed on the last drop.
+    pub(crate) fn own(device: &'static dyn Device, ptr: *mut u8) -> Arc<DeviceMem> {
+        Arc::new(DeviceMem { device, ptr })
+    }
+
     pub(crate) fn zeroed(device: &'static dyn Device, bytes: usize) -> Result<Arc<DeviceMem>> {
         let ptr = device.alloc_zeroed(bytes).map_err(Error::from)?;
-        Ok(Arc::new(DeviceMem { device, ptr }))
+        Ok(DeviceMem::own(device, ptr))
     }
 }
 
@@ -60,8 +66,17 @@ type FifoKey = ([u8; 32], usize, usize, usize, usize, usize, usize);
 /// two ranks to need it allocates it, the other finds it here.
 static FIFOS: Mutex<Option<HashMap<FifoKey, Weak<DeviceMem>>>> = Mutex::new(None);
 
+/// Bytes of one FIFO of `protocol` in `shape`.
+pub(crate) fn fifo_bytes(shape: &FifoShape, protocol: Protocol) -> usize {
+    abi::fifo_bytes(
+        protocol.index() as u32,
+        shape.nslots as u32,
+        shape.slot_bytes(protocol) as u32,
+    )
+}
+
 /// The FIFO to a peer and the one from it.
-type FifoPair = (Arc<DeviceMem>, Arc<DeviceMem>);
+pub(crate) type FifoPair = (Arc<DeviceMem>, Arc<DeviceMem>);
 
 /// A communicator's device work state, kept between launches.
 pub(crate) struct DeviceLinks {
@@ -89,24 +104,18 @@ impl DeviceLinks {
         })
     }
 
-    /// Makes sure the FIFOs and staging buffers of `schedule`, run by
-    /// `owner` with `protocol`, exist.
-    pub(crate) fn connect(
+    /// The `(channel, peer)` links `schedule` needs with `protocol` that
+    /// are not made yet, allocating the channels' staging buffers on the
+    /// way.
+    pub(crate) fn missing(
         &mut self,
         device: &'static dyn Device,
-        owner: Owner,
         shape: &FifoShape,
         schedule: &Schedule,
         protocol: Protocol,
-    ) -> Result<()> {
+    ) -> Result<Vec<(usize, usize)>> {
         let proto = protocol.index();
-        let slot_bytes = shape.slot_bytes(protocol);
-        let bytes = abi::fifo_bytes(proto as u32, shape.nslots as u32, slot_bytes as u32);
-        let Owner {
-            secret,
-            nranks,
-            rank,
-        } = owner;
+        let mut missing = Vec::new();
         for (channel, steps) in schedule.channels.iter().enumerate() {
             if steps.is_empty() {
                 continue;
@@ -121,26 +130,64 @@ impl DeviceLinks {
                 .flat_map(|p| [p.recv_peer(), p.send_peer()])
                 .flatten();
             for peer in peers {
-                if self.fifos.contains_key(&(channel, peer, proto)) {
-                    continue;
+                if !self.fifos.contains_key(&(channel, peer, proto))
+                    && !missing.contains(&(channel, peer))
+                {
+                    missing.push((channel, peer));
                 }
-                let mut table = FIFOS.lock();
-                let table = table.get_or_insert_with(HashMap::new);
-                table.retain(|_, fifo| fifo.strong_count() > 0);
-                let mut fifo = |from: usize, to: usize| -> Result<Arc<DeviceMem>> {
-                    let key = (secret, nranks, channel, from, to, proto, slot_bytes);
-                    if let Some(fifo) = table.get(&key).and_then(Weak::upgrade) {
-                        return Ok(fifo);
-                    }
-                    let fifo = DeviceMem::zeroed(device, bytes)?;
-                    table.insert(key, Arc::downgrade(&fifo));
-                    Ok(fifo)
-                };
-                let pair = (fifo(rank, peer)?, fifo(peer, rank)?);
-                self.fifos.insert((channel, peer, proto), pair);
             }
         }
+        Ok(missing)
+    }
+
+    /// Makes the links `wanted` (from [`DeviceLinks::missing`]) to ranks of
+    /// this process: the first of a FIFO's two ranks allocates it, the
+    /// other finds it in the process-wide table.
+    pub(crate) fn connect_local(
+        &mut self,
+        device: &'static dyn Device,
+        owner: Owner,
+        shape: &FifoShape,
+        protocol: Protocol,
+        wanted: &[(usize, usize)],
+    ) -> Result<()> {
+        let proto = protocol.index();
+        let slot_bytes = shape.slot_bytes(protocol);
+        let bytes = fifo_bytes(shape, protocol);
+        let Owner {
+            secret,
+            nranks,
+            rank,
+        } = owner;
+        let mut table = FIFOS.lock();
+        let table = table.get_or_insert_with(HashMap::new);
+        table.retain(|_, fifo| fifo.strong_count() > 0);
+        for &(channel, peer) in wanted {
+            let mut fifo = |from: usize, to: usize| -> Result<Arc<DeviceMem>> {
+                let key = (secret, nranks, channel, from, to, proto, slot_bytes);
+                if let Some(fifo) = table.get(&key).and_then(Weak::upgrade) {
+                    return Ok(fifo);
+                }
+                let fifo = DeviceMem::zeroed(device, bytes)?;
+                table.insert(key, Arc::downgrade(&fifo));
+                Ok(fifo)
+            };
+            let pair = (fifo(rank, peer)?, fifo(peer, rank)?);
+            self.fifos.insert((channel, peer, proto), pair);
+        }
         Ok(())
+    }
+
+    /// Adds the link to `peer` on `channel` for `protocol`: the FIFO to
+    /// the peer and the one from it.
+    pub(crate) fn insert(
+        &mut self,
+        channel: usize,
+        peer: usize,
+        protocol: Protocol,
+        pair: FifoPair,
+    ) {
+        self.fifos.insert((channel, peer, protocol.index()), pair);
     }
 
     /// Every piece of device memory the communicator's work may use.

@@ -1,5 +1,5 @@
 //! The device executor's plans: a launch on device memory whose ranks all
-//! live in this process runs as device work (`rccl_device::work`), the
+//! live on this host, sharing device memory, runs as device work (`rccl_device::work`), the
 //! kernels' interpreter running each rank's schedule, one block per
 //! channel, over FIFOs in device memory: on CUDA the fatbin's kernel, on
 //! the emulated GPU the same interpreter compiled for the host. The host
@@ -22,13 +22,12 @@ use crate::queue::StreamRef;
 use crate::types::RedOp;
 
 /// Whether a communicator's calls on device memory run as device work:
-/// every rank is in this process (ranks as threads sharing the device), so
-/// FIFOs in device memory are reachable by every rank's work.
+/// every rank is in this process (ranks as threads sharing the device), or
+/// on this host where the device shares memory between processes
+/// (`device_share.rs`), so FIFOs in device memory are reachable by every
+/// rank's work.
 pub(crate) fn interprets(comm: &CommInner) -> bool {
-    let me = &comm.peers[comm.rank];
-    comm.peers
-        .iter()
-        .all(|p| p.pid == me.pid && p.start == me.start && p.host_id == me.host_id)
+    crate::device_share::reaches_all(comm)
 }
 
 /// One operation's device work, planned: its schedule and the call as the

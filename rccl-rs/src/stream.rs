@@ -6,11 +6,13 @@
 //! is one task that every stream of its calls waits for, so a thread that
 //! drives several ranks (some sharing a stream) cannot deadlock.
 //!
-//! A launch whose communicators have all their ranks in this process runs
+//! A launch whose communicators have all their ranks in this process, or
+//! on this host with a device that shares memory between processes, runs
 //! as device work (`device_work.rs`: the kernels' interpreter, on the GPU
-//! or compiled for the host on the emulated one). A communicator spanning
-//! processes runs the host executor over the device memory, which only the
-//! emulated GPU keeps in host memory; on CUDA such a call is refused.
+//! or compiled for the host on the emulated one). Any other communicator
+//! (ranks on other hosts, or `NCCL_P2P_DISABLE` between processes) runs
+//! the host executor over the device memory, which only the emulated GPU
+//! keeps in host memory; on CUDA such a call is refused.
 //!
 //! Failures of an enqueued launch poison its communicators: they surface
 //! through `async_error` (`ncclCommGetAsyncError`) and the next call.
@@ -145,13 +147,14 @@ pub(crate) fn enqueue(ops: Vec<RawOp>) -> Result<()> {
     };
     match planned.as_device_work() {
         Some(true) => return crate::device_launch::launch(planned, &streams, device),
-        // Ranks in other processes: the host executor over the device
-        // memory, which only the emulated GPU keeps in host memory.
+        // Ranks device work does not reach: the host executor over the
+        // device memory, which only the emulated GPU keeps in host memory.
         Some(false) if device.backend() == "emu" => {}
         Some(false) => {
             return Err(Error::InvalidUsage(format!(
                 "calls on {} device memory run as device work only between ranks of one \
-                 process; this communicator has ranks in other processes",
+                 host that share device memory; this communicator has ranks on other hosts \
+                 (or NCCL_P2P_DISABLE is set)",
                 device.backend()
             )))
         }

@@ -9,6 +9,7 @@
 //! one connects two ranks.
 
 pub mod board;
+pub mod fd_pass;
 pub mod fifo;
 pub mod futex;
 mod ipc;

@@ -1,0 +1,318 @@
+//! Device work between processes of one host. As NCCL's P2P transport,
+//! the receiver owns a FIFO: a rank allocates the FIFOs it receives on
+//! from ranks of other processes as shareable device memory, exports each
+//! (a file descriptor: CUDA's cuMem POSIX handle, the emulated GPU's
+//! memfd) and hands it to the sender over a Unix socket (`SCM_RIGHTS`),
+//! opened only by the token the authenticated bootstrap carries; the
+//! sender maps it. Both FIFOs of a link then sit in `device_links` as for
+//! ranks of one process, and the kernels' interpreter runs over them.
+//!
+//! While such work runs, the processes of the communicator's other ranks
+//! are watched: one that dies stops the work with an error naming its
+//! rank, as the host path's shared-memory links do.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rccl_device::Device;
+use rccl_transports::fd_pass::{recv_fd, send_fd, tokens_match, NAME_PREFIX, TOKEN};
+use rccl_transports::process::ProcessId;
+use rccl_transports::socket::fill_random;
+use rccl_transports::{FifoShape, Protocol};
+
+use crate::comm::CommInner;
+use crate::device_links::{fifo_bytes, DeviceMem, FifoPair};
+use crate::error::{Error, Result};
+
+/// Bootstrap tag of a rank's offer of its exported FIFOs to a peer.
+const SHARE_TAG: u64 = 5 << 40;
+
+/// How often a running launch looks at its peers' processes.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
+
+/// How long a launch may go on after a peer's process was seen gone.
+const DEAD_PEER_GRACE: Duration = Duration::from_secs(2);
+
+/// Whether `peer` runs in another process than this rank.
+pub(crate) fn remote(comm: &CommInner, peer: usize) -> bool {
+    let (me, them) = (&comm.peers[comm.rank], &comm.peers[peer]);
+    them.pid != me.pid || them.start != me.start || them.host_id != me.host_id
+}
+
+/// Whether this rank's device work reaches every rank of `comm` in
+/// another process: all on this host, on a device that shares memory
+/// between processes, unless `NCCL_P2P_DISABLE` (the conditions of the
+/// `P2P/IPC` transport).
+pub(crate) fn reaches_all(comm: &CommInner) -> bool {
+    let me = &comm.peers[comm.rank];
+    let others = (0..comm.nranks).any(|peer| remote(comm, peer));
+    !others
+        || (!comm.config.p2p_disable
+            && comm.peers.iter().all(|p| p.host_id == me.host_id)
+            && rccl_device::active().is_some_and(|device| device.shares_memory()))
+}
+
+/// Connects the links `wanted` (`(channel, peer)`, every peer in another
+/// process) for `protocol`: exports this rank's receiving FIFOs to the
+/// peers and maps theirs. Every peer makes the same call (the links of a
+/// schedule come in pairs); returns the links once all are made, or fails
+/// at the communicator's timeout.
+pub(crate) fn connect(
+    comm: &CommInner,
+    device: &'static dyn Device,
+    shape: &FifoShape,
+    protocol: Protocol,
+    wanted: &[(usize, usize)],
+) -> Result<Vec<(usize, usize, FifoPair)>> {
+    let bytes = fifo_bytes(shape, protocol);
+    let deadline = Instant::now() + comm.config.timeout;
+    let rank = comm.rank;
+    let fail = |peer: usize, what: &str, e: &dyn std::fmt::Display| {
+        Error::System(format!(
+            "rank {rank}: device work with {}: {what}: {e}",
+            comm.describe(peer)
+        ))
+    };
+    let mut channels: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for &(channel, peer) in wanted {
+        channels.entry(peer).or_default().push(channel);
+    }
+    // This rank's receiving FIFOs, and their handles for the peers.
+    let mut inbound: BTreeMap<usize, Vec<Arc<DeviceMem>>> = BTreeMap::new();
+    let mut handles: BTreeMap<usize, Vec<OwnedFd>> = BTreeMap::new();
+    for (&peer, list) in &channels {
+        for _ in list {
+            let fifo = DeviceMem::own(device, device.alloc_shareable(bytes)?);
+            let (handle, _) = device.export(fifo.ptr)?;
+            inbound.entry(peer).or_default().push(fifo);
+            handles.entry(peer).or_default().push(handle);
+        }
+    }
+    let mut random = [0u8; TOKEN + 8];
+    fill_random(&mut random).map_err(|e| Error::System(format!("rank {rank}: {e}")))?;
+    let (token, suffix) = random.split_at(TOKEN);
+    let token: [u8; TOKEN] = token.try_into().expect("TOKEN bytes");
+    let name = format!(
+        "{NAME_PREFIX}{}-{}",
+        std::process::id(),
+        suffix
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    let listener = SocketAddr::from_abstract_name(&name)
+        .and_then(|addr| UnixListener::bind_addr(&addr))
+        .map_err(|e| Error::System(format!("rank {rank}: device work: a Unix socket: {e}")))?;
+    for (&peer, list) in &channels {
+        let mut offer = token.to_vec();
+        offer.extend_from_slice(&(list.len() as u32).to_le_bytes());
+        list.iter()
+            .for_each(|c| offer.extend_from_slice(&(*c as u32).to_le_bytes()));
+        offer.extend_from_slice(name.as_bytes());
+        comm.bootstrap.send(peer, SHARE_TAG, &offer)?;
+    }
+    std::thread::scope(|scope| {
+        let server = scope.spawn(|| serve(&listener, &token, handles, deadline));
+        let mut links = Vec::with_capacity(wanted.len());
+        for (&peer, list) in &channels {
+            let outbound = fetch(comm, peer, list, deadline)
+                .map_err(|e| match e {
+                    Fetch::Io(what, e) => fail(peer, what, &e),
+                    Fetch::Engine(e) => e,
+                })?
+                .into_iter()
+                .map(|handle| Ok(DeviceMem::own(device, device.import(handle, bytes)?)))
+                .collect::<Result<Vec<_>>>()?;
+            for ((&channel, send), recv) in list.iter().zip(outbound).zip(&inbound[&peer]) {
+                links.push((channel, peer, (send, recv.clone())));
+            }
+        }
+        match server.join() {
+            Ok(Ok(())) => Ok(links),
+            Ok(Err((peer, e))) => Err(fail(peer, "handing over its FIFOs", &e)),
+            Err(_) => Err(Error::Internal("the FIFO hand-over thread panicked".into())),
+        }
+    })
+}
+
+/// Why fetching a peer's FIFOs failed.
+enum Fetch {
+    Io(&'static str, io::Error),
+    Engine(Error),
+}
+
+/// The handles of `peer`'s FIFOs to this rank on `channels`: reads its
+/// offer from the bootstrap, calls its socket with the token.
+fn fetch(
+    comm: &CommInner,
+    peer: usize,
+    channels: &[usize],
+    deadline: Instant,
+) -> std::result::Result<Vec<OwnedFd>, Fetch> {
+    let late = || Fetch::Io("its offer", io::ErrorKind::TimedOut.into());
+    let offer = comm
+        .bootstrap
+        .recv_until(peer, SHARE_TAG, deadline)
+        .map_err(Fetch::Engine)?
+        .ok_or_else(late)?;
+    let malformed = || Fetch::Io("its offer", io::ErrorKind::InvalidData.into());
+    let (token, rest) = offer.split_at_checked(TOKEN).ok_or_else(malformed)?;
+    let (count, rest) = rest.split_at_checked(4).ok_or_else(malformed)?;
+    let count = u32::from_le_bytes(count.try_into().expect("4 bytes")) as usize;
+    let (list, name) = rest.split_at_checked(count * 4).ok_or_else(malformed)?;
+    let theirs: Vec<usize> = list
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")) as usize)
+        .collect();
+    if theirs != channels || !name.starts_with(NAME_PREFIX.as_bytes()) {
+        return Err(Fetch::Engine(Error::InvalidUsage(format!(
+            "rank {}: device work: {} links channels {theirs:?}, this rank {channels:?}: the \
+             ranks' calls differ",
+            comm.rank,
+            comm.describe(peer)
+        ))));
+    }
+    let io = |what| move |e| Fetch::Io(what, e);
+    let mut stream = SocketAddr::from_abstract_name(name)
+        .and_then(|addr| UnixStream::connect_addr(&addr))
+        .map_err(io("calling its socket"))?;
+    stream
+        .write_all(&[token, &(comm.rank as u32).to_le_bytes()].concat())
+        .map_err(io("calling its socket"))?;
+    let mut handles = Vec::with_capacity(channels.len());
+    while handles.len() < channels.len() {
+        match recv_fd(&stream).map_err(io("receiving a handle"))? {
+            Some(handle) => handles.push(handle),
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+            None => {
+                return Err(Fetch::Io(
+                    "receiving a handle",
+                    io::ErrorKind::TimedOut.into(),
+                ))
+            }
+        }
+    }
+    Ok(handles)
+}
+
+/// Hands each peer its handles once it calls with the token and its rank;
+/// a caller without the token gets nothing. Fails with the first peer not
+/// served by `deadline`.
+fn serve(
+    listener: &UnixListener,
+    token: &[u8; TOKEN],
+    mut handles: BTreeMap<usize, Vec<OwnedFd>>,
+    deadline: Instant,
+) -> std::result::Result<(), (usize, io::Error)> {
+    let first = |handles: &BTreeMap<usize, Vec<OwnedFd>>| *handles.keys().next().expect("some");
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| (first(&handles), e))?;
+    while !handles.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err((first(&handles), io::ErrorKind::TimedOut.into()));
+        }
+        let mut stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            Err(e) => return Err((first(&handles), e)),
+        };
+        let mut said = [0u8; TOKEN + 4];
+        let heard = stream
+            .set_nonblocking(false)
+            .and_then(|()| stream.set_read_timeout(Some(left)))
+            .and_then(|()| stream.read_exact(&mut said));
+        if heard.is_err() || !tokens_match(&said[..TOKEN], token) {
+            continue;
+        }
+        let caller = u32::from_le_bytes(said[TOKEN..].try_into().expect("4 bytes")) as usize;
+        let Some(theirs) = handles.remove(&caller) else {
+            continue;
+        };
+        for handle in &theirs {
+            send_fd(&stream, handle).map_err(|e| (caller, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// A peer seen gone: since when, which rank, why.
+type Gone = (Instant, usize, String);
+
+/// A watch over the processes of a communicator's ranks elsewhere on this
+/// host, for a running launch.
+pub(crate) struct Watch {
+    comm: Arc<CommInner>,
+    peers: Vec<(usize, ProcessId)>,
+    /// When to look next; the first peer seen gone.
+    state: Mutex<(Instant, Option<Gone>)>,
+}
+
+impl Watch {
+    /// `None` when every rank of `comm` is in this process.
+    pub(crate) fn new(comm: &Arc<CommInner>) -> Option<Watch> {
+        let peers: Vec<(usize, ProcessId)> = (0..comm.nranks)
+            .filter(|&peer| remote(comm, peer) && comm.peers[peer].start != 0)
+            .map(|peer| {
+                let p = &comm.peers[peer];
+                (
+                    peer,
+                    ProcessId {
+                        pid: p.pid,
+                        start: p.start,
+                    },
+                )
+            })
+            .collect();
+        (!peers.is_empty()).then(|| Watch {
+            comm: comm.clone(),
+            peers,
+            state: Mutex::new((Instant::now(), None)),
+        })
+    }
+
+    /// Whether a peer's process has died while this launch still needs it
+    /// (looked at every [`WATCH_EVERY`]); the first one found poisons the
+    /// communicator with an error naming it. A peer may finish its part
+    /// and exit while this rank still drains what it wrote (the FIFOs stay
+    /// mapped here), so a launch fails only when it still runs
+    /// [`DEAD_PEER_GRACE`] after the peer was seen gone.
+    pub(crate) fn peer_died(&self) -> bool {
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        if now < state.0 {
+            return false;
+        }
+        state.0 = now + WATCH_EVERY;
+        if state.1.is_none() {
+            state.1 = self
+                .peers
+                .iter()
+                .find_map(|(peer, process)| Some((now, *peer, process.gone()?)));
+        }
+        // The first peer seen gone is named: the others may have failed
+        // and exited because of it.
+        let Some((since, peer, why)) = &state.1 else {
+            return false;
+        };
+        if now.duration_since(*since) < DEAD_PEER_GRACE {
+            return false;
+        }
+        self.comm.poison(&Error::Remote(format!(
+            "rank {}: device work: {} died: {why}",
+            self.comm.rank,
+            self.comm.describe(*peer)
+        )));
+        true
+    }
+}
