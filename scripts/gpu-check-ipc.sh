@@ -9,6 +9,9 @@
 #   LIB       librcclrs.so to preload for torch (default $BIN_DIR/librcclrs.so)
 #   PYTHON    a Python with the device's own torch (default python3)
 #   RANGE     perf sizes, "-b 8 -e 16M -f 16 -n 5 -w 1" by default
+#   PROCS     process counts for the perf binaries, "2 4" by default; empty
+#             runs only the torch checks (gpu-check.sh runs the perf
+#             binaries across processes itself)
 #
 # Needs the CUDA backend of the device crate (RCCL_DEVICE=cuda). Ranks in
 # separate processes on device 0 run as device work (the interpreter
@@ -39,7 +42,7 @@ if ! RCCL_DEVICE=cuda timeout 60 "$BIN_DIR/all_reduce_perf" --memory device -g 1
 fi
 
 # The perf binaries with 2 and 4 processes on device 0, through P2P/IPC.
-for procs in 2 4; do
+for procs in ${PROCS-2 4}; do
   for bin in $PERF; do
     name="$bin --procs $procs"
     if [ $CUDA = 0 ]; then note "$name" "BLOCKED (no CUDA device path: $LOGS/probe.log)"; continue; fi

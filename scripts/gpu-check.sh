@@ -8,6 +8,9 @@
 #   scripts/gpu-check.sh           there: runs every check, writes logs
 #                                  under $OUT and prints a summary table
 #
+# It ends with scripts/gpu-check-ipc.sh's torch checks (torch's NCCL process
+# group on rccl-rs against gloo, and the DDP example, on cuda:0).
+#
 # .gpu/ holds: binaries.tar.gz (bin/: rccl-kernel-check and the perf
 # binaries, lib/: librcclrs.so; each binary embeds the kernels' fatbin, so
 # they travel compressed and the run unpacks them), include/nccl.h, nccl-tests/ (NVIDIA's nccl-tests source,
@@ -265,6 +268,23 @@ else
   record "nccl-tests all_reduce -g 1, -G 1 (rccl-rs)" "NOT YET" "librcclrs has no device-memory path"
 fi
 rm -rf "$build"
+
+# ---- torch's NCCL process group on rccl-rs (scripts/gpu-check-ipc.sh) ----
+PROCS="" BIN_DIR="$pack/bin" LIB="$pack/lib/librcclrs.so" OUT="$out" \
+  timeout "$(left 240)" bash "$root/scripts/gpu-check-ipc.sh" > "$out/torch.log" 2>&1
+torch_rows=$(grep -E '^torch ' "$out/torch.log")
+if [ -n "$torch_rows" ]; then
+  while IFS= read -r row; do
+    # "NAME   STATUS DETAIL" as gpu-check-ipc.sh prints it (name padded to 44).
+    name=$(sed -E 's/ {2,}.*//' <<< "${row:0:44}")
+    rest=${row:45}
+    detail=""
+    [[ $rest == *" "* ]] && detail=${rest#* }
+    record "$name" "${rest%% *}" "$detail"
+  done <<< "$torch_rows"
+else
+  record "torch nccl / DDP on cuda:0" FAIL "no result (torch.log)"
+fi
 
 # ---- summary ----
 {
