@@ -21,9 +21,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rccl_device::Device;
-use rccl_transports::fd_pass::{recv_fd, send_fd, tokens_match, NAME_PREFIX, TOKEN};
+use rccl_transports::fd_pass::{self, recv_fd, send_fd, tokens_match, NAME_PREFIX, TOKEN};
 use rccl_transports::process::ProcessId;
-use rccl_transports::socket::fill_random;
 use rccl_transports::{FifoShape, Protocol};
 
 use crate::comm::CommInner;
@@ -94,20 +93,11 @@ pub(crate) fn connect(
             handles.entry(peer).or_default().push(handle);
         }
     }
-    let mut random = [0u8; TOKEN + 8];
-    fill_random(&mut random).map_err(|e| Error::System(format!("rank {rank}: {e}")))?;
-    let (token, suffix) = random.split_at(TOKEN);
-    let token: [u8; TOKEN] = token.try_into().expect("TOKEN bytes");
-    let name = format!(
-        "{NAME_PREFIX}{}-{}",
-        std::process::id(),
-        suffix
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    );
-    let listener = SocketAddr::from_abstract_name(&name)
-        .and_then(|addr| UnixListener::bind_addr(&addr))
+    let fd_pass::ExportListener {
+        listener,
+        token,
+        name,
+    } = fd_pass::listen()
         .map_err(|e| Error::System(format!("rank {rank}: device work: a Unix socket: {e}")))?;
     for (&peer, list) in &channels {
         let mut offer = token.to_vec();

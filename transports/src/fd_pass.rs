@@ -6,12 +6,39 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+
+use crate::socket::fill_random;
 
 /// Bytes of the token that opens an export.
 pub const TOKEN: usize = 32;
 /// How the abstract socket names of exports start.
 pub const NAME_PREFIX: &str = "rccl-ipc-";
+
+/// A listener for an export: bound to a fresh abstract socket name, with
+/// the random token a caller must show.
+pub struct ExportListener {
+    pub listener: UnixListener,
+    pub token: [u8; TOKEN],
+    /// The socket's abstract name, for the peers.
+    pub name: String,
+}
+
+/// Binds a new export listener (blocking; the caller may change that).
+pub fn listen() -> io::Result<ExportListener> {
+    let mut random = [0u8; TOKEN + 8];
+    fill_random(&mut random)?;
+    let (token, suffix) = random.split_at(TOKEN);
+    let suffix: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
+    let name = format!("{NAME_PREFIX}{}-{suffix}", std::process::id());
+    let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(&name)?)?;
+    Ok(ExportListener {
+        listener,
+        token: token.try_into().expect("TOKEN bytes"),
+        name,
+    })
+}
 
 /// Whether `got` is `token`, compared in constant time: the token is the
 /// only key.

@@ -22,10 +22,9 @@ use std::time::Instant;
 
 use rccl_device::Device;
 
-use crate::fd_pass::{recv_fd, send_fd, tokens_match, NAME_PREFIX, TOKEN};
+use crate::fd_pass::{self, recv_fd, send_fd, tokens_match, NAME_PREFIX, TOKEN};
 use crate::fifo::FifoMemory;
 use crate::shm::{self, ShmConnection};
-use crate::socket::fill_random;
 use crate::transport::{Context, Pending, Setup, Transport};
 use crate::Connection;
 
@@ -69,24 +68,13 @@ impl Transport for P2pIpc {
             len: shm::segment_bytes(&cx.fifo),
         };
         let (handle, _) = device.export(memory.ptr).map_err(io::Error::other)?;
-        let mut random = [0u8; TOKEN + 8];
-        fill_random(&mut random)?;
-        let (token, suffix) = random.split_at(TOKEN);
-        let name = format!(
-            "{NAME_PREFIX}{}-{}",
-            std::process::id(),
-            suffix
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        );
-        let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(&name)?)?;
-        listener.set_nonblocking(true)?;
+        let export = fd_pass::listen()?;
+        export.listener.set_nonblocking(true)?;
         Ok(Setup {
-            info: Some([token, name.as_bytes()].concat()),
+            info: Some([&export.token[..], export.name.as_bytes()].concat()),
             pending: Box::new(Exports {
-                token: token.try_into().expect("TOKEN bytes"),
-                listener: Some(listener),
+                token: export.token,
+                listener: Some(export.listener),
                 accepted: None,
                 handle: Some(handle),
                 memory: Some(memory),
