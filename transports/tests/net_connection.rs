@@ -290,13 +290,7 @@ fn a_message_larger_than_a_slot_fails_the_connection() {
 }
 
 const ECHO_HANDLE: &str = "RCCL_NET_TEST_ECHO_HANDLE";
-/// Round trips timed together, and how many such batches are run: the
-/// fastest batch counts, so a machine busy for a moment does not fail the
-/// check, while pacing by 1 ms sleeps slows every batch alike.
-const BATCH: u32 = 199;
-const BATCHES: u32 = 3;
-/// A first round, then the batches.
-const ROUNDS: u32 = 1 + BATCH * BATCHES;
+const ROUNDS: u32 = 200;
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -346,14 +340,11 @@ fn echo(theirs: &str) -> ! {
     std::process::exit(0);
 }
 
-/// A plug-in's requests give the proxy nothing to sleep on, so it tests
-/// them again after a sleep; while messages flow those sleeps stay short
-/// (50 us, not 1 ms), so a ping-pong with another process through the C
-/// plug-in is not paced by them: 199 round trips take under 400 ms in the
-/// fastest of three batches (measured here: 40 to 160 ms, against 710 ms
-/// with 1 ms sleeps).
+/// A ping-pong with another process through the C plug-in: every message
+/// arrives, in order, on connections the network proxy drives (how short
+/// its sleeps stay while messages flow is the proxy's own unit test).
 #[test]
-fn a_ping_pong_through_a_plugin_is_not_paced_by_the_proxys_sleep() {
+fn a_ping_pong_with_another_process_through_a_plugin() {
     if let Ok(theirs) = std::env::var(ECHO_HANDLE) {
         echo(&theirs);
     }
@@ -361,7 +352,7 @@ fn a_ping_pong_through_a_plugin_is_not_paced_by_the_proxys_sleep() {
     let (handle, listen) = net.listen(0).unwrap();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
-            "a_ping_pong_through_a_plugin_is_not_paced_by_the_proxys_sleep",
+            "a_ping_pong_with_another_process_through_a_plugin",
             "--exact",
             "--nocapture",
         ])
@@ -383,21 +374,9 @@ fn a_ping_pong_through_a_plugin_is_not_paced_by_the_proxys_sleep() {
         }
     }
     let conn = plugin_connection(net, listen, &unhex(&line["rcclhandle".len()..]));
-    // One round first: both proxies are started.
-    send(conn.send_fifo(), 0, 8);
-    receive(conn.recv_fifo(), 0, 8);
-    let batches: Vec<Duration> = (0..BATCHES)
-        .map(|b| {
-            let start = Instant::now();
-            for i in 1 + b * BATCH..1 + (b + 1) * BATCH {
-                send(conn.send_fifo(), i, 8);
-                receive(conn.recv_fifo(), i, 8);
-            }
-            start.elapsed()
-        })
-        .collect();
+    for i in 0..ROUNDS {
+        send(conn.send_fifo(), i, 8);
+        receive(conn.recv_fifo(), i, 8);
+    }
     assert!(child.wait().unwrap().success());
-    eprintln!("batches of {BATCH} round trips through the C plug-in: {batches:?}");
-    let fastest = batches.iter().min().unwrap();
-    assert!(*fastest < Duration::from_millis(400), "{batches:?}");
 }

@@ -206,11 +206,7 @@ fn run(proxy: &'static Proxy) {
         for link in &links {
             exact &= link.wait_on(&mut fds);
         }
-        let park = match (exact, since.elapsed() < RECENT) {
-            (true, _) => PARK_MAX,
-            (false, true) => PARK_UNKNOWN_RECENT,
-            (false, false) => PARK_UNKNOWN,
-        };
+        let park = park_for(exact, since.elapsed());
         let timeout = libc::timespec {
             tv_sec: park.as_secs() as libc::time_t,
             tv_nsec: park.subsec_nanos() as libc::c_long,
@@ -233,6 +229,19 @@ fn run(proxy: &'static Proxy) {
     }
 }
 
+/// How long the proxy sleeps, idle for `idle`: until woken when every
+/// pending request said what it waits for (`exact`), else briefly, so that
+/// requests nothing wakes for (a net plug-in's) are tested again; shortly
+/// after the last movement more briefly still, so that the next message of
+/// an operation in progress is not paced by the sleep.
+fn park_for(exact: bool, idle: Duration) -> Duration {
+    match (exact, idle < RECENT) {
+        (true, _) => PARK_MAX,
+        (false, true) => PARK_UNKNOWN_RECENT,
+        (false, false) => PARK_UNKNOWN,
+    }
+}
+
 /// One pass over every connection: whether anything moved. Finished
 /// connections are dropped.
 fn pass(links: &mut Vec<Box<dyn Work>>) -> bool {
@@ -249,4 +258,22 @@ fn pass(links: &mut Vec<Box<dyn Work>>) -> bool {
         }
     });
     moved
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// While messages flow, a plug-in's requests are tested again within
+    /// 50 us, not 1 ms: with 1 ms sleeps, 199 round trips with another
+    /// process through the C test plug-in took 710 ms against 40-160 ms.
+    #[test]
+    fn sleeps_on_untellable_requests_stay_short_while_messages_flow() {
+        let short = Duration::from_micros(50);
+        assert_eq!(park_for(false, Duration::ZERO), short);
+        assert_eq!(park_for(false, RECENT - Duration::from_micros(1)), short);
+        assert_eq!(park_for(false, RECENT), Duration::from_millis(1));
+        // Requests that name their file descriptors sleep until woken.
+        assert_eq!(park_for(true, Duration::ZERO), PARK_MAX);
+    }
 }
