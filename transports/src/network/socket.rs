@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::checks::{check_recv, check_unspent, nothing_to_flush, Registration};
+use super::checks::{check_recv, check_unspent, nothing_to_flush, OpState, Registration};
 use super::handshake::{self, Client, Server, LISTENER_ID};
 use super::{
     CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, Readiness,
@@ -149,19 +149,6 @@ impl Registration for SocketMr {
     fn bounds(&self) -> (usize, usize) {
         (self.start, self.len)
     }
-}
-
-/// Where a request is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum OpState {
-    /// Not all moved yet.
-    Pending,
-    /// Moved; `test` has not said so yet.
-    Done,
-    /// `test` said so, or nobody will ask (the request was dropped).
-    Spent,
-    /// Dropped before it was done: spent once done.
-    Abandoned,
 }
 
 /// The descriptor, peer, and failure shared by both directions' states.
@@ -288,21 +275,13 @@ impl Drop for SocketRequest {
             Kind::Send(state, id) => {
                 let mut state = state.lock();
                 let at = (*id - state.first_id) as usize;
-                let op = &mut state.ops[at];
-                op.state = match op.state {
-                    OpState::Pending => OpState::Abandoned,
-                    _ => OpState::Spent,
-                };
+                state.ops[at].state.drop_request();
                 state.retire();
             }
             Kind::Recv(state, id) => {
                 let mut state = state.lock();
                 let at = (*id - state.first_id) as usize;
-                let group = &mut state.groups[at];
-                group.state = match group.state {
-                    OpState::Pending => OpState::Abandoned,
-                    _ => OpState::Spent,
-                };
+                state.groups[at].state.drop_request();
                 state.retire();
             }
             Kind::Flush => {}
@@ -422,10 +401,7 @@ impl SendState {
                 op.written += step;
                 n -= step;
                 if op.written == MESSAGE_HEADER + op.size {
-                    op.state = match op.state {
-                        OpState::Abandoned => OpState::Spent,
-                        _ => OpState::Done,
-                    };
+                    op.state.finish();
                     self.next_io += 1;
                 }
             }
@@ -541,10 +517,7 @@ impl RecvState {
                 self.current = None;
                 group.filled += 1;
                 if group.filled == group.bufs.len() {
-                    group.state = match group.state {
-                        OpState::Abandoned => OpState::Spent,
-                        _ => OpState::Done,
-                    };
+                    group.state.finish();
                     self.next_io += 1;
                 }
             }
@@ -875,14 +848,11 @@ impl Net for Socket {
                 let mut state = state.lock();
                 state.progress();
                 let at = (*id - state.first_id) as usize;
-                let op = &mut state.ops[at];
-                if op.state != OpState::Done {
-                    return match state.wire.broken() {
-                        Some(broken) => Err(broken),
-                        None => Ok(None),
-                    };
+                let state = &mut *state;
+                let (op, wire) = (&mut state.ops[at], &state.wire);
+                if !op.state.claim(|| wire.broken())? {
+                    return Ok(None);
                 }
-                op.state = OpState::Spent;
                 let sizes = Sizes::new(&[op.size]);
                 state.retire();
                 sizes
@@ -891,14 +861,11 @@ impl Net for Socket {
                 let mut state = state.lock();
                 state.progress();
                 let at = (*id - state.first_id) as usize;
-                let group = &mut state.groups[at];
-                if group.state != OpState::Done {
-                    return match state.wire.broken() {
-                        Some(broken) => Err(broken),
-                        None => Ok(None),
-                    };
+                let state = &mut *state;
+                let (group, wire) = (&mut state.groups[at], &state.wire);
+                if !group.state.claim(|| wire.broken())? {
+                    return Ok(None);
                 }
-                group.state = OpState::Spent;
                 let mut sizes = [0usize; MAX_RECVS];
                 for (size, buf) in sizes.iter_mut().zip(&group.bufs) {
                     *size = buf.size.unwrap_or(0);

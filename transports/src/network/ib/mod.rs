@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::checks::{check_recv, check_unspent, nothing_to_flush, Registration};
+use super::checks::{check_recv, check_unspent, nothing_to_flush, OpState, Registration};
 use super::handshake::{self, Client, Partial, Server, LISTENER_ID};
 use super::socket::{handle_bytes, parse_handle};
 use super::{
@@ -711,35 +711,6 @@ impl Link {
                 false
             }
         }
-    }
-}
-
-/// Where a request is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum OpState {
-    /// Not all moved yet.
-    Pending,
-    /// Moved; `test` has not said so yet.
-    Done,
-    /// `test` said so, or nobody will ask (the request was dropped).
-    Spent,
-    /// Dropped before it was done: spent once done.
-    Abandoned,
-}
-
-impl OpState {
-    fn finish(&mut self) {
-        *self = match *self {
-            OpState::Abandoned => OpState::Spent,
-            _ => OpState::Done,
-        };
-    }
-
-    fn drop_request(&mut self) {
-        *self = match *self {
-            OpState::Pending => OpState::Abandoned,
-            _ => OpState::Spent,
-        };
     }
 }
 

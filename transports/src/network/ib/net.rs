@@ -312,14 +312,12 @@ impl Net for Ib {
             Kind::Send(state, id) => {
                 let mut state = state.lock();
                 state.progress();
-                let op = state.op(*id);
-                if op.state != OpState::Done {
-                    return match state.link.broken() {
-                        Some(broken) => Err(broken),
-                        None => Ok(None),
-                    };
+                let at = (*id - state.first_id) as usize;
+                let state = &mut *state;
+                let (op, link) = (&mut state.ops[at], &state.link);
+                if !op.state.claim(|| link.broken())? {
+                    return Ok(None);
                 }
-                op.state = OpState::Spent;
                 let sizes = Sizes::new(&[op.size]);
                 state.retire();
                 sizes
@@ -328,14 +326,11 @@ impl Net for Ib {
                 let mut state = state.lock();
                 state.progress();
                 let at = (*id - state.first_id) as usize;
-                let group = &mut state.groups[at];
-                if group.state != OpState::Done {
-                    return match state.link.broken() {
-                        Some(broken) => Err(broken),
-                        None => Ok(None),
-                    };
+                let state = &mut *state;
+                let (group, link) = (&mut state.groups[at], &state.link);
+                if !group.state.claim(|| link.broken())? {
+                    return Ok(None);
                 }
-                group.state = OpState::Spent;
                 let sizes = Sizes::new(&group.sizes);
                 state.retire();
                 sizes
