@@ -702,21 +702,10 @@ mod exported_plugin_only {
 /// Checks of the Socket provider beyond the common contract.
 mod socket_only {
     use super::*;
-    use common::socket;
+    use common::{hex, socket, unhex};
     use rccl_transports::network::socket::Socket;
     use rccl_transports::network::ListenHandle;
     use rccl_transports::socket::Secret;
-
-    fn hex(bytes: &[u8]) -> String {
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    fn unhex(text: &str) -> Vec<u8> {
-        (0..text.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
-            .collect()
-    }
 
     /// A connecting side with another secret is refused, and the listener
     /// then accepts a member of the communicator.

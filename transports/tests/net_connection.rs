@@ -9,7 +9,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use common::{
-    connect, net_connection_pair, net_connection_pair_over, socket_pair, until, DEADLINE,
+    connect, hex, net_connection_pair, net_connection_pair_over, socket_pair, unhex, until,
+    DEADLINE,
 };
 use rccl_transports::fifo::{Fifo, Tag, SLOT_HEADER};
 use rccl_transports::network::{CommRef, MemoryType, Net, NetConnection};
@@ -291,17 +292,6 @@ fn a_message_larger_than_a_slot_fails_the_connection() {
 
 const ECHO_HANDLE: &str = "RCCL_NET_TEST_ECHO_HANDLE";
 const ROUNDS: u32 = 200;
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Vec<u8> {
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
-        .collect()
-}
 
 /// A connection both ways through the C plug-in with the process whose
 /// listener `theirs` names, this side listening on `listen`.

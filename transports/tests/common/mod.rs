@@ -220,3 +220,16 @@ pub fn plugin_pair(path: &Path, newest: u32) -> (Arc<PluginNet>, Arc<PluginNet>)
         Arc::new(plugin.open(comm_id).unwrap()),
     )
 }
+
+/// Bytes as hexadecimal text, to hand a listen handle to a child process.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes of [`hex`]'s text.
+pub fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
+        .collect()
+}
