@@ -3,14 +3,15 @@
 //! that are threads of one process), registered ahead of the built-in
 //! ones, carries every collective and shows in `NCCL_DEBUG=INFO` output.
 //! Its own binary, since registration is for the whole process; the work
-//! runs in a child process so that its log can be read.
+//! runs in child processes so that their logs can be read. A second entry
+//! whose setup fails on one rank checks that every peer hears why at once.
 
 use std::collections::HashMap;
 use std::io;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rccl::{Communicator, Config, RedOp};
 use rccl_transports::fifo::{fifo_bytes, HeapMemory};
@@ -19,6 +20,7 @@ use rccl_transports::transport::{Context, Pending, Setup, Transport};
 use rccl_transports::{Connection, Fifo, Protocol};
 
 const CHILD: &str = "RCCL_TRANSPORT_PLUGIN_CHILD";
+const FAILING_CHILD: &str = "RCCL_FAILING_SETUP_CHILD";
 
 /// One pair's memory: per protocol a FIFO each way, and each side's note.
 struct PairMemory {
@@ -215,4 +217,109 @@ fn a_transport_registered_from_outside_carries_collectives() {
     assert!(made >= 6, "{made} connections\n{stderr}");
     assert!(stderr.contains("via LOOP/heap"), "{stderr}");
     assert!(!stderr.contains("via SHM/direct"), "{stderr}");
+}
+
+/// A transport whose connections never complete and whose setup fails on
+/// rank 1: that rank stops at its first connection, telling that one peer;
+/// the other peer waits on connections that cannot complete and hears
+/// nothing through them.
+struct FailsOnRankOne;
+
+const INJECTED: &str = "injected setup failure";
+
+impl Transport for FailsOnRankOne {
+    fn name(&self) -> &'static str {
+        "FAIL/rank1"
+    }
+
+    fn can_connect(&self, cx: &Context<'_>, peer: usize) -> bool {
+        cx.endpoints[peer].process.pid == std::process::id()
+    }
+
+    fn setup(&self, cx: &Context<'_>, _peer: usize, _channel: usize) -> io::Result<Setup> {
+        if cx.rank == 1 {
+            return Err(io::Error::other(INJECTED));
+        }
+        Ok(Setup {
+            info: Some(Vec::new()),
+            pending: Box::new(NeverConnects),
+        })
+    }
+}
+
+struct NeverConnects;
+
+impl Pending for NeverConnects {
+    fn awaits_peer_info(&self) -> bool {
+        true
+    }
+
+    fn connect(
+        &mut self,
+        _cx: &Context<'_>,
+        _peer: usize,
+        _peer_info: &[u8],
+        _until: Instant,
+    ) -> io::Result<Option<Box<dyn Connection>>> {
+        Ok(None)
+    }
+}
+
+/// The child: 3 ranks all-reduce over the failing entry; prints each
+/// rank's outcome and when it came.
+#[test]
+fn failing_setup_child() {
+    if std::env::var_os(FAILING_CHILD).is_none() {
+        return;
+    }
+    table::register(Arc::new(FailsOnRankOne));
+    let config = Config {
+        board_bytes: 0,
+        timeout: Duration::from_secs(20),
+        ..Config::default()
+    };
+    let comms = Communicator::init_all_config(3, config).unwrap();
+    let began = Instant::now();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || {
+                let mut sum = [0f32; 64];
+                let outcome = comm.all_reduce(&[1f32; 64], &mut sum, RedOp::Sum);
+                println!(
+                    "OUTCOME {} {} {}",
+                    comm.rank(),
+                    began.elapsed().as_millis(),
+                    outcome.map_or_else(|e| e.to_string(), |()| "ok".to_string())
+                );
+            });
+        }
+    });
+}
+
+/// Every peer of the failing rank fails with its reason well before the
+/// timeout (20 s), even those it never told: they are of its process.
+#[test]
+fn a_rank_whose_setup_fails_stops_every_peer_in_its_process_at_once() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "failing_setup_child", "--nocapture"])
+        .env(FAILING_CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let outcomes: Vec<(u128, &str)> = stdout
+        .lines()
+        .filter_map(|l| l.split("OUTCOME ").nth(1))
+        .map(|l| {
+            let mut words = l.splitn(3, ' ');
+            let (_rank, ms, text) = (words.next(), words.next().unwrap(), words.next().unwrap());
+            (ms.parse().unwrap(), text)
+        })
+        .collect();
+    assert_eq!(outcomes.len(), 3, "{stdout}");
+    for (ms, text) in outcomes {
+        println!("{ms} ms: {text}");
+        assert!(ms < 3_000, "took {ms} ms: {text}");
+        assert!(text.contains(INJECTED), "does not give the cause: {text}");
+        assert!(text.contains("rank 1"), "does not name rank 1: {text}");
+    }
 }

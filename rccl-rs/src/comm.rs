@@ -511,7 +511,25 @@ impl CommInner {
     /// Records the communicator's first failure.
     pub fn poison(&self, err: &Error) {
         // The first failure stays; later ones are its consequences.
-        let _ = self.poisoned.set(err.clone());
+        if self.poisoned.set(err.clone()).is_ok() {
+            self.bootstrap.record_failure(&failure_note(self, err));
+        }
+    }
+
+    /// The failure of one of `peers` that runs in this process, as this
+    /// rank reports it: read without a socket, so that it arrives even
+    /// when the failed rank could open none to tell this one.
+    pub fn peer_failure_in_process(&self, peers: &[usize]) -> Option<Error> {
+        let me = &self.peers[self.rank];
+        peers.iter().find_map(|&peer| {
+            let them = &self.peers[peer];
+            if them.pid != me.pid || them.start != me.start || them.host_id != me.host_id {
+                return None;
+            }
+            let note = self.bootstrap.failure_in_process(peer)?;
+            let context = format!("rank {}: word from {}", self.rank, self.describe(peer));
+            Some(executor::note_error(&note, &context))
+        })
     }
 }
 
@@ -996,7 +1014,10 @@ pub(crate) fn close_links(comm: &CommInner, state: &ExecState, error: &Error) ->
 /// What peers are told of this rank's failure: who failed and why, marked
 /// as a usage error every rank shares where it is one.
 pub(crate) fn failure_note(comm: &CommInner, error: &Error) -> String {
-    if comm.abort.load(Ordering::Relaxed) {
+    // A broken bootstrap listener sets the abort flag too; its error says
+    // why.
+    let ended_by_user = comm.ended.get().is_some() || comm.bootstrap.broken().is_none();
+    if comm.abort.load(Ordering::Relaxed) && ended_by_user {
         return format!(
             "{} {} its communicator",
             comm.describe(comm.rank),

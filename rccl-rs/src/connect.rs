@@ -69,8 +69,10 @@ pub(crate) fn connect(
         for (channel, work) in launch.channels.iter().enumerate() {
             for peer in peers_of(work) {
                 if guard.links_for(launch.on_device)[channel][peer].is_none() {
-                    let link = set_up(&launch.comm, cx, peer, channel)
-                        .inspect_err(|err| launch.comm.poison(err))?;
+                    let link = set_up(&launch.comm, cx, peer, channel).inspect_err(|err| {
+                        launch.comm.poison(err);
+                        waits[index].fail(err);
+                    })?;
                     pending.push((index, link));
                 }
             }
@@ -122,7 +124,12 @@ pub(crate) fn connect(
         // Nothing moved: wait for the peers' setup a little.
         let (index, link) = &mut pending[0];
         if link.pending.awaits_peer_info() && link.info.is_none() {
-            link.take_info(&launches[*index].comm, Instant::now() + SETUP_POLL)?;
+            let comm = &launches[*index].comm;
+            if let Err(err) = link.take_info(comm, Instant::now() + SETUP_POLL) {
+                comm.poison(&err);
+                waits[*index].fail(&err);
+                return Err(err);
+            }
         } else {
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -373,6 +380,9 @@ impl<'l> Waits<'l> {
         if comm.abort.load(Ordering::Relaxed) {
             return Err(comm.ended_error());
         }
+        if let Some(error) = comm.peer_failure_in_process(peers) {
+            return Err(error);
+        }
         let waited = self.start.elapsed();
         if waited >= executor::STALL_CHECK_EVERY {
             self.publish(peers, &what, waited);
@@ -427,11 +437,19 @@ impl<'l> Waits<'l> {
         self.published = true;
     }
 
-    /// Tells the peers told so far that the launch failed with `error`.
+    /// Tells every peer the launch connects to, as the waits end, that it
+    /// failed with `error`: a peer waiting on this rank's side of a
+    /// connection would otherwise wait for its deadline.
     fn fail(&mut self, error: &Error) {
-        if let Some((notices, _)) = &mut self.told {
-            notices.fail(&failure_note(&self.launch.comm, error));
+        let launch = self.launch;
+        let calls = self.calls();
+        let (notices, _) = self
+            .told
+            .get_or_insert_with(|| (Notices::new(&*launch.comm), calls));
+        for work in &launch.channels {
+            peers_in(work).for_each(|peer| notices.tell_at_end(peer));
         }
+        notices.fail(&failure_note(&launch.comm, error));
     }
 
     /// Waits for `peer` to set up its side of `what`: `attempt(until)`

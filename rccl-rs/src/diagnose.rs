@@ -86,6 +86,19 @@ pub(crate) fn find_mismatch(
     None
 }
 
+/// A peer of this process that a stuck run waits on and that failed (see
+/// [`CommInner::peer_failure_in_process`]).
+pub(crate) fn failed_peer_in_process(
+    comms: &[Arc<CommInner>],
+    runs: &[Driven<'_, '_>],
+) -> Option<(usize, Error)> {
+    runs.iter().filter(|d| d.run.busy()).find_map(|driven| {
+        let peer = driven.run.blocked()?.peer;
+        let error = comms[driven.comm].peer_failure_in_process(&[peer])?;
+        Some((driven.comm, error))
+    })
+}
+
 /// Tells the peers that the stuck runs wait on which calls they run, and
 /// compares what waiting peers said with those calls (see [`stuck`]).
 pub(crate) fn compare_with_waiting_peers(

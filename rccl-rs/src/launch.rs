@@ -13,7 +13,9 @@ use rccl_transports::Tag;
 
 use crate::comm::{close_links, Activity, CommInner};
 use crate::connect::connect;
-use crate::diagnose::{compare_with_waiting_peers, find_mismatch, hang_report, publish_stall};
+use crate::diagnose::{
+    compare_with_waiting_peers, failed_peer_in_process, find_mismatch, hang_report, publish_stall,
+};
 use crate::error::{Error, Result};
 use crate::executor::{self, BoardOp, BoardRun, ChannelRun, Driven, Reduction, Run};
 use crate::op::{OpKind, RawOp};
@@ -326,15 +328,17 @@ fn drive_to_the_end(
             published = true;
         }
         publish_stall(comms, runs, stalled);
-        find_mismatch(comms, guards, runs).or_else(|| {
-            if stalled < stuck::NOTICE_AFTER {
-                return None;
-            }
-            if notices.is_empty() {
-                notices.extend(comms.iter().map(|comm| Notices::new(&**comm)));
-            }
-            compare_with_waiting_peers(&mut notices, runs, stalled)
-        })
+        find_mismatch(comms, guards, runs)
+            .or_else(|| failed_peer_in_process(comms, runs))
+            .or_else(|| {
+                if stalled < stuck::NOTICE_AFTER {
+                    return None;
+                }
+                if notices.is_empty() {
+                    notices.extend(comms.iter().map(|comm| Notices::new(&**comm)));
+                }
+                compare_with_waiting_peers(&mut notices, runs, stalled)
+            })
     });
     if published {
         for comm in comms {

@@ -5,10 +5,10 @@
 //!
 //! A rank whose launch has waited [`NOTICE_AFTER`] on a peer tells that
 //! peer, through the bootstrap, which calls it runs, and takes it back when
-//! the wait ends, or, if the launch failed, tells the peer why (nothing is
-//! sent by a launch that never waits that long). A waiting rank stops with
-//! a peer's failure, and compares what its peers told it with its own
-//! calls:
+//! the wait ends (nothing is sent by a launch that never waits that long).
+//! A launch that fails setting up its connections tells every peer it
+//! connects to why. A waiting rank stops with a peer's failure, and
+//! compares what its peers told it with its own calls:
 //! - a collective of the same sequence number with another call is a
 //!   mismatch at once (every rank numbers its collectives alike);
 //! - a peer that runs only sends and receives and waits on this rank, while
@@ -170,6 +170,14 @@ impl<'c> Notices<'c> {
             .comm
             .bootstrap()
             .send_within(peer, STUCK_TAG, &calls.encode(), CONNECT_WITHIN);
+    }
+
+    /// Counts `peer` among the told without telling it now: it gets the
+    /// last word (a failure) when the wait ends.
+    pub fn tell_at_end(&mut self, peer: usize) {
+        if !self.told.contains(&peer) {
+            self.told.push(peer);
+        }
     }
 
     /// Compares what waiting peers said with `mine`, the calls this rank

@@ -12,6 +12,7 @@
 //! the id's 32-byte secret ([`rccl_transports::socket`]).
 
 mod id;
+mod in_process;
 mod root;
 
 pub use id::UniqueId;
@@ -397,6 +398,19 @@ impl Bootstrap {
         self.secret
     }
 
+    /// Records, for this rank's peers in the same process, that it failed
+    /// with `note` (the first note stays).
+    pub(crate) fn record_failure(&self, note: &str) {
+        in_process::record(self.peers[self.rank], note);
+    }
+
+    /// Why `peer` failed, if it runs in this process and did. Only for a
+    /// peer known to be of this process: listener addresses are unique
+    /// within one network namespace, not across them.
+    pub(crate) fn failure_in_process(&self, peer: usize) -> Option<String> {
+        in_process::failure(self.peers[peer])
+    }
+
     /// The bootstrap listener of `rank` (its IP is that rank's host
     /// address).
     ///
@@ -662,6 +676,7 @@ impl Drop for Bootstrap {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        in_process::forget(self.peers[self.rank]);
     }
 }
 
