@@ -157,63 +157,71 @@ fn lone_board_work(
 }
 
 /// Runs `ops` (a group, or a single call) to completion. Allocates little
-/// for a lone call: the smallest calls cost about as much as this
-/// bookkeeping.
+/// for a lone call or a group over two communicators: the smallest calls
+/// cost about as much as this bookkeeping, so the plan is made and run in
+/// place, never moved.
 pub(crate) fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
-    match plan(ops)? {
-        Some(planned) => run(planned),
-        None => Ok(()),
+    let mut planned = Planned::default();
+    planned.plan(ops)?;
+    if planned.is_empty() {
+        return Ok(());
     }
+    run(&mut planned)
 }
+
+/// Communicators a launch holds without allocating: a lone call, or a
+/// group over two (one thread driving two ranks).
+const INLINE_COMMS: usize = 2;
 
 /// A launch planned and not yet run: per communicator, its work.
+#[derive(Default)]
 pub(crate) struct Planned {
-    launches: SmallVec<[CommLaunch; 1]>,
-}
-
-/// Plans `ops`: the tuner's choices, the schedules, the sequence numbers
-/// (taken here, so calls keep their order). `None` when there is nothing
-/// to run.
-pub(crate) fn plan(ops: impl IntoIterator<Item = RawOp>) -> Result<Option<Planned>> {
-    #[cfg(feature = "fault-injection")]
-    crate::fault::point("launch");
-    // Inline storage: a lone call allocates nothing here.
-    let mut launches: SmallVec<[CommLaunch; 1]> = SmallVec::new();
-    for op in ops {
-        let index = match launches.iter().position(|l| Arc::ptr_eq(&l.comm, &op.comm)) {
-            Some(i) => i,
-            None => {
-                op.comm.check_usable()?;
-                launches.push(CommLaunch {
-                    comm: op.comm.clone(),
-                    channels: Vec::new(),
-                    board: SmallVec::new(),
-                    p2p: Vec::new(),
-                    on_device: false,
-                    device_ops: Vec::new(),
-                });
-                launches.len() - 1
-            }
-        };
-        launches[index].on_device |= op.stream.is_some();
-        match op.kind {
-            OpKind::Coll { .. } => plan_collective(&mut launches[index], &op)?,
-            OpKind::Send { .. } | OpKind::Recv { .. } => launches[index].p2p.push(op),
-        }
-    }
-    if launches.is_empty() {
-        return Ok(None);
-    }
-    for launch in &mut launches {
-        if !launch.p2p.is_empty() {
-            let p2p = std::mem::take(&mut launch.p2p);
-            plan_p2p(launch, &p2p)?;
-        }
-    }
-    Ok(Some(Planned { launches }))
+    launches: SmallVec<[CommLaunch; INLINE_COMMS]>,
 }
 
 impl Planned {
+    /// Plans `ops`: the tuner's choices, the schedules, the sequence
+    /// numbers (taken here, so calls keep their order).
+    pub(crate) fn plan(&mut self, ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
+        #[cfg(feature = "fault-injection")]
+        crate::fault::point("launch");
+        let launches = &mut self.launches;
+        for op in ops {
+            let index = match launches.iter().position(|l| Arc::ptr_eq(&l.comm, &op.comm)) {
+                Some(i) => i,
+                None => {
+                    op.comm.check_usable()?;
+                    launches.push(CommLaunch {
+                        comm: op.comm.clone(),
+                        channels: Vec::new(),
+                        board: SmallVec::new(),
+                        p2p: Vec::new(),
+                        on_device: false,
+                        device_ops: Vec::new(),
+                    });
+                    launches.len() - 1
+                }
+            };
+            launches[index].on_device |= op.stream.is_some();
+            match op.kind {
+                OpKind::Coll { .. } => plan_collective(&mut launches[index], &op)?,
+                OpKind::Send { .. } | OpKind::Recv { .. } => launches[index].p2p.push(op),
+            }
+        }
+        for launch in launches.iter_mut() {
+            if !launch.p2p.is_empty() {
+                let p2p = std::mem::take(&mut launch.p2p);
+                plan_p2p(launch, &p2p)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether there is nothing to run.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.launches.is_empty()
+    }
+
     /// The communicators of the launch.
     pub(crate) fn comms(&self) -> impl Iterator<Item = &Arc<CommInner>> {
         self.launches.iter().map(|l| &l.comm)
@@ -233,23 +241,25 @@ impl Planned {
     }
 
     /// The communicators' shares of the launch.
-    pub(crate) fn into_launches(self) -> SmallVec<[CommLaunch; 1]> {
+    pub(crate) fn into_launches(self) -> SmallVec<[CommLaunch; INLINE_COMMS]> {
         self.launches
     }
 }
 
 /// Opens the connections a planned launch needs and drives every channel
 /// of every communicator from the calling thread until all complete.
-pub(crate) fn run(planned: Planned) -> Result<()> {
-    let Planned { mut launches } = planned;
+pub(crate) fn run(planned: &mut Planned) -> Result<()> {
+    let launches = &mut planned.launches;
     // Lock communicators in address order so that two threads launching
     // overlapping groups cannot deadlock.
     launches.sort_by_key(|l| Arc::as_ptr(&l.comm) as usize);
-    let comms: SmallVec<[Arc<CommInner>; 1]> = launches.iter().map(|l| l.comm.clone()).collect();
-    let mut guards: SmallVec<[_; 1]> = comms.iter().map(|comm| comm.exec.lock()).collect();
+    let comms: SmallVec<[Arc<CommInner>; INLINE_COMMS]> =
+        launches.iter().map(|l| l.comm.clone()).collect();
+    let mut guards: SmallVec<[_; INLINE_COMMS]> =
+        comms.iter().map(|comm| comm.exec.lock()).collect();
     // One clock reading bounds both the connection setup and the run.
     let started = std::time::Instant::now();
-    connect(&launches, &mut guards, started)?;
+    connect(launches, &mut guards, started)?;
 
     let deadline = launches
         .iter()
@@ -258,7 +268,8 @@ pub(crate) fn run(planned: Planned) -> Result<()> {
         .expect("a launch has at least one communicator");
     // What each communicator runs, published for hang reports once the
     // launch is stuck (most launches finish long before).
-    let summaries: SmallVec<[Summary; 1]> = launches.iter().map(CommLaunch::summary).collect();
+    let summaries: SmallVec<[Summary; INLINE_COMMS]> =
+        launches.iter().map(CommLaunch::summary).collect();
     let mut runs: SmallVec<[Driven<'_, '_>; 2]> = SmallVec::new();
     for (index, (launch, guard)) in launches.iter_mut().zip(&guards).enumerate() {
         for (channel, work) in launch.channels.iter_mut().enumerate() {

@@ -89,7 +89,7 @@ unsafe impl Send for Task {}
 
 impl Task {
     fn run(mut self) {
-        let planned = self.planned.take().expect("a task runs once");
+        let mut planned = self.planned.take().expect("a task runs once");
         let result = self
             .comms
             .iter()
@@ -97,7 +97,7 @@ impl Task {
                 comm.queued.wait_turn(&**comm, *ticket)?;
                 comm.check_usable()
             })
-            .and_then(|()| launch::run(planned));
+            .and_then(|()| launch::run(&mut planned));
         if let Err(err) = result {
             for (comm, _) in &self.comms {
                 comm.poison(&err);
@@ -142,9 +142,11 @@ pub(crate) fn enqueue(ops: Vec<RawOp>) -> Result<()> {
             }
         }
     }
-    let Some(planned) = launch::plan(ops)? else {
+    let mut planned = Planned::default();
+    planned.plan(ops)?;
+    if planned.is_empty() {
         return Ok(());
-    };
+    }
     match planned.as_device_work() {
         Some(true) => return crate::device_launch::launch(planned, &streams, device),
         // Ranks device work does not reach: the host executor over the
