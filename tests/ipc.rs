@@ -3,7 +3,8 @@
 //! process exports and the other maps (the handle a file descriptor passed
 //! over a Unix socket, as `P2P/IPC`'s): the correctness suite over 4
 //! processes, the links made (and `NCCL_P2P_DISABLE`: the host executor
-//! through shared memory), and a process killed mid all-reduce.
+//! through shared memory, over host copies of the buffers), and a process
+//! killed mid all-reduce.
 
 #[path = "common/children.rs"]
 mod children;
@@ -68,6 +69,10 @@ fn suite_rank() {
         assert_eq!(rcclrsEmuStreamDestroy(stream), ncclSuccess);
     }
     println!("device blocks run: {}", rccl_device::emu::works_run());
+    println!(
+        "host staging buffers: {}",
+        rccl_device::emu::host_allocations()
+    );
 }
 
 /// All-reduces of 64 Ki floats on device memory until one fails: prints
@@ -285,6 +290,9 @@ fn with_p2p_disabled_device_calls_go_through_shared_memory() {
     assert!(ok.iter().all(|&ok| ok), "{ok:?}\n{text}");
     assert!(text.contains("via SHM/direct"), "{text}");
     assert!(!text.contains("via P2P/IPC"), "{text}");
+    // Each rank ran its calls over host copies of its device buffers.
+    assert_eq!(text.matches("host staging buffers: ").count(), 2, "{text}");
+    assert!(!text.contains("host staging buffers: 0\n"), "{text}");
 }
 
 #[test]

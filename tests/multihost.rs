@@ -4,9 +4,10 @@
 //! hosts, with each built-in algorithm forced through `NCCL_ALGO` on 2 and
 //! 4 hosts of one rail, and the algorithms whose shape follows the rails
 //! (ring, tree) and the tuner's own choices on 2, 3 and 4 hosts of two
-//! rails; and the `NCCL_DEBUG=INFO` report of such a run. Every test
-//! skips itself, saying why, when it cannot make namespaces (not root, no
-//! `ip`).
+//! rails; calls on device memory of the emulated GPU (through host copies
+//! of their buffers); and the `NCCL_DEBUG=INFO` report of such a run.
+//! Every test skips itself, saying why, when it cannot make namespaces
+//! (not root, no `ip`).
 //!
 //! To stay CI-friendly the multi-host runs use four datatypes (int32,
 //! float32, bfloat16, f8e4m3: an integer, the common float, a 16-bit and an
@@ -15,15 +16,20 @@
 //! (in place only where the algorithm supports it).
 
 mod common;
+mod device_cases;
 #[path = "common/netns.rs"]
 mod netns;
 
 use std::process::{Command, Stdio};
+use std::ptr::null_mut;
 use std::time::Duration;
 
 use common::{all_cases, check, test_config, CaseBuffers};
+use device_cases::{emu, run_case};
 use netns::TestBed;
 use rccl::{CollKind, Communicator, DataType, RedOp};
+use rcclrs::registry::{self, Entry, Slot};
+use rcclrs::*;
 
 const CHILD_MARKER: &str = "RCCL_MULTIHOST_CHILD";
 /// The forced algorithm of a suite child, or "debug" for the log test.
@@ -53,6 +59,9 @@ fn child_rank() {
         return;
     }
     let mode = std::env::var(MODE).unwrap();
+    if mode == "device" {
+        return device_suite_rank();
+    }
     let comm = Communicator::from_env().expect("init from the environment");
     let (rank, nranks) = (comm.rank(), comm.count());
     if mode == "debug" {
@@ -103,6 +112,39 @@ fn child_rank() {
         .filter(|name| name.trim() == "rccl-net-proxy")
         .count();
     eprintln!("NETWORK PROXY THREADS {proxies}");
+}
+
+/// The suite on device memory of the emulated GPU through the C ABI, each
+/// case against the reference and against the same call on host memory.
+/// Device work does not reach other hosts, so the calls run the host
+/// executor over host copies of their buffers, made and copied back on
+/// the stream; prints how many host buffers the device handed out.
+fn device_suite_rank() {
+    emu();
+    let comm = Communicator::from_env().expect("init from the environment");
+    let (rank, nranks) = (comm.rank(), comm.count());
+    let entry = Entry::new(Slot::Ready(comm), true, 0, None);
+    registry::insert(entry.clone());
+    let comm = entry.handle();
+    let mut stream: cudaStream_t = null_mut();
+    // SAFETY: a writable stream slot.
+    assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
+    for case in all_cases(nranks, &CollKind::ALL, &DTYPES) {
+        if let Err(msg) = run_case(&case, comm, stream, nranks, rank) {
+            // SAFETY: this rank stops: its peers' waits end.
+            unsafe { ncclCommAbort(comm) };
+            panic!("device memory: {msg}");
+        }
+    }
+    // SAFETY: a live handle, destroyed once; the stream is idle.
+    unsafe {
+        assert_eq!(ncclCommDestroy(comm), ncclSuccess);
+        assert_eq!(rcclrsEmuStreamDestroy(stream), ncclSuccess);
+    }
+    eprintln!(
+        "HOST STAGING BUFFERS {}",
+        rccl_device::emu::host_allocations()
+    );
 }
 
 /// The `NCCL_ALGO` rule forcing `name` for every collective it implements.
@@ -171,6 +213,25 @@ fn suite_on_hosts(hosts: usize, rails: usize, modes: &[&str]) -> Vec<Vec<u64>> {
     (0..hosts)
         .map(|host| (0..rails).map(|rail| bed.sent_bytes(host, rail)).collect())
         .collect()
+}
+
+/// Calls on device memory across 2 hosts of 2 ranks: the suite passes,
+/// every rank through host copies of its buffers.
+#[test]
+fn the_suite_on_device_memory_across_two_hosts() {
+    let Some(stderrs) = run_ranks(2, 2, 1, "device", |_| {}) else {
+        return;
+    };
+    for (rank, text) in stderrs.iter().enumerate() {
+        let made: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("HOST STAGING BUFFERS "))
+            .unwrap_or_else(|| panic!("rank {rank} reports no staging\n{text}"))
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(made > 0, "rank {rank} staged nothing\n{text}");
+    }
 }
 
 fn every_builtin() -> Vec<&'static str> {

@@ -67,8 +67,10 @@ pub struct CudaDevice {
     helpers: Arc<Mutex<Vec<usize>>>,
     spare_status: Arc<Mutex<Vec<Status>>>,
     /// Memory freed from a host function, which may not call CUDA: freed
-    /// at the next allocation.
+    /// at the next allocation (device memory, and page-locked host
+    /// memory).
     deferred: Mutex<Vec<u64>>,
+    deferred_host: Mutex<Vec<usize>>,
     /// cuMem mappings (shareable allocations and imports), by address:
     /// their allocation handle and mapped size.
     mapped: Mutex<HashMap<u64, (sys::CUmemGenericAllocationHandle, usize)>>,
@@ -95,6 +97,7 @@ impl CudaDevice {
             helpers: Arc::default(),
             spare_status: Arc::default(),
             deferred: Mutex::default(),
+            deferred_host: Mutex::default(),
             mapped: Mutex::default(),
         })
     }
@@ -230,6 +233,26 @@ impl CudaDevice {
     ///
     /// # Safety
     /// As [`Device::free`].
+    /// Frees what host functions freed since the last allocation.
+    fn free_deferred(&self) -> Result<()> {
+        for ptr in std::mem::take(&mut *self.deferred.lock()) {
+            // SAFETY: freed by its last user, deferred out of a host
+            // function; nothing enqueued since uses it.
+            unsafe { self.release(ptr) }?;
+        }
+        let host = std::mem::take(&mut *self.deferred_host.lock());
+        if !host.is_empty() {
+            self.enter()?;
+        }
+        for ptr in host {
+            // SAFETY: as above, page-locked memory from alloc_host.
+            call("cuMemFreeHost", unsafe {
+                sys::cuMemFreeHost(ptr as *mut c_void)
+            })?;
+        }
+        Ok(())
+    }
+
     unsafe fn release(&self, ptr: u64) -> Result<()> {
         let Some((handle, size)) = self.mapped.lock().remove(&ptr) else {
             // SAFETY: the caller's contract.
@@ -343,11 +366,7 @@ impl Device for CudaDevice {
     }
 
     fn alloc(&self, bytes: usize) -> Result<*mut u8> {
-        for ptr in std::mem::take(&mut *self.deferred.lock()) {
-            // SAFETY: freed by its last user, deferred out of a host
-            // function; nothing enqueued since uses it.
-            unsafe { self.release(ptr) }?;
-        }
+        self.free_deferred()?;
         Ok(self.driver.alloc(bytes).map_err(err)? as *mut u8)
     }
 
@@ -366,6 +385,28 @@ impl Device for CudaDevice {
         self.enter()?;
         // SAFETY: the caller's contract.
         unsafe { self.release(ptr as u64) }
+    }
+
+    fn alloc_host(&self, bytes: usize) -> Result<*mut u8> {
+        self.free_deferred()?;
+        self.enter()?;
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the current context is this
+        // device's.
+        call("cuMemHostAlloc", unsafe {
+            sys::cuMemHostAlloc(&mut ptr, bytes.max(1), 0)
+        })?;
+        Ok(ptr.cast())
+    }
+
+    unsafe fn free_host(&self, ptr: *mut u8) -> Result<()> {
+        if IN_HOST_FUNCTION.with(|f| f.get()) {
+            self.deferred_host.lock().push(ptr as usize);
+            return Ok(());
+        }
+        self.enter()?;
+        // SAFETY: the caller's contract.
+        call("cuMemFreeHost", unsafe { sys::cuMemFreeHost(ptr.cast()) })
     }
 
     unsafe fn copy(&self, dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {

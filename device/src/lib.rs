@@ -130,6 +130,18 @@ pub trait Device: Send + Sync {
     /// No work still queued or running may use the memory.
     unsafe fn free(&self, ptr: *mut u8) -> Result<()>;
 
+    /// Allocates `bytes` of page-locked host memory: the copy engines
+    /// reach it at full speed, and a stream's copy to or from it waits for
+    /// nothing but the stream (CUDA: `cuMemHostAlloc`).
+    fn alloc_host(&self, bytes: usize) -> Result<*mut u8>;
+
+    /// Frees what [`Device::alloc_host`] returned; callable from work
+    /// running on a stream (freed there or deferred).
+    ///
+    /// # Safety
+    /// No work still queued or running may use the memory.
+    unsafe fn free_host(&self, ptr: *mut u8) -> Result<()>;
+
     /// Copies `bytes` from `src` to `dst`, either of them host or device
     /// memory, and returns when done. Not ordered with any stream: make
     /// the stream work the copy depends on complete first.

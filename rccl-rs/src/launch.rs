@@ -227,19 +227,6 @@ impl Planned {
         self.launches.iter().map(|l| &l.comm)
     }
 
-    /// Whether its operations run as device work: `Some(true)` when every
-    /// communicator's do, `Some(false)` when none do (host executor),
-    /// `None` when the group mixes the two.
-    pub(crate) fn as_device_work(&self) -> Option<bool> {
-        let interpreted = |l: &CommLaunch| l.on_device && crate::device_work::interprets(&l.comm);
-        let count = self.launches.iter().filter(|l| interpreted(l)).count();
-        match count {
-            0 => Some(false),
-            n if n == self.launches.len() => Some(true),
-            _ => None,
-        }
-    }
-
     /// The communicators' shares of the launch.
     pub(crate) fn into_launches(self) -> SmallVec<[CommLaunch; INLINE_COMMS]> {
         self.launches

@@ -22,6 +22,7 @@ mod executor;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 mod group;
+mod host_staging;
 // Public for the workspace's kernel benchmarks and the simulator's probe
 // of this machine; not part of the API.
 #[doc(hidden)]

@@ -11,8 +11,8 @@
 //! as device work (`device_work.rs`: the kernels' interpreter, on the GPU
 //! or compiled for the host on the emulated one). Any other communicator
 //! (ranks on other hosts, or `NCCL_P2P_DISABLE` between processes) runs
-//! the host executor over the device memory, which only the emulated GPU
-//! keeps in host memory; on CUDA such a call is refused.
+//! the host executor over host copies of the buffers, made and copied
+//! back on the streams (`host_staging.rs`).
 //!
 //! Failures of an enqueued launch poison its communicators: they surface
 //! through `async_error` (`ncclCommGetAsyncError`) and the next call.
@@ -23,6 +23,7 @@ use rccl_device::Device;
 
 use crate::comm::CommInner;
 use crate::error::{Error, Result};
+use crate::host_staging::{self, Staged};
 use crate::launch::{self, Planned};
 use crate::op::RawOp;
 use crate::queue::StreamRef;
@@ -126,8 +127,8 @@ impl Drop for Task {
 
 /// Plans `ops` (every one carrying its stream) and enqueues the launch as
 /// one task on all their streams; returns once enqueued.
-pub(crate) fn enqueue(ops: Vec<RawOp>) -> Result<()> {
-    let device: &dyn Device = rccl_device::active()
+pub(crate) fn enqueue(mut ops: Vec<RawOp>) -> Result<()> {
+    let device: &'static dyn Device = rccl_device::active()
         .ok_or_else(|| Error::Internal("device work without an active device".into()))?;
     let mut streams: Vec<StreamRef> = Vec::with_capacity(ops.len());
     for op in &ops {
@@ -142,31 +143,32 @@ pub(crate) fn enqueue(ops: Vec<RawOp>) -> Result<()> {
             }
         }
     }
+    let interpreted = ops
+        .iter()
+        .filter(|op| crate::device_work::interprets(&op.comm))
+        .count();
+    // The calls device work does not reach run the host executor over
+    // host copies of their buffers.
+    let staged = if interpreted == 0 {
+        ops.iter_mut()
+            .map(|op| host_staging::stage(device, op))
+            .collect::<Result<Vec<_>>>()?
+    } else if interpreted < ops.len() {
+        return Err(Error::InvalidUsage(
+            "a group on device memory mixes communicators whose ranks are all in this \
+             process with communicators that span processes: run them in separate groups"
+                .into(),
+        ));
+    } else {
+        Vec::new()
+    };
     let mut planned = Planned::default();
     planned.plan(ops)?;
     if planned.is_empty() {
         return Ok(());
     }
-    match planned.as_device_work() {
-        Some(true) => return crate::device_launch::launch(planned, &streams, device),
-        // Ranks device work does not reach: the host executor over the
-        // device memory, which only the emulated GPU keeps in host memory.
-        Some(false) if device.backend() == "emu" => {}
-        Some(false) => {
-            return Err(Error::InvalidUsage(format!(
-                "calls on {} device memory run as device work only between ranks of one \
-                 host that share device memory; this communicator has ranks on other hosts \
-                 (or NCCL_P2P_DISABLE is set)",
-                device.backend()
-            )))
-        }
-        None => {
-            return Err(Error::InvalidUsage(
-                "a group on device memory mixes communicators whose ranks are all in this \
-                 process with communicators that span processes: run them in separate groups"
-                    .into(),
-            ))
-        }
+    if interpreted > 0 {
+        return crate::device_launch::launch(planned, &streams, device);
     }
     let comms = planned
         .comms()
@@ -178,5 +180,6 @@ pub(crate) fn enqueue(ops: Vec<RawOp>) -> Result<()> {
     };
     device
         .enqueue_joint(&streams, Box::new(move || task.run()))
-        .map_err(Error::from)
+        .map_err(Error::from)?;
+    staged.into_iter().try_for_each(Staged::copy_back)
 }

@@ -13,7 +13,7 @@ mod stream;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -46,6 +46,8 @@ pub struct Emu {
     live: AtomicUsize,
     /// The memfd behind each shareable allocation, by start address.
     shareable: Mutex<HashMap<usize, OwnedFd>>,
+    /// Host allocations ([`Device::alloc_host`]): start address -> length.
+    host: Mutex<HashMap<usize, usize>>,
     /// Streams by raw handle (the default stream, 0, included once made).
     streams: Mutex<HashMap<usize, Arc<EmuStream>>>,
     /// Numbers the streams created.
@@ -60,11 +62,20 @@ static EMU: LazyLock<Emu> = LazyLock::new(|| Emu {
     allocations: RwLock::new(BTreeMap::new()),
     live: AtomicUsize::new(0),
     shareable: Mutex::new(HashMap::new()),
+    host: Mutex::new(HashMap::new()),
     streams: Mutex::new(HashMap::new()),
     next_stream: AtomicUsize::new(0),
     wait_limit: wait_limit(),
     joint_order: Mutex::new(()),
 });
+
+static HOST_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// How many host buffers ([`Device::alloc_host`]) the emulated GPU has
+/// handed out in this process.
+pub fn host_allocations() -> u64 {
+    HOST_ALLOCATIONS.load(Ordering::Relaxed)
+}
 
 /// The emulated device of this process.
 pub fn device() -> &'static Emu {
@@ -209,6 +220,35 @@ impl Device for Emu {
                 std::io::Error::last_os_error()
             )));
         }
+        Ok(())
+    }
+
+    fn alloc_host(&self, bytes: usize) -> Result<*mut u8> {
+        let len = bytes.max(1);
+        let layout = std::alloc::Layout::from_size_align(len, 4096)
+            .map_err(|e| Error::InvalidArgument(format!("{bytes} bytes of host memory: {e}")))?;
+        // SAFETY: a layout of non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return Err(Error::System(format!(
+                "emu device 0: cannot allocate {bytes} bytes of host memory"
+            )));
+        }
+        self.host.lock().insert(ptr as usize, len);
+        HOST_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        Ok(ptr)
+    }
+
+    unsafe fn free_host(&self, ptr: *mut u8) -> Result<()> {
+        let Some(len) = self.host.lock().remove(&(ptr as usize)) else {
+            return Err(Error::InvalidArgument(format!(
+                "{ptr:p} is not a host allocation of emu device 0"
+            )));
+        };
+        let layout = std::alloc::Layout::from_size_align(len, 4096).expect("checked at allocation");
+        // SAFETY: allocated by alloc_host with this layout, listed until
+        // now; the caller promises no work uses it.
+        unsafe { std::alloc::dealloc(ptr, layout) };
         Ok(())
     }
 
