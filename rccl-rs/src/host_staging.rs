@@ -3,12 +3,15 @@
 //! the host executor runs them over page-locked host copies of their
 //! buffers. On each call's stream the GPU's copy engine copies its inputs
 //! into those copies, the launch runs as one task after every stream's
-//! copies, and the outputs are copied back after it; then the copies are
-//! freed, all in stream order as the rest of the device path.
+//! copies, and the outputs are copied back after it; then the copies go
+//! back to a cache of idle ones, all in stream order as the rest of the
+//! device path. Making page-locked memory costs far more than a call
+//! (`cuMemHostAlloc` pins every page), so a few idle copies are kept.
 //!
 //! A network provider that takes device memory directly (GPUDirect RDMA)
 //! would spare the two copies; this path serves every provider.
 
+use parking_lot::Mutex;
 use rccl_device::Device;
 use smallvec::{smallvec, SmallVec};
 
@@ -16,30 +19,73 @@ use crate::error::{Error, Result};
 use crate::op::{OpKind, RawOp};
 use crate::queue::StreamRef;
 
-/// One page-locked host buffer, freed when dropped (by work on its stream,
-/// after every copy using it).
+/// One page-locked host buffer, freed when dropped.
 struct HostBuffer {
     ptr: *mut u8,
+    bytes: usize,
     device: &'static dyn Device,
 }
 
 // SAFETY: the buffer is owned by this value alone, and the device is
 // shared between threads by design; it is sent to the stream work that
-// frees it.
+// gives it back.
 unsafe impl Send for HostBuffer {}
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        // SAFETY: dropped by the stream work enqueued after the last copy
-        // using the buffer (`Staged`'s drop).
+        // SAFETY: dropped when evicted from the idle cache, which holds
+        // only buffers whose copies have all run.
         if let Err(e) = unsafe { self.device.free_host(self.ptr) } {
             tracing::warn!("freeing a host staging buffer: {e}");
         }
     }
 }
 
+/// Idle host copies, for the next calls.
+static IDLE: Mutex<Vec<HostBuffer>> = Mutex::new(Vec::new());
+/// The most idle copies kept, and the most bytes they may hold.
+const IDLE_MAX: usize = 32;
+const IDLE_MAX_BYTES: usize = 1 << 30;
+
+/// The smallest idle copy of `device` that holds `bytes`, or a new one.
+fn take(device: &'static dyn Device, bytes: usize) -> Result<HostBuffer> {
+    let mut idle = IDLE.lock();
+    let fits = idle
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.bytes >= bytes && std::ptr::addr_eq(b.device, device))
+        .min_by_key(|(_, b)| b.bytes)
+        .map(|(i, _)| i);
+    if let Some(i) = fits {
+        return Ok(idle.swap_remove(i));
+    }
+    drop(idle);
+    let ptr = device.alloc_host(bytes)?;
+    Ok(HostBuffer { ptr, bytes, device })
+}
+
+/// Keeps `buffers`, whose copies have all run, for later calls, freeing
+/// the smallest idle ones beyond the cache's bounds.
+fn give_back(buffers: Vec<HostBuffer>) {
+    let mut idle = IDLE.lock();
+    idle.extend(buffers);
+    idle.sort_unstable_by_key(|b| std::cmp::Reverse(b.bytes));
+    let mut held = 0;
+    let keep = idle
+        .iter()
+        .take_while(|b| {
+            held += b.bytes;
+            held <= IDLE_MAX_BYTES
+        })
+        .count()
+        .min(IDLE_MAX);
+    let evicted = idle.split_off(keep);
+    drop(idle);
+    drop(evicted);
+}
+
 /// A call's buffers moved to host copies: what to copy back after the
-/// launch, on which stream, and the copies to free after that.
+/// launch, on which stream, and the copies to give back after that.
 pub(crate) struct Staged {
     stream: StreamRef,
     /// (device destination, host source, bytes) of the output.
@@ -93,9 +139,9 @@ pub(crate) fn stage(device: &'static dyn Device, op: &mut RawOp) -> Result<Stage
     };
     let mut hosts: SmallVec<[usize; 2]> = SmallVec::new();
     for &(_, bytes) in &ranges {
-        let ptr = device.alloc_host(bytes)?;
-        staged.buffers.push(HostBuffer { ptr, device });
-        hosts.push(ptr as usize);
+        let buffer = take(device, bytes)?;
+        hosts.push(buffer.ptr as usize);
+        staged.buffers.push(buffer);
     }
     let to_host = |addr: usize| {
         ranges
@@ -108,7 +154,8 @@ pub(crate) fn stage(device: &'static dyn Device, op: &mut RawOp) -> Result<Stage
     if send_bytes > 0 {
         // SAFETY: the caller's buffer holds `send_bytes` (checked when the
         // call was built) and stays valid until its stream work completes;
-        // the host copy is freed only by work enqueued after this copy.
+        // the host copy is given back only by work enqueued after this
+        // copy.
         unsafe {
             staged
                 .stream
@@ -125,8 +172,8 @@ pub(crate) fn stage(device: &'static dyn Device, op: &mut RawOp) -> Result<Stage
 
 impl Staged {
     /// Enqueues, after the launch, the copy of the output back to the
-    /// device buffer (the host copies are freed after it, when `self`
-    /// drops).
+    /// device buffer (the host copies are given back after it, when
+    /// `self` drops).
     pub(crate) fn copy_back(mut self) -> Result<()> {
         if let Some((dst, src, bytes)) = self.copy_back.take() {
             // SAFETY: as for the input's copy: both ranges hold `bytes`
@@ -138,12 +185,12 @@ impl Staged {
 }
 
 impl Drop for Staged {
-    /// Frees the host copies in stream order, after every copy enqueued
-    /// so far (a stream that takes no more work runs none of them).
+    /// Gives the host copies back in stream order, after every copy
+    /// enqueued so far (a stream that takes no more work frees them).
     fn drop(&mut self) {
         let buffers = std::mem::take(&mut self.buffers);
         if !buffers.is_empty() {
-            let _ = self.stream.enqueue(Box::new(move || drop(buffers)));
+            let _ = self.stream.enqueue(Box::new(move || give_back(buffers)));
         }
     }
 }
