@@ -59,11 +59,20 @@ fn from_env() -> Chosen {
 }
 
 /// The active device, if any: the one [`select`]ed, else the one
-/// `RCCL_DEVICE` names. Two atomic loads once decided.
+/// `RCCL_DEVICE` names. Two atomic loads once decided, inline in the
+/// caller (every call of the engine asks).
+#[inline]
 pub fn active() -> Option<&'static dyn Device> {
-    if let Some(device) = DEVICE.get() {
-        return Some(*device);
+    match (DEVICE.get(), FROM_ENV.get()) {
+        (Some(device), _) => Some(*device),
+        // Decided: no device.
+        (None, Some(Err(_))) => None,
+        (None, _) => active_from_env(),
     }
+}
+
+/// [`active`] before a device was selected: the one `RCCL_DEVICE` names.
+fn active_from_env() -> Option<&'static dyn Device> {
     let chosen = FROM_ENV.get_or_init(from_env).as_ref().ok()?;
     Some(*DEVICE.get_or_init(|| *chosen))
 }

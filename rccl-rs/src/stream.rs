@@ -39,14 +39,25 @@ pub(crate) type Buffer<'a> = (&'a str, *const u8, usize);
 /// mixing the two is refused, naming which buffer is which. Costs one
 /// lookup per buffer while a device is active, two atomic loads when none
 /// is.
+#[inline]
 pub(crate) fn placement(
     call: &str,
     buffers: [Buffer<'_>; 2],
     stream: Option<usize>,
 ) -> Result<Option<StreamRef>> {
-    let Some(device) = rccl_device::active() else {
-        return Ok(None);
-    };
+    match rccl_device::active() {
+        None => Ok(None),
+        Some(device) => placement_on(device, call, buffers, stream),
+    }
+}
+
+/// [`placement`] while `device` is active.
+fn placement_on(
+    device: &dyn Device,
+    call: &str,
+    buffers: [Buffer<'_>; 2],
+    stream: Option<usize>,
+) -> Result<Option<StreamRef>> {
     // Buffers the call does not use (no elements) are not classified.
     let classified = buffers.map(|(name, ptr, len)| {
         (len > 0 && !ptr.is_null()).then(|| (name, ptr, device.classify(ptr)))
