@@ -495,6 +495,7 @@ impl Communicator {
     }
 }
 
+#[inline]
 fn submit(raw: Result<RawOp>) -> Result<()> {
     let result = raw.and_then(|raw| {
         // SAFETY: the raw op's buffers were validated by its builder and the
