@@ -12,10 +12,9 @@
 //! rank, as the host path's shared-memory links do.
 
 use std::collections::BTreeMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::OwnedFd;
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -169,11 +168,7 @@ fn fetch(
         ))));
     }
     let io = |what| move |e| Fetch::Io(what, e);
-    let mut stream = SocketAddr::from_abstract_name(name)
-        .and_then(|addr| UnixStream::connect_addr(&addr))
-        .map_err(io("calling its socket"))?;
-    stream
-        .write_all(&[token, &(comm.rank as u32).to_le_bytes()].concat())
+    let stream = fd_pass::call(name, &[token, &(comm.rank as u32).to_le_bytes()].concat())
         .map_err(io("calling its socket"))?;
     let mut handles = Vec::with_capacity(channels.len());
     while handles.len() < channels.len() {

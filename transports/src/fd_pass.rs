@@ -4,7 +4,7 @@
 //! transport and the engine's device work between processes hand their
 //! exported device memory over this way.
 
-use std::io;
+use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
@@ -38,6 +38,21 @@ pub fn listen() -> io::Result<ExportListener> {
         token: token.try_into().expect("TOKEN bytes"),
         name,
     })
+}
+
+/// Calls the export listening at `name` and shows it `hello` (its token
+/// first, then what the export's protocol asks). A name that is not an
+/// export's is refused before any connection.
+pub fn call(name: &[u8], hello: &[u8]) -> io::Result<UnixStream> {
+    if !name.starts_with(NAME_PREFIX.as_bytes()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not the socket name of an export",
+        ));
+    }
+    let mut stream = UnixStream::connect_addr(&SocketAddr::from_abstract_name(name)?)?;
+    stream.write_all(hello)?;
+    Ok(stream)
 }
 
 /// Whether `got` is `token`, compared in constant time: the token is the

@@ -13,16 +13,15 @@
 //! is counted by the kernel: once both sides hold their mapping, a process
 //! that dies takes only its own mapping with it.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::OwnedFd;
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 use std::time::Instant;
 
 use rccl_device::Device;
 
-use crate::fd_pass::{self, recv_fd, send_fd, tokens_match, NAME_PREFIX, TOKEN};
+use crate::fd_pass::{self, recv_fd, send_fd, tokens_match, TOKEN};
 use crate::fifo::FifoMemory;
 use crate::shm::{self, ShmConnection};
 use crate::transport::{Context, Pending, Setup, Transport};
@@ -223,12 +222,8 @@ impl Pending for Imports {
             return Err(malformed());
         }
         let (token, name) = peer_info.split_at(TOKEN);
-        if !name.starts_with(NAME_PREFIX.as_bytes()) {
-            return Err(malformed());
-        }
         if self.stream.is_none() {
-            let mut stream = UnixStream::connect_addr(&SocketAddr::from_abstract_name(name)?)?;
-            stream.write_all(token)?;
+            let stream = fd_pass::call(name, token)?;
             stream.set_nonblocking(true)?;
             self.stream = Some(stream);
         }
@@ -262,6 +257,10 @@ fn connection(cx: &Context<'_>, peer: usize, memory: DeviceMemory, creator: bool
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fd_pass::NAME_PREFIX;
+    use std::io::Write;
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::SocketAddr;
 
     fn listening(token: [u8; TOKEN]) -> (Exports, Vec<u8>) {
         let name = format!("{NAME_PREFIX}test-{}", std::process::id());
