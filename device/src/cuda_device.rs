@@ -228,11 +228,6 @@ impl CudaDevice {
         Ok(ptr as *mut u8)
     }
 
-    /// Frees `ptr`: a cuMem mapping is unmapped and its handle released,
-    /// anything else is `cuMemFree`d.
-    ///
-    /// # Safety
-    /// As [`Device::free`].
     /// Frees what host functions freed since the last allocation.
     fn free_deferred(&self) -> Result<()> {
         for ptr in std::mem::take(&mut *self.deferred.lock()) {
@@ -240,19 +235,28 @@ impl CudaDevice {
             // function; nothing enqueued since uses it.
             unsafe { self.release(ptr) }?;
         }
-        let host = std::mem::take(&mut *self.deferred_host.lock());
-        if !host.is_empty() {
-            self.enter()?;
-        }
-        for ptr in host {
+        for ptr in std::mem::take(&mut *self.deferred_host.lock()) {
             // SAFETY: as above, page-locked memory from alloc_host.
-            call("cuMemFreeHost", unsafe {
-                sys::cuMemFreeHost(ptr as *mut c_void)
-            })?;
+            unsafe { self.release_host(ptr as *mut u8) }?;
         }
         Ok(())
     }
 
+    /// `cuMemFreeHost`s `ptr`.
+    ///
+    /// # Safety
+    /// As [`Device::free_host`].
+    unsafe fn release_host(&self, ptr: *mut u8) -> Result<()> {
+        self.enter()?;
+        // SAFETY: the caller's contract.
+        call("cuMemFreeHost", unsafe { sys::cuMemFreeHost(ptr.cast()) })
+    }
+
+    /// Frees `ptr`: a cuMem mapping is unmapped and its handle released,
+    /// anything else is `cuMemFree`d.
+    ///
+    /// # Safety
+    /// As [`Device::free`].
     unsafe fn release(&self, ptr: u64) -> Result<()> {
         let Some((handle, size)) = self.mapped.lock().remove(&ptr) else {
             // SAFETY: the caller's contract.
@@ -404,9 +408,8 @@ impl Device for CudaDevice {
             self.deferred_host.lock().push(ptr as usize);
             return Ok(());
         }
-        self.enter()?;
         // SAFETY: the caller's contract.
-        call("cuMemFreeHost", unsafe { sys::cuMemFreeHost(ptr.cast()) })
+        unsafe { self.release_host(ptr) }
     }
 
     unsafe fn copy(&self, dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {
