@@ -516,14 +516,18 @@ impl CommInner {
         }
     }
 
+    /// Whether `peer` runs in another process than this rank.
+    pub fn in_other_process(&self, peer: usize) -> bool {
+        let (me, them) = (&self.peers[self.rank], &self.peers[peer]);
+        them.pid != me.pid || them.start != me.start || them.host_id != me.host_id
+    }
+
     /// The failure of one of `peers` that runs in this process, as this
     /// rank reports it: read without a socket, so that it arrives even
     /// when the failed rank could open none to tell this one.
     pub fn peer_failure_in_process(&self, peers: &[usize]) -> Option<Error> {
-        let me = &self.peers[self.rank];
         peers.iter().find_map(|&peer| {
-            let them = &self.peers[peer];
-            if them.pid != me.pid || them.start != me.start || them.host_id != me.host_id {
+            if self.in_other_process(peer) {
                 return None;
             }
             let note = self.bootstrap.failure_in_process(peer)?;

@@ -111,7 +111,7 @@ fn connect(
     let missing = links.missing(device, &shape, schedule, protocol)?;
     let (remote, local): (Vec<_>, Vec<_>) = missing
         .into_iter()
-        .partition(|&(_, peer)| device_share::remote(comm, peer));
+        .partition(|&(_, peer)| comm.in_other_process(peer));
     let owner = Owner {
         secret: comm.bootstrap.secret().0,
         nranks: comm.nranks,
@@ -169,8 +169,7 @@ pub(crate) fn launch(
             (&*launch.comm, links, ops)
         })
         .collect();
-    let spans_processes =
-        |comm: &CommInner| (0..comm.nranks).any(|p| device_share::remote(comm, p));
+    let spans_processes = |comm: &CommInner| (0..comm.nranks).any(|p| comm.in_other_process(p));
     if jobs.len() > 1 && jobs.iter().any(|(comm, ..)| spans_processes(comm)) {
         std::thread::scope(|scope| {
             let running: Vec<_> = jobs

@@ -37,19 +37,13 @@ const WATCH_EVERY: Duration = Duration::from_millis(100);
 /// How long a launch may go on after a peer's process was seen gone.
 const DEAD_PEER_GRACE: Duration = Duration::from_secs(2);
 
-/// Whether `peer` runs in another process than this rank.
-pub(crate) fn remote(comm: &CommInner, peer: usize) -> bool {
-    let (me, them) = (&comm.peers[comm.rank], &comm.peers[peer]);
-    them.pid != me.pid || them.start != me.start || them.host_id != me.host_id
-}
-
 /// Whether this rank's device work reaches every rank of `comm` in
 /// another process: all on this host, on a device that shares memory
 /// between processes, unless `NCCL_P2P_DISABLE` (the conditions of the
 /// `P2P/IPC` transport).
 pub(crate) fn reaches_all(comm: &CommInner) -> bool {
     let me = &comm.peers[comm.rank];
-    let others = (0..comm.nranks).any(|peer| remote(comm, peer));
+    let others = (0..comm.nranks).any(|peer| comm.in_other_process(peer));
     !others
         || (!comm.config.p2p_disable
             && comm.peers.iter().all(|p| p.host_id == me.host_id)
@@ -247,7 +241,7 @@ impl Watch {
     /// `None` when every rank of `comm` is in this process.
     pub(crate) fn new(comm: &Arc<CommInner>) -> Option<Watch> {
         let peers: Vec<(usize, ProcessId)> = (0..comm.nranks)
-            .filter(|&peer| remote(comm, peer) && comm.peers[peer].start != 0)
+            .filter(|&peer| comm.in_other_process(peer) && comm.peers[peer].start != 0)
             .map(|peer| {
                 let p = &comm.peers[peer];
                 (
