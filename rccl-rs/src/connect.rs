@@ -69,10 +69,8 @@ pub(crate) fn connect(
         for (channel, work) in launch.channels.iter().enumerate() {
             for peer in peers_of(work) {
                 if guard.links_for(launch.on_device)[channel][peer].is_none() {
-                    let link = set_up(&launch.comm, cx, peer, channel).inspect_err(|err| {
-                        launch.comm.poison(err);
-                        waits[index].fail(err);
-                    })?;
+                    let link = set_up(&launch.comm, cx, peer, channel)
+                        .inspect_err(|err| waits[index].fail(err))?;
                     pending.push((index, link));
                 }
             }
@@ -96,7 +94,6 @@ pub(crate) fn connect(
                 }
                 Ok(None) => i += 1,
                 Err(err) => {
-                    comm.poison(&err);
                     waits[*index].fail(&err);
                     return Err(err);
                 }
@@ -116,20 +113,13 @@ pub(crate) fn connect(
             };
             let what = || first.what();
             let peers: Vec<usize> = mine.iter().map(|link| link.peer).collect();
-            if let Err(err) = waits.check(&peers, what) {
-                launches[index].comm.poison(&err);
-                return Err(err);
-            }
+            waits.check(&peers, what)?;
         }
         // Nothing moved: wait for the peers' setup a little.
         let (index, link) = &mut pending[0];
         if link.pending.awaits_peer_info() && link.info.is_none() {
-            let comm = &launches[*index].comm;
-            if let Err(err) = link.take_info(comm, Instant::now() + SETUP_POLL) {
-                comm.poison(&err);
-                waits[*index].fail(&err);
-                return Err(err);
-            }
+            link.take_info(&launches[*index].comm, Instant::now() + SETUP_POLL)
+                .inspect_err(|err| waits[*index].fail(err))?;
         } else {
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -437,11 +427,13 @@ impl<'l> Waits<'l> {
         self.published = true;
     }
 
-    /// Tells every peer the launch connects to, as the waits end, that it
-    /// failed with `error`: a peer waiting on this rank's side of a
-    /// connection would otherwise wait for its deadline.
+    /// Poisons the communicator with `error` and tells every peer the
+    /// launch connects to, as the waits end, that it failed: a peer
+    /// waiting on this rank's side of a connection would otherwise wait
+    /// for its deadline.
     fn fail(&mut self, error: &Error) {
         let launch = self.launch;
+        launch.comm.poison(error);
         let calls = self.calls();
         let (notices, _) = self
             .told
