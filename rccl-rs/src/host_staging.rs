@@ -16,7 +16,7 @@ use rccl_device::Device;
 use smallvec::{smallvec, SmallVec};
 
 use crate::error::{Error, Result};
-use crate::op::{OpKind, RawOp};
+use crate::op::RawOp;
 use crate::queue::StreamRef;
 
 /// One page-locked host buffer, freed when dropped.
@@ -93,20 +93,6 @@ pub(crate) struct Staged {
     buffers: Vec<HostBuffer>,
 }
 
-/// The bytes of `op`'s send and receive buffers on this rank.
-fn extents(op: &RawOp) -> (usize, usize) {
-    let size = op.dtype.size();
-    let comm = &op.comm;
-    match op.kind {
-        OpKind::Coll { kind, root, .. } => (
-            kind.send_len(op.count, comm.nranks, comm.rank, root) * size,
-            kind.recv_len(op.count, comm.nranks, comm.rank, root) * size,
-        ),
-        OpKind::Send { .. } => (op.count * size, 0),
-        OpKind::Recv { .. } => (0, op.count * size),
-    }
-}
-
 /// Points `op` at host copies of its buffers, enqueueing the copy of its
 /// input on its stream; the op then plans as a host call (no stream). A
 /// send range and a receive range that overlap (a call in place) share
@@ -117,7 +103,7 @@ pub(crate) fn stage(device: &'static dyn Device, op: &mut RawOp) -> Result<Stage
         .stream
         .take()
         .ok_or_else(|| Error::Internal("staging a call without a stream".into()))?;
-    let (send_bytes, recv_bytes) = extents(op);
+    let (send_bytes, recv_bytes) = op.buffer_bytes();
     let (send, recv) = (op.send as usize, op.recv as usize);
     // The device ranges copied, as (start, bytes).
     let ranges: SmallVec<[(usize, usize); 2]> =

@@ -35,3 +35,18 @@ pub(crate) struct RawOp {
     /// memory, which the call's thread runs before it returns.
     pub stream: Option<crate::queue::StreamRef>,
 }
+
+impl RawOp {
+    /// The bytes of its send and receive buffers on this rank.
+    pub fn buffer_bytes(&self) -> (usize, usize) {
+        let (comm, size) = (&self.comm, self.dtype.size());
+        match self.kind {
+            OpKind::Coll { kind, root, .. } => (
+                kind.send_len(self.count, comm.nranks, comm.rank, root) * size,
+                kind.recv_len(self.count, comm.nranks, comm.rank, root) * size,
+            ),
+            OpKind::Send { .. } => (self.count * size, 0),
+            OpKind::Recv { .. } => (0, self.count * size),
+        }
+    }
+}

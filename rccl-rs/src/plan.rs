@@ -173,12 +173,7 @@ pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()>
         send: op.send,
         recv: op.recv,
     };
-    let buffer_elems = spec
-        .kind
-        .send_len(op.count, comm.nranks, comm.rank, spec.root)
-        + spec
-            .kind
-            .recv_len(op.count, comm.nranks, comm.rank, spec.root);
+    let (send_bytes, recv_bytes) = op.buffer_bytes();
     let work = Work {
         seq,
         name: spec.kind.name(),
@@ -186,7 +181,7 @@ pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()>
         protocol: choice.protocol,
         elem_size: op.dtype.size(),
         reduction: reduction.map(Arc::new),
-        user_store: comm.config.user_store(buffer_elems * op.dtype.size()),
+        user_store: comm.config.user_store(send_bytes + recv_bytes),
     };
     push_schedule(launch, schedule, &work, || Binding::Shared(buffers));
     Ok(())
