@@ -19,27 +19,13 @@ use std::time::{Duration, Instant};
 
 use children::{free_port, Ranks};
 use common::{all_cases, TEST_BUFFSIZE};
-use device_cases::{emu, last_error, read_back, run_case, to_device};
+use device_cases::{emu, join_from_env, last_error, read_back, run_cases_then_close, to_device};
 use rccl::{CollKind, Communicator, DataType};
 use rcclrs::registry::{self, Entry, Slot};
 use rcclrs::*;
 
 /// Set in a child: what it runs (`suite`, `loop`).
 const ROLE: &str = "RCCL_TEST_IPC_ROLE";
-
-/// This process's rank as a C handle, joined through the torchrun
-/// variables, with a stream of its own.
-fn join() -> (ncclComm_t, cudaStream_t, usize, usize) {
-    emu();
-    let comm = Communicator::from_env().expect("init from the environment");
-    let (rank, nranks) = (comm.rank(), comm.count());
-    let entry = Entry::new(Slot::Ready(comm), true, 0, None);
-    registry::insert(entry.clone());
-    let mut stream: cudaStream_t = null_mut();
-    // SAFETY: a writable stream slot.
-    assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
-    (entry.handle(), stream, rank, nranks)
-}
 
 /// Runs as one rank when started by the tests below; does nothing when
 /// the test harness runs it directly.
@@ -54,20 +40,10 @@ fn child() {
 }
 
 fn suite_rank() {
-    let (comm, stream, rank, nranks) = join();
+    let (comm, stream, rank, nranks) = join_from_env();
     let dtypes = [DataType::Float32, DataType::Int32, DataType::Bfloat16];
-    for case in all_cases(nranks, &CollKind::ALL, &dtypes) {
-        if let Err(msg) = run_case(&case, comm, stream, nranks, rank) {
-            // SAFETY: this rank stops: its peers' waits end.
-            unsafe { ncclCommAbort(comm) };
-            panic!("{msg}");
-        }
-    }
-    // SAFETY: a live handle, destroyed once; the stream is idle.
-    unsafe {
-        assert_eq!(ncclCommDestroy(comm), ncclSuccess);
-        assert_eq!(rcclrsEmuStreamDestroy(stream), ncclSuccess);
-    }
+    let cases = all_cases(nranks, &CollKind::ALL, &dtypes);
+    run_cases_then_close(&cases, comm, stream, nranks, rank);
     println!("device blocks run: {}", rccl_device::emu::works_run());
     println!(
         "host staging buffers: {}",
@@ -78,7 +54,7 @@ fn suite_rank() {
 /// All-reduces of 64 Ki floats on device memory until one fails: prints
 /// `ready` after the first, then `failed <text>` with the error.
 fn all_reduce_until_killed() {
-    let (comm, stream, _, _) = join();
+    let (comm, stream, _, _) = join_from_env();
     let count = 1 << 16;
     let send = to_device(&vec![0u8; count * 4]);
     let recv = to_device(&vec![0u8; count * 4]);

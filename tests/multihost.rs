@@ -21,15 +21,12 @@ mod device_cases;
 mod netns;
 
 use std::process::{Command, Stdio};
-use std::ptr::null_mut;
 use std::time::Duration;
 
 use common::{all_cases, check, test_config, CaseBuffers};
-use device_cases::{emu, run_case};
+use device_cases::{join_from_env, run_cases_then_close};
 use netns::TestBed;
 use rccl::{CollKind, Communicator, DataType, RedOp};
-use rcclrs::registry::{self, Entry, Slot};
-use rcclrs::*;
 
 const CHILD_MARKER: &str = "RCCL_MULTIHOST_CHILD";
 /// The forced algorithm of a suite child, or "debug" for the log test.
@@ -120,27 +117,9 @@ fn child_rank() {
 /// executor over host copies of their buffers, made and copied back on
 /// the stream; prints how many host buffers the device handed out.
 fn device_suite_rank() {
-    emu();
-    let comm = Communicator::from_env().expect("init from the environment");
-    let (rank, nranks) = (comm.rank(), comm.count());
-    let entry = Entry::new(Slot::Ready(comm), true, 0, None);
-    registry::insert(entry.clone());
-    let comm = entry.handle();
-    let mut stream: cudaStream_t = null_mut();
-    // SAFETY: a writable stream slot.
-    assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
-    for case in all_cases(nranks, &CollKind::ALL, &DTYPES) {
-        if let Err(msg) = run_case(&case, comm, stream, nranks, rank) {
-            // SAFETY: this rank stops: its peers' waits end.
-            unsafe { ncclCommAbort(comm) };
-            panic!("device memory: {msg}");
-        }
-    }
-    // SAFETY: a live handle, destroyed once; the stream is idle.
-    unsafe {
-        assert_eq!(ncclCommDestroy(comm), ncclSuccess);
-        assert_eq!(rcclrsEmuStreamDestroy(stream), ncclSuccess);
-    }
+    let (comm, stream, rank, nranks) = join_from_env();
+    let cases = all_cases(nranks, &CollKind::ALL, &DTYPES);
+    run_cases_then_close(&cases, comm, stream, nranks, rank);
     eprintln!(
         "HOST STAGING BUFFERS {}",
         rccl_device::emu::host_allocations()

@@ -1,7 +1,11 @@
 //! One case of the correctness suite through the C ABI on device buffers
 //! of the emulated GPU with a stream, checked against the suite's
 //! reference and against the same call on host buffers, bit for bit: what
-//! the thread suite (device_suite.rs) and the process suite (ipc.rs) run.
+//! the thread suite (device_suite.rs) and the process suites (ipc.rs,
+//! multihost.rs) run.
+
+// Each test binary that includes this module uses part of it.
+#![allow(dead_code)]
 
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr::null_mut;
@@ -11,11 +15,51 @@ use std::time::{Duration, Instant};
 
 use crate::common::{check, Case, CaseBuffers};
 use rccl::device::{self, Device, Kind};
-use rccl::{CollKind, DataType, RedOp};
+use rccl::{CollKind, Communicator, DataType, RedOp};
+use rcclrs::registry::{self, Entry, Slot};
 use rcclrs::*;
 
 pub fn emu() -> &'static dyn Device {
     device::select(Kind::Emu).unwrap()
+}
+
+/// This process's rank on the emulated GPU, joined through the launcher's
+/// variables, as a C handle with a stream of its own: (handle, stream,
+/// rank, ranks).
+pub fn join_from_env() -> (ncclComm_t, cudaStream_t, usize, usize) {
+    emu();
+    let comm = Communicator::from_env().expect("init from the environment");
+    let (rank, nranks) = (comm.rank(), comm.count());
+    let entry = Entry::new(Slot::Ready(comm), true, 0, None);
+    registry::insert(entry.clone());
+    let mut stream: cudaStream_t = null_mut();
+    // SAFETY: a writable stream slot.
+    assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
+    (entry.handle(), stream, rank, nranks)
+}
+
+/// Runs `cases` on the joined rank (aborting the communicator at the
+/// first failure, so that its peers stop, then panicking with it), then
+/// destroys the communicator and the stream.
+pub fn run_cases_then_close(
+    cases: &[Case],
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    nranks: usize,
+    rank: usize,
+) {
+    for case in cases {
+        if let Err(msg) = run_case(case, comm, stream, nranks, rank) {
+            // SAFETY: this rank stops: its peers' waits end.
+            unsafe { ncclCommAbort(comm) };
+            panic!("{msg}");
+        }
+    }
+    // SAFETY: a live handle, destroyed once; the stream is idle.
+    unsafe {
+        assert_eq!(ncclCommDestroy(comm), ncclSuccess);
+        assert_eq!(rcclrsEmuStreamDestroy(stream), ncclSuccess);
+    }
 }
 
 pub fn last_error(comm: ncclComm_t) -> String {
