@@ -4,8 +4,12 @@
 # NCCL_NET=IB, one rank per host, with every result checked (#wrong).
 # Target: busbw at 256 MiB >= 90% of the raw write bandwidth, 0 wrong.
 #
-# GPUDirect: the run with host buffers is "GPUDirect off"; the run with
-# GPU buffers ("on") is reported as not run until GPU buffers cross hosts.
+# Three runs: host buffers; GPU buffers with GPUDirect RDMA (device work
+# whose FIFO slots are GPU memory the NIC reads and writes: needs
+# nvidia-peermem, and the log must say GDRDMA); GPU buffers with GPUDirect
+# off (NCCL_NET_GDR_LEVEL=LOC: slots in page-locked host memory). The GPU
+# runs need a GPU on each host (nvidia-smi); the target applies to the
+# GPUDirect run where there is one, else to the host-buffer run.
 #
 # Usage: scripts/rdma-check.sh HOST_A HOST_B
 #        scripts/rdma-check.sh --model     (both ranks here, over the verbs
@@ -39,19 +43,39 @@ parse_perf() {
 
 if [ "${1:-}" = "--model" ]; then
     [ -x "$PERF" ] || (cd "$root" && cargo build --release --bin all_reduce_perf)
-    secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-    for r in 0 1; do
-        RANK=$r WORLD_SIZE=2 NCCL_COMM_ID=127.0.0.1:$PORT NCCL_COMM_SECRET=$secret \
-            NCCL_SHM_DISABLE=1 NCCL_NET=IB RCCL_IB_MODEL=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
-            "$PERF" -b 1M -e "${MAXBYTES}" -f 4 -n 3 -w 1 -c 1 >"$OUT/model-rank$r.txt" 2>&1 &
-    done
-    wait
-    grep -q "Using network IB" "$OUT/model-rank0.txt" || { echo "IB was not used:"; cat "$OUT/model-rank0.txt"; exit 1; }
-    read -r busbw wrong < <(parse_perf "$OUT/model-rank0.txt")
+    # Both ranks here over the model; GPU buffers on the emulated GPU,
+    # whose device memory the model's NIC registers (RCCL_IB_MODEL_GDR).
+    model_run() { # name, then settings (NAME=VALUE ...) and, after --, extra arguments
+        local name=$1 secret settings=() extra=()
+        shift
+        while [ $# -gt 0 ] && [ "$1" != -- ]; do settings+=("$1"); shift; done
+        [ $# -gt 0 ] && { shift; extra=("$@"); }
+        secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+        for r in 0 1; do
+            env RANK=$r WORLD_SIZE=2 NCCL_COMM_ID=127.0.0.1:$PORT NCCL_COMM_SECRET="$secret" \
+                NCCL_SHM_DISABLE=1 NCCL_NET=IB RCCL_IB_MODEL=1 NCCL_DEBUG=INFO \
+                NCCL_DEBUG_SUBSYS=INIT,NET "${settings[@]}" \
+                "$PERF" -b 1M -e "${MAXBYTES}" -f 4 -n 3 -w 1 -c 1 "${extra[@]}" \
+                >"$OUT/model-$name-rank$r.txt" 2>&1 &
+        done
+        wait
+        grep -q "Using network IB" "$OUT/model-$name-rank0.txt" \
+            || { echo "IB was not used:"; cat "$OUT/model-$name-rank0.txt"; exit 1; }
+    }
+    model_run host
+    model_run gdr RCCL_DEVICE=emu RCCL_IB_MODEL_GDR=1 -- --memory device
+    model_run nogdr RCCL_DEVICE=emu RCCL_IB_MODEL_GDR=1 NCCL_NET_GDR_LEVEL=LOC -- --memory device
+    grep -q "via NET/IB/GDRDMA" "$OUT/model-gdr-rank0.txt" || { echo "no GDRDMA connection"; exit 1; }
+    ! grep -q "GDRDMA" "$OUT/model-nogdr-rank0.txt" || { echo "GDRDMA with NCCL_NET_GDR_LEVEL=LOC"; exit 1; }
     echo "| run | raw write (GB/s) | all_reduce busbw at $MAXBYTES (GB/s) | wrong |"
     echo "|---|---|---|---|"
-    echo "| verbs model, host buffers | n/a (the model has no wire speed) | $busbw | $wrong |"
-    [ "$wrong" = 0 ] && echo "PASS (plumbing only: a model says nothing of speed)" || { echo FAIL; exit 1; }
+    total=0
+    for run in "host:host buffers" "gdr:emulated GPU buffers, GPUDirect on" "nogdr:emulated GPU buffers, GPUDirect off"; do
+        read -r busbw wrong < <(parse_perf "$OUT/model-${run%%:*}-rank0.txt")
+        echo "| verbs model, ${run#*:} | n/a (the model has no wire speed) | $busbw | $wrong |"
+        total=$((total + wrong))
+    done
+    [ "$total" = 0 ] && echo "PASS (plumbing only: a model says nothing of speed)" || { echo FAIL; exit 1; }
     exit 0
 fi
 
@@ -75,27 +99,58 @@ wait "$server" || true
 raw=$(awk -v size="$(bytes "$MAXBYTES")" '$1 == size { printf "%.2f", $4 / 8 }' "$OUT/ib_write_bw.txt")
 [ -n "$raw" ] || { echo "no ib_write_bw result"; exit 1; }
 
-echo "== all_reduce_perf over NCCL_NET=IB (host buffers: GPUDirect off)"
-secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-envs="WORLD_SIZE=2 NCCL_COMM_ID=$A:$PORT NCCL_COMM_SECRET=$secret NCCL_NET=IB NCCL_IB_HCA=$HCA"
-envs="$envs ${GID_INDEX:+NCCL_IB_GID_INDEX=$GID_INDEX} NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET"
-run="$PERF -b 1M -e $MAXBYTES -f 2 -n $ITERS -w 5 -c 1"
-ssh "$B" "cd $root && env RANK=1 $envs $run" >"$OUT/all_reduce-rank1.txt" 2>&1 &
-peer=$!
-ssh "$A" "cd $root && env RANK=0 $envs $run" >"$OUT/all_reduce-rank0.txt" 2>&1 || true
-wait "$peer" || true
-grep -q "Using network IB" "$OUT/all_reduce-rank0.txt" \
-    || { echo "IB was not used (see $OUT/all_reduce-rank0.txt)"; exit 1; }
-read -r busbw wrong < <(parse_perf "$OUT/all_reduce-rank0.txt")
-ratio=$(awk -v b="$busbw" -v r="$raw" 'BEGIN { if (b == "n/a") print "n/a"; else printf "%.0f%%", 100 * b / r }')
+gpus=0
+ssh "$A" nvidia-smi -L >/dev/null 2>&1 && ssh "$B" nvidia-smi -L >/dev/null 2>&1 && gpus=1
+# One all_reduce_perf run over NCCL_NET=IB, a rank on each host: name,
+# then its settings (NAME=VALUE ...) and, after --, its extra arguments.
+perf_run() {
+    local name=$1 secret settings=() extra=()
+    shift
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do settings+=("$1"); shift; done
+    [ $# -gt 0 ] && { shift; extra=("$@"); }
+    echo "== all_reduce_perf over NCCL_NET=IB: $name"
+    secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    local envs="WORLD_SIZE=2 NCCL_COMM_ID=$A:$PORT NCCL_COMM_SECRET=$secret NCCL_NET=IB NCCL_IB_HCA=$HCA"
+    envs="$envs ${GID_INDEX:+NCCL_IB_GID_INDEX=$GID_INDEX} NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET ${settings[*]}"
+    local run="$PERF -b 1M -e $MAXBYTES -f 2 -n $ITERS -w 5 -c 1 ${extra[*]}"
+    ssh "$B" "cd $root && env RANK=1 $envs $run" >"$OUT/all_reduce-$name-rank1.txt" 2>&1 &
+    local peer=$!
+    ssh "$A" "cd $root && env RANK=0 $envs $run" >"$OUT/all_reduce-$name-rank0.txt" 2>&1 || true
+    wait "$peer" || true
+    grep -q "Using network IB" "$OUT/all_reduce-$name-rank0.txt" \
+        || { echo "IB was not used (see $OUT/all_reduce-$name-rank0.txt)"; exit 1; }
+}
+perf_run host
+if [ "$gpus" = 1 ]; then
+    perf_run gdr -- --memory device
+    perf_run nogdr NCCL_NET_GDR_LEVEL=LOC -- --memory device
+fi
 
+row() { # name, label: prints the run's row
+    read -r busbw wrong < <(parse_perf "$OUT/all_reduce-$1-rank0.txt")
+    local ratio
+    ratio=$(awk -v b="$busbw" -v r="$raw" 'BEGIN { if (b == "n/a") print "n/a"; else printf "%.0f%%", 100 * b / r }')
+    echo "| $2 | $raw | $busbw | $ratio | $wrong |"
+}
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git -C "$root" rev-parse --short=12 HEAD), $A <-> $B, $HCA"
     echo
     echo "| run | raw write (GB/s) | all_reduce busbw at $MAXBYTES (GB/s) | of raw | wrong |"
     echo "|---|---|---|---|---|"
-    echo "| GPUDirect off (host buffers) | $raw | $busbw | $ratio | $wrong |"
-    echo "| GPUDirect on (GPU buffers) | not run: GPU buffers do not cross hosts yet | | | |"
+    row host "host buffers"
+    if [ "$gpus" = 1 ]; then
+        if grep -q "GDRDMA" "$OUT/all_reduce-gdr-rank0.txt"; then
+            row gdr "GPU buffers, GPUDirect RDMA"
+        else
+            row gdr "GPU buffers, GPUDirect asked but not used (no nvidia-peermem?)"
+        fi
+        row nogdr "GPU buffers, GPUDirect off (NCCL_NET_GDR_LEVEL=LOC)"
+    else
+        echo "| GPU buffers | not run: no GPU on $A or $B (nvidia-smi) | | | |"
+    fi
 } | tee "$OUT/summary.md"
-pass=$(awk -v b="$busbw" -v r="$raw" -v w="$wrong" 'BEGIN { print (b != "n/a" && b >= 0.9 * r && w == 0) ? 1 : 0 }')
+# The target's run (GPUDirect where it ran, else host buffers) and the
+# wrong results of every run, from the table.
+read -r target total < <(awk '/^\| (host buffers|GPU buffers, GPUDirect RDMA) / { split($0, f, "|"); t = f[4] } /^\| (host|GPU)/ { split($0, f, "|"); w += f[6] } END { print t + 0, w + 0 }' "$OUT/summary.md")
+pass=$(awk -v b="$target" -v r="$raw" -v w="$total" 'BEGIN { print (b > 0 && b >= 0.9 * r && w == 0) ? 1 : 0 }')
 if [ "$pass" = 1 ]; then echo "PASS (>= 90% of raw, 0 wrong)"; else echo "FAIL (target: >= 90% of raw, 0 wrong)"; exit 1; fi

@@ -491,13 +491,12 @@ fn proto_code(protocol: Protocol) -> u32 {
 
 fn fifo_pair(protocol: Protocol, nslots: usize, slot_bytes: usize) -> (Fifo, FifoView) {
     let mem = Arc::new(HeapMemory::new(fifo_bytes(protocol, nslots, slot_bytes)));
-    let view = FifoView {
-        base: mem.base(),
-        proto: proto_code(protocol),
-        nslots: nslots as u32,
-        slot_bytes: slot_bytes as u32,
-        pad: 0,
-    };
+    let view = FifoView::whole(
+        mem.base(),
+        proto_code(protocol),
+        nslots as u32,
+        slot_bytes as u32,
+    );
     let fifo = Fifo::in_memory(Arc::new(Shared(mem)), protocol, nslots, slot_bytes);
     (fifo, view)
 }

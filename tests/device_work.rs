@@ -51,17 +51,12 @@ impl Fabric {
     }
 
     fn view(&self, mem: &HeapMemory) -> FifoView {
-        FifoView {
-            base: mem.base(),
-            proto: match self.protocol {
-                Protocol::Ll => proto::LL,
-                Protocol::Ll128 => proto::LL128,
-                Protocol::Simple => proto::SIMPLE,
-            },
-            nslots: NSLOTS as u32,
-            slot_bytes: SLOT_BYTES as u32,
-            pad: 0,
-        }
+        let proto = match self.protocol {
+            Protocol::Ll => proto::LL,
+            Protocol::Ll128 => proto::LL128,
+            Protocol::Simple => proto::SIMPLE,
+        };
+        FifoView::whole(mem.base(), proto, NSLOTS as u32, SLOT_BYTES as u32)
     }
 }
 

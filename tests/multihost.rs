@@ -59,6 +59,9 @@ fn child_rank() {
     if mode == "device" {
         return device_suite_rank();
     }
+    if mode == "device-exit" {
+        return device_all_reduces_until_a_rank_exits();
+    }
     let comm = Communicator::from_env().expect("init from the environment");
     let (rank, nranks) = (comm.rank(), comm.count());
     if mode == "debug" {
@@ -113,17 +116,75 @@ fn child_rank() {
 
 /// The suite on device memory of the emulated GPU through the C ABI, each
 /// case against the reference and against the same call on host memory.
-/// Device work does not reach other hosts, so the calls run the host
-/// executor over host copies of their buffers, made and copied back on
-/// the stream; prints how many host buffers the device handed out.
 fn device_suite_rank() {
     let (comm, stream, rank, nranks) = join_from_env();
     let cases = all_cases(nranks, &CollKind::ALL, &DTYPES);
     run_cases_then_close(&cases, comm, stream, nranks, rank);
-    eprintln!(
-        "HOST STAGING BUFFERS {}",
-        rccl_device::emu::host_allocations()
-    );
+}
+
+/// The rank that leaves in `device-exit`: on the second host.
+const LEAVER: usize = 3;
+
+/// All-reduces of 64 Ki floats on device memory, the stream synchronized
+/// after each; rank [`LEAVER`] leaves its process after 3 of them (and
+/// 300 ms) without a word (`_exit`). Every other rank must see its call fail within 20 s
+/// naming a rank (the leaver, or a peer that failed because of it), print
+/// `FAILED AFTER <ms> ms: <error>`, and abort; none may hang or succeed
+/// for 60 s.
+fn device_all_reduces_until_a_rank_exits() {
+    use device_cases::{last_error, to_device};
+    use rcclrs::*;
+    let (comm, stream, rank, _) = join_from_env();
+    let count = 1 << 16;
+    let send = to_device(&vec![0u8; count * 4]);
+    let recv = to_device(&vec![0u8; count * 4]);
+    let mut since = None;
+    let start = std::time::Instant::now();
+    for round in 0.. {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "rank {rank}: no failure in 60 s"
+        );
+        if round == 3 {
+            if rank == LEAVER {
+                // Its last pieces leave first: the call ends on a rank
+                // once its work has handed them to the network proxy.
+                std::thread::sleep(Duration::from_millis(300));
+                // SAFETY: ends this process at once, as a crash would.
+                unsafe { libc::_exit(0) };
+            }
+            since = Some(std::time::Instant::now());
+        }
+        // SAFETY: device buffers of `count` floats, never freed; a live
+        // communicator and stream.
+        let mut rc = unsafe { ncclAllReduce(send.cast(), recv.cast(), count, 7, 0, comm, stream) };
+        if rc == ncclSuccess {
+            // SAFETY: a live stream.
+            rc = unsafe { rcclrsEmuStreamSynchronize(stream) };
+        }
+        let mut async_error = ncclSuccess;
+        // SAFETY: a live communicator, a writable result.
+        unsafe { ncclCommGetAsyncError(comm, &mut async_error) };
+        if rc != ncclSuccess || async_error != ncclSuccess {
+            let waited = since.map_or(0, |t: std::time::Instant| t.elapsed().as_millis());
+            // The next call on a failed communicator returns its error.
+            // SAFETY: as above.
+            let again =
+                unsafe { ncclAllReduce(send.cast(), recv.cast(), count, 7, 0, comm, stream) };
+            assert_ne!(again, ncclSuccess);
+            let error = last_error(comm);
+            eprintln!("FAILED AFTER {waited} ms: {error}");
+            assert!(
+                round >= 3,
+                "rank {rank} failed before any rank left: {error}"
+            );
+            assert!(waited < 20_000, "rank {rank}: {waited} ms");
+            assert!(error.contains("rank "), "rank {rank}: {error}");
+            // SAFETY: a live communicator, ended once.
+            unsafe { ncclCommAbort(comm) };
+            return;
+        }
+    }
 }
 
 /// The `NCCL_ALGO` rule forcing `name` for every collective it implements.
@@ -194,23 +255,103 @@ fn suite_on_hosts(hosts: usize, rails: usize, modes: &[&str]) -> Vec<Vec<u64>> {
         .collect()
 }
 
-/// Calls on device memory across 2 hosts of 2 ranks: the suite passes,
-/// every rank through host copies of its buffers.
-#[test]
-fn the_suite_on_device_memory_across_two_hosts() {
-    let Some(stderrs) = run_ranks(2, 2, 1, "device", |_| {}) else {
+/// Calls on device memory across 2 hosts of 2 ranks run as device work
+/// whose network connections the proxy moves: the suite passes under
+/// `net` (settings), and every rank's log shows its device work's
+/// connections to the other host carried `via` (`NET/IB/GDRDMA`: their
+/// slots in device memory the NIC registers).
+fn device_suite_across_two_hosts(net: &[(&str, &str)], via: &str) {
+    let Some(stderrs) = run_ranks(2, 2, 1, "device", |cmd| {
+        cmd.env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", "NET");
+        for (key, value) in net {
+            cmd.env(key, value);
+        }
+    }) else {
         return;
     };
     for (rank, text) in stderrs.iter().enumerate() {
-        let made: u64 = text
+        let links: Vec<&str> = text
             .lines()
-            .find_map(|l| l.strip_prefix("HOST STAGING BUFFERS "))
-            .unwrap_or_else(|| panic!("rank {rank} reports no staging\n{text}"))
-            .trim()
-            .parse()
-            .unwrap();
-        assert!(made > 0, "rank {rank} staged nothing\n{text}");
+            .filter(|l| l.ends_with("(device work)"))
+            .collect();
+        assert!(
+            !links.is_empty(),
+            "rank {rank} made no network connection for device work\n{text}"
+        );
+        for line in &links {
+            assert!(
+                line.contains(&format!("via {via} (")),
+                "rank {rank}: {line}"
+            );
+        }
+        eprintln!(
+            "rank {rank}: {} connections of device work, {}",
+            links.len(),
+            links[0]
+        );
     }
+}
+
+#[test]
+fn the_suite_on_device_memory_across_two_hosts() {
+    device_suite_across_two_hosts(&[], "NET/Socket");
+}
+
+#[test]
+fn the_suite_on_device_memory_across_two_hosts_by_gpudirect_rdma_over_the_verbs_model() {
+    let ib = [
+        ("NCCL_NET", "IB"),
+        ("RCCL_IB_MODEL", "1"),
+        ("RCCL_IB_MODEL_GDR", "1"),
+    ];
+    device_suite_across_two_hosts(&ib, "NET/IB/GDRDMA");
+}
+
+#[test]
+fn gpudirect_rdma_off_keeps_device_work_slots_in_host_memory() {
+    let ib = [
+        ("NCCL_NET", "IB"),
+        ("RCCL_IB_MODEL", "1"),
+        ("RCCL_IB_MODEL_GDR", "1"),
+        ("NCCL_NET_GDR_LEVEL", "LOC"),
+    ];
+    device_suite_across_two_hosts(&ib, "NET/IB");
+}
+
+/// Device work across 2 hosts x 2 ranks when a rank of the second host
+/// dies mid-run: every other rank's call fails within the bound, its error
+/// naming a rank, and nobody hangs (over Socket, and over the IB model with
+/// GPUDirect RDMA).
+fn device_work_survives_a_rank_leaving(net: &[(&str, &str)]) {
+    let Some(stderrs) = run_ranks(2, 2, 1, "device-exit", |cmd| {
+        for (key, value) in net {
+            cmd.env(key, value);
+        }
+    }) else {
+        return;
+    };
+    for (rank, text) in stderrs.iter().enumerate().filter(|&(r, _)| r != LEAVER) {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("FAILED AFTER"))
+            .unwrap_or_else(|| panic!("rank {rank} did not fail\n{text}"));
+        eprintln!("rank {rank}: {line}");
+    }
+}
+
+#[test]
+fn device_work_across_hosts_fails_naming_a_rank_that_left() {
+    device_work_survives_a_rank_leaving(&[]);
+}
+
+#[test]
+fn device_work_by_gpudirect_rdma_fails_naming_a_rank_that_left() {
+    device_work_survives_a_rank_leaving(&[
+        ("NCCL_NET", "IB"),
+        ("RCCL_IB_MODEL", "1"),
+        ("RCCL_IB_MODEL_GDR", "1"),
+    ]);
 }
 
 fn every_builtin() -> Vec<&'static str> {
@@ -299,10 +440,16 @@ fn run_ranks(
     })
     .unwrap();
     let results = bed.wait(RUN_LIMIT);
-    for (rank, (status, stderr)) in results.iter().enumerate() {
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "rank {rank}: {status:?}\n{stderr}"
+    // The first rank that failed says why; the others were killed after.
+    let failed = results
+        .iter()
+        .position(|(status, _)| status.is_some_and(|s| !s.success()))
+        .or_else(|| results.iter().position(|(status, _)| status.is_none()));
+    if let Some(rank) = failed {
+        let statuses: Vec<_> = results.iter().map(|(status, _)| *status).collect();
+        panic!(
+            "rank {rank} failed; statuses {statuses:?}\n{}",
+            results[rank].1
         );
     }
     Some(results.into_iter().map(|(_, stderr)| stderr).collect())

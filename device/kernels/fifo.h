@@ -3,7 +3,9 @@
 // host executor can each produce or consume the other's slots.
 //
 // Memory: a 4096-byte control block (tail at 0, head at 64, each a u32 in
-// its own cache line), then `nslots` slots. Slot `c % nslots` carries the
+// its own cache line), then `nslots` slots; or the slots apart (device
+// memory a NIC reads and writes, the control block in host memory that the
+// network proxy reads). Slot `c % nslots` carries the
 // piece with counter c; LL and LL128 words carry the flag c + 1, so zeroed
 // memory never matches.
 //
@@ -25,7 +27,6 @@ namespace rccl {
 // Indexes of rccl-transports' Protocol::ALL.
 enum Protocol : uint32_t { kLL = 0, kLL128 = 1, kSimple = 2 };
 
-constexpr uint64_t kFifoHeaderBytes = 4096;
 constexpr uint64_t kTailOffset = 0;
 constexpr uint64_t kHeadOffset = 64;
 constexpr uint64_t kSimpleMeta = 64;
@@ -35,7 +36,8 @@ constexpr uint64_t kLL128Data = 120;
 
 // One FIFO as both ends see it. Mirrored by `FifoView` in Rust.
 struct FifoView {
-  unsigned char* base;
+  unsigned char* base;   // the control block
+  unsigned char* slots;  // the first slot
   uint32_t proto;
   uint32_t nslots;
   uint32_t slot_bytes;
@@ -55,7 +57,7 @@ RCCL_HD uint64_t slot_stride(uint32_t proto, uint64_t slot_bytes) {
 }
 
 RCCL_HD unsigned char* slot_at(const FifoView& f, uint32_t counter) {
-  return f.base + kFifoHeaderBytes + uint64_t(counter % f.nslots) * slot_stride(f.proto, f.slot_bytes);
+  return f.slots + uint64_t(counter % f.nslots) * slot_stride(f.proto, f.slot_bytes);
 }
 RCCL_HD uint32_t* tail_word(const FifoView& f) {
   return reinterpret_cast<uint32_t*>(f.base + kTailOffset);

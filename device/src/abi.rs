@@ -96,20 +96,41 @@ pub fn fifo_bytes(protocol: u32, nslots: u32, slot_bytes: u32) -> usize {
         proto::LL128 => (1 + slot_bytes.div_ceil(120)) * 128,
         _ => 64 + slot_bytes,
     };
-    (4096 + nslots as usize * raw.next_multiple_of(64)).next_multiple_of(4096)
+    (FIFO_CONTROL_BYTES + nslots as usize * raw.next_multiple_of(64)).next_multiple_of(4096)
 }
+
+/// Bytes of a FIFO's control block, in front of its slots when laid out
+/// whole.
+pub const FIFO_CONTROL_BYTES: usize = 4096;
 
 /// One FIFO laid out as rccl-transports' `Fifo` lays it out. Mirrors
 /// `rccl::FifoView` in `kernels/fifo.h`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct FifoView {
-    /// The FIFO's control block, followed by its slots.
+    /// The FIFO's control block (its counters).
     pub base: *mut u8,
+    /// Its first slot: `base` + [`FIFO_CONTROL_BYTES`] when laid out
+    /// whole; elsewhere when the slots are device memory a NIC writes.
+    pub slots: *mut u8,
     pub proto: u32,
     pub nslots: u32,
     pub slot_bytes: u32,
     pub pad: u32,
+}
+
+impl FifoView {
+    /// A FIFO laid out whole at `base`: the control block, then the slots.
+    pub fn whole(base: *mut u8, proto: u32, nslots: u32, slot_bytes: u32) -> FifoView {
+        FifoView {
+            base,
+            slots: base.wrapping_add(FIFO_CONTROL_BYTES),
+            proto,
+            nslots,
+            slot_bytes,
+            pad: 0,
+        }
+    }
 }
 
 /// The FIFO loopback kernel's arguments (`rccl_fifo_loopback` in

@@ -137,6 +137,19 @@ impl Driver {
         result::device::get_name(dev).call("cuDeviceGetName")
     }
 
+    /// The device's compute capability, major version (9 for Hopper).
+    pub fn compute_major(&self, ordinal: i32) -> Result<i32> {
+        let dev = result::device::get(ordinal).call("cuDeviceGet")?;
+        // SAFETY: `dev` is a valid device.
+        unsafe {
+            result::device::get_attribute(
+                dev,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            )
+        }
+        .call("cuDeviceGetAttribute")
+    }
+
     /// The current context, after making device 0's primary context
     /// current when the thread has none (as the CUDA runtime does on first
     /// use); the ordinal of its device.

@@ -424,6 +424,12 @@ impl Device for CudaDevice {
         true
     }
 
+    fn rdma_receives_ordered(&self) -> bool {
+        self.driver
+            .compute_major(self.ordinal)
+            .is_ok_and(|major| major >= 9)
+    }
+
     fn alloc_shareable(&self, bytes: usize) -> Result<*mut u8> {
         self.enter()?;
         let size = self.granular(bytes)?;

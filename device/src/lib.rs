@@ -179,6 +179,15 @@ pub trait Device: Send + Sync {
     /// device reaches, valid until `done` is called.
     fn launch_work(&self, streams: &[Arc<dyn Stream>], launch: WorkLaunch) -> Result<()>;
 
+    /// Whether a NIC's writes into this device's memory are seen by its
+    /// work in the order of the host's later writes that announce them, so
+    /// that a network may receive into it (GPUDirect RDMA) without a
+    /// flush (a read through the NIC) first, which the networks do not
+    /// make. CUDA: compute capability 9.0 and newer, as NCCL finds.
+    fn rdma_receives_ordered(&self) -> bool {
+        false
+    }
+
     /// Whether this backend shares device memory between processes
     /// ([`Device::alloc_shareable`], [`Device::export`],
     /// [`Device::import`]).

@@ -42,6 +42,11 @@ pub struct Config {
     /// one exports and the other maps (`NCCL_P2P_DISABLE=1`): calls on
     /// device memory then go through shared memory.
     pub p2p_disable: bool,
+    /// Whether device work across hosts may keep its FIFOs' slots in
+    /// device memory where the network registers it (GPUDirect RDMA):
+    /// `NCCL_NET_GDR_LEVEL` other than `LOC` (or 0). Without, the slots are
+    /// page-locked host memory the device writes and reads across the bus.
+    pub net_gdr: bool,
     /// Which protocols the tuner may use (`NCCL_PROTO`, NCCL's syntax:
     /// `LL,LL128`, `^LL`, per collective `allreduce:LL;broadcast:^LL128`).
     pub proto: Selection,
@@ -71,6 +76,7 @@ impl Default for Config {
             shm_disable: false,
             net: None,
             p2p_disable: false,
+            net_gdr: true,
             proto: Selection::default(),
             algo: Selection::default(),
             board_bytes: 64 << 10,
@@ -163,6 +169,9 @@ impl Config {
         if let Some(flag) = env_usize("NCCL_P2P_DISABLE")? {
             config.p2p_disable = flag != 0;
         }
+        if let Ok(level) = std::env::var("NCCL_NET_GDR_LEVEL") {
+            config.net_gdr = gdr_level(&level)?;
+        }
         config.validate()?;
         Ok(config)
     }
@@ -247,9 +256,42 @@ pub(crate) fn env_usize(name: &str) -> Result<Option<usize>> {
     }
 }
 
+/// `NCCL_NET_GDR_LEVEL`: the farthest a NIC may be from the GPU for
+/// GPUDirect RDMA, by name (`LOC`, `PIX`, `PXB`, `PHB`, `SYS`) or number;
+/// the placement of NICs and GPUs is not modeled, so only `LOC` (0), "never",
+/// differs from the others.
+fn gdr_level(level: &str) -> Result<bool> {
+    const LEVELS: [&str; 5] = ["LOC", "PIX", "PXB", "PHB", "SYS"];
+    let level = level.trim();
+    let index = match LEVELS.iter().position(|l| l.eq_ignore_ascii_case(level)) {
+        Some(index) => index,
+        None => level.parse::<usize>().map_err(|_| {
+            Error::InvalidArgument(format!(
+                "NCCL_NET_GDR_LEVEL={level:?} is none of {} nor a number",
+                LEVELS.join(", ")
+            ))
+        })?,
+    };
+    Ok(index > 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gdr_level_loc_alone_turns_gpu_direct_off() {
+        assert!(!gdr_level("LOC").unwrap());
+        assert!(!gdr_level("0").unwrap());
+        assert!(gdr_level("sys").unwrap());
+        assert!(gdr_level("PHB").unwrap());
+        assert!(gdr_level("3").unwrap());
+        let err = gdr_level("near").unwrap_err().to_string();
+        assert!(
+            err.contains("NCCL_NET_GDR_LEVEL") && err.contains("PXB"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn cache_sizes_parse_as_sys_writes_them() {

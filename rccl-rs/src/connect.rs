@@ -6,11 +6,13 @@
 //! them. The board, one segment for every rank of a host, is made here too.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rccl_transports::process::ProcessId;
 use rccl_transports::table;
-use rccl_transports::transport::{Context, Endpoint, Pending};
+use rccl_transports::transport::{Context, Endpoint, FifoPlacement, Pending, Transport};
+use rccl_transports::Connection;
 
 use crate::call::describe_call;
 use crate::comm::{failure_note, Activity, CommInner};
@@ -142,6 +144,8 @@ const SETUP_FAILED: u8 = 1;
 struct PendingLink {
     peer: usize,
     channel: usize,
+    /// The bootstrap tag both sides' setups travel under.
+    tag: u64,
     transport: &'static str,
     pending: Box<dyn Pending>,
     info: Option<Vec<u8>>,
@@ -189,9 +193,20 @@ impl PendingLink {
             // The subsystem of the line, as NCCL's: NET for the network.
             if via.starts_with("NET") {
                 let addr = cx.endpoints[peer].data_addr.ip();
+                // A connection of device work names what carries it.
+                let via = if cx.device_fifos.is_some() {
+                    conn.as_ref().map_or(via, |c| c.transport())
+                } else {
+                    via
+                };
+                let work = if cx.device_fifos.is_some() {
+                    " (device work)"
+                } else {
+                    ""
+                };
                 tracing::info!(
                     target: crate::debug::NET,
-                    "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via} ({addr})"
+                    "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via} ({addr}){work}"
                 );
             } else {
                 tracing::info!(
@@ -207,8 +222,7 @@ impl PendingLink {
 impl PendingLink {
     /// Takes the peer's setup if it arrives by `until`.
     fn take_info(&mut self, comm: &CommInner, until: Instant) -> Result<()> {
-        let tag = CONNECT_TAG_BASE + self.channel as u64;
-        let Some(got) = comm.bootstrap.recv_until(self.peer, tag, until)? else {
+        let Some(got) = comm.bootstrap.recv_until(self.peer, self.tag, until)? else {
             return Ok(());
         };
         match got.split_first() {
@@ -236,7 +250,6 @@ impl PendingLink {
 /// peer what it needs (or, if this side cannot, why, so that the peer
 /// fails at once with the cause).
 fn set_up(comm: &CommInner, cx: &Context<'_>, peer: usize, channel: usize) -> Result<PendingLink> {
-    let tag = CONNECT_TAG_BASE + channel as u64;
     let chosen = table::choose(cx, peer).ok_or_else(|| {
         Error::InvalidUsage(format!(
             "rank {}: no transport can connect {} (NCCL_SHM_DISABLE?)",
@@ -244,7 +257,21 @@ fn set_up(comm: &CommInner, cx: &Context<'_>, peer: usize, channel: usize) -> Re
             comm.describe(peer)
         ))
     });
-    let setup = chosen.and_then(|t| {
+    set_up_with(comm, cx, peer, channel, chosen, CONNECT_TAG_BASE)
+}
+
+/// Sets up this side of the connection to `peer` on `channel` with
+/// `transport`, its setup travelling under `tag_base` + `channel`.
+fn set_up_with(
+    comm: &CommInner,
+    cx: &Context<'_>,
+    peer: usize,
+    channel: usize,
+    transport: Result<Arc<dyn Transport>>,
+    tag_base: u64,
+) -> Result<PendingLink> {
+    let tag = tag_base + channel as u64;
+    let setup = transport.and_then(|t| {
         t.setup(cx, peer, channel)
             .map(|setup| (t.name(), setup))
             .map_err(|e| {
@@ -266,6 +293,7 @@ fn set_up(comm: &CommInner, cx: &Context<'_>, peer: usize, channel: usize) -> Re
             Ok(PendingLink {
                 peer,
                 channel,
+                tag,
                 transport: name,
                 pending: setup.pending,
                 info: None,
@@ -279,6 +307,93 @@ fn set_up(comm: &CommInner, cx: &Context<'_>, peer: usize, channel: usize) -> Re
             Err(err)
         }
     }
+}
+
+/// Bootstrap tags of the network connections of device work, per channel.
+const DEVICE_CONNECT_TAG_BASE: u64 = 6 << 40;
+
+/// A connection device work drives, to `peer` on `channel`.
+pub(crate) struct DeviceConnection {
+    pub channel: usize,
+    pub peer: usize,
+    pub conn: Box<dyn Connection>,
+}
+
+/// Opens the connections `wanted` (`(channel, peer)`, every peer on
+/// another host) of device work through the communicator's network,
+/// which puts their FIFOs where `placement` says (the device reaches
+/// them; the table's other entries are not asked: device work within a
+/// host links itself). Every peer makes the same call (the links of a
+/// schedule come in pairs); fails at once with a peer's setup failure, or
+/// at the communicator's timeout.
+pub(crate) fn connect_for_device(
+    comm: &CommInner,
+    wanted: &[(usize, usize)],
+    placement: &dyn FifoPlacement,
+) -> Result<Vec<DeviceConnection>> {
+    let endpoints = endpoints(comm);
+    let cx = Context {
+        rank: comm.rank,
+        endpoints: &endpoints,
+        fifo: comm.config.fifo_shape(),
+        shm_disable: comm.config.shm_disable,
+        p2p_disable: comm.config.p2p_disable,
+        device_memory: true,
+        device_fifos: Some(placement),
+        net: &comm.net,
+        abort: &comm.abort,
+    };
+    let deadline = Instant::now() + comm.config.timeout;
+    let mut pending = wanted
+        .iter()
+        .map(|&(channel, peer)| {
+            let net = Ok(comm.net.clone());
+            set_up_with(comm, &cx, peer, channel, net, DEVICE_CONNECT_TAG_BASE)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut made = Vec::with_capacity(pending.len());
+    while !pending.is_empty() {
+        let mut moved = false;
+        let mut i = 0;
+        while i < pending.len() {
+            match pending[i].advance(comm, &cx)? {
+                Some(conn) => {
+                    let link = pending.swap_remove(i);
+                    made.push(DeviceConnection {
+                        channel: link.channel,
+                        peer: link.peer,
+                        conn,
+                    });
+                    moved = true;
+                }
+                None => i += 1,
+            }
+        }
+        if moved || pending.is_empty() {
+            continue;
+        }
+        if comm.abort.load(Ordering::Relaxed) {
+            return Err(comm.ended_error());
+        }
+        let link = &mut pending[0];
+        if Instant::now() >= deadline {
+            return Err(Error::System(format!(
+                "rank {} of {}: timed out after {:?} waiting for {} to set up {} for device \
+                 work (does it run the same calls?)",
+                comm.rank,
+                comm.nranks,
+                comm.config.timeout,
+                comm.describe(link.peer),
+                link.what()
+            )));
+        }
+        if link.pending.awaits_peer_info() && link.info.is_none() {
+            link.take_info(comm, deadline.min(Instant::now() + SETUP_POLL))?;
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    Ok(made)
 }
 
 /// What the transports see of every rank of `comm`.
@@ -305,6 +420,7 @@ fn context<'a>(launch: &'a CommLaunch, endpoints: &'a [Endpoint]) -> Context<'a>
         shm_disable: comm.config.shm_disable,
         p2p_disable: comm.config.p2p_disable,
         device_memory: launch.on_device,
+        device_fifos: None,
         net: &comm.net,
         abort: &comm.abort,
     }

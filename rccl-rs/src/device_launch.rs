@@ -10,10 +10,12 @@ use rccl_algorithms::Schedule;
 use rccl_device::abi::FifoView;
 use rccl_device::work::{encode, Work, WorkCall, WorkLinks};
 use rccl_device::{Device, WorkLaunch};
-use rccl_transports::Protocol;
+use rccl_transports::network::keep_polling;
+use rccl_transports::{Connection, Fifo, Protocol};
 
-use crate::comm::CommInner;
+use crate::comm::{failure_note, CommInner};
 use crate::device_links::{DeviceLinks, DeviceMem, Owner};
+use crate::device_net::Placement;
 use crate::device_share::{self, Watch};
 use crate::error::{Error, Result};
 use crate::launch::Planned;
@@ -29,13 +31,24 @@ struct OpLinks<'a> {
 
 impl WorkLinks for OpLinks<'_> {
     fn fifos(&self, channel: usize, peer: usize) -> (FifoView, FifoView) {
+        if let Some(conn) = self.links.net.get(&(channel, peer)) {
+            let view = |fifo: &Fifo| {
+                let mem = fifo.memory();
+                FifoView {
+                    base: mem.base(),
+                    slots: mem.slots(),
+                    proto: Protocol::Simple.index() as u32,
+                    nslots: fifo.nslots() as u32,
+                    slot_bytes: fifo.slot_bytes() as u32,
+                    pad: 0,
+                }
+            };
+            let simple = Protocol::Simple;
+            return (view(conn.send_fifo(simple)), view(conn.recv_fifo(simple)));
+        }
         let (send, recv) = &self.links.fifos[&(channel, peer, self.proto)];
-        let view = |mem: &DeviceMem| FifoView {
-            base: mem.ptr,
-            proto: self.proto as u32,
-            nslots: self.nslots,
-            slot_bytes: self.slot_bytes,
-            pad: 0,
+        let view = |mem: &DeviceMem| {
+            FifoView::whole(mem.ptr, self.proto as u32, self.nslots, self.slot_bytes)
         };
         (view(send), view(recv))
     }
@@ -49,27 +62,55 @@ impl WorkLinks for OpLinks<'_> {
     }
 }
 
-/// Reports a launch's end to its communicators: a failure poisons them;
-/// dropped without a report (the launch never ran: its stream was
-/// destroyed), it poisons them too. Either way their queue moves on.
+/// Reports a launch's end to its communicators: a failure poisons them
+/// and closes their network connections with a note saying why, so that
+/// peers on other hosts stop at once; dropped without a report (the launch
+/// never ran: its stream was destroyed), it poisons them too. Either way
+/// their queue moves on.
 struct Finish {
     comms: Vec<Arc<CommInner>>,
+    net: Vec<NetLink>,
     reported: bool,
 }
+
+/// A network connection of device work, with its communicator and the
+/// rank at its other end.
+type NetLink = (Arc<CommInner>, usize, Arc<dyn Connection>);
 
 impl Finish {
     fn report(mut self, result: rccl_device::Result<()>) {
         self.reported = true;
-        if let Err(err) = result {
-            for comm in &self.comms {
-                let err = if comm.abort.load(Ordering::Relaxed) {
-                    comm.ended_error()
-                } else {
-                    Error::System(format!("rank {}: {err}", comm.rank))
-                };
-                comm.poison(&err);
-            }
+        let Err(err) = result else {
+            return;
+        };
+        for comm in &self.comms {
+            let err = if comm.abort.load(Ordering::Relaxed) {
+                comm.ended_error()
+            } else {
+                Error::System(format!("rank {}: {err}", comm.rank))
+            };
+            comm.poison(&err);
         }
+        // The notes say why now, whatever the user does next.
+        let notes: Vec<(Arc<dyn Connection>, String)> = std::mem::take(&mut self.net)
+            .into_iter()
+            .filter_map(|(comm, _, conn)| {
+                let why = comm.poisoned.get()?;
+                Some((conn, failure_note(&comm, why)))
+            })
+            .collect();
+        if notes.is_empty() {
+            return;
+        }
+        // Closing waits (boundedly) for slots in flight: not on the
+        // device's callback.
+        let _ = std::thread::Builder::new()
+            .name("rccl-close".into())
+            .spawn(move || {
+                for (conn, note) in notes {
+                    conn.close_with(&note);
+                }
+            });
     }
 }
 
@@ -109,7 +150,11 @@ fn connect(
 ) -> Result<()> {
     let shape = comm.config.fifo_shape();
     let missing = links.missing(device, &shape, schedule, protocol)?;
-    let (remote, local): (Vec<_>, Vec<_>) = missing
+    let me = &comm.peers[comm.rank];
+    let (across, here): (Vec<_>, Vec<_>) = missing
+        .into_iter()
+        .partition(|&(_, peer)| comm.peers[peer].host_id != me.host_id);
+    let (remote, local): (Vec<_>, Vec<_>) = here
         .into_iter()
         .partition(|&(_, peer)| comm.in_other_process(peer));
     let owner = Owner {
@@ -118,19 +163,45 @@ fn connect(
         rank: comm.rank,
     };
     links.connect_local(device, owner, &shape, protocol, &local)?;
-    if remote.is_empty() {
-        return Ok(());
+    if !remote.is_empty() {
+        for (channel, peer, pair) in device_share::connect(comm, device, &shape, protocol, &remote)?
+        {
+            tracing::info!(
+                target: crate::debug::SHM,
+                "[{}] Channel {channel:02} : {} -> {peer} via P2P/IPC (device work)",
+                comm.rank,
+                comm.rank
+            );
+            links.insert(channel, peer, protocol, pair);
+        }
     }
-    for (channel, peer, pair) in device_share::connect(comm, device, &shape, protocol, &remote)? {
-        tracing::info!(
-            target: crate::debug::SHM,
-            "[{}] Channel {channel:02} : {} -> {peer} via P2P/IPC (device work)",
-            comm.rank,
-            comm.rank
-        );
-        links.insert(channel, peer, protocol, pair);
+    if !across.is_empty() {
+        let placement = Placement {
+            device,
+            gpu_direct: comm.config.net_gdr && device.rdma_receives_ordered(),
+        };
+        for made in crate::connect::connect_for_device(comm, &across, &placement)? {
+            links
+                .net
+                .insert((made.channel, made.peer), Arc::from(made.conn));
+        }
     }
     Ok(())
+}
+
+/// Whether the network connection to `peer` failed; if so, poisons `comm`
+/// with the reason, which names the peer.
+fn broken(comm: &CommInner, peer: usize, conn: &dyn Connection) -> bool {
+    let Some(why) = conn.failure() else {
+        return false;
+    };
+    comm.poison(&Error::Remote(format!(
+        "rank {}: device work with {} via {}: {why}",
+        comm.rank,
+        comm.describe(peer),
+        conn.transport()
+    )));
+    true
 }
 
 /// Encodes every operation of `planned` as device work and launches it on
@@ -192,6 +263,9 @@ pub(crate) fn launch(
     let first = &streams[0];
     let mut rounds: Vec<Vec<Arc<Work>>> = Vec::new();
     let mut memory: Vec<Arc<DeviceMem>> = Vec::new();
+    let mut net_memory: Vec<Arc<dyn rccl_transports::fifo::FifoMemory>> = Vec::new();
+    // Each network connection with the rank at its other end.
+    let mut net: Vec<NetLink> = Vec::new();
     for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
         let comm = &launch.comm;
         let links = guard.device_work.as_mut().expect("made above");
@@ -238,12 +312,22 @@ pub(crate) fn launch(
             rounds[round].push(Arc::new(work));
         }
         memory.extend(links.memory());
+        net_memory.extend(links.net_memory());
+        net.extend(
+            links
+                .net
+                .iter()
+                .map(|(&(_, peer), conn)| (comm.clone(), peer, conn.clone())),
+        );
     }
+    // Device work publishes and releases slots without waking the proxy.
+    let polling = (!net.is_empty()).then(keep_polling);
     for comm in &comms {
         comm.queued.issue();
     }
     let finish = Finish {
         comms: comms.clone(),
+        net: net.clone(),
         reported: false,
     };
     let watched = comms.clone();
@@ -271,10 +355,13 @@ pub(crate) fn launch(
                         .iter()
                         .any(|c| c.abort.load(Ordering::Relaxed) || c.poisoned.get().is_some())
                         || watches.iter().any(Watch::peer_died)
+                        || net
+                            .iter()
+                            .any(|(comm, peer, conn)| broken(comm, *peer, &**conn))
                 }),
                 done: Box::new(move |result| {
                     finish.report(result);
-                    drop(memory);
+                    drop((memory, net_memory, polling));
                 }),
             },
         )

@@ -11,7 +11,8 @@ use parking_lot::Mutex;
 use rccl_algorithms::Schedule;
 use rccl_device::abi;
 use rccl_device::{Device, Event};
-use rccl_transports::{FifoShape, Protocol};
+use rccl_transports::fifo::FifoMemory;
+use rccl_transports::{Connection, FifoShape, Protocol};
 
 use crate::error::{Error, Result};
 
@@ -82,6 +83,10 @@ pub(crate) type FifoPair = (Arc<DeviceMem>, Arc<DeviceMem>);
 pub(crate) struct DeviceLinks {
     /// `(channel, peer, protocol index)` -> (FIFO to the peer, FIFO from it).
     pub(crate) fifos: HashMap<(usize, usize, usize), FifoPair>,
+    /// `(channel, peer)` -> the network connection to a peer on another
+    /// host (Simple: `device_work::protocol`), whose FIFOs the network
+    /// proxy moves (`device_net.rs`).
+    pub(crate) net: HashMap<(usize, usize), Arc<dyn Connection>>,
     /// Per channel, the staging buffer of one piece of any protocol.
     pub(crate) scratch: Vec<Option<Arc<DeviceMem>>>,
     /// Staging buffers of inputs (board-sized), the `k`-th for the `k`-th
@@ -97,6 +102,7 @@ impl DeviceLinks {
     pub(crate) fn new(max_channels: usize, device: &'static dyn Device) -> Result<DeviceLinks> {
         Ok(DeviceLinks {
             fifos: HashMap::new(),
+            net: HashMap::new(),
             scratch: (0..max_channels).map(|_| None).collect(),
             staging: Vec::new(),
             abort: DeviceMem::zeroed(device, 8)?,
@@ -131,6 +137,7 @@ impl DeviceLinks {
                 .flatten();
             for peer in peers {
                 if !self.fifos.contains_key(&(channel, peer, proto))
+                    && !self.net.contains_key(&(channel, peer))
                     && !missing.contains(&(channel, peer))
                 {
                     missing.push((channel, peer));
@@ -188,6 +195,17 @@ impl DeviceLinks {
         pair: FifoPair,
     ) {
         self.fifos.insert((channel, peer, protocol.index()), pair);
+    }
+
+    /// The FIFOs of the network connections, which the communicator's work
+    /// may use too.
+    pub(crate) fn net_memory(&self) -> impl Iterator<Item = Arc<dyn FifoMemory>> + '_ {
+        self.net.values().flat_map(|conn| {
+            [
+                conn.send_fifo(Protocol::Simple).memory().clone(),
+                conn.recv_fifo(Protocol::Simple).memory().clone(),
+            ]
+        })
     }
 
     /// Every piece of device memory the communicator's work may use.

@@ -37,17 +37,11 @@ const WATCH_EVERY: Duration = Duration::from_millis(100);
 /// How long a launch may go on after a peer's process was seen gone.
 const DEAD_PEER_GRACE: Duration = Duration::from_secs(2);
 
-/// Whether this rank's device work reaches every rank of `comm` in
-/// another process: all on this host, on a device that shares memory
-/// between processes, unless `NCCL_P2P_DISABLE` (the conditions of the
-/// `P2P/IPC` transport).
-pub(crate) fn reaches_all(comm: &CommInner) -> bool {
-    let me = &comm.peers[comm.rank];
-    let others = (0..comm.nranks).any(|peer| comm.in_other_process(peer));
-    !others
-        || (!comm.config.p2p_disable
-            && comm.peers.iter().all(|p| p.host_id == me.host_id)
-            && rccl_device::active().is_some_and(|device| device.shares_memory()))
+/// Whether this rank's device work reaches the ranks of `comm` in other
+/// processes of this host: the device shares memory between processes,
+/// unless `NCCL_P2P_DISABLE` (the conditions of the `P2P/IPC` transport).
+pub(crate) fn available(comm: &CommInner) -> bool {
+    !comm.config.p2p_disable && rccl_device::active().is_some_and(|device| device.shares_memory())
 }
 
 /// Connects the links `wanted` (`(channel, peer)`, every peer in another
@@ -238,10 +232,16 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
-    /// `None` when every rank of `comm` is in this process.
+    /// `None` when no rank of `comm` is in another process of this host
+    /// (a process id means nothing on another host: the network
+    /// connections tell those ranks' ends).
     pub(crate) fn new(comm: &Arc<CommInner>) -> Option<Watch> {
+        let here = &comm.peers[comm.rank].host_id;
         let peers: Vec<(usize, ProcessId)> = (0..comm.nranks)
-            .filter(|&peer| comm.in_other_process(peer) && comm.peers[peer].start != 0)
+            .filter(|&peer| {
+                let p = &comm.peers[peer];
+                comm.in_other_process(peer) && p.start != 0 && p.host_id == *here
+            })
             .map(|peer| {
                 let p = &comm.peers[peer];
                 (

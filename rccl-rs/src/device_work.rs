@@ -22,12 +22,29 @@ use crate::queue::StreamRef;
 use crate::types::RedOp;
 
 /// Whether a communicator's calls on device memory run as device work:
-/// every rank is in this process (ranks as threads sharing the device), or
-/// on this host where the device shares memory between processes
-/// (`device_share.rs`), so FIFOs in device memory are reachable by every
-/// rank's work.
+/// every rank is reached through FIFOs the device's work fills and drains
+/// itself: ranks of this process (threads sharing the device), ranks of
+/// other processes on this host where the device shares memory between
+/// processes (`device_share.rs`), and ranks on other hosts through
+/// network connections whose FIFOs the device reaches (`device_net.rs`).
 pub(crate) fn interprets(comm: &CommInner) -> bool {
-    crate::device_share::reaches_all(comm)
+    let me = &comm.peers[comm.rank];
+    (0..comm.nranks).all(|peer| {
+        !comm.in_other_process(peer)
+            || comm.peers[peer].host_id != me.host_id
+            || crate::device_share::available(comm)
+    })
+}
+
+/// The protocol of a communicator's device work, given the tuner's: Simple
+/// when it crosses hosts, since a network connection's FIFOs carry Simple
+/// pieces (as NCCL's Simple protocol carries large calls between hosts).
+pub(crate) fn protocol(comm: &CommInner, chosen: Protocol) -> Protocol {
+    if comm.topology.nhosts() > 1 {
+        Protocol::Simple
+    } else {
+        chosen
+    }
 }
 
 /// One operation's device work, planned: its schedule and the call as the

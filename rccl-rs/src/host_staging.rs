@@ -1,5 +1,5 @@
-//! Calls on device memory that device work does not reach (a communicator
-//! with ranks on other hosts, or `NCCL_P2P_DISABLE` between processes):
+//! Calls on device memory that device work does not reach (ranks of other
+//! processes of this host with `NCCL_P2P_DISABLE`):
 //! the host executor runs them over page-locked host copies of their
 //! buffers. On each call's stream the GPU's copy engine copies its inputs
 //! into those copies, the launch runs as one task after every stream's

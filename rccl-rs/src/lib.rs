@@ -14,6 +14,7 @@ mod connect;
 mod debug;
 mod device_launch;
 mod device_links;
+mod device_net;
 mod device_share;
 mod device_work;
 mod diagnose;

@@ -164,7 +164,8 @@ pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()>
             // One-shot reads every input after writing the output: in
             // place, the board stages the input; device work does too.
             let staged = on_board && in_place;
-            let work = crate::device_work::collective(op, schedule, choice.protocol, tag, staged);
+            let protocol = crate::device_work::protocol(comm, choice.protocol);
+            let work = crate::device_work::collective(op, schedule, protocol, tag, staged);
             launch.device_ops.push(work);
         }
         return Ok(());
@@ -436,6 +437,7 @@ pub(crate) fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
                 .stream
                 .clone()
                 .expect("a call on device memory has a stream");
+            let protocol = crate::device_work::protocol(comm, protocol);
             let work =
                 crate::device_work::p2p(schedule, protocol, stream, comm.nranks, &sends, &recvs);
             launch.device_ops.push(work);

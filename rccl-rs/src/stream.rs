@@ -6,13 +6,13 @@
 //! is one task that every stream of its calls waits for, so a thread that
 //! drives several ranks (some sharing a stream) cannot deadlock.
 //!
-//! A launch whose communicators have all their ranks in this process, or
-//! on this host with a device that shares memory between processes, runs
-//! as device work (`device_work.rs`: the kernels' interpreter, on the GPU
-//! or compiled for the host on the emulated one). Any other communicator
-//! (ranks on other hosts, or `NCCL_P2P_DISABLE` between processes) runs
-//! the host executor over host copies of the buffers, made and copied
-//! back on the streams (`host_staging.rs`).
+//! A launch whose communicators device work reaches runs as device work
+//! (`device_work.rs`: the kernels' interpreter, on the GPU or compiled for
+//! the host on the emulated one; ranks on other hosts through the
+//! network). Any other communicator (ranks of other processes of this
+//! host with `NCCL_P2P_DISABLE`) runs the host executor over host copies
+//! of the buffers, made and copied back on the streams
+//! (`host_staging.rs`).
 //!
 //! Failures of an enqueued launch poison its communicators: they surface
 //! through `async_error` (`ncclCommGetAsyncError`) and the next call.
@@ -166,8 +166,9 @@ pub(crate) fn enqueue(mut ops: Vec<RawOp>) -> Result<()> {
             .collect::<Result<Vec<_>>>()?
     } else if interpreted < ops.len() {
         return Err(Error::InvalidUsage(
-            "a group on device memory mixes communicators whose ranks are all in this \
-             process with communicators that span processes: run them in separate groups"
+            "a group on device memory mixes communicators that device work reaches with \
+             communicators it does not (NCCL_P2P_DISABLE between processes): run them in \
+             separate groups"
                 .into(),
         ));
     } else {

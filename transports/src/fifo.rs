@@ -182,16 +182,30 @@ const LL_HEADER_WORDS: usize = 4;
 const LL128_LINE: usize = 128;
 const LL128_DATA: usize = 120;
 
-/// Memory that holds one FIFO: its header, then its slots.
+/// Memory that holds one FIFO: its control block (counters, state, notes),
+/// then its slots, or the two apart.
 pub trait FifoMemory: Send + Sync {
-    /// The first byte; aligned to 4096 and valid for [`FifoMemory::len`]
-    /// bytes for as long as the memory lives.
+    /// The control block; aligned to 4096, and valid for
+    /// [`FifoMemory::len`] bytes for as long as the memory lives unless the
+    /// slots are elsewhere ([`FifoMemory::slots`]).
     fn base(&self) -> *mut u8;
-    /// Size of the block in bytes.
+    /// Size of the FIFO in bytes, control block and slots, as
+    /// [`fifo_bytes`] counts them.
     fn len(&self) -> usize;
     /// Whether the block is empty (never, for a usable FIFO).
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// The first slot, aligned to 64: right after the control block unless
+    /// the memory keeps its slots apart (device memory that a network
+    /// reads and writes, its counters in host memory the network proxy
+    /// reads), [`FifoMemory::len`] minus [`control_bytes`] long.
+    fn slots(&self) -> *mut u8 {
+        self.base().wrapping_add(control_bytes())
+    }
+    /// Whether the slots are device memory (a network registers them so).
+    fn slots_on_device(&self) -> bool {
+        false
     }
 }
 
@@ -239,12 +253,13 @@ impl FifoMemory for HeapMemory {
 /// Bytes a FIFO of `nslots` slots of `slot_bytes` payload each needs.
 pub fn fifo_bytes(proto: Protocol, nslots: usize, slot_bytes: usize) -> usize {
     round_up(
-        header_bytes() + nslots * proto.slot_stride(slot_bytes),
+        control_bytes() + nslots * proto.slot_stride(slot_bytes),
         ALIGN,
     )
 }
 
-fn header_bytes() -> usize {
+/// Bytes of a FIFO's control block, in front of its slots.
+pub fn control_bytes() -> usize {
     round_up(std::mem::size_of::<Header>(), ALIGN)
 }
 
@@ -328,6 +343,7 @@ impl Fifo {
             "FIFO memory too small"
         );
         assert_eq!(mem.base() as usize % ALIGN, 0, "FIFO memory alignment");
+        assert_eq!(mem.slots() as usize % 64, 0, "FIFO slot alignment");
         let staging = if proto == Protocol::Simple {
             0
         } else {
@@ -373,13 +389,9 @@ impl Fifo {
 
     fn slot_ptr(&self, counter: u32) -> *mut u8 {
         let index = (counter % self.nslots) as usize;
-        // SAFETY: index < nslots and the block holds nslots strides after the
-        // header, so the offset stays inside the allocation.
-        unsafe {
-            self.mem
-                .base()
-                .add(header_bytes() + index * self.slot_stride)
-        }
+        // SAFETY: index < nslots and the slots hold nslots strides, so the
+        // offset stays inside them.
+        unsafe { self.mem.slots().add(index * self.slot_stride) }
     }
 
     /// Capacity of one slot in bytes.
@@ -571,6 +583,12 @@ impl Fifo {
             return None;
         }
         Some(self.slot_ptr(tail.wrapping_add(k as u32)))
+    }
+
+    /// The FIFO's memory, for a producer or consumer outside this process's
+    /// handles (device work over a network connection's FIFOs).
+    pub fn memory(&self) -> &Arc<dyn FifoMemory> {
+        &self.mem
     }
 
     /// Whether every published slot has been consumed.

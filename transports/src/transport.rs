@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::fifo::FifoShape;
+use crate::fifo::{FifoMemory, FifoShape};
 use crate::process::ProcessId;
 use crate::Connection;
 
@@ -47,6 +47,11 @@ pub struct Context<'a> {
     pub p2p_disable: bool,
     /// Whether the connections are made for calls on device memory.
     pub device_memory: bool,
+    /// Set when the connections are made for device work: the device's
+    /// work fills and drains their FIFOs, which must lie where it reaches
+    /// them. Only the network takes it (the engine links device work
+    /// within a host itself).
+    pub device_fifos: Option<&'a dyn FifoPlacement>,
     /// The communicator's abort flag.
     pub abort: &'a AtomicBool,
 }
@@ -62,6 +67,18 @@ impl Context<'_> {
     pub fn same_host(&self, peer: usize) -> bool {
         self.endpoints[peer].host_id == self.endpoints[self.rank].host_id
     }
+}
+
+/// Where a connection made for device work puts its FIFOs.
+pub trait FifoPlacement: Sync {
+    /// A zeroed FIFO of `bytes` ([`crate::fifo::fifo_bytes`]) that the
+    /// device's work and the host both reach; with `device_slots`, its
+    /// slots in device memory (the network registers them: GPUDirect RDMA)
+    /// and only its control block in host memory.
+    fn fifo(&self, bytes: usize, device_slots: bool) -> io::Result<Arc<dyn FifoMemory>>;
+    /// Whether slots may be device memory where the network registers it
+    /// (`NCCL_NET_GDR_LEVEL`).
+    fn gpu_direct(&self) -> bool;
 }
 
 /// This side of a connection being set up.

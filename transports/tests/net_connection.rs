@@ -6,14 +6,17 @@
 mod common;
 
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
     connect, hex, net_connection_pair, net_connection_pair_over, socket_pair, unhex, until,
     DEADLINE,
 };
-use rccl_transports::fifo::{Fifo, Tag, SLOT_HEADER};
-use rccl_transports::network::{CommRef, MemoryType, Net, NetConnection};
+use rccl_transports::fifo::{
+    control_bytes, fifo_bytes, Fifo, FifoMemory, HeapMemory, Protocol, Tag, SLOT_HEADER,
+};
+use rccl_transports::network::{keep_polling, CommRef, MemoryType, Net, NetConnection};
 use rccl_transports::wait::wait_until;
 use rccl_transports::Connection;
 
@@ -369,4 +372,84 @@ fn a_ping_pong_with_another_process_through_a_plugin() {
         receive(conn.recv_fifo(), i, 8);
     }
     assert!(child.wait().unwrap().success());
+}
+
+/// FIFO memory laid out as device work's connections lay it: the control
+/// block and the slots apart (the slots standing for device memory when
+/// `device`).
+struct SplitMemory {
+    control: HeapMemory,
+    slots: HeapMemory,
+    len: usize,
+    device: bool,
+}
+
+impl FifoMemory for SplitMemory {
+    fn base(&self) -> *mut u8 {
+        self.control.base()
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn slots(&self) -> *mut u8 {
+        self.slots.base()
+    }
+    fn slots_on_device(&self) -> bool {
+        self.device
+    }
+}
+
+fn split(nslots: usize, slot_bytes: usize, device: bool) -> Arc<dyn FifoMemory> {
+    let len = fifo_bytes(Protocol::Simple, nslots, slot_bytes);
+    Arc::new(SplitMemory {
+        control: HeapMemory::new(control_bytes()),
+        slots: HeapMemory::new(len - control_bytes()),
+        len,
+        device,
+    })
+}
+
+/// A connection for device work: pieces its producer publishes through a
+/// handle of its own, ringing no doorbell (as a GPU's work does), into
+/// slots apart from their counters, reach the peer in order; and the
+/// peer's pieces reach that side's own consumer handle.
+#[test]
+fn a_connection_for_device_work_moves_slots_published_without_a_doorbell() {
+    let (nslots, slot_bytes) = (4, 1024);
+    let (a, b) = socket_pair();
+    let (a_to_b, b_from_a) = connect(&*a, &*b);
+    let (b_to_a, a_from_b) = connect(&*b, &*a);
+    let memory = [
+        split(nslots, slot_bytes, false),
+        split(nslots, slot_bytes, false),
+    ];
+    let device_side =
+        NetConnection::start_for_device(a, a_to_b, a_from_b, nslots, slot_bytes, memory).unwrap();
+    let peer = NetConnection::start(b, b_to_a, b_from_a, nslots, slot_bytes).unwrap();
+    let _polling = keep_polling();
+    let handle =
+        |fifo: &Fifo| Fifo::in_memory(fifo.memory().clone(), Protocol::Simple, nslots, slot_bytes);
+    let (device_send, device_recv) = (
+        handle(device_side.send_fifo()),
+        handle(device_side.recv_fifo()),
+    );
+    for i in 0..40 {
+        let len = 1 + (i as usize * 97) % slot_bytes;
+        send(&device_send, i, len);
+        receive(peer.recv_fifo(), i, len);
+        send(peer.send_fifo(), i, len);
+        receive(&device_recv, i, len);
+    }
+}
+
+/// Slots in device memory need a network that registers it: Socket
+/// refuses them, naming the memory.
+#[test]
+fn device_slots_need_a_network_that_registers_device_memory() {
+    let (a, b) = socket_pair();
+    let (a_to_b, _b_from_a) = connect(&*a, &*b);
+    let (_b_to_a, a_from_b) = connect(&*b, &*a);
+    let memory = [split(2, 64, true), split(2, 64, true)];
+    let err = NetConnection::start_for_device(a, a_to_b, a_from_b, 2, 64, memory).unwrap_err();
+    assert!(err.to_string().contains("Socket"), "{err}");
 }

@@ -286,13 +286,7 @@ fn check_fifos(gpu: &Gpu) -> Result<usize, CudaError> {
         }
         d_src.upload(&src)?;
         let args = LoopbackArgs {
-            fifo: FifoView {
-                base: mem.ptr as *mut u8,
-                proto: protocol,
-                nslots,
-                slot_bytes,
-                pad: 0,
-            },
+            fifo: FifoView::whole(mem.ptr as *mut u8, protocol, nslots, slot_bytes),
             src: d_src.ptr,
             dst: d_dst.ptr,
             bytes: bytes as u64,

@@ -317,6 +317,11 @@ impl Device for Emu {
         self.enqueue_joint(streams, Box::new(move || launch::run(launch)))
     }
 
+    fn rdma_receives_ordered(&self) -> bool {
+        // Its device memory is host memory: ordered like any other.
+        true
+    }
+
     fn shares_memory(&self) -> bool {
         true
     }

@@ -34,8 +34,8 @@ use parking_lot::{Condvar, Mutex};
 use super::proxy::{self, Bell, Progress, Work};
 use super::{CommRef, Endpoint, MemoryType, Net, NetError, RecvBuffer};
 use crate::fifo::{
-    fifo_bytes, read_slot_header, write_slot_header, Fifo, FifoMemory, HeapMemory, Protocol, Tag,
-    MAX_SLOTS, SLOT_HEADER,
+    control_bytes, fifo_bytes, read_slot_header, write_slot_header, Fifo, FifoMemory, HeapMemory,
+    Protocol, Tag, MAX_SLOTS, SLOT_HEADER,
 };
 use crate::wait::Backoff;
 use crate::{bounded_note, Connection, MAX_NOTE};
@@ -121,7 +121,17 @@ impl std::fmt::Debug for NetConnection {
     }
 }
 
-/// `NET/<name>`, made once per network name.
+fn check_shape(nslots: usize, slot_bytes: usize) -> Result<(), NetError> {
+    if !(1..=MAX_SLOTS).contains(&nslots) || slot_bytes == 0 || !slot_bytes.is_multiple_of(8) {
+        return Err(NetError::InvalidArgument(format!(
+            "FIFOs of {nslots} slots of {slot_bytes} bytes (1 to {MAX_SLOTS} slots of a positive multiple of 8 bytes)"
+        )));
+    }
+    Ok(())
+}
+
+/// `NET/<name>`, made once per network name (`NET/IB/GDRDMA` for a
+/// connection whose slots are device memory the NIC reads and writes).
 pub(crate) fn transport_name(net: &str) -> &'static str {
     static NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
     let mut names = NAMES.lock();
@@ -136,8 +146,9 @@ pub(crate) fn transport_name(net: &str) -> &'static str {
 impl NetConnection {
     /// Hands `send_comm` (to the peer) and `recv_comm` (from it) to the
     /// process's network proxy, with FIFOs of `nslots` slots of
-    /// `slot_bytes` each way (every protocol travels as Simple pieces: a
-    /// message already says how long a piece is and when it is complete).
+    /// `slot_bytes` each way in private memory (every protocol travels as
+    /// Simple pieces: a message already says how long a piece is and when
+    /// it is complete).
     pub fn start<N: Net>(
         net: Arc<N>,
         send_comm: N::SendComm,
@@ -145,46 +156,79 @@ impl NetConnection {
         nslots: usize,
         slot_bytes: usize,
     ) -> Result<NetConnection, NetError> {
-        if !(1..=MAX_SLOTS).contains(&nslots) || slot_bytes == 0 || !slot_bytes.is_multiple_of(8) {
+        check_shape(nslots, slot_bytes)?;
+        let heap = || -> Arc<dyn FifoMemory> {
+            Arc::new(HeapMemory::new(fifo_bytes(
+                Protocol::Simple,
+                nslots,
+                slot_bytes,
+            )))
+        };
+        let memory = [heap(), heap()];
+        NetConnection::start_in(net, send_comm, recv_comm, nslots, slot_bytes, memory, false)
+    }
+
+    /// As [`NetConnection::start`], for device work: the device's work
+    /// fills the FIFO to the peer and drains the one from it, laid out
+    /// (Simple) in `memory` (to the peer, from it), which must be zeroed
+    /// and [`fifo_bytes`] long. Their slots are registered as device memory
+    /// where [`FifoMemory::slots_on_device`] says so. Device work rings no
+    /// doorbell, so the proxy polls the connection while the device works
+    /// (`keep_polling`).
+    pub fn start_for_device<N: Net>(
+        net: Arc<N>,
+        send_comm: N::SendComm,
+        recv_comm: N::RecvComm,
+        nslots: usize,
+        slot_bytes: usize,
+        memory: [Arc<dyn FifoMemory>; 2],
+    ) -> Result<NetConnection, NetError> {
+        check_shape(nslots, slot_bytes)?;
+        let bytes = fifo_bytes(Protocol::Simple, nslots, slot_bytes);
+        if memory.iter().any(|mem| mem.len() < bytes) {
             return Err(NetError::InvalidArgument(format!(
-                "FIFOs of {nslots} slots of {slot_bytes} bytes (1 to {MAX_SLOTS} slots of a positive multiple of 8 bytes)"
+                "FIFO memory of less than the {bytes} bytes {nslots} slots of {slot_bytes} need"
             )));
         }
+        NetConnection::start_in(net, send_comm, recv_comm, nslots, slot_bytes, memory, true)
+    }
+
+    fn start_in<N: Net>(
+        net: Arc<N>,
+        send_comm: N::SendComm,
+        recv_comm: N::RecvComm,
+        nslots: usize,
+        slot_bytes: usize,
+        [send_mem, recv_mem]: [Arc<dyn FifoMemory>; 2],
+        device_driven: bool,
+    ) -> Result<NetConnection, NetError> {
         let peer = send_comm.peer();
         let proxy_error = |peer: &str, e: std::io::Error| {
             NetError::io("proxy", "starting the network proxy for", peer, &e)
         };
         let bell = proxy::bell().map_err(|e| proxy_error(&peer, e))?;
-        let send_mem = Arc::new(HeapMemory::new(fifo_bytes(
-            Protocol::Simple,
-            nslots,
-            slot_bytes,
-        )));
-        let recv_mem = Arc::new(HeapMemory::new(fifo_bytes(
-            Protocol::Simple,
-            nslots,
-            slot_bytes,
-        )));
         let mut note_buf = vec![0u64; (SLOT_HEADER + MAX_NOTE).div_ceil(8)].into_boxed_slice();
+        // Only the slots travel: the proxy sends from and receives into
+        // them, and keeps the counters itself.
+        let slots = |mem: &Arc<dyn FifoMemory>| {
+            let memory = if mem.slots_on_device() {
+                MemoryType::Cuda
+            } else {
+                MemoryType::Host
+            };
+            (mem.slots(), mem.len() - control_bytes(), memory)
+        };
+        let ((send_at, send_len, send_type), (recv_at, recv_len, recv_type)) =
+            (slots(&send_mem), slots(&recv_mem));
         // SAFETY: the FIFO memory and the note buffer live in the link
         // (the FIFOs hold the memory), which deregisters them and closes
         // the communicators before it drops them. The FIFO protocol keeps
-        // the executor off slots with requests pending: a published send
-        // slot is not written until released, a free receive slot is not
-        // read until published.
+        // the producers and consumers off slots with requests pending: a
+        // published send slot is not written until released, a free
+        // receive slot is not read until published.
         let (send_mr, recv_mr, note_mr) = unsafe {
-            let send_mr = net.reg_mr(
-                CommRef::Send(&send_comm),
-                send_mem.base(),
-                send_mem.len(),
-                MemoryType::Host,
-            )?;
-            let recv_mr = net.reg_mr(
-                CommRef::Recv(&recv_comm),
-                recv_mem.base(),
-                recv_mem.len(),
-                MemoryType::Host,
-            )?;
+            let send_mr = net.reg_mr(CommRef::Send(&send_comm), send_at, send_len, send_type)?;
+            let recv_mr = net.reg_mr(CommRef::Recv(&recv_comm), recv_at, recv_len, recv_type)?;
             let note_mr = net.reg_mr(
                 CommRef::Send(&send_comm),
                 note_buf.as_mut_ptr().cast(),
@@ -193,6 +237,7 @@ impl NetConnection {
             )?;
             (send_mr, recv_mr, note_mr)
         };
+        let gpu_direct = send_type != MemoryType::Host || recv_type != MemoryType::Host;
         let send = Fifo::in_memory(send_mem, Protocol::Simple, nslots, slot_bytes);
         let recv = Fifo::in_memory(recv_mem, Protocol::Simple, nslots, slot_bytes);
         let shared = Arc::new(Shared {
@@ -221,15 +266,21 @@ impl NetConnection {
             recv: recv.clone(),
             shared: shared.clone(),
             broken: false,
+            device_driven,
             note_buf,
         };
         proxy::adopt(Box::new(link)).map_err(|e| proxy_error(&shared.peer, e))?;
+        let name = if gpu_direct {
+            format!("{}/GDRDMA", net.name())
+        } else {
+            net.name().to_string()
+        };
         Ok(NetConnection {
             send: send.with_doorbell(bell.clone()),
             recv: recv.with_doorbell(bell.clone()),
             shared,
             bell,
-            transport: transport_name(net.name()),
+            transport: transport_name(&name),
         })
     }
 
@@ -364,6 +415,8 @@ struct Link<N: Net> {
     shared: Arc<Shared>,
     /// Failed: nothing moves until the connection is dropped.
     broken: bool,
+    /// Device work fills and drains the FIFOs, ringing no doorbell.
+    device_driven: bool,
     /// Where the closing note is built; after `comms` so requests that
     /// read it are gone first.
     note_buf: Box<[u64]>,
@@ -572,6 +625,10 @@ impl<N: Net> Work for Link<N> {
     fn wait_on(&self, fds: &mut Vec<libc::pollfd>) -> bool {
         if self.broken || self.comms.is_none() {
             return true;
+        }
+        if self.device_driven {
+            // Device work may publish or release a slot at any time.
+            return false;
         }
         let mut pending: Vec<&N::Request> = Vec::with_capacity(2);
         if let Some(front) = self

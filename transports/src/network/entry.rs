@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{ListenHandle, Net, NetConnection};
-use crate::fifo::Protocol;
+use crate::fifo::{fifo_bytes, Protocol};
 use crate::transport::{Context, Pending, Setup, Transport};
 use crate::Connection;
 
@@ -106,9 +106,30 @@ impl<N: Net> Pending for NetworkPending<N> {
         let (Some(send), Some(recv)) = (send, recv) else {
             unreachable!("both ends are connected")
         };
-        let slot_bytes = cx.fifo.slot_bytes(Protocol::Simple);
-        let conn = NetConnection::start(self.net.clone(), send, recv, cx.fifo.nslots, slot_bytes)
-            .map_err(io::Error::other)?;
+        let (nslots, slot_bytes) = (cx.fifo.nslots, cx.fifo.slot_bytes(Protocol::Simple));
+        let conn = match cx.device_fifos {
+            None => NetConnection::start(self.net.clone(), send, recv, nslots, slot_bytes),
+            Some(placement) => {
+                // GPUDirect RDMA: slots in device memory where the NIC
+                // reads and writes it and the user allows it.
+                let props = net.properties(self.dev).map_err(io::Error::other)?;
+                let device_slots = placement.gpu_direct() && props.ptr_support.cuda;
+                let bytes = fifo_bytes(Protocol::Simple, nslots, slot_bytes);
+                let memory = [
+                    placement.fifo(bytes, device_slots)?,
+                    placement.fifo(bytes, device_slots)?,
+                ];
+                NetConnection::start_for_device(
+                    self.net.clone(),
+                    send,
+                    recv,
+                    nslots,
+                    slot_bytes,
+                    memory,
+                )
+            }
+        }
+        .map_err(io::Error::other)?;
         Ok(Some(Box::new(conn)))
     }
 }

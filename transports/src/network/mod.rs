@@ -74,6 +74,7 @@ pub mod socket;
 pub(crate) use connection::transport_name;
 pub use connection::NetConnection;
 pub use entry::Network;
+pub use proxy::{keep_polling, Polling};
 
 /// Most requests a communicator handles at once (`NCCL_NET_MAX_REQUESTS`).
 pub const NET_MAX_REQUESTS: usize = 32;

@@ -18,7 +18,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,30 @@ const RECENT: Duration = Duration::from_millis(5);
 /// the executor usually answers within this, and a yield is cheaper than
 /// a wake-up.
 const YIELD_FOR: Duration = Duration::from_micros(50);
+
+/// How many [`Polling`] guards live.
+static POLLING: AtomicUsize = AtomicUsize::new(0);
+
+/// While it lives, the proxy yields between passes instead of sleeping:
+/// device work publishes and releases slots without ringing the doorbell,
+/// so the proxy watches them the way NCCL's proxy spins while operations
+/// are in flight. Held from a device launch's enqueue to its end.
+pub struct Polling(());
+
+/// Keeps the proxy polling until the guard is dropped.
+pub fn keep_polling() -> Polling {
+    POLLING.fetch_add(1, Ordering::SeqCst);
+    if let Some(proxy) = PROXY.get() {
+        proxy.bell.ring();
+    }
+    Polling(())
+}
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        POLLING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// What one pass over a connection did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,7 +207,7 @@ fn run(proxy: &'static Proxy) {
             continue;
         }
         let since = *idle_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < YIELD_FOR {
+        if since.elapsed() < YIELD_FOR || POLLING.load(Ordering::Relaxed) > 0 {
             std::thread::yield_now();
             continue;
         }
@@ -191,7 +215,10 @@ fn run(proxy: &'static Proxy) {
         // look rings the bell, which ends the sleep at once.
         proxy.bell.sleeping.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        if proxy.news.load(Ordering::SeqCst) || pass(&mut links) {
+        if proxy.news.load(Ordering::SeqCst)
+            || POLLING.load(Ordering::SeqCst) > 0
+            || pass(&mut links)
+        {
             proxy.bell.sleeping.store(false, Ordering::SeqCst);
             idle_since = None;
             continue;

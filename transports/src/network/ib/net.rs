@@ -26,7 +26,7 @@ impl Net for Ib {
             guid: port.guid,
             ptr_support: PtrSupport {
                 host: true,
-                cuda: false,
+                cuda: self.verbs.registers_device_memory(),
                 dmabuf: false,
             },
             reg_is_global: false,
@@ -149,7 +149,8 @@ impl Net for Ib {
         size: usize,
         memory: MemoryType,
     ) -> Result<IbMr, NetError> {
-        if memory != MemoryType::Host {
+        let device_memory = memory == MemoryType::Cuda && self.verbs.registers_device_memory();
+        if memory != MemoryType::Host && !device_memory {
             return Err(NetError::Unsupported { net: "IB", memory });
         }
         let (device, peer) = match comm {

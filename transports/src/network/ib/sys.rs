@@ -497,6 +497,17 @@ impl Verbs for Libibverbs {
         "libibverbs"
     }
 
+    fn registers_device_memory(&self) -> bool {
+        // The peer-memory client of NVIDIA's driver lets `ibv_reg_mr` pin
+        // device memory; it shows itself in sysfs once loaded.
+        [
+            "/sys/kernel/mm/memory_peers/nv_mem/version",
+            "/sys/module/nvidia_peermem",
+        ]
+        .iter()
+        .any(|path| std::path::Path::new(path).exists())
+    }
+
     fn devices(&self) -> &[DeviceInfo] {
         &self.devices
     }

@@ -322,11 +322,15 @@ pub trait Verbs: Send + Sync {
     /// Opens device `dev` (by index into [`Verbs::devices`]), with one
     /// protection domain.
     fn open(&self, dev: usize) -> Result<Arc<dyn Device>, VerbsError>;
+    /// Whether `reg_mr` takes device memory (GPUDirect RDMA through
+    /// `nvidia-peermem`).
+    fn registers_device_memory(&self) -> bool;
 }
 
 /// An opened device with its protection domain.
 pub trait Device: Send + Sync {
-    /// Registers `len` bytes at `addr` of host memory with `access`.
+    /// Registers `len` bytes at `addr` with `access`: host memory, or
+    /// device memory where [`Verbs::registers_device_memory`].
     ///
     /// # Safety
     /// The bytes stay valid until the region is dropped, and while the

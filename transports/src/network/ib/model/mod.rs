@@ -39,6 +39,10 @@
 //! `RCCL_IB_MODEL_FAULT` (`drop:N`, `corrupt:N`, `stall:N:MS`: after `N`
 //! data frames sent): the port goes down, the next write carries a wrong
 //! key, or the NIC stops for `MS` milliseconds.
+//!
+//! `RCCL_IB_MODEL_GDR=1` makes the NIC register device memory, as one
+//! with `nvidia-peermem` does: GPUDirect RDMA over the emulated GPU,
+//! whose device memory the model reaches as host memory.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -67,6 +71,9 @@ mod wire;
 pub const DEVICE_NAME: &str = "rccl_model0";
 /// The fault a process's NICs start with.
 pub const FAULT_ENV: &str = "RCCL_IB_MODEL_FAULT";
+/// Set (and not `0`): the model's NIC registers device memory, as a NIC
+/// with `nvidia-peermem` does (GPUDirect RDMA).
+pub const GPU_DIRECT_ENV: &str = "RCCL_IB_MODEL_GDR";
 
 /// Bytes queued on a stream before the NIC stops taking work requests.
 const WIRE_QUEUE: usize = 4 << 20;
@@ -156,6 +163,12 @@ impl Model {
 impl Verbs for Model {
     fn name(&self) -> &'static str {
         "model"
+    }
+
+    fn registers_device_memory(&self) -> bool {
+        // The model reaches what the process reaches: the emulated GPU's
+        // device memory is host memory.
+        std::env::var(GPU_DIRECT_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
     }
 
     fn devices(&self) -> &[DeviceInfo] {
