@@ -155,10 +155,40 @@ if has_cap device_memory; then
       "$([ "$wrong_total" = 0 ] && [ -z "$no_link" ] && echo PASS || echo FAIL)" \
       "wrong: $wrong_total, no device-work link:${no_link:- none}; all_reduce 8MiB busbw $bw GB/s (threads -g $k: $threads) (logs perf_*_procs$k.log)"
   done
-  # ---- device memory through host copies (the path across hosts) ----
+  # ---- device work across hosts: two processes told apart by NCCL_HOSTID ----
+  # Each sees the other on another host, so device work links them through
+  # the network (Socket on loopback): FIFO counters and slots in page-locked
+  # host memory the kernel reaches, moved by the network proxy (no
+  # GPUDirect: Socket registers host memory only). The links say
+  # "(device work)".
+  wrong_total=0
+  no_link=""
+  port=29700
+  for b in all_reduce all_gather reduce_scatter broadcast sendrecv; do
+    secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    port=$((port + 1))
+    for r in 0 1; do
+      RANK=$r WORLD_SIZE=2 NCCL_COMM_ID=127.0.0.1:$port NCCL_COMM_SECRET=$secret \
+        NCCL_HOSTID=gpu-check-host$r NCCL_SOCKET_IFNAME=lo RCCL_TIMEOUT_MS=30000 \
+        NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET timeout "$(left 30)" \
+        "$pack/bin/${b}_perf" --memory device -b 8 -e 8M -f 4 -n 5 -w 1 -c 1 \
+        > "$out/perf_${b}_hosts_rank$r.log" 2>&1 &
+    done
+    wait
+    log="$out/perf_${b}_hosts_rank0.log"
+    w=$(awk '/Out of bounds values/ {print $7}' "$log")
+    [ -z "$w" ] && w=1
+    wrong_total=$((wrong_total + w))
+    grep -q "(device work)" "$log" || no_link+=" $b"
+  done
+  bw=$(awk '!/^#/ && $1 == 8388608 {print $8}' "$out/perf_all_reduce_hosts_rank0.log" | tail -1)
+  record "perf binaries, 2 hosts by NCCL_HOSTID, device work" \
+    "$([ "$wrong_total" = 0 ] && [ -z "$no_link" ] && echo PASS || echo FAIL)" \
+    "wrong: $wrong_total, no device-work link:${no_link:- none}; all_reduce 8MiB busbw $bw GB/s (logs perf_*_hosts_rank*.log)"
+  # ---- device memory through host copies ----
   # With NCCL_P2P_DISABLE the processes' device calls run the host
   # executor over page-locked host copies that the copy engine fills and
-  # empties on the stream (host_staging.rs), as calls across hosts do.
+  # empties on the stream (host_staging.rs).
   wrong_total=0
   for b in all_reduce all_gather reduce_scatter broadcast sendrecv; do
     log="$out/perf_${b}_staged.log"

@@ -43,8 +43,9 @@ parse_perf() {
 
 if [ "${1:-}" = "--model" ]; then
     [ -x "$PERF" ] || (cd "$root" && cargo build --release --bin all_reduce_perf)
-    # Both ranks here over the model; GPU buffers on the emulated GPU,
-    # whose device memory the model's NIC registers (RCCL_IB_MODEL_GDR).
+    # Both ranks here over the model, on two hosts as far as they know
+    # (NCCL_HOSTID); GPU buffers on the emulated GPU, whose device memory
+    # the model's NIC registers (RCCL_IB_MODEL_GDR).
     model_run() { # name, then settings (NAME=VALUE ...) and, after --, extra arguments
         local name=$1 secret settings=() extra=()
         shift
@@ -53,7 +54,7 @@ if [ "${1:-}" = "--model" ]; then
         secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
         for r in 0 1; do
             env RANK=$r WORLD_SIZE=2 NCCL_COMM_ID=127.0.0.1:$PORT NCCL_COMM_SECRET="$secret" \
-                NCCL_SHM_DISABLE=1 NCCL_NET=IB RCCL_IB_MODEL=1 NCCL_DEBUG=INFO \
+                NCCL_HOSTID=rdma-check-host$r NCCL_NET=IB RCCL_IB_MODEL=1 NCCL_DEBUG=INFO \
                 NCCL_DEBUG_SUBSYS=INIT,NET "${settings[@]}" \
                 "$PERF" -b 1M -e "${MAXBYTES}" -f 4 -n 3 -w 1 -c 1 "${extra[@]}" \
                 >"$OUT/model-$name-rank$r.txt" 2>&1 &
