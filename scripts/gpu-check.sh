@@ -160,7 +160,7 @@ if has_cap device_memory; then
   # the network (Socket on loopback): FIFO counters and slots in page-locked
   # host memory the kernel reaches, moved by the network proxy (no
   # GPUDirect: Socket registers host memory only). The links say
-  # "(device work)".
+  # "(device work, slots in host memory)".
   wrong_total=0
   no_link=""
   port=29700
@@ -179,7 +179,7 @@ if has_cap device_memory; then
     w=$(awk '/Out of bounds values/ {print $7}' "$log")
     [ -z "$w" ] && w=1
     wrong_total=$((wrong_total + w))
-    grep -q "(device work)" "$log" || no_link+=" $b"
+    grep -q "(device work, slots in host memory)" "$log" || no_link+=" $b"
   done
   bw=$(awk '!/^#/ && $1 == 8388608 {print $8}' "$out/perf_all_reduce_hosts_rank0.log" | tail -1)
   record "perf binaries, 2 hosts by NCCL_HOSTID, device work" \

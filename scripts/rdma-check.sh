@@ -5,8 +5,8 @@
 # Target: busbw at 256 MiB >= 90% of the raw write bandwidth, 0 wrong.
 #
 # Three runs: host buffers; GPU buffers with GPUDirect RDMA (device work
-# whose FIFO slots are GPU memory the NIC reads and writes: needs
-# nvidia-peermem, and the log must say GDRDMA); GPU buffers with GPUDirect
+# whose FIFO slots are GPU memory the NIC reads and writes: needs dma-buf
+# support or nvidia-peermem, and the log must say GDRDMA); GPU buffers with GPUDirect
 # off (NCCL_NET_GDR_LEVEL=LOC: slots in page-locked host memory). The GPU
 # runs need a GPU on each host (nvidia-smi); the target applies to the
 # GPUDirect run where there is one, else to the host-buffer run.
@@ -143,7 +143,7 @@ row() { # name, label: prints the run's row
         if grep -q "GDRDMA" "$OUT/all_reduce-gdr-rank0.txt"; then
             row gdr "GPU buffers, GPUDirect RDMA"
         else
-            row gdr "GPU buffers, GPUDirect asked but not used (no nvidia-peermem?)"
+            row gdr "GPU buffers, GPUDirect asked but not used (no dma-buf, no nvidia-peermem?)"
         fi
         row nogdr "GPU buffers, GPUDirect off (NCCL_NET_GDR_LEVEL=LOC)"
     else

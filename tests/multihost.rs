@@ -259,8 +259,8 @@ fn suite_on_hosts(hosts: usize, rails: usize, modes: &[&str]) -> Vec<Vec<u64>> {
 /// whose network connections the proxy moves: the suite passes under
 /// `net` (settings), and every rank's log shows its device work's
 /// connections to the other host carried `via` (`NET/IB/GDRDMA`: their
-/// slots in device memory the NIC registers).
-fn device_suite_across_two_hosts(net: &[(&str, &str)], via: &str) {
+/// slots in device memory the NIC registers), their slots in `slots`.
+fn device_suite_across_two_hosts(net: &[(&str, &str)], via: &str, slots: &str) {
     let Some(stderrs) = run_ranks(2, 2, 1, "device", |cmd| {
         cmd.env("NCCL_DEBUG", "INFO")
             .env("NCCL_DEBUG_SUBSYS", "NET");
@@ -270,10 +270,11 @@ fn device_suite_across_two_hosts(net: &[(&str, &str)], via: &str) {
     }) else {
         return;
     };
+    let expected = format!("(device work, slots in {slots})");
     for (rank, text) in stderrs.iter().enumerate() {
         let links: Vec<&str> = text
             .lines()
-            .filter(|l| l.ends_with("(device work)"))
+            .filter(|l| l.contains("(device work, "))
             .collect();
         assert!(
             !links.is_empty(),
@@ -281,7 +282,7 @@ fn device_suite_across_two_hosts(net: &[(&str, &str)], via: &str) {
         );
         for line in &links {
             assert!(
-                line.contains(&format!("via {via} (")),
+                line.contains(&format!("via {via} (")) && line.ends_with(&expected),
                 "rank {rank}: {line}"
             );
         }
@@ -295,28 +296,30 @@ fn device_suite_across_two_hosts(net: &[(&str, &str)], via: &str) {
 
 #[test]
 fn the_suite_on_device_memory_across_two_hosts() {
-    device_suite_across_two_hosts(&[], "NET/Socket");
+    device_suite_across_two_hosts(&[], "NET/Socket", "host memory");
+}
+
+const IB_MODEL_GDR: [(&str, &str); 3] = [
+    ("NCCL_NET", "IB"),
+    ("RCCL_IB_MODEL", "1"),
+    ("RCCL_IB_MODEL_GDR", "1"),
+];
+
+#[test]
+fn the_suite_on_device_memory_across_two_hosts_by_gpudirect_rdma_through_a_dmabuf() {
+    device_suite_across_two_hosts(&IB_MODEL_GDR, "NET/IB/GDRDMA", "device memory, a dma-buf");
 }
 
 #[test]
-fn the_suite_on_device_memory_across_two_hosts_by_gpudirect_rdma_over_the_verbs_model() {
-    let ib = [
-        ("NCCL_NET", "IB"),
-        ("RCCL_IB_MODEL", "1"),
-        ("RCCL_IB_MODEL_GDR", "1"),
-    ];
-    device_suite_across_two_hosts(&ib, "NET/IB/GDRDMA");
+fn the_suite_on_device_memory_across_two_hosts_by_gpudirect_rdma_without_dmabuf() {
+    let net = [IB_MODEL_GDR.as_slice(), &[("NCCL_DMABUF_ENABLE", "0")]].concat();
+    device_suite_across_two_hosts(&net, "NET/IB/GDRDMA", "device memory");
 }
 
 #[test]
 fn gpudirect_rdma_off_keeps_device_work_slots_in_host_memory() {
-    let ib = [
-        ("NCCL_NET", "IB"),
-        ("RCCL_IB_MODEL", "1"),
-        ("RCCL_IB_MODEL_GDR", "1"),
-        ("NCCL_NET_GDR_LEVEL", "LOC"),
-    ];
-    device_suite_across_two_hosts(&ib, "NET/IB");
+    let net = [IB_MODEL_GDR.as_slice(), &[("NCCL_NET_GDR_LEVEL", "LOC")]].concat();
+    device_suite_across_two_hosts(&net, "NET/IB", "host memory");
 }
 
 /// Device work across 2 hosts x 2 ranks when a rank of the second host
@@ -347,11 +350,7 @@ fn device_work_across_hosts_fails_naming_a_rank_that_left() {
 
 #[test]
 fn device_work_by_gpudirect_rdma_fails_naming_a_rank_that_left() {
-    device_work_survives_a_rank_leaving(&[
-        ("NCCL_NET", "IB"),
-        ("RCCL_IB_MODEL", "1"),
-        ("RCCL_IB_MODEL_GDR", "1"),
-    ]);
+    device_work_survives_a_rank_leaving(&IB_MODEL_GDR);
 }
 
 fn every_builtin() -> Vec<&'static str> {

@@ -467,6 +467,31 @@ impl Device for CudaDevice {
         Ok((unsafe { OwnedFd::from_raw_fd(fd) }, size))
     }
 
+    fn export_dmabuf(&self, ptr: *mut u8) -> Result<(OwnedFd, u64)> {
+        self.enter()?;
+        let Some((_, size)) = self.mapped.lock().get(&(ptr as u64)).copied() else {
+            return Err(Error::InvalidArgument(format!(
+                "{ptr:p} is not a shareable allocation of cuda device {}",
+                self.ordinal
+            )));
+        };
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: the range is a live mapping of `size` bytes (a multiple
+        // of the granularity, so of the page); a dma-buf handle is written
+        // as one int.
+        call("cuMemGetHandleForAddressRange", unsafe {
+            sys::cuMemGetHandleForAddressRange(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                ptr as u64,
+                size,
+                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        })?;
+        // SAFETY: the driver made a new descriptor for this caller.
+        Ok((unsafe { OwnedFd::from_raw_fd(fd) }, 0))
+    }
+
     fn import(&self, handle: OwnedFd, bytes: usize) -> Result<*mut u8> {
         self.enter()?;
         let size = self.granular(bytes)?;

@@ -211,6 +211,15 @@ pub trait Device: Send + Sync {
         Err(self.no_sharing())
     }
 
+    /// A dma-buf file descriptor for the shareable allocation at `ptr`, for
+    /// a NIC to register (GPUDirect RDMA through the file), and the
+    /// allocation's offset in it (CUDA: `cuMemGetHandleForAddressRange`;
+    /// the emulated GPU: its memfd, which a NIC model maps).
+    fn export_dmabuf(&self, ptr: *mut u8) -> Result<(OwnedFd, u64)> {
+        let _ = ptr;
+        Err(self.no_sharing())
+    }
+
     /// Maps the `bytes` of device memory another process exported as
     /// `handle`. A process cannot open a handle it exported itself (as
     /// CUDA's). Unmapped by [`Device::free`].

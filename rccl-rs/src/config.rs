@@ -47,6 +47,10 @@ pub struct Config {
     /// `NCCL_NET_GDR_LEVEL` other than `LOC` (or 0). Without, the slots are
     /// page-locked host memory the device writes and reads across the bus.
     pub net_gdr: bool,
+    /// Whether GPUDirect RDMA may register device memory as a dma-buf
+    /// where the network takes those (`NCCL_DMABUF_ENABLE`, default 1;
+    /// 0: through `nvidia-peermem` only).
+    pub dmabuf: bool,
     /// Which protocols the tuner may use (`NCCL_PROTO`, NCCL's syntax:
     /// `LL,LL128`, `^LL`, per collective `allreduce:LL;broadcast:^LL128`).
     pub proto: Selection,
@@ -77,6 +81,7 @@ impl Default for Config {
             net: None,
             p2p_disable: false,
             net_gdr: true,
+            dmabuf: true,
             proto: Selection::default(),
             algo: Selection::default(),
             board_bytes: 64 << 10,
@@ -168,6 +173,9 @@ impl Config {
         }
         if let Some(flag) = env_usize("NCCL_P2P_DISABLE")? {
             config.p2p_disable = flag != 0;
+        }
+        if let Some(flag) = env_usize("NCCL_DMABUF_ENABLE")? {
+            config.dmabuf = flag != 0;
         }
         if let Ok(level) = std::env::var("NCCL_NET_GDR_LEVEL") {
             config.net_gdr = gdr_level(&level)?;

@@ -193,16 +193,17 @@ impl PendingLink {
             // The subsystem of the line, as NCCL's: NET for the network.
             if via.starts_with("NET") {
                 let addr = cx.endpoints[peer].data_addr.ip();
-                // A connection of device work names what carries it.
-                let via = if cx.device_fifos.is_some() {
-                    conn.as_ref().map_or(via, |c| c.transport())
-                } else {
-                    via
-                };
-                let work = if cx.device_fifos.is_some() {
-                    " (device work)"
-                } else {
-                    ""
+                // A connection of device work names what carries it and
+                // where its slots lie.
+                let (via, work) = match (&conn, cx.device_fifos) {
+                    (Some(conn), Some(_)) => (
+                        conn.transport(),
+                        format!(
+                            " (device work, slots in {})",
+                            crate::device_net::slots_in(&**conn)
+                        ),
+                    ),
+                    _ => (via, String::new()),
                 };
                 tracing::info!(
                     target: crate::debug::NET,

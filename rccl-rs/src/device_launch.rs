@@ -179,6 +179,7 @@ fn connect(
         let placement = Placement {
             device,
             gpu_direct: comm.config.net_gdr && device.rdma_receives_ordered(),
+            dmabuf: comm.config.dmabuf,
         };
         for made in crate::connect::connect_for_device(comm, &across, &placement)? {
             links

@@ -7,17 +7,22 @@
 //! the proxy reads and writes. Its slots follow in the same block (the
 //! device writes and reads them across the bus, the NIC reads and writes
 //! host memory) or, with GPUDirect RDMA, are device memory the NIC reads
-//! and writes itself: where the network registers device memory (its
-//! properties say CUDA), `NCCL_NET_GDR_LEVEL` is not `LOC`, and the GPU
-//! needs no flush after a NIC's writes (compute capability 9.0 and newer;
-//! older GPUs keep the slots in host memory until a flush is built).
+//! and writes itself: where the network registers device memory
+//! (`PtrSupport`: as a dma-buf the device exports, preferred as NCCL
+//! prefers it, else through `nvidia-peermem`), `NCCL_NET_GDR_LEVEL` is not
+//! `LOC`, and the GPU needs no flush after a NIC's writes (compute
+//! capability 9.0 and newer; older GPUs keep the slots in host memory
+//! until a flush is built).
 
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use rccl_device::Device;
 use rccl_transports::fifo::{control_bytes, FifoMemory};
+use rccl_transports::network::PtrSupport;
 use rccl_transports::transport::FifoPlacement;
+use rccl_transports::{Connection, Protocol};
 
 use crate::device_links::DeviceMem;
 
@@ -28,28 +33,88 @@ pub(crate) struct Placement {
     /// device sees a NIC's writes in order without a flush
     /// (`Device::rdma_receives_ordered`).
     pub gpu_direct: bool,
+    /// Device slots may be exported as a dma-buf (`NCCL_DMABUF_ENABLE`).
+    pub dmabuf: bool,
 }
 
 impl FifoPlacement for Placement {
-    fn fifo(&self, bytes: usize, device_slots: bool) -> io::Result<Arc<dyn FifoMemory>> {
-        let control_len = if device_slots { control_bytes() } else { bytes };
-        let control = HostMem::zeroed(self.device, control_len)?;
-        let slots = if device_slots {
-            let slots = DeviceMem::zeroed(self.device, bytes - control_bytes())
-                .map_err(|e| io::Error::other(e.to_string()))?;
-            Some(slots)
+    fn fifo(&self, bytes: usize, network: PtrSupport) -> io::Result<Arc<dyn FifoMemory>> {
+        let slot_bytes = bytes - control_bytes();
+        let slots = if !self.gpu_direct {
+            None
+        } else if network.dmabuf && self.dmabuf {
+            match self.dmabuf_slots(slot_bytes) {
+                Ok(slots) => Some(slots),
+                Err(e) => {
+                    tracing::info!(
+                        target: crate::debug::NET,
+                        "GPUDirect RDMA through a dma-buf unavailable ({e}){}",
+                        if network.cuda { ": registering device memory instead" } else { "" }
+                    );
+                    network
+                        .cuda
+                        .then(|| self.device_slots(slot_bytes))
+                        .transpose()?
+                }
+            }
+        } else if network.cuda {
+            Some(self.device_slots(slot_bytes)?)
         } else {
             None
         };
+        let control = HostMem::zeroed(
+            self.device,
+            if slots.is_some() {
+                control_bytes()
+            } else {
+                bytes
+            },
+        )?;
         Ok(Arc::new(DeviceFifo {
             control,
             slots,
             len: bytes,
         }))
     }
+}
 
-    fn gpu_direct(&self) -> bool {
-        self.gpu_direct
+impl Placement {
+    /// Slots in device memory the network registers as such.
+    fn device_slots(&self, bytes: usize) -> io::Result<DeviceSlots> {
+        let mem =
+            DeviceMem::zeroed(self.device, bytes).map_err(|e| io::Error::other(e.to_string()))?;
+        Ok(DeviceSlots { mem, dmabuf: None })
+    }
+
+    /// Slots in device memory exported as a dma-buf, which the network
+    /// registers through the file.
+    fn dmabuf_slots(&self, bytes: usize) -> io::Result<DeviceSlots> {
+        let device_error = |e: rccl_device::Error| io::Error::other(e.to_string());
+        let mem = DeviceMem::own(
+            self.device,
+            self.device.alloc_shareable(bytes).map_err(device_error)?,
+        );
+        let (fd, offset) = self.device.export_dmabuf(mem.ptr).map_err(device_error)?;
+        Ok(DeviceSlots {
+            mem,
+            dmabuf: Some((fd, offset)),
+        })
+    }
+}
+
+/// A FIFO's slots in device memory, and their dma-buf if exported.
+struct DeviceSlots {
+    mem: Arc<DeviceMem>,
+    dmabuf: Option<(OwnedFd, u64)>,
+}
+
+/// Where the slots of a connection of device work lie, for logs.
+pub(crate) fn slots_in(conn: &dyn Connection) -> &'static str {
+    let mem = conn.recv_fifo(Protocol::Simple).memory();
+    match (mem.slots_on_device(), mem.slots_dmabuf()) {
+        (false, _) => "host memory",
+        (true, None) => "device memory",
+        (true, Some(_)) => "device memory, a dma-buf",
     }
 }
 
@@ -91,7 +156,7 @@ impl Drop for HostMem {
 /// memory, its slots after it or in device memory.
 struct DeviceFifo {
     control: HostMem,
-    slots: Option<Arc<DeviceMem>>,
+    slots: Option<DeviceSlots>,
     len: usize,
 }
 
@@ -106,12 +171,17 @@ impl FifoMemory for DeviceFifo {
 
     fn slots(&self) -> *mut u8 {
         match &self.slots {
-            Some(slots) => slots.ptr,
+            Some(slots) => slots.mem.ptr,
             None => self.control.ptr.wrapping_add(control_bytes()),
         }
     }
 
     fn slots_on_device(&self) -> bool {
         self.slots.is_some()
+    }
+
+    fn slots_dmabuf(&self) -> Option<(RawFd, u64)> {
+        let (fd, offset) = self.slots.as_ref()?.dmabuf.as_ref()?;
+        Some((fd.as_raw_fd(), *offset))
     }
 }

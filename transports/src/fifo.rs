@@ -26,6 +26,7 @@
 //! only when someone sleeps.
 
 use std::alloc::{self, Layout};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -206,6 +207,11 @@ pub trait FifoMemory: Send + Sync {
     /// Whether the slots are device memory (a network registers them so).
     fn slots_on_device(&self) -> bool {
         false
+    }
+    /// Device slots exported as a dma-buf: its descriptor and the slots'
+    /// offset in it (a network registers them through the file).
+    fn slots_dmabuf(&self) -> Option<(RawFd, u64)> {
+        None
     }
 }
 

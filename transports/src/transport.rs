@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::fifo::{FifoMemory, FifoShape};
+use crate::network::PtrSupport;
 use crate::process::ProcessId;
 use crate::Connection;
 
@@ -72,13 +73,12 @@ impl Context<'_> {
 /// Where a connection made for device work puts its FIFOs.
 pub trait FifoPlacement: Sync {
     /// A zeroed FIFO of `bytes` ([`crate::fifo::fifo_bytes`]) that the
-    /// device's work and the host both reach; with `device_slots`, its
-    /// slots in device memory (the network registers them: GPUDirect RDMA)
-    /// and only its control block in host memory.
-    fn fifo(&self, bytes: usize, device_slots: bool) -> io::Result<Arc<dyn FifoMemory>>;
-    /// Whether slots may be device memory where the network registers it
-    /// (`NCCL_NET_GDR_LEVEL`).
-    fn gpu_direct(&self) -> bool;
+    /// device's work and the host both reach, for a network that sends
+    /// from and receives into the kinds of memory `network` lists: its
+    /// control block in host memory, its slots there too or, GPUDirect
+    /// RDMA, in device memory (as a dma-buf where the network takes those)
+    /// where the placement allows it.
+    fn fifo(&self, bytes: usize, network: PtrSupport) -> io::Result<Arc<dyn FifoMemory>>;
 }
 
 /// This side of a connection being set up.

@@ -367,6 +367,10 @@ impl Device for Emu {
         Ok((copy, len))
     }
 
+    fn export_dmabuf(&self, ptr: *mut u8) -> Result<(OwnedFd, u64)> {
+        self.export(ptr).map(|(fd, _)| (fd, 0))
+    }
+
     fn import(&self, handle: OwnedFd, bytes: usize) -> Result<*mut u8> {
         let link = std::fs::read_link(format!("/proc/self/fd/{}", handle.as_raw_fd()))
             .map(|path| path.to_string_lossy().into_owned())

@@ -172,7 +172,8 @@ impl NetConnection {
     /// fills the FIFO to the peer and drains the one from it, laid out
     /// (Simple) in `memory` (to the peer, from it), which must be zeroed
     /// and [`fifo_bytes`] long. Their slots are registered as device memory
-    /// where [`FifoMemory::slots_on_device`] says so. Device work rings no
+    /// where [`FifoMemory::slots_on_device`] says so (through the dma-buf of
+    /// [`FifoMemory::slots_dmabuf`] where there is one). Device work rings no
     /// doorbell, so the proxy polls the connection while the device works
     /// (`keep_polling`).
     pub fn start_for_device<N: Net>(
@@ -211,10 +212,10 @@ impl NetConnection {
         // Only the slots travel: the proxy sends from and receives into
         // them, and keeps the counters itself.
         let slots = |mem: &Arc<dyn FifoMemory>| {
-            let memory = if mem.slots_on_device() {
-                MemoryType::Cuda
-            } else {
-                MemoryType::Host
+            let memory = match (mem.slots_on_device(), mem.slots_dmabuf()) {
+                (false, _) => MemoryType::Host,
+                (true, None) => MemoryType::Cuda,
+                (true, Some((fd, offset))) => MemoryType::DmaBuf { fd, offset },
             };
             (mem.slots(), mem.len() - control_bytes(), memory)
         };

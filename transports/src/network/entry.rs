@@ -110,14 +110,11 @@ impl<N: Net> Pending for NetworkPending<N> {
         let conn = match cx.device_fifos {
             None => NetConnection::start(self.net.clone(), send, recv, nslots, slot_bytes),
             Some(placement) => {
-                // GPUDirect RDMA: slots in device memory where the NIC
-                // reads and writes it and the user allows it.
                 let props = net.properties(self.dev).map_err(io::Error::other)?;
-                let device_slots = placement.gpu_direct() && props.ptr_support.cuda;
                 let bytes = fifo_bytes(Protocol::Simple, nslots, slot_bytes);
                 let memory = [
-                    placement.fifo(bytes, device_slots)?,
-                    placement.fifo(bytes, device_slots)?,
+                    placement.fifo(bytes, props.ptr_support)?,
+                    placement.fifo(bytes, props.ptr_support)?,
                 ];
                 NetConnection::start_for_device(
                     self.net.clone(),

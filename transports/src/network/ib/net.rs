@@ -27,7 +27,7 @@ impl Net for Ib {
             ptr_support: PtrSupport {
                 host: true,
                 cuda: self.verbs.registers_device_memory(),
-                dmabuf: false,
+                dmabuf: self.open(dev).is_ok_and(|device| device.registers_dmabuf()),
             },
             reg_is_global: false,
             force_flush: false,
@@ -149,22 +149,23 @@ impl Net for Ib {
         size: usize,
         memory: MemoryType,
     ) -> Result<IbMr, NetError> {
-        let device_memory = memory == MemoryType::Cuda && self.verbs.registers_device_memory();
-        if memory != MemoryType::Host && !device_memory {
-            return Err(NetError::Unsupported { net: "IB", memory });
-        }
         let (device, peer) = match comm {
             CommRef::Send(send) => (send.state.lock().link.device.clone(), send.peer.clone()),
             CommRef::Recv(recv) => (recv.state.lock().link.device.clone(), recv.peer.clone()),
         };
-        // SAFETY: the caller keeps the bytes valid while registered
-        // (this function's contract).
-        let mr = unsafe {
-            device.reg_mr(
-                data,
-                size,
-                ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ,
-            )
+        let access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ;
+        // SAFETY (all three): the caller keeps the bytes valid while
+        // registered (this function's contract).
+        let mr = match memory {
+            MemoryType::Host => unsafe { device.reg_mr(data, size, access) },
+            MemoryType::Cuda if self.verbs.registers_device_memory() => unsafe {
+                device.reg_mr(data, size, access)
+            },
+            // Peers address the buffer by its device address.
+            MemoryType::DmaBuf { fd, offset } if device.registers_dmabuf() => unsafe {
+                device.reg_dmabuf_mr(fd, offset, size, data as u64, access)
+            },
+            _ => return Err(NetError::Unsupported { net: "IB", memory }),
         }
         .map_err(|e| verbs_error("registering memory for", &peer, &e))?;
         Ok(IbMr {

@@ -230,6 +230,10 @@ struct Lib {
     dealloc_pd: unsafe extern "C" fn(*mut c_void) -> c_int,
     reg_mr: unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int) -> *mut c_void,
     dereg_mr: unsafe extern "C" fn(*mut c_void) -> c_int,
+    /// `ibv_reg_dmabuf_mr` (pd, offset, length, iova, fd, access): rdma-core
+    /// 34 and later.
+    reg_dmabuf_mr:
+        Option<unsafe extern "C" fn(*mut c_void, u64, usize, u64, c_int, c_int) -> *mut c_void>,
     create_comp_channel: unsafe extern "C" fn(*mut c_void) -> *mut c_void,
     destroy_comp_channel: unsafe extern "C" fn(*mut c_void) -> c_int,
     get_cq_event: unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut *mut c_void) -> c_int,
@@ -276,6 +280,10 @@ impl Lib {
             dealloc_pd: symbol!(b"ibv_dealloc_pd"),
             reg_mr: symbol!(b"ibv_reg_mr"),
             dereg_mr: symbol!(b"ibv_dereg_mr"),
+            // SAFETY: as `symbol!`, for an entry older libraries lack.
+            reg_dmabuf_mr: unsafe { library.get(b"ibv_reg_dmabuf_mr") }
+                .ok()
+                .map(|f| *f),
             create_comp_channel: symbol!(b"ibv_create_comp_channel"),
             destroy_comp_channel: symbol!(b"ibv_destroy_comp_channel"),
             get_cq_event: symbol!(b"ibv_get_cq_event"),
@@ -543,6 +551,7 @@ impl Verbs for Libibverbs {
             ctx,
             pd,
             events: Arc::new(Mutex::new(Events::default())),
+            dmabuf: std::sync::OnceLock::new(),
         }))
     }
 }
@@ -559,6 +568,8 @@ struct RealDevice {
     pd: *mut c_void,
     /// Fatal events read so far (shared with the queue pairs).
     events: Arc<Mutex<Events>>,
+    /// Whether the kernel takes dma-bufs, once probed.
+    dmabuf: std::sync::OnceLock<bool>,
 }
 
 // SAFETY: libibverbs' contexts, protection domains and their objects may
@@ -579,6 +590,24 @@ impl Drop for RealDevice {
 }
 
 impl RealDevice {
+    fn probe_dmabuf(&self) -> bool {
+        let Some(reg) = self.lib.reg_dmabuf_mr else {
+            return false;
+        };
+        // As NCCL probes it: a registration of no file fails with
+        // EOPNOTSUPP or EPROTONOSUPPORT where the kernel takes no dma-buf,
+        // with another error (EBADF) where it does.
+        // SAFETY: `pd` is open; a descriptor of -1 registers nothing.
+        let mr = unsafe { reg(self.pd, 0, 0, 0, -1, 0) };
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        if !mr.is_null() {
+            // SAFETY: a region this call just made.
+            unsafe { (self.lib.dereg_mr)(mr) };
+            return true;
+        }
+        !matches!(errno, Some(libc::EOPNOTSUPP | libc::EPROTONOSUPPORT))
+    }
+
     /// Reads the pending asynchronous events, keeping the fatal ones.
     fn read_events(&self) {
         let mut events = self.events.lock();
@@ -625,6 +654,36 @@ impl Device for RealDevice {
             lib: self.lib.clone(),
             mr,
         }))
+    }
+
+    unsafe fn reg_dmabuf_mr(
+        &self,
+        fd: RawFd,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: u32,
+    ) -> Result<Box<dyn MemoryRegion>, VerbsError> {
+        let Some(reg) = self.lib.reg_dmabuf_mr else {
+            return Err(VerbsError::new(
+                "ibv_reg_dmabuf_mr",
+                "this libibverbs is older than rdma-core 34",
+            ));
+        };
+        // SAFETY: the caller keeps the dma-buf's bytes valid while
+        // registered; `pd` is open.
+        let mr = unsafe { reg(self.pd, offset, len, iova, fd, access as c_int) };
+        if mr.is_null() {
+            return Err(errno_error("ibv_reg_dmabuf_mr"));
+        }
+        Ok(Box::new(RealMr {
+            lib: self.lib.clone(),
+            mr,
+        }))
+    }
+
+    fn registers_dmabuf(&self) -> bool {
+        *self.dmabuf.get_or_init(|| self.probe_dmabuf())
     }
 
     fn create_cq(&self, depth: u32) -> Result<Arc<dyn CompletionQueue>, VerbsError> {

@@ -342,6 +342,23 @@ pub trait Device: Send + Sync {
         len: usize,
         access: u32,
     ) -> Result<Box<dyn MemoryRegion>, VerbsError>;
+    /// Registers the `len` bytes at `offset` of the dma-buf `fd` (device
+    /// memory a GPU driver exported), addressed by peers as `iova`
+    /// onwards, with `access`.
+    ///
+    /// # Safety
+    /// As [`Device::reg_mr`], for the dma-buf's bytes.
+    unsafe fn reg_dmabuf_mr(
+        &self,
+        fd: RawFd,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: u32,
+    ) -> Result<Box<dyn MemoryRegion>, VerbsError>;
+    /// Whether [`Device::reg_dmabuf_mr`] works here (the library has it
+    /// and the kernel takes dma-bufs).
+    fn registers_dmabuf(&self) -> bool;
     /// A completion queue of `depth` entries.
     fn create_cq(&self, depth: u32) -> Result<Arc<dyn CompletionQueue>, VerbsError>;
     /// A reliable-connected queue pair (RESET) whose send and receive

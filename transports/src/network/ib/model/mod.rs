@@ -41,8 +41,9 @@
 //! key, or the NIC stops for `MS` milliseconds.
 //!
 //! `RCCL_IB_MODEL_GDR=1` makes the NIC register device memory, as one
-//! with `nvidia-peermem` does: GPUDirect RDMA over the emulated GPU,
-//! whose device memory the model reaches as host memory.
+//! with `nvidia-peermem` does, and dma-bufs, which it maps itself:
+//! GPUDirect RDMA over the emulated GPU, whose device memory the model
+//! reaches as host memory and whose shareable memory is a file.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -72,8 +73,12 @@ pub const DEVICE_NAME: &str = "rccl_model0";
 /// The fault a process's NICs start with.
 pub const FAULT_ENV: &str = "RCCL_IB_MODEL_FAULT";
 /// Set (and not `0`): the model's NIC registers device memory, as a NIC
-/// with `nvidia-peermem` does (GPUDirect RDMA).
+/// with `nvidia-peermem` does, and dma-bufs (GPUDirect RDMA).
 pub const GPU_DIRECT_ENV: &str = "RCCL_IB_MODEL_GDR";
+
+fn gpu_direct() -> bool {
+    std::env::var(GPU_DIRECT_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
+}
 
 /// Bytes queued on a stream before the NIC stops taking work requests.
 const WIRE_QUEUE: usize = 4 << 20;
@@ -168,7 +173,7 @@ impl Verbs for Model {
     fn registers_device_memory(&self) -> bool {
         // The model reaches what the process reaches: the emulated GPU's
         // device memory is host memory.
-        std::env::var(GPU_DIRECT_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
+        gpu_direct()
     }
 
     fn devices(&self) -> &[DeviceInfo] {
@@ -430,15 +435,24 @@ fn flush(wr_id: u64, opcode: WcOpcode, qpn: u32) -> Wc {
     }
 }
 
-/// A registered region.
+/// A registered region: peers address it from `addr` (its iova), the
+/// model reaches its bytes at `at` (the same address, except for a dma-buf
+/// the model mapped itself).
 #[derive(Clone, Copy)]
 struct Region {
     addr: usize,
     len: usize,
     access: u32,
+    at: usize,
 }
 
 impl Region {
+    /// Where the model reaches the byte peers address as `addr` (inside
+    /// the region).
+    fn reach(&self, addr: u64) -> usize {
+        self.at + (addr as usize - self.addr)
+    }
+
     fn covers(&self, addr: u64, len: u64, access: u32) -> bool {
         self.access & access == access
             && addr >= self.addr as u64
@@ -792,10 +806,12 @@ impl NicState {
             } else if with_imm && qp.recvs.is_empty() {
                 (None, NAK_RNR)
             } else {
-                // SAFETY: the range lies in a region registered for
-                // remote writes, which its owner keeps valid while
-                // registered (reg_mr's contract).
-                unsafe { write_ordered(frame.addr as *mut u8, payload) };
+                if let Some(region) = target.filter(|_| frame.len > 0) {
+                    // SAFETY: the range lies in a region registered for
+                    // remote writes, which its owner keeps valid while
+                    // registered (reg_mr's contract).
+                    unsafe { write_ordered(region.reach(frame.addr) as *mut u8, payload) };
+                }
                 if with_imm {
                     let recv = qp.recvs.pop_front().expect("checked");
                     self.arrived = Some((
@@ -816,19 +832,20 @@ impl NicState {
             match qp.recvs.front().copied() {
                 None => (None, NAK_RNR),
                 Some(recv) => {
-                    let room = recv.sge.filter(|sge| {
-                        regions.get(&sge.lkey).is_some_and(|r| {
+                    let room = recv.sge.and_then(|sge| {
+                        let region = regions.get(&sge.lkey).filter(|r| {
                             r.covers(sge.addr, u64::from(sge.len), ACCESS_LOCAL_WRITE)
-                        })
+                        })?;
+                        Some((sge, region))
                     });
-                    let fits =
-                        room.is_some_and(|sge| frame.len <= u64::from(sge.len)) || frame.len == 0;
+                    let fits = room.is_some_and(|(sge, _)| frame.len <= u64::from(sge.len))
+                        || frame.len == 0;
                     qp.recvs.pop_front();
                     if fits {
-                        if let Some(sge) = room {
+                        if let Some((sge, region)) = room {
                             // SAFETY: the receive's buffer lies in a region
                             // registered for local writes (checked above).
-                            unsafe { write_ordered(sge.addr as *mut u8, payload) };
+                            unsafe { write_ordered(region.reach(sge.addr) as *mut u8, payload) };
                         }
                     }
                     self.arrived = Some((
@@ -981,8 +998,9 @@ impl NicState {
                             let local = self
                                 .regions
                                 .get(&sge.lkey)
-                                .filter(|r| r.covers(sge.addr, u64::from(sge.len), 0));
-                            if local.is_none() {
+                                .filter(|r| r.covers(sge.addr, u64::from(sge.len), 0))
+                                .copied();
+                            let Some(local) = local else {
                                 let qp = self.qps.get_mut(&qpn).expect("listed");
                                 qp.complete(Wc {
                                     wr_id: out.wr.wr_id,
@@ -994,12 +1012,15 @@ impl NicState {
                                 });
                                 qp.enter_error(qpn);
                                 break;
-                            }
+                            };
                             // SAFETY: the bytes lie in a registered region
                             // (checked above) that its owner keeps valid
                             // and unwritten while the send is outstanding.
                             let bytes = unsafe {
-                                std::slice::from_raw_parts(sge.addr as *const u8, sge.len as usize)
+                                std::slice::from_raw_parts(
+                                    local.reach(sge.addr) as *const u8,
+                                    sge.len as usize,
+                                )
                             };
                             out.payload = Some(bytes.to_vec());
                         }
@@ -1129,12 +1150,74 @@ impl Device for ModelDevice {
                 addr: addr as usize,
                 len,
                 access: access | ACCESS_LOCAL_WRITE,
+                at: addr as usize,
             },
         );
         Ok(Box::new(ModelMr {
             nic: self.nic.clone(),
             key,
+            mapping: None,
         }))
+    }
+
+    unsafe fn reg_dmabuf_mr(
+        &self,
+        fd: RawFd,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: u32,
+    ) -> Result<Box<dyn MemoryRegion>, VerbsError> {
+        if !self.registers_dmabuf() {
+            return Err(VerbsError::new(
+                "ibv_reg_dmabuf_mr",
+                format!("the model takes dma-bufs only with {GPU_DIRECT_ENV}=1 (EOPNOTSUPP)"),
+            ));
+        }
+        // The model reaches the buffer as a NIC does: through the file, by
+        // a mapping of its own.
+        let page = 4096u64;
+        let skip = (offset % page) as usize;
+        let map_len = skip + len;
+        // SAFETY: a fresh shared mapping of the caller's descriptor; the
+        // kernel checks the range against the file.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                (offset - skip as u64) as libc::off_t,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(VerbsError::new(
+                "ibv_reg_dmabuf_mr",
+                io::Error::last_os_error().to_string(),
+            ));
+        }
+        let mut state = self.nic.state.lock();
+        let key = state.next_key;
+        state.next_key = state.next_key.wrapping_add(0x101);
+        state.regions.insert(
+            key,
+            Region {
+                addr: iova as usize,
+                len,
+                access: access | ACCESS_LOCAL_WRITE,
+                at: at as usize + skip,
+            },
+        );
+        Ok(Box::new(ModelMr {
+            nic: self.nic.clone(),
+            key,
+            mapping: Some((at as usize, map_len)),
+        }))
+    }
+
+    fn registers_dmabuf(&self) -> bool {
+        gpu_direct()
     }
 
     fn create_cq(&self, depth: u32) -> Result<Arc<dyn CompletionQueue>, VerbsError> {
@@ -1204,6 +1287,8 @@ impl Device for ModelDevice {
 struct ModelMr {
     nic: Arc<Nic>,
     key: u32,
+    /// The model's own mapping of a dma-buf (address, length).
+    mapping: Option<(usize, usize)>,
 }
 
 impl MemoryRegion for ModelMr {
@@ -1219,6 +1304,12 @@ impl MemoryRegion for ModelMr {
 impl Drop for ModelMr {
     fn drop(&mut self) {
         self.nic.state.lock().regions.remove(&self.key);
+        if let Some((at, len)) = self.mapping {
+            // SAFETY: the model's own mapping, which nothing reaches once
+            // the region is gone (the NIC's thread looks regions up under
+            // the lock just taken).
+            unsafe { libc::munmap(at as *mut libc::c_void, len) };
+        }
     }
 }
 
