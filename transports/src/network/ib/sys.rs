@@ -1291,6 +1291,12 @@ mod tests {
                 "IBV_ACCESS_REMOTE_READ",
                 super::super::verbs::ACCESS_REMOTE_READ as usize,
             ),
+            // The signature `Lib::reg_dmabuf_mr` repeats (1: the same).
+            (
+                "__builtin_types_compatible_p(__typeof__(&ibv_reg_dmabuf_mr), \
+                 struct ibv_mr *(*)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int))",
+                1,
+            ),
         ];
         let dir = std::env::temp_dir().join(format!("rccl-verbs-layout-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
