@@ -4,8 +4,10 @@
 //! hosts, with each built-in algorithm forced through `NCCL_ALGO` on 2 and
 //! 4 hosts of one rail, and the algorithms whose shape follows the rails
 //! (ring, tree) and the tuner's own choices on 2, 3 and 4 hosts of two
-//! rails; calls on device memory of the emulated GPU (through host copies
-//! of their buffers); and the `NCCL_DEBUG=INFO` report of such a run.
+//! rails; calls on device memory of the emulated GPU (device work whose
+//! pieces the network proxy moves: over Socket, and over the IB model with
+//! GPUDirect RDMA through a dma-buf, without, and off), with a rank
+//! leaving mid-run; and the `NCCL_DEBUG=INFO` report of such a run.
 //! Every test skips itself, saying why, when it cannot make namespaces
 //! (not root, no `ip`).
 //!
