@@ -66,7 +66,10 @@ use wire::{
     NAK_INVALID, NAK_RNR, SEND, WRITE,
 };
 
+mod region;
 mod wire;
+
+use region::{map_dmabuf, register, Region};
 
 /// The model's device name, as `NCCL_IB_HCA` selects it.
 pub const DEVICE_NAME: &str = "rccl_model0";
@@ -432,33 +435,6 @@ fn flush(wr_id: u64, opcode: WcOpcode, qpn: u32) -> Wc {
         byte_len: 0,
         imm: None,
         qp_num: qpn,
-    }
-}
-
-/// A registered region: peers address it from `addr` (its iova), the
-/// model reaches its bytes at `at` (the same address, except for a dma-buf
-/// the model mapped itself).
-#[derive(Clone, Copy)]
-struct Region {
-    addr: usize,
-    len: usize,
-    access: u32,
-    at: usize,
-}
-
-impl Region {
-    /// Where the model reaches the byte peers address as `addr` (inside
-    /// the region).
-    fn reach(&self, addr: u64) -> usize {
-        self.at + (addr as usize - self.addr)
-    }
-
-    fn covers(&self, addr: u64, len: u64, access: u32) -> bool {
-        self.access & access == access
-            && addr >= self.addr as u64
-            && addr
-                .checked_add(len)
-                .is_some_and(|end| end <= (self.addr + self.len) as u64)
     }
 }
 
@@ -1141,23 +1117,13 @@ impl Device for ModelDevice {
         len: usize,
         access: u32,
     ) -> Result<Box<dyn MemoryRegion>, VerbsError> {
-        let mut state = self.nic.state.lock();
-        let key = state.next_key;
-        state.next_key = state.next_key.wrapping_add(0x101);
-        state.regions.insert(
-            key,
-            Region {
-                addr: addr as usize,
-                len,
-                access: access | ACCESS_LOCAL_WRITE,
-                at: addr as usize,
-            },
-        );
-        Ok(Box::new(ModelMr {
-            nic: self.nic.clone(),
-            key,
-            mapping: None,
-        }))
+        let region = Region {
+            addr: addr as usize,
+            len,
+            access: access | ACCESS_LOCAL_WRITE,
+            at: addr as usize,
+        };
+        Ok(register(&self.nic, region, None))
     }
 
     unsafe fn reg_dmabuf_mr(
@@ -1174,46 +1140,15 @@ impl Device for ModelDevice {
                 format!("the model takes dma-bufs only with {GPU_DIRECT_ENV}=1 (EOPNOTSUPP)"),
             ));
         }
-        // The model reaches the buffer as a NIC does: through the file, by
-        // a mapping of its own.
-        let page = 4096u64;
-        let skip = (offset % page) as usize;
-        let map_len = skip + len;
-        // SAFETY: a fresh shared mapping of the caller's descriptor; the
-        // kernel checks the range against the file.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                (offset - skip as u64) as libc::off_t,
-            )
+        // The model reaches the buffer as a NIC does: through the file.
+        let mapping = map_dmabuf(fd, offset, len)?;
+        let region = Region {
+            addr: iova as usize,
+            len,
+            access: access | ACCESS_LOCAL_WRITE,
+            at: mapping.bytes(),
         };
-        if at == libc::MAP_FAILED {
-            return Err(VerbsError::new(
-                "ibv_reg_dmabuf_mr",
-                io::Error::last_os_error().to_string(),
-            ));
-        }
-        let mut state = self.nic.state.lock();
-        let key = state.next_key;
-        state.next_key = state.next_key.wrapping_add(0x101);
-        state.regions.insert(
-            key,
-            Region {
-                addr: iova as usize,
-                len,
-                access: access | ACCESS_LOCAL_WRITE,
-                at: at as usize + skip,
-            },
-        );
-        Ok(Box::new(ModelMr {
-            nic: self.nic.clone(),
-            key,
-            mapping: Some((at as usize, map_len)),
-        }))
+        Ok(register(&self.nic, region, Some(mapping)))
     }
 
     fn registers_dmabuf(&self) -> bool {
@@ -1281,35 +1216,6 @@ impl Device for ModelDevice {
 
     fn async_error(&self) -> Option<String> {
         self.nic.state.lock().port_error.clone()
-    }
-}
-
-struct ModelMr {
-    nic: Arc<Nic>,
-    key: u32,
-    /// The model's own mapping of a dma-buf (address, length).
-    mapping: Option<(usize, usize)>,
-}
-
-impl MemoryRegion for ModelMr {
-    fn lkey(&self) -> u32 {
-        self.key
-    }
-
-    fn rkey(&self) -> u32 {
-        self.key
-    }
-}
-
-impl Drop for ModelMr {
-    fn drop(&mut self) {
-        self.nic.state.lock().regions.remove(&self.key);
-        if let Some((at, len)) = self.mapping {
-            // SAFETY: the model's own mapping, which nothing reaches once
-            // the region is gone (the NIC's thread looks regions up under
-            // the lock just taken).
-            unsafe { libc::munmap(at as *mut libc::c_void, len) };
-        }
     }
 }
 
