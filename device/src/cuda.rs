@@ -137,17 +137,12 @@ impl Driver {
         result::device::get_name(dev).call("cuDeviceGetName")
     }
 
-    /// The device's compute capability, major version (9 for Hopper).
-    pub fn compute_major(&self, ordinal: i32) -> Result<i32> {
+    /// One of the device's attributes (its compute capability's major
+    /// version, whether it supports GPUDirect RDMA on cuMem memory).
+    pub fn attribute(&self, ordinal: i32, attribute: sys::CUdevice_attribute) -> Result<i32> {
         let dev = result::device::get(ordinal).call("cuDeviceGet")?;
         // SAFETY: `dev` is a valid device.
-        unsafe {
-            result::device::get_attribute(
-                dev,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-            )
-        }
-        .call("cuDeviceGetAttribute")
+        unsafe { result::device::get_attribute(dev, attribute) }.call("cuDeviceGetAttribute")
     }
 
     /// The current context, after making device 0's primary context

@@ -169,6 +169,18 @@ impl CudaDevice {
         prop.requestedHandleTypes =
             sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         prop.location = self.location();
+        // A NIC may register it (GPUDirect RDMA through a dma-buf), where
+        // the device allows that on cuMem memory, as NCCL's cuMem
+        // allocations ask.
+        let rdma =
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED;
+        if self
+            .driver
+            .attribute(self.ordinal, rdma)
+            .is_ok_and(|flag| flag != 0)
+        {
+            prop.allocFlags.gpuDirectRDMACapable = 1;
+        }
         prop
     }
 
@@ -426,7 +438,10 @@ impl Device for CudaDevice {
 
     fn rdma_receives_ordered(&self) -> bool {
         self.driver
-            .compute_major(self.ordinal)
+            .attribute(
+                self.ordinal,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            )
             .is_ok_and(|major| major >= 9)
     }
 
