@@ -169,6 +169,9 @@ fn device_all_reduces_until_a_rank_exits() {
         unsafe { ncclCommGetAsyncError(comm, &mut async_error) };
         if rc != ncclSuccess || async_error != ncclSuccess {
             let waited = since.map_or(0, |t: std::time::Instant| t.elapsed().as_millis());
+            // Either way, ncclGetLastError says why.
+            let said = last_error(comm);
+            assert!(said.contains("rank "), "rank {rank}: {said:?}");
             // The next call on a failed communicator returns its error.
             // SAFETY: as above.
             let again =

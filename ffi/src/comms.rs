@@ -517,7 +517,14 @@ nccl_api! {
                 ncclInProgress
             } else {
                 match entry.comm() {
-                    Ok(c) => c.async_error().map_or(ncclSuccess, |e| e.code()),
+                    Ok(c) => match c.async_error() {
+                        // ncclGetLastError then says what went wrong.
+                        Some(e) => {
+                            crate::error::record(comm, &format!("asynchronous error: {e}"));
+                            e.code()
+                        }
+                        None => ncclSuccess,
+                    },
                     Err(e) => e.code(),
                 }
             };
