@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use children::{free_port, Ranks};
 use common::{all_cases, TEST_BUFFSIZE};
-use device_cases::{emu, join_from_env, last_error, read_back, run_cases_then_close, to_device};
+use device_cases::{
+    all_reduce_succeeds, emu, join_from_env, last_error, read_back, run_cases_then_close, to_device,
+};
 use rccl::{CollKind, Communicator, DataType};
 use rcclrs::registry::{self, Entry, Slot};
 use rcclrs::*;
@@ -66,16 +68,8 @@ fn all_reduce_until_killed() {
             println!("stopped: nobody killed a peer");
             return;
         }
-        // SAFETY: device buffers of `count` floats, never freed.
-        let mut rc = unsafe { ncclAllReduce(send.cast(), recv.cast(), count, 7, 0, comm, stream) };
-        if rc == ncclSuccess {
-            // SAFETY: a live stream.
-            rc = unsafe { rcclrsEmuStreamSynchronize(stream) };
-        }
-        let mut async_error = ncclSuccess;
-        // SAFETY: a live communicator, a writable result.
-        unsafe { ncclCommGetAsyncError(comm, &mut async_error) };
-        if rc != ncclSuccess || async_error != ncclSuccess {
+        // Device buffers of `count` floats, never freed.
+        if !all_reduce_succeeds(comm, stream, send, recv, count) {
             // The next call on a failed communicator returns its error.
             // SAFETY: as above.
             let again =

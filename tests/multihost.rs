@@ -134,7 +134,7 @@ const LEAVER: usize = 3;
 /// `FAILED AFTER <ms> ms: <error>`, and abort; none may hang or succeed
 /// for 60 s.
 fn device_all_reduces_until_a_rank_exits() {
-    use device_cases::{last_error, to_device};
+    use device_cases::{all_reduce_succeeds, last_error, to_device};
     use rcclrs::*;
     let (comm, stream, rank, _) = join_from_env();
     let count = 1 << 16;
@@ -157,17 +157,8 @@ fn device_all_reduces_until_a_rank_exits() {
             }
             since = Some(std::time::Instant::now());
         }
-        // SAFETY: device buffers of `count` floats, never freed; a live
-        // communicator and stream.
-        let mut rc = unsafe { ncclAllReduce(send.cast(), recv.cast(), count, 7, 0, comm, stream) };
-        if rc == ncclSuccess {
-            // SAFETY: a live stream.
-            rc = unsafe { rcclrsEmuStreamSynchronize(stream) };
-        }
-        let mut async_error = ncclSuccess;
-        // SAFETY: a live communicator, a writable result.
-        unsafe { ncclCommGetAsyncError(comm, &mut async_error) };
-        if rc != ncclSuccess || async_error != ncclSuccess {
+        // Device buffers of `count` floats, never freed.
+        if !all_reduce_succeeds(comm, stream, send, recv, count) {
             let waited = since.map_or(0, |t: std::time::Instant| t.elapsed().as_millis());
             // Either way, ncclGetLastError says why.
             let said = last_error(comm);

@@ -191,6 +191,20 @@ impl CudaDevice {
         }
     }
 
+    /// The handle and size of the shareable allocation mapped at `ptr`.
+    fn shareable_at(&self, ptr: *mut u8) -> Result<(sys::CUmemGenericAllocationHandle, usize)> {
+        self.mapped
+            .lock()
+            .get(&(ptr as u64))
+            .copied()
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{ptr:p} is not a shareable allocation of cuda device {}",
+                    self.ordinal
+                ))
+            })
+    }
+
     /// `bytes` rounded up to the allocation granularity.
     fn granular(&self, bytes: usize) -> Result<usize> {
         let prop = self.shareable_prop();
@@ -461,12 +475,7 @@ impl Device for CudaDevice {
     }
 
     fn export(&self, ptr: *mut u8) -> Result<(OwnedFd, usize)> {
-        let Some((handle, size)) = self.mapped.lock().get(&(ptr as u64)).copied() else {
-            return Err(Error::InvalidArgument(format!(
-                "{ptr:p} is not a shareable allocation of cuda device {}",
-                self.ordinal
-            )));
-        };
+        let (handle, size) = self.shareable_at(ptr)?;
         let mut fd: std::ffi::c_int = -1;
         // SAFETY: the handle is live (mapped); a POSIX handle is written
         // as one int.
@@ -484,12 +493,7 @@ impl Device for CudaDevice {
 
     fn export_dmabuf(&self, ptr: *mut u8) -> Result<(OwnedFd, u64)> {
         self.enter()?;
-        let Some((_, size)) = self.mapped.lock().get(&(ptr as u64)).copied() else {
-            return Err(Error::InvalidArgument(format!(
-                "{ptr:p} is not a shareable allocation of cuda device {}",
-                self.ordinal
-            )));
-        };
+        let (_, size) = self.shareable_at(ptr)?;
         let mut fd: std::ffi::c_int = -1;
         // SAFETY: the range is a live mapping of `size` bytes (a multiple
         // of the granularity, so of the page); a dma-buf handle is written

@@ -62,6 +62,29 @@ pub fn run_cases_then_close(
     }
 }
 
+/// A float sum all-reduce of `count` elements from device `send` into
+/// device `recv`, its stream synchronized: whether the call, the stream
+/// and the communicator's asynchronous error all say success.
+pub fn all_reduce_succeeds(
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+) -> bool {
+    // SAFETY: the caller's device buffers of `count` floats, a live
+    // communicator and stream.
+    let mut rc = unsafe { ncclAllReduce(send.cast(), recv.cast(), count, 7, 0, comm, stream) };
+    if rc == ncclSuccess {
+        // SAFETY: a live stream.
+        rc = unsafe { rcclrsEmuStreamSynchronize(stream) };
+    }
+    let mut async_error = ncclSuccess;
+    // SAFETY: a live communicator, a writable result.
+    unsafe { ncclCommGetAsyncError(comm, &mut async_error) };
+    rc == ncclSuccess && async_error == ncclSuccess
+}
+
 pub fn last_error(comm: ncclComm_t) -> String {
     // SAFETY: ncclGetLastError never returns NULL.
     unsafe { CStr::from_ptr(ncclGetLastError(comm)) }
