@@ -193,19 +193,31 @@ fn end(model: &Model, cq_depth: u32, len: usize) -> End {
 
 /// Two ends on the NICs of `a` and `b`, connected both ways.
 fn connected(a: &Model, b: &Model, settings: PathSettings, cq_depth: u32) -> (End, End) {
+    connected_from(a, b, settings, cq_depth, 100)
+}
+
+/// As [`connected`], each side's packet sequence numbers starting at
+/// `psn`.
+fn connected_from(
+    a: &Model,
+    b: &Model,
+    settings: PathSettings,
+    cq_depth: u32,
+    psn: u32,
+) -> (End, End) {
     let (x, y) = (end(a, cq_depth, 4096), end(b, cq_depth, 4096));
     let gid = |m: &Model| m.devices()[0].ports[0].gids[3].gid;
     for (this, that, model) in [(&x, &y, b), (&y, &x, a)] {
         this.qp.init(&settings).unwrap();
         let remote = RemoteQp {
             qpn: that.qp.qpn(),
-            psn: 100,
+            psn,
             lid: 0,
             gid: gid(model),
             mtu: 5,
         };
         this.qp.ready_to_receive(&remote, &settings).unwrap();
-        this.qp.ready_to_send(100, &settings).unwrap();
+        this.qp.ready_to_send(psn, &settings).unwrap();
     }
     (x, y)
 }
@@ -379,6 +391,65 @@ fn unanswered_frames_time_out_after_the_retries() {
         took >= Duration::from_millis(150) && took < Duration::from_secs(2),
         "{took:?}"
     );
+}
+
+/// Packet sequence numbers are 24 bits: the ones after 0xff_ffff start
+/// again at 0 (the provider starts each queue pair at a random one, so a
+/// busy connection gets there). A responder that counted on to 2^24
+/// took every later frame for a duplicate: it acknowledged the frame
+/// without delivering it, so the sender saw its writes complete and the
+/// receiver never saw them.
+#[test]
+fn writes_across_the_sequence_number_wrap_all_arrive() {
+    let (a, b) = (model(21), model(22));
+    let (mut x, y) = connected_from(&a, &b, path(14, 7, 7), 256, 0xff_fffc);
+    for (i, byte) in x.buf.iter_mut().enumerate() {
+        *byte = (i * 11) as u8;
+    }
+    y.qp.post_recv(&(0..8).map(recv).collect::<Vec<_>>())
+        .unwrap();
+    let wrs: Vec<SendWr> = (0..8)
+        .map(|i| write(&x, &y, i * 512, 512, Some(i as u32), i as u64))
+        .collect();
+    x.qp.post_send(&wrs).unwrap();
+    assert!(completions(&x.cq, 8)
+        .iter()
+        .all(|wc| wc.status == WcStatus::Success));
+    let imms: Vec<_> = completions(&y.cq, 8).iter().map(|wc| wc.imm).collect();
+    assert_eq!(imms, (0..8).map(Some).collect::<Vec<_>>());
+    assert_eq!(x.buf, y.buf);
+}
+
+/// Frames sent again across the wrap: the responder drops the
+/// duplicates of frames before 0 and takes those after.
+#[test]
+fn frames_sent_again_across_the_sequence_number_wrap_land_once() {
+    let (a, b) = (model(23), model(24));
+    let (mut x, y) = connected_from(&a, &b, path(12, 7, 7), 256, 0xff_fffe);
+    for (i, byte) in x.buf.iter_mut().enumerate() {
+        *byte = (i * 17) as u8;
+    }
+    // b stalls from its next frame: a's four frames (0xff_fffe to 1) are
+    // sent again until b reads, and b reads them more than once.
+    b.inject(Fault::Stall(Duration::from_millis(100)), 0);
+    let sent = b.frames_sent();
+    y.qp.post_send(&[write(&y, &x, 4000, 8, None, 1)]).unwrap();
+    while b.frames_sent() == sent {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    y.qp.post_recv(&(0..4).map(recv).collect::<Vec<_>>())
+        .unwrap();
+    let wrs: Vec<SendWr> = (0..4)
+        .map(|i| write(&x, &y, i * 1000, 1000, Some(i as u32), i as u64))
+        .collect();
+    x.qp.post_send(&wrs).unwrap();
+    assert!(completions(&x.cq, 4)
+        .iter()
+        .all(|wc| wc.status == WcStatus::Success));
+    let got = completions(&y.cq, 5);
+    let imms: Vec<_> = got.iter().filter_map(|wc| wc.imm).collect();
+    assert_eq!(imms, [0, 1, 2, 3]);
+    assert_eq!(x.buf[..4000], y.buf[..4000]);
 }
 
 #[test]

@@ -13,7 +13,8 @@
 //! What it keeps of the verbs' semantics:
 //! - **In order.** A queue pair's work requests land in posting order;
 //!   a lost or refused frame is sent again with every frame after it
-//!   (go-back-N), and duplicates are acknowledged and dropped.
+//!   (go-back-N), and duplicates are acknowledged and dropped. Packet
+//!   sequence numbers are 24 bits and wrap, as on the wire.
 //! - **Write with immediate** consumes a receive posted at the peer and
 //!   completes it with the immediate data; with none posted the peer
 //!   answers receiver-not-ready and the sender retries after a while, up
@@ -92,6 +93,20 @@ const RNR_DELAY: Duration = Duration::from_millis(1);
 const IDLE: Duration = Duration::from_millis(200);
 /// Model port speed: 100 Gbps.
 const SPEED_MBPS: u32 = 100_000;
+
+/// Packet sequence numbers are 24 bits.
+const PSN_MASK: u32 = 0xff_ffff;
+
+/// The sequence number after `psn`.
+fn psn_after(psn: u32) -> u32 {
+    psn.wrapping_add(1) & PSN_MASK
+}
+
+/// How far `psn` lies after `base` in the 24-bit sequence space
+/// (negative: before it), so that comparisons hold across the wrap.
+fn psn_distance(psn: u32, base: u32) -> i32 {
+    ((psn.wrapping_sub(base) << 8) as i32) >> 8
+}
 
 /// A fault to inject.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -391,7 +406,7 @@ impl Qp {
         while self
             .unacked
             .front()
-            .is_some_and(|out| psn.wrapping_sub(out.psn) as i32 >= 0)
+            .is_some_and(|out| psn_distance(psn, out.psn) >= 0)
         {
             let out = self.unacked.pop_front().expect("just seen");
             if out.wr.signaled {
@@ -762,10 +777,9 @@ impl NicState {
         if !matches!(qp.state, QpState::Rtr | QpState::Rts) {
             return;
         }
-        let behind = qp.expect_psn.wrapping_sub(frame.psn) as i32;
-        if behind > 0 {
+        if psn_distance(qp.expect_psn, frame.psn) > 0 {
             // A duplicate of something already received.
-            let ack = qp.expect_psn.wrapping_sub(1);
+            let ack = qp.expect_psn.wrapping_sub(1) & PSN_MASK;
             self.answer(i, ACK, ack, 0);
             return;
         }
@@ -849,7 +863,7 @@ impl NicState {
         };
         match status {
             Some(WcStatus::Success) => {
-                qp.expect_psn = qp.expect_psn.wrapping_add(1);
+                qp.expect_psn = psn_after(qp.expect_psn);
                 self.answer(i, ACK, frame.psn, 0);
                 let wire = self.wire_mut(i);
                 if !wire.flush() {
@@ -892,7 +906,7 @@ impl NicState {
             qp.acknowledge(qpn, frame.psn);
             return;
         }
-        qp.acknowledge(qpn, frame.psn.wrapping_sub(1));
+        qp.acknowledge(qpn, frame.psn.wrapping_sub(1) & PSN_MASK);
         if qp.unacked.front().is_none_or(|out| out.psn != frame.psn) {
             return;
         }
@@ -1271,7 +1285,7 @@ impl QueuePair for ModelQp {
             }
             qp.state = QpState::Rtr;
             qp.path = Some(*path);
-            qp.expect_psn = remote.psn;
+            qp.expect_psn = remote.psn & PSN_MASK;
             // An address the model cannot reach is a path nothing answers
             // on: sends time out, as on a fabric.
             if let Some(addr) = route(&remote.gid) {
@@ -1311,7 +1325,7 @@ impl QueuePair for ModelQp {
                 return Err(wrong_state("ibv_modify_qp", qp.state));
             }
             qp.state = QpState::Rts;
-            qp.next_psn = psn;
+            qp.next_psn = psn & PSN_MASK;
             qp.retries_left = path.retry_cnt;
             qp.rnr_left = path.rnr_retry;
             qp.path = Some(*path);
@@ -1362,7 +1376,7 @@ impl QueuePair for ModelQp {
                     sent_at: None,
                     sent_once: false,
                 });
-                qp.next_psn = qp.next_psn.wrapping_add(1) & 0xff_ffff;
+                qp.next_psn = psn_after(qp.next_psn);
             }
             let _ = state;
             Ok(())
