@@ -64,8 +64,10 @@ probes=()
 python3 -c "$PROBE" "$IDLE" >"$OUT/probe-user.txt" 2>&1 &
 probes+=($!)
 if [ "$(id -u)" = 0 ]; then
+    # The system's Python: one under root's home is out of its reach.
     setpriv --reuid 65534 --regid 65534 --clear-groups \
-        python3 -c "$PROBE" "$IDLE" >"$OUT/probe-65534.txt" 2>&1 &
+        env PATH=/usr/local/bin:/usr/bin:/bin python3 -c "$PROBE" "$IDLE" \
+        >"$OUT/probe-65534.txt" 2>&1 &
     probes+=($!)
 else
     echo "not root: no probe of another user" >"$OUT/probe-65534.txt"
