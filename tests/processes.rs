@@ -8,6 +8,7 @@ mod children;
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
@@ -96,7 +97,8 @@ const ROLE: &str = "RCCL_TEST_ROLE";
 /// joins from the environment and checks one all-reduce; `stranger` tries
 /// to register at the job's root without its key, once with a key of its
 /// own and once with the address-derived secret alone, and expects both
-/// refused.
+/// refused; `intruder` (another user, no home directory) expects to get
+/// no id without a key, and a refusal with the address-derived secret.
 #[test]
 fn child_role() {
     let Ok(role) = std::env::var(ROLE) else {
@@ -133,6 +135,21 @@ fn child_role() {
             std::env::set_var("RCCL_INSECURE_ADDRESS_SECRET", "1");
             try_join("a stranger with the address-derived secret joined");
         }
+        "intruder" => {
+            let env = |v: &str| std::env::var(v).unwrap();
+            let addr = format!("{}:{}", env("MASTER_ADDR"), env("MASTER_PORT"));
+            let e = UniqueId::from_address(&addr).expect_err("an id without a key");
+            assert!(e.to_string().contains("HOME is not set"), "{e}");
+            std::env::set_var("RCCL_INSECURE_ADDRESS_SECRET", "1");
+            let id = UniqueId::from_address(&addr).unwrap();
+            let abort = Arc::new(AtomicBool::new(false));
+            let e = Bootstrap::init(&id, 1, 2, Duration::from_secs(5), abort)
+                .expect_err("another user with the address-derived secret joined");
+            assert!(
+                matches!(&e, Error::InvalidUsage(m) if m.contains("refused this rank's secret")),
+                "{e}"
+            );
+        }
         other => panic!("unknown role {other}"),
     }
 }
@@ -154,11 +171,24 @@ fn scratch_home(name: &str) -> PathBuf {
 /// this environment names a job or a secret.
 fn role_child(
     role: &str,
-    (rank, nranks): (usize, usize),
+    ranks: (usize, usize),
     port: u16,
     home: &Path,
     extra: &[(&str, &str)],
 ) -> Child {
+    role_command(role, ranks, port, home, extra)
+        .spawn()
+        .unwrap()
+}
+
+/// The command [`role_child`] starts.
+fn role_command(
+    role: &str,
+    (rank, nranks): (usize, usize),
+    port: u16,
+    home: &Path,
+    extra: &[(&str, &str)],
+) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([
         "--exact",
@@ -192,7 +222,7 @@ fn role_child(
         .envs(extra.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    cmd.spawn().unwrap()
+    cmd
 }
 
 /// Waits for `children` (killing any still running after 60 s); returns
@@ -241,6 +271,97 @@ fn a_stranger_without_the_key_gets_no_place_in_the_job_and_no_data() {
     let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     std::fs::remove_dir_all(&home).unwrap();
+}
+
+/// What the key directory of a victim's home may be found in.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum KeyState {
+    Missing,
+    DanglingSymlink,
+    OpenDirectory,
+    Fifo,
+}
+
+impl KeyState {
+    /// Leaves `home`'s `.rccl` in this state; returns what the victim's
+    /// refusal must name, if it must refuse.
+    fn prepare(self, home: &Path) -> Option<String> {
+        let dir = home.join(".rccl");
+        let key = dir.join("key");
+        if self != KeyState::Missing {
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        match self {
+            KeyState::Missing => return None,
+            KeyState::DanglingSymlink => {
+                std::os::unix::fs::symlink(home.join("nowhere"), &key).unwrap()
+            }
+            KeyState::OpenDirectory => {
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+                return Some(format!("key directory {}", dir.display()));
+            }
+            KeyState::Fifo => {
+                let c_key = std::ffi::CString::new(key.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: a NUL-terminated path.
+                assert_eq!(unsafe { libc::mkfifo(c_key.as_ptr(), 0o600) }, 0);
+            }
+        }
+        Some(format!("key file {}", key.display()))
+    }
+}
+
+#[test]
+fn another_user_cannot_join_whatever_the_state_of_the_key_directory() {
+    for state in [
+        KeyState::Missing,
+        KeyState::DanglingSymlink,
+        KeyState::OpenDirectory,
+        KeyState::Fifo,
+    ] {
+        let port = free_port();
+        let home = scratch_home("victim");
+        let refusal = state.prepare(&home);
+        let mut rank0 = role_child("allreduce", (0, 2), port, &home, &[]);
+        // Rank 0 serves the job's root, or refuses to start.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if rank0.try_wait().unwrap().is_some() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{state:?}: rank 0 neither serves nor refuses"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Some(named) = refusal {
+            let [(ok, stderr)] = <[_; 1]>::try_from(finish(vec![rank0])).unwrap();
+            assert!(
+                !ok && stderr.contains("refusing to derive the secret") && stderr.contains(&named),
+                "{state:?}: rank 0 did not refuse naming the {named}: {stderr}"
+            );
+        } else {
+            let intruder = role_command("intruder", (1, 2), port, &home, &[])
+                .env_remove("HOME")
+                .env("NCCL_DEBUG", "WARN")
+                .uid(65534)
+                .gid(65534)
+                .spawn()
+                .expect("starting a child as uid 65534 (the test runs as root)");
+            let [(ok, stderr)] = <[_; 1]>::try_from(finish(vec![intruder])).unwrap();
+            assert!(ok, "{state:?}: {stderr}");
+            assert!(
+                stderr.contains("NCCL WARN RCCL_INSECURE_ADDRESS_SECRET=1: the communicator at"),
+                "{state:?}: no warning: {stderr}"
+            );
+            let rank1 = role_child("allreduce", (1, 2), port, &home, &[]);
+            for (ok, stderr) in finish(vec![rank0, rank1]) {
+                assert!(ok, "{state:?}: {stderr}");
+            }
+        }
+        std::fs::remove_dir_all(&home).unwrap();
+    }
 }
 
 #[test]

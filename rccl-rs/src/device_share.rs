@@ -12,15 +12,14 @@
 //! rank, as the host path's shared-memory links do.
 
 use std::collections::BTreeMap;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rccl_device::Device;
-use rccl_transports::fd_pass::{self, recv_fd, send_fd, tokens_match, NAME_PREFIX, TOKEN};
+use rccl_transports::fd_pass::{self, recv_fd, send_fd, ExportListener, NAME_PREFIX, TOKEN};
 use rccl_transports::process::ProcessId;
 use rccl_transports::{FifoShape, Protocol};
 
@@ -80,22 +79,18 @@ pub(crate) fn connect(
             handles.entry(peer).or_default().push(handle);
         }
     }
-    let fd_pass::ExportListener {
-        listener,
-        token,
-        name,
-    } = fd_pass::listen()
+    let mut export = fd_pass::listen()
         .map_err(|e| Error::System(format!("rank {rank}: device work: a Unix socket: {e}")))?;
     for (&peer, list) in &channels {
-        let mut offer = token.to_vec();
+        let mut offer = export.token.to_vec();
         offer.extend_from_slice(&(list.len() as u32).to_le_bytes());
         list.iter()
             .for_each(|c| offer.extend_from_slice(&(*c as u32).to_le_bytes()));
-        offer.extend_from_slice(name.as_bytes());
+        offer.extend_from_slice(export.name.as_bytes());
         comm.bootstrap.send(peer, SHARE_TAG, &offer)?;
     }
     std::thread::scope(|scope| {
-        let server = scope.spawn(|| serve(&listener, &token, handles, deadline));
+        let server = scope.spawn(|| serve(&mut export, handles, deadline));
         let mut links = Vec::with_capacity(wanted.len());
         for (&peer, list) in &channels {
             let outbound = fetch(comm, peer, list, deadline)
@@ -175,40 +170,26 @@ fn fetch(
 }
 
 /// Hands each peer its handles once it calls with the token and its rank;
-/// a caller without the token gets nothing. Fails with the first peer not
+/// a caller without the token gets nothing, and callers that say nothing
+/// delay nobody (see [`ExportListener`]). Fails with the first peer not
 /// served by `deadline`.
 fn serve(
-    listener: &UnixListener,
-    token: &[u8; TOKEN],
+    export: &mut ExportListener,
     mut handles: BTreeMap<usize, Vec<OwnedFd>>,
     deadline: Instant,
 ) -> std::result::Result<(), (usize, io::Error)> {
     let first = |handles: &BTreeMap<usize, Vec<OwnedFd>>| *handles.keys().next().expect("some");
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| (first(&handles), e))?;
     while !handles.is_empty() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err((first(&handles), io::ErrorKind::TimedOut.into()));
-        }
-        let mut stream = match listener.accept() {
-            Ok((stream, _)) => stream,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+        let (stream, said) = match export.next_caller(4) {
+            Ok(Some(caller)) => caller,
+            Ok(None) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
+            Ok(None) => return Err((first(&handles), io::ErrorKind::TimedOut.into())),
             Err(e) => return Err((first(&handles), e)),
         };
-        let mut said = [0u8; TOKEN + 4];
-        let heard = stream
-            .set_nonblocking(false)
-            .and_then(|()| stream.set_read_timeout(Some(left)))
-            .and_then(|()| stream.read_exact(&mut said));
-        if heard.is_err() || !tokens_match(&said[..TOKEN], token) {
-            continue;
-        }
-        let caller = u32::from_le_bytes(said[TOKEN..].try_into().expect("4 bytes")) as usize;
+        let caller = u32::from_le_bytes(said[..].try_into().expect("4 bytes")) as usize;
         let Some(theirs) = handles.remove(&caller) else {
             continue;
         };
@@ -293,5 +274,42 @@ impl Watch {
             self.comm.describe(*peer)
         )));
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixStream};
+
+    #[test]
+    fn callers_that_say_nothing_or_half_the_token_do_not_delay_the_peer() {
+        let mut export = fd_pass::listen().unwrap();
+        let at = SocketAddr::from_abstract_name(&export.name).unwrap();
+        let silent = UnixStream::connect_addr(&at).unwrap();
+        let mut half = UnixStream::connect_addr(&at).unwrap();
+        half.write_all(&export.token[..TOKEN / 2]).unwrap();
+        let hello = [&export.token[..], &1u32.to_le_bytes()].concat();
+        let peer = fd_pass::call(export.name.as_bytes(), &hello).unwrap();
+        let null = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let handles = BTreeMap::from([(1, vec![null])]);
+        let served = serve(
+            &mut export,
+            handles,
+            Instant::now() + Duration::from_secs(3),
+        );
+        assert!(served.is_ok(), "{served:?}");
+        let handle = loop {
+            if let Some(handle) = recv_fd(&peer).unwrap() {
+                break handle;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let target = std::fs::read_link(format!("/proc/self/fd/{}", handle.as_raw_fd())).unwrap();
+        assert_eq!(target, std::path::Path::new("/dev/null"));
+        drop((silent, half));
     }
 }

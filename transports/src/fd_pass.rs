@@ -3,13 +3,21 @@
 //! communicator's authenticated bootstrap carries. The `P2P/IPC`
 //! transport and the engine's device work between processes hand their
 //! exported device memory over this way.
+//!
+//! An export's abstract name is visible to every user of the host (in
+//! `/proc/net/unix`), so its listener admits callers as the bootstrap's
+//! listeners do: only a caller of this user (`SO_PEERCRED`), each with a
+//! deadline to show the token, many at once, a bounded number per
+//! process; nothing is sent to a caller before its token matched.
 
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::time::Instant;
 
-use crate::socket::fill_random;
+use crate::process::effective_uid;
+use crate::socket::{fill_random, DEFAULT_HANDSHAKE_TIMEOUT, MAX_PENDING, MAX_PENDING_PER_SOURCE};
 
 /// Bytes of the token that opens an export.
 pub const TOKEN: usize = 32;
@@ -19,13 +27,24 @@ pub const NAME_PREFIX: &str = "rccl-ipc-";
 /// A listener for an export: bound to a fresh abstract socket name, with
 /// the random token a caller must show.
 pub struct ExportListener {
-    pub listener: UnixListener,
+    listener: UnixListener,
     pub token: [u8; TOKEN],
     /// The socket's abstract name, for the peers.
     pub name: String,
+    /// Callers accepted that have not shown all of their hello yet,
+    /// oldest first.
+    callers: Vec<Caller>,
 }
 
-/// Binds a new export listener (blocking; the caller may change that).
+/// A caller of this user, accepted, still saying its hello.
+struct Caller {
+    stream: UnixStream,
+    pid: i32,
+    deadline: Instant,
+    said: Vec<u8>,
+}
+
+/// Binds a new export listener (never blocks).
 pub fn listen() -> io::Result<ExportListener> {
     let mut random = [0u8; TOKEN + 8];
     fill_random(&mut random)?;
@@ -33,16 +52,165 @@ pub fn listen() -> io::Result<ExportListener> {
     let suffix: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
     let name = format!("{NAME_PREFIX}{}-{suffix}", std::process::id());
     let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(&name)?)?;
+    listener.set_nonblocking(true)?;
     Ok(ExportListener {
         listener,
         token: token.try_into().expect("TOKEN bytes"),
         name,
+        callers: Vec::new(),
     })
+}
+
+impl ExportListener {
+    /// The next caller that showed the token, with the `extra` bytes its
+    /// hello holds after it (its stream non-blocking). Never blocks:
+    /// reads what the callers under way have said, drops those that
+    /// closed, said a wrong token or passed their deadline, then accepts
+    /// new callers, refusing those of another user.
+    pub fn next_caller(&mut self, extra: usize) -> io::Result<Option<(UnixStream, Vec<u8>)>> {
+        let hello = TOKEN + extra;
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.callers.len() {
+            match self.hears(i, hello, now) {
+                Heard::Waiting => i += 1,
+                Heard::Done(said) => return Ok(Some((self.callers.remove(i).stream, said))),
+                Heard::Refused => drop(self.callers.remove(i)),
+            }
+        }
+        loop {
+            let stream = match self.listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            let Some(pid) = self.admit(&stream) else {
+                continue;
+            };
+            self.make_room(pid);
+            stream.set_nonblocking(true)?;
+            self.callers.push(Caller {
+                stream,
+                pid,
+                deadline: now + DEFAULT_HANDSHAKE_TIMEOUT,
+                said: Vec::with_capacity(hello),
+            });
+            let last = self.callers.len() - 1;
+            match self.hears(last, hello, now) {
+                Heard::Waiting => {}
+                Heard::Done(said) => return Ok(Some((self.callers.remove(last).stream, said))),
+                Heard::Refused => drop(self.callers.remove(last)),
+            }
+        }
+    }
+
+    /// The caller's pid, if it runs as this user; otherwise it is refused
+    /// (logged) and closed on return.
+    fn admit(&self, stream: &UnixStream) -> Option<i32> {
+        match peer_credentials(stream) {
+            Ok(cred) if cred.uid == effective_uid() => Some(cred.pid),
+            Ok(cred) => {
+                tracing::warn!(
+                    "export socket @{}: refused a caller of uid {} (pid {}): only uid {} may call",
+                    self.name,
+                    cred.uid,
+                    cred.pid,
+                    effective_uid()
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "export socket @{}: refused a caller whose credentials are unknown: {e}",
+                    self.name
+                );
+                None
+            }
+        }
+    }
+
+    /// Reads what caller `i` has said: its hello once all of it came with
+    /// the token, a refusal once it cannot.
+    fn hears(&mut self, i: usize, hello: usize, now: Instant) -> Heard {
+        let caller = &mut self.callers[i];
+        let mut buf = [0u8; 64];
+        while caller.said.len() < hello {
+            let want = (hello - caller.said.len()).min(buf.len());
+            match caller.stream.read(&mut buf[..want]) {
+                Ok(0) => return Heard::Refused,
+                Ok(n) => caller.said.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return if now < caller.deadline {
+                        Heard::Waiting
+                    } else {
+                        Heard::Refused
+                    };
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Heard::Refused,
+            }
+        }
+        if !tokens_match(&caller.said[..TOKEN], &self.token) {
+            return Heard::Refused;
+        }
+        Heard::Done(caller.said.split_off(TOKEN))
+    }
+
+    /// Drops the oldest caller of process `pid` if it holds
+    /// [`MAX_PENDING_PER_SOURCE`] already, and the oldest of all at
+    /// [`MAX_PENDING`].
+    fn make_room(&mut self, pid: i32) {
+        let same = |c: &Caller| c.pid == pid;
+        if self.callers.iter().filter(|c| same(c)).count() >= MAX_PENDING_PER_SOURCE {
+            if let Some(i) = self.callers.iter().position(same) {
+                self.callers.remove(i);
+            }
+        }
+        if self.callers.len() >= MAX_PENDING {
+            self.callers.remove(0);
+        }
+    }
+}
+
+/// What a caller has said so far.
+enum Heard {
+    Waiting,
+    /// The token and then these bytes.
+    Done(Vec<u8>),
+    Refused,
+}
+
+/// The credentials of the process at the other end of `stream`, as the
+/// kernel recorded them when it connected.
+pub fn peer_credentials(stream: &UnixStream) -> io::Result<libc::ucred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a writable ucred and `len` its size, as
+    // SO_PEERCRED expects.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred)
 }
 
 /// Calls the export listening at `name` and shows it `hello` (its token
 /// first, then what the export's protocol asks). A name that is not an
-/// export's is refused before any connection.
+/// export's is refused before any connection, a listener of another user
+/// before the token is sent.
 pub fn call(name: &[u8], hello: &[u8]) -> io::Result<UnixStream> {
     if !name.starts_with(NAME_PREFIX.as_bytes()) {
         return Err(io::Error::new(
@@ -51,13 +219,24 @@ pub fn call(name: &[u8], hello: &[u8]) -> io::Result<UnixStream> {
         ));
     }
     let mut stream = UnixStream::connect_addr(&SocketAddr::from_abstract_name(name)?)?;
+    let owner = peer_credentials(&stream)?.uid;
+    if owner != effective_uid() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "the export socket @{} belongs to uid {owner}, not to this user (uid {})",
+                String::from_utf8_lossy(name),
+                effective_uid()
+            ),
+        ));
+    }
     stream.write_all(hello)?;
     Ok(stream)
 }
 
 /// Whether `got` is `token`, compared in constant time: the token is the
 /// only key.
-pub fn tokens_match(got: &[u8], token: &[u8; TOKEN]) -> bool {
+fn tokens_match(got: &[u8], token: &[u8; TOKEN]) -> bool {
     got.len() == TOKEN && got.iter().zip(token).fold(0, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 

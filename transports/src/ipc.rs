@@ -13,15 +13,15 @@
 //! is counted by the kernel: once both sides hold their mapping, a process
 //! that dies takes only its own mapping with it.
 
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::OwnedFd;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Instant;
 
 use rccl_device::Device;
 
-use crate::fd_pass::{self, recv_fd, send_fd, tokens_match, TOKEN};
+use crate::fd_pass::{self, recv_fd, send_fd, ExportListener, TOKEN};
 use crate::fifo::FifoMemory;
 use crate::shm::{self, ShmConnection};
 use crate::transport::{Context, Pending, Setup, Transport};
@@ -68,13 +68,10 @@ impl Transport for P2pIpc {
         };
         let (handle, _) = device.export(memory.ptr).map_err(io::Error::other)?;
         let export = fd_pass::listen()?;
-        export.listener.set_nonblocking(true)?;
         Ok(Setup {
             info: Some([&export.token[..], export.name.as_bytes()].concat()),
             pending: Box::new(Exports {
-                token: export.token,
-                listener: Some(export.listener),
-                accepted: None,
+                export: Some(export),
                 handle: Some(handle),
                 memory: Some(memory),
                 conn: None,
@@ -117,10 +114,8 @@ impl Drop for DeviceMemory {
 /// The leading side: hands its export to the peer that sends the token,
 /// then connects once the peer has mapped the memory.
 struct Exports {
-    token: [u8; TOKEN],
-    listener: Option<UnixListener>,
-    /// A caller accepted, with the token bytes read from it so far.
-    accepted: Option<(UnixStream, Vec<u8>)>,
+    /// Closed once the export is handed over.
+    export: Option<ExportListener>,
     handle: Option<OwnedFd>,
     memory: Option<DeviceMemory>,
     conn: Option<ShmConnection>,
@@ -129,45 +124,15 @@ struct Exports {
 impl Exports {
     /// Whether the peer has been handed the export (`Ok(false)`: not yet).
     fn hand_over(&mut self) -> io::Result<bool> {
-        let Some(listener) = &self.listener else {
+        let Some(export) = &mut self.export else {
             return Ok(true);
         };
-        if self.accepted.is_none() {
-            match listener.accept() {
-                Ok((stream, _)) => {
-                    stream.set_nonblocking(true)?;
-                    self.accepted = Some((stream, Vec::with_capacity(TOKEN)));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) => return Err(e),
-            }
-        }
-        let Some((stream, got)) = &mut self.accepted else {
+        let Some((stream, _)) = export.next_caller(0)? else {
             return Ok(false);
         };
-        let mut buf = [0u8; TOKEN];
-        match stream.read(&mut buf[..TOKEN - got.len()]) {
-            Ok(0) => {
-                // Gone before it said the token: wait for another caller.
-                self.accepted = None;
-                return Ok(false);
-            }
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e) => return Err(e),
-        }
-        if got.len() < TOKEN {
-            return Ok(false);
-        }
-        if !tokens_match(got, &self.token) {
-            // A caller without the token gets nothing.
-            self.accepted = None;
-            return Ok(false);
-        }
         let handle = self.handle.take().expect("handed over once");
-        send_fd(stream, &handle)?;
-        self.accepted = None;
-        self.listener = None;
+        send_fd(&stream, &handle)?;
+        self.export = None;
         Ok(true)
     }
 }
@@ -257,87 +222,183 @@ fn connection(cx: &Context<'_>, peer: usize, memory: DeviceMemory, creator: bool
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fd_pass::NAME_PREFIX;
     use std::io::Write;
+    use std::os::fd::AsRawFd;
     use std::os::linux::net::SocketAddrExt;
     use std::os::unix::net::SocketAddr;
+    use std::os::unix::process::CommandExt;
+    use std::time::Duration;
 
-    fn listening(token: [u8; TOKEN]) -> (Exports, Vec<u8>) {
-        let name = format!("{NAME_PREFIX}test-{}", std::process::id());
-        let listener =
-            UnixListener::bind_addr(&SocketAddr::from_abstract_name(&name).unwrap()).unwrap();
-        listener.set_nonblocking(true).unwrap();
+    use crate::socket::DEFAULT_HANDSHAKE_TIMEOUT;
+
+    /// Set in a child: `name:token` (hex) of the export it calls.
+    const CALL_AS_CHILD: &str = "RCCL_TEST_IPC_CALL";
+
+    fn listening() -> (Exports, [u8; TOKEN], Vec<u8>) {
+        let export = fd_pass::listen().unwrap();
+        let (token, name) = (export.token, export.name.clone().into_bytes());
         let handle = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
         let exports = Exports {
-            token,
-            listener: Some(listener),
-            accepted: None,
+            export: Some(export),
             handle: Some(handle),
             memory: None,
             conn: None,
         };
-        (exports, name.into_bytes())
+        (exports, token, name)
     }
 
-    /// Calls the exporter with `token`; the stream, once it has sent it.
-    fn call(name: &[u8], token: &[u8]) -> UnixStream {
+    /// Connects to the export at `name` and says `said`, as any process
+    /// of the host may.
+    fn call(name: &[u8], said: &[u8]) -> UnixStream {
         let mut stream =
             UnixStream::connect_addr(&SocketAddr::from_abstract_name(name).unwrap()).unwrap();
-        stream.write_all(token).unwrap();
+        stream.write_all(said).unwrap();
         stream
     }
 
-    /// Polls `exports` until it hands over or 5 s pass.
-    fn poll(exports: &mut Exports, until_handed: bool) -> bool {
-        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    /// Polls `exports` until it hands over or `limit` passes.
+    fn handed_over_within(exports: &mut Exports, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
             if exports.hand_over().unwrap() {
                 return true;
             }
-            if !until_handed && exports.accepted.is_none() {
-                return false;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
+            std::thread::sleep(Duration::from_millis(1));
         }
         false
     }
 
-    use std::os::fd::AsRawFd;
+    /// The descriptor sent over `stream`, or why none came within 5 s.
+    fn descriptor(stream: &UnixStream) -> io::Result<OwnedFd> {
+        stream.set_nonblocking(true)?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match recv_fd(stream)? {
+                Some(fd) => return Ok(fd),
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+                None => return Err(io::ErrorKind::TimedOut.into()),
+            }
+        }
+    }
+
+    fn is_dev_null(fd: &OwnedFd) -> bool {
+        std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap()
+            == std::path::Path::new("/dev/null")
+    }
 
     #[test]
     fn only_a_caller_with_the_token_gets_the_descriptor() {
-        let token = [7u8; TOKEN];
-        let (mut exports, name) = listening(token);
-        // A stranger: dropped, no descriptor, the exporter keeps listening.
+        let (mut exports, token, name) = listening();
+        // A stranger: closed, no descriptor, the exporter keeps listening.
         let stranger = call(&name, &[8u8; TOKEN]);
-        assert!(!poll(&mut exports, false));
-        stranger.set_nonblocking(true).unwrap();
-        let deadline = Instant::now() + std::time::Duration::from_secs(5);
-        let refused = loop {
-            match recv_fd(&stranger) {
-                Ok(None) if Instant::now() < deadline => std::thread::yield_now(),
-                other => break other,
-            }
-        };
-        assert!(refused.is_err(), "a stranger got {refused:?}");
-        assert!(exports.listener.is_some() && exports.handle.is_some());
+        assert!(!handed_over_within(
+            &mut exports,
+            Duration::from_millis(200)
+        ));
+        let refused = descriptor(&stranger);
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.kind() == io::ErrorKind::UnexpectedEof),
+            "a stranger got {refused:?}"
+        );
+        assert!(exports.export.is_some() && exports.handle.is_some());
         // The peer with the token gets it.
         let peer = call(&name, &token);
-        peer.set_nonblocking(true).unwrap();
-        assert!(poll(&mut exports, true));
-        let deadline = Instant::now() + std::time::Duration::from_secs(5);
-        let got = loop {
-            match recv_fd(&peer).unwrap() {
-                Some(fd) => break fd,
-                None if Instant::now() < deadline => std::thread::yield_now(),
-                None => panic!("no descriptor came"),
-            }
-        };
-        let link = std::fs::read_link(format!("/proc/self/fd/{}", got.as_raw_fd())).unwrap();
-        assert_eq!(link, std::path::Path::new("/dev/null"));
+        assert!(handed_over_within(&mut exports, Duration::from_secs(5)));
+        assert!(is_dev_null(&descriptor(&peer).unwrap()));
         assert!(
-            exports.listener.is_none(),
+            exports.export.is_none(),
             "the socket closes once handed over"
         );
+    }
+
+    #[test]
+    fn silent_and_half_token_callers_do_not_delay_the_peer() {
+        let (mut exports, token, name) = listening();
+        let silent = call(&name, &[]);
+        let half = call(&name, &token[..TOKEN / 2]);
+        assert!(!handed_over_within(
+            &mut exports,
+            Duration::from_millis(100)
+        ));
+        let peer = call(&name, &token);
+        // Served while the two before it may still say their tokens.
+        assert!(handed_over_within(
+            &mut exports,
+            DEFAULT_HANDSHAKE_TIMEOUT - Duration::from_millis(500)
+        ));
+        assert!(is_dev_null(&descriptor(&peer).unwrap()));
+        drop((silent, half));
+    }
+
+    /// In a child started by the test below: calls the export with its
+    /// token and exits 0 if it got the descriptor, 3 if it was closed.
+    #[test]
+    fn call_as_child() {
+        let Ok(said) = std::env::var(CALL_AS_CHILD) else {
+            return;
+        };
+        let (name, token) = said.split_once(':').unwrap();
+        let token: Vec<u8> = (0..token.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&token[i..i + 2], 16).unwrap())
+            .collect();
+        let mut stream =
+            UnixStream::connect_addr(&SocketAddr::from_abstract_name(name).unwrap()).unwrap();
+        let got = stream.write_all(&token).and_then(|()| descriptor(&stream));
+        match got {
+            Ok(_) => std::process::exit(0),
+            Err(e) if closed(&e) => std::process::exit(3),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Whether `e` says the other end closed the connection.
+    fn closed(e: &io::Error) -> bool {
+        matches!(
+            e.kind(),
+            io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::ConnectionReset
+        )
+    }
+
+    #[test]
+    fn a_caller_of_another_user_with_the_token_is_refused() {
+        let (mut exports, token, name) = listening();
+        let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "ipc::tests::call_as_child",
+                "--test-threads",
+                "1",
+            ])
+            .env(
+                CALL_AS_CHILD,
+                format!("{}:{hex}", String::from_utf8_lossy(&name)),
+            )
+            .uid(65534)
+            .gid(65534)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("starting a child as uid 65534 (the test runs as root)");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            assert!(
+                !exports.hand_over().unwrap(),
+                "handed over to a caller of uid 65534"
+            );
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "the child did not finish");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(status.code(), Some(3), "the other user's call: {status}");
+        let peer = call(&name, &token);
+        assert!(handed_over_within(&mut exports, Duration::from_secs(5)));
+        assert!(is_dev_null(&descriptor(&peer).unwrap()));
     }
 }

@@ -5,6 +5,13 @@
 //! `/proc/<pid>/stat`, in clock ticks since boot), so a pid reused by an
 //! unrelated process after the peer died is not mistaken for the peer.
 
+/// The effective uid of this process: the user whose files and sockets
+/// it may trust.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// A process: pid and start time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcessId {

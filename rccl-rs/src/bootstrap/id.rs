@@ -55,8 +55,7 @@ impl UniqueId {
     /// (`TORCHELASTIC_RUN_ID`, `PMIX_NAMESPACE`, `OMPI_MCA_ess_base_jobid`,
     /// `SLURM_JOB_ID` and `SLURM_STEP_ID`), so neither a stranger who can
     /// reach the address nor another job on it can join. Without a key
-    /// file only a loopback address is accepted, unless
-    /// `RCCL_INSECURE_ADDRESS_SECRET=1`.
+    /// file no address is accepted, unless `RCCL_INSECURE_ADDRESS_SECRET=1`.
     pub fn from_address(addr: &str) -> Result<UniqueId> {
         let bad = |why: String| {
             Error::InvalidArgument(format!("'{addr}' is not a usable host:port: {why}"))
