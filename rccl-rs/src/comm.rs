@@ -827,6 +827,18 @@ impl Communicator {
         self.inner.nranks
     }
 
+    /// The ranks of every host, in rank order (hosts numbered by their
+    /// lowest rank).
+    pub fn hosts(&self) -> &[Vec<usize>] {
+        self.inner.topology.hosts()
+    }
+
+    /// A 64-bit hash of the communicator's secret, the same on every rank
+    /// and different between communicators (NCCL's `commHash`).
+    pub fn hash(&self) -> u64 {
+        hash_of(&self.inner.bootstrap)
+    }
+
     /// The settings in force.
     pub fn config(&self) -> &Config {
         &self.inner.config
@@ -1099,6 +1111,16 @@ fn quota_limited() -> bool {
     std::fs::read_to_string("/sys/fs/cgroup/cpu.max")
         .map(|text| !text.trim_start().starts_with("max"))
         .unwrap_or(false)
+}
+
+/// The communicator hash of [`Communicator::hash`], from its secret.
+fn hash_of(bootstrap: &Bootstrap) -> u64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(b"rccl-rs communicator hash")
+        .chain_update(bootstrap.secret().0)
+        .finalize();
+    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
 }
 
 /// What identifies this host: `NCCL_HOSTID` when set (test beds that
