@@ -243,6 +243,9 @@ pub(crate) struct CommInner {
     choices: Mutex<ChoiceCache>,
     /// Launches enqueued on streams and not finished yet.
     pub queued: crate::queue::Queued,
+    /// This communicator's context of a C tuner plug-in
+    /// (`NCCL_TUNER_PLUGIN`), finalized when the communicator goes.
+    tuner: Option<crate::tuner_plugin::CTuner>,
 }
 
 impl crate::queue::Owner for CommInner {
@@ -306,6 +309,10 @@ impl CommInner {
                 board_bytes: self.board_bytes(),
                 model: &self.link_model,
                 rails: self.rails,
+                tuner: self
+                    .tuner
+                    .as_ref()
+                    .map(|t| t as &dyn crate::tuning::TunerPlugin),
             },
         )?;
         if cacheable {
@@ -684,6 +691,7 @@ impl Communicator {
             })
             .collect();
         let topology = Topology::from_hosts(host_of);
+        let tuner = crate::tuner_plugin::open(nranks, topology.hosts(), hash_of(&bootstrap));
         let channels = config.max_channels;
         let no_links = || {
             (0..channels)
@@ -718,6 +726,7 @@ impl Communicator {
             link_model,
             choices: Mutex::new(ChoiceCache::default()),
             queued: crate::queue::Queued::default(),
+            tuner,
         });
         register(&inner);
         let local_ranks = inner

@@ -18,6 +18,7 @@ mod device_net;
 mod device_share;
 mod device_work;
 mod diagnose;
+pub mod env;
 mod error;
 mod executor;
 #[cfg(feature = "fault-injection")]
@@ -39,6 +40,7 @@ mod signal;
 mod state;
 mod stream;
 mod stuck;
+mod tuner_plugin;
 pub mod tuning;
 mod types;
 

@@ -41,6 +41,10 @@ pub fn result_name(code: NcclResult) -> &'static str {
 pub const LOG_WARN: c_int = 2;
 /// `NCCL_LOG_INFO`.
 pub const LOG_INFO: c_int = 3;
+/// `ncclDebugLogSubSys`: `NCCL_NET`.
+pub const LOG_NET: std::ffi::c_ulong = 0x10;
+/// `NCCL_TUNING`.
+pub const LOG_TUNING: std::ffi::c_ulong = 0x40;
 /// `NCCL_LOG_TRACE`.
 pub const LOG_TRACE: c_int = 5;
 /// `ncclDebugLogSubSys`: `NCCL_INIT`.

@@ -58,16 +58,17 @@ thread_local! {
     static LAST_WARNING: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
-/// Where `logger.c` hands each formatted message: to this process's log
-/// (`NET` subsystem); a warning is also kept as the text of the error of
-/// the call that logged it.
+/// Where `logger.c` hands each formatted message: to this process's log,
+/// under `TUNING` for a tuner plug-in's (`NCCL_TUNING` without `NCCL_NET`),
+/// else under `NET`, where a warning is also kept as the text of the error
+/// of the net plug-in call that logged it.
 ///
 /// # Safety
 /// `file` and `message` are null or NUL-terminated strings.
 #[no_mangle]
 pub unsafe extern "C" fn rccl_net_plugin_log_sink(
     level: c_int,
-    _flags: c_ulong,
+    flags: c_ulong,
     file: *const c_char,
     line: c_int,
     message: *const c_char,
@@ -81,6 +82,17 @@ pub unsafe extern "C" fn rccl_net_plugin_log_sink(
         }
     };
     let (file, message) = (text(file), text(message));
+    if flags & abi::LOG_TUNING != 0 && flags & abi::LOG_NET == 0 {
+        // A tuner plug-in's message.
+        match level {
+            abi::LOG_WARN => {
+                tracing::warn!(target: "TUNING", "TUNER/Plugin {file}:{line} {message}")
+            }
+            abi::LOG_INFO => tracing::info!(target: "TUNING", "TUNER/Plugin {message}"),
+            _ => tracing::trace!(target: "TUNING", "TUNER/Plugin {message}"),
+        }
+        return;
+    }
     match level {
         abi::LOG_WARN => {
             tracing::warn!(target: "NET", "NET/Plugin {file}:{line} {message}");
@@ -106,7 +118,10 @@ unsafe extern "C" fn no_profiler(
     abi::SUCCESS
 }
 
-fn logger() -> abi::Logger {
+/// The logger plug-ins are given (`ncclDebugLogger_t`): messages go to
+/// this process's log, a tuner's (`NCCL_TUNING`) under `TUNING`, others
+/// under `NET`.
+pub fn logger() -> abi::Logger {
     rccl_net_plugin_logger
 }
 
@@ -194,16 +209,34 @@ fn clear_warning() {
 /// The library names NCCL tries for one entry of `NCCL_NET_PLUGIN`
 /// (`None`: the variable is unset).
 pub fn library_names(entry: Option<&str>) -> Vec<String> {
+    plugin_library_names("net", entry)
+}
+
+/// The library names NCCL tries for a plug-in of `kind` (`net`, `tuner`,
+/// `profiler`, `env`) that its variable names as `entry` (`None`: unset):
+/// `libnccl-<kind>.so` by default; else `libnccl-<kind>-<entry>.so`
+/// (unless `entry` is a path or a `lib*.so` name), then `entry` itself.
+pub fn plugin_library_names(kind: &str, entry: Option<&str>) -> Vec<String> {
     let Some(entry) = entry else {
-        return vec!["libnccl-net.so".into()];
+        return vec![format!("libnccl-{kind}.so")];
     };
     let is_library = entry.starts_with("lib") && entry.ends_with(".so");
     let mut names = Vec::with_capacity(2);
     if !entry.contains('/') && !is_library {
-        names.push(format!("libnccl-net-{entry}.so"));
+        names.push(format!("libnccl-{kind}-{entry}.so"));
     }
     names.push(entry.to_string());
     names
+}
+
+/// Every library name `NCCL_NET_PLUGIN` leads to, in the order they are
+/// tried (other kinds of plug-in fall back to a net plug-in's library).
+pub fn net_library_names() -> Vec<String> {
+    let var = std::env::var("NCCL_NET_PLUGIN").ok();
+    entries(var.as_deref())
+        .iter()
+        .flat_map(|entry| library_names(entry.as_deref()))
+        .collect()
 }
 
 /// The entries of `NCCL_NET_PLUGIN` (`None`: unset), in order; `none`
