@@ -657,7 +657,7 @@ impl Communicator {
             .collect();
         // Channels follow the rails unless NCCL_MAX_NCHANNELS (or a
         // configured maximum other than the default) says otherwise.
-        if std::env::var_os("NCCL_MAX_NCHANNELS").is_none()
+        if rccl_env::var("NCCL_MAX_NCHANNELS").is_none()
             && config.max_channels == Config::default().max_channels
         {
             config.max_channels = config.max_channels.max(rails).min(MAX_CHANNELS);
@@ -807,9 +807,9 @@ impl Communicator {
     /// ([`UniqueId::from_address`]).
     pub fn from_env() -> Result<Communicator> {
         let (rank, nranks) = rank_from_env()?;
-        let addr = match std::env::var("NCCL_COMM_ID") {
-            Ok(addr) => addr,
-            Err(_) => {
+        let addr = match rccl_env::var("NCCL_COMM_ID") {
+            Some(addr) => addr,
+            None => {
                 let host = env_required("MASTER_ADDR")?;
                 let port = rendezvous_port(&env_required("MASTER_PORT")?)?;
                 if host.contains(':') && !host.starts_with('[') {
@@ -1135,7 +1135,7 @@ fn hash_of(bootstrap: &Bootstrap) -> u64 {
 /// What identifies this host: `NCCL_HOSTID` when set (test beds that
 /// emulate hosts on one machine set it), else the host name and boot id.
 fn host_id() -> String {
-    if let Ok(id) = std::env::var("NCCL_HOSTID") {
+    if let Some(id) = rccl_env::var("NCCL_HOSTID") {
         return id;
     }
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();

@@ -18,7 +18,6 @@ mod device_net;
 mod device_share;
 mod device_work;
 mod diagnose;
-pub mod env;
 mod error;
 mod executor;
 #[cfg(feature = "fault-injection")]
@@ -56,5 +55,8 @@ pub use rccl_algorithms::CollKind;
 /// GPU memory, streams and events (the `rccl-device` crate): what callers of
 /// the stream-ordered calls allocate and synchronize with.
 pub use rccl_device as device;
+/// Settings: the one reader of `NCCL_*` / `RCCL_*` variables (and the
+/// environment plug-in).
+pub use rccl_env as env;
 pub use signal::report_hangs_on_signal;
 pub use types::{DataType, RedOp};

@@ -29,13 +29,14 @@ use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 use rccl_algorithms::CollKind;
-use rccl_transports::network::plugin::{logger, net_library_names, plugin_library_names};
+use rccl_env::{library_names, logger};
+use rccl_transports::network::plugin::net_library_names;
 use rccl_transports::Protocol;
 
 use crate::tuning::{TunerCall, TunerHint, TunerPlugin};
 
 type NcclResult = c_int;
-type Logger = rccl_transports::network::plugin::abi::Logger;
+type Logger = rccl_env::Logger;
 type Context = *mut c_void;
 
 /// `NCCL_ALGO_PROTO_IGNORE`.
@@ -283,7 +284,7 @@ fn library() -> Option<&'static Library> {
     static LIBRARY: OnceLock<Option<Library>> = OnceLock::new();
     LIBRARY
         .get_or_init(|| {
-            let var = crate::env::var("NCCL_TUNER_PLUGIN");
+            let var = rccl_env::var("NCCL_TUNER_PLUGIN");
             if var
                 .as_deref()
                 .is_some_and(|v| v.trim().eq_ignore_ascii_case("none"))
@@ -291,7 +292,7 @@ fn library() -> Option<&'static Library> {
                 return None;
             }
             let mut tried = Vec::new();
-            let mut found = open_first(&plugin_library_names("tuner", var.as_deref()), &mut tried);
+            let mut found = open_first(&library_names("tuner", var.as_deref()), &mut tried);
             if found.is_none() && var.is_none() {
                 found = open_first(&net_library_names(), &mut tried);
             }

@@ -102,8 +102,7 @@ impl LinkModel {
     /// The defaults overridden by the environment.
     pub fn from_env() -> LinkModel {
         let var = |name: &str, default: f64| {
-            std::env::var(name)
-                .ok()
+            rccl_env::var(name)
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .filter(|v| *v > 0.0)
                 .unwrap_or(default)
@@ -628,7 +627,7 @@ pub(crate) fn register_schedule_files_from_env() -> Result<()> {
     static LOADED: std::sync::OnceLock<std::result::Result<(), Error>> = std::sync::OnceLock::new();
     LOADED
         .get_or_init(|| {
-            let Ok(list) = std::env::var("RCCL_SCHEDULE_FILES") else {
+            let Some(list) = rccl_env::var("RCCL_SCHEDULE_FILES") else {
                 return Ok(());
             };
             for path in list.split(':').filter(|p| !p.is_empty()) {
