@@ -44,15 +44,15 @@ fn open_cuda() -> std::result::Result<&'static dyn Device, CudaError> {
 }
 
 fn from_env() -> Chosen {
-    match std::env::var("RCCL_DEVICE").as_deref() {
-        Ok("emu") => open(Kind::Emu),
-        Ok("cuda") => open(Kind::Cuda),
+    match rccl_env::var("RCCL_DEVICE").as_deref() {
+        Some("emu") => open(Kind::Emu),
+        Some("cuda") => open(Kind::Cuda),
         // Unset: CUDA when a driver loads and sees a device, else host
         // memory only.
-        Err(_) | Ok("") => open_cuda().map_err(|e| {
+        None | Some("") => open_cuda().map_err(|e| {
             format!("no device backend: RCCL_DEVICE is unset and no CUDA device was found ({e})")
         }),
-        Ok(other) => Err(format!(
+        Some(other) => Err(format!(
             "RCCL_DEVICE={other} is not a device backend (emu or cuda)"
         )),
     }

@@ -47,6 +47,7 @@ pub mod ops;
 pub mod params;
 pub mod registry;
 pub mod simulate;
+pub mod teams;
 
 pub use abi::*;
 pub use comms::*;

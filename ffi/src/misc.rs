@@ -33,7 +33,14 @@ nccl_api! {
 
     /// Deprecated upstream; nothing to reset here.
     fn ncclResetDebugInit / pncclResetDebugInit() {}
+}
 
+/// Exported beside `ncclResetDebugInit`, without a profiling alias, as
+/// NCCL's library does; nothing to reset here either.
+#[no_mangle]
+pub extern "C" fn ncclResetDebugInitInternal() {}
+
+nccl_api! {
     /// Device memory of the active device (`RCCL_DEVICE`), shareable
     /// with other processes where the device shares memory (as NCCL's,
     /// a cuMem allocation with an exportable handle), else page-aligned

@@ -65,9 +65,7 @@ thread_local! {
 impl Param {
     /// The value in force: the environment's, else the default.
     pub fn value(&self) -> Option<String> {
-        std::env::var(self.key)
-            .ok()
-            .or_else(|| self.default.clone())
+        rccl::env::var(self.key).or_else(|| self.default.clone())
     }
 }
 

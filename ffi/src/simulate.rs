@@ -63,16 +63,8 @@ pub const CLUSTER_VAR: &str = "RCCL_SIM_CLUSTER";
 /// The cluster `RCCL_SIM_CLUSTER` names, before it is shaped as a
 /// communicator: `None` when it is unset or empty.
 pub fn chosen_cluster() -> Result<Option<ClusterSpec>> {
-    let value = match std::env::var(CLUSTER_VAR) {
-        Ok(v) if v.is_empty() => return Ok(None),
-        Ok(v) => v,
-        Err(std::env::VarError::NotPresent) => return Ok(None),
-        Err(std::env::VarError::NotUnicode(v)) => {
-            return Err(Error::InvalidArgument(format!(
-                "{CLUSTER_VAR}={v:?} is not UTF-8: give a preset name (h100, local-shm, \
-                 local-tcp) or a cluster JSON file"
-            )))
-        }
+    let Some(value) = rccl::env::var(CLUSTER_VAR).filter(|v| !v.is_empty()) else {
+        return Ok(None);
     };
     // A preset's host and rank counts do not matter: the communicator's
     // shape replaces them.

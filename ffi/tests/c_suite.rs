@@ -197,6 +197,54 @@ fn static_library_links() {
     assert!(run(&out, &dir, "").contains("functions: 144"));
 }
 
+/// Compiles tests/c/device_host.c with `includes` (and `extra` flags)
+/// and runs its cases; returns its layout report.
+fn device_host(tag: &str, includes: &[PathBuf], extra: &[&str]) -> String {
+    let dir = dropin_dir(tag);
+    let binary = dir.join("device_host");
+    compile(
+        "device_host.c",
+        &binary,
+        includes,
+        extra,
+        &dropin_link(&dir),
+    );
+    for case in ["teams", "unsupported"] {
+        let out = run(&binary, &dir, case);
+        eprintln!("[{tag}] {case}:\n{out}");
+        assert!(out.contains(&format!("{case}: ok")), "{out}");
+    }
+    run(&binary, &dir, "layout")
+}
+
+/// tests/c/device_host.c: the host side of the device API (properties,
+/// teams, the calls that need device code and fail saying so), built
+/// against ffi/include/nccl_device/host.h and, when present, NVIDIA's
+/// (whose layouts must match ours).
+#[test]
+fn device_api_host_side() {
+    // NCCL_COMM_PROPERTIES_INITIALIZER names only the leading fields.
+    let ours = device_host(
+        "device-host-own",
+        &own_include(),
+        &["-Wno-missing-field-initializers"],
+    );
+    let Some(nvidia) = nvidia_include() else {
+        eprintln!("SKIPPED the comparison with NVIDIA's nccl_device/host.h: RCCLRS_NVIDIA_NCCL_INCLUDE is not set");
+        return;
+    };
+    // NVIDIA's header declares inline device helpers that C never defines.
+    let theirs = device_host(
+        "device-host-nvidia",
+        &nvidia,
+        &["-Wno-missing-field-initializers", "-Wno-error"],
+    );
+    assert_eq!(
+        ours, theirs,
+        "layouts differ from NVIDIA's nccl_device/host.h"
+    );
+}
+
 /// tests/c/emu.c: a C program on the emulated GPU (device buffers,
 /// streams, groups, events, through rcclrs_emu.h).
 #[test]

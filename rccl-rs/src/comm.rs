@@ -243,6 +243,9 @@ pub(crate) struct CommInner {
     choices: Mutex<ChoiceCache>,
     /// Launches enqueued on streams and not finished yet.
     pub queued: crate::queue::Queued,
+    /// This communicator's context of a C tuner plug-in
+    /// (`NCCL_TUNER_PLUGIN`), finalized when the communicator goes.
+    tuner: Option<crate::tuner_plugin::CTuner>,
 }
 
 impl crate::queue::Owner for CommInner {
@@ -306,6 +309,10 @@ impl CommInner {
                 board_bytes: self.board_bytes(),
                 model: &self.link_model,
                 rails: self.rails,
+                tuner: self
+                    .tuner
+                    .as_ref()
+                    .map(|t| t as &dyn crate::tuning::TunerPlugin),
             },
         )?;
         if cacheable {
@@ -650,7 +657,7 @@ impl Communicator {
             .collect();
         // Channels follow the rails unless NCCL_MAX_NCHANNELS (or a
         // configured maximum other than the default) says otherwise.
-        if std::env::var_os("NCCL_MAX_NCHANNELS").is_none()
+        if rccl_env::var("NCCL_MAX_NCHANNELS").is_none()
             && config.max_channels == Config::default().max_channels
         {
             config.max_channels = config.max_channels.max(rails).min(MAX_CHANNELS);
@@ -684,6 +691,7 @@ impl Communicator {
             })
             .collect();
         let topology = Topology::from_hosts(host_of);
+        let tuner = crate::tuner_plugin::open(nranks, topology.hosts(), hash_of(&bootstrap));
         let channels = config.max_channels;
         let no_links = || {
             (0..channels)
@@ -718,6 +726,7 @@ impl Communicator {
             link_model,
             choices: Mutex::new(ChoiceCache::default()),
             queued: crate::queue::Queued::default(),
+            tuner,
         });
         register(&inner);
         let local_ranks = inner
@@ -798,9 +807,9 @@ impl Communicator {
     /// ([`UniqueId::from_address`]).
     pub fn from_env() -> Result<Communicator> {
         let (rank, nranks) = rank_from_env()?;
-        let addr = match std::env::var("NCCL_COMM_ID") {
-            Ok(addr) => addr,
-            Err(_) => {
+        let addr = match rccl_env::var("NCCL_COMM_ID") {
+            Some(addr) => addr,
+            None => {
                 let host = env_required("MASTER_ADDR")?;
                 let port = rendezvous_port(&env_required("MASTER_PORT")?)?;
                 if host.contains(':') && !host.starts_with('[') {
@@ -825,6 +834,18 @@ impl Communicator {
     /// The number of ranks (`ncclCommCount`).
     pub fn count(&self) -> usize {
         self.inner.nranks
+    }
+
+    /// The ranks of every host, in rank order (hosts numbered by their
+    /// lowest rank).
+    pub fn hosts(&self) -> &[Vec<usize>] {
+        self.inner.topology.hosts()
+    }
+
+    /// A 64-bit hash of the communicator's secret, the same on every rank
+    /// and different between communicators (NCCL's `commHash`).
+    pub fn hash(&self) -> u64 {
+        hash_of(&self.inner.bootstrap)
     }
 
     /// The settings in force.
@@ -1101,10 +1122,20 @@ fn quota_limited() -> bool {
         .unwrap_or(false)
 }
 
+/// The communicator hash of [`Communicator::hash`], from its secret.
+fn hash_of(bootstrap: &Bootstrap) -> u64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(b"rccl-rs communicator hash")
+        .chain_update(bootstrap.secret().0)
+        .finalize();
+    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
+}
+
 /// What identifies this host: `NCCL_HOSTID` when set (test beds that
 /// emulate hosts on one machine set it), else the host name and boot id.
 fn host_id() -> String {
-    if let Ok(id) = std::env::var("NCCL_HOSTID") {
+    if let Some(id) = rccl_env::var("NCCL_HOSTID") {
         return id;
     }
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();

@@ -153,10 +153,10 @@ impl Config {
         if let Some(bytes) = env_usize("NCCL_LL128_BUFFSIZE")? {
             config.ll128_buffsize = bytes;
         }
-        if let Ok(text) = std::env::var("NCCL_PROTO") {
+        if let Some(text) = rccl_env::var("NCCL_PROTO") {
             config.proto = Selection::parse("NCCL_PROTO", &text)?;
         }
-        if let Ok(text) = std::env::var("NCCL_ALGO") {
+        if let Some(text) = rccl_env::var("NCCL_ALGO") {
             config.algo = Selection::parse("NCCL_ALGO", &text)?;
         }
         if let Some(bytes) = env_usize("RCCL_BOARD_BYTES")? {
@@ -168,7 +168,7 @@ impl Config {
         if let Some(flag) = env_usize("NCCL_SHM_DISABLE")? {
             config.shm_disable = flag != 0;
         }
-        if let Ok(name) = std::env::var("NCCL_NET") {
+        if let Some(name) = rccl_env::var("NCCL_NET") {
             config.net = Some(name).filter(|name| !name.is_empty());
         }
         if let Some(flag) = env_usize("NCCL_P2P_DISABLE")? {
@@ -177,7 +177,7 @@ impl Config {
         if let Some(flag) = env_usize("NCCL_DMABUF_ENABLE")? {
             config.dmabuf = flag != 0;
         }
-        if let Ok(level) = std::env::var("NCCL_NET_GDR_LEVEL") {
+        if let Some(level) = rccl_env::var("NCCL_NET_GDR_LEVEL") {
             config.net_gdr = gdr_level(&level)?;
         }
         config.validate()?;
@@ -254,13 +254,13 @@ pub const MAX_BOARD_BYTES: usize = 16 << 20;
 
 /// The number in environment variable `name`, if it is set.
 pub(crate) fn env_usize(name: &str) -> Result<Option<usize>> {
-    match std::env::var(name) {
-        Ok(text) => text
+    match rccl_env::var(name) {
+        Some(text) => text
             .trim()
             .parse()
             .map(Some)
             .map_err(|_| Error::InvalidArgument(format!("{name}={text:?} is not a number"))),
-        Err(_) => Ok(None),
+        None => Ok(None),
     }
 }
 

@@ -37,7 +37,7 @@ static INSTALL: Once = Once::new();
 /// Installs the NCCL-style log printer once, if `NCCL_DEBUG` asks for it.
 pub fn init() {
     INSTALL.call_once(|| {
-        let Ok(level) = std::env::var("NCCL_DEBUG") else {
+        let Some(level) = rccl_env::var("NCCL_DEBUG") else {
             return;
         };
         let level = match level.to_ascii_uppercase().as_str() {
@@ -46,7 +46,7 @@ pub fn init() {
             "TRACE" => Level::TRACE,
             _ => return,
         };
-        let subsys = std::env::var("NCCL_DEBUG_SUBSYS").unwrap_or_else(|_| DEFAULT_SUBSYS.into());
+        let subsys = rccl_env::var("NCCL_DEBUG_SUBSYS").unwrap_or_else(|| DEFAULT_SUBSYS.into());
         let filter = SubsysFilter::parse(&subsys);
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(level)

@@ -6,7 +6,7 @@
 
 /// Panics if `RCCL_FAULT_INJECT` names `name`.
 pub fn point(name: &str) {
-    if let Ok(points) = std::env::var("RCCL_FAULT_INJECT") {
+    if let Some(points) = rccl_env::var("RCCL_FAULT_INJECT") {
         if points.split(',').any(|p| p.trim() == name) {
             panic!("fault injected at '{name}' (RCCL_FAULT_INJECT={points})");
         }

@@ -85,7 +85,7 @@ fn job_name_from(lookup: impl Fn(&str) -> Option<String>) -> Option<String> {
 
 /// The key file: `RCCL_KEY_FILE`, else `~/.rccl/key`.
 pub(crate) fn key_file_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("RCCL_KEY_FILE").filter(|p| !p.is_empty()) {
+    if let Some(p) = rccl_env::var("RCCL_KEY_FILE").filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
     }
     let home = std::env::var_os("HOME").filter(|h| !h.is_empty())?;
@@ -313,8 +313,10 @@ fn credential(addr: SocketAddr) -> Result<Credential> {
     credential_from(
         addr,
         key_file_path(),
-        std::env::var_os("NCCL_COMM_SECRET").or_else(|| std::env::var_os("RCCL_COMM_SECRET")),
-        std::env::var("RCCL_INSECURE_ADDRESS_SECRET").is_ok_and(|v| v.trim() == "1"),
+        rccl_env::var("NCCL_COMM_SECRET")
+            .or_else(|| rccl_env::var("RCCL_COMM_SECRET"))
+            .map(std::ffi::OsString::from),
+        rccl_env::var("RCCL_INSECURE_ADDRESS_SECRET").is_some_and(|v| v.trim() == "1"),
     )
 }
 

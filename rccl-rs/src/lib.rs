@@ -39,6 +39,7 @@ mod signal;
 mod state;
 mod stream;
 mod stuck;
+mod tuner_plugin;
 pub mod tuning;
 mod types;
 
@@ -54,5 +55,8 @@ pub use rccl_algorithms::CollKind;
 /// GPU memory, streams and events (the `rccl-device` crate): what callers of
 /// the stream-ordered calls allocate and synchronize with.
 pub use rccl_device as device;
+/// Settings: the one reader of `NCCL_*` / `RCCL_*` variables (and the
+/// environment plug-in).
+pub use rccl_env as env;
 pub use signal::report_hangs_on_signal;
 pub use types::{DataType, RedOp};

@@ -338,7 +338,7 @@ pub fn host_nics(bootstrap: IpAddr) -> Result<Vec<Nic>> {
 }
 
 fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+    rccl_env::var(name).filter(|v| !v.trim().is_empty())
 }
 
 /// This host's bootstrap address, honouring `NCCL_SOCKET_IFNAME` and

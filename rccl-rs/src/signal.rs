@@ -197,7 +197,7 @@ fn parse_signal(text: &str) -> std::result::Result<Option<i32>, String> {
 /// reports, fails the init: the variable is there to make hangs visible,
 /// and silently ignoring it, or taking over SIGTERM, would defeat that.
 pub(crate) fn install_from_env() -> Result<()> {
-    let Ok(text) = std::env::var("RCCL_HANG_REPORT_SIGNAL") else {
+    let Some(text) = rccl_env::var("RCCL_HANG_REPORT_SIGNAL") else {
         return Ok(());
     };
     let signal = parse_signal(&text)

@@ -58,6 +58,9 @@ pub struct Placement<'a> {
     /// NICs per host the channels spread over (channel `c` on NIC
     /// `c mod rails`).
     pub rails: usize,
+    /// The communicator's own tuner (a C tuner plug-in's context), asked
+    /// before the process-wide one.
+    pub tuner: Option<&'a dyn TunerPlugin>,
 }
 
 /// Name of the algorithm that runs through the board when the call fits.
@@ -99,8 +102,7 @@ impl LinkModel {
     /// The defaults overridden by the environment.
     pub fn from_env() -> LinkModel {
         let var = |name: &str, default: f64| {
-            std::env::var(name)
-                .ok()
+            rccl_env::var(name)
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .filter(|v| *v > 0.0)
                 .unwrap_or(default)
@@ -223,6 +225,48 @@ pub trait TunerPlugin: Send + Sync {
     /// The choice for a call of `bytes` per rank on `topology`, or `None`
     /// to leave it to the built-in model.
     fn choose(&self, kind: CollKind, bytes: usize, topology: &Topology) -> Option<TunerHint>;
+
+    /// As [`choose`](Self::choose), shown the model's estimates for the
+    /// allowed choices and the channel count it picked; by default,
+    /// `choose`.
+    fn choose_from(&self, call: &TunerCall<'_>) -> Option<TunerHint> {
+        self.choose(call.kind, call.bytes, call.topology)
+    }
+
+    /// A chunk size in bytes to use instead of `chunk_bytes` for the
+    /// chosen algorithm, protocol and channels, or `None` to keep it.
+    fn chunk_bytes(
+        &self,
+        _kind: CollKind,
+        _bytes: usize,
+        _algorithm: &str,
+        _protocol: Protocol,
+        _nchannels: usize,
+        _chunk_bytes: usize,
+    ) -> Option<usize> {
+        None
+    }
+}
+
+/// What a plug-in is shown of a call in [`TunerPlugin::choose_from`].
+pub struct TunerCall<'a> {
+    pub kind: CollKind,
+    /// Bytes per rank.
+    pub bytes: usize,
+    pub topology: &'a Topology,
+    /// Each allowed algorithm and protocol with the model's estimate.
+    pub costs: &'a [TunerCost],
+    /// The channels the model picked.
+    pub nchannels: usize,
+}
+
+/// The model's estimate for one allowed algorithm and protocol.
+#[derive(Clone, Copy, Debug)]
+pub struct TunerCost {
+    pub algorithm: &'static str,
+    pub protocol: Protocol,
+    /// Microseconds; `None` for an algorithm the model does not know.
+    pub us: Option<f64>,
 }
 
 /// What a plug-in asks for; `None` fields are left to the model.
@@ -259,10 +303,11 @@ pub(crate) fn generation() -> u64 {
     GENERATION.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Whether a tuner plug-in is installed: its answers may differ from call
-/// to call, so choices are not remembered while one is.
+/// Whether a tuner plug-in is installed or a C tuner library loaded: its
+/// answers may differ from call to call, so choices are not remembered
+/// while one is.
 pub(crate) fn has_plugin() -> bool {
-    PLUGIN_INSTALLED.load(std::sync::atomic::Ordering::Relaxed)
+    PLUGIN_INSTALLED.load(std::sync::atomic::Ordering::Relaxed) || crate::tuner_plugin::loaded_any()
 }
 
 /// Picks algorithm, protocol and parameters for `spec` with
@@ -314,20 +359,34 @@ pub fn choose(
     }
     let model = placement.model;
     let default = rccl_algorithms::default_for(kind);
+    let global = PLUGIN.read();
+    let asked: Vec<&dyn TunerPlugin> = placement
+        .tuner
+        .into_iter()
+        .chain(global.as_deref())
+        .collect();
+    let mut costs = Vec::new();
     let mut best: Option<(f64, &'static dyn Algorithm, Protocol)> = None;
     for &algorithm in &candidates {
         for &protocol in &protocols {
-            // Unmodeled (user) algorithms run only when nothing else is
-            // allowed; among modeled ones, the default wins ties.
-            let cost = estimate_us(
+            let estimate = estimate_us(
                 model,
                 algorithm.name(),
                 kind,
                 bytes,
                 placement.topology,
                 protocol,
-            )
-            .unwrap_or(f64::MAX / 2.0)
+            );
+            if !asked.is_empty() {
+                costs.push(TunerCost {
+                    algorithm: algorithm.name(),
+                    protocol,
+                    us: estimate,
+                });
+            }
+            // Unmodeled (user) algorithms run only when nothing else is
+            // allowed; among modeled ones, the default wins ties.
+            let cost = estimate.unwrap_or(f64::MAX / 2.0)
                 - if std::ptr::eq(algorithm, default) {
                     1e-9
                 } else {
@@ -355,11 +414,17 @@ pub fn choose(
             algorithm = replayed;
         }
     }
-    if let Some(hint) = PLUGIN
-        .read()
-        .as_ref()
-        .and_then(|p| p.choose(kind, bytes, placement.topology))
-    {
+    for plugin in &asked {
+        let call = TunerCall {
+            kind,
+            bytes,
+            topology: placement.topology,
+            costs: &costs,
+            nchannels,
+        };
+        let Some(hint) = plugin.choose_from(&call) else {
+            continue;
+        };
         if let Some(a) = hint
             .algorithm
             .as_deref()
@@ -373,10 +438,28 @@ pub fn choose(
         if let Some(c) = hint.nchannels {
             nchannels = c.clamp(config.min_channels, config.max_channels);
         }
+        tracing::info!(
+            target: crate::debug::TUNING,
+            "tuner plug-in {}: {} {bytes} bytes -> {}/{}, {nchannels} channels",
+            plugin.name(),
+            kind.name(),
+            algorithm.name(),
+            protocol.name()
+        );
     }
+    let mut chunk = chunk_bytes(config, protocol);
+    for plugin in &asked {
+        // No larger than the connections' buffers hold.
+        if let Some(c) =
+            plugin.chunk_bytes(kind, bytes, algorithm.name(), protocol, nchannels, chunk)
+        {
+            chunk = c.min(chunk_bytes(config, protocol));
+        }
+    }
+    drop(global);
     let mut params = Params {
         nchannels,
-        chunk_elems: (chunk_bytes(config, protocol) / elem_size).max(1),
+        chunk_elems: (chunk / elem_size).max(1),
     };
     if across {
         // The cut the replay ranked it with (the tree's chunks shrink
@@ -544,7 +627,7 @@ pub(crate) fn register_schedule_files_from_env() -> Result<()> {
     static LOADED: std::sync::OnceLock<std::result::Result<(), Error>> = std::sync::OnceLock::new();
     LOADED
         .get_or_init(|| {
-            let Ok(list) = std::env::var("RCCL_SCHEDULE_FILES") else {
+            let Some(list) = rccl_env::var("RCCL_SCHEDULE_FILES") else {
                 return Ok(());
             };
             for path in list.split(':').filter(|p| !p.is_empty()) {
@@ -639,6 +722,7 @@ mod tests {
             board_bytes: 0,
             model: &LinkModel::MEASURED,
             rails: 1,
+            tuner: None,
         }
     }
 

@@ -31,8 +31,7 @@ const BACKEND: &str = "emu";
 /// streams of a joint task before it gives up with an error
 /// (`RCCL_TIMEOUT_MS`, the engine's timeout, default 300 s).
 pub fn wait_limit() -> Duration {
-    std::env::var("RCCL_TIMEOUT_MS")
-        .ok()
+    rccl_env::var("RCCL_TIMEOUT_MS")
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|&ms| ms > 0)
         .map_or(Duration::from_secs(300), Duration::from_millis)

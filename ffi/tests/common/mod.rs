@@ -244,6 +244,7 @@ pub fn direct_us_on(cluster: &ClusterSpec, count: usize) -> f64 {
         board_bytes: if all_shm { config.board_bytes } else { 0 },
         model: &model,
         rails: 1,
+        tuner: None,
     };
     let choice = rccl::tuning::choose(&config, &spec, 4, &placement).unwrap();
     let protocol = Protocol::parse(choice.protocol.name()).unwrap();

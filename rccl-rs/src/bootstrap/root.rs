@@ -138,8 +138,7 @@ pub(super) struct Registrant {
 }
 
 pub(super) fn root_timeout() -> Duration {
-    std::env::var("RCCL_BOOTSTRAP_ROOT_TIMEOUT")
-        .ok()
+    rccl_env::var("RCCL_BOOTSTRAP_ROOT_TIMEOUT")
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|s| s.is_finite() && *s > 0.0)
         .map(Duration::from_secs_f64)

@@ -41,7 +41,7 @@ impl Default for IbConfig {
 impl IbConfig {
     /// The settings from the environment.
     pub fn from_env() -> Result<IbConfig, String> {
-        IbConfig::from_lookup(|name| std::env::var(name).ok())
+        IbConfig::from_lookup(rccl_env::var)
     }
 
     /// The settings from `lookup` (a variable's value by name).

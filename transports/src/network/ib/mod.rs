@@ -208,8 +208,8 @@ impl Ib {
     /// setting), for the caller to log and fall back to Socket.
     pub fn from_env(ip: IpAddr, secret: Secret) -> Result<Ib, String> {
         let config = IbConfig::from_env()?;
-        let verbs: Arc<dyn Verbs> = match std::env::var("RCCL_IB_MODEL") {
-            Ok(value) if !value.is_empty() && value != "0" => {
+        let verbs: Arc<dyn Verbs> = match rccl_env::var("RCCL_IB_MODEL") {
+            Some(value) if !value.is_empty() && value != "0" => {
                 let IpAddr::V4(v4) = ip else {
                     return Err(format!("the verbs model needs an IPv4 address, not {ip}"));
                 };

@@ -37,10 +37,7 @@ pub fn result_name(code: NcclResult) -> &'static str {
     }
 }
 
-/// `ncclDebugLogLevel`: `NCCL_LOG_WARN`.
-pub const LOG_WARN: c_int = 2;
-/// `NCCL_LOG_INFO`.
-pub const LOG_INFO: c_int = 3;
+pub use rccl_env::{Logger, LOG_INFO, LOG_WARN};
 /// `NCCL_LOG_TRACE`.
 pub const LOG_TRACE: c_int = 5;
 /// `ncclDebugLogSubSys`: `NCCL_INIT`.
@@ -60,16 +57,6 @@ pub const NET_DEVICE_HOST: c_int = 0;
 pub const MAX_NET_SIZE: usize = 1 << 30;
 /// `NCCL_NET_TRAFFIC_CLASS_UNDEF`.
 pub const TRAFFIC_CLASS_UNDEF: c_int = -1;
-
-/// `ncclDebugLogger_t`.
-pub type Logger = unsafe extern "C" fn(
-    level: c_int,
-    flags: c_ulong,
-    file: *const c_char,
-    line: c_int,
-    fmt: *const c_char,
-    ...
-);
 
 /// `ncclProfilerCallback_t`.
 pub type ProfilerCallback = unsafe extern "C" fn(

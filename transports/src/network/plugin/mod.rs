@@ -22,8 +22,7 @@
 
 pub mod abi;
 
-use std::cell::RefCell;
-use std::ffi::{c_char, c_int, c_ulong, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::PathBuf;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -39,57 +38,7 @@ use super::{
 };
 use crate::transport::Transport;
 use abi::{CommConfig, NcclResult, NetV10, NetV11, NetV12, NetV8, NetV9};
-
-extern "C" {
-    /// `logger.c`: the variadic logger plug-ins are given.
-    fn rccl_net_plugin_logger(
-        level: c_int,
-        flags: c_ulong,
-        file: *const c_char,
-        line: c_int,
-        fmt: *const c_char,
-        ...
-    );
-}
-
-thread_local! {
-    /// The last warning a plug-in logged on this thread: the text of the
-    /// error its next failed call returns.
-    static LAST_WARNING: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-/// Where `logger.c` hands each formatted message: to this process's log
-/// (`NET` subsystem); a warning is also kept as the text of the error of
-/// the call that logged it.
-///
-/// # Safety
-/// `file` and `message` are null or NUL-terminated strings.
-#[no_mangle]
-pub unsafe extern "C" fn rccl_net_plugin_log_sink(
-    level: c_int,
-    _flags: c_ulong,
-    file: *const c_char,
-    line: c_int,
-    message: *const c_char,
-) {
-    let text = |p: *const c_char| {
-        if p.is_null() {
-            String::new()
-        } else {
-            // SAFETY: non-null strings from logger.c are NUL-terminated.
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-        }
-    };
-    let (file, message) = (text(file), text(message));
-    match level {
-        abi::LOG_WARN => {
-            tracing::warn!(target: "NET", "NET/Plugin {file}:{line} {message}");
-            LAST_WARNING.with(|last| *last.borrow_mut() = Some(message));
-        }
-        abi::LOG_INFO => tracing::info!(target: "NET", "NET/Plugin {message}"),
-        _ => tracing::trace!(target: "NET", "NET/Plugin {message}"),
-    }
-}
+use rccl_env::logger;
 
 /// The profiler callback plug-ins are given: no events are recorded.
 unsafe extern "C" fn no_profiler(
@@ -104,10 +53,6 @@ unsafe extern "C" fn no_profiler(
         unsafe { *event = null_mut() };
     }
     abi::SUCCESS
-}
-
-fn logger() -> abi::Logger {
-    rccl_net_plugin_logger
 }
 
 /// One version's table.
@@ -173,7 +118,7 @@ fn check(
     call: &'static str,
     peer: &str,
 ) -> Result<(), NetError> {
-    let warning = LAST_WARNING.with(|last| last.borrow_mut().take());
+    let warning = rccl_env::take_warning();
     if code == abi::SUCCESS {
         return Ok(());
     }
@@ -188,22 +133,23 @@ fn check(
 
 /// Forgets any warning left from an earlier call.
 fn clear_warning() {
-    LAST_WARNING.with(|last| last.borrow_mut().take());
+    rccl_env::take_warning();
 }
 
 /// The library names NCCL tries for one entry of `NCCL_NET_PLUGIN`
 /// (`None`: the variable is unset).
 pub fn library_names(entry: Option<&str>) -> Vec<String> {
-    let Some(entry) = entry else {
-        return vec!["libnccl-net.so".into()];
-    };
-    let is_library = entry.starts_with("lib") && entry.ends_with(".so");
-    let mut names = Vec::with_capacity(2);
-    if !entry.contains('/') && !is_library {
-        names.push(format!("libnccl-net-{entry}.so"));
-    }
-    names.push(entry.to_string());
-    names
+    rccl_env::library_names("net", entry)
+}
+
+/// Every library name `NCCL_NET_PLUGIN` leads to, in the order they are
+/// tried (other kinds of plug-in fall back to a net plug-in's library).
+pub fn net_library_names() -> Vec<String> {
+    let var = rccl_env::var("NCCL_NET_PLUGIN");
+    entries(var.as_deref())
+        .iter()
+        .flat_map(|entry| library_names(entry.as_deref()))
+        .collect()
 }
 
 /// The entries of `NCCL_NET_PLUGIN` (`None`: unset), in order; `none`
@@ -394,7 +340,7 @@ impl Plugin {
 fn loaded() -> &'static [Arc<Plugin>] {
     static LOADED: OnceLock<Vec<Arc<Plugin>>> = OnceLock::new();
     LOADED.get_or_init(|| {
-        let var = std::env::var("NCCL_NET_PLUGIN").ok();
+        let var = rccl_env::var("NCCL_NET_PLUGIN");
         if let Some(var) = &var {
             tracing::info!(target: "INIT", "NCCL_NET_PLUGIN set by environment to {var}");
         }

@@ -81,7 +81,7 @@ pub const FAULT_ENV: &str = "RCCL_IB_MODEL_FAULT";
 pub const GPU_DIRECT_ENV: &str = "RCCL_IB_MODEL_GDR";
 
 fn gpu_direct() -> bool {
-    std::env::var(GPU_DIRECT_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
+    rccl_env::var(GPU_DIRECT_ENV).is_some_and(|v| !v.is_empty() && v != "0")
 }
 
 /// Bytes queued on a stream before the NIC stops taking work requests.
@@ -493,7 +493,7 @@ impl Nic {
             return Err(io::Error::last_os_error());
         }
         let mut faults = Vec::new();
-        if let Ok(text) = std::env::var(FAULT_ENV) {
+        if let Some(text) = rccl_env::var(FAULT_ENV) {
             let fault = Fault::parse(&text)
                 .map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?;
             faults.push(fault);
