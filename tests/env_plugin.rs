@@ -1,7 +1,9 @@
 //! The NCCL environment plug-in (`NCCL_ENV_PLUGIN`): a minimal C plug-in
 //! (`tests/c/plugins/env.c`), built at v2 and at v1, supplies `NCCL_ALGO`,
-//! which the algorithm `all_reduce_perf -J` reports follows; a value the
-//! user set in the environment wins over the plug-in's.
+//! which the algorithm `all_reduce_perf -J` reports follows. As with
+//! NCCL, the plug-in answers every lookup: its value wins over the one the
+//! user set in the environment, and a setting it has no value for comes
+//! from the environment.
 
 #[path = "common/perf_bins.rs"]
 mod perf_bins;
@@ -38,9 +40,9 @@ fn build_plugin(out: &Path, v1: bool) {
     assert!(status.success(), "cc failed: {cc:?}");
 }
 
-/// The algorithm of each row of an `all_reduce_perf -J` run of 4 ranks
-/// under `env`.
-fn algorithms(tag: &str, env: &[(&str, &str)]) -> Vec<String> {
+/// The algorithm and protocol of each row of an `all_reduce_perf -J` run
+/// of 4 ranks under `env`.
+fn choices(tag: &str, env: &[(&str, &str)]) -> Vec<(String, String)> {
     let json = dir().join(format!("{tag}.json"));
     let _ = std::fs::remove_file(&json);
     let mut cmd = perf_command(
@@ -65,19 +67,22 @@ fn algorithms(tag: &str, env: &[(&str, &str)]) -> Vec<String> {
         .as_array()
         .expect("results")
         .iter()
-        .map(|r| r["rccl"]["algorithm"].as_str().unwrap().to_string())
+        .map(|r| {
+            let field = |name: &str| r["rccl"][name].as_str().unwrap().to_string();
+            (field("algorithm"), field("protocol"))
+        })
         .collect()
 }
 
 #[test]
-fn an_env_plugin_supplies_settings_the_user_did_not_set() {
+fn an_env_plugin_answers_every_setting_and_the_environment_fills_its_gaps() {
     let dir = dir();
     let (v2, v1) = (dir.join("env-v2.so"), dir.join("libnccl-env-testv1.so"));
     build_plugin(&v2, false);
     build_plugin(&v1, true);
-    let all = |algorithm: &str, rows: &[String]| rows.iter().all(|a| a == algorithm);
+    let all = |algorithm: &str, rows: &[(String, String)]| rows.iter().all(|(a, _)| a == algorithm);
 
-    let baseline = algorithms("none", &[("TEST_ENV_ALGO", "tree")]);
+    let baseline = choices("none", &[("TEST_ENV_ALGO", "tree")]);
     assert!(!all("tree", &baseline), "{baseline:?}");
 
     // v2 by path supplies NCCL_ALGO=tree.
@@ -85,14 +90,16 @@ fn an_env_plugin_supplies_settings_the_user_did_not_set() {
         ("NCCL_ENV_PLUGIN", v2.to_str().unwrap()),
         ("TEST_ENV_ALGO", "tree"),
     ];
-    let rows = algorithms("v2", &plugin);
+    let rows = choices("v2", &plugin);
     assert!(all("tree", &rows), "{rows:?}");
 
-    // What the user set wins.
+    // The plug-in's value wins over the user's; what it has no value for
+    // (NCCL_PROTO) comes from the environment.
     let mut user = plugin.to_vec();
-    user.push(("NCCL_ALGO", "ring"));
-    let rows = algorithms("user", &user);
-    assert!(all("ring", &rows), "{rows:?}");
+    user.extend([("NCCL_ALGO", "ring"), ("NCCL_PROTO", "LL128")]);
+    let rows = choices("user", &user);
+    assert!(all("tree", &rows), "{rows:?}");
+    assert!(rows.iter().all(|(_, p)| p == "LL128"), "{rows:?}");
 
     // v1 by name (libnccl-env-testv1.so on the library path).
     let rows = algorithms(

@@ -1,9 +1,12 @@
 //! rccl-rs's settings and what every kind of plug-in shares.
 //!
 //! [`var`] is the one reader of the `NCCL_*` and `RCCL_*` variables the
-//! crates of rccl-rs read. A variable set in the process's environment is
-//! used as it is; one that is not set is asked of the NCCL environment
-//! plug-in, if one is loaded: `NCCL_ENV_PLUGIN` (read from the environment
+//! crates of rccl-rs read. As with NCCL, a loaded environment plug-in
+//! answers every lookup: its value wins, also over one set in the
+//! process's environment (a site's plug-in may enforce a setting; one that
+//! lets users override reads the environment itself), and a name it has no
+//! value for (it returns null) falls back to the process's environment.
+//! The plug-in: `NCCL_ENV_PLUGIN` (read from the environment
 //! itself) names it by NCCL's rules ([`library_names`] with kind `env`:
 //! unset, `libnccl-env.so` if present; `X`, `libnccl-env-X.so` then `X`;
 //! `none`, no plug-in), and the newest of `ncclEnvPlugin_v2` and
@@ -254,12 +257,15 @@ fn plugin() -> Option<&'static EnvPlugin> {
 }
 
 /// The value of the setting `name` (an `NCCL_*` or `RCCL_*` variable):
-/// the process's environment's if set there, else the environment
-/// plug-in's, else `None`.
+/// the environment plug-in's if it has one, else the process's
+/// environment's, else `None`.
 pub fn var(name: &str) -> Option<String> {
-    if let Some(value) = std::env::var_os(name) {
-        return Some(value.to_string_lossy().into_owned());
-    }
+    plugin_var(name)
+        .or_else(|| std::env::var_os(name).map(|value| value.to_string_lossy().into_owned()))
+}
+
+/// What the environment plug-in, if one is loaded, says of `name`.
+fn plugin_var(name: &str) -> Option<String> {
     let plugin = plugin()?;
     let key = CString::new(name).ok()?;
     let _serial = plugin.calls.lock().unwrap_or_else(|p| p.into_inner());
