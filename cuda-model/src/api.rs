@@ -637,7 +637,6 @@ fn copy(dst: u64, src: u64, bytes: usize, stream: Option<CUstream>) -> Res<()> {
     } else {
         Work::Copy { dst, src, bytes }
     };
-    st.enqueue(s, work, None)?;
     let to_host = matches!(to, Place::Pageable | Place::Pinned);
     let wait = match stream {
         // Synchronous: device to device and pageable to device return
@@ -646,6 +645,10 @@ fn copy(dst: u64, src: u64, bytes: usize, stream: Option<CUstream>) -> Res<()> {
         // Asynchronous: only device to pageable waits.
         Some(_) => to == Place::Pageable && matches!(from, Place::Device(_)),
     };
+    if stream.is_none() && !wait {
+        late(&mut st, s)?;
+    }
+    st.enqueue(s, work, None)?;
     if wait {
         State::drain(&mut st, s)?;
     }
@@ -744,9 +747,23 @@ fn memset(dst: u64, value: u32, elem: usize, count: usize, stream: Option<CUstre
     if let Some(c) = st.capturing(s) {
         return st.capture_node(c, s, work);
     }
+    let wait = to == Place::Pinned || st.config().sync_copies;
+    if stream.is_none() && !wait {
+        late(&mut st, s)?;
+    }
     st.enqueue(s, work, None)?;
-    if stream.is_none() && (to == Place::Pinned || st.config().sync_copies) {
+    if stream.is_none() && wait {
         State::drain(&mut st, s)?;
+    }
+    Ok(())
+}
+
+/// Before a synchronous call's operation that runs after the call
+/// returns: the pause of `RCCL_CUDA_MODEL_LATE_MS`, if any.
+fn late(st: &mut State, legacy: u64) -> Res<()> {
+    let pause = st.config().late;
+    if !pause.is_zero() {
+        st.enqueue(legacy, Work::Pause(pause), None)?;
     }
     Ok(())
 }

@@ -80,6 +80,8 @@ pub(crate) enum Work {
     Graph(Arc<Vec<Node>>),
     /// Ordering only (an event wait).
     Empty,
+    /// A pause of the stream (`RCCL_CUDA_MODEL_LATE_MS`).
+    Pause(std::time::Duration),
 }
 
 /// A node of a graph, after the nodes it depends on.
@@ -145,6 +147,10 @@ pub(crate) fn run(work: &Work, dev: usize) -> Res<()> {
         }
         Work::Graph(nodes) => run_graph(nodes, dev),
         Work::Empty => Ok(()),
+        &Work::Pause(d) => {
+            std::thread::sleep(d);
+            Ok(())
+        }
     }
 }
 

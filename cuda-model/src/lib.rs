@@ -24,7 +24,10 @@
 //! `CUDA_ERROR_LAUNCH_TIMEOUT`), `RCCL_CUDA_MODEL_SYNC_COPIES=1`
 //! (synchronous memsets and copies complete before they return),
 //! `RCCL_CUDA_MODEL_PEER_ACCESS=1` (memory of any device is usable from
-//! every context), `RCCL_CUDA_MODEL_FAULT=kernel[:n]` (the n-th launch of
+//! every context), `RCCL_CUDA_MODEL_ALLOC_WAITS=0` (allocation and free
+//! do not wait for kernels), `RCCL_CUDA_MODEL_LATE_MS` (0: how long the
+//! legacy stream pauses before each memset or copy that a synchronous
+//! call left to run late, so that work racing with it shows), `RCCL_CUDA_MODEL_FAULT=kernel[:n]` (the n-th launch of
 //! `kernel`, the first by default, faults with
 //! `CUDA_ERROR_ILLEGAL_ADDRESS`).
 

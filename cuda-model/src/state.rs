@@ -22,6 +22,8 @@ pub(crate) struct Config {
     pub deadline: Duration,
     pub sync_copies: bool,
     pub peer_access: bool,
+    pub alloc_waits: bool,
+    pub late: Duration,
     pub fault: Option<(String, u64)>,
 }
 
@@ -46,6 +48,8 @@ impl Config {
             deadline: Duration::from_millis(number("RCCL_CUDA_MODEL_DEADLINE_MS", 20_000)),
             sync_copies: on("RCCL_CUDA_MODEL_SYNC_COPIES"),
             peer_access: on("RCCL_CUDA_MODEL_PEER_ACCESS"),
+            late: Duration::from_millis(number("RCCL_CUDA_MODEL_LATE_MS", 0)),
+            alloc_waits: std::env::var("RCCL_CUDA_MODEL_ALLOC_WAITS").map_or(true, |v| v != "0"),
             fault,
         }
     }
@@ -412,6 +416,9 @@ impl State {
     /// Waits for every kernel of `dev` launched so far: what allocation
     /// and free may do (the implicit synchronization CUDA allows).
     pub fn wait_kernels(st: &mut MutexGuard<'static, State>, dev: usize, call: &str) -> Res<()> {
+        if !st.config().alloc_waits {
+            return Ok(());
+        }
         let before: Vec<u64> = st.devices[dev].kernels.iter().copied().collect();
         let last = before.last().copied();
         wait_until(
