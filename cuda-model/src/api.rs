@@ -730,7 +730,7 @@ fn memset(dst: u64, value: u32, elem: usize, count: usize, stream: Option<CUstre
     if count == 0 {
         return Ok(());
     }
-    if dst % elem as u64 != 0 {
+    if !dst.is_multiple_of(elem as u64) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let to = place(&st, dst, elem * count)?;
@@ -1053,7 +1053,7 @@ pub extern "C" fn cuStreamWaitEvent(stream: CUstream, ev: CUevent, flags: c_uint
             // Inside one capture: an edge; a stream not capturing yet
             // joins the capture (a fork).
             (Some((c, nodes)), None | Some(_))
-                if st.captures.contains_key(&c) && mine.is_none_or_eq(c) =>
+                if st.captures.contains_key(&c) && mine.is_none_or(|m| m == c) =>
             {
                 let capture = st.captures.get_mut(&c).expect("checked");
                 let tails = capture.tails.entry(s).or_default();
@@ -1083,16 +1083,6 @@ pub extern "C" fn cuStreamWaitEvent(stream: CUstream, ev: CUevent, flags: c_uint
             }
         }
     })
-}
-
-trait NoneOrEq {
-    fn is_none_or_eq(&self, c: u64) -> bool;
-}
-
-impl NoneOrEq for Option<u64> {
-    fn is_none_or_eq(&self, c: u64) -> bool {
-        self.map_or(true, |m| m == c)
-    }
 }
 
 // ---- Capture and graphs ----

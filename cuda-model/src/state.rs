@@ -410,7 +410,7 @@ impl State {
     /// Whether `stream` completed its `seq`-th operation (a stream that
     /// is gone completed all of its).
     pub fn reached(&self, stream: u64, seq: u64) -> bool {
-        self.streams.get(&stream).map_or(true, |s| s.done >= seq)
+        self.streams.get(&stream).is_none_or(|s| s.done >= seq)
     }
 
     /// Waits for every kernel of `dev` launched so far: what allocation
@@ -429,11 +429,7 @@ impl State {
                      (CUDA may synchronize allocation with running kernels)"
                 )
             },
-            |s| {
-                last.map_or(true, |last| {
-                    s.devices[dev].kernels.range(..=last).next().is_none()
-                })
-            },
+            |s| last.is_none_or(|last| s.devices[dev].kernels.range(..=last).next().is_none()),
         )
     }
 
