@@ -15,8 +15,10 @@ use rccl::Communicator;
 use rcclrs::registry::{self, Entry, Slot};
 use rcclrs::*;
 
-/// A folder holding the model under the driver's names.
-fn driver_folder() -> PathBuf {
+/// A folder holding the model under the driver's names; with
+/// `stub_copy`, `libcuda.so` is a copy of it (another file, as the
+/// toolkit's stub is another library than the driver).
+fn driver_folder(stub_copy: bool) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
     let model = deps.join("librccl_cuda_model.so");
@@ -30,7 +32,11 @@ fn driver_folder() -> PathBuf {
     for name in ["libcuda.so.1", "libcuda.so"] {
         let link = folder.join(name);
         let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&model, &link).unwrap();
+        if stub_copy && name == "libcuda.so" {
+            std::fs::copy(&model, &link).unwrap();
+        } else {
+            std::os::unix::fs::symlink(&model, &link).unwrap();
+        }
     }
     folder
 }
@@ -40,12 +46,16 @@ const RAN: &str = "the case ran over the CUDA driver model";
 
 /// Runs `body` in a child process on the model.
 fn over_the_model(test: &str, env: &[(&str, &str)], body: fn()) {
+    over_the_model_in(test, env, false, body)
+}
+
+fn over_the_model_in(test: &str, env: &[(&str, &str)], stub_copy: bool, body: fn()) {
     if std::env::var("CUDA_MODEL_CASE").as_deref() == Ok(test) {
         body();
         println!("{RAN}");
         std::process::exit(0);
     }
-    let folder = driver_folder();
+    let folder = driver_folder(stub_copy);
     let path = match std::env::var("LD_LIBRARY_PATH") {
         Ok(p) if !p.is_empty() => format!("{}:{p}", folder.display()),
         _ => folder.display().to_string(),
@@ -100,11 +110,12 @@ fn the_cuda_backend_opens_on_the_model_and_moves_bytes() {
     );
 }
 
-/// How a rank makes its all-reduce: (communicator, stream, send, recv,
-/// count); returns the call's result.
-type Call = fn(ncclComm_t, cudaStream_t, *const u8, *mut u8, usize) -> ncclResult_t;
+/// How a rank makes its all-reduce: (rank, communicator, stream, send,
+/// recv, count); returns the call's result.
+type Call = fn(usize, ncclComm_t, cudaStream_t, *const u8, *mut u8, usize) -> ncclResult_t;
 
 fn plain_all_reduce(
+    _rank: usize,
     comm: ncclComm_t,
     stream: cudaStream_t,
     send: *const u8,
@@ -130,6 +141,7 @@ fn two_ranks_all_reduce(call: Call) {
             entry.handle() as usize
         })
         .collect();
+    let ready = &std::sync::Barrier::new(2);
     std::thread::scope(|s| {
         for (rank, &comm) in comms.iter().enumerate() {
             s.spawn(move || {
@@ -144,7 +156,9 @@ fn two_ranks_all_reduce(call: Call) {
                 // each other's kernels in one queue.
                 let own = device.create_stream().unwrap();
                 let comm = comm as ncclComm_t;
-                let rc = call(comm, own.raw() as cudaStream_t, send, recv, count);
+                // Every rank's buffers are ready before any call.
+                ready.wait();
+                let rc = call(rank, comm, own.raw() as cudaStream_t, send, recv, count);
                 assert_eq!(rc, ncclSuccess, "rank {rank}: {}", last_error(comm));
                 own.synchronize(Instant::now() + Duration::from_secs(30))
                     .unwrap();
@@ -194,6 +208,21 @@ fn an_all_reduce_on_device_memory_through_the_c_abi() {
     );
 }
 
+/// Rank 1 makes its first call once rank 0's kernel waits for it.
+fn second_rank_calls_late(
+    rank: usize,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+) -> ncclResult_t {
+    if rank == 1 {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    plain_all_reduce(rank, comm, stream, send, recv, count)
+}
+
 // What the model exposes of issue 31's defects: each test states what
 // CUDA promises; ignored until the defect is fixed (run them with
 // `--ignored`).
@@ -207,7 +236,7 @@ fn defect_5_allocation_on_the_call_path_waits_for_the_other_ranks_kernel() {
             ("RCCL_CUDA_MODEL_DEADLINE_MS", "3000"),
             ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
         ],
-        || two_ranks_all_reduce(plain_all_reduce),
+        || two_ranks_all_reduce(second_rank_calls_late),
     );
 }
 
@@ -258,6 +287,7 @@ fn driver_fn<T>(name: &std::ffi::CStr) -> T {
 }
 
 fn captured_all_reduce(
+    rank: usize,
     comm: ncclComm_t,
     stream: cudaStream_t,
     send: *const u8,
@@ -275,7 +305,7 @@ fn captured_all_reduce(
     // SAFETY: the model's capture calls on the rank's live stream.
     unsafe {
         assert_eq!(begin(s, 2), 0, "cuStreamBeginCapture (relaxed)");
-        let rc = plain_all_reduce(comm, stream, send, recv, count);
+        let rc = plain_all_reduce(rank, comm, stream, send, recv, count);
         assert_eq!(end(s, &mut graph), 0, "cuStreamEndCapture");
         if rc != ncclSuccess {
             return rc;
@@ -286,7 +316,7 @@ fn captured_all_reduce(
         }
     }
     // An ordinary call after the capture.
-    plain_all_reduce(comm, stream, send, recv, count)
+    plain_all_reduce(rank, comm, stream, send, recv, count)
 }
 
 #[test]
@@ -300,4 +330,148 @@ fn defect_1_a_collective_captured_in_a_graph_and_replayed() {
         ],
         || two_ranks_all_reduce(captured_all_reduce),
     );
+}
+
+/// Makes device `ordinal`'s primary context current on this thread
+/// through the driver (the model), as an application does before it
+/// creates its communicator.
+fn make_current(ordinal: i32) {
+    type P = *mut std::ffi::c_void;
+    let init: unsafe extern "C" fn(u32) -> i32 = driver_fn(c"cuInit");
+    let retain: unsafe extern "C" fn(*mut P, i32) -> i32 = driver_fn(c"cuDevicePrimaryCtxRetain");
+    let set: unsafe extern "C" fn(P) -> i32 = driver_fn(c"cuCtxSetCurrent");
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: the model's entry points with valid arguments.
+    unsafe {
+        assert_eq!(init(0), 0);
+        assert_eq!(retain(&mut ctx, ordinal), 0);
+        assert_eq!(set(ctx), 0);
+    }
+}
+
+#[test]
+#[ignore = "issue 31 defect 4: the backend opened on device 1 allocates on device 0 from a thread without a context"]
+fn defect_4_a_device_opened_on_device_1_allocates_there_from_every_thread() {
+    over_the_model(
+        "defect_4_a_device_opened_on_device_1_allocates_there_from_every_thread",
+        &[],
+        || {
+            make_current(1);
+            let device = cuda();
+            assert!(device.label().starts_with("[cuda 1]"), "{}", device.label());
+            std::thread::spawn(|| {
+                let device = cuda();
+                let memory = device.classify(device.alloc(64).unwrap());
+                assert_eq!(
+                    memory,
+                    rccl::device::Memory::Device {
+                        backend: "cuda",
+                        index: 1
+                    },
+                    "a helper thread's allocation"
+                );
+            })
+            .join()
+            .unwrap();
+        },
+    );
+}
+
+fn faulting_all_reduce(
+    rank: usize,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+) -> ncclResult_t {
+    // The launch faults (RCCL_CUDA_MODEL_FAULT); the communicator must
+    // say so within a second, whatever the call answered.
+    let _ = plain_all_reduce(rank, comm, stream, send, recv, count);
+    let until = Instant::now() + Duration::from_secs(1);
+    loop {
+        let mut async_error = ncclSuccess;
+        // SAFETY: a live communicator, a writable result.
+        unsafe { ncclCommGetAsyncError(comm, &mut async_error) };
+        if async_error != ncclSuccess && async_error != ncclInProgress {
+            // And the communicator can be destroyed.
+            let destroyed = Instant::now();
+            // SAFETY: a live communicator, destroyed once.
+            unsafe { ncclCommDestroy(comm) };
+            let took = destroyed.elapsed();
+            assert!(
+                took < Duration::from_secs(5),
+                "rank {rank}: ncclCommDestroy took {took:?}"
+            );
+            return async_error;
+        }
+        assert!(
+            Instant::now() < until,
+            "rank {rank}: no asynchronous error 1 s after a kernel fault"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Two ranks whose launches fault: each must see an asynchronous error.
+fn two_ranks_fault() {
+    let device = cuda();
+    let comms: Vec<usize> = Communicator::init_all_config(2, test_config())
+        .unwrap()
+        .into_iter()
+        .map(|comm| {
+            let entry = Entry::new(Slot::Ready(comm), true, 0, None);
+            registry::insert(entry.clone());
+            entry.handle() as usize
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for (rank, &comm) in comms.iter().enumerate() {
+            s.spawn(move || {
+                let (send, recv) = (device.alloc(4096).unwrap(), device.alloc(4096).unwrap());
+                let own = device.create_stream().unwrap();
+                faulting_all_reduce(
+                    rank,
+                    comm as ncclComm_t,
+                    own.raw() as cudaStream_t,
+                    send,
+                    recv,
+                    1024,
+                );
+            });
+        }
+    });
+}
+
+#[test]
+#[ignore = "issue 31 defect 8: after a kernel fault the launch's host function never runs: no asynchronous error"]
+fn defect_8_a_kernel_fault_poisons_the_communicator() {
+    over_the_model(
+        "defect_8_a_kernel_fault_poisons_the_communicator",
+        &[
+            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
+            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
+            ("RCCL_CUDA_MODEL_FAULT", "rccl_run_work"),
+        ],
+        two_ranks_fault,
+    );
+}
+
+#[test]
+#[ignore = "issue 31 defect 10: cudarc loads libcuda.so (here another file, as the toolkit's stub is) beside the libcuda.so.1 the backend opened"]
+fn defect_10_one_driver_library_is_loaded() {
+    over_the_model_in("defect_10_one_driver_library_is_loaded", &[], true, || {
+        let device = cuda();
+        device.alloc(64).unwrap();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let mut drivers: Vec<&str> = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            // The link resolves to the model's file, the copy stays.
+            .filter(|p| p.contains("cuda-model-driver-") || p.ends_with("librccl_cuda_model.so"))
+            .collect();
+        drivers.sort();
+        drivers.dedup();
+        assert_eq!(drivers.len(), 1, "driver libraries loaded: {drivers:?}");
+    });
 }
