@@ -102,7 +102,7 @@ fn an_env_plugin_answers_every_setting_and_the_environment_fills_its_gaps() {
     assert!(rows.iter().all(|(_, p)| p == "LL128"), "{rows:?}");
 
     // v1 by name (libnccl-env-testv1.so on the library path).
-    let rows = algorithms(
+    let rows = choices(
         "v1",
         &[
             ("NCCL_ENV_PLUGIN", "testv1"),

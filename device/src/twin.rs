@@ -42,7 +42,22 @@ pub unsafe fn run_channel(work: &Work, channel: usize, spins: u64) -> ChannelEnd
         work.nchannels()
     );
     // SAFETY: the caller's contract; the block is a complete encoding.
-    match unsafe { rccl_twin_run_channel(work.header(), channel as u32, spins) } {
+    unsafe { run_encoded_channel(work.header(), channel as u32, spins) }
+}
+
+/// Runs channel `channel` of the encoded work at `header` (a block copied
+/// to device memory, as a kernel sees it) on this thread to its end.
+///
+/// # Safety
+/// As [`run_channel`], `header` starting a complete encoding of more than
+/// `channel` channels.
+pub unsafe fn run_encoded_channel(
+    header: *const WorkHeader,
+    channel: u32,
+    spins: u64,
+) -> ChannelEnd {
+    // SAFETY: the caller's contract.
+    match unsafe { rccl_twin_run_channel(header, channel, spins) } {
         0 => ChannelEnd::Done,
         1 => ChannelEnd::Aborted,
         2 => ChannelEnd::GaveUp,

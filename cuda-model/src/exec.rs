@@ -1,0 +1,383 @@
+//! What streams and graphs run: memsets, copies, host functions, event
+//! records, frees, and kernels of the fatbin as their host twin, each
+//! block holding one modeled SM while it runs.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUresult;
+use parking_lot::{Condvar, Mutex};
+use rccl_device::abi::ReduceArgs;
+use rccl_device::twin::{self, ChannelEnd};
+use rccl_device::work::WorkHeader;
+
+use crate::state::{lock, notify, wait_until, State};
+use crate::{report, Res};
+
+/// The fatbin's kernels: name, parameter sizes, launch bound (threads
+/// per block).
+pub(crate) const KERNELS: [(&str, &[usize], u32); 15] = [
+    ("rccl_reduce_int8", &[REDUCE_ARGS], 512),
+    ("rccl_reduce_uint8", &[REDUCE_ARGS], 512),
+    ("rccl_reduce_int32", &[REDUCE_ARGS], 512),
+    ("rccl_reduce_uint32", &[REDUCE_ARGS], 512),
+    ("rccl_reduce_int64", &[REDUCE_ARGS], 512),
+    ("rccl_reduce_uint64", &[REDUCE_ARGS], 512),
+    ("rccl_reduce_float16", &[REDUCE_ARGS], 512),
+    ("rccl_reduce_float32", &[REDUCE_ARGS], 512),
+    ("rccl_reduce_float64", &[REDUCE_ARGS], 512),
+    ("rccl_reduce_bfloat16", &[REDUCE_ARGS], 512),
+    ("rccl_reduce_float8e4m3", &[REDUCE_ARGS], 512),
+    ("rccl_reduce_float8e5m2", &[REDUCE_ARGS], 512),
+    ("rccl_copy", &[8, 8, 8], 512),
+    ("rccl_fifo_loopback", &[LOOPBACK_ARGS], 1024),
+    ("rccl_run_work", &[8, 8, 8], 1024),
+];
+
+const REDUCE_ARGS: usize = std::mem::size_of::<ReduceArgs>();
+const LOOPBACK_ARGS: usize = std::mem::size_of::<rccl_device::abi::LoopbackArgs>();
+
+/// Bytes per element, by `ncclDataType_t`: how far a reduction reaches.
+const ELEMENT_BYTES: [u64; 12] = [1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1];
+
+/// A kernel launch: its parameters copied at the launch, as the driver
+/// copies them.
+#[derive(Clone)]
+pub(crate) struct Kernel {
+    pub name: &'static str,
+    pub dev: usize,
+    pub blocks: u32,
+    /// The parameters, each at an 8-byte aligned offset.
+    pub params: Vec<Vec<u64>>,
+}
+
+/// One operation of a stream or node of a graph.
+#[derive(Clone)]
+pub(crate) enum Work {
+    Kernel(Kernel),
+    Memset {
+        dst: u64,
+        value: u32,
+        elem: usize,
+        count: usize,
+    },
+    Copy {
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    },
+    /// A copy from pageable memory, staged at the call.
+    Staged {
+        dst: u64,
+        data: Arc<Vec<u8>>,
+    },
+    Host {
+        f: unsafe extern "C" fn(*mut c_void),
+        arg: usize,
+    },
+    Record(u64),
+    Free(u64),
+    Graph(Arc<Vec<Node>>),
+    /// Ordering only (an event wait).
+    Empty,
+    /// A pause of the stream (`RCCL_CUDA_MODEL_LATE_MS`).
+    Pause(std::time::Duration),
+}
+
+/// A node of a graph, after the nodes it depends on.
+#[derive(Clone)]
+pub(crate) struct Node {
+    pub deps: Vec<usize>,
+    pub work: Work,
+}
+
+thread_local! {
+    /// Whether this thread runs a host function, which may not call CUDA.
+    pub(crate) static IN_HOST_FUNCTION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `work` for device `dev` (on a stream's worker or a graph's node).
+pub(crate) fn run(work: &Work, dev: usize) -> Res<()> {
+    match work {
+        Work::Kernel(k) => run_kernel(k),
+        &Work::Memset {
+            dst,
+            value,
+            elem,
+            count,
+        } => {
+            for i in 0..count {
+                let at = (dst as usize + i * elem) as *mut u8;
+                // SAFETY: the call checked that the range lies in one
+                // allocation, which the program keeps until the memset
+                // ran (using it after a free is its bug, as on a GPU).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(value.to_le_bytes().as_ptr(), at, elem);
+                }
+            }
+            Ok(())
+        }
+        &Work::Copy { dst, src, bytes } => {
+            // SAFETY: as for the memset, both ranges.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
+            Ok(())
+        }
+        Work::Staged { dst, data } => {
+            // SAFETY: as for the memset; `data` is the staged source.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), *dst as *mut u8, data.len()) };
+            Ok(())
+        }
+        &Work::Host { f, arg } => {
+            IN_HOST_FUNCTION.with(|h| h.set(true));
+            // SAFETY: the program's host function with the argument it
+            // gave, as the driver calls it.
+            unsafe { f(arg as *mut c_void) };
+            IN_HOST_FUNCTION.with(|h| h.set(false));
+            Ok(())
+        }
+        &Work::Record(event) => {
+            if let Some(e) = lock().events.get_mut(&event) {
+                e.time = Some(std::time::Instant::now());
+            }
+            Ok(())
+        }
+        &Work::Free(ptr) => {
+            release(&mut lock(), ptr);
+            Ok(())
+        }
+        Work::Graph(nodes) => run_graph(nodes, dev),
+        Work::Empty => Ok(()),
+        &Work::Pause(d) => {
+            std::thread::sleep(d);
+            Ok(())
+        }
+    }
+}
+
+/// Device memory and pinned host memory: 256-byte aligned, as the driver
+/// aligns, and filled with garbage (CUDA does not zero it).
+pub(crate) fn allocate(
+    st: &mut State,
+    size: usize,
+    kind: crate::state::Kind,
+    dev: usize,
+) -> Res<u64> {
+    let layout = layout(size)?;
+    // SAFETY: a non-zero size.
+    let ptr = unsafe { std::alloc::alloc(layout) };
+    if ptr.is_null() {
+        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    // SAFETY: fresh memory of `layout.size()` bytes.
+    unsafe { ptr.write_bytes(0xa5, layout.size()) };
+    let id = st.handle(0);
+    st.allocs.insert(
+        ptr as u64,
+        crate::state::Alloc {
+            size,
+            kind,
+            dev,
+            id,
+        },
+    );
+    Ok(ptr as u64)
+}
+
+fn layout(size: usize) -> Res<std::alloc::Layout> {
+    std::alloc::Layout::from_size_align(size.max(1), 256)
+        .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+}
+
+/// Frees the allocation at `base` (nothing when it is gone already).
+pub(crate) fn release(st: &mut State, base: u64) {
+    if let Some(a) = st.allocs.remove(&base) {
+        let layout = layout(a.size).expect("allocated with this layout");
+        // SAFETY: allocated by `allocate` with this layout, removed from
+        // the table so freed once.
+        unsafe { std::alloc::dealloc(base as *mut u8, layout) };
+    }
+}
+
+/// Runs a graph's nodes, each once the nodes it depends on ran; the first
+/// failure stops the rest.
+fn run_graph(nodes: &[Node], dev: usize) -> Res<()> {
+    let progress = Mutex::new((vec![false; nodes.len()], Ok(())));
+    let ran = Condvar::new();
+    std::thread::scope(|s| {
+        for (at, node) in nodes.iter().enumerate() {
+            let (progress, ran) = (&progress, &ran);
+            s.spawn(move || {
+                let mut p = progress.lock();
+                while p.1.is_ok() && !node.deps.iter().all(|&d| p.0[d]) {
+                    ran.wait(&mut p);
+                }
+                if p.1.is_err() {
+                    return;
+                }
+                drop(p);
+                let result = run(&node.work, dev);
+                let mut p = progress.lock();
+                p.0[at] = true;
+                if let Err(e) = result {
+                    p.1 = Err(e);
+                }
+                ran.notify_all();
+            });
+        }
+    });
+    progress.into_inner().1
+}
+
+/// Parameter `i` of a launch as a value of type `T`.
+fn param<T: Copy>(k: &Kernel, i: usize) -> T {
+    assert!(std::mem::size_of::<T>() <= k.params[i].len() * 8);
+    // SAFETY: the parameter holds at least `size_of::<T>()` bytes, 8-byte
+    // aligned, copied from the launch's arguments of this kernel's type.
+    unsafe { k.params[i].as_ptr().cast::<T>().read() }
+}
+
+/// The fault a kernel takes touching memory its device cannot reach.
+fn unreachable_memory(k: &Kernel, what: &str, ptr: u64, len: u64) -> CUresult {
+    report(format_args!(
+        "kernel {} on device {} touches {what} at {ptr:#x} ({len} bytes), which is not memory of \
+         this device: an illegal address (sticky)",
+        k.name, k.dev
+    ));
+    CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+}
+
+fn check_reach(k: &Kernel, what: &str, ptr: u64, len: u64) -> Res<()> {
+    let st = lock();
+    if ptr != 0 && !st.reachable(k.dev, ptr, len as usize, false) {
+        return Err(unreachable_memory(k, what, ptr, len));
+    }
+    Ok(())
+}
+
+fn run_kernel(k: &Kernel) -> Res<()> {
+    {
+        let mut st = lock();
+        let n = {
+            let count = st.launches.entry(k.name).or_insert(0);
+            *count += 1;
+            *count
+        };
+        if let Some((name, at)) = &st.config().fault {
+            if name == k.name && *at == n {
+                report(format_args!(
+                    "injected fault: launch {n} of {} on device {} faults (CUDA_ERROR_ILLEGAL_ADDRESS, sticky)",
+                    k.name, k.dev
+                ));
+                return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+            }
+        }
+    }
+    match k.name {
+        "rccl_copy" => {
+            let (dst, src, bytes): (u64, u64, u64) = (param(k, 0), param(k, 1), param(k, 2));
+            check_reach(k, "the destination", dst, bytes)?;
+            check_reach(k, "the source", src, bytes)?;
+            // One block stands for the grid: its blocks do not wait for
+            // each other.
+            resident(k, 0, || {
+                // SAFETY: both ranges are memory of the device, checked
+                // above; the program keeps them while the kernel runs.
+                unsafe { twin::copy(dst as *mut c_void, src as *const c_void, bytes) }
+            })
+        }
+        "rccl_run_work" => run_work(k),
+        "rccl_fifo_loopback" => {
+            report(format_args!("{} is not modeled yet", k.name));
+            Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+        }
+        _ => {
+            let args: ReduceArgs = param(k, 0);
+            let size = ELEMENT_BYTES
+                .get(args.dtype as usize)
+                .copied()
+                .ok_or(CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION)?;
+            let bytes = args.count * size;
+            check_reach(k, "the accumulator", args.acc as u64, bytes)?;
+            check_reach(k, "the input", args.input as u64, bytes)?;
+            check_reach(k, "the output", args.out as u64, bytes)?;
+            check_reach(k, "the scalar", args.scalar_ptr as u64, size)?;
+            resident(k, 0, || {
+                // SAFETY: every range is memory of the device, checked
+                // above.
+                unsafe { twin::reduce(&args) }
+            })
+        }
+    }
+}
+
+/// `rccl_run_work`: block b runs channel b of the work, all blocks at
+/// once as far as SMs are free, each writing its end to `status[b]`.
+fn run_work(k: &Kernel) -> Res<()> {
+    let (work, spins, status): (u64, u64, u64) = (param(k, 0), param(k, 1), param(k, 2));
+    check_reach(
+        k,
+        "the work",
+        work,
+        std::mem::size_of::<WorkHeader>() as u64,
+    )?;
+    check_reach(k, "the status words", status, 4 * u64::from(k.blocks))?;
+    // SAFETY: the header is device memory of the device (checked).
+    let nchannels = unsafe { (*(work as *const WorkHeader)).nchannels };
+    std::thread::scope(|s| {
+        let blocks: Vec<_> = (0..k.blocks)
+            .map(|b| {
+                s.spawn(move || {
+                    resident(k, b, || {
+                        if b >= nchannels {
+                            return;
+                        }
+                        // SAFETY: the program's encoded work in device
+                        // memory; this thread alone runs channel b.
+                        let end = unsafe {
+                            twin::run_encoded_channel(work as *const WorkHeader, b, spins)
+                        };
+                        let code = match end {
+                            ChannelEnd::Done => 0,
+                            ChannelEnd::Aborted => 1,
+                            ChannelEnd::GaveUp => 2,
+                            ChannelEnd::StepTooLarge => 3,
+                        };
+                        // SAFETY: status holds a word per block (checked).
+                        unsafe { (status as *mut i32).add(b as usize).write_volatile(code) };
+                    })
+                })
+            })
+            .collect();
+        blocks
+            .into_iter()
+            .map(|b| b.join().unwrap_or(Err(CUresult::CUDA_ERROR_UNKNOWN)))
+            .collect::<Res<Vec<()>>>()
+            .map(drop)
+    })
+}
+
+/// Runs `body` as block `block` of `k`, once one of the device's SMs is
+/// free; past the deadline, says that the blocks needed together do not
+/// fit.
+fn resident<T>(k: &Kernel, block: u32, body: impl FnOnce() -> T) -> Res<T> {
+    let mut st = lock();
+    let sms = st.config().sms;
+    let dev = k.dev;
+    wait_until(
+        &mut st,
+        || {
+            format!(
+                "block {block} of {} on device {dev} waits for a free SM: all {sms} modeled SMs hold \
+                 resident blocks, so a design needing more co-resident blocks",
+                k.name
+            )
+        },
+        |s| s.devices[dev].resident < sms,
+    )?;
+    st.devices[dev].resident += 1;
+    drop(st);
+    let out = body();
+    lock().devices[dev].resident -= 1;
+    notify();
+    Ok(out)
+}

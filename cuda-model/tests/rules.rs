@@ -1,0 +1,1005 @@
+//! One test per rule of the driver model: a short sequence that breaks the
+//! rule (or depends on it), which the model must refuse or expose. Each
+//! runs in a process of its own (the driver's state is per process: a
+//! sticky fault, `cuInit`), calling the model's exported entry points as
+//! a program calls the driver's.
+
+use std::ffi::{c_char, c_void};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use rccl_device::abi::{proto, FifoView, ReduceArgs};
+use rccl_device::work::{WorkChannel, WorkHeader, WorkPeer, WorkPrim, WorkStep};
+
+type P = *mut c_void;
+type HostFn = unsafe extern "C" fn(P);
+
+macro_rules! api {
+    ($($name:ident : fn($($t:ty),*);)*) => {
+        #[allow(non_snake_case)]
+        struct Api { $($name: unsafe extern "C" fn($($t),*) -> i32,)* }
+        impl Api {
+            fn load() -> Api {
+                let path = model_library();
+                let path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+                // SAFETY: dlopen of a NUL-terminated path; the handle stays
+                // open for the process.
+                let lib = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+                assert!(!lib.is_null(), "the model loads");
+                Api {$(
+                    $name: {
+                        let name = concat!(stringify!($name), "\0");
+                        // SAFETY: a NUL-terminated name; the symbol is the
+                        // model's entry point of this signature.
+                        let f = unsafe { libc::dlsym(lib, name.as_ptr().cast()) };
+                        assert!(!f.is_null(), "{name} exported");
+                        // SAFETY: as above.
+                        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($t),*) -> i32>(f) }
+                    },
+                )*}
+            }
+        }
+    };
+}
+
+api! {
+    cuInit: fn(u32);
+    cuDeviceGetCount: fn(*mut i32);
+    cuDevicePrimaryCtxRetain: fn(*mut P, i32);
+    cuDevicePrimaryCtxRelease_v2: fn(i32);
+    cuCtxSetCurrent: fn(P);
+    cuCtxGetCurrent: fn(*mut P);
+    cuCtxPushCurrent_v2: fn(P);
+    cuCtxPopCurrent_v2: fn(*mut P);
+    cuCtxGetDevice: fn(*mut i32);
+    cuCtxSynchronize: fn();
+    cuMemAlloc_v2: fn(*mut u64, usize);
+    cuMemFree_v2: fn(u64);
+    cuMemHostAlloc: fn(*mut P, usize, u32);
+    cuMemHostGetDevicePointer_v2: fn(*mut u64, P, u32);
+    cuPointerGetAttribute: fn(P, u32, u64);
+    cuPointerGetAttributes: fn(u32, *const u32, *mut P, u64);
+    cuMemGetAddressRange_v2: fn(*mut u64, *mut usize, u64);
+    cuMemcpyHtoD_v2: fn(u64, *const c_void, usize);
+    cuMemcpyDtoH_v2: fn(P, u64, usize);
+    cuMemcpyHtoDAsync_v2: fn(u64, *const c_void, usize, P);
+    cuMemsetD8_v2: fn(u64, u8, usize);
+    cuMemsetD8Async: fn(u64, u8, usize, P);
+    cuStreamCreate: fn(*mut P, u32);
+    cuStreamSynchronize: fn(P);
+    cuStreamQuery: fn(P);
+    cuStreamWaitEvent: fn(P, P, u32);
+    cuLaunchHostFunc: fn(P, HostFn, P);
+    cuEventCreate: fn(*mut P, u32);
+    cuEventRecord: fn(P, P);
+    cuEventQuery: fn(P);
+    cuEventSynchronize: fn(P);
+    cuStreamBeginCapture_v2: fn(P, u32);
+    cuStreamEndCapture: fn(P, *mut P);
+    cuGraphInstantiateWithFlags: fn(*mut P, P, u64);
+    cuGraphLaunch: fn(P, P);
+    cuModuleLoadData: fn(*mut P, *const c_void);
+    cuModuleGetFunction: fn(*mut P, P, *const c_char);
+    cuLaunchKernel: fn(P, u32, u32, u32, u32, u32, u32, u32, P, *mut P, *mut P);
+}
+
+// CUresult values (cuda.h).
+const SUCCESS: i32 = 0;
+const INVALID_VALUE: i32 = 1;
+const NOT_INITIALIZED: i32 = 3;
+const INVALID_IMAGE: i32 = 200;
+const INVALID_CONTEXT: i32 = 201;
+const NOT_FOUND: i32 = 500;
+const NOT_READY: i32 = 600;
+const ILLEGAL_ADDRESS: i32 = 700;
+const LAUNCH_TIMEOUT: i32 = 702;
+const NOT_PERMITTED: i32 = 800;
+const CAPTURE_UNSUPPORTED: i32 = 900;
+const CAPTURE_INVALIDATED: i32 = 901;
+const CAPTURE_ISOLATION: i32 = 905;
+const CAPTURED_EVENT: i32 = 907;
+
+const NON_BLOCKING: u32 = 1;
+const DEVICEMAP: u32 = 2;
+/// The garbage fresh memory holds.
+const GARBAGE: u8 = 0xa5;
+
+/// The model's library, built beside the test binaries.
+fn model_library() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps, deps.parent().unwrap()]
+        .iter()
+        .map(|d| d.join("librccl_cuda_model.so"))
+        .find(|p| p.exists())
+        .expect("librccl_cuda_model.so is built with the tests")
+}
+
+fn cu() -> &'static Api {
+    static API: OnceLock<Api> = OnceLock::new();
+    API.get_or_init(Api::load)
+}
+
+macro_rules! ok {
+    ($e:expr) => {
+        // SAFETY: the model's entry points with valid arguments.
+        assert_eq!(unsafe { $e }, SUCCESS, "{}", stringify!($e))
+    };
+}
+
+macro_rules! fails {
+    ($code:expr, $e:expr) => {
+        // SAFETY: as above; the call is refused.
+        assert_eq!(unsafe { $e }, $code, "{}", stringify!($e))
+    };
+}
+
+/// Runs `body` in a child process with `env`; returns its stderr (the
+/// model's reports). The child is this test binary running this test.
+fn isolated(test: &str, env: &[(&str, &str)], body: fn()) -> String {
+    if std::env::var("CUDA_MODEL_RULE").as_deref() == Ok(test) {
+        body();
+        // The child's part ends here, before the parent's checks.
+        std::process::exit(0);
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env("CUDA_MODEL_RULE", test)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "{test} failed in its process:\n{}\n{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    stderr
+}
+
+/// cuInit, then device `dev`'s primary context current.
+fn context(dev: i32) -> P {
+    ok!((cu().cuInit)(0));
+    let mut ctx = std::ptr::null_mut();
+    ok!((cu().cuDevicePrimaryCtxRetain)(&mut ctx, dev));
+    ok!((cu().cuCtxSetCurrent)(ctx));
+    ctx
+}
+
+fn alloc(bytes: usize) -> u64 {
+    let mut p = 0;
+    ok!((cu().cuMemAlloc_v2)(&mut p, bytes));
+    p
+}
+
+fn stream(flags: u32) -> P {
+    let mut s = std::ptr::null_mut();
+    ok!((cu().cuStreamCreate)(&mut s, flags));
+    s
+}
+
+fn read(ptr: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    ok!((cu().cuMemcpyDtoH_v2)(out.as_mut_ptr().cast(), ptr, len));
+    out
+}
+
+/// A gate: a host function that holds its stream until opened.
+struct Gate(AtomicBool);
+
+unsafe extern "C" fn wait_gate(arg: P) {
+    // SAFETY: the gate outlives the stream's work (tests open it and
+    // synchronize before it goes).
+    let gate = unsafe { &*(arg as *const Gate) };
+    while !gate.0.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn close_gate(s: P) -> &'static Gate {
+    let gate: &'static Gate = Box::leak(Box::new(Gate(AtomicBool::new(false))));
+    ok!((cu().cuLaunchHostFunc)(
+        s,
+        wait_gate,
+        gate as *const Gate as P
+    ));
+    gate
+}
+
+#[test]
+fn every_call_before_cuinit_fails() {
+    isolated("every_call_before_cuinit_fails", &[], || {
+        let mut n = 0;
+        fails!(NOT_INITIALIZED, (cu().cuDeviceGetCount)(&mut n));
+        let mut p = 0;
+        fails!(NOT_INITIALIZED, (cu().cuMemAlloc_v2)(&mut p, 8));
+        ok!((cu().cuInit)(0));
+        ok!((cu().cuDeviceGetCount)(&mut n));
+        assert_eq!(n, 2);
+    });
+}
+
+#[test]
+fn a_thread_without_a_context_gets_invalid_context() {
+    isolated(
+        "a_thread_without_a_context_gets_invalid_context",
+        &[],
+        || {
+            context(0);
+            let dptr = alloc(64);
+            std::thread::spawn(move || {
+                let mut p = 0;
+                fails!(INVALID_CONTEXT, (cu().cuMemAlloc_v2)(&mut p, 8));
+                let mut kind = 0u32;
+                // CU_POINTER_ATTRIBUTE_MEMORY_TYPE of a device pointer.
+                fails!(
+                    INVALID_CONTEXT,
+                    (cu().cuPointerGetAttribute)((&mut kind as *mut u32).cast(), 2, dptr)
+                );
+                fails!(INVALID_CONTEXT, (cu().cuMemsetD8_v2)(dptr, 0, 64));
+            })
+            .join()
+            .unwrap();
+        },
+    );
+}
+
+#[test]
+fn contexts_stack_per_thread_and_released_ones_are_gone() {
+    isolated(
+        "contexts_stack_per_thread_and_released_ones_are_gone",
+        &[],
+        || {
+            let ctx0 = context(0);
+            let mut ctx1 = std::ptr::null_mut();
+            ok!((cu().cuDevicePrimaryCtxRetain)(&mut ctx1, 1));
+            ok!((cu().cuCtxPushCurrent_v2)(ctx1));
+            let mut dev = -1;
+            ok!((cu().cuCtxGetDevice)(&mut dev));
+            assert_eq!(dev, 1);
+            let mut popped = std::ptr::null_mut();
+            ok!((cu().cuCtxPopCurrent_v2)(&mut popped));
+            assert_eq!(popped, ctx1);
+            let mut now = std::ptr::null_mut();
+            ok!((cu().cuCtxGetCurrent)(&mut now));
+            assert_eq!(now, ctx0);
+            // Another thread starts with no context.
+            std::thread::spawn(|| {
+                let mut now = 1 as P;
+                ok!((cu().cuCtxGetCurrent)(&mut now));
+                assert!(now.is_null());
+            })
+            .join()
+            .unwrap();
+            // Released to zero, device 1's context and its memory are gone.
+            ok!((cu().cuDevicePrimaryCtxRelease_v2)(1));
+            fails!(709, (cu().cuCtxPushCurrent_v2)(ctx1));
+        },
+    );
+}
+
+#[test]
+fn memory_of_one_device_fails_from_the_others_context() {
+    isolated(
+        "memory_of_one_device_fails_from_the_others_context",
+        &[],
+        || {
+            context(0);
+            let on0 = alloc(64);
+            context(1);
+            fails!(INVALID_VALUE, (cu().cuMemsetD8_v2)(on0, 0, 64));
+            // A kernel of device 1 reading device 0's memory faults.
+            let k = Kernels::load();
+            let on1 = alloc(64);
+            k.copy(on1, on0, 64, std::ptr::null_mut());
+            fails!(ILLEGAL_ADDRESS, (cu().cuCtxSynchronize)());
+        },
+    );
+}
+
+#[test]
+fn a_synchronous_memset_of_device_memory_lands_after_it_returns() {
+    isolated(
+        "a_synchronous_memset_of_device_memory_lands_after_it_returns",
+        &[],
+        || {
+            context(0);
+            let buf = alloc(16);
+            let gate = close_gate(std::ptr::null_mut());
+            ok!((cu().cuMemsetD8_v2)(buf, 0, 16));
+            // Returned, but not run: fresh memory still holds garbage.
+            // SAFETY: model memory is host memory; read behind its back.
+            assert_eq!(unsafe { *(buf as *const u8) }, GARBAGE);
+            gate.0.store(true, Ordering::Release);
+            assert_eq!(read(buf, 16), vec![0; 16]);
+        },
+    );
+}
+
+#[test]
+fn the_legacy_stream_orders_blocking_streams_and_not_non_blocking_ones() {
+    isolated(
+        "the_legacy_stream_orders_blocking_streams_and_not_non_blocking_ones",
+        &[],
+        || {
+            context(0);
+            let (x, y, z) = (alloc(4), alloc(4), alloc(4));
+            let blocking = stream(0);
+            let non_blocking = stream(NON_BLOCKING);
+            let gate = close_gate(blocking);
+            // The legacy stream waits for the held blocking stream...
+            ok!((cu().cuMemsetD8Async)(x, 1, 4, std::ptr::null_mut()));
+            // ...and a non-blocking stream does not wait for the legacy one.
+            ok!((cu().cuMemsetD8Async)(y, 2, 4, non_blocking));
+            ok!((cu().cuStreamSynchronize)(non_blocking));
+            // A blocking stream waits for the legacy stream's memset.
+            let other = stream(0);
+            ok!((cu().cuMemsetD8Async)(z, 3, 4, other));
+            std::thread::sleep(Duration::from_millis(50));
+            fails!(NOT_READY, (cu().cuStreamQuery)(other));
+            fails!(NOT_READY, (cu().cuStreamQuery)(std::ptr::null_mut()));
+            // SAFETY: model memory is host memory.
+            unsafe {
+                assert_eq!(*(y as *const u8), 2);
+                assert_eq!(*(x as *const u8), GARBAGE);
+            }
+            gate.0.store(true, Ordering::Release);
+            ok!((cu().cuStreamSynchronize)(other));
+            assert_eq!(read(x, 4), vec![1; 4]);
+            assert_eq!(read(z, 4), vec![3; 4]);
+        },
+    );
+}
+
+#[test]
+fn a_copy_from_pageable_memory_is_staged_and_lands_late() {
+    isolated(
+        "a_copy_from_pageable_memory_is_staged_and_lands_late",
+        &[],
+        || {
+            context(0);
+            let buf = alloc(8);
+            let gate = close_gate(std::ptr::null_mut());
+            let mut src = vec![7u8; 8];
+            ok!((cu().cuMemcpyHtoD_v2)(buf, src.as_ptr().cast(), 8));
+            src.fill(9);
+            // SAFETY: model memory is host memory.
+            assert_eq!(unsafe { *(buf as *const u8) }, GARBAGE);
+            drop(src);
+            gate.0.store(true, Ordering::Release);
+            assert_eq!(read(buf, 8), vec![7; 8]);
+        },
+    );
+}
+
+#[test]
+fn events_order_streams_and_answer_queries() {
+    isolated("events_order_streams_and_answer_queries", &[], || {
+        context(0);
+        let (a, b) = (stream(NON_BLOCKING), stream(NON_BLOCKING));
+        let buf = alloc(4);
+        let mut e = std::ptr::null_mut();
+        ok!((cu().cuEventCreate)(&mut e, 0));
+        // Never recorded: complete.
+        ok!((cu().cuEventQuery)(e));
+        let gate = close_gate(a);
+        ok!((cu().cuEventRecord)(e, a));
+        fails!(NOT_READY, (cu().cuEventQuery)(e));
+        ok!((cu().cuStreamWaitEvent)(b, e, 0));
+        ok!((cu().cuMemsetD8Async)(buf, 5, 4, b));
+        std::thread::sleep(Duration::from_millis(50));
+        fails!(NOT_READY, (cu().cuStreamQuery)(b));
+        gate.0.store(true, Ordering::Release);
+        ok!((cu().cuEventSynchronize)(e));
+        ok!((cu().cuStreamSynchronize)(b));
+        assert_eq!(read(buf, 4), vec![5; 4]);
+    });
+}
+
+#[test]
+fn allocation_and_free_wait_for_running_kernels() {
+    let stderr = isolated(
+        "allocation_and_free_wait_for_running_kernels",
+        &[("RCCL_CUDA_MODEL_DEADLINE_MS", "300")],
+        || {
+            context(0);
+            let spare = alloc(8);
+            let k = Kernels::load();
+            let waiting = k.waiting_kernel(stream(NON_BLOCKING));
+            let mut p = 0;
+            fails!(LAUNCH_TIMEOUT, (cu().cuMemAlloc_v2)(&mut p, 8));
+            fails!(LAUNCH_TIMEOUT, (cu().cuMemFree_v2)(spare));
+            let mut h = std::ptr::null_mut();
+            fails!(LAUNCH_TIMEOUT, (cu().cuMemHostAlloc)(&mut h, 8, 0));
+            waiting.release();
+            ok!((cu().cuCtxSynchronize)());
+            ok!((cu().cuMemAlloc_v2)(&mut p, 8));
+            ok!((cu().cuMemFree_v2)(spare));
+        },
+    );
+    assert!(
+        stderr.contains("cuMemAlloc on device 0 waits for the kernels launched before it"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn blocks_beyond_the_modeled_sms_wait_and_the_model_says_so() {
+    let stderr = isolated(
+        "blocks_beyond_the_modeled_sms_wait_and_the_model_says_so",
+        &[
+            ("RCCL_CUDA_MODEL_SMS", "1"),
+            ("RCCL_CUDA_MODEL_DEADLINE_MS", "300"),
+        ],
+        || {
+            context(0);
+            let k = Kernels::load();
+            // Allocated first: allocation waits for running kernels.
+            let (a, b) = (alloc(8), alloc(8));
+            let waiting = k.waiting_kernel(stream(NON_BLOCKING));
+            // A second kernel on another stream finds no free SM.
+            let other = stream(NON_BLOCKING);
+            k.copy(a, b, 8, other);
+            // Past the model's deadline, the block that found no SM fails.
+            std::thread::sleep(Duration::from_millis(600));
+            fails!(LAUNCH_TIMEOUT, (cu().cuStreamSynchronize)(other));
+            waiting.release();
+        },
+    );
+    assert!(
+        stderr.contains("block 0 of rccl_copy on device 0 waits for a free SM: all 1 modeled SMs"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn two_sms_hold_two_kernels_at_once() {
+    isolated(
+        "two_sms_hold_two_kernels_at_once",
+        &[
+            ("RCCL_CUDA_MODEL_SMS", "2"),
+            ("RCCL_CUDA_MODEL_DEADLINE_MS", "300"),
+        ],
+        || {
+            context(0);
+            let k = Kernels::load();
+            let (a, b) = (alloc(8), alloc(8));
+            let waiting = k.waiting_kernel(stream(NON_BLOCKING));
+            let other = stream(NON_BLOCKING);
+            k.copy(a, b, 8, other);
+            ok!((cu().cuStreamSynchronize)(other));
+            waiting.release();
+            ok!((cu().cuCtxSynchronize)());
+        },
+    );
+}
+
+unsafe extern "C" fn count_call(arg: P) {
+    // SAFETY: the counter the test leaked for the graph.
+    unsafe { (*(arg as *const AtomicU32)).fetch_add(1, Ordering::Relaxed) };
+}
+
+#[test]
+fn a_graph_replays_its_nodes_and_host_node_arguments() {
+    isolated(
+        "a_graph_replays_its_nodes_and_host_node_arguments",
+        &[],
+        || {
+            context(0);
+            let s = stream(NON_BLOCKING);
+            let buf = alloc(4);
+            let calls: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(0)));
+            ok!((cu().cuStreamBeginCapture_v2)(s, 0));
+            ok!((cu().cuMemsetD8Async)(buf, 4, 4, s));
+            ok!((cu().cuLaunchHostFunc)(
+                s,
+                count_call,
+                calls as *const AtomicU32 as P
+            ));
+            let mut graph = std::ptr::null_mut();
+            ok!((cu().cuStreamEndCapture)(s, &mut graph));
+            // Captured, not run.
+            assert_eq!(calls.load(Ordering::Relaxed), 0);
+            let mut exec = std::ptr::null_mut();
+            ok!((cu().cuGraphInstantiateWithFlags)(&mut exec, graph, 0));
+            for _ in 0..100 {
+                ok!((cu().cuGraphLaunch)(exec, s));
+            }
+            ok!((cu().cuStreamSynchronize)(s));
+            assert_eq!(calls.load(Ordering::Relaxed), 100);
+            assert_eq!(read(buf, 4), vec![4; 4]);
+        },
+    );
+}
+
+/// Begins a capture on a fresh stream, runs `violation`, and checks that
+/// the capture ends invalidated.
+fn capture_refuses(violation: impl FnOnce(P)) {
+    let s = stream(NON_BLOCKING);
+    ok!((cu().cuStreamBeginCapture_v2)(s, 0));
+    violation(s);
+    let mut graph = std::ptr::null_mut();
+    fails!(
+        CAPTURE_INVALIDATED,
+        (cu().cuStreamEndCapture)(s, &mut graph)
+    );
+}
+
+#[test]
+fn calls_forbidden_during_capture_fail_and_invalidate_it() {
+    isolated(
+        "calls_forbidden_during_capture_fail_and_invalidate_it",
+        &[],
+        || {
+            context(0);
+            let buf = alloc(64);
+            capture_refuses(|_| fails!(CAPTURE_UNSUPPORTED, (cu().cuMemsetD8_v2)(buf, 0, 64)));
+            capture_refuses(|s| fails!(CAPTURE_UNSUPPORTED, (cu().cuStreamSynchronize)(s)));
+            capture_refuses(|s| fails!(CAPTURE_UNSUPPORTED, (cu().cuStreamQuery)(s)));
+            let page = [0u8; 64];
+            capture_refuses(|s| {
+                fails!(
+                    CAPTURE_UNSUPPORTED,
+                    (cu().cuMemcpyHtoDAsync_v2)(buf, page.as_ptr().cast(), 64, s)
+                )
+            });
+            let mut p = 0;
+            capture_refuses(|_| fails!(CAPTURE_UNSUPPORTED, (cu().cuMemAlloc_v2)(&mut p, 8)));
+            // An event recorded outside: only with CU_EVENT_WAIT_EXTERNAL.
+            let mut outside = std::ptr::null_mut();
+            ok!((cu().cuEventCreate)(&mut outside, 0));
+            ok!((cu().cuEventRecord)(outside, stream(NON_BLOCKING)));
+            capture_refuses(|s| fails!(CAPTURE_ISOLATION, (cu().cuStreamWaitEvent)(s, outside, 0)));
+            let s = stream(NON_BLOCKING);
+            ok!((cu().cuStreamBeginCapture_v2)(s, 0));
+            ok!((cu().cuStreamWaitEvent)(s, outside, 1));
+            // An event recorded inside is the graph's: not for use outside.
+            let mut inside = std::ptr::null_mut();
+            ok!((cu().cuEventCreate)(&mut inside, 0));
+            ok!((cu().cuEventRecord)(inside, s));
+            let mut graph = std::ptr::null_mut();
+            ok!((cu().cuStreamEndCapture)(s, &mut graph));
+            fails!(
+                CAPTURED_EVENT,
+                (cu().cuStreamWaitEvent)(stream(NON_BLOCKING), inside, 0)
+            );
+            fails!(CAPTURED_EVENT, (cu().cuEventQuery)(inside));
+            fails!(CAPTURED_EVENT, (cu().cuEventSynchronize)(inside));
+        },
+    );
+}
+
+#[test]
+fn host_memory_pointers_and_address_ranges_answer_as_documented() {
+    isolated(
+        "host_memory_pointers_and_address_ranges_answer_as_documented",
+        &[],
+        || {
+            context(1);
+            let dptr = alloc(1000);
+            let (mut kind, mut ordinal) = (0u32, -1i32);
+            ok!((cu().cuPointerGetAttribute)(
+                (&mut kind as *mut u32).cast(),
+                2,
+                dptr + 10
+            ));
+            ok!((cu().cuPointerGetAttribute)(
+                (&mut ordinal as *mut i32).cast(),
+                9,
+                dptr
+            ));
+            assert_eq!((kind, ordinal), (2, 1));
+            let (mut base, mut size) = (0u64, 0usize);
+            ok!((cu().cuMemGetAddressRange_v2)(
+                &mut base,
+                &mut size,
+                dptr + 999
+            ));
+            assert_eq!((base, size), (dptr, 1000));
+            fails!(
+                NOT_FOUND,
+                (cu().cuMemGetAddressRange_v2)(&mut base, &mut size, dptr + 1000)
+            );
+            // Pinned memory not mapped has no device pointer.
+            let (mut plain, mut mapped) = (std::ptr::null_mut(), std::ptr::null_mut());
+            ok!((cu().cuMemHostAlloc)(&mut plain, 64, 0));
+            ok!((cu().cuMemHostAlloc)(&mut mapped, 64, DEVICEMAP));
+            let mut dev = 0u64;
+            fails!(
+                INVALID_VALUE,
+                (cu().cuMemHostGetDevicePointer_v2)(&mut dev, plain, 0)
+            );
+            ok!((cu().cuMemHostGetDevicePointer_v2)(&mut dev, mapped, 0));
+            assert_eq!(dev, mapped as u64);
+            ok!((cu().cuPointerGetAttribute)(
+                (&mut kind as *mut u32).cast(),
+                2,
+                mapped as u64
+            ));
+            assert_eq!(kind, 1);
+            // Memory the driver does not know: an error from
+            // cuPointerGetAttribute, null answers from cuPointerGetAttributes.
+            let host = [0u8; 8];
+            fails!(
+                INVALID_VALUE,
+                (cu().cuPointerGetAttribute)(
+                    (&mut kind as *mut u32).cast(),
+                    2,
+                    host.as_ptr() as u64
+                )
+            );
+            kind = 9;
+            let attrs = [2u32];
+            let mut slots = [(&mut kind as *mut u32).cast::<c_void>()];
+            ok!((cu().cuPointerGetAttributes)(
+                1,
+                attrs.as_ptr(),
+                slots.as_mut_ptr(),
+                host.as_ptr() as u64
+            ));
+            assert_eq!(kind, 0);
+        },
+    );
+}
+
+#[test]
+fn a_faulting_kernel_makes_the_context_error_sticky() {
+    isolated(
+        "a_faulting_kernel_makes_the_context_error_sticky",
+        &[("RCCL_CUDA_MODEL_FAULT", "rccl_copy")],
+        || {
+            context(0);
+            let k = Kernels::load();
+            let s = stream(NON_BLOCKING);
+            let (a, b) = (alloc(8), alloc(8));
+            let calls: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(0)));
+            let gate = close_gate(s);
+            k.copy(a, b, 8, s);
+            ok!((cu().cuLaunchHostFunc)(
+                s,
+                count_call,
+                calls as *const AtomicU32 as P
+            ));
+            gate.0.store(true, Ordering::Release);
+            fails!(ILLEGAL_ADDRESS, (cu().cuStreamSynchronize)(s));
+            let mut p = 0;
+            fails!(ILLEGAL_ADDRESS, (cu().cuMemAlloc_v2)(&mut p, 8));
+            fails!(ILLEGAL_ADDRESS, (cu().cuCtxSynchronize)());
+            // Work behind the fault never runs.
+            assert_eq!(calls.load(Ordering::Relaxed), 0);
+        },
+    );
+}
+
+#[test]
+fn kernels_of_the_fatbin_run_as_the_host_twin() {
+    isolated("kernels_of_the_fatbin_run_as_the_host_twin", &[], || {
+        context(0);
+        let mut module = std::ptr::null_mut();
+        let wrong = vec![0u64; 64];
+        fails!(
+            INVALID_IMAGE,
+            (cu().cuModuleLoadData)(&mut module, wrong.as_ptr().cast())
+        );
+        let k = Kernels::load();
+        let mut f = std::ptr::null_mut();
+        fails!(
+            NOT_FOUND,
+            (cu().cuModuleGetFunction)(&mut f, k.module, c"no_such_kernel".as_ptr())
+        );
+        ok!((cu().cuModuleGetFunction)(
+            &mut f,
+            k.module,
+            c"rccl_reduce_float32".as_ptr()
+        ));
+        let (a, b, out) = (alloc(16), alloc(16), alloc(16));
+        let one: Vec<u8> = [1.5f32; 4].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let two: Vec<u8> = [2.25f32; 4].iter().flat_map(|x| x.to_le_bytes()).collect();
+        ok!((cu().cuMemcpyHtoD_v2)(a, one.as_ptr().cast(), 16));
+        ok!((cu().cuMemcpyHtoD_v2)(b, two.as_ptr().cast(), 16));
+        // float32 (7) sum (0)
+        let mut args = ReduceArgs::new(7, 0, 2, [0; 8], a as P, b as P, out as P, 4, false);
+        let mut params = [(&mut args as *mut ReduceArgs).cast::<c_void>()];
+        let null: P = std::ptr::null_mut();
+        ok!((cu().cuLaunchKernel)(
+            f,
+            1,
+            1,
+            1,
+            512,
+            1,
+            1,
+            0,
+            null,
+            params.as_mut_ptr(),
+            null.cast()
+        ));
+        // Past the kernel's launch bound.
+        fails!(
+            INVALID_VALUE,
+            (cu().cuLaunchKernel)(
+                f,
+                1,
+                1,
+                1,
+                1024,
+                1,
+                1,
+                0,
+                null,
+                params.as_mut_ptr(),
+                null.cast()
+            )
+        );
+        let sums: Vec<f32> = read(out, 16)
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(sums, vec![3.75; 4]);
+    });
+}
+
+unsafe extern "C" fn call_the_driver(arg: P) {
+    let mut p = 0u64;
+    // SAFETY: the model's entry point; the answer goes to the test's word.
+    let r = unsafe { (cu().cuMemAlloc_v2)(&mut p, 8) };
+    // SAFETY: the word the test leaked.
+    unsafe { (*(arg as *const AtomicU32)).store(r as u32, Ordering::Relaxed) };
+}
+
+#[test]
+fn host_functions_may_not_call_the_driver() {
+    isolated("host_functions_may_not_call_the_driver", &[], || {
+        context(0);
+        let s = stream(0);
+        let answer: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(0)));
+        ok!((cu().cuLaunchHostFunc)(
+            s,
+            call_the_driver,
+            answer as *const AtomicU32 as P
+        ));
+        ok!((cu().cuStreamSynchronize)(s));
+        assert_eq!(answer.load(Ordering::Relaxed), NOT_PERMITTED as u32);
+    });
+}
+
+/// The committed fatbin loaded in the current context.
+struct Kernels {
+    module: P,
+    copy: P,
+    run_work: P,
+}
+
+/// A kernel that waits until its abort word is set.
+struct Waiting {
+    abort: *mut u32,
+}
+
+impl Waiting {
+    fn release(&self) {
+        // SAFETY: the pinned word the kernel polls.
+        unsafe { AtomicU32::from_ptr(self.abort).store(1, Ordering::Release) };
+    }
+}
+
+impl Kernels {
+    fn load() -> Kernels {
+        let fatbin = rccl_device::KERNELS_FATBIN;
+        let mut image = vec![0u64; fatbin.len().div_ceil(8)];
+        // SAFETY: `image` holds the fatbin's bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(fatbin.as_ptr(), image.as_mut_ptr().cast(), fatbin.len())
+        };
+        let mut module = std::ptr::null_mut();
+        ok!((cu().cuModuleLoadData)(&mut module, image.as_ptr().cast()));
+        let function = |name: &std::ffi::CStr| {
+            let mut f = std::ptr::null_mut();
+            ok!((cu().cuModuleGetFunction)(&mut f, module, name.as_ptr()));
+            f
+        };
+        Kernels {
+            module,
+            copy: function(c"rccl_copy"),
+            run_work: function(c"rccl_run_work"),
+        }
+    }
+
+    fn copy(&self, dst: u64, src: u64, bytes: u64, stream: P) {
+        let (mut d, mut s, mut n) = (dst, src, bytes);
+        let mut params: [P; 3] = [
+            (&mut d as *mut u64).cast(),
+            (&mut s as *mut u64).cast(),
+            (&mut n as *mut u64).cast(),
+        ];
+        let null: P = std::ptr::null_mut();
+        ok!((cu().cuLaunchKernel)(
+            self.copy,
+            1,
+            1,
+            1,
+            512,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            null.cast()
+        ));
+    }
+
+    /// Launches on `stream` one block of device work whose only channel
+    /// receives from a FIFO nobody sends to: it runs until its abort word
+    /// (mapped pinned memory) is set.
+    fn waiting_kernel(&self, stream: P) -> Waiting {
+        let fifo_bytes = rccl_device::abi::fifo_bytes(proto::SIMPLE, 2, 64);
+        let fifo = alloc(fifo_bytes);
+        ok!((cu().cuMemsetD8Async)(fifo, 0, fifo_bytes, stream));
+        let recvbuf = alloc(64);
+        let mut abort = std::ptr::null_mut();
+        ok!((cu().cuMemHostAlloc)(&mut abort, 8, DEVICEMAP));
+        let abort = abort.cast::<u32>();
+        let mut status = std::ptr::null_mut();
+        ok!((cu().cuMemHostAlloc)(&mut status, 8, DEVICEMAP));
+        // SAFETY: fresh pinned words.
+        unsafe { abort.write(0) };
+        let view = FifoView::whole(fifo as *mut u8, proto::SIMPLE, 2, 64);
+        let mut block = Vec::<u8>::new();
+        let push = |block: &mut Vec<u8>, bytes: &[u8]| {
+            block.resize(block.len().next_multiple_of(8), 0);
+            let at = block.len() as u64;
+            block.extend_from_slice(bytes);
+            at
+        };
+        fn bytes_of<T>(v: &T) -> &[u8] {
+            // SAFETY: a repr(C) value read as its bytes.
+            unsafe { std::slice::from_raw_parts((v as *const T).cast(), std::mem::size_of::<T>()) }
+        }
+        let header_len = std::mem::size_of::<WorkHeader>();
+        block.resize(header_len, 0);
+        let channel = WorkChannel {
+            first_step: 0,
+            nsteps: 1,
+            first_peer: 0,
+            npeers: 1,
+            scratch: std::ptr::null_mut(),
+            scratch_bytes: 0,
+        };
+        let channels_at = push(&mut block, bytes_of(&channel));
+        let peer = WorkPeer {
+            rank: 1,
+            pad: 0,
+            send: view,
+            recv: view,
+        };
+        let peers_at = push(&mut block, bytes_of(&peer));
+        let steps_at = push(
+            &mut block,
+            bytes_of(&WorkStep {
+                first_prim: 0,
+                nprims: 1,
+            }),
+        );
+        // Recv (1) of 64 bytes from peer 0 into the receive buffer (1).
+        let prim = WorkPrim {
+            kind: 1,
+            recv_peer: 0,
+            send_peer: -1,
+            src_buf: 0,
+            dst_buf: 1,
+            pad: 0,
+            src_off: 0,
+            dst_off: 0,
+            len: 64,
+        };
+        let prims_at = push(&mut block, bytes_of(&prim));
+        let header = WorkHeader {
+            sendbuf: std::ptr::null(),
+            recvbuf: recvbuf as *mut u8,
+            nranks: 2,
+            scalar: 0,
+            scalar_ptr: std::ptr::null(),
+            dtype: 0,
+            op: -1,
+            elem_size: 1,
+            nchannels: 1,
+            tag_seq: 0,
+            tag_call: 0,
+            tag_count: 0,
+            pad: 0,
+            abort,
+            channels_at,
+            peers_at,
+            steps_at,
+            prims_at,
+        };
+        block[..header_len].copy_from_slice(bytes_of(&header));
+        let work = alloc(block.len());
+        ok!((cu().cuMemcpyHtoDAsync_v2)(
+            work,
+            block.as_ptr().cast(),
+            block.len(),
+            stream
+        ));
+        let (mut w, mut spins, mut st) = (work, u64::MAX, status as u64);
+        let mut params: [P; 3] = [
+            (&mut w as *mut u64).cast(),
+            (&mut spins as *mut u64).cast(),
+            (&mut st as *mut u64).cast(),
+        ];
+        let null: P = std::ptr::null_mut();
+        ok!((cu().cuLaunchKernel)(
+            self.run_work,
+            1,
+            1,
+            1,
+            32,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            null.cast()
+        ));
+        // The kernel is resident once its stream reached it.
+        std::thread::sleep(Duration::from_millis(50));
+        Waiting { abort }
+    }
+}
+
+/// Where CUDA's `cuda.h` is: `RCCL_CUDA_INCLUDE`, else where `.ci/run`
+/// downloads it (the `nvidia-cuda-runtime` wheel).
+fn cuda_include() -> Option<std::path::PathBuf> {
+    let downloaded = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/nvidia-nccl/x/nvidia/cu13/include");
+    std::env::var_os("RCCL_CUDA_INCLUDE")
+        .map(Into::into)
+        .into_iter()
+        .chain([downloaded])
+        .find(|d| d.join("cuda.h").exists())
+}
+
+#[test]
+fn a_c_program_built_against_cuda_h_runs_on_the_model() {
+    let Some(include) = cuda_include() else {
+        eprintln!("skipped: no cuda.h (set RCCL_CUDA_INCLUDE, or run .ci/run, which downloads it)");
+        return;
+    };
+    let folder = model_library()
+        .parent()
+        .unwrap()
+        .join(format!("cuda-h-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).unwrap();
+    for name in ["libcuda.so", "libcuda.so.1"] {
+        let _ = std::fs::remove_file(folder.join(name));
+        std::os::unix::fs::symlink(model_library(), folder.join(name)).unwrap();
+    }
+    let program = folder.join("driver_api");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/driver_api.c");
+    let built = Command::new("cc")
+        .args(["-std=c99", "-Wall", "-Werror", "-I"])
+        .arg(&include)
+        .arg(&source)
+        .arg("-L")
+        .arg(&folder)
+        .args(["-lcuda", "-o"])
+        .arg(&program)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let run = Command::new(&program)
+        .env("LD_LIBRARY_PATH", &folder)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&folder);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
