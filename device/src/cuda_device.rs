@@ -395,6 +395,10 @@ impl Device for CudaDevice {
         }
     }
 
+    fn allocation(&self, ptr: *const u8) -> Option<(usize, usize)> {
+        self.driver.address_range(ptr as sys::CUdeviceptr)
+    }
+
     fn alloc(&self, bytes: usize) -> Result<*mut u8> {
         self.free_deferred()?;
         Ok(self.driver.alloc(bytes).map_err(err)? as *mut u8)

@@ -111,6 +111,13 @@ pub trait Device: Send + Sync {
     /// on every call of the engine.
     fn classify(&self, ptr: *const u8) -> Memory;
 
+    /// The allocation of device memory holding `ptr`, as (start address,
+    /// bytes), where the backend knows it: calls check their counts
+    /// against it.
+    fn allocation(&self, _ptr: *const u8) -> Option<(usize, usize)> {
+        None
+    }
+
     /// Allocates `bytes` of device memory.
     fn alloc(&self, bytes: usize) -> Result<*mut u8>;
 
