@@ -178,6 +178,70 @@ fn a_call_returns_before_its_peer_arrives_and_completes_at_synchronize() {
     }
 }
 
+/// Through the C ABI: counts beyond buffers that ncclMemAlloc made are
+/// refused with ncclInvalidArgument naming the buffer, its allocation's
+/// size and the count (an all-reduce of 2^40 floats on 4 KiB, a send of
+/// 2^40, an all-gather whose receive buffer holds one rank's part), and
+/// nothing is enqueued: the communicator then runs a call that fits.
+#[test]
+fn counts_beyond_an_ncclmemalloc_buffer_are_refused_naming_it() {
+    emu();
+    let comms = c_comms(2);
+    let float = DataType::Float32 as ncclDataType_t;
+    let bytes = 4096;
+    let fits = bytes / 4;
+    let mut streams = [null_mut(); 2];
+    let mut bufs = [(null_mut(), null_mut()); 2];
+    for rank in 0..2 {
+        let (send, recv): &mut (*mut std::ffi::c_void, *mut std::ffi::c_void) = &mut bufs[rank];
+        // SAFETY: writable slots.
+        unsafe {
+            assert_eq!(rcclrsEmuStreamCreate(&mut streams[rank]), ncclSuccess);
+            assert_eq!(ncclMemAlloc(send, bytes), ncclSuccess);
+            assert_eq!(ncclMemAlloc(recv, bytes), ncclSuccess);
+        }
+    }
+    let (send, recv) = bufs[0];
+    let huge = 1usize << 40;
+    let refused = |rc: ncclResult_t, buffer: &str, count: usize| {
+        assert_eq!(rc, ncclInvalidArgument, "count {count} on {buffer}");
+        let said = last_error(comms[0]);
+        for part in [
+            buffer.to_string(),
+            format!("count {count} "),
+            format!("allocation ({bytes} bytes "),
+        ] {
+            assert!(said.contains(&part), "{part:?} not in {said:?}");
+        }
+        eprintln!("{said}");
+    };
+    // SAFETY: device buffers of `bytes`; the calls are refused before
+    // anything is enqueued (what they check).
+    unsafe {
+        let rc = ncclAllReduce(send, recv, huge, float, 0, comms[0], streams[0]);
+        refused(rc, "sendbuff", huge);
+        let rc = ncclSend(send, huge, float, 1, comms[0], streams[0]);
+        refused(rc, "sendbuff", huge);
+        let rc = ncclAllGather(send, recv, fits, float, comms[0], streams[0]);
+        refused(rc, "recvbuff", fits);
+    }
+    for rank in 0..2 {
+        let (send, recv) = bufs[rank];
+        // SAFETY: buffers of `fits` floats, freed after the stream ran.
+        let rc = unsafe { ncclAllReduce(send, recv, fits, float, 0, comms[rank], streams[rank]) };
+        assert_eq!(rc, ncclSuccess, "{}", last_error(comms[rank]));
+    }
+    for rank in 0..2 {
+        // SAFETY: live handles, each released once after its stream ran.
+        unsafe {
+            assert_eq!(rcclrsEmuStreamSynchronize(streams[rank]), ncclSuccess);
+            assert_eq!(ncclMemFree(bufs[rank].0), ncclSuccess);
+            assert_eq!(ncclMemFree(bufs[rank].1), ncclSuccess);
+            assert_eq!(rcclrsEmuStreamDestroy(streams[rank]), ncclSuccess);
+        }
+    }
+}
+
 /// Calls on device memory of ranks in one process run as device work (the
 /// kernels' interpreter, compiled for the host on the emulated GPU), never
 /// the host executor: each call of each rank launches one block, whether

@@ -14,7 +14,8 @@ mod device_cases;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::ptr::null_mut;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use children::{free_port, Ranks};
@@ -304,6 +305,20 @@ fn sigkill_of_one_of_four_processes_mid_all_reduce_on_device_memory() {
         seen += &format!("[{rank}] {line}\n");
     }
     assert_device_work(&seen);
+    // The death must be named as fast on a loaded machine: three busy
+    // threads (more runnable threads than the 2 cores of CI) until the
+    // survivors have failed.
+    let busy = Arc::new(AtomicBool::new(true));
+    let loads: Vec<_> = (0..3)
+        .map(|_| {
+            let busy = busy.clone();
+            std::thread::spawn(move || {
+                while busy.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
     std::thread::sleep(Duration::from_millis(200));
     let killed = Instant::now();
     children.0[victim].kill().unwrap();
@@ -317,11 +332,15 @@ fn sigkill_of_one_of_four_processes_mid_all_reduce_on_device_memory() {
             failed.push((rank, killed.elapsed(), text.to_string()));
         }
     }
+    busy.store(false, Ordering::Relaxed);
+    loads.into_iter().for_each(|t| t.join().unwrap());
     for (rank, after, text) in &failed {
         println!(
             "SIGKILL of rank {victim} over P2P/IPC: rank {rank} failed after {after:?}: {text}"
         );
-        assert!(*after < Duration::from_secs(10), "rank {rank}: {after:?}");
+        // The watch's grace (2 s: a peer may exit after its part while
+        // this rank drains its FIFOs), then at most 1 s.
+        assert!(*after < Duration::from_secs(3), "rank {rank}: {after:?}");
         assert!(
             text.contains(&format!("rank {victim} ")),
             "rank {rank} does not name the dead rank: {text}"

@@ -64,6 +64,9 @@ fn child_rank() {
     if mode == "device-exit" {
         return device_all_reduces_until_a_rank_exits();
     }
+    if mode == "device-cut" {
+        return device_all_reduces_until_the_link_is_cut();
+    }
     let comm = Communicator::from_env().expect("init from the environment");
     let (rank, nranks) = (comm.rank(), comm.count());
     if mode == "debug" {
@@ -180,6 +183,45 @@ fn device_all_reduces_until_a_rank_exits() {
             unsafe { ncclCommAbort(comm) };
             return;
         }
+    }
+}
+
+/// All-reduces of 16 Ki floats on device memory, the stream synchronized
+/// after each; after 3 of them rank 0 takes its host's link down
+/// (`ip link set dev tb0 down`: nothing is reset, the network goes
+/// silent). Every rank's next call must fail at its deadline
+/// (`RCCL_TIMEOUT_MS`), not later: each prints `TIMED OUT AFTER <ms> ms:
+/// <error>`, the time from the start of its failing call, and aborts.
+fn device_all_reduces_until_the_link_is_cut() {
+    use device_cases::{all_reduce_succeeds, last_error, to_device};
+    use rcclrs::*;
+    let (comm, stream, rank, _) = join_from_env();
+    let count = 1 << 14;
+    let send = to_device(&vec![0u8; count * 4]);
+    let recv = to_device(&vec![0u8; count * 4]);
+    for round in 0..4 {
+        if round == 3 && rank == 0 {
+            let cut = Command::new("ip")
+                .args(["link", "set", "dev", netns::IFACE, "down"])
+                .status()
+                .unwrap();
+            assert!(cut.success(), "rank 0 could not cut its link: {cut}");
+        }
+        let started = std::time::Instant::now();
+        // Device buffers of `count` floats, never freed.
+        if all_reduce_succeeds(comm, stream, send, recv, count) {
+            assert!(round < 3, "rank {rank}: an all-reduce passed the cut link");
+            continue;
+        }
+        let waited = started.elapsed().as_millis();
+        // The next call on a failed communicator returns its error.
+        // SAFETY: a live communicator and stream, device buffers as above.
+        let again = unsafe { ncclAllReduce(send.cast(), recv.cast(), count, 7, 0, comm, stream) };
+        assert_ne!(again, ncclSuccess);
+        eprintln!("TIMED OUT AFTER {waited} ms: {}", last_error(comm));
+        // SAFETY: a live communicator, ended once.
+        unsafe { ncclCommAbort(comm) };
+        return;
     }
 }
 
@@ -347,6 +389,55 @@ fn device_work_across_hosts_fails_naming_a_rank_that_left() {
 #[test]
 fn device_work_by_gpudirect_rdma_fails_naming_a_rank_that_left() {
     device_work_survives_a_rank_leaving(&IB_MODEL_GDR);
+}
+
+/// Device work across 2 hosts x 2 ranks when the link between the hosts
+/// goes silent: every rank's call fails within 0.5 s of its deadline
+/// (5 s), naming the operation, the channel and the rank it waited for
+/// with its host (and address, for a rank on the other host), as a host
+/// wait does; the ranks waiting across the link name a rank of the other
+/// host.
+fn device_work_times_out_on_a_cut_link_naming_the_peer(net: &[(&str, &str)]) {
+    const TIMEOUT_MS: u128 = 5000;
+    let Some(stderrs) = run_ranks(2, 2, 1, "device-cut", |cmd| {
+        cmd.env("RCCL_TIMEOUT_MS", TIMEOUT_MS.to_string());
+        for (key, value) in net {
+            cmd.env(key, value);
+        }
+    }) else {
+        return;
+    };
+    let mut across = 0;
+    for (rank, text) in stderrs.iter().enumerate() {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("TIMED OUT AFTER"))
+            .unwrap_or_else(|| panic!("rank {rank} did not fail\n{text}"));
+        eprintln!("rank {rank}: {line}");
+        let waited: u128 = line.split_whitespace().nth(3).unwrap().parse().unwrap();
+        assert!(waited < TIMEOUT_MS + 500, "rank {rank}: {line}");
+        assert!(
+            line.contains(&format!(
+                "rank {rank} of 4: device work timed out after 5s in operation #"
+            )) && line.contains(" on channel ")
+                && line.contains(", waiting for data from rank ")
+                && line.contains(" (host "),
+            "rank {rank}: {line}"
+        );
+        let other_host = netns::host_addr(1 - rank / 2);
+        across += usize::from(line.contains(&format!(", {other_host}, pid ")));
+    }
+    assert!(across >= 2, "no rank named a peer across the link");
+}
+
+#[test]
+fn device_work_across_hosts_times_out_on_a_cut_link_naming_the_peer() {
+    device_work_times_out_on_a_cut_link_naming_the_peer(&[]);
+}
+
+#[test]
+fn device_work_by_gpudirect_rdma_times_out_on_a_cut_link_naming_the_peer() {
+    device_work_times_out_on_a_cut_link_naming_the_peer(&IB_MODEL_GDR);
 }
 
 fn every_builtin() -> Vec<&'static str> {

@@ -226,6 +226,19 @@ impl Driver {
         unsafe { result::malloc_sync(bytes.max(1)) }.call("cuMemAlloc")
     }
 
+    /// The allocation holding `ptr` as (start, bytes), as the driver
+    /// reports it (`cuMemGetAddressRange`); `None` for memory it does not
+    /// know.
+    pub fn address_range(&self, ptr: CUdeviceptr) -> Option<(usize, usize)> {
+        let (mut base, mut size): (CUdeviceptr, usize) = (0, 0);
+        // SAFETY: the driver only reads its own tables for `ptr`; both
+        // out-pointers are valid.
+        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }
+            .result()
+            .ok()
+            .map(|()| (base as usize, size))
+    }
+
     /// Frees memory from [`Driver::alloc`].
     ///
     /// # Safety

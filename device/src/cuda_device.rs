@@ -20,7 +20,7 @@ use cudarc::driver::sys::{self, CUevent, CUstream};
 use parking_lot::Mutex;
 
 use crate::cuda::{CudaError, Driver, Kernels, Memory as CudaMemory};
-use crate::{Device, Error, Event, Memory, Result, Stream, Work, WorkLaunch};
+use crate::{Device, Error, Event, Memory, Result, Stream, Work, WorkFailure, WorkLaunch};
 
 const BACKEND: &str = "cuda";
 
@@ -395,6 +395,10 @@ impl Device for CudaDevice {
         }
     }
 
+    fn allocation(&self, ptr: *const u8) -> Option<(usize, usize)> {
+        self.driver.address_range(ptr as sys::CUdeviceptr)
+    }
+
     fn alloc(&self, bytes: usize) -> Result<*mut u8> {
         self.free_deferred()?;
         Ok(self.driver.alloc(bytes).map_err(err)? as *mut u8)
@@ -580,15 +584,18 @@ impl Device for CudaDevice {
             .map_err(|e| Error::System(format!("cuMemAllocAsync: {e:?}")))?;
         let mut at = 0u64;
         let mut word = 0usize;
+        // (round, block, channel) of each status word.
+        let mut channel_of: Vec<(usize, usize, usize)> = Vec::with_capacity(channels);
         // A round of one block runs on `first` itself.
         let widest = rounds.iter().map(Vec::len).max().unwrap_or(0);
         let helpers = self.take_helpers(if widest > 1 { widest } else { 0 })?;
-        for round in &rounds {
+        for (index, round) in rounds.iter().enumerate() {
             // Every block of the round is copied first, then the kernels
             // start together on the helpers (a block waits for its peers'
             // blocks through their FIFOs), then `first` waits for them all.
             let mut placed = Vec::with_capacity(round.len());
-            for work in round {
+            for (block, work) in round.iter().enumerate() {
+                channel_of.extend((0..work.nchannels()).map(|c| (index, block, c)));
                 let bytes = work.bytes();
                 // SAFETY: `mem + at` holds `bytes.len()` bytes; the source
                 // is pageable, so the driver stages it before returning.
@@ -640,12 +647,21 @@ impl Device for CudaDevice {
                 let ends = unsafe { std::slice::from_raw_parts(status.words, channels) };
                 let result = match ends.iter().position(|&e| e != 0) {
                     None => Ok(()),
-                    Some(c) => Err(Error::System(format!(
-                        "device work did not finish: channel {c} of the launch ended with {} \
-                         (1 aborted, 2 gave up after {timeout:?} without progress, 3 a step \
-                         too large)",
-                        ends[c]
-                    ))),
+                    Some(c) => Err(WorkFailure {
+                        error: Error::System(format!(
+                            "device work did not finish: channel {c} of the launch ended with \
+                             {} (1 aborted, 2 gave up after {timeout:?} without progress, 3 a \
+                             step too large)",
+                            ends[c]
+                        )),
+                        timed_out: ends.contains(&2),
+                        unfinished: ends
+                            .iter()
+                            .zip(&channel_of)
+                            .filter(|(&end, _)| end != 0)
+                            .map(|(_, &at)| at)
+                            .collect(),
+                    }),
                 };
                 spare.lock().push(status);
                 idle.lock().extend(helpers);

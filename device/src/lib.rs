@@ -95,7 +95,28 @@ pub struct WorkLaunch {
     /// Told how the launch ended, once it has, in stream order. Dropped
     /// without being called when the launch never runs (its stream was
     /// destroyed).
-    pub done: Box<dyn FnOnce(Result<()>) + Send>,
+    pub done: Box<dyn FnOnce(std::result::Result<(), WorkFailure>) + Send>,
+}
+
+/// How a launch of device work that did not finish ended, for the engine
+/// to say which peers its channels waited for.
+#[derive(Debug)]
+pub struct WorkFailure {
+    pub error: Error,
+    /// It ran out of time (rather than being stopped or failing to start).
+    pub timed_out: bool,
+    /// The channels that did not finish, as (round, block, channel).
+    pub unfinished: Vec<(usize, usize, usize)>,
+}
+
+impl From<Error> for WorkFailure {
+    fn from(error: Error) -> WorkFailure {
+        WorkFailure {
+            error,
+            timed_out: false,
+            unfinished: Vec::new(),
+        }
+    }
 }
 
 /// A GPU as the engine sees it.
@@ -110,6 +131,13 @@ pub trait Device: Send + Sync {
     /// Which memory `ptr` points into. A lookup, no system call: it runs
     /// on every call of the engine.
     fn classify(&self, ptr: *const u8) -> Memory;
+
+    /// The allocation of device memory holding `ptr`, as (start address,
+    /// bytes), where the backend knows it: calls check their counts
+    /// against it.
+    fn allocation(&self, _ptr: *const u8) -> Option<(usize, usize)> {
+        None
+    }
 
     /// Allocates `bytes` of device memory.
     fn alloc(&self, bytes: usize) -> Result<*mut u8>;

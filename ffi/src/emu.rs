@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rccl::device::{self, Device, Event, Kind};
 use rccl::Result;
@@ -37,9 +37,15 @@ fn event(handle: rcclrsEmuEvent_t) -> Result<Arc<dyn Event>> {
         .ok_or_else(|| invalid(format!("{handle:p} is not a live event of emu device 0")))
 }
 
-/// How long a synchronize waits before it reports the work still running.
+/// How long a synchronize waits past the engine's timeout before it
+/// reports the work still running: work that ends at its own deadline
+/// (which names the peer it waited for) ends first, and its error is the
+/// one reported.
+const PAST_THE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// When a synchronize reports the work still running.
 fn deadline() -> Instant {
-    Instant::now() + device::emu::wait_limit()
+    Instant::now() + device::emu::wait_limit() + PAST_THE_TIMEOUT
 }
 
 /// Runs `body` as an entry point (panics caught, messages recorded).

@@ -136,9 +136,13 @@ impl Communicator {
                 kind.name()
             )));
         }
+        let (send_bytes, recv_bytes) = (send_len * dtype.size(), recv_len * dtype.size());
         let stream = placement(
-            kind.name(),
-            [("sendbuff", send, send_len), ("recvbuff", recv, recv_len)],
+            (kind.name(), count),
+            [
+                ("sendbuff", send, send_bytes),
+                ("recvbuff", recv, recv_bytes),
+            ],
             stream,
         )?;
         Ok(RawOp {
@@ -182,7 +186,8 @@ impl Communicator {
             return Err(Error::InvalidArgument(format!("{what}: buffer is NULL")));
         }
         let name = if sending { "sendbuff" } else { "recvbuff" };
-        let stream = placement(what, [(name, buf, count), ("", buf, 0)], stream)?;
+        let bytes = count * dtype.size();
+        let stream = placement((what, count), [(name, buf, bytes), ("", buf, 0)], stream)?;
         Ok(RawOp {
             comm: self.inner.clone(),
             kind: if sending {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use rccl_algorithms::Schedule;
 use rccl_device::abi::FifoView;
 use rccl_device::work::{encode, Work, WorkCall, WorkLinks};
-use rccl_device::{Device, WorkLaunch};
+use rccl_device::{Device, WorkFailure, WorkLaunch};
 use rccl_transports::network::keep_polling;
 use rccl_transports::{Connection, Fifo, Protocol};
 
@@ -62,6 +62,84 @@ impl WorkLinks for OpLinks<'_> {
     }
 }
 
+/// Who one block's channels exchange with, so that a launch that runs out
+/// of time names the peers its unfinished channels waited for.
+struct BlockPeers {
+    comm: Arc<CommInner>,
+    /// The operation's sequence number.
+    seq: u32,
+    /// Per channel: the ranks it receives from, then those it sends to.
+    channels: Vec<(Vec<Source>, Vec<usize>)>,
+}
+
+/// A rank a channel receives from, with its network connection when it is
+/// on another host.
+type Source = (usize, Option<Arc<dyn Connection>>);
+
+impl BlockPeers {
+    fn new(comm: &Arc<CommInner>, seq: u32, schedule: &Schedule, links: &DeviceLinks) -> Self {
+        let channels = schedule
+            .channels
+            .iter()
+            .enumerate()
+            .map(|(channel, steps)| {
+                let prims = || steps.iter().flat_map(|step| step.prims.iter());
+                let mut from: Vec<usize> = prims().filter_map(|p| p.recv_peer()).collect();
+                let mut to: Vec<usize> = prims().filter_map(|p| p.send_peer()).collect();
+                for ranks in [&mut from, &mut to] {
+                    ranks.sort_unstable();
+                    ranks.dedup();
+                }
+                let from = from
+                    .into_iter()
+                    .map(|peer| (peer, links.net.get(&(channel, peer)).cloned()))
+                    .collect();
+                (from, to)
+            })
+            .collect();
+        BlockPeers {
+            comm: comm.clone(),
+            seq,
+            channels,
+        }
+    }
+
+    /// What `channel`, which did not finish, waited for: data from a rank
+    /// on another host whose connection brought nothing more, else from
+    /// the ranks of this host it receives from (whose FIFOs the device
+    /// holds), else room at the ranks it sends to.
+    fn waited_for(&self, channel: usize) -> String {
+        let comm = &self.comm;
+        let (from, to) = &self.channels[channel];
+        let silent: Vec<String> = from
+            .iter()
+            .filter_map(|(peer, conn)| {
+                let conn = conn.as_ref()?;
+                conn.recv_fifo(Protocol::Simple).is_drained().then(|| {
+                    format!(
+                        "{} via {} (nothing more arrived)",
+                        comm.describe(*peer),
+                        conn.transport()
+                    )
+                })
+            })
+            .collect();
+        let here: Vec<String> = from
+            .iter()
+            .filter(|(_, conn)| conn.is_none())
+            .map(|(peer, _)| comm.describe(*peer))
+            .collect();
+        if !silent.is_empty() {
+            format!("waiting for data from {}", silent.join(", "))
+        } else if !here.is_empty() {
+            format!("waiting for data from {}", here.join(", "))
+        } else {
+            let to: Vec<String> = to.iter().map(|&peer| comm.describe(peer)).collect();
+            format!("waiting to send to {}", to.join(", "))
+        }
+    }
+}
+
 /// Reports a launch's end to its communicators: a failure poisons them
 /// and closes their network connections with a note saying why, so that
 /// peers on other hosts stop at once; dropped without a report (the launch
@@ -70,6 +148,9 @@ impl WorkLinks for OpLinks<'_> {
 struct Finish {
     comms: Vec<Arc<CommInner>>,
     net: Vec<NetLink>,
+    /// `blocks[round][block]`, as the launch's rounds.
+    blocks: Vec<Vec<BlockPeers>>,
+    timeout: std::time::Duration,
     reported: bool,
 }
 
@@ -78,16 +159,52 @@ struct Finish {
 type NetLink = (Arc<CommInner>, usize, Arc<dyn Connection>);
 
 impl Finish {
-    fn report(mut self, result: rccl_device::Result<()>) {
+    /// Why the launch timed out on `comm`: the operation and, for each of
+    /// its channels that did not finish, the peers it waited for (as a
+    /// host wait names them); `None` when all of `comm`'s channels
+    /// finished.
+    fn timed_out(&self, comm: &CommInner, failure: &WorkFailure) -> Option<String> {
+        let waits: Vec<String> = failure
+            .unfinished
+            .iter()
+            .filter_map(|&(round, block, channel)| {
+                let peers = self.blocks.get(round)?.get(block)?;
+                std::ptr::eq(&*peers.comm, comm).then(|| {
+                    format!(
+                        "operation #{} on channel {channel}, {}",
+                        peers.seq,
+                        peers.waited_for(channel)
+                    )
+                })
+            })
+            .collect();
+        (!waits.is_empty()).then(|| {
+            format!(
+                "rank {} of {}: device work timed out after {:?} in {}",
+                comm.rank,
+                comm.nranks,
+                self.timeout,
+                waits.join("; ")
+            )
+        })
+    }
+
+    fn report(mut self, result: std::result::Result<(), WorkFailure>) {
         self.reported = true;
-        let Err(err) = result else {
+        let Err(failure) = result else {
             return;
         };
         for comm in &self.comms {
             let err = if comm.abort.load(Ordering::Relaxed) {
                 comm.ended_error()
+            } else if let Some(why) = failure
+                .timed_out
+                .then(|| self.timed_out(comm, &failure))
+                .flatten()
+            {
+                Error::System(why)
             } else {
-                Error::System(format!("rank {}: {err}", comm.rank))
+                Error::System(format!("rank {}: {}", comm.rank, failure.error))
             };
             comm.poison(&err);
         }
@@ -263,6 +380,7 @@ pub(crate) fn launch(
     }
     let first = &streams[0];
     let mut rounds: Vec<Vec<Arc<Work>>> = Vec::new();
+    let mut blocks: Vec<Vec<BlockPeers>> = Vec::new();
     let mut memory: Vec<Arc<DeviceMem>> = Vec::new();
     let mut net_memory: Vec<Arc<dyn rccl_transports::fifo::FifoMemory>> = Vec::new();
     // Each network connection with the rank at its other end.
@@ -309,8 +427,10 @@ pub(crate) fn launch(
             })?;
             if rounds.len() <= round {
                 rounds.push(Vec::new());
+                blocks.push(Vec::new());
             }
             rounds[round].push(Arc::new(work));
+            blocks[round].push(BlockPeers::new(comm, call.tag[0], &op.schedule, links));
         }
         memory.extend(links.memory());
         net_memory.extend(links.net_memory());
@@ -326,18 +446,20 @@ pub(crate) fn launch(
     for comm in &comms {
         comm.queued.issue();
     }
-    let finish = Finish {
-        comms: comms.clone(),
-        net: net.clone(),
-        reported: false,
-    };
-    let watched = comms.clone();
-    let watches: Vec<Watch> = comms.iter().filter_map(Watch::new).collect();
     let timeout = comms
         .iter()
         .map(|c| c.config.timeout)
         .min()
         .expect("a launch has a communicator");
+    let finish = Finish {
+        comms: comms.clone(),
+        net: net.clone(),
+        blocks,
+        timeout,
+        reported: false,
+    };
+    let watched = comms.clone();
+    let watches: Vec<Watch> = comms.iter().filter_map(Watch::new).collect();
     tracing::debug!(
         target: crate::debug::COLL,
         "device work: {} blocks in {} rounds on {}",

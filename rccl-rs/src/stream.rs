@@ -29,19 +29,23 @@ use crate::op::RawOp;
 use crate::queue::StreamRef;
 
 /// One buffer of a call, for [`placement`]: its name in messages
-/// (`sendbuff`), address and length in elements.
+/// (`sendbuff`), address and length in bytes.
 pub(crate) type Buffer<'a> = (&'a str, *const u8, usize);
+
+/// A call as messages name it: its name and its count of elements.
+pub(crate) type CallName<'a> = (&'a str, usize);
 
 /// Where a call runs, from its buffers: `None` on host memory (the host
 /// path); the stream to order it on when they are device memory and the
 /// caller passed a stream (`stream`: its raw `cudaStream_t` value; `None`
 /// for the host-only entry points, which refuse device memory). A call
-/// mixing the two is refused, naming which buffer is which. Costs one
-/// lookup per buffer while a device is active, two atomic loads when none
-/// is.
+/// mixing the two is refused, naming which buffer is which, and so is a
+/// device buffer that runs past the end of its allocation, where the
+/// device knows it. Costs one lookup per buffer while a device is active,
+/// two atomic loads when none is.
 #[inline]
 pub(crate) fn placement(
-    call: &str,
+    call: CallName<'_>,
     buffers: [Buffer<'_>; 2],
     stream: Option<usize>,
 ) -> Result<Option<StreamRef>> {
@@ -51,32 +55,59 @@ pub(crate) fn placement(
     }
 }
 
+/// Refuses a device buffer of `bytes` at `ptr` that runs past the end of
+/// the allocation holding it (a count beyond the buffer would have the
+/// device read or write memory that is not the caller's).
+fn check_within_allocation(
+    device: &dyn Device,
+    (call, count): CallName<'_>,
+    (name, ptr, bytes): Buffer<'_>,
+) -> Result<()> {
+    let Some((start, len)) = device.allocation(ptr) else {
+        return Ok(());
+    };
+    let left = (start + len).saturating_sub(ptr as usize);
+    if bytes <= left {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "{call}: count {count} needs {bytes} bytes at {name} {ptr:p}, but its allocation \
+         ({len} bytes of {} at {start:#x}) holds {left} bytes from there",
+        device.classify(ptr)
+    )))
+}
+
 /// [`placement`] while `device` is active.
 fn placement_on(
     device: &dyn Device,
-    call: &str,
+    call: CallName<'_>,
     buffers: [Buffer<'_>; 2],
     stream: Option<usize>,
 ) -> Result<Option<StreamRef>> {
+    let call_name = call.0;
     // Buffers the call does not use (no elements) are not classified.
-    let classified = buffers.map(|(name, ptr, len)| {
-        (len > 0 && !ptr.is_null()).then(|| (name, ptr, device.classify(ptr)))
+    let classified = buffers.map(|buffer| {
+        let (_, ptr, len) = buffer;
+        (len > 0 && !ptr.is_null()).then(|| (buffer, device.classify(ptr)))
     });
     let mut used = classified.iter().flatten();
-    let on_device = used.clone().find(|(_, _, memory)| memory.is_device());
-    let on_host = used.find(|(_, _, memory)| !memory.is_device());
+    let on_device = used.clone().find(|(_, memory)| memory.is_device());
+    let on_host = used.find(|(_, memory)| !memory.is_device());
     match (on_device, on_host) {
         (None, _) => Ok(None),
-        (Some((dev_name, dev_ptr, memory)), Some((host_name, host_ptr, _))) => {
+        (Some(((dev_name, dev_ptr, _), memory)), Some(((host_name, host_ptr, _), _))) => {
             Err(Error::InvalidArgument(format!(
-                "{call}: {dev_name} {dev_ptr:p} is {memory} but {host_name} {host_ptr:p} is \
+                "{call_name}: {dev_name} {dev_ptr:p} is {memory} but {host_name} {host_ptr:p} is \
                  host memory: a call's buffers must all be host memory or all device memory"
             )))
         }
-        (Some((name, ptr, memory)), None) => {
+        (Some(((name, ptr, _), memory)), None) => {
+            for &(buffer, _) in classified.iter().flatten() {
+                check_within_allocation(device, call, buffer)?;
+            }
             let Some(raw) = stream else {
                 return Err(Error::InvalidArgument(format!(
-                    "{call}: {name} {ptr:p} is {memory}, which this host-memory call does not \
+                    "{call_name}: {name} {ptr:p} is {memory}, which this host-memory call does not \
                      touch: pass it with a stream (the C ABI, or the *_on_stream calls)"
                 )));
             };

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 
 use crate::twin::{self, ChannelEnd};
 use crate::work::Work;
-use crate::{Error, Result, WorkLaunch};
+use crate::{Error, Result, WorkFailure, WorkLaunch};
 
 /// Blocks run so far by this process's emulated GPU (tests read it to
 /// know that a call went through the interpreter).
@@ -52,9 +52,9 @@ pub(super) fn run(launch: WorkLaunch) {
     } = launch;
     let deadline = Instant::now() + timeout;
     let mut result = Ok(());
-    for round in &rounds {
+    for (index, round) in rounds.iter().enumerate() {
         WORKS_RUN.fetch_add(round.len() as u64, Ordering::Relaxed);
-        result = run_round(round, deadline, stop.as_ref(), timeout);
+        result = run_round(index, round, deadline, stop.as_ref(), timeout);
         if result.is_err() {
             break;
         }
@@ -109,11 +109,12 @@ fn start(job: Job) -> Result<()> {
 }
 
 fn run_round(
+    index: usize,
     round: &[Arc<Work>],
     deadline: Instant,
     stop: &dyn Fn() -> bool,
     timeout: Duration,
-) -> Result<()> {
+) -> std::result::Result<(), WorkFailure> {
     let channels: usize = round.iter().map(|w| w.nchannels()).sum();
     let (tx, rx) = mpsc::channel();
     let mut ends: Vec<(usize, usize, ChannelEnd)> = Vec::with_capacity(channels);
@@ -155,14 +156,13 @@ fn run_round(
         }
     }
     if let Some(e) = failed_start {
-        return Err(e);
+        return Err(e.into());
     }
-    let unfinished: Vec<String> = ends
-        .iter()
+    let unfinished: Vec<(usize, usize, ChannelEnd)> = ends
+        .into_iter()
         .filter(|(_, _, end)| *end != ChannelEnd::Done)
-        .map(|(b, c, end)| format!("block {b} channel {c}: {end:?}"))
         .collect();
-    if unfinished.is_empty() && ends.len() == channels {
+    if unfinished.is_empty() && started == channels {
         return Ok(());
     }
     let why = if timed_out {
@@ -170,5 +170,13 @@ fn run_round(
     } else {
         "device work was stopped".to_string()
     };
-    Err(Error::System(format!("{why} ({})", unfinished.join(", "))))
+    let listed: Vec<String> = unfinished
+        .iter()
+        .map(|(b, c, end)| format!("block {b} channel {c}: {end:?}"))
+        .collect();
+    Err(WorkFailure {
+        error: Error::System(format!("{why} ({})", listed.join(", "))),
+        timed_out,
+        unfinished: unfinished.iter().map(|&(b, c, _)| (index, b, c)).collect(),
+    })
 }

@@ -192,6 +192,10 @@ impl Device for Emu {
         }
     }
 
+    fn allocation(&self, ptr: *const u8) -> Option<(usize, usize)> {
+        self.holds(ptr as usize, 0)
+    }
+
     fn alloc(&self, bytes: usize) -> Result<*mut u8> {
         self.map(None, bytes.max(1), "allocate")
     }
