@@ -614,7 +614,7 @@ fn a_send_completed_before_its_sender_destroys_the_communicator_still_arrives() 
         std::thread::scope(|s| {
             s.spawn(move || {
                 sender.send(&[7u32; 16], 1).unwrap();
-                sender.destroy();
+                sender.destroy().unwrap();
             });
             s.spawn(move || {
                 std::thread::sleep(Duration::from_millis(200));

@@ -8,6 +8,7 @@
 mod common;
 mod device_cases;
 
+use std::ffi::c_int;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
@@ -240,6 +241,62 @@ fn counts_beyond_an_ncclmemalloc_buffer_are_refused_naming_it() {
             assert_eq!(rcclrsEmuStreamDestroy(streams[rank]), ncclSuccess);
         }
     }
+}
+
+/// ncclCommDestroy right after enqueuing sends and receives on device
+/// memory, before the peers arrive, behaves as a finalize then a destroy:
+/// the work completes. A ring of four ranks, each sending its values to
+/// the next and receiving from the previous; the last rank enqueues
+/// 300 ms late, so its receiver destroys long before the data comes.
+#[test]
+fn destroy_right_after_enqueuing_lets_the_work_complete() {
+    emu();
+    let nranks = 4;
+    let comms = c_comms(nranks);
+    // Within the FIFOs (TEST_BUFFSIZE).
+    let count = 2048;
+    std::thread::scope(|s| {
+        for (rank, &comm) in comms.iter().enumerate() {
+            // Handles cross into the rank's thread as integers.
+            let comm = comm as usize;
+            s.spawn(move || {
+                let comm = comm as ncclComm_t;
+                let mut stream: cudaStream_t = null_mut();
+                // SAFETY: a writable stream slot.
+                assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
+                let send = to_device(&vec![rank as u8 + 1; count]);
+                let recv = to_device(&vec![0; count]);
+                let (next, prev) = ((rank + 1) % nranks, (rank + nranks - 1) % nranks);
+                if rank == nranks - 1 {
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                let uint8 = DataType::Uint8 as ncclDataType_t;
+                // SAFETY: device buffers of `count` bytes, never freed; a
+                // live communicator and stream.
+                unsafe {
+                    assert_eq!(ncclGroupStart(), ncclSuccess);
+                    let sent = ncclSend(send.cast(), count, uint8, next as c_int, comm, stream);
+                    let received = ncclRecv(recv.cast(), count, uint8, prev as c_int, comm, stream);
+                    assert_eq!((sent, received), (ncclSuccess, ncclSuccess));
+                    assert_eq!(ncclGroupEnd(), ncclSuccess, "{}", last_error(comm));
+                }
+                // SAFETY: a live handle, destroyed once.
+                let destroyed = unsafe { ncclCommDestroy(comm) };
+                assert_eq!(destroyed, ncclSuccess, "rank {rank}: {}", last_error(comm));
+                // SAFETY: a live stream, idle once synchronized.
+                unsafe {
+                    assert_eq!(rcclrsEmuStreamSynchronize(stream), ncclSuccess);
+                    assert_eq!(rcclrsEmuStreamDestroy(stream), ncclSuccess);
+                }
+                let got = read_back(recv, count);
+                assert!(
+                    got.iter().all(|&v| v == prev as u8 + 1),
+                    "rank {rank}: {} of {count} bytes not received",
+                    got.iter().filter(|&&v| v != prev as u8 + 1).count()
+                );
+            });
+        }
+    });
 }
 
 /// Calls on device memory of ranks in one process run as device work (the

@@ -20,6 +20,11 @@ use rccl::{Communicator, RedOp};
 const CHILD_MARKER: &str = "RCCL_FAULT_CHILD";
 /// Elements each child rank all-reduces per call.
 const COUNT_VAR: &str = "RCCL_FAULT_COUNT";
+/// Set to a rank: that rank never calls, and the others make no warm-up
+/// call (they wait for it in their first).
+const IDLE_VAR: &str = "RCCL_FAULT_IDLE_RANK";
+/// Set: the ranks run [`first_calls_that_differ`] instead.
+const MISMATCH_VAR: &str = "RCCL_FAULT_MISMATCH";
 
 fn now_ms() -> u128 {
     SystemTime::now()
@@ -29,18 +34,31 @@ fn now_ms() -> u128 {
 }
 
 /// One rank: a warm-up all-reduce, "READY", then all-reduces until one
-/// fails; prints "FAILED <unix ms> <error>" and exits.
+/// fails; prints "FAILED <unix ms> <error>" and exits. With
+/// [`IDLE_VAR`], "READY" comes right after init: the idle rank then
+/// sleeps, the others start their all-reduces.
 #[test]
 fn fault_child_rank() {
     if std::env::var_os(CHILD_MARKER).is_none() {
         return;
     }
     let comm = Communicator::from_env().expect("init from the environment");
+    if std::env::var_os(MISMATCH_VAR).is_some() {
+        first_calls_that_differ(&comm);
+    }
     let count = std::env::var(COUNT_VAR).map_or(1 << 16, |v| v.parse().unwrap());
     let mine = vec![comm.rank() as f32; count];
     let mut sum = vec![0f32; count];
-    comm.all_reduce(&mine, &mut sum, RedOp::Sum).unwrap();
+    let idle: Option<usize> = std::env::var(IDLE_VAR).ok().map(|v| v.parse().unwrap());
+    if idle.is_none() {
+        comm.all_reduce(&mine, &mut sum, RedOp::Sum).unwrap();
+    }
     println!("READY {}", comm.rank());
+    if idle == Some(comm.rank()) {
+        // Killed by the test; bounded, should its runner lose it.
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
     loop {
         if let Err(err) = comm.all_reduce(&mine, &mut sum, RedOp::Sum) {
             println!(
@@ -111,7 +129,12 @@ fn failures(
     got
 }
 
+/// Starts `cmd` as `rank` of a job meeting at `addr:port`, with a 3 s
+/// timeout unless `cmd` sets `RCCL_TIMEOUT_MS`.
 fn spawn_rank(cmd: &mut Command, rank: usize, nranks: usize, addr: &str, port: &str) -> Child {
+    if !cmd.get_envs().any(|(key, _)| key == "RCCL_TIMEOUT_MS") {
+        cmd.env("RCCL_TIMEOUT_MS", "3000");
+    }
     cmd.args([
         "--exact",
         "fault_child_rank",
@@ -127,7 +150,6 @@ fn spawn_rank(cmd: &mut Command, rank: usize, nranks: usize, addr: &str, port: &
     .env("NCCL_BUFFSIZE", (64 << 10).to_string())
     .env("NCCL_MIN_NCHANNELS", "2")
     .env("NCCL_MAX_NCHANNELS", "2")
-    .env("RCCL_TIMEOUT_MS", "3000")
     .env_remove("RCCL_HANG_REPORT_SIGNAL")
     .stdout(Stdio::piped())
     .stderr(Stdio::null())
@@ -198,6 +220,109 @@ fn kill_one_of_four(shm_disable: bool, count: usize) {
     }
     let left = shm_names_of(&pids);
     assert!(left.is_empty(), "left in /dev/shm: {left:?}");
+}
+
+/// Kills one of four ranks right after init, before its first call,
+/// while the others wait for it in theirs (connection setup), with a 15 s
+/// timeout: each survivor fails within 2 s, naming the dead rank, seen by
+/// its process going away or its bootstrap connection closing (or told
+/// by a survivor that saw it).
+fn kill_one_of_four_before_its_first_call(shm_disable: bool, count: usize) -> Vec<u128> {
+    let (nranks, victim) = (4, 2);
+    let port = free_port().to_string();
+    let exe = std::env::current_exe().unwrap();
+    let mut ranks = Ranks(
+        (0..nranks)
+            .map(|rank| {
+                let mut cmd = Command::new(&exe);
+                cmd.env("NCCL_SHM_DISABLE", if shm_disable { "1" } else { "0" })
+                    .env(COUNT_VAR, count.to_string())
+                    .env(IDLE_VAR, victim.to_string())
+                    .env("RCCL_TIMEOUT_MS", "15000");
+                spawn_rank(&mut cmd, rank, nranks, "127.0.0.1", &port)
+            })
+            .collect(),
+    );
+    let rx = collect_lines(&mut ranks);
+    wait_ready(&rx, nranks);
+    std::thread::sleep(Duration::from_millis(300));
+    let killed = now_ms();
+    ranks.0[victim].kill().unwrap();
+    ranks.0[victim].wait().unwrap();
+    let survivors: Vec<usize> = (0..nranks).filter(|&r| r != victim).collect();
+    let got = failures(&rx, &survivors, killed);
+    for (rank, ms, text) in &got {
+        println!(
+            "SIGKILL of rank {victim} before its first call (NCCL_SHM_DISABLE={}, {count} \
+             floats): rank {rank} failed after {ms} ms: {text}",
+            u8::from(shm_disable)
+        );
+    }
+    for (rank, ms, text) in &got {
+        assert!(*ms < 2_000, "rank {rank} took {ms} ms: {text}");
+        assert!(
+            text.contains(&format!("rank {victim} ")),
+            "rank {rank} does not name the dead rank: {text}"
+        );
+    }
+    got.into_iter().map(|(_, ms, _)| ms).collect()
+}
+
+#[test]
+fn a_rank_killed_before_its_first_call_fails_the_others_in_setup() {
+    // Shared memory, the board (4 KiB per rank) and TCP.
+    for (shm_disable, count) in [(false, 1 << 16), (false, 1024), (true, 1 << 16)] {
+        kill_one_of_four_before_its_first_call(shm_disable, count);
+    }
+}
+
+/// Rank 0 of 2 in a first call that differs from rank 1's; both wait for
+/// the other's side of their connections, so the difference shows only
+/// through what each tells the other. Rank 0 calls 500 ms after rank 1,
+/// so it sees the mismatch first; it prints "FAILED ..." and exits at
+/// once, and rank 1 prints the error it got.
+fn first_calls_that_differ(comm: &Communicator) -> ! {
+    let mut buf = vec![1f32; 1 << 12];
+    let result = if comm.rank() == 0 {
+        std::thread::sleep(Duration::from_millis(500));
+        comm.broadcast_in_place(&mut buf, 0)
+    } else {
+        let mine = buf.clone();
+        comm.all_reduce(&mine, &mut buf, RedOp::Sum)
+    };
+    let err = result.expect_err("the calls differ");
+    println!(
+        "FAILED {} {}",
+        now_ms(),
+        err.to_string().replace('\n', " | ")
+    );
+    std::process::exit(0);
+}
+
+#[test]
+fn a_rank_that_exits_right_after_a_mismatch_tells_its_peer_the_mismatch() {
+    let exe = std::env::current_exe().unwrap();
+    for run in 0..3 {
+        let port = free_port().to_string();
+        let mut ranks = Ranks(
+            (0..2)
+                .map(|rank| {
+                    let mut cmd = Command::new(&exe);
+                    cmd.env(MISMATCH_VAR, "1").env("RCCL_TIMEOUT_MS", "15000");
+                    spawn_rank(&mut cmd, rank, 2, "127.0.0.1", &port)
+                })
+                .collect(),
+        );
+        let rx = collect_lines(&mut ranks);
+        let got = failures(&rx, &[0, 1], 0);
+        for (rank, _, text) in &got {
+            println!("mismatch, run {run}: rank {rank}: {text}");
+            assert!(
+                text.contains("Broadcast") && text.contains("AllReduce"),
+                "rank {rank} does not name both calls: {text}"
+            );
+        }
+    }
 }
 
 #[test]

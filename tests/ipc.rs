@@ -38,7 +38,87 @@ fn child() {
         Ok("suite") => suite_rank(),
         Ok("loop") => all_reduce_until_killed(),
         Ok("pair") => two_ranks_from_one_thread(),
+        Ok("idle") => all_reduce_once_beside_an_idle_rank(),
+        Ok("destroy") => destroy_during_connection_setup(),
         _ => {}
+    }
+}
+
+/// The rank that never calls, for [`all_reduce_once_beside_an_idle_rank`].
+const IDLE_RANK: usize = 2;
+
+/// Prints `ready` right after init; then rank [`IDLE_RANK`] sleeps (the
+/// test kills it) and the others run one all-reduce of 64 Ki floats on
+/// device memory, printing `failed <text>` if it fails.
+fn all_reduce_once_beside_an_idle_rank() {
+    let (comm, stream, rank, _) = join_from_env();
+    let count = 1 << 16;
+    let send = to_device(&vec![0u8; count * 4]);
+    let recv = to_device(&vec![0u8; count * 4]);
+    println!("ready");
+    if rank == IDLE_RANK {
+        // Bounded, should the test lose this child.
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    // Device buffers of `count` floats, never freed.
+    if !all_reduce_succeeds(comm, stream, send, recv, count) {
+        println!("failed {}", last_error(comm));
+    }
+}
+
+/// Rank 0 starts an all-reduce on device memory on another thread, whose
+/// connection setup waits for rank 1, and destroys the communicator
+/// 500 ms later; it prints `returned <ms> ms after the destroy: <text>`
+/// once the call returns, and exits. Rank 1 calls 3 s after init, when
+/// rank 0 has given up, and prints `failed <ms> ms after its call: <text>`.
+fn destroy_during_connection_setup() {
+    let (comm, stream, rank, _) = join_from_env();
+    let count = 1 << 10;
+    let send = to_device(&vec![0u8; count * 4]) as usize;
+    let recv = to_device(&vec![0u8; count * 4]) as usize;
+    if rank == 0 {
+        let (handle, stream_handle) = (comm as usize, stream as usize);
+        let call = std::thread::spawn(move || {
+            // SAFETY: device buffers of `count` floats, a live communicator
+            // and stream (the communicator destroyed meanwhile fails the
+            // call).
+            let rc = unsafe {
+                ncclAllReduce(
+                    send as *const _,
+                    recv as *mut _,
+                    count,
+                    7,
+                    0,
+                    handle as ncclComm_t,
+                    stream_handle as cudaStream_t,
+                )
+            };
+            (Instant::now(), rc, last_error(handle as ncclComm_t))
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let destroyed = Instant::now();
+        // SAFETY: a live handle, destroyed once.
+        let rc = unsafe { ncclCommDestroy(comm) };
+        assert_eq!(rc, ncclSuccess, "{}", last_error(comm));
+        let (returned, rc, text) = call.join().unwrap();
+        assert_ne!(rc, ncclSuccess);
+        println!(
+            "returned {} ms after the destroy: {text}",
+            returned.saturating_duration_since(destroyed).as_millis()
+        );
+        return;
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let called = Instant::now();
+    if all_reduce_succeeds(comm, stream, send as *const u8, recv as *mut u8, count) {
+        println!("succeeded without rank 0");
+    } else {
+        println!(
+            "failed {} ms after its call: {}",
+            called.elapsed().as_millis(),
+            last_error(comm)
+        );
     }
 }
 
@@ -350,6 +430,98 @@ fn sigkill_of_one_of_four_processes_mid_all_reduce_on_device_memory() {
     children.wait_all(Duration::from_secs(30));
     let left = shm_names_of(&pids);
     assert!(left.is_empty(), "left in /dev/shm: {left:?}");
+}
+
+/// A rank killed right after init, before its first call, while the
+/// others wait for it in theirs (device work's connection setup through
+/// exported FIFOs), with a 15 s timeout: each survivor fails within 2 s
+/// naming it.
+#[test]
+fn a_rank_killed_before_its_first_call_on_device_memory_fails_the_others_in_setup() {
+    let nranks = 4;
+    let mut children = spawn(nranks, "idle", &[("RCCL_TIMEOUT_MS", "15000")]);
+    let rx = lines(&mut children.0);
+    let mut seen = String::new();
+    let mut ready = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ready < nranks {
+        let (rank, line) = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("ranks not ready:\n{seen}"));
+        ready += usize::from(line.ends_with("ready"));
+        seen += &format!("[{rank}] {line}\n");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let killed = Instant::now();
+    children.0[IDLE_RANK].kill().unwrap();
+    children.0[IDLE_RANK].wait().unwrap();
+    let mut failed = Vec::new();
+    while failed.len() < nranks - 1 {
+        let Ok((rank, line)) = rx.recv_timeout(Duration::from_secs(20)) else {
+            panic!("survivors did not fail: {failed:?}");
+        };
+        if let Some((_, text)) = line.split_once("failed ") {
+            failed.push((rank, killed.elapsed(), text.to_string()));
+        }
+    }
+    for (rank, after, text) in &failed {
+        println!(
+            "SIGKILL of rank {IDLE_RANK} before its first call on device memory: rank {rank} \
+             failed after {after:?}: {text}"
+        );
+    }
+    for (rank, after, text) in &failed {
+        assert!(
+            *after < Duration::from_secs(2),
+            "rank {rank}: {after:?}: {text}"
+        );
+        assert!(
+            text.contains(&format!("rank {IDLE_RANK} ")),
+            "rank {rank} does not name the dead rank: {text}"
+        );
+    }
+}
+
+/// ncclCommDestroy from another thread reaches a device call's connection
+/// setup as it reaches host work's: the call returns at once, and the
+/// peer, arriving after this process gave up, fails at once naming it
+/// rather than at its deadline (15 s).
+#[test]
+fn destroy_from_another_thread_stops_device_connection_setup() {
+    let (ok, text) = finish(spawn(2, "destroy", &[("RCCL_TIMEOUT_MS", "15000")]));
+    println!(
+        "{}",
+        text.lines()
+            .filter(|l| l.contains(" ms "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(ok.iter().all(|&ok| ok), "{ok:?}\n{text}");
+    // "<ms> ms after ...: <text>", behind whatever leads the line.
+    let ms_of = |after: &str| -> (u128, String) {
+        let marker = format!(" ms after {after}: ");
+        let (before, why) = text
+            .lines()
+            .find_map(|l| l.split_once(&marker))
+            .unwrap_or_else(|| panic!("no \"{marker}\" in:\n{text}"));
+        let ms = before.rsplit(' ').next().unwrap().parse().unwrap();
+        (ms, why.to_string())
+    };
+    let (returned, why) = ms_of("the destroy");
+    assert!(
+        returned < 1_000,
+        "the call returned {returned} ms after the destroy: {why}"
+    );
+    assert!(why.contains("destroyed"), "{why}");
+    let (failed, why) = ms_of("its call");
+    assert!(
+        failed < 2_000,
+        "rank 1 failed {failed} ms after its call: {why}"
+    );
+    assert!(
+        why.contains("rank 0 "),
+        "rank 1 does not name rank 0: {why}"
+    );
 }
 
 /// ncclMemAlloc's device memory is shareable with other processes (as

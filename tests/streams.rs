@@ -1,8 +1,8 @@
 //! The stream-ordered path on the emulated GPU, through the engine's API:
 //! calls on device memory return before their peers arrive and complete
 //! in stream order; groups over several communicators on shared streams;
-//! refusals of mixed and host-path calls; work queued on an aborted or
-//! destroyed communicator ends with an error.
+//! refusals of mixed and host-path calls; work queued on an aborted
+//! communicator ends with an error.
 
 mod common;
 
@@ -210,35 +210,30 @@ fn gate(stream: &dyn Stream) -> Arc<AtomicBool> {
 }
 
 #[test]
-fn work_queued_on_a_destroyed_or_aborted_communicator_ends_with_an_error() {
+fn work_queued_on_an_aborted_communicator_ends_with_an_error() {
+    // Aborting drops queued work; destroying lets it complete first
+    // (device_suite.rs).
     let count = 100;
-    for how in ["destroyed", "aborted"] {
-        let comms = Communicator::init_all_config(2, config()).unwrap();
-        let stream = emu().create_stream().unwrap();
-        let open = gate(stream.as_ref());
-        let send = on_device(&vec![1.0; count]);
-        let recv = on_device(&vec![0.0; count]);
-        // SAFETY: the buffers outlive the stream's work (synchronized
-        // below, never freed).
-        unsafe {
-            comms[0]
-                .collective_raw_on_stream(all_reduce(count), send, recv, stream.raw())
-                .unwrap()
-        };
-        let kept = comms[0].clone();
-        if how == "destroyed" {
-            comms.into_iter().next().unwrap().destroy();
-        } else {
-            kept.abort();
-        }
-        open.store(true, Ordering::Release);
-        let started = Instant::now();
-        stream.synchronize(soon()).unwrap();
-        assert!(started.elapsed() < Duration::from_secs(5), "{how}: it hung");
-        let err = kept.async_error().expect("the queued call failed");
-        assert!(err.to_string().contains(how), "{how}: {err}");
-        assert_eq!(read_back(recv, count), vec![0.0; count]);
-    }
+    let comms = Communicator::init_all_config(2, config()).unwrap();
+    let stream = emu().create_stream().unwrap();
+    let open = gate(stream.as_ref());
+    let send = on_device(&vec![1.0; count]);
+    let recv = on_device(&vec![0.0; count]);
+    // SAFETY: the buffers outlive the stream's work (synchronized below,
+    // never freed).
+    unsafe {
+        comms[0]
+            .collective_raw_on_stream(all_reduce(count), send, recv, stream.raw())
+            .unwrap()
+    };
+    comms[0].abort();
+    open.store(true, Ordering::Release);
+    let started = Instant::now();
+    stream.synchronize(soon()).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "it hung");
+    let err = comms[0].async_error().expect("the queued call failed");
+    assert!(err.to_string().contains("aborted"), "{err}");
+    assert_eq!(read_back(recv, count), vec![0.0; count]);
 }
 
 #[test]

@@ -458,7 +458,9 @@ nccl_api! {
     }
 
     /// Frees the handle (NULL: nothing to do); a pending creation is
-    /// waited for first, and an operation another thread still runs on
+    /// waited for first. As a finalize then a destroy: work queued on
+    /// streams completes first, and its failure is returned (the handle
+    /// is freed all the same); an operation another thread still runs on
     /// the communicator is aborted.
     fn ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
         guard("ncclCommDestroy", comm, || {
@@ -468,7 +470,7 @@ nccl_api! {
             let entry = registry::remove(comm)?;
             let _ = entry.comm();
             if let Some(comm) = entry.detach() {
-                comm.destroy();
+                comm.destroy()?;
             }
             Ok(ncclSuccess)
         })

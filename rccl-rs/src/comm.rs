@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use rccl_algorithms::Topology;
 use rccl_transports::network::providers::{self, NetInit};
 use rccl_transports::network::socket::SocketDevice;
+use rccl_transports::process::ProcessId;
 use rccl_transports::transport::Transport;
 
 use crate::net::Nic;
@@ -213,6 +214,10 @@ pub(crate) struct CommInner {
     /// the transport table).
     pub net: Arc<dyn Transport>,
     pub peers: Vec<PeerInfo>,
+    /// Per rank, its process when it runs elsewhere on this host and this
+    /// rank sees it (same pid namespace), found at init while every rank
+    /// runs: waits on a peer check that it still does.
+    pub processes: Vec<Option<ProcessId>>,
     pub abort: Arc<AtomicBool>,
     /// How the communicator was ended, once `abort` is set: "aborted"
     /// (`ncclCommAbort`) or "destroyed" (`ncclCommDestroy` while another
@@ -529,6 +534,23 @@ impl CommInner {
         them.pid != me.pid || them.start != me.start || them.host_id != me.host_id
     }
 
+    /// Why `peer` can take no part any more, if that is known: its process
+    /// on this host is gone, or its bootstrap connection with this rank
+    /// ended (a process that dies closes its sockets). For waits on a peer
+    /// that no connection of the communicator joins yet (connection
+    /// setup), which no closing note can end.
+    pub fn peer_gone(&self, peer: usize) -> Option<Error> {
+        let why = self.processes[peer]
+            .and_then(|process| process.gone())
+            .map(|why| format!("died: {why}"))
+            .or_else(|| self.bootstrap.peer_gone(peer))?;
+        Some(Error::Remote(format!(
+            "rank {}: {} {why}",
+            self.rank,
+            self.describe(peer)
+        )))
+    }
+
     /// The failure of one of `peers` that runs in this process, as this
     /// rank reports it: read without a socket, so that it arrives even
     /// when the failed rank could open none to tell this one.
@@ -541,6 +563,32 @@ impl CommInner {
             let context = format!("rank {}: word from {}", self.rank, self.describe(peer));
             Some(executor::note_error(&note, &context))
         })
+    }
+}
+
+/// What a wait on peers that no connection joins yet (connection setup)
+/// checks between its attempts: at once whether this rank was aborted or
+/// destroyed, and every [`executor::STALL_CHECK_EVERY`] whether a peer
+/// told it of a failure or one of the peers waited for is gone (a peer
+/// that died or left before setting up its side never will).
+#[derive(Clone, Default)]
+pub(crate) struct PeerWatch {
+    next: Option<Instant>,
+}
+
+impl PeerWatch {
+    pub fn check(&mut self, comm: &CommInner, peers: &[usize]) -> Result<()> {
+        if comm.abort.load(Ordering::Relaxed) {
+            return Err(comm.ended_error());
+        }
+        let now = Instant::now();
+        if self.next.is_some_and(|next| now < next) {
+            return Ok(());
+        }
+        self.next = Some(now + executor::STALL_CHECK_EVERY);
+        let failure = crate::stuck::peer_failure(comm)
+            .or_else(|| peers.iter().find_map(|&peer| comm.peer_gone(peer)));
+        failure.map_or(Ok(()), Err)
     }
 }
 
@@ -698,6 +746,18 @@ impl Communicator {
                 .map(|_| (0..nranks).map(|_| None).collect())
                 .collect()
         };
+        let own_pid = std::process::id();
+        let processes = peers
+            .iter()
+            .map(|p| {
+                let process = ProcessId {
+                    pid: p.pid,
+                    start: p.start,
+                };
+                (p.host_id == me.host_id && p.start != 0 && p.pid != own_pid && process.visible())
+                    .then_some(process)
+            })
+            .collect();
         let inner = Arc::new(CommInner {
             rank,
             nranks,
@@ -705,6 +765,7 @@ impl Communicator {
             bootstrap,
             net,
             peers,
+            processes,
             abort,
             ended: std::sync::OnceLock::new(),
             poisoned: std::sync::OnceLock::new(),
@@ -978,16 +1039,23 @@ impl Communicator {
         self.inner.end("aborted");
     }
 
-    /// Gives up this handle (`ncclCommDestroy`). If another thread still
-    /// runs an operation on the communicator through another handle, that
-    /// operation is aborted, failing with an error that says the
-    /// communicator was destroyed, and its peers are told, rather than
-    /// left waiting for their deadline.
-    pub fn destroy(self) {
-        // The handles of calls in flight are clones of this one.
+    /// Gives up this handle (`ncclCommDestroy`). Work this rank queued on
+    /// streams completes first, as a finalize would let it (at most the
+    /// timeout): its failure, or the wait's, is returned, and destroying
+    /// never drops it unsaid ([`Communicator::abort`] is the way to drop
+    /// it). Then, if another thread still runs an operation on the
+    /// communicator through another handle, that operation is aborted,
+    /// failing with an error that says the communicator was destroyed,
+    /// and its peers are told, rather than left waiting for their
+    /// deadline.
+    pub fn destroy(self) -> Result<()> {
+        let queued = self.inner.queued.wait_idle(&*self.inner);
+        // The handles of calls in flight and of queued work are clones of
+        // this one.
         if Arc::strong_count(&self.inner) > 1 {
             self.inner.end("destroyed");
         }
+        queued
     }
 
     /// What this communicator is doing, for diagnosing a hang: the

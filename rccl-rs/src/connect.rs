@@ -15,7 +15,7 @@ use rccl_transports::transport::{Context, Endpoint, FifoPlacement, Pending, Tran
 use rccl_transports::Connection;
 
 use crate::call::describe_call;
-use crate::comm::{failure_note, Activity, CommInner};
+use crate::comm::{failure_note, Activity, CommInner, PeerWatch};
 use crate::error::{Error, Result};
 use crate::executor::{self, BoardLink, Link, OpWork};
 use crate::plan::CommLaunch;
@@ -72,7 +72,7 @@ pub(crate) fn connect(
             for peer in peers_of(work) {
                 if guard.links_for(launch.on_device)[channel][peer].is_none() {
                     let link = set_up(&launch.comm, cx, peer, channel)
-                        .inspect_err(|err| waits[index].fail(err))?;
+                        .map_err(|err| waits[index].fail(err))?;
                     pending.push((index, link));
                 }
             }
@@ -95,10 +95,7 @@ pub(crate) fn connect(
                     moved = true;
                 }
                 Ok(None) => i += 1,
-                Err(err) => {
-                    waits[*index].fail(&err);
-                    return Err(err);
-                }
+                Err(err) => return Err(waits[*index].fail(err)),
             }
         }
         if moved || pending.is_empty() {
@@ -121,7 +118,7 @@ pub(crate) fn connect(
         let (index, link) = &mut pending[0];
         if link.pending.awaits_peer_info() && link.info.is_none() {
             link.take_info(&launches[*index].comm, Instant::now() + SETUP_POLL)
-                .inspect_err(|err| waits[*index].fail(err))?;
+                .map_err(|err| waits[*index].fail(err))?;
         } else {
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -353,6 +350,7 @@ pub(crate) fn connect_for_device(
         })
         .collect::<Result<Vec<_>>>()?;
     let mut made = Vec::with_capacity(pending.len());
+    let mut watch = PeerWatch::default();
     while !pending.is_empty() {
         let mut moved = false;
         let mut i = 0;
@@ -373,9 +371,8 @@ pub(crate) fn connect_for_device(
         if moved || pending.is_empty() {
             continue;
         }
-        if comm.abort.load(Ordering::Relaxed) {
-            return Err(comm.ended_error());
-        }
+        let peers: Vec<usize> = pending.iter().map(|link| link.peer).collect();
+        watch.check(comm, &peers)?;
         let link = &mut pending[0];
         if Instant::now() >= deadline {
             return Err(Error::System(format!(
@@ -437,6 +434,8 @@ struct Waits<'l> {
     /// Whether what it waits for is published for hang reports (taken
     /// back when the waits end).
     published: bool,
+    /// Whether the peers waited for are gone.
+    watch: PeerWatch,
 }
 
 impl Drop for Waits<'_> {
@@ -455,6 +454,7 @@ impl<'l> Waits<'l> {
             start: Instant::now(),
             told: None,
             published: false,
+            watch: PeerWatch::default(),
         }
     }
 
@@ -475,11 +475,8 @@ impl<'l> Waits<'l> {
     /// compares what they said (see [`stuck`]), so a peer that runs
     /// another call is reported at once rather than at the deadline.
     fn check(&mut self, peers: &[usize], what: impl Fn() -> String) -> Result<()> {
-        let result = self.check_inner(peers, what);
-        if let Err(error) = &result {
-            self.fail(error);
-        }
-        result
+        self.check_inner(peers, what)
+            .map_err(|error| self.fail(error))
     }
 
     fn check_inner(&mut self, peers: &[usize], what: impl Fn() -> String) -> Result<()> {
@@ -490,6 +487,7 @@ impl<'l> Waits<'l> {
         if let Some(error) = comm.peer_failure_in_process(peers) {
             return Err(error);
         }
+        self.watch.check(comm, peers)?;
         let waited = self.start.elapsed();
         if waited >= executor::STALL_CHECK_EVERY {
             self.publish(peers, &what, waited);
@@ -544,13 +542,14 @@ impl<'l> Waits<'l> {
         self.published = true;
     }
 
-    /// Poisons the communicator with `error` and tells every peer the
+    /// Poisons the communicator with the failure and tells every peer the
     /// launch connects to, as the waits end, that it failed: a peer
     /// waiting on this rank's side of a connection would otherwise wait
-    /// for its deadline.
-    fn fail(&mut self, error: &Error) {
+    /// for its deadline. Returns the failure ([`stuck::cause`]).
+    fn fail(&mut self, error: Error) -> Error {
         let launch = self.launch;
-        launch.comm.poison(error);
+        let error = stuck::cause(&*launch.comm, error);
+        launch.comm.poison(&error);
         let calls = self.calls();
         let (notices, _) = self
             .told
@@ -558,7 +557,8 @@ impl<'l> Waits<'l> {
         for work in &launch.channels {
             peers_in(work).for_each(|peer| notices.tell_at_end(peer));
         }
-        notices.fail(&failure_note(&launch.comm, error));
+        notices.fail(&failure_note(&launch.comm, &error));
+        error
     }
 
     /// Waits for `peer` to set up its side of `what`: `attempt(until)`
@@ -577,10 +577,7 @@ impl<'l> Waits<'l> {
             match attempt(until) {
                 Ok(Some(got)) => return Ok(got),
                 Ok(None) => self.check(&[peer], &what)?,
-                Err(error) => {
-                    self.fail(&error);
-                    return Err(error);
-                }
+                Err(error) => return Err(self.fail(error)),
             }
         }
     }
@@ -670,21 +667,9 @@ fn open_board(waits: &mut Waits<'_>) -> Result<BoardLink> {
         "[{}] Board: {nranks} ranks x 2 posts of {capacity} bytes via SHM",
         comm.rank
     );
-    let own_pid = std::process::id();
-    let watch = comm
-        .peers
-        .iter()
-        .map(|info| {
-            let process = ProcessId {
-                pid: info.pid,
-                start: info.start,
-            };
-            (info.start != 0 && info.pid != own_pid && process.visible()).then_some(process)
-        })
-        .collect();
     Ok(BoardLink {
         board,
-        watch,
+        watch: comm.processes.clone(),
         names: (0..nranks).map(|r| comm.describe(r)).collect(),
     })
 }

@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use rccl_algorithms::Schedule;
 use rccl_device::abi::FifoView;
 use rccl_device::work::{encode, Work, WorkCall, WorkLinks};
@@ -13,13 +14,14 @@ use rccl_device::{Device, WorkFailure, WorkLaunch};
 use rccl_transports::network::keep_polling;
 use rccl_transports::{Connection, Fifo, Protocol};
 
-use crate::comm::{failure_note, CommInner};
+use crate::comm::{failure_note, CommInner, PeerWatch};
 use crate::device_links::{DeviceLinks, DeviceMem, Owner};
 use crate::device_net::Placement;
 use crate::device_share::{self, Watch};
 use crate::error::{Error, Result};
 use crate::launch::Planned;
 use crate::queue::StreamRef;
+use crate::stuck::Notices;
 
 /// One operation's view of its communicator's links, for the encoder.
 struct OpLinks<'a> {
@@ -248,6 +250,12 @@ impl Drop for Finish {
 /// protocol)` of `ops`, in order, exist: links to ranks of this process
 /// through the process-wide table, links to other processes through
 /// exported memory (`device_share.rs`).
+/// A failure poisons the communicator and tells every peer the schedules
+/// link this rank with, as host work's setup does: a peer waiting on this
+/// rank's side, or running work with it, stops at once with the cause.
+/// The failure reported is the abort or destroy that ended the setup, or
+/// else a peer's own failure if it told this rank of one (its socket or
+/// process went with it), or else what failed here.
 fn connect_all(
     comm: &CommInner,
     links: &mut DeviceLinks,
@@ -256,6 +264,23 @@ fn connect_all(
 ) -> Result<()> {
     ops.iter()
         .try_for_each(|&(schedule, protocol)| connect(comm, links, device, schedule, protocol))
+        .map_err(|error| {
+            let error = if comm.abort.load(Ordering::Relaxed) {
+                comm.ended_error()
+            } else {
+                crate::stuck::peer_failure(comm).unwrap_or(error)
+            };
+            comm.poison(&error);
+            let mut notices = Notices::new(comm);
+            ops.iter()
+                .flat_map(|(schedule, _)| schedule.channels.iter().flatten())
+                .flat_map(|step| step.prims.iter())
+                .flat_map(|prim| [prim.recv_peer(), prim.send_peer()])
+                .flatten()
+                .for_each(|peer| notices.tell_at_end(peer));
+            notices.fail(&failure_note(comm, &error));
+            error
+        })
 }
 
 fn connect(
@@ -460,6 +485,8 @@ pub(crate) fn launch(
     };
     let watched = comms.clone();
     let watches: Vec<Watch> = comms.iter().filter_map(Watch::new).collect();
+    // A peer whose part failed says so through the bootstrap.
+    let words = Mutex::new(vec![PeerWatch::default(); comms.len()]);
     tracing::debug!(
         target: crate::debug::COLL,
         "device work: {} blocks in {} rounds on {}",
@@ -478,6 +505,15 @@ pub(crate) fn launch(
                         .iter()
                         .any(|c| c.abort.load(Ordering::Relaxed) || c.poisoned.get().is_some())
                         || watches.iter().any(Watch::peer_died)
+                        || watched
+                            .iter()
+                            .zip(words.lock().iter_mut())
+                            .any(|(comm, words)| {
+                                words
+                                    .check(comm, &[])
+                                    .inspect_err(|e| comm.poison(e))
+                                    .is_err()
+                            })
                         || net
                             .iter()
                             .any(|(comm, peer, conn)| broken(comm, *peer, &**conn))

@@ -65,7 +65,17 @@ type FifoKey = ([u8; 32], usize, usize, usize, usize, usize, usize);
 
 /// Every FIFO of a communicator of this process, by key: the first of its
 /// two ranks to need it allocates it, the other finds it here.
-static FIFOS: Mutex<Option<HashMap<FifoKey, Weak<DeviceMem>>>> = Mutex::new(None);
+static FIFOS: Mutex<Option<HashMap<FifoKey, Shared>>> = Mutex::new(None);
+
+/// A FIFO of the table. The table holds it until its second rank takes
+/// it: the first may run its part and destroy its communicator before the
+/// second comes, and what it sent waits in the FIFO. (A FIFO whose second
+/// rank never comes, its communicator failed, stays until the process
+/// exits.)
+enum Shared {
+    Waiting(Arc<DeviceMem>),
+    Taken(Weak<DeviceMem>),
+}
 
 /// Bytes of one FIFO of `protocol` in `shape`.
 pub(crate) fn fifo_bytes(shape: &FifoShape, protocol: Protocol) -> usize {
@@ -168,15 +178,24 @@ impl DeviceLinks {
         } = owner;
         let mut table = FIFOS.lock();
         let table = table.get_or_insert_with(HashMap::new);
-        table.retain(|_, fifo| fifo.strong_count() > 0);
+        table.retain(|_, fifo| match fifo {
+            Shared::Waiting(_) => true,
+            Shared::Taken(fifo) => fifo.strong_count() > 0,
+        });
         for &(channel, peer) in wanted {
             let mut fifo = |from: usize, to: usize| -> Result<Arc<DeviceMem>> {
                 let key = (secret, nranks, channel, from, to, proto, slot_bytes);
-                if let Some(fifo) = table.get(&key).and_then(Weak::upgrade) {
+                let found = match table.get(&key) {
+                    Some(Shared::Waiting(fifo)) => Some(fifo.clone()),
+                    Some(Shared::Taken(fifo)) => fifo.upgrade(),
+                    None => None,
+                };
+                if let Some(fifo) = found {
+                    table.insert(key, Shared::Taken(Arc::downgrade(&fifo)));
                     return Ok(fifo);
                 }
                 let fifo = DeviceMem::zeroed(device, bytes)?;
-                table.insert(key, Arc::downgrade(&fifo));
+                table.insert(key, Shared::Waiting(fifo.clone()));
                 Ok(fifo)
             };
             let pair = (fifo(rank, peer)?, fifo(peer, rank)?);

@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,7 +24,7 @@ use rccl_transports::fd_pass::{self, recv_fd, send_fd, ExportListener, NAME_PREF
 use rccl_transports::process::ProcessId;
 use rccl_transports::{FifoShape, Protocol};
 
-use crate::comm::CommInner;
+use crate::comm::{CommInner, PeerWatch};
 use crate::device_links::{fifo_bytes, DeviceMem, FifoPair};
 use crate::error::{Error, Result};
 
@@ -32,6 +33,9 @@ const SHARE_TAG: u64 = 5 << 40;
 
 /// How often a running launch looks at its peers' processes.
 const WATCH_EVERY: Duration = Duration::from_millis(100);
+
+/// How long a wait for a peer's offer lasts between checks of the peers.
+const WAIT_SLICE: Duration = Duration::from_millis(10);
 
 /// How long a launch may go on after a peer's process was seen gone.
 const DEAD_PEER_GRACE: Duration = Duration::from_secs(2);
@@ -89,27 +93,38 @@ pub(crate) fn connect(
         offer.extend_from_slice(export.name.as_bytes());
         comm.bootstrap.send(peer, SHARE_TAG, &offer)?;
     }
+    // Set when fetching fails: the hand-over stops with it.
+    let given_up = AtomicBool::new(false);
     std::thread::scope(|scope| {
-        let server = scope.spawn(|| serve(&mut export, handles, deadline));
-        let mut links = Vec::with_capacity(wanted.len());
-        for (&peer, list) in &channels {
-            let outbound = fetch(comm, peer, list, deadline)
-                .map_err(|e| match e {
-                    Fetch::Io(what, e) => fail(peer, what, &e),
-                    Fetch::Engine(e) => e,
-                })?
-                .into_iter()
-                .map(|handle| Ok(DeviceMem::own(device, device.import(handle, bytes)?)))
-                .collect::<Result<Vec<_>>>()?;
-            for ((&channel, send), recv) in list.iter().zip(outbound).zip(&inbound[&peer]) {
-                links.push((channel, peer, (send, recv.clone())));
-            }
+        let server = scope.spawn(|| serve(comm, &mut export, handles, deadline, &given_up));
+        let fetched: Result<Vec<_>> = channels.iter().try_fold(
+            Vec::with_capacity(wanted.len()),
+            |mut links, (&peer, list)| {
+                let outbound = fetch(comm, peer, list, deadline)
+                    .map_err(|e| match e {
+                        Fetch::Io(what, e) => fail(peer, what, &e),
+                        Fetch::Engine(e) => e,
+                    })?
+                    .into_iter()
+                    .map(|handle| Ok(DeviceMem::own(device, device.import(handle, bytes)?)))
+                    .collect::<Result<Vec<_>>>()?;
+                for ((&channel, send), recv) in list.iter().zip(outbound).zip(&inbound[&peer]) {
+                    links.push((channel, peer, (send, recv.clone())));
+                }
+                Ok(links)
+            },
+        );
+        if fetched.is_err() {
+            given_up.store(true, Ordering::Relaxed);
         }
-        match server.join() {
-            Ok(Ok(())) => Ok(links),
-            Ok(Err((peer, e))) => Err(fail(peer, "handing over its FIFOs", &e)),
+        let served = match server.join() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err((peer, Fetch::Io(what, e)))) => Err(fail(peer, what, &e)),
+            Ok(Err((_, Fetch::Engine(e)))) => Err(e),
             Err(_) => Err(Error::Internal("the FIFO hand-over thread panicked".into())),
-        }
+        };
+        let links = fetched?;
+        served.map(|()| links)
     })
 }
 
@@ -127,12 +142,21 @@ fn fetch(
     channels: &[usize],
     deadline: Instant,
 ) -> std::result::Result<Vec<OwnedFd>, Fetch> {
-    let late = || Fetch::Io("its offer", io::ErrorKind::TimedOut.into());
-    let offer = comm
-        .bootstrap
-        .recv_until(peer, SHARE_TAG, deadline)
-        .map_err(Fetch::Engine)?
-        .ok_or_else(late)?;
+    let mut watch = PeerWatch::default();
+    let offer = loop {
+        let until = deadline.min(Instant::now() + WAIT_SLICE);
+        if let Some(offer) = comm
+            .bootstrap
+            .recv_until(peer, SHARE_TAG, until)
+            .map_err(Fetch::Engine)?
+        {
+            break offer;
+        }
+        if Instant::now() >= deadline {
+            return Err(Fetch::Io("its offer", io::ErrorKind::TimedOut.into()));
+        }
+        watch.check(comm, &[peer]).map_err(Fetch::Engine)?;
+    };
     let malformed = || Fetch::Io("its offer", io::ErrorKind::InvalidData.into());
     let (token, rest) = offer.split_at_checked(TOKEN).ok_or_else(malformed)?;
     let (count, rest) = rest.split_at_checked(4).ok_or_else(malformed)?;
@@ -157,7 +181,10 @@ fn fetch(
     while handles.len() < channels.len() {
         match recv_fd(&stream).map_err(io("receiving a handle"))? {
             Some(handle) => handles.push(handle),
-            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+            None if Instant::now() < deadline => {
+                watch.check(comm, &[peer]).map_err(Fetch::Engine)?;
+                std::thread::sleep(Duration::from_millis(1));
+            }
             None => {
                 return Err(Fetch::Io(
                     "receiving a handle",
@@ -172,29 +199,38 @@ fn fetch(
 /// Hands each peer its handles once it calls with the token and its rank;
 /// a caller without the token gets nothing, and callers that say nothing
 /// delay nobody (see [`ExportListener`]). Fails with the first peer not
-/// served by `deadline`.
+/// served by `deadline`, or as soon as this rank was aborted, a peer not
+/// served yet is gone, or `given_up` is set.
 fn serve(
+    comm: &CommInner,
     export: &mut ExportListener,
     mut handles: BTreeMap<usize, Vec<OwnedFd>>,
     deadline: Instant,
-) -> std::result::Result<(), (usize, io::Error)> {
+    given_up: &AtomicBool,
+) -> std::result::Result<(), (usize, Fetch)> {
     let first = |handles: &BTreeMap<usize, Vec<OwnedFd>>| *handles.keys().next().expect("some");
-    while !handles.is_empty() {
+    let io = |peer, e| (peer, Fetch::Io("handing over its FIFOs", e));
+    let mut watch = PeerWatch::default();
+    while !handles.is_empty() && !given_up.load(Ordering::Relaxed) {
         let (stream, said) = match export.next_caller(4) {
             Ok(Some(caller)) => caller,
             Ok(None) if Instant::now() < deadline => {
+                let waiting: Vec<usize> = handles.keys().copied().collect();
+                watch
+                    .check(comm, &waiting)
+                    .map_err(|e| (first(&handles), Fetch::Engine(e)))?;
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
-            Ok(None) => return Err((first(&handles), io::ErrorKind::TimedOut.into())),
-            Err(e) => return Err((first(&handles), e)),
+            Ok(None) => return Err(io(first(&handles), io::ErrorKind::TimedOut.into())),
+            Err(e) => return Err(io(first(&handles), e)),
         };
         let caller = u32::from_le_bytes(said[..].try_into().expect("4 bytes")) as usize;
         let Some(theirs) = handles.remove(&caller) else {
             continue;
         };
         for handle in &theirs {
-            send_fd(&stream, handle).map_err(|e| (caller, e))?;
+            send_fd(&stream, handle).map_err(|e| io(caller, e))?;
         }
     }
     Ok(())

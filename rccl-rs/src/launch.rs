@@ -246,7 +246,16 @@ pub(crate) fn run(planned: &mut Planned) -> Result<()> {
         comms.iter().map(|comm| comm.exec.lock()).collect();
     // One clock reading bounds both the connection setup and the run.
     let started = std::time::Instant::now();
-    connect(launches, &mut guards, started)?;
+    if let Err(error) = connect(launches, &mut guards, started) {
+        // A peer that made its side of a link made so far may already
+        // wait on it: its note tells it at once why.
+        for (comm, guard) in comms.iter().zip(&guards) {
+            if let Some(why) = comm.poisoned.get() {
+                close_links(comm, guard, why);
+            }
+        }
+        return Err(error);
+    }
 
     let deadline = launches
         .iter()

@@ -181,31 +181,15 @@ impl<'c> Notices<'c> {
     }
 
     /// Compares what waiting peers said with `mine`, the calls this rank
-    /// waits in on `waiting_on` (peers), after waiting `waited`.
+    /// waits in on `waiting_on` (peers), after waiting `waited`; a peer's
+    /// failure comes first.
     pub fn check(&self, mine: &Calls, waiting_on: &[usize], waited: Duration) -> Option<Error> {
+        if let Some(failure) = peer_failure(self.comm) {
+            return Some(failure);
+        }
         let comm = self.comm;
-        let mut heard = comm.heard().lock();
+        let heard = comm.heard().lock();
         let now = Instant::now();
-        let mut failure = None;
-        for (peer, bytes) in comm.bootstrap().take_all(STUCK_TAG) {
-            match bytes.split_first() {
-                Some((&FAILURE, note)) => {
-                    failure.get_or_insert((peer, String::from_utf8_lossy(note).into_owned()));
-                }
-                _ => match Calls::decode(&bytes) {
-                    Some(calls) => {
-                        heard.0.insert(peer, (calls, now));
-                    }
-                    None => {
-                        heard.0.remove(&peer);
-                    }
-                },
-            }
-        }
-        if let Some((peer, note)) = failure {
-            let context = format!("rank {}: word from {}", comm.rank(), comm.describe(peer));
-            return Some(note_error(&note, &context));
-        }
         for (&peer, (theirs, since)) in &heard.0 {
             for their in &theirs.collectives {
                 if let Some(own) = mine.collectives.iter().find(|t| t.seq == their.seq) {
@@ -231,6 +215,43 @@ impl<'c> Notices<'c> {
             }
         }
         None
+    }
+}
+
+/// The failure a peer of `comm` told this rank of, if one came (what
+/// waiting peers said meanwhile is kept for [`Notices::check`]).
+pub(crate) fn peer_failure(comm: &dyn Member) -> Option<Error> {
+    let mut heard = comm.heard().lock();
+    let now = Instant::now();
+    let mut failure = None;
+    for (peer, bytes) in comm.bootstrap().take_all(STUCK_TAG) {
+        match bytes.split_first() {
+            Some((&FAILURE, note)) => {
+                failure.get_or_insert((peer, String::from_utf8_lossy(note).into_owned()));
+            }
+            _ => match Calls::decode(&bytes) {
+                Some(calls) => {
+                    heard.0.insert(peer, (calls, now));
+                }
+                None => {
+                    heard.0.remove(&peer);
+                }
+            },
+        }
+    }
+    let (peer, note) = failure?;
+    let context = format!("rank {}: word from {}", comm.rank(), comm.describe(peer));
+    Some(note_error(&note, &context))
+}
+
+/// The failure to report for `error`: when it came from a peer (its
+/// connection or its process ended), the failure a peer told this rank
+/// of, if one did (a peer that fails, then exits, tells its failure
+/// before its sockets close); else `error`.
+pub(crate) fn cause(comm: &dyn Member, error: Error) -> Error {
+    match error {
+        Error::Remote(_) => peer_failure(comm).unwrap_or(error),
+        error => error,
     }
 }
 

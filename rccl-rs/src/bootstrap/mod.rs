@@ -420,6 +420,29 @@ impl Bootstrap {
         self.peers[rank]
     }
 
+    /// How `peer`'s bootstrap connection with this rank ended, if it did:
+    /// its connection to this rank closed or broke, or this rank's
+    /// connection to it reads the end of the stream or an error (a peer
+    /// never writes on a connection this rank opened, so either means its
+    /// end closed: its process exited or its communicator went away).
+    pub(crate) fn peer_gone(&self, peer: usize) -> Option<String> {
+        if let Some(why) = self.shared.mailbox.lock().gone.get(&peer) {
+            return Some(why.clone());
+        }
+        // A sender holds the connection only while it writes.
+        let slot = self.out.get(peer)?.try_lock()?;
+        let stream = slot.as_ref()?;
+        stream.set_nonblocking(true).ok()?;
+        let ended = match stream.peek(&mut [0u8; 1]) {
+            Ok(0) => Some("closed its bootstrap connection".to_string()),
+            Ok(_) => None,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+            Err(e) => Some(format!("broke its bootstrap connection ({e})")),
+        };
+        stream.set_nonblocking(false).ok()?;
+        ended
+    }
+
     fn check_peer(&self, peer: usize) -> Result<()> {
         if peer >= self.nranks {
             return Err(Error::InvalidArgument(format!(
