@@ -1074,12 +1074,27 @@ impl Communicator {
     }
 }
 
+/// How the note a rank leaves its peers ends when it destroys its
+/// communicator in order, its queued work done: everything it sent has
+/// arrived before the note.
+pub(crate) const LEFT_IN_ORDER: &str = "destroyed its communicator";
+
 impl Drop for CommInner {
     fn drop(&mut self) {
-        // Peers still waiting on this rank hear why instead of timing out.
-        let note = format!("{} destroyed its communicator", self.describe(self.rank));
-        for link in self.exec.get_mut().all_links() {
+        // Peers still waiting on this rank hear why instead of timing out;
+        // those whose device work still reads what this rank sent hear
+        // that it left in order, not that the connection broke.
+        let note = format!("{} {LEFT_IN_ORDER}", self.describe(self.rank));
+        let state = self.exec.get_mut();
+        for link in state.all_links() {
             link.conn.close_with(&note);
+        }
+        for conn in state
+            .device_work
+            .iter()
+            .flat_map(|links| links.net.values())
+        {
+            conn.close_with(&note);
         }
     }
 }
@@ -1111,8 +1126,10 @@ pub(crate) fn failure_note(comm: &CommInner, error: &Error) -> String {
     // why.
     let ended_by_user = comm.ended.get().is_some() || comm.bootstrap.broken().is_none();
     if comm.abort.load(Ordering::Relaxed) && ended_by_user {
+        // Work was cut short: not the note of a rank that left in order
+        // (LEFT_IN_ORDER), which peers' device work reads on past.
         return format!(
-            "{} {} its communicator",
+            "{} {} its communicator with its work unfinished",
             comm.describe(comm.rank),
             comm.ended_how()
         );

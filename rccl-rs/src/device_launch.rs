@@ -14,7 +14,7 @@ use rccl_device::{Device, WorkFailure, WorkLaunch};
 use rccl_transports::network::keep_polling;
 use rccl_transports::{Connection, Fifo, Protocol};
 
-use crate::comm::{failure_note, CommInner, PeerWatch};
+use crate::comm::{failure_note, CommInner, PeerWatch, LEFT_IN_ORDER};
 use crate::device_links::{DeviceLinks, DeviceMem, Owner};
 use crate::device_net::Placement;
 use crate::device_share::{self, Watch};
@@ -338,6 +338,16 @@ fn broken(comm: &CommInner, peer: usize, conn: &dyn Connection) -> bool {
     let Some(why) = conn.failure() else {
         return false;
     };
+    // A peer that destroyed its communicator in order finished its work
+    // first: what it sent has all arrived and stays readable, so this
+    // rank's work (which may be past needing it) goes on; work that still
+    // waits for more from it ends at the deadline, whose report names it.
+    if conn
+        .peer_note()
+        .is_some_and(|note| note.ends_with(LEFT_IN_ORDER))
+    {
+        return false;
+    }
     comm.poison(&Error::Remote(format!(
         "rank {}: device work with {} via {}: {why}",
         comm.rank,

@@ -96,7 +96,12 @@ pub(crate) fn connect(
     // Set when fetching fails: the hand-over stops with it.
     let given_up = AtomicBool::new(false);
     std::thread::scope(|scope| {
-        let server = scope.spawn(|| serve(comm, &mut export, handles, deadline, &given_up));
+        let server = scope.spawn(|| {
+            let mut watch = PeerWatch::default();
+            serve(&mut export, handles, deadline, &given_up, |waiting| {
+                watch.check(comm, waiting)
+            })
+        });
         let fetched: Result<Vec<_>> = channels.iter().try_fold(
             Vec::with_capacity(wanted.len()),
             |mut links, (&peer, list)| {
@@ -199,26 +204,24 @@ fn fetch(
 /// Hands each peer its handles once it calls with the token and its rank;
 /// a caller without the token gets nothing, and callers that say nothing
 /// delay nobody (see [`ExportListener`]). Fails with the first peer not
-/// served by `deadline`, or as soon as this rank was aborted, a peer not
-/// served yet is gone, or `given_up` is set.
+/// served by `deadline`, as soon as `still_there` fails for the peers not
+/// served yet (this rank aborted, one of them gone), or once `given_up` is
+/// set.
 fn serve(
-    comm: &CommInner,
     export: &mut ExportListener,
     mut handles: BTreeMap<usize, Vec<OwnedFd>>,
     deadline: Instant,
     given_up: &AtomicBool,
+    mut still_there: impl FnMut(&[usize]) -> Result<()>,
 ) -> std::result::Result<(), (usize, Fetch)> {
     let first = |handles: &BTreeMap<usize, Vec<OwnedFd>>| *handles.keys().next().expect("some");
     let io = |peer, e| (peer, Fetch::Io("handing over its FIFOs", e));
-    let mut watch = PeerWatch::default();
     while !handles.is_empty() && !given_up.load(Ordering::Relaxed) {
         let (stream, said) = match export.next_caller(4) {
             Ok(Some(caller)) => caller,
             Ok(None) if Instant::now() < deadline => {
                 let waiting: Vec<usize> = handles.keys().copied().collect();
-                watch
-                    .check(comm, &waiting)
-                    .map_err(|e| (first(&handles), Fetch::Engine(e)))?;
+                still_there(&waiting).map_err(|e| (first(&handles), Fetch::Engine(e)))?;
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
@@ -336,8 +339,10 @@ mod tests {
             &mut export,
             handles,
             Instant::now() + Duration::from_secs(3),
+            &AtomicBool::new(false),
+            |_| Ok(()),
         );
-        assert!(served.is_ok(), "{served:?}");
+        assert!(served.is_ok(), "the peer was not served");
         let handle = loop {
             if let Some(handle) = recv_fd(&peer).unwrap() {
                 break handle;
