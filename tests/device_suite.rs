@@ -253,7 +253,8 @@ fn destroy_right_after_enqueuing_lets_the_work_complete() {
     emu();
     let nranks = 4;
     let comms = c_comms(nranks);
-    // Within the FIFOs (TEST_BUFFSIZE).
+    // Within the FIFOs (TEST_BUFFSIZE): a sender finishes its part, and
+    // may destroy, before its late receiver comes.
     let count = 2048;
     std::thread::scope(|s| {
         for (rank, &comm) in comms.iter().enumerate() {
