@@ -18,7 +18,7 @@ use rcclrs::*;
 /// A folder holding the model under the driver's names; with
 /// `stub_copy`, `libcuda.so` is a copy of it (another file, as the
 /// toolkit's stub is another library than the driver).
-fn driver_folder(stub_copy: bool) -> PathBuf {
+fn driver_folder(test: &str, stub_copy: bool) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
     let model = deps.join("librccl_cuda_model.so");
@@ -27,7 +27,8 @@ fn driver_folder(stub_copy: bool) -> PathBuf {
         "{} is built with the tests",
         model.display()
     );
-    let folder = deps.join(format!("cuda-model-driver-{}", std::process::id()));
+    // One folder per test: the tests of this binary run at once.
+    let folder = deps.join(format!("cuda-model-driver-{}-{test}", std::process::id()));
     std::fs::create_dir_all(&folder).unwrap();
     for name in ["libcuda.so.1", "libcuda.so"] {
         let link = folder.join(name);
@@ -55,7 +56,7 @@ fn over_the_model_in(test: &str, env: &[(&str, &str)], stub_copy: bool, body: fn
         println!("{RAN}");
         std::process::exit(0);
     }
-    let folder = driver_folder(stub_copy);
+    let folder = driver_folder(test, stub_copy);
     let path = match std::env::var("LD_LIBRARY_PATH") {
         Ok(p) if !p.is_empty() => format!("{}:{p}", folder.display()),
         _ => folder.display().to_string(),
