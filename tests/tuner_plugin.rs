@@ -4,74 +4,27 @@
 //! is found by path, by name (`libnccl-tuner-X.so`) and inside a net
 //! plug-in's library, and its messages reach the log under `TUNING`.
 
+#[path = "common/c_plugins.rs"]
+mod c_plugins;
 #[path = "common/perf_bins.rs"]
 mod perf_bins;
-use perf_bins::perf_command;
-
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-use serde_json::Value;
-
-fn dir() -> PathBuf {
-    let dir =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tuner-plugin-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Builds the test plug-in as `out` (`v2`: the v2 interface).
-fn build_plugin(out: &Path, v2: bool) {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/plugins/tuner.c");
-    let mut cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
-    cc.args([
-        "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-    ]);
-    if v2 {
-        cc.arg("-DTUNER_V2");
-    }
-    let status = cc
-        .arg(&source)
-        .arg("-o")
-        .arg(out)
-        .status()
-        .expect("running cc");
-    assert!(status.success(), "cc failed: {cc:?}");
-}
 
 /// `(algorithm, protocol, channels)` of each row of an `all_reduce_perf
 /// -J` run of 4 ranks under `env`, and its output.
 fn choices(tag: &str, env: &[(&str, &str)]) -> (Vec<(String, String, i64)>, String) {
-    let json = dir().join(format!("{tag}.json"));
-    let _ = std::fs::remove_file(&json);
-    let mut cmd = perf_command(
-        env!("CARGO_BIN_EXE_all_reduce_perf"),
-        &[
-            "-g", "4", "-b", "1K", "-e", "64K", "-f", "8", "-n", "2", "-w", "1",
-        ],
-    );
-    cmd.arg("-J").arg(&json);
-    cmd.env_remove("NCCL_TUNER_PLUGIN")
-        .env_remove("NCCL_NET_PLUGIN")
-        .env("NCCL_DEBUG", "INFO")
-        .env("NCCL_DEBUG_SUBSYS", "TUNING")
-        // Room for the plug-in's channel counts (the default is 2).
-        .env("NCCL_MAX_NCHANNELS", "4")
-        .envs(env.iter().copied());
-    let out = cmd.output().expect("running all_reduce_perf");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{tag}: {text}");
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let rows = doc["results"]
-        .as_array()
-        .expect("results")
+    let json = c_plugins::scratch("tuner-plugin").join(format!("{tag}.json"));
+    let (rows, text) = c_plugins::perf_rows(&json, |cmd| {
+        cmd.env_remove("NCCL_TUNER_PLUGIN")
+            .env_remove("NCCL_NET_PLUGIN")
+            .env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", "TUNING")
+            // Room for the plug-in's channel counts (the default is 2).
+            .env("NCCL_MAX_NCHANNELS", "4")
+            .envs(env.iter().copied());
+    });
+    let rows = rows
         .iter()
-        .map(|r| {
-            let extra = &r["rccl"];
+        .map(|extra| {
             (
                 extra["algorithm"].as_str().unwrap().to_string(),
                 extra["protocol"].as_str().unwrap().to_string(),
@@ -88,10 +41,10 @@ fn forced(algorithm: &str, channels: i64) -> (String, String, i64) {
 
 #[test]
 fn a_c_tuner_plugin_forces_algorithm_protocol_and_channels() {
-    let dir = dir();
+    let dir = c_plugins::scratch("tuner-plugin");
     let (v6, v2) = (dir.join("tuner-v6.so"), dir.join("libnccl-tuner-testv2.so"));
-    build_plugin(&v6, false);
-    build_plugin(&v2, true);
+    c_plugins::build("tuner.c", None, &v6);
+    c_plugins::build("tuner.c", Some("TUNER_V2"), &v2);
     let net_dir = dir.join("net");
     std::fs::create_dir_all(&net_dir).unwrap();
     std::fs::copy(&v6, net_dir.join("libnccl-net.so")).unwrap();
