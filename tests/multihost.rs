@@ -67,6 +67,9 @@ fn child_rank() {
     if mode == "device-cut" {
         return device_all_reduces_until_the_link_is_cut();
     }
+    if mode == "device-goodbye" {
+        return device_receive_after_the_sender_left();
+    }
     let comm = Communicator::from_env().expect("init from the environment");
     let (rank, nranks) = (comm.rank(), comm.count());
     if mode == "debug" {
@@ -222,6 +225,69 @@ fn device_all_reduces_until_the_link_is_cut() {
         // SAFETY: a live communicator, ended once.
         unsafe { ncclCommAbort(comm) };
         return;
+    }
+}
+
+/// Two ranks on two hosts: rank 1 sends 4 KiB of device memory to rank 0
+/// twice; after the second send it synchronizes, destroys its
+/// communicator and leaves, while rank 0 sleeps a second and only then
+/// receives. What rank 1 sent is all at rank 0 (the network proxy took it
+/// into the slots it had posted) before rank 0's work starts, so the
+/// receive must succeed with the data although its connection is closed:
+/// the peer left in order. Rank 0 prints `RECEIVED AFTER GOODBYE`.
+fn device_receive_after_the_sender_left() {
+    use device_cases::{last_error, read_back, to_device};
+    use rcclrs::*;
+    let (comm, stream, rank, _) = join_from_env();
+    let bytes = 4096;
+    let uint8 = DataType::Uint8 as ncclDataType_t;
+    let buf = to_device(&vec![rank as u8 + 1; bytes]);
+    let synced = |what: &str| {
+        // SAFETY: a live stream and communicator, a writable result.
+        unsafe {
+            assert_eq!(
+                rcclrsEmuStreamSynchronize(stream),
+                ncclSuccess,
+                "rank {rank}, {what}: {}",
+                last_error(comm)
+            );
+            let mut async_error = ncclSuccess;
+            ncclCommGetAsyncError(comm, &mut async_error);
+            assert_eq!(
+                async_error,
+                ncclSuccess,
+                "rank {rank}, {what}: {}",
+                last_error(comm)
+            );
+        }
+    };
+    for round in 0..2 {
+        if rank == 1 {
+            // SAFETY: a device buffer of `bytes`, never freed.
+            let rc = unsafe { ncclSend(buf.cast(), bytes, uint8, 0, comm, stream) };
+            assert_eq!(rc, ncclSuccess, "{}", last_error(comm));
+            synced("sending");
+            continue;
+        }
+        if round == 1 {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        // SAFETY: as above.
+        let rc = unsafe { ncclRecv(buf.cast(), bytes, uint8, 1, comm, stream) };
+        assert_eq!(rc, ncclSuccess, "{}", last_error(comm));
+        synced("receiving");
+        assert!(
+            read_back(buf, bytes).iter().all(|&b| b == 2),
+            "round {round}: wrong data"
+        );
+    }
+    if rank == 0 {
+        eprintln!("RECEIVED AFTER GOODBYE");
+    }
+    // SAFETY: live handles, each released once.
+    unsafe {
+        assert_eq!(ncclCommDestroy(comm), ncclSuccess);
+        assert_eq!(rcclrsEmuStreamDestroy(stream), ncclSuccess);
     }
 }
 
@@ -438,6 +504,21 @@ fn device_work_across_hosts_times_out_on_a_cut_link_naming_the_peer() {
 #[test]
 fn device_work_by_gpudirect_rdma_times_out_on_a_cut_link_naming_the_peer() {
     device_work_times_out_on_a_cut_link_naming_the_peer(&IB_MODEL_GDR);
+}
+
+/// Device work goes on reading what a peer on another host sent after
+/// that peer destroyed its communicator in order (a goodbye, not a broken
+/// connection).
+#[test]
+fn device_work_reads_what_a_peer_sent_before_it_left_in_order() {
+    let Some(stderrs) = run_ranks(2, 1, 1, "device-goodbye", |_| {}) else {
+        return;
+    };
+    assert!(
+        stderrs[0].contains("RECEIVED AFTER GOODBYE"),
+        "rank 0:\n{}",
+        stderrs[0]
+    );
 }
 
 fn every_builtin() -> Vec<&'static str> {
