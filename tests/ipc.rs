@@ -301,7 +301,14 @@ fn lines(children: &mut [Child]) -> mpsc::Receiver<(usize, String)> {
 fn finish(mut children: Ranks) -> (Vec<bool>, String) {
     let rx = lines(&mut children.0);
     let ok = children.wait_all(Duration::from_secs(120));
-    let text: Vec<String> = rx.try_iter().map(|(r, l)| format!("[{r}] {l}")).collect();
+    // The readers may still hold the children's last lines: they end at
+    // their pipes' ends, waited for boundedly (a grandchild could keep a
+    // pipe open).
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut text = Vec::new();
+    while let Ok((r, l)) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+        text.push(format!("[{r}] {l}"));
+    }
     (ok, text.join("\n"))
 }
 
