@@ -1,8 +1,9 @@
 //! NCCL profiler plug-ins (`NCCL_PROFILER_PLUGIN`): a minimal C plug-in
 //! (`tests/c/plugins/profiler.c`), built once per interface version v1 to
 //! v6, sees every collective of an `all_reduce_perf` run as a collective
-//! event inside a group event, nested and closed as NCCL's contract says,
-//! and the sends and receives of a `sendrecv_perf` run; it is found by
+//! event inside a group event (from v5 on, with its API event and the
+//! group API event), nested and closed as NCCL's contract says, and the
+//! sends and receives of a `sendrecv_perf` run; it is found by
 //! path, by name (`libnccl-profiler-X.so`) and as `libnccl-profiler.so`;
 //! its activation mask is honoured; a library without a profiler table
 //! and a plug-in whose init fails are reported and the run goes on
@@ -146,7 +147,20 @@ fn every_version_sees_every_collective_nested_in_its_group() {
         };
         let ranks = measured(&summaries, float32);
         assert_eq!(ranks.len(), RANKS, "v{version}: {summaries:?}");
+        // From v5 on, each call's API event (and, on the context of a
+        // group's first call, one group API event per group: the harness
+        // drives the 4 ranks from one thread, a group per call).
+        let (api_calls, api_groups) = if version >= 5 { (calls, calls) } else { (0, 0) };
+        let groups: usize = ranks.iter().map(|s| s.count("group_api").0).sum();
+        assert_eq!(groups, api_groups, "v{version}: {ranks:?}");
         for s in ranks {
+            assert_eq!(
+                s.count("coll_api"),
+                (api_calls, api_calls),
+                "v{version}: {s:?}"
+            );
+            let (started, stopped) = s.count("group_api");
+            assert_eq!(started, stopped, "v{version}: {s:?}");
             assert_eq!(s.get("version"), version.to_string(), "{s:?}");
             assert_eq!(s.count("coll"), (calls, calls), "v{version}: {s:?}");
             // Each call outside a group is a launch of its own.
@@ -182,7 +196,14 @@ fn sends_and_receives_are_point_to_point_events_of_their_group() {
         assert_eq!(s.get("open"), "0", "{s:?}");
         assert_eq!(s.count("group"), (calls, calls), "{s:?}");
         assert_eq!(s.count("p2p"), (2 * calls, 2 * calls), "{s:?}");
+        assert_eq!(s.count("p2p_api"), (2 * calls, 2 * calls), "{s:?}");
     }
+    let groups: usize = summaries
+        .iter()
+        .filter(|s| s.count("coll") == (0, 0))
+        .map(|s| s.count("group_api").0)
+        .sum();
+    assert_eq!(groups, calls, "{summaries:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -31,6 +31,7 @@
 //! Without a plug-in a communicator holds `None`, and the only cost on a
 //! call's path is the test of that field.
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -57,12 +58,31 @@ const PROXY_OP: u64 = 1 << 3;
 const PROXY_STEP: u64 = 1 << 4;
 const KERNEL_CH: u64 = 1 << 6;
 const NET_PLUGIN: u64 = 1 << 7;
+/// `ncclProfileGroupApi` .. `ncclProfileKernelLaunch` (v5 on).
+const GROUP_API: u64 = 1 << 8;
+const COLL_API: u64 = 1 << 9;
+const P2P_API: u64 = 1 << 10;
+const KERNEL_LAUNCH: u64 = 1 << 11;
+/// `ncclProfileCeColl` .. `ncclProfileCeBatch` (v6).
+const CE: u64 = 0b111 << 12;
 /// The events below a collective or point-to-point call.
 const BELOW_TASK: u64 = PROXY_OP | PROXY_STEP | KERNEL_CH | NET_PLUGIN;
+/// What starts a collective API event: it or anything below it.
+const COLL_API_MASK: u64 = COLL_API | COLL | BELOW_TASK | CE;
+/// What starts a point-to-point API event.
+const P2P_API_MASK: u64 = P2P_API | P2P | BELOW_TASK;
+/// What starts a group API event: any event of a call.
+const GROUP_API_MASK: u64 = GROUP_API | COLL_API_MASK | P2P_API_MASK | KERNEL_LAUNCH | GROUP;
+/// `ncclProfilerGroupStartApiStop` and `ncclProfilerGroupEndApiStart`: the
+/// group API event's states when the group's calls are in and when its
+/// end begins.
+const GROUP_START_API_STOP: c_int = 23;
+const GROUP_END_API_START: c_int = 24;
 
 type StartFn = unsafe extern "C" fn(Context, *mut Handle, *mut c_void) -> NcclResult;
 type StopFn = unsafe extern "C" fn(Handle) -> NcclResult;
 type FinalizeFn = unsafe extern "C" fn(Context) -> NcclResult;
+type RecordFn = unsafe extern "C" fn(Handle, c_int, *mut c_void) -> NcclResult;
 /// `init` of v1 to v3.
 type InitV1 = unsafe extern "C" fn(*mut Context, *mut c_int) -> NcclResult;
 /// `init` of v4: the mask, then the communicator's name and hash.
@@ -96,7 +116,7 @@ struct Table {
     init: Option<unsafe extern "C" fn()>,
     start_event: Option<StartFn>,
     stop_event: Option<StopFn>,
-    record_event_state: Option<unsafe extern "C" fn()>,
+    record_event_state: Option<RecordFn>,
     finalize: Option<FinalizeFn>,
 }
 
@@ -219,6 +239,37 @@ struct P2pV4 {
     parent_group: Handle,
 }
 
+/// `groupApi` of v5 and v6.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GroupApiV5 {
+    graph_captured: bool,
+    group_depth: c_int,
+}
+
+/// `collApi` of v5 and v6.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CollApiV5 {
+    func: *const c_char,
+    count: usize,
+    datatype: *const c_char,
+    root: c_int,
+    stream: *mut c_void,
+    graph_captured: bool,
+}
+
+/// `p2pApi` of v5 and v6.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct P2pApiV5 {
+    func: *const c_char,
+    count: usize,
+    datatype: *const c_char,
+    stream: *mut c_void,
+    graph_captured: bool,
+}
+
 /// The union of a descriptor: only the members this engine fills, and
 /// room for the largest member of the version's own union (88 bytes in
 /// v5 and v6), so a plug-in that copies the whole descriptor reads memory
@@ -237,6 +288,22 @@ struct DescrByteType<C: Copy, P: Copy> {
     parent_obj: Handle,
     rank: c_int,
     data: Data<C, P>,
+}
+
+/// An API event's descriptor of v5 and v6: `DescrV5` with the union
+/// holding `T`.
+#[repr(C)]
+struct ApiDescrV5<T: Copy> {
+    kind: u64,
+    parent_obj: Handle,
+    rank: c_int,
+    data: ApiData<T>,
+}
+
+#[repr(C)]
+union ApiData<T: Copy> {
+    api: T,
+    room: [u64; 11],
 }
 
 /// `ncclProfilerEventDescr_v5_t` and `_v6_t` (`type` is 64 bits).
@@ -552,6 +619,7 @@ enum Task {
         nchannels: u8,
         algorithm: &'static str,
         protocol: Protocol,
+        api: Handle,
     },
     P2p {
         send: bool,
@@ -560,6 +628,7 @@ enum Task {
         count: usize,
         peer: c_int,
         nchannels: u8,
+        api: Handle,
     },
 }
 
@@ -637,6 +706,7 @@ impl CProfiler {
                     nchannels,
                     algorithm: algo,
                     protocol: proto,
+                    api,
                 }),
             ) => {
                 let (func_name, func_code) = func(kind);
@@ -735,7 +805,7 @@ impl CProfiler {
                         } else {
                             call!(DescrV5 {
                                 kind: COLL,
-                                parent_obj: std::ptr::null_mut(),
+                                parent_obj: api,
                                 rank,
                                 data: Data { coll },
                             })
@@ -752,6 +822,7 @@ impl CProfiler {
                     count,
                     peer,
                     nchannels,
+                    api,
                 }),
             ) => {
                 let (func_name, func_code) = if send { (c"Send", 6) } else { (c"Recv", 7) };
@@ -804,7 +875,7 @@ impl CProfiler {
                         } else {
                             call!(DescrV5 {
                                 kind: P2P,
-                                parent_obj: std::ptr::null_mut(),
+                                parent_obj: api,
                                 rank,
                                 data: Data { p2p },
                             })
@@ -822,6 +893,148 @@ impl CProfiler {
             return std::ptr::null_mut();
         }
         handle
+    }
+}
+
+/// A call's API event (v5 on), already stopped as NCCL stops it once the
+/// call is queued; its handle is the `parentObj` of the call's collective
+/// or point-to-point event, as in NCCL.
+#[derive(Clone, Copy)]
+pub(crate) struct ApiEvent(Handle);
+
+impl Default for ApiEvent {
+    fn default() -> Self {
+        ApiEvent(std::ptr::null_mut())
+    }
+}
+
+// SAFETY: the handle is only passed back to the plug-in as a parent.
+unsafe impl Send for ApiEvent {}
+
+thread_local! {
+    /// This thread's open group API event (v5 on) and its plug-in: from
+    /// the first call of the outermost group (or of a call outside any)
+    /// to the end of that group.
+    static GROUP_API_EVENT: Cell<Option<(Handle, &'static Library)>> = const { Cell::new(None) };
+}
+
+fn record(library: &Library, handle: Handle, state: c_int) {
+    if let Some(record) = library.table.record_event_state {
+        // SAFETY: an open handle of this plug-in; a state of its interface
+        // that takes no arguments.
+        unsafe { record(handle, state, std::ptr::null_mut()) };
+    }
+}
+
+/// The end of this thread's outermost group (or of a call outside any):
+/// the group API event's end state is recorded when it begins, and the
+/// event stops when it is dropped, after the group's launch.
+pub(crate) struct GroupApiEnd(Option<(Handle, &'static Library)>);
+
+impl GroupApiEnd {
+    pub(crate) fn begin() -> GroupApiEnd {
+        let open = GROUP_API_EVENT.with(Cell::take);
+        if let Some((handle, library)) = open {
+            record(library, handle, GROUP_END_API_START);
+        }
+        GroupApiEnd(open)
+    }
+}
+
+impl Drop for GroupApiEnd {
+    fn drop(&mut self) {
+        if let Some((handle, library)) = self.0 {
+            if let Some(stop) = library.table.stop_event {
+                // SAFETY: the open group API event, stopped once.
+                unsafe { stop(handle) };
+            }
+        }
+    }
+}
+
+impl CProfiler {
+    /// Starts an API event of `kind` with the union member `api`.
+    fn start_api<T: Copy>(&self, kind: u64, parent: Handle, api: T) -> Handle {
+        let Some(start) = self.library.table.start_event else {
+            return std::ptr::null_mut();
+        };
+        let mut descr = ApiDescrV5 {
+            kind,
+            parent_obj: parent,
+            rank: self.rank,
+            data: ApiData { api },
+        };
+        let mut handle: Handle = std::ptr::null_mut();
+        // SAFETY: the plug-in's own entry point with its context, a valid
+        // out-pointer and a v5 descriptor that lives for the call.
+        let result = unsafe {
+            start(
+                self.context,
+                &mut handle,
+                std::ptr::addr_of_mut!(descr).cast(),
+            )
+        };
+        if result == 0 {
+            handle
+        } else {
+            std::ptr::null_mut()
+        }
+    }
+
+    /// The API events of `op`, a call made at group depth `depth` (v5 on,
+    /// as the mask asks): the thread's group API event, started by the
+    /// first call of a group, and the call's own, started and stopped here.
+    pub(crate) fn api_call(&self, op: &RawOp, depth: usize) -> ApiEvent {
+        if self.library.version < 5 || self.mask & GROUP_API_MASK == 0 {
+            return ApiEvent::default();
+        }
+        let group = GROUP_API_EVENT.with(|open| match open.get() {
+            Some((handle, _)) => handle,
+            None => {
+                // NCCL counts the group every call opens inside its own.
+                let api = GroupApiV5 {
+                    graph_captured: false,
+                    group_depth: depth as c_int + 1,
+                };
+                let handle = self.start_api(GROUP_API, std::ptr::null_mut(), api);
+                if !handle.is_null() {
+                    open.set(Some((handle, self.library)));
+                    record(self.library, handle, GROUP_START_API_STOP);
+                }
+                handle
+            }
+        });
+        let dt = datatype(op.dtype).as_ptr();
+        let handle = match op.kind {
+            OpKind::Coll { kind, root, .. } if self.mask & COLL_API_MASK != 0 => {
+                let api = CollApiV5 {
+                    func: func(kind).0.as_ptr(),
+                    count: op.count,
+                    datatype: dt,
+                    root: root as c_int,
+                    stream: std::ptr::null_mut(),
+                    graph_captured: false,
+                };
+                self.start_api(COLL_API, group, api)
+            }
+            OpKind::Send { .. } | OpKind::Recv { .. } if self.mask & P2P_API_MASK != 0 => {
+                let send = matches!(op.kind, OpKind::Send { .. });
+                let api = P2pApiV5 {
+                    func: if send { c"Send" } else { c"Recv" }.as_ptr(),
+                    count: op.count,
+                    datatype: dt,
+                    stream: std::ptr::null_mut(),
+                    graph_captured: false,
+                };
+                self.start_api(P2P_API, group, api)
+            }
+            _ => std::ptr::null_mut(),
+        };
+        if let (false, Some(stop)) = (handle.is_null(), self.library.table.stop_event) {
+            // SAFETY: the event just started, stopped once.
+            unsafe { stop(handle) };
+        }
+        ApiEvent(handle)
     }
 }
 
@@ -880,6 +1093,7 @@ impl LaunchEvents {
             nchannels: choice.params.nchannels.min(u8::MAX as usize) as u8,
             algorithm: choice.algorithm.name(),
             protocol: choice.protocol,
+            api: op.api_event.0,
         };
         self.task(profiler, task, COLL);
     }
@@ -900,6 +1114,7 @@ impl LaunchEvents {
                 count: op.count,
                 peer: peer as c_int,
                 nchannels: nchannels.min(u8::MAX as usize) as u8,
+                api: op.api_event.0,
             };
             self.task(profiler, task, P2P);
         }

@@ -10,7 +10,11 @@
  * collective or point-to-point event's parent group is an open group
  * event of the same context, every stop is of an open event, no event
  * stops while a child is open, collective sequence numbers count each
- * function's calls from 0, and nothing is open at finalize. What it saw
+ * function's calls from 0, and nothing is open at finalize. From v5 on,
+ * the API events too: a call's API event is a child of the open group
+ * API event (of the context of the group's first call), and a collective or point-to-point event's parentObj is the
+ * API event of its call (stopped by then, as NCCL stops it once the call
+ * is queued; API events are kept until finalize for this check). What it saw
  * goes to a file of the folder TEST_PROFILER_DIR at finalize. With
  * TEST_PROFILER_INIT_FAIL set, init fails.
  */
@@ -32,7 +36,18 @@ typedef int ncclResult_t;
 typedef void (*ncclDebugLogger_t)(int level, unsigned long flags, const char *file, int line,
                                   const char *fmt, ...);
 
-enum { GROUP = 1 << 0, COLL = 1 << 1, P2P = 1 << 2 };
+enum {
+  GROUP = 1 << 0,
+  COLL = 1 << 1,
+  P2P = 1 << 2,
+  BELOW_TASK = 0xf << 3, /* proxy operation, step and control, kernel channel */
+  NET_PLUGIN = 1 << 7,
+  GROUP_API = 1 << 8,
+  COLL_API = 1 << 9,
+  P2P_API = 1 << 10,
+};
+#define NTYPES 6
+static const char *type_names[NTYPES] = {"group", "coll", "p2p", "group_api", "coll_api", "p2p_api"};
 
 /* The collective and point-to-point members each version's union has,
  * in its layout; other members are not read. */
@@ -137,6 +152,25 @@ struct descr {
   union {
     struct coll coll;
     struct p2p p2p;
+    struct {
+      bool graphCaptured;
+      int groupDepth;
+    } groupApi;
+    struct {
+      const char *func;
+      size_t count;
+      const char *datatype;
+      int root;
+      void *stream;
+      bool graphCaptured;
+    } collApi;
+    struct {
+      const char *func;
+      size_t count;
+      const char *datatype;
+      void *stream;
+      bool graphCaptured;
+    } p2pApi;
   };
 };
 
@@ -145,7 +179,8 @@ struct descr {
 
 struct context {
   int id, rank, mask;
-  long started[3], stopped[3];
+  long started[NTYPES], stopped[NTYPES];
+  struct event *retired; /* stopped API events, kept until finalize */
   long errors;
   char first_error[256];
   uint64_t next_seq[MAX_FUNCS];
@@ -154,9 +189,10 @@ struct context {
 
 struct event {
   struct context *ctx;
-  int type; /* index: 0 group, 1 coll, 2 p2p */
+  int type; /* index into type_names */
   struct event *parent;
   int open_children;
+  struct event *next_retired;
 };
 
 /* Every open event of the process, so that a stop of anything else is
@@ -206,7 +242,9 @@ static int func_index(name_t func) {
 static ncclResult_t start_event(void *context, void **handle, struct descr *d) {
   struct context *ctx = context;
   *handle = NULL;
-  int type = d->type == GROUP ? 0 : d->type == COLL ? 1 : d->type == P2P ? 2 : -1;
+  int type = -1;
+  for (int t = 0; t < NTYPES; t++)
+    if (d->type == (1u << (t < 3 ? t : t + 5))) type = t;
   pthread_mutex_lock(&lock);
   if (type < 0) {
     fail(ctx, "an event of a type the mask did not ask for");
@@ -214,7 +252,24 @@ static ncclResult_t start_event(void *context, void **handle, struct descr *d) {
     return 0;
   }
   struct event *parent = NULL;
-  if (type > 0) {
+  if (type == 4 || type == 5) {
+    parent = d->parentObj;
+    int found = parent ? find_open(parent) : -1;
+    /* The group API event is the first call's communicator's. */
+    if (found < 0 || parent->type != 3)
+      fail(ctx, "a call's API event whose parent is not an open group API event");
+    else
+      parent->open_children++;
+  }
+#if PROFILER_VERSION >= 5
+  if (type == 1 || type == 2) {
+    struct event *api = ctx->retired;
+    while (api && api != d->parentObj) api = api->next_retired;
+    if (api == NULL || api->type != type + 3)
+      fail(ctx, "a call event whose parentObj is not the API event of its call");
+  }
+#endif
+  if (type == 1 || type == 2) {
 #if PROFILER_VERSION >= 5
     parent = type == 1 ? d->coll.parentGroup : d->p2p.parentGroup;
 #else
@@ -244,8 +299,18 @@ static ncclResult_t start_event(void *context, void **handle, struct descr *d) {
              d->coll.datatype, d->coll.algo, d->coll.proto);
 #endif
   }
-  /* A group starts for any event the mask asks for: it is their parent. */
-  int asked = type == 0 ? ctx->mask & (GROUP | COLL | P2P) : ctx->mask & (1 << type);
+  /* An event starts when the mask asks for it or for an event below it,
+   * whose parent it is. */
+  int below_call = BELOW_TASK | NET_PLUGIN;
+  int wanted[NTYPES] = {
+      GROUP | COLL | P2P | below_call,
+      COLL | below_call,
+      P2P | below_call,
+      GROUP_API | COLL_API | P2P_API | GROUP | COLL | P2P | below_call | (0xf << 11),
+      COLL_API | COLL | below_call | (0x7 << 12),
+      P2P_API | P2P | below_call,
+  };
+  int asked = ctx->mask & wanted[type];
   if (!asked) fail(ctx, "an event the mask did not ask for");
   struct event *e = calloc(1, sizeof *e);
   if (e == NULL || nopen == MAX_OPEN) {
@@ -278,8 +343,13 @@ static ncclResult_t stop_event(void *handle) {
   if (e->parent) e->parent->open_children--;
   e->ctx->stopped[e->type]++;
   open_events[at] = open_events[--nopen];
+  if (e->type >= 4) {
+    e->next_retired = e->ctx->retired;
+    e->ctx->retired = e;
+  } else {
+    free(e);
+  }
   pthread_mutex_unlock(&lock);
-  free(e);
   return 0;
 }
 
@@ -305,12 +375,17 @@ static ncclResult_t finalize(void *context) {
     FILE *f = fopen(path, "w");
     if (f) {
       fprintf(f, "version %d\nrank %d\n", PROFILER_VERSION, ctx->rank);
-      fprintf(f, "group %ld %ld\ncoll %ld %ld\np2p %ld %ld\n", ctx->started[0], ctx->stopped[0],
-              ctx->started[1], ctx->stopped[1], ctx->started[2], ctx->stopped[2]);
+      for (int t = 0; t < NTYPES; t++)
+        fprintf(f, "%s %ld %ld\n", type_names[t], ctx->started[t], ctx->stopped[t]);
       fprintf(f, "open %ld\nerrors %ld\nfirst_error %s\nlast_coll %s\n", still_open, ctx->errors,
               ctx->first_error, ctx->last_coll);
       fclose(f);
     }
+  }
+  while (ctx->retired) {
+    struct event *next = ctx->retired->next_retired;
+    free(ctx->retired);
+    ctx->retired = next;
   }
   free(ctx);
   return 0;
