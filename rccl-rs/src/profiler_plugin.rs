@@ -22,11 +22,19 @@
 //! activation mask is honoured as NCCL does: a group event starts when the
 //! mask asks for it or for anything below it, a collective or
 //! point-to-point event when the mask asks for it or for the proxy, kernel
-//! or network events below it. Proxy operations and steps, proxy control,
-//! kernel channels, network plug-in events and v5's API events (group,
-//! collective and point-to-point API calls, kernel launches) are not
-//! emitted: v5 and v6 collective events carry the group as `parentGroup`
-//! and a null `parentObj`.
+//! or network events below it.
+//!
+//! From v5 on, the API events too: a call made outside any group, or the
+//! first call of the outermost group, starts the thread's group API event
+//! (on that call's communicator's context), which stops when that group
+//! ends; each call's collective or point-to-point API event is its child,
+//! started and stopped as the call is queued, and its handle is the
+//! `parentObj` of the call's collective or point-to-point event (whose
+//! `parentGroup` is the group event), as in NCCL.
+//!
+//! Not emitted: proxy operations and steps, proxy control, kernel
+//! channels and kernel launches, network plug-in events and v6's
+//! copy-engine events; `nWarps` is 0 and API events' `stream` is null.
 //!
 //! Without a plug-in a communicator holds `None`, and the only cost on a
 //! call's path is the test of that field.
