@@ -3,7 +3,8 @@
 //! v6, sees every collective of an `all_reduce_perf` run as a collective
 //! event inside a group event (from v5 on, with its API event and the
 //! group API event), nested and closed as NCCL's contract says, and the
-//! sends and receives of a `sendrecv_perf` run; it is found by
+//! sends and receives of a `sendrecv_perf` run, and the collectives of
+//! calls on device memory (device work of the emulated GPU); it is found by
 //! path, by name (`libnccl-profiler-X.so`) and as `libnccl-profiler.so`;
 //! its activation mask is honoured; a library without a profiler table
 //! and a plug-in whose init fails are reported and the run goes on
@@ -59,13 +60,14 @@ impl Summary {
     }
 }
 
-/// Runs `bin` with [`ARGS`] under `env`; the summaries the plug-in wrote
-/// and the run's output.
-fn run(bin: &str, tag: &str, env: &[(&str, &str)]) -> (Vec<Summary>, String) {
+/// Runs `bin` with [`ARGS`] and `extra` under `env`; the summaries the
+/// plug-in wrote and the run's output.
+fn run(bin: &str, extra: &[&str], tag: &str, env: &[(&str, &str)]) -> (Vec<Summary>, String) {
     let dir = c_plugins::scratch("profiler-plugin").join(tag);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let mut cmd = perf_bins::perf_command(bin, ARGS);
+    cmd.args(extra);
     cmd.env_remove("NCCL_PROFILER_PLUGIN")
         .env_remove("NCCL_NET_PLUGIN")
         .env("NCCL_DEBUG", "INFO")
@@ -100,7 +102,7 @@ fn measured<'a>(summaries: &'a [Summary], float32: &str) -> Vec<&'a Summary> {
 }
 
 fn all_reduce(tag: &str, env: &[(&str, &str)]) -> (Vec<Summary>, String) {
-    run(env!("CARGO_BIN_EXE_all_reduce_perf"), tag, env)
+    run(env!("CARGO_BIN_EXE_all_reduce_perf"), &[], tag, env)
 }
 
 #[test]
@@ -180,6 +182,7 @@ fn sends_and_receives_are_point_to_point_events_of_their_group() {
     c_plugins::build("profiler.c", None, &file);
     let (summaries, _) = run(
         env!("CARGO_BIN_EXE_sendrecv_perf"),
+        &[],
         "p2p",
         &[("NCCL_PROFILER_PLUGIN", file.to_str().unwrap())],
     );
@@ -204,6 +207,33 @@ fn sends_and_receives_are_point_to_point_events_of_their_group() {
         .map(|s| s.count("group_api").0)
         .sum();
     assert_eq!(groups, calls, "{summaries:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn device_work_reports_the_same_events() {
+    let dir = c_plugins::scratch("profiler-plugin-device");
+    let file = dir.join("profiler-v6.so");
+    c_plugins::build("profiler.c", None, &file);
+    // Calls on device memory of the emulated GPU, run as device work.
+    let (summaries, log) = run(
+        env!("CARGO_BIN_EXE_all_reduce_perf"),
+        &["--memory", "device"],
+        "device",
+        &[
+            ("NCCL_PROFILER_PLUGIN", file.to_str().unwrap()),
+            ("RCCL_DEVICE", "emu"),
+        ],
+    );
+    assert!(log.contains("Out of bounds values : 0 OK"), "{log}");
+    let calls = calls_per_rank();
+    let ranks = measured(&summaries, "ncclFloat32");
+    assert_eq!(ranks.len(), RANKS, "{summaries:?}");
+    for s in ranks {
+        assert_eq!(s.count("coll"), (calls, calls), "{s:?}");
+        assert_eq!(s.count("group"), (calls, calls), "{s:?}");
+        assert_eq!(s.count("coll_api"), (calls, calls), "{s:?}");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 
