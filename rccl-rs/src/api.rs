@@ -153,6 +153,7 @@ impl Communicator {
             count,
             dtype,
             stream,
+            api_event: Default::default(),
         })
     }
 
@@ -200,6 +201,7 @@ impl Communicator {
             count,
             dtype,
             stream,
+            api_event: Default::default(),
         })
     }
 

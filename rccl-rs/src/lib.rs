@@ -33,6 +33,7 @@ mod launch_key;
 mod net;
 mod op;
 mod plan;
+mod profiler_plugin;
 mod queue;
 mod selection;
 mod signal;

@@ -109,6 +109,9 @@ pub(crate) fn p2p_shape(comm: &CommInner, calls: &[P2pOp]) -> Result<(usize, Pro
 
 /// One communicator's share of a launch.
 pub(crate) struct CommLaunch {
+    /// Its profiler events; first, so they stop before the communicator
+    /// (and its profiler context) can go.
+    pub events: crate::profiler_plugin::LaunchEvents,
     pub comm: Arc<CommInner>,
     /// Per channel, the work queued on it (empty until a schedule is
     /// queued: a launch that only uses the board allocates none).
@@ -147,6 +150,9 @@ pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()>
     let as_device_work = op.stream.is_some() && crate::device_work::interprets(comm);
     let on_board = runs_on_board(op, &choice);
     let started = start_collective(op, &choice, in_place, on_board)?;
+    if let Some(profiler) = &comm.profiler {
+        launch.events.collective(profiler, op, &choice);
+    }
     if on_board && !as_device_work {
         launch.board.push(board_op(op, started));
         return Ok(());
@@ -430,6 +436,9 @@ pub(crate) fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
         }
     }
     let (nchannels, protocol, chunk_bytes) = p2p_shape(comm, &calls)?;
+    if let Some(profiler) = &comm.profiler {
+        launch.events.p2p(profiler, ops, nchannels);
+    }
     let schedule = p2p_schedule(comm.rank, &calls, nchannels, chunk_bytes);
     if launch.on_device && crate::device_work::interprets(comm) {
         if schedule.channels.iter().any(|steps| !steps.is_empty()) {
