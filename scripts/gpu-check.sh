@@ -185,7 +185,8 @@ else
     bounded 15 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
     bounded 15 nvidia-smi 2>&1 | head -15
   } > "$out/machine.log"
-  record machine "$(sed -n 4p "$out/machine.log")" "see machine.log"
+  gpu=$(bounded 15 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+  record machine INFO "${gpu:-nvidia-smi answered nothing}, see machine.log"
 fi
 
 # ---- kernels: every reduction x datatype x op, FIFOs, bandwidth ----
@@ -438,7 +439,9 @@ else
   else
     record "nccl-tests (NVIDIA NCCL)" FAIL "missing: nvcc '$nvcc', nccl-tests source or PyTorch's NCCL"
   fi
-  if has_cap device_memory; then
+  if ! [ -x "$nvcc" ] || ! [ -f "$pack/nccl-tests/src/Makefile" ]; then
+    record "nccl-tests (rccl-rs)" FAIL "missing: nvcc '$nvcc' or nccl-tests source"
+  elif has_cap device_memory; then
     step 150
     cp -r "$pack/nccl-tests" "$build/src-rccl"
     mkdir -p "$build/rccl/lib"
