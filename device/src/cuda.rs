@@ -242,9 +242,13 @@ impl Driver {
     /// `bytes` of device memory of the current context, allocated in
     /// `stream`'s order (`cuMemAllocAsync`, which waits for no kernel) and
     /// usable from any stream once this returns.
-    pub fn alloc(&self, bytes: usize, stream: CUstream) -> Result<CUdeviceptr> {
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the current context.
+    pub unsafe fn alloc(&self, bytes: usize, stream: CUstream) -> Result<CUdeviceptr> {
         let mut ptr = 0;
-        // SAFETY: a valid out-pointer; the memory is freed by `free`.
+        // SAFETY: a valid out-pointer and the caller's stream; the memory
+        // is freed by `free`.
         check("cuMemAllocAsync", unsafe {
             api::cuMemAllocAsync(&mut ptr, bytes.max(1), stream)
         })?;

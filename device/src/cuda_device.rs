@@ -240,7 +240,8 @@ impl CudaDevice {
     /// what host functions freed. The context is current.
     fn allocate(&self, bytes: usize) -> Result<u64> {
         self.free_deferred()?;
-        self.driver.alloc(bytes, self.own()).map_err(err)
+        // SAFETY: the own stream lives as long as the device.
+        unsafe { self.driver.alloc(bytes, self.own()) }.map_err(err)
     }
 }
 

@@ -80,7 +80,8 @@ struct Gpu {
 
 impl Gpu {
     fn alloc(&self, bytes: usize) -> Result<CUdeviceptr, CudaError> {
-        self.driver.alloc(bytes, self.stream)
+        // SAFETY: the stream lives as long as the `Gpu`.
+        unsafe { self.driver.alloc(bytes, self.stream) }
     }
 }
 
