@@ -53,18 +53,22 @@ struct Current {
 }
 
 impl Current {
-    fn enter(context: CUcontext) -> Result<Current> {
+    fn push(context: CUcontext) -> std::result::Result<Current, CudaError> {
         let mut now = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
-        call("cuCtxGetCurrent", unsafe { api::cuCtxGetCurrent(&mut now) })?;
+        check("cuCtxGetCurrent", unsafe { api::cuCtxGetCurrent(&mut now) })?;
         if now == context {
             return Ok(Current { pushed: false });
         }
         // SAFETY: a live context of this device, retained or the caller's.
-        call("cuCtxPushCurrent", unsafe {
+        check("cuCtxPushCurrent", unsafe {
             api::cuCtxPushCurrent_v2(context)
         })?;
         Ok(Current { pushed: true })
+    }
+
+    fn enter(context: CUcontext) -> Result<Current> {
+        Current::push(context).map_err(err)
     }
 }
 
@@ -151,7 +155,7 @@ impl CudaDevice {
             Some(context) => context,
             None => driver.primary_context(0)?,
         };
-        let _current = Current::enter(context).map_err(|e| CudaError::Invalid(e.to_string()))?;
+        let _current = Current::push(context)?;
         let ordinal = driver.context_device()?;
         // Loaded now, not at the first launch: a module load may wait for
         // running kernels.
