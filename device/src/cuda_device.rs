@@ -14,7 +14,7 @@
 //! before they return, so whatever reads the memory next sees them.
 //!
 //! NOT YET RUN ON HARDWARE: everything in this file compiles against
-//! cudarc's driver bindings but has not run on a GPU (the machines this
+//! `cuda.h`'s bindings but has not run on a GPU (the machines this
 //! is developed on have none). `scripts/gpu-check.sh` exercises it
 //! through the perf binaries on `--memory device`; `tests/cuda_model.rs`
 //! runs it over the CUDA driver model.

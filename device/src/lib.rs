@@ -1,7 +1,7 @@
 //! GPU memory, streams, events and kernels behind one interface.
 //!
 //! Nothing outside this crate knows CUDA exists. Two backends: `cuda`,
-//! reached through cudarc with the driver loaded at run time (a machine
+//! the driver API of `libcuda.so.1` loaded at run time (a machine
 //! without a driver gets an error, never a panic), and `emu`, an emulated
 //! GPU that CI runs (`RCCL_DEVICE=emu`).
 //!
