@@ -100,7 +100,7 @@ fn the_cuda_backend_opens_on_the_model_and_moves_bytes() {
             );
             let host: Vec<u8> = (0..64).collect();
             let dev = device.alloc(64).unwrap();
-            assert!(device.classify(dev).is_device());
+            assert!(device.classify(dev).unwrap().is_device());
             // SAFETY: both ranges hold 64 bytes.
             unsafe { device.copy(dev, host.as_ptr(), 64) }.unwrap();
             let mut back = vec![0u8; 64];
@@ -193,18 +193,13 @@ fn last_error(comm: ncclComm_t) -> String {
 }
 
 /// The smoke test: a collective through the C ABI on device memory, its
-/// kernels run by the model. With the model's lenient switches: here
-/// allocation does not wait for kernels and synchronous memsets complete
-/// before they return; with the strict defaults the ranks deadlock or
-/// read unzeroed memory (defects 5 and 2 of issue 31, the tests below).
+/// kernels run by the model with its strict defaults (allocation waits
+/// for kernels, synchronous memsets and copies land late).
 #[test]
 fn an_all_reduce_on_device_memory_through_the_c_abi() {
     over_the_model(
         "an_all_reduce_on_device_memory_through_the_c_abi",
-        &[
-            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
-            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
-        ],
+        &[],
         || two_ranks_all_reduce(plain_all_reduce),
     );
 }
@@ -224,54 +219,71 @@ fn second_rank_calls_late(
     plain_all_reduce(rank, comm, stream, send, recv, count)
 }
 
-// What the model exposes of issue 31's defects: each test states what
-// CUDA promises; ignored until the defect is fixed (run them with
+// What the model exposes of a backend's mistakes: each test states what
+// CUDA promises. Ignored ones wait for their fix (run them with
 // `--ignored`).
 
+/// A rank's first call comes while the other rank's kernel waits for it:
+/// nothing on its way may wait for running kernels (`cuMemAlloc`,
+/// `cuMemFree`, `cuMemHostAlloc` may), or the two wait for each other.
 #[test]
-#[ignore = "issue 31 defect 5: a rank's first call allocates (cuMemAlloc, cuMemHostAlloc) while the other rank's kernel waits for it"]
-fn defect_5_allocation_on_the_call_path_waits_for_the_other_ranks_kernel() {
+fn allocation_on_the_call_path_never_waits_for_the_other_ranks_kernel() {
     over_the_model(
-        "defect_5_allocation_on_the_call_path_waits_for_the_other_ranks_kernel",
-        &[
-            ("RCCL_CUDA_MODEL_DEADLINE_MS", "3000"),
-            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
-        ],
+        "allocation_on_the_call_path_never_waits_for_the_other_ranks_kernel",
+        &[("RCCL_CUDA_MODEL_DEADLINE_MS", "3000")],
         || two_ranks_all_reduce(second_rank_calls_late),
     );
 }
 
+/// Synchronous memsets and copies to device memory land 200 ms late on
+/// the legacy stream: zeroing and uploads must be ordered with the
+/// kernels that read them by other means (the FIFOs, scratch and abort
+/// words read as set otherwise).
 #[test]
-#[ignore = "issue 31 defect 2: zeroing by a synchronous cuMemsetD8 on the legacy stream is not ordered with kernels on non-blocking streams (the abort word reads as set)"]
-fn defect_2_late_zeroing_races_with_the_kernels() {
+fn zeroing_and_uploads_are_ordered_with_the_kernels() {
     over_the_model(
-        "defect_2_late_zeroing_races_with_the_kernels",
-        &[
-            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
-            ("RCCL_CUDA_MODEL_LATE_MS", "200"),
-        ],
+        "zeroing_and_uploads_are_ordered_with_the_kernels",
+        &[("RCCL_CUDA_MODEL_LATE_MS", "200")],
         || two_ranks_all_reduce(plain_all_reduce),
     );
 }
 
+/// A thread without a current context classifies device memory as device
+/// memory (the backend makes its context current).
 #[test]
-#[ignore = "issue 31 defect 9: on a thread without a context, classify answers host memory for device memory"]
-fn defect_9_classify_on_a_thread_without_a_context() {
-    over_the_model(
-        "defect_9_classify_on_a_thread_without_a_context",
-        &[],
-        || {
-            let device = cuda();
-            // An address crosses into the thread as an integer.
-            let dev = device.alloc(64).unwrap() as usize;
-            std::thread::spawn(move || {
-                let memory = cuda().classify(dev as *const u8);
-                assert!(memory.is_device(), "device memory classified as {memory}");
-            })
-            .join()
-            .unwrap();
-        },
-    );
+fn classify_on_a_thread_without_a_context() {
+    over_the_model("classify_on_a_thread_without_a_context", &[], || {
+        let device = cuda();
+        // An address crosses into the thread as an integer.
+        let dev = device.alloc(64).unwrap() as usize;
+        std::thread::spawn(move || {
+            let memory = cuda().classify(dev as *const u8).unwrap();
+            assert!(memory.is_device(), "device memory classified as {memory}");
+        })
+        .join()
+        .unwrap();
+    });
+}
+
+/// A driver error while classifying is an error, never "host memory":
+/// here the device's context is gone (released by the application).
+#[test]
+fn classify_reports_a_driver_error() {
+    over_the_model("classify_reports_a_driver_error", &[], || {
+        let device = cuda();
+        let dev = device.alloc(64).unwrap();
+        let release: unsafe extern "C" fn(i32) -> i32 = driver_fn(c"cuDevicePrimaryCtxRelease_v2");
+        // SAFETY: releases the primary context the backend retained.
+        assert_eq!(unsafe { release(0) }, 0);
+        let answer = device.classify(dev);
+        let error = answer.expect_err("a classification without a context");
+        assert!(
+            error
+                .to_string()
+                .contains("CUDA_ERROR_CONTEXT_IS_DESTROYED"),
+            "{error}"
+        );
+    });
 }
 
 /// The model's driver entry point `name`.
@@ -350,11 +362,13 @@ fn make_current(ordinal: i32) {
     }
 }
 
+/// The backend opened on device 1 (current when it opened) allocates
+/// there from every thread, and leaves each thread's own context as it
+/// was.
 #[test]
-#[ignore = "issue 31 defect 4: the backend opened on device 1 allocates on device 0 from a thread without a context"]
-fn defect_4_a_device_opened_on_device_1_allocates_there_from_every_thread() {
+fn a_device_opened_on_device_1_allocates_there_from_every_thread() {
     over_the_model(
-        "defect_4_a_device_opened_on_device_1_allocates_there_from_every_thread",
+        "a_device_opened_on_device_1_allocates_there_from_every_thread",
         &[],
         || {
             make_current(1);
@@ -362,7 +376,7 @@ fn defect_4_a_device_opened_on_device_1_allocates_there_from_every_thread() {
             assert!(device.label().starts_with("[cuda 1]"), "{}", device.label());
             std::thread::spawn(|| {
                 let device = cuda();
-                let memory = device.classify(device.alloc(64).unwrap());
+                let memory = device.classify(device.alloc(64).unwrap()).unwrap();
                 assert_eq!(
                     memory,
                     rccl::device::Memory::Device {
@@ -371,11 +385,88 @@ fn defect_4_a_device_opened_on_device_1_allocates_there_from_every_thread() {
                     },
                     "a helper thread's allocation"
                 );
+                assert_eq!(current_context(), 0, "the thread's context after the calls");
             })
             .join()
             .unwrap();
+            make_current(0);
+            device.alloc(64).unwrap();
+            assert_eq!(current_device(), 0, "the caller's context after the calls");
         },
     );
+}
+
+/// The calling thread's current context (0 for none).
+fn current_context() -> usize {
+    let get: unsafe extern "C" fn(*mut usize) -> i32 = driver_fn(c"cuCtxGetCurrent");
+    let mut context = 0;
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { get(&mut context) }, 0);
+    context
+}
+
+/// The device of the calling thread's current context.
+fn current_device() -> i32 {
+    let get: unsafe extern "C" fn(*mut i32) -> i32 = driver_fn(c"cuCtxGetDevice");
+    let mut device = -1;
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { get(&mut device) }, 0);
+    device
+}
+
+/// A communicator on device 1: its all-reduce runs there.
+#[test]
+fn an_all_reduce_on_device_1() {
+    over_the_model("an_all_reduce_on_device_1", &[], || {
+        make_current(1);
+        assert!(cuda().label().starts_with("[cuda 1]"));
+        two_ranks_all_reduce(plain_all_reduce);
+    });
+}
+
+/// A buffer of another device than the communicators' is refused, the
+/// error naming both devices.
+#[test]
+fn a_buffer_on_another_device_is_refused() {
+    over_the_model("a_buffer_on_another_device_is_refused", &[], || {
+        let device = cuda();
+        assert!(device.label().starts_with("[cuda 0]"));
+        let comm = Communicator::init_all_config(1, test_config())
+            .unwrap()
+            .pop()
+            .unwrap();
+        let entry = Entry::new(Slot::Ready(comm), true, 0, None);
+        registry::insert(entry.clone());
+        let comm = entry.handle();
+        let own = device.create_stream().unwrap();
+        make_current(1);
+        let alloc: unsafe extern "C" fn(*mut u64, usize) -> i32 = driver_fn(c"cuMemAlloc_v2");
+        let (mut send, mut recv) = (0u64, 0u64);
+        // SAFETY: valid out-pointers, device 1's context current.
+        unsafe {
+            assert_eq!(alloc(&mut send, 4096), 0);
+            assert_eq!(alloc(&mut recv, 4096), 0);
+        }
+        // SAFETY: a live communicator and stream; the buffers hold 1024
+        // floats.
+        let rc = unsafe {
+            ncclAllReduce(
+                send as *const _,
+                recv as *mut _,
+                1024,
+                7,
+                0,
+                comm,
+                own.raw() as cudaStream_t,
+            )
+        };
+        assert_eq!(rc, ncclInvalidArgument);
+        let text = last_error(comm);
+        assert!(
+            text.contains("cuda device 1") && text.contains("cuda device 0"),
+            "{text}"
+        );
+    });
 }
 
 fn faulting_all_reduce(
@@ -458,10 +549,11 @@ fn defect_8_a_kernel_fault_poisons_the_communicator() {
     );
 }
 
+/// The process loads one driver library, `libcuda.so.1`, even where
+/// `libcuda.so` is another file (as the toolkit's stub is).
 #[test]
-#[ignore = "issue 31 defect 10: cudarc loads libcuda.so (here another file, as the toolkit's stub is) beside the libcuda.so.1 the backend opened"]
-fn defect_10_one_driver_library_is_loaded() {
-    over_the_model_in("defect_10_one_driver_library_is_loaded", &[], true, || {
+fn one_driver_library_is_loaded() {
+    over_the_model_in("one_driver_library_is_loaded", &[], true, || {
         let device = cuda();
         device.alloc(64).unwrap();
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();

@@ -174,17 +174,6 @@ fn the_gpu_check_runs_end_to_end_over_the_cuda_driver_model() {
             ("GPU_CHECK_SKIP", skip),
             ("LD_LIBRARY_PATH", library_path),
             ("RCCL_CUDA_MODEL_DEADLINE_MS", "10000".into()),
-            // Until the CUDA backend's fixes land: a rank's first call
-            // allocates (cuMemHostAlloc) while the other ranks' kernels
-            // wait for it, which deadlocks the -g 2/4/8 runs at the
-            // model's strict default (allocation waits for kernels).
-            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0".into()),
-            // And: synchronous copies and memsets are not ordered with
-            // kernels on non-blocking streams; at the strict default
-            // (they take effect after the call) rccl-kernel-check's
-            // uploads, the -g runs' and the host-copy runs' buffers race
-            // with the kernels and come out wrong.
-            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1".into()),
         ],
         420,
     );

@@ -564,7 +564,7 @@ fn mem_alloc_gives_exportable_device_memory_that_registers_and_deregisters() {
     let mut buf: *mut std::ffi::c_void = null_mut();
     // SAFETY: a writable pointer slot.
     assert_eq!(unsafe { ncclMemAlloc(&mut buf, 4096) }, ncclSuccess);
-    assert!(device.classify(buf.cast()).is_device());
+    assert!(device.classify(buf.cast()).unwrap().is_device());
     let (handle, len) = device.export(buf.cast()).expect("exportable");
     assert_eq!(len, 4096);
     drop(handle);
@@ -581,5 +581,5 @@ fn mem_alloc_gives_exportable_device_memory_that_registers_and_deregisters() {
         assert_eq!(ncclMemFree(buf), ncclSuccess);
         assert_eq!(ncclCommDestroy(comm), ncclSuccess);
     }
-    assert!(!device.classify(buf.cast()).is_device());
+    assert!(!device.classify(buf.cast()).unwrap().is_device());
 }

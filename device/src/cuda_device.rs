@@ -1,25 +1,36 @@
-//! The CUDA backend as a [`Device`]: memory, streams and events of the
-//! caller's current context (device 0's primary context when none is),
-//! host work through `cuLaunchHostFunc`, and device work launched as the
-//! fatbin's interpreter kernel.
+//! The CUDA backend as a [`Device`]: memory, streams and events of one
+//! context (the caller's current one when the device opened, else device
+//! 0's primary context), made current around every driver call on any
+//! thread; host work through `cuLaunchHostFunc`, and device work launched
+//! as the fatbin's interpreter kernel.
+//!
+//! Nothing the engine calls while another rank's kernel may be running
+//! waits for kernels: memory is allocated and freed in the order of the
+//! backend's own stream (`cuMemAllocAsync`, `cuMemFreeAsync`), where
+//! `cuMemAlloc` and `cuMemFree` may wait for every kernel of the device
+//! (a rank spinning for this one would never finish); the kernels are
+//! loaded and the launches' status words allocated when the device opens.
+//! Zeroing and [`Device::copy`] run on that stream and are synchronized
+//! before they return, so whatever reads the memory next sees them.
 //!
 //! NOT YET RUN ON HARDWARE: everything in this file compiles against
-//! cudarc's driver bindings but has not run on a GPU (the machines this
+//! `cuda.h`'s bindings but has not run on a GPU (the machines this
 //! is developed on have none). `scripts/gpu-check.sh` exercises it
-//! through the perf binaries on `--memory device`.
+//! through the perf binaries on `--memory device`; `tests/cuda_model.rs`
+//! runs it over the CUDA driver model.
 
 use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::result;
-use cudarc::driver::sys::{self, CUevent, CUstream};
+use cudarc::driver::sys::{self, CUcontext, CUevent, CUstream};
 use parking_lot::Mutex;
 
-use crate::cuda::{CudaError, Driver, Kernels, Memory as CudaMemory};
+use crate::cuda::{check, CudaError, Driver, Kernels, Memory as CudaMemory};
+use crate::cuda_api as api;
 use crate::{Device, Error, Event, Memory, Result, Stream, Work, WorkFailure, WorkLaunch};
 
 const BACKEND: &str = "cuda";
@@ -32,14 +43,44 @@ fn err(e: CudaError) -> Error {
 }
 
 fn call(name: &'static str, r: sys::CUresult) -> Result<()> {
-    r.result().map_err(|e| {
-        Error::System(format!(
-            "CUDA driver: {name} failed: {}",
-            e.error_name()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        ))
-    })
+    check(name, r).map_err(err)
+}
+
+/// A context made current on this thread for the guard's life; the
+/// thread's own current context, if any, is current again after.
+struct Current {
+    pushed: bool,
+}
+
+impl Current {
+    fn push(context: CUcontext) -> std::result::Result<Current, CudaError> {
+        let mut now = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        check("cuCtxGetCurrent", unsafe { api::cuCtxGetCurrent(&mut now) })?;
+        if now == context {
+            return Ok(Current { pushed: false });
+        }
+        // SAFETY: a live context of this device, retained or the caller's.
+        check("cuCtxPushCurrent", unsafe {
+            api::cuCtxPushCurrent_v2(context)
+        })?;
+        Ok(Current { pushed: true })
+    }
+
+    fn enter(context: CUcontext) -> Result<Current> {
+        Current::push(context).map_err(err)
+    }
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped = std::ptr::null_mut();
+            // SAFETY: pops the context `enter` pushed on this thread; a
+            // failure leaves nothing to undo.
+            let _ = unsafe { api::cuCtxPopCurrent_v2(&mut popped) };
+        }
+    }
 }
 
 /// Pinned host words the interpreter kernel writes each channel's end
@@ -54,12 +95,24 @@ struct Status {
 // function after it; handed between threads whole.
 unsafe impl Send for Status {}
 
-/// A CUDA device: the context current when it was opened.
+/// Status words allocated when the device opens: this many sets of
+/// [`STATUS_WORDS`] (256 KiB). A launch needing more channels, or one
+/// beyond this many in flight, allocates its own (`cuMemHostAlloc`, which
+/// may wait for running kernels).
+const STATUS_SETS: usize = 64;
+const STATUS_WORDS: usize = 1024;
+
+/// A CUDA device: one context and its device.
 pub struct CudaDevice {
     driver: &'static Driver,
     ordinal: i32,
+    context: usize,
     name: String,
-    kernels: OnceLock<std::result::Result<Kernels, CudaError>>,
+    kernels: Kernels,
+    /// The backend's own non-blocking stream: allocation, frees, zeroing
+    /// and [`Device::copy`], each synchronized before the memory is used
+    /// (frees need not be).
+    own: usize,
     /// Idle streams of this backend's own. A launch takes one per block
     /// of its largest round (blocks of ranks that share the caller's
     /// stream must run at once) and gives them back from its last host
@@ -67,14 +120,22 @@ pub struct CudaDevice {
     helpers: Arc<Mutex<Vec<usize>>>,
     spare_status: Arc<Mutex<Vec<Status>>>,
     /// Memory freed from a host function, which may not call CUDA: freed
-    /// at the next allocation (device memory, and page-locked host
-    /// memory).
-    deferred: Mutex<Vec<u64>>,
+    /// (in the own stream's order, waiting for no kernel) at the next
+    /// allocation, free or launch.
+    deferred: Arc<Mutex<Vec<u64>>>,
+    /// Page-locked host memory freed from a host function: freed at the
+    /// next page-locked allocation (`cuMemFreeHost` may wait for kernels).
     deferred_host: Mutex<Vec<usize>>,
     /// cuMem mappings (shareable allocations and imports), by address:
     /// their allocation handle and mapped size.
     mapped: Mutex<HashMap<u64, (sys::CUmemGenericAllocationHandle, usize)>>,
 }
+
+// SAFETY: the context and streams are driver handles usable from any
+// thread of the process; the rest is Send + Sync.
+unsafe impl Send for CudaDevice {}
+// SAFETY: as above.
+unsafe impl Sync for CudaDevice {}
 
 thread_local! {
     /// Whether this thread is running a host function (`cuLaunchHostFunc`).
@@ -82,36 +143,60 @@ thread_local! {
 }
 
 impl CudaDevice {
-    /// Opens the current device when a driver loads and a device exists.
+    /// Opens the device of the calling thread's current context (device
+    /// 0's primary context when it has none) when a driver loads and a
+    /// device exists.
     pub fn open() -> std::result::Result<CudaDevice, CudaError> {
         let driver = Driver::get()?;
         if driver.device_count()? == 0 {
             return Err(CudaError::Invalid("the CUDA driver sees no device".into()));
         }
-        let ordinal = driver.current_device()?;
+        let context = match driver.current_context()? {
+            Some(context) => context,
+            None => driver.primary_context(0)?,
+        };
+        let _current = Current::push(context)?;
+        let ordinal = driver.context_device()?;
+        // Loaded now, not at the first launch: a module load may wait for
+        // running kernels.
+        let kernels = driver.load_kernels(ordinal)?;
+        let own = driver.create_stream()? as usize;
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        let mut slab = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the slab lives for the process.
+        check("cuMemHostAlloc", unsafe {
+            api::cuMemHostAlloc(&mut slab, STATUS_SETS * STATUS_WORDS * 4, flags)
+        })?;
+        let spare = (0..STATUS_SETS)
+            .map(|set| Status {
+                // SAFETY: set `set` of the slab's STATUS_SETS.
+                words: unsafe { slab.cast::<i32>().add(set * STATUS_WORDS) },
+                len: STATUS_WORDS,
+            })
+            .collect();
         Ok(CudaDevice {
             driver,
             ordinal,
+            context: context as usize,
             name: driver.device_name(ordinal)?,
-            kernels: OnceLock::new(),
+            kernels,
+            own,
             helpers: Arc::default(),
-            spare_status: Arc::default(),
-            deferred: Mutex::default(),
+            spare_status: Arc::new(Mutex::new(spare)),
+            deferred: Arc::default(),
             deferred_host: Mutex::default(),
             mapped: Mutex::default(),
         })
     }
 
-    fn kernels(&self) -> Result<&Kernels> {
-        self.kernels
-            .get_or_init(|| self.driver.load_kernels())
-            .as_ref()
-            .map_err(|e| err(e.clone()))
+    /// Makes this device's context current on the calling thread until
+    /// the guard drops.
+    fn enter(&self) -> Result<Current> {
+        Current::enter(self.context as CUcontext)
     }
 
-    /// Makes this device's context current on the calling thread.
-    fn enter(&self) -> Result<()> {
-        self.driver.current_device().map(|_| ()).map_err(err)
+    fn own(&self) -> CUstream {
+        self.own as CUstream
     }
 
     /// `count` helper streams, taken from the idle ones or created.
@@ -144,13 +229,23 @@ impl CudaDevice {
             return Ok(spare.swap_remove(at));
         }
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        let mut words = std::ptr::null_mut();
         // SAFETY: a fresh pinned allocation of `len` words.
-        let words = unsafe { result::malloc_host(len.max(1) * 4, flags) }
-            .map_err(|e| Error::System(format!("cuMemHostAlloc: {e:?}")))?;
+        call("cuMemHostAlloc", unsafe {
+            api::cuMemHostAlloc(&mut words, len.max(1) * 4, flags)
+        })?;
         Ok(Status {
             words: words.cast(),
             len,
         })
+    }
+
+    /// `bytes` of device memory, in the own stream's order, after freeing
+    /// what host functions freed. The context is current.
+    fn allocate(&self, bytes: usize) -> Result<u64> {
+        self.free_deferred()?;
+        // SAFETY: the own stream lives as long as the device.
+        unsafe { self.driver.alloc(bytes, self.own()) }.map_err(err)
     }
 }
 
@@ -211,7 +306,7 @@ impl CudaDevice {
         let mut granularity = 0usize;
         // SAFETY: valid out-pointer and property block.
         call("cuMemGetAllocationGranularity", unsafe {
-            sys::cuMemGetAllocationGranularity(
+            api::cuMemGetAllocationGranularity(
                 &mut granularity,
                 &prop,
                 sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
@@ -233,20 +328,20 @@ impl CudaDevice {
         let mapped = unsafe {
             call(
                 "cuMemAddressReserve",
-                sys::cuMemAddressReserve(&mut ptr, size, 0, 0, 0),
+                api::cuMemAddressReserve(&mut ptr, size, 0, 0, 0),
             )
-            .and_then(|()| call("cuMemMap", sys::cuMemMap(ptr, size, 0, handle, 0)))
-            .and_then(|()| call("cuMemSetAccess", sys::cuMemSetAccess(ptr, size, &access, 1)))
+            .and_then(|()| call("cuMemMap", api::cuMemMap(ptr, size, 0, handle, 0)))
+            .and_then(|()| call("cuMemSetAccess", api::cuMemSetAccess(ptr, size, &access, 1)))
         };
         if let Err(e) = mapped {
             // SAFETY: undoes what succeeded above; failures of the undo
             // add nothing to the error.
             unsafe {
                 if ptr != 0 {
-                    let _ = sys::cuMemUnmap(ptr, size);
-                    let _ = sys::cuMemAddressFree(ptr, size);
+                    let _ = api::cuMemUnmap(ptr, size);
+                    let _ = api::cuMemAddressFree(ptr, size);
                 }
-                let _ = sys::cuMemRelease(handle);
+                let _ = api::cuMemRelease(handle);
             }
             return Err(e);
         }
@@ -254,16 +349,14 @@ impl CudaDevice {
         Ok(ptr as *mut u8)
     }
 
-    /// Frees what host functions freed since the last allocation.
+    /// Frees the device memory host functions freed. The context is
+    /// current.
     fn free_deferred(&self) -> Result<()> {
-        for ptr in std::mem::take(&mut *self.deferred.lock()) {
+        let deferred = std::mem::take(&mut *self.deferred.lock());
+        for ptr in deferred {
             // SAFETY: freed by its last user, deferred out of a host
             // function; nothing enqueued since uses it.
             unsafe { self.release(ptr) }?;
-        }
-        for ptr in std::mem::take(&mut *self.deferred_host.lock()) {
-            // SAFETY: as above, page-locked memory from alloc_host.
-            unsafe { self.release_host(ptr as *mut u8) }?;
         }
         Ok(())
     }
@@ -273,42 +366,50 @@ impl CudaDevice {
     /// # Safety
     /// As [`Device::free_host`].
     unsafe fn release_host(&self, ptr: *mut u8) -> Result<()> {
-        self.enter()?;
+        let _current = self.enter()?;
         // SAFETY: the caller's contract.
-        call("cuMemFreeHost", unsafe { sys::cuMemFreeHost(ptr.cast()) })
+        call("cuMemFreeHost", unsafe { api::cuMemFreeHost(ptr.cast()) })
     }
 
     /// Frees `ptr`: a cuMem mapping is unmapped and its handle released,
-    /// anything else is `cuMemFree`d.
+    /// anything else is freed in the own stream's order. The context is
+    /// current.
     ///
     /// # Safety
     /// As [`Device::free`].
     unsafe fn release(&self, ptr: u64) -> Result<()> {
         let Some((handle, size)) = self.mapped.lock().remove(&ptr) else {
             // SAFETY: the caller's contract.
-            return unsafe { self.driver.free(ptr) }.map_err(err);
+            return unsafe { self.driver.free(ptr, self.own()) }.map_err(err);
         };
         // SAFETY: the mapping made by `map`, unused (the caller's
         // contract); the physical memory goes once every process that
         // mapped it has released it.
         unsafe {
-            call("cuMemUnmap", sys::cuMemUnmap(ptr, size))?;
-            call("cuMemAddressFree", sys::cuMemAddressFree(ptr, size))?;
-            call("cuMemRelease", sys::cuMemRelease(handle))
+            call("cuMemUnmap", api::cuMemUnmap(ptr, size))?;
+            call("cuMemAddressFree", api::cuMemAddressFree(ptr, size))?;
+            call("cuMemRelease", api::cuMemRelease(handle))
         }
     }
 }
 
-/// `later` waits for everything enqueued on `earlier` so far.
+/// `later` waits for everything enqueued on `earlier` so far. The
+/// streams' context is current.
 fn order(earlier: CUstream, later: CUstream) -> Result<()> {
-    let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
-    let event = result::event::create(flags).map_err(|e| Error::System(format!("{e:?}")))?;
+    let mut event = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    call("cuEventCreate", unsafe {
+        api::cuEventCreate(
+            &mut event,
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+        )
+    })?;
     // SAFETY: live streams of the current context and a fresh event,
     // destroyed once both calls are enqueued (CUDA releases it when done).
     unsafe {
-        let ordered = call("cuEventRecord", sys::cuEventRecord(event, earlier))
-            .and_then(|()| call("cuStreamWaitEvent", sys::cuStreamWaitEvent(later, event, 0)));
-        sys::cuEventDestroy_v2(event);
+        let ordered = call("cuEventRecord", api::cuEventRecord(event, earlier))
+            .and_then(|()| call("cuStreamWaitEvent", api::cuStreamWaitEvent(later, event, 0)));
+        api::cuEventDestroy_v2(event);
         ordered
     }
 }
@@ -360,11 +461,12 @@ unsafe extern "C" fn run_host_work(arg: *mut c_void) {
     IN_HOST_FUNCTION.with(|f| f.set(false));
 }
 
-/// Runs `work` on the host in `stream`'s order (`cuLaunchHostFunc`).
+/// Runs `work` on the host in `stream`'s order (`cuLaunchHostFunc`). The
+/// stream's context is current.
 fn enqueue_host(stream: CUstream, work: Work) -> Result<()> {
     let arg = Box::into_raw(Box::new(work));
     // SAFETY: the function takes back the box it is given, once.
-    let r = unsafe { sys::cuLaunchHostFunc(stream, Some(run_host_work), arg.cast()) };
+    let r = unsafe { api::cuLaunchHostFunc(stream, Some(run_host_work), arg.cast()) };
     if r != sys::CUresult::CUDA_SUCCESS {
         // SAFETY: the driver did not take the box.
         drop(unsafe { Box::from_raw(arg) });
@@ -381,34 +483,46 @@ impl Device for CudaDevice {
         format!("[cuda {}] {}", self.ordinal, self.name)
     }
 
-    fn classify(&self, ptr: *const u8) -> Memory {
-        match self.driver.classify(ptr.cast()) {
-            Ok(CudaMemory::Device(index)) => Memory::Device {
+    fn index(&self) -> u32 {
+        self.ordinal as u32
+    }
+
+    fn classify(&self, ptr: *const u8) -> Result<Memory> {
+        let _current = self.enter()?;
+        let memory = self
+            .driver
+            .classify(ptr.cast())
+            .map_err(|e| Error::System(format!("cannot tell which memory {ptr:p} is: {e}")))?;
+        Ok(match memory {
+            CudaMemory::Device(index) => Memory::Device {
                 backend: BACKEND,
                 index: index as u32,
             },
-            Ok(CudaMemory::Managed) => Memory::Device {
+            CudaMemory::Managed => Memory::Device {
                 backend: BACKEND,
                 index: self.ordinal as u32,
             },
-            _ => Memory::Host,
-        }
+            CudaMemory::Host | CudaMemory::PinnedHost => Memory::Host,
+        })
     }
 
     fn allocation(&self, ptr: *const u8) -> Option<(usize, usize)> {
+        let _current = self.enter().ok()?;
         self.driver.address_range(ptr as sys::CUdeviceptr)
     }
 
     fn alloc(&self, bytes: usize) -> Result<*mut u8> {
-        self.free_deferred()?;
-        Ok(self.driver.alloc(bytes).map_err(err)? as *mut u8)
+        let _current = self.enter()?;
+        Ok(self.allocate(bytes)? as *mut u8)
     }
 
     fn alloc_zeroed(&self, bytes: usize) -> Result<*mut u8> {
-        let ptr = self.alloc(bytes)?;
-        // SAFETY: a fresh allocation of `bytes`.
-        unsafe { self.driver.memset(ptr as u64, 0, bytes) }.map_err(err)?;
-        Ok(ptr)
+        let _current = self.enter()?;
+        let ptr = self.allocate(bytes)?;
+        // SAFETY: a fresh allocation of `bytes`; zeroed on the own stream
+        // and synchronized, so whatever uses it next sees zeros.
+        unsafe { self.driver.memset(ptr, 0, bytes, self.own()) }.map_err(err)?;
+        Ok(ptr as *mut u8)
     }
 
     unsafe fn free(&self, ptr: *mut u8) -> Result<()> {
@@ -416,19 +530,24 @@ impl Device for CudaDevice {
             self.deferred.lock().push(ptr as u64);
             return Ok(());
         }
-        self.enter()?;
+        let _current = self.enter()?;
+        self.free_deferred()?;
         // SAFETY: the caller's contract.
         unsafe { self.release(ptr as u64) }
     }
 
     fn alloc_host(&self, bytes: usize) -> Result<*mut u8> {
-        self.free_deferred()?;
-        self.enter()?;
+        for ptr in std::mem::take(&mut *self.deferred_host.lock()) {
+            // SAFETY: page-locked memory from alloc_host, freed by its
+            // last user out of a host function.
+            unsafe { self.release_host(ptr as *mut u8) }?;
+        }
+        let _current = self.enter()?;
         let mut ptr = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; the current context is this
         // device's.
         call("cuMemHostAlloc", unsafe {
-            sys::cuMemHostAlloc(&mut ptr, bytes.max(1), 0)
+            api::cuMemHostAlloc(&mut ptr, bytes.max(1), 0)
         })?;
         Ok(ptr.cast())
     }
@@ -443,11 +562,18 @@ impl Device for CudaDevice {
     }
 
     unsafe fn copy(&self, dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {
-        self.enter()?;
+        let _current = self.enter()?;
         // SAFETY: the caller's contract; unified addressing names both.
-        call("cuMemcpy", unsafe {
-            sys::cuMemcpy(dst as u64, src as u64, bytes)
-        })
+        // On the own stream and synchronized: a synchronous cuMemcpy
+        // would run on the legacy stream, unordered with non-blocking
+        // streams and, from pageable memory, possibly after it returned.
+        unsafe {
+            call(
+                "cuMemcpyAsync",
+                api::cuMemcpyAsync(dst as u64, src as u64, bytes, self.own()),
+            )?;
+            self.driver.synchronize(self.own()).map_err(err)
+        }
     }
 
     fn shares_memory(&self) -> bool {
@@ -464,27 +590,29 @@ impl Device for CudaDevice {
     }
 
     fn alloc_shareable(&self, bytes: usize) -> Result<*mut u8> {
-        self.enter()?;
+        let _current = self.enter()?;
         let size = self.granular(bytes)?;
         let prop = self.shareable_prop();
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: a valid out-pointer and property block.
         call("cuMemCreate", unsafe {
-            sys::cuMemCreate(&mut handle, size, &prop, 0)
+            api::cuMemCreate(&mut handle, size, &prop, 0)
         })?;
         let ptr = self.map(handle, size)?;
-        // SAFETY: a fresh mapping of `size` bytes.
-        unsafe { self.driver.memset(ptr as u64, 0, size) }.map_err(err)?;
+        // SAFETY: a fresh mapping of `size` bytes; zeroed and synchronized
+        // before it can be exported, so a peer's writes come after.
+        unsafe { self.driver.memset(ptr as u64, 0, size, self.own()) }.map_err(err)?;
         Ok(ptr)
     }
 
     fn export(&self, ptr: *mut u8) -> Result<(OwnedFd, usize)> {
+        let _current = self.enter()?;
         let (handle, size) = self.shareable_at(ptr)?;
         let mut fd: std::ffi::c_int = -1;
         // SAFETY: the handle is live (mapped); a POSIX handle is written
         // as one int.
         call("cuMemExportToShareableHandle", unsafe {
-            sys::cuMemExportToShareableHandle(
+            api::cuMemExportToShareableHandle(
                 (&mut fd as *mut std::ffi::c_int).cast(),
                 handle,
                 sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
@@ -496,14 +624,14 @@ impl Device for CudaDevice {
     }
 
     fn export_dmabuf(&self, ptr: *mut u8) -> Result<(OwnedFd, u64)> {
-        self.enter()?;
+        let _current = self.enter()?;
         let (_, size) = self.shareable_at(ptr)?;
         let mut fd: std::ffi::c_int = -1;
         // SAFETY: the range is a live mapping of `size` bytes (a multiple
         // of the granularity, so of the page); a dma-buf handle is written
         // as one int.
         call("cuMemGetHandleForAddressRange", unsafe {
-            sys::cuMemGetHandleForAddressRange(
+            api::cuMemGetHandleForAddressRange(
                 (&mut fd as *mut std::ffi::c_int).cast(),
                 ptr as u64,
                 size,
@@ -516,14 +644,14 @@ impl Device for CudaDevice {
     }
 
     fn import(&self, handle: OwnedFd, bytes: usize) -> Result<*mut u8> {
-        self.enter()?;
+        let _current = self.enter()?;
         let size = self.granular(bytes)?;
         let mut imported: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: a POSIX handle is passed as the descriptor's value in
         // the pointer; the driver holds its own reference to the memory,
         // so `handle` is closed when this returns.
         call("cuMemImportFromShareableHandle", unsafe {
-            sys::cuMemImportFromShareableHandle(
+            api::cuMemImportFromShareableHandle(
                 &mut imported,
                 handle.as_raw_fd() as isize as *mut c_void,
                 sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
@@ -533,36 +661,46 @@ impl Device for CudaDevice {
     }
 
     fn stream(&self, raw: usize) -> Result<Arc<dyn Stream>> {
-        Ok(Arc::new(CudaStream { raw }))
+        Ok(Arc::new(CudaStream {
+            raw,
+            context: self.context,
+        }))
     }
 
     fn create_stream(&self) -> Result<Arc<dyn Stream>> {
+        let _current = self.enter()?;
         let raw = self.driver.create_stream().map_err(err)?;
-        Ok(Arc::new(CudaStream { raw: raw as usize }))
+        self.stream(raw as usize)
     }
 
     fn destroy_stream(&self, raw: usize) -> Result<()> {
+        let _current = self.enter()?;
         // SAFETY: the caller names a stream it created and uses no more.
         unsafe { self.driver.destroy_stream(raw as CUstream) }.map_err(err)
     }
 
     fn create_event(&self) -> Result<Arc<dyn Event>> {
-        self.enter()?;
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
-        let raw = result::event::create(flags).map_err(|e| Error::System(format!("{e:?}")))?;
-        Ok(Arc::new(CudaEvent { raw: raw as usize }))
+        let _current = self.enter()?;
+        let raw = self
+            .driver
+            .create_event(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(err)?;
+        Ok(Arc::new(CudaEvent {
+            raw: raw as usize,
+            context: self.context,
+        }))
     }
 
     fn enqueue_joint(&self, streams: &[Arc<dyn Stream>], work: Work) -> Result<()> {
-        self.enter()?;
+        let _current = self.enter()?;
         let first = join(streams)?;
         enqueue_host(first, work)?;
         fork(first, streams)
     }
 
     fn launch_work(&self, streams: &[Arc<dyn Stream>], launch: WorkLaunch) -> Result<()> {
-        self.enter()?;
-        let kernels = self.kernels()?;
+        let _current = self.enter()?;
+        let kernels = &self.kernels;
         let first = join(streams)?;
         let WorkLaunch {
             rounds,
@@ -578,10 +716,10 @@ impl Device for CudaDevice {
         let total: usize = blocks.iter().map(|w| w.bytes().len()).sum();
         let channels: usize = blocks.iter().map(|w| w.nchannels()).sum();
         let status = self.status(channels)?;
-        // SAFETY: stream-ordered allocation on `first`, freed on it below
-        // after every kernel that reads it.
-        let mem = unsafe { result::malloc_async(first, total.max(8)) }
-            .map_err(|e| Error::System(format!("cuMemAllocAsync: {e:?}")))?;
+        // Allocated in the own stream's order (waiting for no kernel),
+        // freed after the last kernel that reads it, from the host
+        // function below.
+        let mem = self.allocate(total.max(8))?;
         let mut at = 0u64;
         let mut word = 0usize;
         // (round, block, channel) of each status word.
@@ -599,8 +737,9 @@ impl Device for CudaDevice {
                 let bytes = work.bytes();
                 // SAFETY: `mem + at` holds `bytes.len()` bytes; the source
                 // is pageable, so the driver stages it before returning.
-                unsafe { result::memcpy_htod_async(mem + at, bytes, first) }
-                    .map_err(|e| Error::System(format!("cuMemcpyHtoDAsync: {e:?}")))?;
+                call("cuMemcpyHtoDAsync", unsafe {
+                    api::cuMemcpyHtoDAsync_v2(mem + at, bytes.as_ptr().cast(), bytes.len(), first)
+                })?;
                 placed.push((mem + at, work.nchannels(), word));
                 at += bytes.len() as u64;
                 word += work.nchannels();
@@ -633,12 +772,9 @@ impl Device for CudaDevice {
                 order(helper, first)?;
             }
         }
-        // SAFETY: every kernel reading `mem` is ordered before this on
-        // `first`.
-        unsafe { result::free_async(mem, first) }
-            .map_err(|e| Error::System(format!("cuMemFreeAsync: {e:?}")))?;
         let spare = self.spare_status.clone();
         let idle = self.helpers.clone();
+        let deferred = self.deferred.clone();
         enqueue_host(
             first,
             Box::new(move || {
@@ -665,6 +801,8 @@ impl Device for CudaDevice {
                 };
                 spare.lock().push(status);
                 idle.lock().extend(helpers);
+                // Every kernel reading the blocks has run.
+                deferred.lock().push(mem);
                 done(result);
             }),
         )?;
@@ -672,9 +810,17 @@ impl Device for CudaDevice {
     }
 }
 
-/// A stream: the caller's `cudaStream_t`, or one this backend created.
+/// A stream: the caller's `cudaStream_t`, or one this backend created, of
+/// the device's context.
 pub struct CudaStream {
     raw: usize,
+    context: usize,
+}
+
+impl CudaStream {
+    fn enter(&self) -> Result<Current> {
+        Current::enter(self.context as CUcontext)
+    }
 }
 
 impl Stream for CudaStream {
@@ -683,36 +829,41 @@ impl Stream for CudaStream {
     }
 
     fn enqueue(&self, work: Work) -> Result<()> {
+        let _current = self.enter()?;
         enqueue_host(self.raw as CUstream, work)
     }
 
     unsafe fn copy_async(&self, dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {
+        let _current = self.enter()?;
         // SAFETY: the caller's contract.
         call("cuMemcpyAsync", unsafe {
-            sys::cuMemcpyAsync(dst as u64, src as u64, bytes, self.raw as CUstream)
+            api::cuMemcpyAsync(dst as u64, src as u64, bytes, self.raw as CUstream)
         })
     }
 
     fn record(&self, event: &dyn Event) -> Result<()> {
         let event = own_event(event)?;
+        let _current = self.enter()?;
         // SAFETY: a live event and stream.
         call("cuEventRecord", unsafe {
-            sys::cuEventRecord(event, self.raw as CUstream)
+            api::cuEventRecord(event, self.raw as CUstream)
         })
     }
 
     fn wait_event(&self, event: &dyn Event) -> Result<()> {
         let event = own_event(event)?;
+        let _current = self.enter()?;
         // SAFETY: a live event and stream.
         call("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(self.raw as CUstream, event, 0)
+            api::cuStreamWaitEvent(self.raw as CUstream, event, 0)
         })
     }
 
     fn synchronize(&self, deadline: Instant) -> Result<()> {
+        let _current = self.enter()?;
         // SAFETY: a live stream.
         poll(deadline, || unsafe {
-            sys::cuStreamQuery(self.raw as CUstream)
+            api::cuStreamQuery(self.raw as CUstream)
         })
     }
 
@@ -736,9 +887,10 @@ fn poll(deadline: Instant, query: impl Fn() -> sys::CUresult) -> Result<()> {
     }
 }
 
-/// An event of the CUDA backend.
+/// An event of the CUDA backend, of the device's context.
 pub struct CudaEvent {
     raw: usize,
+    context: usize,
 }
 
 fn own_event(event: &dyn Event) -> Result<CUevent> {
@@ -751,15 +903,20 @@ fn own_event(event: &dyn Event) -> Result<CUevent> {
 
 impl Event for CudaEvent {
     fn query(&self) -> bool {
+        // A failure to ask counts as done: `synchronize` reports it.
+        let Ok(_current) = Current::enter(self.context as CUcontext) else {
+            return true;
+        };
         // SAFETY: a live event.
-        let answer = unsafe { sys::cuEventQuery(self.raw as CUevent) };
+        let answer = unsafe { api::cuEventQuery(self.raw as CUevent) };
         answer != sys::CUresult::CUDA_ERROR_NOT_READY
     }
 
     fn synchronize(&self, deadline: Instant) -> Result<()> {
+        let _current = Current::enter(self.context as CUcontext)?;
         // SAFETY: a live event.
         poll(deadline, || unsafe {
-            sys::cuEventQuery(self.raw as CUevent)
+            api::cuEventQuery(self.raw as CUevent)
         })
     }
 
@@ -770,8 +927,14 @@ impl Event for CudaEvent {
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
+        // A host function may not call CUDA: there the event is left to
+        // the process (dropped there only when its last user was).
+        if IN_HOST_FUNCTION.with(|f| f.get()) {
+            return;
+        }
+        let _current = Current::enter(self.context as CUcontext);
         // SAFETY: the event is not used after this; CUDA releases it once
         // any pending record completes.
-        unsafe { sys::cuEventDestroy_v2(self.raw as CUevent) };
+        unsafe { api::cuEventDestroy_v2(self.raw as CUevent) };
     }
 }

@@ -1,7 +1,7 @@
 //! GPU memory, streams, events and kernels behind one interface.
 //!
 //! Nothing outside this crate knows CUDA exists. Two backends: `cuda`,
-//! reached through cudarc with the driver loaded at run time (a machine
+//! the driver API of `libcuda.so.1` loaded at run time (a machine
 //! without a driver gets an error, never a panic), and `emu`, an emulated
 //! GPU that CI runs (`RCCL_DEVICE=emu`).
 //!
@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 pub mod abi;
 pub mod cuda;
+mod cuda_api;
 pub mod cuda_device;
 pub mod emu;
 mod select;
@@ -128,9 +129,15 @@ pub trait Device: Send + Sync {
     /// `[cuda 0] NVIDIA H200`.
     fn label(&self) -> String;
 
-    /// Which memory `ptr` points into. A lookup, no system call: it runs
-    /// on every call of the engine.
-    fn classify(&self, ptr: *const u8) -> Memory;
+    /// The index of the device this backend drives (its ordinal: the
+    /// engine's device buffers must be its memory).
+    fn index(&self) -> u32 {
+        0
+    }
+
+    /// Which memory `ptr` points into. A lookup (it runs on every call of
+    /// the engine); an error where the backend cannot tell, never a guess.
+    fn classify(&self, ptr: *const u8) -> Result<Memory>;
 
     /// The allocation of device memory holding `ptr`, as (start address,
     /// bytes), where the backend knows it: calls check their counts

@@ -76,7 +76,14 @@ nccl_api! {
     /// Frees what ncclMemAlloc returned (NULL: nothing to do).
     fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> ncclResult_t {
         guard("ncclMemFree", std::ptr::null_mut(), || {
-            let device = rccl::device::active().filter(|d| d.classify(ptr as *const u8).is_device());
+            let device = match rccl::device::active() {
+                Some(d) => d
+                    .classify(ptr as *const u8)
+                    .map_err(|e| invalid(format!("ncclMemFree: {e}")))?
+                    .is_device()
+                    .then_some(d),
+                None => None,
+            };
             match device {
                 Some(device) => unsafe { device.free(ptr.cast()) }
                     .map_err(|e| invalid(format!("ncclMemFree: {e}")))?,

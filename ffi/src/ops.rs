@@ -43,8 +43,14 @@ unsafe fn red_op(entry: &Entry, raw: ncclRedOp_t, dtype: DataType) -> Result<Red
         Scalar::Immediate(bytes) => bytes,
         Scalar::Pointer(addr) => {
             let mut bytes = [0u8; 8];
-            let device =
-                rccl::device::active().filter(|d| d.classify(addr as *const u8).is_device());
+            let device = match rccl::device::active() {
+                Some(d) => d
+                    .classify(addr as *const u8)
+                    .map_err(|e| invalid(format!("the PreMulSum scalar: {e}")))?
+                    .is_device()
+                    .then_some(d),
+                None => None,
+            };
             match device {
                 // Read when the call is made, not when its stream runs it.
                 // SAFETY: ncclScalarDevice promises the scalar stays

@@ -82,7 +82,8 @@ struct Gpu {
 
 impl Gpu {
     fn alloc(&self, bytes: usize) -> Result<CUdeviceptr, CudaError> {
-        self.driver.alloc(bytes)
+        // SAFETY: the stream lives as long as the `Gpu`.
+        unsafe { self.driver.alloc(bytes, self.stream) }
     }
 }
 
@@ -102,11 +103,19 @@ impl<'a> DevBuf<'a> {
     fn upload(&self, data: &[u8]) -> Result<(), CudaError> {
         // SAFETY: the buffer was allocated with at least `data.len()` bytes
         // by every caller.
-        unsafe { self.gpu.driver.copy_to_device(self.ptr, data) }
+        unsafe {
+            self.gpu
+                .driver
+                .copy_to_device(self.ptr, data, self.gpu.stream)
+        }
     }
     fn download(&self, data: &mut [u8]) -> Result<(), CudaError> {
         // SAFETY: as `upload`.
-        unsafe { self.gpu.driver.copy_to_host(data, self.ptr) }
+        unsafe {
+            self.gpu
+                .driver
+                .copy_to_host(data, self.ptr, self.gpu.stream)
+        }
     }
 }
 
@@ -114,7 +123,7 @@ impl Drop for DevBuf<'_> {
     fn drop(&mut self) {
         // SAFETY: the stream is synchronized before any buffer is dropped
         // (every check ends with a synchronize).
-        let _ = unsafe { self.gpu.driver.free(self.ptr) };
+        let _ = unsafe { self.gpu.driver.free(self.ptr, self.gpu.stream) };
     }
 }
 
@@ -282,9 +291,9 @@ fn check_fifos(gpu: &Gpu) -> Result<usize, CudaError> {
         let status = DevBuf::new(gpu, 8)?;
         // SAFETY: the buffers are this size; synchronized before use.
         unsafe {
-            gpu.driver.memset(mem.ptr, 0, fifo_bytes)?;
-            gpu.driver.memset(d_dst.ptr, 0, bytes)?;
-            gpu.driver.memset(status.ptr, 0, 8)?;
+            gpu.driver.memset(mem.ptr, 0, fifo_bytes, gpu.stream)?;
+            gpu.driver.memset(d_dst.ptr, 0, bytes, gpu.stream)?;
+            gpu.driver.memset(status.ptr, 0, 8, gpu.stream)?;
         }
         d_src.upload(&src)?;
         let args = LoopbackArgs {
@@ -347,8 +356,8 @@ fn bandwidth(gpu: &Gpu, bytes: usize, iters: u32) -> Result<(f64, f64), CudaErro
     let c = DevBuf::new(gpu, bytes)?;
     // SAFETY: the buffers hold `bytes` bytes each.
     unsafe {
-        gpu.driver.memset(a.ptr, 0x3c, bytes)?;
-        gpu.driver.memset(b.ptr, 0x3c, bytes)?;
+        gpu.driver.memset(a.ptr, 0x3c, bytes, gpu.stream)?;
+        gpu.driver.memset(b.ptr, 0x3c, bytes, gpu.stream)?;
     }
     let gb = |r: f64| r / 1e9;
     // SAFETY (every closure): the ranges lie in the buffers above, which
@@ -399,7 +408,7 @@ fn run(bytes: usize, iters: u32, fifos: bool) -> Result<bool, CudaError> {
     let driver = Driver::get()?;
     let device = driver.current_device()?;
     println!("# [cuda {device}] {}", driver.device_name(device)?);
-    let kernels = driver.load_kernels()?;
+    let kernels = driver.load_kernels(device)?;
     let stream = driver.create_stream()?;
     let gpu = Gpu {
         driver,
