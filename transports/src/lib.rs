@@ -8,6 +8,7 @@
 //! [`transport::Transport`] makes connections; the [`table`] says which
 //! one connects two ranks.
 
+pub mod auth_tcp;
 pub mod board;
 pub mod fd_pass;
 pub mod fifo;
@@ -16,7 +17,6 @@ mod ipc;
 pub mod network;
 pub mod process;
 pub mod shm;
-pub mod socket;
 pub mod table;
 pub mod transport;
 pub mod wait;

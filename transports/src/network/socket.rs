@@ -1,5 +1,5 @@
 //! The Socket network: TCP sockets that never block, opened with the
-//! communicator's HMAC handshake ([`crate::socket`]).
+//! communicator's HMAC handshake ([`crate::auth_tcp`]).
 //!
 //! Every listen opens its own listening socket; its handle carries the
 //! address and a random listener id that the connecting side presents as
@@ -33,7 +33,7 @@ use super::{
     CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, Readiness,
     RecvBuffer, Sizes, MAX_RECVS, NET_MAX_REQUESTS,
 };
-use crate::socket::{fill_random, Secret, DEFAULT_HANDSHAKE_TIMEOUT};
+use crate::auth_tcp::{fill_random, Secret, DEFAULT_HANDSHAKE_TIMEOUT};
 
 /// The last word of every message header.
 pub const MESSAGE_MAGIC: u32 = 0x524e_4d31; // "RNM1"

@@ -45,7 +45,7 @@ use super::{
     CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, Readiness,
     RecvBuffer, Sizes, MAX_RECVS, NET_MAX_REQUESTS,
 };
-use crate::socket::{fill_random, Secret, DEFAULT_HANDSHAKE_TIMEOUT};
+use crate::auth_tcp::{fill_random, Secret, DEFAULT_HANDSHAKE_TIMEOUT};
 use verbs::{
     CompletionQueue, Device, GidEntry, LinkLayer, MemoryRegion, PathSettings, PortInfo, QpCaps,
     QueuePair, RecvWr, RemoteQp, SendOp, SendWr, Sge, Verbs, Wc, WcOpcode, WcStatus,
