@@ -114,7 +114,7 @@ fn device() -> Result<&'static SocketDevice, NetError> {
     static DEVICE: OnceLock<Result<SocketDevice, String>> = OnceLock::new();
     DEVICE
         .get_or_init(|| {
-            let ip = rccl::host_address().map_err(|e| e.to_string())?;
+            let ip = rccl_transports::host::host_address().map_err(|e| e.to_string())?;
             Ok(SocketDevice {
                 name: ip.to_string(),
                 ip,

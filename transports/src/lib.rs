@@ -13,6 +13,7 @@ pub mod board;
 pub mod fd_pass;
 pub mod fifo;
 pub mod futex;
+pub mod host;
 mod ipc;
 pub mod network;
 pub mod process;

@@ -33,7 +33,7 @@ use parking_lot::{Condvar, Mutex};
 use rccl_transports::auth_tcp::{self, AuthListener, Secret};
 
 use crate::error::{Error, Result};
-use crate::net::host_address;
+use rccl_transports::host::host_address;
 
 /// The largest bootstrap frame accepted from the wire.
 pub const MAX_FRAME: usize = 8 << 20;
