@@ -28,6 +28,8 @@
 //!   passes the same handle to every `connect` call of one connection, as
 //!   its own plug-ins expect).
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::null_mut;

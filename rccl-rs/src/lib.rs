@@ -5,6 +5,8 @@
 //! then call NCCL's collectives on it with typed slices, or batch several
 //! operations in a [`Group`].
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod api;
 mod bootstrap;
 mod call;

@@ -8,6 +8,8 @@
 //! [`transport::Transport`] makes connections; the [`table`] says which
 //! one connects two ranks.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod auth_tcp;
 pub mod board;
 pub mod fd_pass;

@@ -154,14 +154,18 @@ impl Net for Ib {
             CommRef::Recv(recv) => (recv.state.lock().link.device.clone(), recv.peer.clone()),
         };
         let access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ;
-        // SAFETY (all three): the caller keeps the bytes valid while
-        // registered (this function's contract).
         let mr = match memory {
+            // SAFETY: the caller keeps the bytes valid while registered
+            // (this function's contract).
             MemoryType::Host => unsafe { device.reg_mr(data, size, access) },
+            // SAFETY: as for host memory; the device registers device
+            // memory it can reach.
             MemoryType::Cuda if self.verbs.registers_device_memory() => unsafe {
                 device.reg_mr(data, size, access)
             },
             // Peers address the buffer by its device address.
+            // SAFETY: as for host memory; `fd` and `offset` describe the
+            // same bytes (the caller's contract).
             MemoryType::DmaBuf { fd, offset } if device.registers_dmabuf() => unsafe {
                 device.reg_dmabuf_mr(fd, offset, size, data as u64, access)
             },
