@@ -17,6 +17,8 @@
 //! `scripts/build-kernels.sh`; their host twin, the same sources compiled
 //! by the host's C++ compiler, is [`twin`].
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::any::Any;
 use std::fmt;
 use std::os::fd::OwnedFd;

@@ -92,6 +92,8 @@ unsafe fn collective(
     let (entry, c) = comm_of(comm)?;
     let dtype = datatype(dtype)?;
     let op = match op {
+        // SAFETY: a PreMulSum scalar's pointer was vouched for by the
+        // caller of ncclRedOpCreatePreMulSum.
         Some(raw) => unsafe { red_op(&entry, raw, dtype)? },
         None => RedOp::Sum,
     };
@@ -213,6 +215,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclAllReduce", comm, || unsafe {
             collective(comm, CollKind::AllReduce, sendbuff, recvbuff, count, datatype, Some(op), 0, stream)
         })
@@ -222,6 +226,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         root: c_int, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclBroadcast", comm, || unsafe {
             collective(comm, CollKind::Broadcast, sendbuff, recvbuff, count, datatype, None, root, stream)
         })
@@ -232,6 +238,8 @@ nccl_api! {
         buff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int,
         comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that `buff` holds `count` elements until
+        // the call completes.
         guard_op("ncclBcast", comm, || unsafe {
             collective(comm, CollKind::Broadcast, buff, buff, count, datatype, None, root, stream)
         })
@@ -241,6 +249,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclReduce", comm, || unsafe {
             collective(comm, CollKind::Reduce, sendbuff, recvbuff, count, datatype, Some(op), root, stream)
         })
@@ -250,6 +260,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize,
         datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclAllGather", comm, || unsafe {
             collective(comm, CollKind::AllGather, sendbuff, recvbuff, sendcount, datatype, None, 0, stream)
         })
@@ -259,6 +271,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize,
         datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclReduceScatter", comm, || unsafe {
             collective(comm, CollKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, Some(op), 0, stream)
         })
@@ -268,6 +282,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclAlltoAll", comm, || unsafe {
             collective(comm, CollKind::AllToAll, sendbuff, recvbuff, count, datatype, None, 0, stream)
         })
@@ -277,6 +293,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         root: c_int, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclGather", comm, || unsafe {
             collective(comm, CollKind::Gather, sendbuff, recvbuff, count, datatype, None, root, stream)
         })
@@ -286,6 +304,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         root: c_int, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclScatter", comm, || unsafe {
             collective(comm, CollKind::Scatter, sendbuff, recvbuff, count, datatype, None, root, stream)
         })
@@ -295,6 +315,9 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclAllReduceConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::AllReduce, sendbuff, recvbuff, count, datatype, Some(op), 0, stream)
@@ -305,6 +328,9 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         root: c_int, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclBroadcastConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::Broadcast, sendbuff, recvbuff, count, datatype, None, root, stream)
@@ -316,6 +342,9 @@ nccl_api! {
         op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclReduceConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::Reduce, sendbuff, recvbuff, count, datatype, Some(op), root, stream)
@@ -327,6 +356,9 @@ nccl_api! {
         datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclAllGatherConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::AllGather, sendbuff, recvbuff, sendcount, datatype, None, 0, stream)
@@ -338,6 +370,9 @@ nccl_api! {
         datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclReduceScatterConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, Some(op), 0, stream)
@@ -348,6 +383,9 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclAlltoAllConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::AllToAll, sendbuff, recvbuff, count, datatype, None, 0, stream)
@@ -358,6 +396,9 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         root: c_int, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclGatherConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::Gather, sendbuff, recvbuff, count, datatype, None, root, stream)
@@ -368,6 +409,9 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         root: c_int, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclScatterConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::Scatter, sendbuff, recvbuff, count, datatype, None, root, stream)
@@ -378,6 +422,8 @@ nccl_api! {
         sendbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: c_int,
         comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that `sendbuff` holds `count` elements
+        // until the call completes.
         guard_op("ncclSend", comm, || unsafe {
             p2p(comm, true, sendbuff as *mut c_void, count, datatype, peer, stream)
         })
@@ -387,6 +433,8 @@ nccl_api! {
         recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, peer: c_int,
         comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that `recvbuff` holds `count` elements
+        // until the call completes.
         guard_op("ncclRecv", comm, || unsafe { p2p(comm, false, recvbuff, count, datatype, peer, stream) })
     }
 
@@ -429,6 +477,8 @@ nccl_api! {
                 return Err(usage("ncclGroupSimulateEnd without ncclGroupStart"));
             }
             // A bad simInfo fails the group, which still closes.
+            // SAFETY: the caller vouches for `simInfo` as NULL or an
+            // initialized ncclSimInfo_t.
             let checked = unsafe { check_sim_info(simInfo) };
             if let Err(err) = &checked {
                 rccl::group_fail(err);
@@ -463,6 +513,9 @@ nccl_api! {
             let scalar = match residence {
                 ncclScalarHostImmediate => {
                     let mut bytes = [0u8; 8];
+                    // SAFETY: the caller vouches that `scalar` (checked
+                    // non-NULL) holds one element of `datatype`, at most 8
+                    // bytes.
                     unsafe {
                         std::ptr::copy_nonoverlapping(scalar as *const u8, bytes.as_mut_ptr(), dtype.size())
                     };
@@ -478,6 +531,8 @@ nccl_api! {
             }
             ops.0 += 1;
             ops.1.insert(id, PreMul { dtype, scalar });
+            // SAFETY: the caller vouches that `op` (checked non-NULL) is
+            // writable.
             unsafe { *op = id };
             Ok(ncclSuccess)
         })

@@ -28,6 +28,8 @@
 //! assert!(r.busbw > 100.0 && r.busbw < 400.0, "{}", r.busbw);
 //! ```
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod cluster;
 pub mod probe;
 pub mod report;

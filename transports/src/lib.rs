@@ -8,15 +8,18 @@
 //! [`transport::Transport`] makes connections; the [`table`] says which
 //! one connects two ranks.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod auth_tcp;
 pub mod board;
 pub mod fd_pass;
 pub mod fifo;
 pub mod futex;
+pub mod host;
 mod ipc;
 pub mod network;
 pub mod process;
 pub mod shm;
-pub mod socket;
 pub mod table;
 pub mod transport;
 pub mod wait;

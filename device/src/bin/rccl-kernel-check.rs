@@ -360,7 +360,7 @@ fn bandwidth(gpu: &Gpu, bytes: usize, iters: u32) -> Result<(f64, f64), CudaErro
         gpu.driver.memset(b.ptr, 0x3c, bytes, gpu.stream)?;
     }
     let gb = |r: f64| r / 1e9;
-    // SAFETY (every closure): the ranges lie in the buffers above, which
+    // SAFETY: (every closure) the ranges lie in the buffers above, which
     // outlive the timed work (time_ms synchronizes).
     let copy = rate(gpu, iters, 2.0 * bytes as f64, &|| unsafe {
         gpu.driver.copy_async(c.ptr, a.ptr, bytes, gpu.stream)

@@ -20,7 +20,7 @@ fn device_memory_is_classified_and_host_memory_is_not() {
         index: 0,
     };
     assert_eq!(emu.classify(ptr).unwrap(), device_memory);
-    // SAFETY (both adds): inside the 1000 bytes.
+    // SAFETY: (both adds) inside the 1000 bytes.
     assert_eq!(
         emu.classify(unsafe { ptr.add(999) }).unwrap(),
         device_memory
