@@ -409,7 +409,9 @@ fn add_abort_words(words: &mut AbortWords) -> Result<()> {
         sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0)
     })?;
     for k in (0..ABORT_WORDS_PER_PAGE).rev() {
-        words.idle.push((host as usize + 4 * k, device + 4 * k as u64));
+        words
+            .idle
+            .push((host as usize + 4 * k, device + 4 * k as u64));
     }
     Ok(())
 }
@@ -417,7 +419,10 @@ fn add_abort_words(words: &mut AbortWords) -> Result<()> {
 /// Stops following launch `id`.
 fn unwatch(list: &WatchList, id: u64) {
     let mut list = list.lock();
-    let gone = list.iter().position(|l| l.id == id).map(|at| list.swap_remove(at));
+    let gone = list
+        .iter()
+        .position(|l| l.id == id)
+        .map(|at| list.swap_remove(at));
     drop(list);
     drop(gone);
 }

@@ -42,8 +42,8 @@ unsafe fn red_op(entry: &Entry, raw: ncclRedOp_t, dtype: DataType) -> Result<Red
     let scalar = match scalar {
         Scalar::Immediate(bytes) => bytes,
         Scalar::Pointer(addr) => {
-            let on_device = rccl::device::active()
-                .is_some_and(|d| d.classify(addr as *const u8).is_device());
+            let on_device =
+                rccl::device::active().is_some_and(|d| d.classify(addr as *const u8).is_device());
             if on_device {
                 // Read by the device when the collective runs.
                 return Ok(RedOp::PreMulSumDevice { scalar: addr });
