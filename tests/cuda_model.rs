@@ -131,9 +131,18 @@ fn plain_all_reduce(
 /// Two ranks as threads on device 0, a stream each: each makes its float
 /// sum all-reduce with `call`, synchronizes, and checks the sum.
 fn two_ranks_all_reduce(call: Call) {
-    let device = cuda();
-    let count = 1024;
-    let comms: Vec<usize> = Communicator::init_all_config(2, test_config())
+    two_ranks_all_reduce_with(test_config(), call, 1.0)
+}
+
+/// As [`two_ranks_all_reduce`], the sum expected `scale` times larger.
+fn two_ranks_all_reduce_scaled(call: Call, scale: f32) {
+    two_ranks_all_reduce_with(test_config(), call, scale)
+}
+
+/// Communicators of `nranks` ranks of this process with `config`, as C
+/// handles (integers, to cross into threads).
+fn c_communicators(nranks: usize, config: rccl::Config) -> Vec<usize> {
+    Communicator::init_all_config(nranks, config)
         .unwrap()
         .into_iter()
         .map(|comm| {
@@ -141,7 +150,13 @@ fn two_ranks_all_reduce(call: Call) {
             registry::insert(entry.clone());
             entry.handle() as usize
         })
-        .collect();
+        .collect()
+}
+
+fn two_ranks_all_reduce_with(config: rccl::Config, call: Call, scale: f32) {
+    let device = cuda();
+    let count = 1024;
+    let comms = c_communicators(2, config);
     let ready = &std::sync::Barrier::new(2);
     std::thread::scope(|s| {
         for (rank, &comm) in comms.iter().enumerate() {
@@ -176,7 +191,7 @@ fn two_ranks_all_reduce(call: Call) {
                 // SAFETY: both ranges hold the values' bytes.
                 unsafe { device.copy(out.as_mut_ptr(), recv, out.len()) }.unwrap();
                 for (i, got) in out.chunks(4).enumerate() {
-                    let want = (1000 + 2 * i) as f32;
+                    let want = (1000 + 2 * i) as f32 * scale;
                     let got = f32::from_le_bytes(got.try_into().unwrap());
                     assert_eq!(got, want, "rank {rank} element {i}");
                 }
@@ -567,4 +582,190 @@ fn one_driver_library_is_loaded() {
         drivers.dedup();
         assert_eq!(drivers.len(), 1, "driver libraries loaded: {drivers:?}");
     });
+}
+
+/// Rank 0 of two calls an all-reduce that rank 1 never joins, so that its
+/// kernel waits; `then` gets (rank 0's communicator, its stream, when the
+/// call returned).
+fn a_kernel_waits_for_a_peer_that_never_comes(
+    config: rccl::Config,
+    then: fn(ncclComm_t, &std::sync::Arc<dyn rccl::device::Stream>, Instant),
+) {
+    let device = cuda();
+    let comms = c_communicators(2, config);
+    let (send, recv) = (device.alloc(4096).unwrap(), device.alloc(4096).unwrap());
+    let own = device.create_stream().unwrap();
+    let comm = comms[0] as ncclComm_t;
+    // SAFETY: device buffers of 1024 floats, a live communicator and
+    // stream.
+    let rc = unsafe {
+        ncclAllReduce(
+            send.cast(),
+            recv.cast(),
+            1024,
+            7,
+            0,
+            comm,
+            own.raw() as cudaStream_t,
+        )
+    };
+    assert_eq!(rc, ncclSuccess, "{}", last_error(comm));
+    then(comm, &own, Instant::now());
+}
+
+/// A config whose timeout is `timeout`.
+fn timing_out_after(timeout: Duration) -> rccl::Config {
+    rccl::Config {
+        timeout,
+        ..test_config()
+    }
+}
+
+#[test]
+fn an_abort_stops_a_kernel_waiting_for_a_peer() {
+    over_the_model(
+        "an_abort_stops_a_kernel_waiting_for_a_peer",
+        &[
+            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
+            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
+        ],
+        || {
+            a_kernel_waits_for_a_peer_that_never_comes(
+                timing_out_after(Duration::from_secs(600)),
+                |comm, stream, _| {
+                    // The kernel is resident and waiting.
+                    std::thread::sleep(Duration::from_millis(300));
+                    assert!(
+                        stream
+                            .synchronize(Instant::now() + Duration::from_millis(50))
+                            .is_err(),
+                        "the kernel finished without its peer"
+                    );
+                    // SAFETY: a live communicator, aborted once.
+                    assert_eq!(unsafe { ncclCommAbort(comm) }, ncclSuccess);
+                    stream
+                        .synchronize(Instant::now() + Duration::from_secs(1))
+                        .expect("the kernel stops within 1 s of ncclCommAbort");
+                },
+            )
+        },
+    );
+}
+
+#[test]
+fn a_kernel_waiting_for_a_peer_fails_at_the_timeout() {
+    over_the_model(
+        "a_kernel_waiting_for_a_peer_fails_at_the_timeout",
+        &[
+            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
+            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
+        ],
+        || {
+            a_kernel_waits_for_a_peer_that_never_comes(
+                timing_out_after(Duration::from_millis(2000)),
+                |comm, stream, called| {
+                    stream
+                        .synchronize(called + Duration::from_secs(3))
+                        .expect("the kernel ends within 1 s of the 2 s timeout");
+                    let took = called.elapsed();
+                    let mut async_error = ncclSuccess;
+                    // SAFETY: a live communicator, a writable result.
+                    unsafe { ncclCommGetAsyncError(comm, &mut async_error) };
+                    let why = last_error(comm);
+                    assert_ne!(async_error, ncclSuccess, "{why}");
+                    assert!(why.contains("timed out"), "{why}");
+                    assert!(
+                        took >= Duration::from_millis(1900),
+                        "the kernel gave up after {took:?}, before the 2 s timeout"
+                    );
+                },
+            )
+        },
+    );
+}
+
+#[test]
+fn a_huge_timeout_does_not_wrap() {
+    over_the_model(
+        "a_huge_timeout_does_not_wrap",
+        &[
+            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
+            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
+        ],
+        || {
+            // 15625 * this many ms, in 64 ns polls, is 2^64 + 10884: a
+            // count that wraps gives up after a few thousand polls.
+            let ms = 1_180_591_620_717_412;
+            two_ranks_all_reduce_with(
+                timing_out_after(Duration::from_millis(ms)),
+                second_rank_calls_late,
+                1.0,
+            )
+        },
+    );
+}
+
+/// cuMemcpyHtoDAsync through the model.
+fn copy_to_device_async(dst: *mut u8, src: &[u8], stream: cudaStream_t) {
+    type P = *mut std::ffi::c_void;
+    let copy: unsafe extern "C" fn(u64, *const u8, usize, P) -> i32 =
+        driver_fn(c"cuMemcpyHtoDAsync_v2");
+    // SAFETY: `dst` is device memory of `src.len()` bytes; the model
+    // stages the pageable source at the call.
+    assert_eq!(
+        unsafe { copy(dst as u64, src.as_ptr(), src.len(), stream.cast()) },
+        0
+    );
+}
+
+/// The stream sleeps `ms` on a host function before what follows.
+fn stream_sleeps(stream: cudaStream_t, ms: u64) {
+    type P = *mut std::ffi::c_void;
+    unsafe extern "C" fn sleep(ms: P) {
+        std::thread::sleep(Duration::from_millis(ms as u64));
+    }
+    let launch: unsafe extern "C" fn(P, unsafe extern "C" fn(P), P) -> i32 =
+        driver_fn(c"cuLaunchHostFunc");
+    // SAFETY: a live stream; the function takes its argument as a number.
+    assert_eq!(unsafe { launch(stream.cast(), sleep, ms as P) }, 0);
+}
+
+/// Each rank's PreMulSum scalar (device memory, ncclScalarDevice) is 1 when
+/// the op is made; its stream, after a pause, sets it to 3, then the
+/// all-reduce runs: the sum is of 3 times each input.
+fn premulsum_scalar_set_on_the_stream(
+    _rank: usize,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+) -> ncclResult_t {
+    let device = cuda();
+    let scalar = device.alloc(4).unwrap();
+    // SAFETY: 4 bytes each.
+    unsafe { device.copy(scalar, 1.0f32.to_le_bytes().as_ptr(), 4) }.unwrap();
+    let mut op = 0;
+    // SAFETY: a live communicator; the scalar stays while the op lives.
+    let rc = unsafe { ncclRedOpCreatePreMulSum(&mut op, scalar.cast(), 7, ncclScalarDevice, comm) };
+    assert_eq!(rc, ncclSuccess, "{}", last_error(comm));
+    stream_sleeps(stream, 300);
+    copy_to_device_async(scalar, &3.0f32.to_le_bytes(), stream);
+    // SAFETY: device buffers of `count` floats, a live communicator and
+    // stream.
+    unsafe { ncclAllReduce(send.cast(), recv.cast(), count, 7, op, comm, stream) }
+}
+
+#[test]
+fn a_device_premulsum_scalar_is_read_when_the_collective_runs() {
+    over_the_model(
+        "a_device_premulsum_scalar_is_read_when_the_collective_runs",
+        &[
+            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
+            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
+        ],
+        || {
+            two_ranks_all_reduce_scaled(premulsum_scalar_set_on_the_stream, 3.0);
+        },
+    );
 }

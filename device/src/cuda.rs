@@ -639,8 +639,8 @@ impl Kernels {
 impl Kernels {
     /// Launches device work: one block per channel, whose first warp runs
     /// the channel; `status` (one `i32` per channel) gets each channel's
-    /// end (0 done, 1 aborted, 2 gave up after `spins` polls, 3 a step
-    /// too large).
+    /// end (0 done, 1 aborted, 2 still waiting `timeout_ns` after it
+    /// started, by the GPU's global timer, 3 a step too large).
     ///
     /// # Safety
     /// `work` is device memory holding an encoded [`crate::work::Work`]
@@ -650,14 +650,14 @@ impl Kernels {
         &self,
         work: CUdeviceptr,
         nchannels: u32,
-        spins: u64,
+        timeout_ns: u64,
         status: CUdeviceptr,
         stream: CUstream,
     ) -> Result<()> {
-        let (mut w, mut s, mut st) = (work, spins, status);
+        let (mut w, mut t, mut st) = (work, timeout_ns, status);
         let mut params = [
             (&mut w as *mut CUdeviceptr).cast::<c_void>(),
-            (&mut s as *mut u64).cast::<c_void>(),
+            (&mut t as *mut u64).cast::<c_void>(),
             (&mut st as *mut CUdeviceptr).cast::<c_void>(),
         ];
         // SAFETY: the parameters match the kernel's (pointer, u64,

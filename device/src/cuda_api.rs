@@ -102,6 +102,7 @@ entry_points! {
     cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream);
     cuMemHostAlloc(ptr: *mut *mut c_void, bytes: usize, flags: c_uint);
     cuMemFreeHost(ptr: *mut c_void);
+    cuMemHostGetDevicePointer_v2(device: *mut CUdeviceptr, host: *mut c_void, flags: c_uint);
     cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream);
     cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize, stream: CUstream);
     cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize, stream: CUstream);

@@ -23,7 +23,8 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUcontext, CUevent, CUstream};
@@ -95,6 +96,53 @@ struct Status {
 // function after it; handed between threads whole.
 unsafe impl Send for Status {}
 
+/// Words of mapped page-locked memory the kernels poll to stop
+/// ([`Device::alloc_abort_word`]): host and device addresses of each.
+#[derive(Default)]
+struct AbortWords {
+    idle: Vec<(usize, u64)>,
+    /// Every word handed out: device address -> host address.
+    given: HashMap<u64, usize>,
+}
+
+/// Abort words a page of them holds.
+const ABORT_WORDS_PER_PAGE: usize = 1024;
+
+/// A launch in flight whose blocks' abort words the watcher sets (host
+/// addresses) once its `stop` answers `true`.
+struct Watched {
+    id: u64,
+    stop: Box<dyn Fn() -> bool + Send>,
+    words: Vec<usize>,
+    stopped: bool,
+}
+
+/// How often the watcher asks each launch in flight whether to stop it.
+const WATCH: Duration = Duration::from_millis(10);
+
+/// The launches the watcher thread follows.
+type WatchList = Arc<Mutex<Vec<Watched>>>;
+
+/// Follows `list`: sets the abort words of each launch whose `stop`
+/// answers `true` (a communicator aborted or failed, a peer died, a
+/// connection broke), which ends its kernels' waits.
+fn watch(list: WatchList) {
+    loop {
+        std::thread::sleep(WATCH);
+        for launch in list.lock().iter_mut().filter(|l| !l.stopped) {
+            if (launch.stop)() {
+                for &word in &launch.words {
+                    // SAFETY: a mapped page-locked word of this device,
+                    // kept while the launch is listed (its abort word);
+                    // the kernels read it with atomic loads.
+                    unsafe { AtomicU32::from_ptr(word as *mut u32) }.store(1, Ordering::Release);
+                }
+                launch.stopped = true;
+            }
+        }
+    }
+}
+
 /// Status words allocated when the device opens: this many sets of
 /// [`STATUS_WORDS`] (256 KiB). A launch needing more channels, or one
 /// beyond this many in flight, allocates its own (`cuMemHostAlloc`, which
@@ -129,6 +177,11 @@ pub struct CudaDevice {
     /// cuMem mappings (shareable allocations and imports), by address:
     /// their allocation handle and mapped size.
     mapped: Mutex<HashMap<u64, (sys::CUmemGenericAllocationHandle, usize)>>,
+    abort_words: Mutex<AbortWords>,
+    /// Launches in flight, followed by a thread started with the first.
+    watched: WatchList,
+    watcher: OnceLock<()>,
+    next_launch: AtomicU64,
 }
 
 // SAFETY: the context and streams are driver handles usable from any
@@ -174,6 +227,10 @@ impl CudaDevice {
                 len: STATUS_WORDS,
             })
             .collect();
+        let mut abort_words = AbortWords::default();
+        // A first page of abort words now: allocating page-locked memory
+        // may wait for the device's kernels, so not on a call's path.
+        add_abort_words(&mut abort_words).map_err(|e| CudaError::Invalid(e.to_string()))?;
         Ok(CudaDevice {
             driver,
             ordinal,
@@ -186,6 +243,10 @@ impl CudaDevice {
             deferred: Arc::default(),
             deferred_host: Mutex::default(),
             mapped: Mutex::default(),
+            abort_words: Mutex::new(abort_words),
+            watched: WatchList::default(),
+            watcher: OnceLock::new(),
+            next_launch: AtomicU64::new(0),
         })
     }
 
@@ -193,6 +254,40 @@ impl CudaDevice {
     /// the guard drops.
     fn enter(&self) -> Result<Current> {
         Current::enter(self.context as CUcontext)
+    }
+
+    /// The host addresses of the abort words of `rounds`' blocks that
+    /// this device handed out.
+    fn abort_words_of(&self, rounds: &[Vec<Arc<crate::work::Work>>]) -> Vec<usize> {
+        let words = self.abort_words.lock();
+        rounds
+            .iter()
+            .flatten()
+            // SAFETY: each block starts with its header.
+            .filter_map(|w| words.given.get(&(unsafe { (*w.header()).abort } as u64)))
+            .copied()
+            .collect()
+    }
+
+    /// Has the watcher follow a launch until [`unwatch`]; its id.
+    fn follow(&self, stop: Box<dyn Fn() -> bool + Send>, words: Vec<usize>) -> Result<u64> {
+        let list = self.watched.clone();
+        let mut started = Ok(());
+        self.watcher.get_or_init(|| {
+            started = std::thread::Builder::new()
+                .name("rccl-cuda-watch".into())
+                .spawn(move || watch(list))
+                .map(drop);
+        });
+        started.map_err(|e| Error::System(format!("cannot start the launch watcher: {e}")))?;
+        let id = self.next_launch.fetch_add(1, Ordering::Relaxed);
+        self.watched.lock().push(Watched {
+            id,
+            stop,
+            words,
+            stopped: false,
+        });
+        Ok(id)
     }
 
     fn own(&self) -> CUstream {
@@ -393,6 +488,41 @@ impl CudaDevice {
     }
 }
 
+/// Adds a page of mapped page-locked abort words to `words`.
+fn add_abort_words(words: &mut AbortWords) -> Result<()> {
+    let bytes = ABORT_WORDS_PER_PAGE * 4;
+    let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+    let mut host = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the page is kept for the life of the
+    // process (words go back to the idle list, never to the driver).
+    call("cuMemHostAlloc", unsafe {
+        api::cuMemHostAlloc(&mut host, bytes, flags)
+    })?;
+    let mut device: sys::CUdeviceptr = 0;
+    // SAFETY: `host` is mapped memory of the current context; a valid
+    // out-pointer.
+    call("cuMemHostGetDevicePointer", unsafe {
+        api::cuMemHostGetDevicePointer_v2(&mut device, host, 0)
+    })?;
+    for k in (0..ABORT_WORDS_PER_PAGE).rev() {
+        words
+            .idle
+            .push((host as usize + 4 * k, device + 4 * k as u64));
+    }
+    Ok(())
+}
+
+/// Stops following launch `id`.
+fn unwatch(list: &WatchList, id: u64) {
+    let mut list = list.lock();
+    let gone = list
+        .iter()
+        .position(|l| l.id == id)
+        .map(|at| list.swap_remove(at));
+    drop(list);
+    drop(gone);
+}
+
 /// `later` waits for everything enqueued on `earlier` so far. The
 /// streams' context is current.
 fn order(earlier: CUstream, later: CUstream) -> Result<()> {
@@ -580,6 +710,29 @@ impl Device for CudaDevice {
         true
     }
 
+    fn alloc_abort_word(&self) -> Result<*mut u32> {
+        let mut words = self.abort_words.lock();
+        if words.idle.is_empty() {
+            // More communicators than a page of words: one more page.
+            let _current = self.enter()?;
+            add_abort_words(&mut words)?;
+        }
+        let (host, device) = words.idle.pop().expect("a page was added");
+        // SAFETY: an idle word of a live page; no kernel reads it.
+        unsafe { AtomicU32::from_ptr(host as *mut u32) }.store(0, Ordering::Release);
+        words.given.insert(device, host);
+        Ok(device as *mut u32)
+    }
+
+    unsafe fn free_abort_word(&self, word: *mut u32) -> Result<()> {
+        let mut words = self.abort_words.lock();
+        let host = words.given.remove(&(word as u64)).ok_or_else(|| {
+            Error::InvalidArgument(format!("{word:p} is not an abort word of this device"))
+        })?;
+        words.idle.push((host, word as u64));
+        Ok(())
+    }
+
     fn rdma_receives_ordered(&self) -> bool {
         self.driver
             .attribute(
@@ -706,12 +859,10 @@ impl Device for CudaDevice {
             rounds,
             timeout,
             done,
-            // The host cannot stop a running kernel yet: it gives up after
-            // `spins` idle polls instead.
-            stop: _,
+            stop,
         } = launch;
-        // __nanosleep(64) per idle poll: about the launch's timeout.
-        let spins = (timeout.as_nanos() / 64) as u64;
+        // A timeout past the global timer's range is none.
+        let timeout_ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         let blocks: Vec<&Arc<crate::work::Work>> = rounds.iter().flatten().collect();
         let total: usize = blocks.iter().map(|w| w.bytes().len()).sum();
         let channels: usize = blocks.iter().map(|w| w.nchannels()).sum();
@@ -761,7 +912,7 @@ impl Device for CudaDevice {
                     kernels.run_work(
                         block,
                         nchannels as u32,
-                        spins,
+                        timeout_ns,
                         status.words.add(word) as u64,
                         helper,
                     )
@@ -775,9 +926,13 @@ impl Device for CudaDevice {
         let spare = self.spare_status.clone();
         let idle = self.helpers.clone();
         let deferred = self.deferred.clone();
+        let watched = self.watched.clone();
+        let id = self.follow(stop, self.abort_words_of(&rounds))?;
+        let ended = watched.clone();
         enqueue_host(
             first,
             Box::new(move || {
+                unwatch(&ended, id);
                 // SAFETY: every kernel wrote its words before this host
                 // function runs (stream order); `channels` words exist.
                 let ends = unsafe { std::slice::from_raw_parts(status.words, channels) };
@@ -786,7 +941,7 @@ impl Device for CudaDevice {
                     Some(c) => Err(WorkFailure {
                         error: Error::System(format!(
                             "device work did not finish: channel {c} of the launch ended with \
-                             {} (1 aborted, 2 gave up after {timeout:?} without progress, 3 a \
+                             {} (1 aborted, 2 still waiting {timeout:?} after it started, 3 a \
                              step too large)",
                             ends[c]
                         )),
@@ -805,7 +960,8 @@ impl Device for CudaDevice {
                 deferred.lock().push(mem);
                 done(result);
             }),
-        )?;
+        )
+        .inspect_err(|_| unwatch(&watched, id))?;
         fork(first, streams)
     }
 }

@@ -89,11 +89,12 @@ pub struct WorkLaunch {
     /// round runs at once: blocks of one round may wait on each other
     /// through their FIFOs (ranks of one process sharing the device).
     pub rounds: Vec<Vec<Arc<work::Work>>>,
-    /// How long the launch may run once started; then every block's abort
-    /// word is set and the launch fails.
+    /// How long the launch may run once started (CUDA: each round's
+    /// kernel, by the GPU's global timer); then it fails.
     pub timeout: Duration,
-    /// Asked while the launch runs: `true` sets every block's abort word
-    /// (the engine's communicator was aborted or failed).
+    /// Asked from the host while the launch is queued or runs: `true` sets
+    /// every block's abort word (the engine's communicator was aborted or
+    /// failed, a peer died, a connection broke), which stops its waits.
     pub stop: Box<dyn Fn() -> bool + Send>,
     /// Told how the launch ended, once it has, in stream order. Dropped
     /// without being called when the launch never runs (its stream was
@@ -215,6 +216,24 @@ pub trait Device: Send + Sync {
     /// the blocks (buffers, FIFOs, scratch, abort word) must be memory the
     /// device reaches, valid until `done` is called.
     fn launch_work(&self, streams: &[Arc<dyn Stream>], launch: WorkLaunch) -> Result<()>;
+
+    /// A zeroed word for [`work::WorkCall::abort`]: read by the device while
+    /// work runs, set from the host by [`Device::launch_work`] when the
+    /// launch's `stop` answers `true`, even while a kernel spins (CUDA:
+    /// mapped page-locked memory, taken from words allocated when the
+    /// device opened). Freed by [`Device::free_abort_word`].
+    fn alloc_abort_word(&self) -> Result<*mut u32> {
+        Ok(self.alloc_zeroed(4)?.cast())
+    }
+
+    /// Gives back a word of [`Device::alloc_abort_word`].
+    ///
+    /// # Safety
+    /// No work still queued or running may use the word.
+    unsafe fn free_abort_word(&self, word: *mut u32) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.free(word.cast()) }
+    }
 
     /// Whether a NIC's writes into this device's memory are seen by its
     /// work in the order of the host's later writes that announce them, so

@@ -42,33 +42,24 @@ unsafe fn red_op(entry: &Entry, raw: ncclRedOp_t, dtype: DataType) -> Result<Red
     let scalar = match scalar {
         Scalar::Immediate(bytes) => bytes,
         Scalar::Pointer(addr) => {
-            let mut bytes = [0u8; 8];
-            let device = match rccl::device::active() {
+            let on_device = match rccl::device::active() {
                 Some(d) => d
                     .classify(addr as *const u8)
                     .map_err(|e| invalid(format!("the PreMulSum scalar: {e}")))?
-                    .is_device()
-                    .then_some(d),
-                None => None,
+                    .is_device(),
+                None => false,
             };
-            match device {
-                // Read when the call is made, not when its stream runs it.
-                // SAFETY: ncclScalarDevice promises the scalar stays
-                // readable while the op lives; `bytes` holds any element.
-                Some(device) => unsafe {
-                    device
-                        .copy(bytes.as_mut_ptr(), addr as *const u8, dtype.size())
-                        .map_err(|e| invalid(format!("the PreMulSum scalar: {e}")))?
-                },
-                // SAFETY: as above, a host pointer.
-                None => unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        addr as *const u8,
-                        bytes.as_mut_ptr(),
-                        dtype.size(),
-                    )
-                },
+            if on_device {
+                // Read by the device when the collective runs.
+                return Ok(RedOp::PreMulSumDevice { scalar: addr });
             }
+            let mut bytes = [0u8; 8];
+            // SAFETY: ncclScalarDevice promises the scalar stays readable
+            // while the op lives; `bytes` holds any element. Host memory:
+            // the host path runs the call now.
+            unsafe {
+                std::ptr::copy_nonoverlapping(addr as *const u8, bytes.as_mut_ptr(), dtype.size())
+            };
             bytes
         }
     };
@@ -499,7 +490,8 @@ nccl_api! {
     }
 
     /// A PreMulSum operator of `comm` for `datatype`. `ncclScalarDevice`
-    /// takes a host pointer, read at each call that uses the op;
+    /// takes a pointer: device memory is read by the device when each
+    /// collective using the op runs, host memory at each call;
     /// `ncclScalarHostImmediate` reads the value now.
     fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
         op: *mut ncclRedOp_t, scalar: *mut c_void, datatype_: ncclDataType_t,

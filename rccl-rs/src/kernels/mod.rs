@@ -121,6 +121,12 @@ impl ReduceKernel {
             RedOp::PreMulSum { scalar } => {
                 (Combine::Sum, Some(decode_scalar(dtype, &scalar)), None)
             }
+            RedOp::PreMulSumDevice { scalar } => {
+                return Err(Error::InvalidArgument(format!(
+                    "the PreMulSum scalar at {scalar:#x} is in device memory: the host kernels \
+                     take its value (RedOp::PreMulSum)"
+                )))
+            }
         };
         // Multiplying by one is the identity (up to NaN payloads).
         let pre = pre.filter(|p| !matches!(p, Pre::Int(1)) && *p != Pre::Float(1.0));
