@@ -741,6 +741,8 @@ fn premulsum_scalar_set_on_the_stream(
     recv: *mut u8,
     count: usize,
 ) -> ncclResult_t {
+    // The raw driver calls below need a context, as an application has.
+    make_current(0);
     let device = cuda();
     let scalar = device.alloc(4).unwrap();
     // SAFETY: 4 bytes each.
