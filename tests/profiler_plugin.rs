@@ -4,7 +4,9 @@
 //! event inside a group event (from v5 on, with its API event and the
 //! group API event), nested and closed as NCCL's contract says, and the
 //! sends and receives of a `sendrecv_perf` run, and the collectives of
-//! calls on device memory (device work of the emulated GPU); it is found by
+//! calls on device memory (device work of the emulated GPU), and the proxy
+//! operations and steps of collectives between two processes over the
+//! Socket network, nested in their collectives; it is found by
 //! path, by name (`libnccl-profiler-X.so`) and as `libnccl-profiler.so`;
 //! its activation mask is honoured; a library without a profiler table
 //! and a plug-in whose init fails are reported and the run goes on
@@ -63,10 +65,21 @@ impl Summary {
 /// Runs `bin` with [`ARGS`] and `extra` under `env`; the summaries the
 /// plug-in wrote and the run's output.
 fn run(bin: &str, extra: &[&str], tag: &str, env: &[(&str, &str)]) -> (Vec<Summary>, String) {
+    run_with(bin, ARGS, extra, tag, env)
+}
+
+/// [`run`] with `args` instead of [`ARGS`].
+fn run_with(
+    bin: &str,
+    args: &[&str],
+    extra: &[&str],
+    tag: &str,
+    env: &[(&str, &str)],
+) -> (Vec<Summary>, String) {
     let dir = c_plugins::scratch("profiler-plugin").join(tag);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut cmd = perf_bins::perf_command(bin, ARGS);
+    let mut cmd = perf_bins::perf_command(bin, args);
     cmd.args(extra);
     cmd.env_remove("NCCL_PROFILER_PLUGIN")
         .env_remove("NCCL_NET_PLUGIN")
@@ -316,5 +329,65 @@ fn a_bad_plugin_is_reported_and_the_run_goes_on_without_it() {
     );
     assert!(summaries.is_empty(), "{summaries:?}");
     assert!(!log.contains("PROFILER/Plugin"), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn collectives_over_the_network_report_proxy_operations_and_steps() {
+    let dir = c_plugins::scratch("profiler-plugin-proxy");
+    // Two processes of one rank each, the network between them.
+    let args = [
+        "-g", "1", "--procs", "2", "-b", "1K", "-e", "64K", "-f", "8", "-n", "2", "-w", "1",
+    ];
+    let network = [("NCCL_SHM_DISABLE", "1"), ("NCCL_P2P_DISABLE", "1")];
+    let bin = env!("CARGO_BIN_EXE_all_reduce_perf");
+    // v1 (byte types, the proxy operation's states of v1 to v3), v4 (its
+    // own states) and v6 (64-bit types).
+    for version in [1, 4, 6] {
+        let file = dir.join(format!("profiler-v{version}.so"));
+        c_plugins::build(
+            "profiler.c",
+            Some(&format!("PROFILER_VERSION={version}")),
+            &file,
+        );
+        let plugin = ("NCCL_PROFILER_PLUGIN", file.to_str().unwrap());
+        // Group, collective, proxy operation and step events.
+        let mut env = vec![plugin, ("TEST_PROFILER_MASK", "0x1b")];
+        env.extend(network);
+        let (summaries, log) = run_with(bin, &args, &[], &format!("proxy-v{version}"), &env);
+        assert!(log.contains("Using network Socket"), "{log}");
+        assert!(log.contains("Out of bounds values : 0 OK"), "{log}");
+        // Each process: its own communicator and the harness's.
+        assert_eq!(summaries.len(), 4, "v{version}: {summaries:?}");
+        for s in &summaries {
+            // The plug-in checked the nesting and the states: a step's
+            // parent an open proxy operation, an operation's an open
+            // collective.
+            assert_eq!(s.get("errors"), "0", "v{version}: {s:?}");
+            assert_eq!(s.get("open"), "0", "v{version}: {s:?}");
+            let (colls, _) = s.count("coll");
+            let (ops, ops_stopped) = s.count("proxy_op");
+            let (steps, steps_stopped) = s.count("proxy_step");
+            assert_eq!((ops, steps), (ops_stopped, steps_stopped), "{s:?}");
+            // Both ways, in most collectives (a piece that arrives before
+            // its call starts here is not reported), a step at least each.
+            let (sends, recvs) = s.get("proxy_dirs").split_once(' ').unwrap();
+            let (sends, recvs): (usize, usize) = (sends.parse().unwrap(), recvs.parse().unwrap());
+            assert!(colls > 0 && sends > colls / 2 && recvs > colls / 2, "{s:?}");
+            assert_eq!(sends + recvs, ops, "{s:?}");
+            assert!(steps >= ops, "{s:?}");
+        }
+        // A mask without proxy events starts none.
+        let mut env = vec![plugin, ("TEST_PROFILER_MASK", "0x3")];
+        env.extend(network);
+        let (summaries, _) = run_with(bin, &args, &[], &format!("no-proxy-v{version}"), &env);
+        assert_eq!(summaries.len(), 4, "v{version}: {summaries:?}");
+        for s in &summaries {
+            assert_eq!(s.get("errors"), "0", "v{version}: {s:?}");
+            assert!(s.count("coll").0 > 0, "{s:?}");
+            assert_eq!(s.count("proxy_op"), (0, 0), "{s:?}");
+            assert_eq!(s.count("proxy_step"), (0, 0), "{s:?}");
+        }
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -88,6 +88,12 @@ pub(crate) fn connect(
                 Ok(Some(conn)) => {
                     let (index, link) = pending.swap_remove(i);
                     let on_device = launches[index].on_device;
+                    let profiler = launches[index].comm.profiler.as_ref();
+                    if let Some(observer) =
+                        profiler.and_then(|p| p.step_observer(link.channel, link.peer))
+                    {
+                        conn.observe_steps(observer);
+                    }
                     guards[index].links_for_mut(on_device)[link.channel][link.peer] = Some(Link {
                         conn,
                         peer_name: comm.describe(link.peer),

@@ -156,7 +156,7 @@ pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()>
     let on_board = runs_on_board(op, &choice);
     let started = start_collective(op, &choice, in_place, on_board)?;
     if let Some(profiler) = &comm.profiler {
-        launch.events.collective(profiler, op, &choice);
+        launch.events.collective(profiler, op, &choice, started.seq);
     }
     if on_board && !as_device_work {
         launch.board.push(board_op(op, started));

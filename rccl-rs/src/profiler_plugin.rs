@@ -32,7 +32,21 @@
 //! `parentObj` of the call's collective or point-to-point event (whose
 //! `parentGroup` is the group event), as in NCCL.
 //!
-//! Not emitted: proxy operations and steps, proxy control, kernel
+//! Proxy events of collectives over the network, as the mask asks: the
+//! network proxy reports each piece it moves of a collective in progress
+//! on this rank (`transports::StepObserver`); the first piece of a call
+//! on a connection (channel and peer) and direction starts a proxy
+//! operation event, child of the collective event, and each piece a proxy
+//! step event inside it: a send's from its post (state `SendWait`) to its
+//! completion, a receive's when its data has arrived (state
+//! `RecvGPUWait`: the call it belongs to is known only then), stopped as
+//! it is handed to the executor. The operations stop, their open steps
+//! first, when the collective ends on this rank; a piece that arrives
+//! before this rank starts the call, or whose send is posted after it
+//! ended, is not reported. An operation's `nSteps` is 0 (unknown when
+//! its first piece moves) and its `chunkSize` that piece's size.
+//!
+//! Not emitted: proxy events of sends and receives, proxy control, kernel
 //! channels and kernel launches, network plug-in events and v6's
 //! copy-engine events; `nWarps` is 0 and API events' `stream` is null.
 //!
@@ -40,15 +54,16 @@
 //! call's path is the test of that field.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use rccl_algorithms::CollKind;
 use rccl_env::{library_names, logger};
 use rccl_transports::network::plugin::net_library_names;
-use rccl_transports::Protocol;
+use rccl_transports::{Protocol, StepObserver, Tag};
 
 use crate::op::{OpKind, RawOp};
 use crate::tuning::Choice;
@@ -81,6 +96,19 @@ const COLL_API_MASK: u64 = COLL_API | COLL | BELOW_TASK | CE;
 const P2P_API_MASK: u64 = P2P_API | P2P | BELOW_TASK;
 /// What starts a group API event: any event of a call.
 const GROUP_API_MASK: u64 = GROUP_API | COLL_API_MASK | P2P_API_MASK | KERNEL_LAUNCH | GROUP;
+/// The events the network proxy reports.
+const PROXY_EVENTS: u64 = PROXY_OP | PROXY_STEP | NET_PLUGIN;
+/// `ncclProfilerProxyOpSendPosted`, `..RecvPosted`, `..SendDone` and
+/// `..RecvDone`: a proxy operation's states before v4.
+const PROXY_OP_SEND_POSTED: c_int = 0;
+const PROXY_OP_RECV_POSTED: c_int = 4;
+const PROXY_OP_SEND_DONE: c_int = 3;
+const PROXY_OP_RECV_DONE: c_int = 7;
+/// `ncclProfilerProxyOpInProgress_v4`: a proxy operation's state from v4 on.
+const PROXY_OP_IN_PROGRESS: c_int = 19;
+/// `ncclProfilerProxyStepSendWait` and `..RecvGPUWait`.
+const PROXY_STEP_SEND_WAIT: c_int = 9;
+const PROXY_STEP_RECV_GPU_WAIT: c_int = 12;
 /// `ncclProfilerGroupStartApiStop` and `ncclProfilerGroupEndApiStart`: the
 /// group API event's states when the group's calls are in and when its
 /// end begins.
@@ -323,6 +351,54 @@ struct DescrV5 {
     data: Data<CollV4, P2pV4>,
 }
 
+/// `proxyOp` of every version's descriptor.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ProxyOpDescr {
+    pid: libc::pid_t,
+    channel_id: u8,
+    peer: c_int,
+    n_steps: c_int,
+    chunk_size: c_int,
+    is_send: c_int,
+}
+
+/// `proxyStep` of every version's descriptor.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ProxyStepDescr {
+    step: c_int,
+}
+
+/// A proxy event's descriptor: `K` is the type's width (a byte before
+/// v5, 64 bits from v5 on).
+#[repr(C)]
+struct ProxyDescr<K> {
+    kind: K,
+    parent_obj: Handle,
+    rank: c_int,
+    data: ProxyData,
+}
+
+/// The union of a proxy event's descriptor, as large as [`Data`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+union ProxyData {
+    op: ProxyOpDescr,
+    step: ProxyStepDescr,
+    room: [u64; 11],
+}
+
+/// The state arguments of a proxy event: `proxyOp` of v1 (bytes, steps)
+/// and `proxyStep` of v4 on (bytes) begin alike; room for the largest
+/// member of every version's union.
+#[repr(C)]
+struct ProxyStateArgs {
+    trans_size: usize,
+    steps: c_int,
+    room: [u64; 3],
+}
+
 /// A loaded profiler library.
 struct Library {
     table: &'static Table,
@@ -446,6 +522,8 @@ pub(crate) struct CProfiler {
     /// Per collective kind (in `CollKind::ALL`'s order), the sequence
     /// number of its next call, as NCCL counts them per function.
     seq_numbers: [AtomicU64; CollKind::ALL.len()],
+    /// The proxy events, shared with the network connections' observers.
+    proxy: Arc<ProxyEvents>,
 }
 
 // SAFETY: the context is only passed back to the plug-in, which NCCL calls
@@ -509,6 +587,13 @@ pub(crate) fn open(comm_hash: u64, nnodes: usize, nranks: usize, rank: usize) ->
                 rank,
                 comm_hash,
                 seq_numbers: std::array::from_fn(|_| AtomicU64::new(0)),
+                proxy: Arc::new(ProxyEvents {
+                    library,
+                    context,
+                    rank,
+                    mask: mask as u32 as u64,
+                    state: Mutex::new(ProxyState::default()),
+                }),
             })
         }
         other => {
@@ -544,6 +629,8 @@ fn finalize(library: &Library, context: Context) {
 
 impl Drop for CProfiler {
     fn drop(&mut self) {
+        // Observers that outlive the communicator report nothing more.
+        self.proxy.state.lock().closed = true;
         finalize(self.library, self.context);
     }
 }
@@ -1053,6 +1140,8 @@ pub(crate) struct LaunchEvents {
     stop: Option<StopFn>,
     group: Handle,
     tasks: Vec<Handle>,
+    /// The proxy events of its collectives, by their sequence numbers.
+    proxy: Option<(Arc<ProxyEvents>, Vec<u32>)>,
 }
 
 // SAFETY: the handles are only passed back to the plug-in's `stopEvent`,
@@ -1072,19 +1161,28 @@ impl LaunchEvents {
         self.group
     }
 
-    fn task(&mut self, profiler: &CProfiler, task: Task, bit: u64) {
+    /// Starts the event of `task`; its handle, or null.
+    fn task(&mut self, profiler: &CProfiler, task: Task, bit: u64) -> Handle {
         let group = self.group(profiler);
-        if profiler.mask & (bit | BELOW_TASK) != 0 {
-            let handle = profiler.start(Some(&task), group);
-            if !handle.is_null() {
-                self.tasks.push(handle);
-            }
+        if profiler.mask & (bit | BELOW_TASK) == 0 {
+            return std::ptr::null_mut();
         }
+        let handle = profiler.start(Some(&task), group);
+        if !handle.is_null() {
+            self.tasks.push(handle);
+        }
+        handle
     }
 
-    /// Starts the event of collective `op` (with the tuner's `choice`) and,
-    /// the first time, the group's.
-    pub(crate) fn collective(&mut self, profiler: &CProfiler, op: &RawOp, choice: &Choice) {
+    /// Starts the event of collective `op` (with the tuner's `choice`),
+    /// whose pieces carry `seq`, and, the first time, the group's.
+    pub(crate) fn collective(
+        &mut self,
+        profiler: &CProfiler,
+        op: &RawOp,
+        choice: &Choice,
+        seq: u64,
+    ) {
         let OpKind::Coll { kind, root, .. } = op.kind else {
             return;
         };
@@ -1103,7 +1201,14 @@ impl LaunchEvents {
             protocol: choice.protocol,
             api: op.api_event.0,
         };
-        self.task(profiler, task, COLL);
+        let handle = self.task(profiler, task, COLL);
+        if profiler.mask & PROXY_EVENTS != 0 && !handle.is_null() {
+            let (events, calls) = self
+                .proxy
+                .get_or_insert_with(|| (profiler.proxy.clone(), Vec::new()));
+            events.begin_call(seq as u32, handle);
+            calls.push(seq as u32);
+        }
     }
 
     /// Starts the events of a batch of sends and receives over `nchannels`
@@ -1134,6 +1239,11 @@ impl Drop for LaunchEvents {
         let Some(stop) = self.stop else {
             return;
         };
+        if let Some((events, calls)) = self.proxy.take() {
+            for seq in calls {
+                events.end_call(seq);
+            }
+        }
         for handle in self.tasks.drain(..).chain(Some(self.group)) {
             if !handle.is_null() {
                 // SAFETY: a handle this plug-in's startEvent gave, stopped
@@ -1142,5 +1252,294 @@ impl Drop for LaunchEvents {
                 unsafe { stop(handle) };
             }
         }
+    }
+}
+
+/// A communicator's proxy events: the collectives in progress whose
+/// pieces the network proxy reports, and their open proxy operations.
+pub(crate) struct ProxyEvents {
+    library: &'static Library,
+    context: Context,
+    rank: c_int,
+    mask: u64,
+    /// Held across every call into the plug-in for these events, so that
+    /// the proxy thread and the thread that ends a call take turns.
+    state: Mutex<ProxyState>,
+}
+
+// SAFETY: the context is only passed back to the plug-in, under `state`'s
+// lock; NCCL calls a profiler from its proxy thread too.
+unsafe impl Send for ProxyEvents {}
+// SAFETY: as above.
+unsafe impl Sync for ProxyEvents {}
+
+#[derive(Default)]
+struct ProxyState {
+    /// The communicator (and its plug-in context) is gone.
+    closed: bool,
+    /// By the sequence number its pieces' tags carry, each collective in
+    /// progress with a collective event.
+    calls: HashMap<u32, ProxyCall>,
+    /// The number of the last step started, to name the next.
+    last_step: usize,
+}
+
+/// A collective in progress: its event and its open proxy operations.
+struct ProxyCall {
+    parent: Handle,
+    ops: Vec<ProxyOp>,
+}
+
+/// One proxy operation: the pieces of a call one connection moves one way.
+struct ProxyOp {
+    channel: u8,
+    peer: c_int,
+    send: bool,
+    handle: Handle,
+    /// Its steps so far, to number the next.
+    steps: c_int,
+    /// Its sends in flight: the step's number for `sent`, and its event.
+    open_steps: Vec<(usize, Handle)>,
+}
+
+impl ProxyEvents {
+    fn start(&self, kind: u64, parent: Handle, data: ProxyData) -> Handle {
+        let Some(start) = self.library.table.start_event else {
+            return std::ptr::null_mut();
+        };
+        let mut handle: Handle = std::ptr::null_mut();
+        let result = if self.library.version >= 5 {
+            let mut descr = ProxyDescr {
+                kind,
+                parent_obj: parent,
+                rank: self.rank,
+                data,
+            };
+            // SAFETY: the plug-in's own entry point with its context, a
+            // valid out-pointer and a descriptor of its version that lives
+            // for the call.
+            unsafe {
+                start(
+                    self.context,
+                    &mut handle,
+                    std::ptr::addr_of_mut!(descr).cast(),
+                )
+            }
+        } else {
+            let mut descr = ProxyDescr {
+                kind: kind as u8,
+                parent_obj: parent,
+                rank: self.rank,
+                data,
+            };
+            // SAFETY: as above, with the byte-typed descriptor of v1 to v4.
+            unsafe {
+                start(
+                    self.context,
+                    &mut handle,
+                    std::ptr::addr_of_mut!(descr).cast(),
+                )
+            }
+        };
+        if result == 0 {
+            handle
+        } else {
+            std::ptr::null_mut()
+        }
+    }
+
+    fn record(&self, handle: Handle, state: c_int, bytes: usize) {
+        if let (false, Some(record)) = (handle.is_null(), self.library.table.record_event_state) {
+            let mut args = ProxyStateArgs {
+                trans_size: bytes,
+                steps: 1,
+                room: [0; 3],
+            };
+            // SAFETY: an open handle of this plug-in, a state of its
+            // interface and arguments that live for the call.
+            unsafe { record(handle, state, std::ptr::addr_of_mut!(args).cast()) };
+        }
+    }
+
+    fn stop(&self, handle: Handle) {
+        if let (false, Some(stop)) = (handle.is_null(), self.library.table.stop_event) {
+            // SAFETY: an open handle of this plug-in, stopped once.
+            unsafe { stop(handle) };
+        }
+    }
+
+    /// Starts the proxy events of collective `seq` (whose event is
+    /// `parent`) from now until [`ProxyEvents::end_call`].
+    fn begin_call(&self, seq: u32, parent: Handle) {
+        let mut state = self.state.lock();
+        let call = ProxyCall {
+            parent,
+            ops: Vec::new(),
+        };
+        state.calls.insert(seq, call);
+    }
+
+    /// Stops the proxy operations of collective `seq`, their open steps
+    /// first.
+    fn end_call(&self, seq: u32) {
+        let mut state = self.state.lock();
+        let Some(call) = state.calls.remove(&seq) else {
+            return;
+        };
+        if state.closed {
+            return;
+        }
+        for op in call.ops {
+            for (_, step) in op.open_steps {
+                self.stop(step);
+            }
+            if self.library.version < 4 {
+                let done = if op.send {
+                    PROXY_OP_SEND_DONE
+                } else {
+                    PROXY_OP_RECV_DONE
+                };
+                self.record(op.handle, done, 0);
+            }
+            self.stop(op.handle);
+        }
+    }
+
+    /// Starts a step of `bytes` of call `tag` on `channel` to or from
+    /// `peer`, in its proxy operation (started with its first step): a
+    /// send's step stays open and its number comes back, a receive's is
+    /// stopped at once; `None` when the call is not in progress here.
+    fn start_step(
+        &self,
+        tag: Tag,
+        channel: u8,
+        peer: c_int,
+        send: bool,
+        bytes: usize,
+    ) -> Option<usize> {
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        if state.closed {
+            return None;
+        }
+        let call = state.calls.get_mut(&tag.seq)?;
+        let index = match call
+            .ops
+            .iter()
+            .position(|op| op.channel == channel && op.peer == peer && op.send == send)
+        {
+            Some(index) => index,
+            None => {
+                let descr = ProxyOpDescr {
+                    // SAFETY: getpid has no preconditions.
+                    pid: unsafe { libc::getpid() },
+                    channel_id: channel,
+                    peer,
+                    n_steps: 0,
+                    chunk_size: bytes as c_int,
+                    is_send: send as c_int,
+                };
+                let handle = self.start(PROXY_OP, call.parent, ProxyData { op: descr });
+                let state = match (self.library.version, send) {
+                    (4.., _) => PROXY_OP_IN_PROGRESS,
+                    (_, true) => PROXY_OP_SEND_POSTED,
+                    (_, false) => PROXY_OP_RECV_POSTED,
+                };
+                self.record(handle, state, bytes);
+                call.ops.push(ProxyOp {
+                    channel,
+                    peer,
+                    send,
+                    handle,
+                    steps: 0,
+                    open_steps: Vec::new(),
+                });
+                call.ops.len() - 1
+            }
+        };
+        let op = &mut call.ops[index];
+        op.steps += 1;
+        if self.mask & (PROXY_STEP | NET_PLUGIN) == 0 || op.handle.is_null() {
+            return None;
+        }
+        let step = ProxyStepDescr { step: op.steps - 1 };
+        let handle = self.start(PROXY_STEP, op.handle, ProxyData { step });
+        if handle.is_null() {
+            return None;
+        }
+        state.last_step += 1;
+        let id = state.last_step;
+        if send {
+            self.record(handle, PROXY_STEP_SEND_WAIT, bytes);
+            op.open_steps.push((id, handle));
+        } else {
+            self.record(handle, PROXY_STEP_RECV_GPU_WAIT, bytes);
+            self.stop(handle);
+        }
+        Some(id)
+    }
+
+    /// Stops send step `id` if its operation is still open.
+    fn stop_send_step(&self, id: usize) {
+        let mut state = self.state.lock();
+        if state.closed {
+            return;
+        }
+        for op in state
+            .calls
+            .values_mut()
+            .flat_map(|call| call.ops.iter_mut())
+        {
+            if let Some(at) = op.open_steps.iter().position(|&(step, _)| step == id) {
+                let (_, handle) = op.open_steps.swap_remove(at);
+                self.stop(handle);
+                return;
+            }
+        }
+    }
+}
+
+/// What the network proxy reports of one connection: the channel and
+/// peer of its proxy operations.
+struct ConnectionSteps {
+    events: Arc<ProxyEvents>,
+    channel: u8,
+    peer: c_int,
+}
+
+impl StepObserver for ConnectionSteps {
+    fn send_posted(&self, tag: Tag, bytes: usize) -> usize {
+        self.events
+            .start_step(tag, self.channel, self.peer, true, bytes)
+            .unwrap_or(0)
+    }
+
+    fn sent(&self, step: usize) {
+        if step != 0 {
+            self.events.stop_send_step(step);
+        }
+    }
+
+    fn received(&self, tag: Tag, bytes: usize) {
+        self.events
+            .start_step(tag, self.channel, self.peer, false, bytes);
+    }
+}
+
+impl CProfiler {
+    /// The observer of a network connection on `channel` to `peer`, when
+    /// the mask asks for proxy events.
+    pub(crate) fn step_observer(
+        &self,
+        channel: usize,
+        peer: usize,
+    ) -> Option<Arc<dyn StepObserver>> {
+        (self.mask & PROXY_EVENTS != 0).then(|| {
+            Arc::new(ConnectionSteps {
+                events: self.proxy.clone(),
+                channel: channel.min(u8::MAX as usize) as u8,
+                peer: peer as c_int,
+            }) as Arc<dyn StepObserver>
+        })
     }
 }

@@ -14,7 +14,13 @@
  * the API events too: a call's API event is a child of the open group
  * API event (of the context of the group's first call), and a collective or point-to-point event's parentObj is the
  * API event of its call (stopped by then, as NCCL stops it once the call
- * is queued; API events are kept until finalize for this check). What it saw
+ * is queued; API events are kept until finalize for this check). Proxy
+ * operation events are children of an open collective event of the same
+ * context, of this process, numbering their steps from 0; each proxy step
+ * event is a child of an open proxy operation and gets one state of its
+ * direction (SendWait or RecvGPUWait, with its size) before it stops; a
+ * proxy operation gets its version's states (from v4 InProgress, before
+ * it SendPosted / RecvPosted and SendDone / RecvDone). What it saw
  * goes to a file of the folder TEST_PROFILER_DIR at finalize. With
  * TEST_PROFILER_INIT_FAIL set, init fails.
  */
@@ -40,14 +46,30 @@ enum {
   GROUP = 1 << 0,
   COLL = 1 << 1,
   P2P = 1 << 2,
+  PROXY_OP = 1 << 3,
+  PROXY_STEP = 1 << 4,
   BELOW_TASK = 0xf << 3, /* proxy operation, step and control, kernel channel */
   NET_PLUGIN = 1 << 7,
   GROUP_API = 1 << 8,
   COLL_API = 1 << 9,
   P2P_API = 1 << 10,
 };
-#define NTYPES 6
-static const char *type_names[NTYPES] = {"group", "coll", "p2p", "group_api", "coll_api", "p2p_api"};
+#define NTYPES 8
+static const char *type_names[NTYPES] = {"group",    "coll",     "p2p",      "group_api",
+                                         "coll_api", "p2p_api",  "proxy_op", "proxy_step"};
+static const uint64_t type_bits[NTYPES] = {GROUP,   COLL,    P2P,      GROUP_API,
+                                           COLL_API, P2P_API, PROXY_OP, PROXY_STEP};
+enum { T_COLL = 1, T_PROXY_OP = 6, T_PROXY_STEP = 7 };
+/* ncclProfilerProxyOp... and ncclProfilerProxyStep... states. */
+enum {
+  OP_SEND_POSTED = 0,
+  OP_SEND_DONE = 3,
+  OP_RECV_POSTED = 4,
+  OP_RECV_DONE = 7,
+  STEP_SEND_WAIT = 9,
+  STEP_RECV_GPU_WAIT = 12,
+  OP_IN_PROGRESS = 19,
+};
 
 /* The collective and point-to-point members each version's union has,
  * in its layout; other members are not read. */
@@ -153,6 +175,17 @@ struct descr {
     struct coll coll;
     struct p2p p2p;
     struct {
+      pid_t pid;
+      uint8_t channelId;
+      int peer;
+      int nSteps;
+      int chunkSize;
+      int isSend;
+    } proxyOp;
+    struct {
+      int step;
+    } proxyStep;
+    struct {
       bool graphCaptured;
       int groupDepth;
     } groupApi;
@@ -185,6 +218,7 @@ struct context {
   char first_error[256];
   uint64_t next_seq[MAX_FUNCS];
   char last_coll[256];
+  long proxy_sends, proxy_recvs; /* proxy operations per direction */
 };
 
 struct event {
@@ -193,6 +227,10 @@ struct event {
   struct event *parent;
   int open_children;
   struct event *next_retired;
+  int is_send;    /* a proxy operation's or step's direction */
+  int next_step;  /* a proxy operation's next step number */
+  int states;     /* states recorded */
+  int last_state; /* the last of them */
 };
 
 /* Every open event of the process, so that a stop of anything else is
@@ -244,7 +282,7 @@ static ncclResult_t start_event(void *context, void **handle, struct descr *d) {
   *handle = NULL;
   int type = -1;
   for (int t = 0; t < NTYPES; t++)
-    if (d->type == (1u << (t < 3 ? t : t + 5))) type = t;
+    if (d->type == type_bits[t]) type = t;
   pthread_mutex_lock(&lock);
   if (type < 0) {
     fail(ctx, "an event of a type the mask did not ask for");
@@ -285,6 +323,35 @@ static ncclResult_t start_event(void *context, void **handle, struct descr *d) {
       fail(ctx, "a call event without its group");
     }
   }
+  int is_send = 0;
+  if (type == T_PROXY_OP) {
+    parent = d->parentObj;
+    if (parent == NULL || find_open(parent) < 0 || parent->ctx != ctx || parent->type != T_COLL)
+      fail(ctx, "a proxy operation whose parent is not an open collective of its context");
+    else
+      parent->open_children++;
+    if (d->proxyOp.pid != getpid() || d->proxyOp.peer < 0 || d->proxyOp.chunkSize <= 0 ||
+        (d->proxyOp.isSend != 0 && d->proxyOp.isSend != 1))
+      fail(ctx, "a proxy operation of a bad pid, peer, size or direction");
+    if (d->rank != ctx->rank && ctx->rank >= 0) fail(ctx, "a proxy operation of another rank");
+    is_send = d->proxyOp.isSend;
+    if (is_send)
+      ctx->proxy_sends++;
+    else
+      ctx->proxy_recvs++;
+  }
+  if (type == T_PROXY_STEP) {
+    parent = d->parentObj;
+    if (parent == NULL || find_open(parent) < 0 || parent->ctx != ctx ||
+        parent->type != T_PROXY_OP) {
+      fail(ctx, "a proxy step whose parent is not an open proxy operation of its context");
+      parent = NULL;
+    } else {
+      parent->open_children++;
+      if (d->proxyStep.step != parent->next_step++) fail(ctx, "a proxy step out of sequence");
+      is_send = parent->is_send;
+    }
+  }
   if (type == 1) {
     int f = func_index(d->coll.func);
     if (d->coll.seqNumber != ctx->next_seq[f]) fail(ctx, "a collective out of sequence");
@@ -309,6 +376,8 @@ static ncclResult_t start_event(void *context, void **handle, struct descr *d) {
       GROUP_API | COLL_API | P2P_API | GROUP | COLL | P2P | below_call | (0xf << 11),
       COLL_API | COLL | below_call | (0x7 << 12),
       P2P_API | P2P | below_call,
+      PROXY_OP | PROXY_STEP | NET_PLUGIN,
+      PROXY_STEP | NET_PLUGIN,
   };
   int asked = ctx->mask & wanted[type];
   if (!asked) fail(ctx, "an event the mask did not ask for");
@@ -322,6 +391,8 @@ static ncclResult_t start_event(void *context, void **handle, struct descr *d) {
   e->ctx = ctx;
   e->type = type;
   e->parent = parent;
+  e->is_send = is_send;
+  e->last_state = -1;
   open_events[nopen++] = e;
   ctx->started[type]++;
   pthread_mutex_unlock(&lock);
@@ -340,10 +411,16 @@ static ncclResult_t stop_event(void *handle) {
     abort();
   }
   if (e->open_children != 0) fail(e->ctx, "an event stopped before its children");
+  if (e->type == T_PROXY_STEP && e->states != 1)
+    fail(e->ctx, "a proxy step stopped without exactly one state");
+  if (e->type == T_PROXY_OP) {
+    int last = PROFILER_VERSION >= 4 ? OP_IN_PROGRESS : e->is_send ? OP_SEND_DONE : OP_RECV_DONE;
+    if (e->last_state != last) fail(e->ctx, "a proxy operation stopped in the wrong state");
+  }
   if (e->parent) e->parent->open_children--;
   e->ctx->stopped[e->type]++;
   open_events[at] = open_events[--nopen];
-  if (e->type >= 4) {
+  if (e->type == 4 || e->type == 5) {
     e->next_retired = e->ctx->retired;
     e->ctx->retired = e;
   } else {
@@ -354,9 +431,32 @@ static ncclResult_t stop_event(void *handle) {
 }
 
 static ncclResult_t record_event_state(void *handle, int state, void *args) {
-  (void)handle;
-  (void)state;
-  (void)args;
+  struct event *e = handle;
+  pthread_mutex_lock(&lock);
+  if (find_open(e) < 0) {
+    pthread_mutex_unlock(&lock);
+    fprintf(stderr, "test profiler: a state of an event that is not open\n");
+    abort();
+  }
+  if (e->type == T_PROXY_STEP) {
+    /* Both v1's proxyOp and v4's proxyStep arguments begin with the size. */
+    size_t size = args ? *(const size_t *)args : 0;
+    int want = e->is_send ? STEP_SEND_WAIT : STEP_RECV_GPU_WAIT;
+    if (state != want || size == 0) fail(e->ctx, "a proxy step's state or size is wrong");
+  }
+  if (e->type == T_PROXY_OP) {
+    int ok;
+    if (PROFILER_VERSION >= 4)
+      ok = state == OP_IN_PROGRESS && e->states == 0;
+    else if (e->states == 0)
+      ok = state == (e->is_send ? OP_SEND_POSTED : OP_RECV_POSTED);
+    else
+      ok = e->states == 1 && state == (e->is_send ? OP_SEND_DONE : OP_RECV_DONE);
+    if (!ok) fail(e->ctx, "a proxy operation's state is out of order");
+  }
+  e->states++;
+  e->last_state = state;
+  pthread_mutex_unlock(&lock);
   return 0;
 }
 
@@ -377,6 +477,7 @@ static ncclResult_t finalize(void *context) {
       fprintf(f, "version %d\nrank %d\n", PROFILER_VERSION, ctx->rank);
       for (int t = 0; t < NTYPES; t++)
         fprintf(f, "%s %ld %ld\n", type_names[t], ctx->started[t], ctx->stopped[t]);
+      fprintf(f, "proxy_dirs %ld %ld\n", ctx->proxy_sends, ctx->proxy_recvs);
       fprintf(f, "open %ld\nerrors %ld\nfirst_error %s\nlast_coll %s\n", still_open, ctx->errors,
               ctx->first_error, ctx->last_coll);
       fclose(f);
