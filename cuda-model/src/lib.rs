@@ -34,6 +34,7 @@
 mod api;
 mod exec;
 mod state;
+mod vmm;
 
 use cudarc::driver::sys::CUresult;
 
