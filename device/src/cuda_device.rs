@@ -154,6 +154,20 @@ impl CudaDevice {
     }
 }
 
+/// The driver calls of memory shared between processes.
+const VMM_SYMBOLS: &[&str] = &[
+    "cuMemGetAllocationGranularity",
+    "cuMemCreate",
+    "cuMemAddressReserve",
+    "cuMemMap",
+    "cuMemSetAccess",
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
+    "cuMemUnmap",
+    "cuMemAddressFree",
+    "cuMemRelease",
+];
+
 /// Memory shared between processes: cuMem allocations whose handle type is
 /// a POSIX file descriptor, mapped read-write for this device.
 ///
@@ -189,6 +203,24 @@ impl CudaDevice {
             type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
             id: self.ordinal,
         }
+    }
+
+    /// Whether the loaded driver exports `symbols`: cudarc panics on the
+    /// first call of a missing one, where a driver without them (or a
+    /// partial stand-in for one) should get a typed error.
+    fn exports(symbols: &[&str]) -> Result<()> {
+        for name in symbols {
+            // SAFETY: looks a symbol up in the driver cudarc loaded (it is
+            // loaded: this device was opened through it); nothing is called.
+            let found = unsafe { sys::culib().get::<unsafe extern "C" fn()>(name.as_bytes()) };
+            if found.is_err() {
+                return Err(Error::System(format!(
+                    "CUDA driver: {name} is missing, so memory cannot be shared \
+                     between processes (cuMem virtual memory management)"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The handle and size of the shareable allocation mapped at `ptr`.
@@ -465,6 +497,7 @@ impl Device for CudaDevice {
 
     fn alloc_shareable(&self, bytes: usize) -> Result<*mut u8> {
         self.enter()?;
+        Self::exports(VMM_SYMBOLS)?;
         let size = self.granular(bytes)?;
         let prop = self.shareable_prop();
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
@@ -497,6 +530,7 @@ impl Device for CudaDevice {
 
     fn export_dmabuf(&self, ptr: *mut u8) -> Result<(OwnedFd, u64)> {
         self.enter()?;
+        Self::exports(&["cuMemGetHandleForAddressRange"])?;
         let (_, size) = self.shareable_at(ptr)?;
         let mut fd: std::ffi::c_int = -1;
         // SAFETY: the range is a live mapping of `size` bytes (a multiple
@@ -517,6 +551,7 @@ impl Device for CudaDevice {
 
     fn import(&self, handle: OwnedFd, bytes: usize) -> Result<*mut u8> {
         self.enter()?;
+        Self::exports(VMM_SYMBOLS)?;
         let size = self.granular(bytes)?;
         let mut imported: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: a POSIX handle is passed as the descriptor's value in
