@@ -139,7 +139,7 @@ fn out<T>(ptr: *mut T, value: T) -> Res<()> {
 }
 
 fn granular(value: u64) -> bool {
-    value % GRANULARITY as u64 == 0
+    value.is_multiple_of(GRANULARITY as u64)
 }
 
 /// The device of an allocation property block: pinned memory on a device.
@@ -612,7 +612,7 @@ pub extern "C" fn cuMemGetHandleForAddressRange(
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         let page = 4096;
-        if size == 0 || dptr % page != 0 || size as u64 % page != 0 {
+        if size == 0 || !dptr.is_multiple_of(page) || !(size as u64).is_multiple_of(page) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let (base, m) = st
