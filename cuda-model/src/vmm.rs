@@ -13,7 +13,8 @@
 //! offset 0 at the range's start.
 //!
 //! The granularity is 2 MiB, minimum and recommended, as on a GPU: a
-//! caller that assumes the page size is refused.
+//! caller that assumes the page size is refused (reservations are in host
+//! pages, as documented; what is created and mapped, in the granularity).
 
 #![allow(non_snake_case)]
 
@@ -286,16 +287,19 @@ pub extern "C" fn cuMemAddressReserve(
     call(|| {
         let mut st = lock();
         st.initialized()?;
-        let alignment = alignment.max(GRANULARITY);
+        // Size and hint are in host pages (mappings in it, in the
+        // granularity); the default alignment is the granularity.
+        let page = 4096;
         if ptr.is_null()
             || flags != 0
             || size == 0
-            || !granular(size as u64)
-            || !alignment.is_power_of_two()
-            || !granular(addr)
+            || !size.is_multiple_of(page)
+            || !addr.is_multiple_of(page as u64)
+            || (alignment != 0 && !alignment.is_power_of_two())
         {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        let alignment = alignment.max(GRANULARITY);
         // `addr` is a hint only: the model takes whatever the system gives
         // and aligns it.
         let span = size + alignment;

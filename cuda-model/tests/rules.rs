@@ -1120,12 +1120,17 @@ fn vmm_sizes_and_addresses_off_the_granularity_are_refused() {
                 INVALID_VALUE,
                 (cu().cuMemCreate)(&mut handle, g + 4096, &shareable_prop(), 0)
             );
+            ok!((cu().cuMemCreate)(&mut handle, g, &shareable_prop(), 0));
+            // Reservations are in host pages, mappings in the granularity.
             let mut ptr = 0;
             fails!(
                 INVALID_VALUE,
-                (cu().cuMemAddressReserve)(&mut ptr, 4096, 0, 0, 0)
+                (cu().cuMemAddressReserve)(&mut ptr, 100, 0, 0, 0)
             );
-            ok!((cu().cuMemCreate)(&mut handle, g, &shareable_prop(), 0));
+            ok!((cu().cuMemAddressReserve)(&mut ptr, 4096, 0, 0, 0));
+            fails!(INVALID_VALUE, (cu().cuMemMap)(ptr, 4096, 0, handle, 0));
+            fails!(INVALID_VALUE, (cu().cuMemMap)(ptr, g, 0, handle, 0));
+            ok!((cu().cuMemAddressFree)(ptr, 4096));
             ok!((cu().cuMemAddressReserve)(&mut ptr, 2 * g, 0, 0, 0));
             assert_eq!(ptr % g as u64, 0);
             fails!(INVALID_VALUE, (cu().cuMemMap)(ptr + 4096, g, 0, handle, 0));
