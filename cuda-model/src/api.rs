@@ -191,7 +191,7 @@ pub extern "C" fn cuDeviceGetAttribute(
             a if a == Attr::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK as u32 => 1024,
             a if a == Attr::CU_DEVICE_ATTRIBUTE_WARP_SIZE as u32 => 32,
             a if a == Attr::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED as u32 => 1,
-            // Not claimed: cuMem memory asks no GPUDirect RDMA of the model.
+            // Not claimed: no NIC writes to the model's memory but through a file.
             a if a == Attr::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED as u32 => 0,
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
