@@ -25,6 +25,8 @@ const RUN: &[(&str, &str)] = &[
         "perf binaries, --procs 2, device memory through host copies",
         "PASS",
     ),
+    ("perf binaries, --procs 2, CUDA IPC", "PASS"),
+    ("perf binaries, --procs 4, CUDA IPC", "PASS"),
 ];
 
 /// The lines that need parts built for the hardware.
@@ -44,14 +46,6 @@ const NOT_ON_THE_MODEL: &[(&str, &str, &[&str])] = &[
         "fifos",
         "the model has no FIFO loopback kernel yet",
         &["FIFO protocols warp to warp"],
-    ),
-    (
-        "procs",
-        "the model has no cuMem VMM yet (cuMemGetAllocationGranularity, file-descriptor export)",
-        &[
-            "perf binaries, --procs 2, CUDA IPC",
-            "perf binaries, --procs 4, CUDA IPC",
-        ],
     ),
     (
         "hosts",
@@ -185,6 +179,8 @@ fn the_gpu_check_runs_end_to_end_over_the_cuda_driver_model() {
             "kernels.log",
             "perf_all_reduce_g8.log",
             "perf_all_reduce_staged.log",
+            "perf_all_reduce_procs2.log",
+            "perf_all_reduce_procs4.log",
         ] {
             let log = std::fs::read_to_string(out.join(name)).unwrap_or_default();
             all += &format!("== {name}\n{log}\n");

@@ -25,7 +25,7 @@ use CUresult::*;
 
 /// An entry point's body, refused from inside a host function (which may
 /// not call CUDA).
-fn call(body: impl FnOnce() -> Res<()>) -> CUresult {
+pub(crate) fn call(body: impl FnOnce() -> Res<()>) -> CUresult {
     if IN_HOST_FUNCTION.with(|h| h.get()) {
         crate::report(format_args!(
             "a host function called the driver (CUDA_ERROR_NOT_PERMITTED)"
@@ -190,8 +190,8 @@ pub extern "C" fn cuDeviceGetAttribute(
             a if a == Attr::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY as u32 => 1,
             a if a == Attr::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK as u32 => 1024,
             a if a == Attr::CU_DEVICE_ATTRIBUTE_WARP_SIZE as u32 => 32,
-            // Not modeled: no cuMem VMM, so no GPUDirect RDMA on it.
-            a if a == Attr::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED as u32 => 0,
+            a if a == Attr::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED as u32 => 1,
+            // Not claimed: no NIC writes to the model's memory but through a file.
             a if a == Attr::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED as u32 => 0,
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
@@ -355,7 +355,7 @@ fn free(ptr: u64, host: bool, what: &str) -> Res<()> {
         Some(a) => a.kind,
         None => return Err(CUDA_ERROR_INVALID_VALUE),
     };
-    if host != matches!(kind, Kind::PinnedHost { .. }) {
+    if host != matches!(kind, Kind::PinnedHost { .. }) || matches!(kind, Kind::Mapped { .. }) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     st.unsafe_call()?;
@@ -546,7 +546,7 @@ pub extern "C" fn cuMemGetAddressRange_v2(
         let st = lock();
         st.current()?;
         match st.find(dptr, 1) {
-            Some((b, a)) if a.kind == Kind::Device => {
+            Some((b, a)) if matches!(a.kind, Kind::Device | Kind::Mapped { .. }) => {
                 if !base.is_null() {
                     out(base, b)?;
                 }
@@ -577,10 +577,12 @@ fn place(st: &State, ptr: u64, len: usize) -> Res<Place> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     match st.find(ptr, 1) {
+        // A reservation is no host memory: unmapped or inaccessible.
+        None if st.vmm.reserves(ptr) => Err(CUDA_ERROR_INVALID_VALUE),
         None => Ok(Place::Pageable),
         Some(_) if st.find(ptr, len).is_none() => Err(CUDA_ERROR_INVALID_VALUE),
         Some((_, a)) => Ok(match a.kind {
-            Kind::Device => Place::Device(a.dev),
+            Kind::Device | Kind::Mapped { .. } => Place::Device(a.dev),
             Kind::PinnedHost { .. } => Place::Pinned,
         }),
     }

@@ -15,7 +15,9 @@
 //! - one block per modeled SM is resident at a time: a design that needs
 //!   more co-resident blocks hangs, and the model says so at its deadline;
 //! - a kernel touching memory of another device faults, and a fault is
-//!   sticky: every later call of the context returns it.
+//!   sticky: every later call of the context returns it;
+//! - cuMem mappings are inaccessible until `cuMemSetAccess`, with a
+//!   granularity of 2 MiB (vmm.rs).
 //!
 //! Switches (environment, read at `cuInit`):
 //! `RCCL_CUDA_MODEL_DEVICES` (2), `RCCL_CUDA_MODEL_SMS` (4 per device),
@@ -36,6 +38,7 @@
 mod api;
 mod exec;
 mod state;
+mod vmm;
 
 use cudarc::driver::sys::CUresult;
 

@@ -77,6 +77,9 @@ pub(crate) enum Kind {
     Device,
     /// `cuMemHostAlloc` memory with its flags.
     PinnedHost { flags: u32 },
+    /// A `cuMemMap` mapping with access set: the devices (a bit each)
+    /// that may access it.
+    Mapped { access: u64 },
 }
 
 pub(crate) struct Alloc {
@@ -167,6 +170,7 @@ pub(crate) struct State {
     pub execs: HashMap<u64, (usize, std::sync::Arc<Vec<Node>>)>,
     /// Launches so far, per kernel name (fault injection counts them).
     pub launches: HashMap<&'static str, u64>,
+    pub vmm: crate::vmm::Vmm,
     next: u64,
 }
 
@@ -309,6 +313,7 @@ impl State {
             Some((_, a)) => match a.kind {
                 Kind::Device => a.dev == dev || self.config().peer_access,
                 Kind::PinnedHost { .. } => true,
+                Kind::Mapped { access } => access & (1 << dev) != 0,
             },
             None => host_ok,
         }

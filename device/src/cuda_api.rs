@@ -54,6 +54,11 @@ fn symbol(name: &str) -> Option<*mut c_void> {
     (!address.is_null()).then_some(address)
 }
 
+/// Whether the opened driver exports `name`.
+pub(crate) fn exports(name: &str) -> bool {
+    symbol(&format!("{name}\0")).is_some()
+}
+
 /// Declares each entry point as a function of its `cuda.h` signature
 /// that calls the driver's symbol of the same name, resolved on first use;
 /// a symbol the driver lacks answers `CUDA_ERROR_NOT_FOUND`.

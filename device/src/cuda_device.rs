@@ -344,6 +344,20 @@ impl CudaDevice {
     }
 }
 
+/// The driver calls of memory shared between processes.
+const VMM_SYMBOLS: &[&str] = &[
+    "cuMemGetAllocationGranularity",
+    "cuMemCreate",
+    "cuMemAddressReserve",
+    "cuMemMap",
+    "cuMemSetAccess",
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
+    "cuMemUnmap",
+    "cuMemAddressFree",
+    "cuMemRelease",
+];
+
 /// Memory shared between processes: cuMem allocations whose handle type is
 /// a POSIX file descriptor, mapped read-write for this device.
 ///
@@ -378,6 +392,19 @@ impl CudaDevice {
         sys::CUmemLocation {
             type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
             id: self.ordinal,
+        }
+    }
+
+    /// Whether the loaded driver exports `symbols`: a driver without them
+    /// (an old one, or a partial stand-in) is refused up front, naming
+    /// the missing call, rather than halfway through setting memory up.
+    fn exports(symbols: &[&str]) -> Result<()> {
+        match symbols.iter().find(|name| !api::exports(name)) {
+            Some(name) => Err(Error::System(format!(
+                "CUDA driver: {name} is missing, so memory cannot be shared \
+                 between processes (cuMem virtual memory management)"
+            ))),
+            None => Ok(()),
         }
     }
 
@@ -744,6 +771,7 @@ impl Device for CudaDevice {
 
     fn alloc_shareable(&self, bytes: usize) -> Result<*mut u8> {
         let _current = self.enter()?;
+        Self::exports(VMM_SYMBOLS)?;
         let size = self.granular(bytes)?;
         let prop = self.shareable_prop();
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
@@ -778,6 +806,7 @@ impl Device for CudaDevice {
 
     fn export_dmabuf(&self, ptr: *mut u8) -> Result<(OwnedFd, u64)> {
         let _current = self.enter()?;
+        Self::exports(&["cuMemGetHandleForAddressRange"])?;
         let (_, size) = self.shareable_at(ptr)?;
         let mut fd: std::ffi::c_int = -1;
         // SAFETY: the range is a live mapping of `size` bytes (a multiple
@@ -798,6 +827,7 @@ impl Device for CudaDevice {
 
     fn import(&self, handle: OwnedFd, bytes: usize) -> Result<*mut u8> {
         let _current = self.enter()?;
+        Self::exports(VMM_SYMBOLS)?;
         let size = self.granular(bytes)?;
         let mut imported: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: a POSIX handle is passed as the descriptor's value in
