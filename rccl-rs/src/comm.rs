@@ -205,6 +205,10 @@ pub fn hang_report() -> String {
         .join("\n")
 }
 
+/// How long a peer whose process is gone may keep its last words unread
+/// (see [`CommInner::peer_gone`]).
+const PROCESS_GONE_GRACE: std::time::Duration = std::time::Duration::from_millis(300);
+
 pub(crate) struct CommInner {
     pub rank: usize,
     pub nranks: usize,
@@ -218,6 +222,9 @@ pub(crate) struct CommInner {
     /// rank sees it (same pid namespace), found at init while every rank
     /// runs: waits on a peer check that it still does.
     pub processes: Vec<Option<ProcessId>>,
+    /// When each peer's process was first seen gone while its bootstrap
+    /// connection was not yet read to its end (see [`CommInner::peer_gone`]).
+    process_gone_since: Mutex<std::collections::HashMap<usize, Instant>>,
     pub abort: Arc<AtomicBool>,
     /// How the communicator was ended, once `abort` is set: "aborted"
     /// (`ncclCommAbort`) or "destroyed" (`ncclCommDestroy` while another
@@ -544,15 +551,30 @@ impl CommInner {
     /// that no connection of the communicator joins yet (connection
     /// setup), which no closing note can end.
     pub fn peer_gone(&self, peer: usize) -> Option<Error> {
-        let why = self.processes[peer]
-            .and_then(|process| process.gone())
-            .map(|why| format!("died: {why}"))
-            .or_else(|| self.bootstrap.peer_gone(peer))?;
-        Some(Error::Remote(format!(
-            "rank {}: {} {why}",
-            self.rank,
-            self.describe(peer)
-        )))
+        let why = match self.processes[peer].and_then(|process| process.gone()) {
+            Some(why) if self.said_all_it_could(peer) => format!("died: {why}"),
+            Some(_) => return None,
+            None => self.bootstrap.peer_gone(peer)?,
+        };
+        let gone = Error::Remote(format!("rank {}: {} {why}", self.rank, self.describe(peer)));
+        // A failure the peer told before it went is the news, not its end.
+        Some(crate::stuck::peer_failure(self).unwrap_or(gone))
+    }
+
+    /// Whether what `peer`, whose process is gone, said before it went has
+    /// been read: its bootstrap connection was read to its end, or
+    /// [`PROCESS_GONE_GRACE`] passed since its process was first seen gone
+    /// (a peer that never opened a connection to this rank leaves none to
+    /// read). A rank that fails and exits at once tells its failure first;
+    /// without this, a peer could see the process end before the reader
+    /// thread reached the note, and report a death instead of the cause.
+    fn said_all_it_could(&self, peer: usize) -> bool {
+        if self.bootstrap.read_to_end(peer) {
+            return true;
+        }
+        let now = Instant::now();
+        let since = *self.process_gone_since.lock().entry(peer).or_insert(now);
+        now.duration_since(since) >= PROCESS_GONE_GRACE
     }
 
     /// The failure of one of `peers` that runs in this process, as this
@@ -772,6 +794,7 @@ impl Communicator {
             net,
             peers,
             processes,
+            process_gone_since: Mutex::default(),
             abort,
             ended: std::sync::OnceLock::new(),
             poisoned: std::sync::OnceLock::new(),

@@ -509,7 +509,10 @@ fn four_thousand_ranks_simulate_quickly() {
         let wall = start.elapsed().as_secs_f64();
         assert!(r.busbw > 1.0, "{}: {}", a.name(), r.busbw);
         eprintln!("{}: 4096 ranks in {wall:.2} s", a.name());
-        assert!(wall < 20.0, "{} took {wall} s", a.name());
+        // A bound on the replay's growth, not its speed (which benches
+        // measure): a few seconds on a quiet core, 20-30 s on a loaded
+        // one, hours if the replay turned quadratic in the ranks.
+        assert!(wall < 180.0, "{} took {wall} s", a.name());
     }
 }
 

@@ -419,6 +419,13 @@ impl Bootstrap {
         self.peers[rank]
     }
 
+    /// Whether a connection from `peer` was read to its end: everything
+    /// `peer` sent on it before it closed (a failure note included) is in
+    /// the mailbox.
+    pub(crate) fn read_to_end(&self, peer: usize) -> bool {
+        self.shared.mailbox.lock().gone.contains_key(&peer)
+    }
+
     /// How `peer`'s bootstrap connection with this rank ended, if it did:
     /// its connection to this rank closed or broke, or this rank's
     /// connection to it reads the end of the stream or an error (a peer
