@@ -51,7 +51,7 @@ for procs in ${PROCS-2 4}; do
     if [ $CUDA = 0 ]; then note "$name" "BLOCKED (no CUDA device path: $LOGS/probe.log)"; continue; fi
     log="$LOGS/$bin-procs$procs.log"
     # shellcheck disable=SC2086
-    RCCL_DEVICE=cuda NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=SHM timeout -k 5 120 \
+    RCCL_DEVICE=cuda NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,P2P timeout -k 5 120 \
       "$BIN_DIR/$bin" --procs "$procs" --memory device -c 1 $RANGE >"$log" 2>&1
     rc=$?
     wrong=$(awk '!/^#/ && NF >= 13 { w += $9 + $13 } END { print w + 0 }' "$log")

@@ -265,7 +265,7 @@ if has_cap device_memory; then
     no_link=""
     for b in $perf_names; do
       log="$out/perf_${b}_procs$k.log"
-      RCCL_TIMEOUT_MS=30000 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=SHM bounded 30 \
+      RCCL_TIMEOUT_MS=30000 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,P2P bounded 30 \
         "$pack/bin/${b}_perf" --memory device --procs "$k" -b 8 -e "$(size_cap $((8 << 20)))" \
         -f 4 -n 5 -w 1 -c 1 > "$log" 2>&1
       wrong_total=$((wrong_total + $(wrong_in "$log")))

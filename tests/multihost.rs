@@ -800,7 +800,7 @@ fn debug_info_reports_topology_transports_and_choices() {
 }
 
 #[test]
-fn debug_info_names_each_channels_nic_and_the_replayed_choice_on_two_rails() {
+fn debug_info_names_each_channels_nic_and_the_tuners_choice_on_two_rails() {
     let Some(results) = run_ranks(2, 2, 2, "debug", |cmd| {
         cmd.env("NCCL_DEBUG", "INFO")
             .env("NCCL_DEBUG_SUBSYS", "GRAPH,TUNING")
@@ -834,12 +834,13 @@ fn debug_info_names_each_channels_nic_and_the_replayed_choice_on_two_rails() {
                 "rank {rank} channel {channel}:\n{stderr}"
             );
         }
-        // Across hosts the tuner's choice per size comes from replays.
+        // Across hosts the tuner names its choice per size and the time
+        // its cost model expects.
         assert!(
             has(&[
-                "AllReduce: 262144 Bytes on 2 hosts x 2 rails",
-                "replayed ring ",
-                "tree "
+                "AllReduce: 262144 Bytes on 2 hosts x 2 rails, 2 channels: ",
+                " expected in ",
+                " us"
             ]),
             "rank {rank}:\n{stderr}"
         );

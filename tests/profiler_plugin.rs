@@ -76,7 +76,9 @@ fn run_with(
     tag: &str,
     env: &[(&str, &str)],
 ) -> (Vec<Summary>, String) {
-    let dir = c_plugins::scratch("profiler-plugin").join(tag);
+    // Apart from the tests' own folders, which each removes when done
+    // while the others run.
+    let dir = c_plugins::scratch("profiler-plugin-runs").join(tag);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let mut cmd = perf_bins::perf_command(bin, args);
@@ -98,6 +100,7 @@ fn run_with(
         .unwrap()
         .map(|e| Summary::read(&e.unwrap().path()))
         .collect();
+    let _ = std::fs::remove_dir_all(&dir);
     (summaries, text)
 }
 
