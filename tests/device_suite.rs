@@ -1,19 +1,26 @@
-//! The correctness suite through the C ABI on device buffers of the
-//! emulated GPU, with streams: every collective x datatype x op (PreMulSum
-//! and Avg included) x count, in place and out of place, for 1, 2, 3, 4
-//! and 8 ranks as threads. Each rank checks its output against the
-//! suite's reference (tests/common) and against the same call on host
-//! buffers, bit for bit.
+//! The correctness suite through the C ABI on device buffers, with
+//! streams: every collective x datatype x op (PreMulSum and Avg included)
+//! x count, in place and out of place, for 1, 2, 3, 4 and 8 ranks as
+//! threads. Each rank checks its output against the suite's reference
+//! (tests/common) and against the same call on host buffers, bit for bit.
+//! It runs on the emulated GPU, and with `RCCL_DEVICE=cuda` on the CUDA
+//! backend: over the CUDA driver model in
+//! [`the_suite_over_the_cuda_driver_model`], on a GPU where one is.
 
 mod common;
 mod device_cases;
+#[path = "common/driver_model.rs"]
+mod driver_model;
 
 use std::ffi::c_int;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
 use common::{all_cases, test_config};
-use device_cases::{emu, last_error, read_back, run_case, to_device};
+use device_cases::{
+    create_stream, destroy_stream, device_under_test, last_error, read_back, run_case, synchronize,
+    to_device,
+};
 use parking_lot::Mutex;
 use rccl::tuning::Selection;
 use rccl::{CollKind, Communicator, DataType};
@@ -43,7 +50,7 @@ fn suite(nranks: usize) {
 }
 
 fn suite_with(nranks: usize, config: rccl::Config, kinds: &[CollKind], dtypes: &[DataType]) {
-    emu();
+    device_under_test();
     let comms = c_comms_with(nranks, config);
     let cases = all_cases(nranks, kinds, dtypes);
     let failures = Mutex::new(Vec::<String>::new());
@@ -54,9 +61,7 @@ fn suite_with(nranks: usize, config: rccl::Config, kinds: &[CollKind], dtypes: &
             let comm = comm as usize;
             s.spawn(move || {
                 let comm = comm as ncclComm_t;
-                let mut stream: cudaStream_t = null_mut();
-                // SAFETY: a writable stream slot.
-                assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
+                let stream = create_stream();
                 for case in cases {
                     if let Err(msg) = run_case(case, comm, stream, nranks, rank) {
                         failures.lock().push(msg);
@@ -65,8 +70,7 @@ fn suite_with(nranks: usize, config: rccl::Config, kinds: &[CollKind], dtypes: &
                         return;
                     }
                 }
-                // SAFETY: the stream is idle and no longer used.
-                assert_eq!(unsafe { rcclrsEmuStreamDestroy(stream) }, ncclSuccess);
+                destroy_stream(stream);
                 // SAFETY: a live handle, destroyed once.
                 assert_eq!(unsafe { ncclCommDestroy(comm) }, ncclSuccess);
             });
@@ -138,17 +142,10 @@ fn ll_and_ll128_forced() {
 /// synchronize.
 #[test]
 fn a_call_returns_before_its_peer_arrives_and_completes_at_synchronize() {
-    emu();
+    device_under_test();
     let comms = c_comms(2);
     let count = 1000;
-    let streams: Vec<cudaStream_t> = (0..2)
-        .map(|_| {
-            let mut stream = null_mut();
-            // SAFETY: a writable stream slot.
-            assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
-            stream
-        })
-        .collect();
+    let streams: Vec<cudaStream_t> = (0..2).map(|_| create_stream()).collect();
     let bufs: Vec<(*mut u8, *mut u8)> = (0..2)
         .map(|r| {
             let values: Vec<u8> = vec![r as u8 + 1; count];
@@ -173,8 +170,7 @@ fn a_call_returns_before_its_peer_arrives_and_completes_at_synchronize() {
     }
     assert!(started.elapsed() < Duration::from_secs(5), "a call blocked");
     for (rank, &stream) in streams.iter().enumerate() {
-        // SAFETY: a live stream.
-        assert_eq!(unsafe { rcclrsEmuStreamSynchronize(stream) }, ncclSuccess);
+        synchronize(stream).unwrap();
         assert_eq!(read_back(bufs[rank].1, count), vec![3u8; count]);
     }
 }
@@ -183,26 +179,30 @@ fn a_call_returns_before_its_peer_arrives_and_completes_at_synchronize() {
 /// refused with ncclInvalidArgument naming the buffer, its allocation's
 /// size and the count (an all-reduce of 2^40 floats on 4 KiB, a send of
 /// 2^40, an all-gather whose receive buffer holds one rank's part), and
-/// nothing is enqueued: the communicator then runs a call that fits.
+/// nothing is enqueued: the communicator then runs a call that fits. The
+/// allocation may be larger than asked (CUDA rounds it up to its
+/// granularity, 2 MiB): the all-gather's part fills it.
 #[test]
 fn counts_beyond_an_ncclmemalloc_buffer_are_refused_naming_it() {
-    emu();
+    let device = device_under_test();
     let comms = c_comms(2);
     let float = DataType::Float32 as ncclDataType_t;
     let bytes = 4096;
     let fits = bytes / 4;
-    let mut streams = [null_mut(); 2];
+    let streams = [create_stream(), create_stream()];
     let mut bufs = [(null_mut(), null_mut()); 2];
-    for rank in 0..2 {
-        let (send, recv): &mut (*mut std::ffi::c_void, *mut std::ffi::c_void) = &mut bufs[rank];
+    for (send, recv) in &mut bufs {
         // SAFETY: writable slots.
         unsafe {
-            assert_eq!(rcclrsEmuStreamCreate(&mut streams[rank]), ncclSuccess);
             assert_eq!(ncclMemAlloc(send, bytes), ncclSuccess);
             assert_eq!(ncclMemAlloc(recv, bytes), ncclSuccess);
         }
     }
     let (send, recv) = bufs[0];
+    let held = device.allocation(recv.cast()).unwrap().1;
+    assert!(held >= bytes);
+    assert_eq!(device.allocation(send.cast()).unwrap().1, held);
+    let part = held / 4;
     let huge = 1usize << 40;
     let refused = |rc: ncclResult_t, buffer: &str, count: usize| {
         assert_eq!(rc, ncclInvalidArgument, "count {count} on {buffer}");
@@ -210,7 +210,7 @@ fn counts_beyond_an_ncclmemalloc_buffer_are_refused_naming_it() {
         for part in [
             buffer.to_string(),
             format!("count {count} "),
-            format!("allocation ({bytes} bytes "),
+            format!("allocation ({held} bytes "),
         ] {
             assert!(said.contains(&part), "{part:?} not in {said:?}");
         }
@@ -223,8 +223,8 @@ fn counts_beyond_an_ncclmemalloc_buffer_are_refused_naming_it() {
         refused(rc, "sendbuff", huge);
         let rc = ncclSend(send, huge, float, 1, comms[0], streams[0]);
         refused(rc, "sendbuff", huge);
-        let rc = ncclAllGather(send, recv, fits, float, comms[0], streams[0]);
-        refused(rc, "recvbuff", fits);
+        let rc = ncclAllGather(send, recv, part, float, comms[0], streams[0]);
+        refused(rc, "recvbuff", part);
     }
     for rank in 0..2 {
         let (send, recv) = bufs[rank];
@@ -233,13 +233,13 @@ fn counts_beyond_an_ncclmemalloc_buffer_are_refused_naming_it() {
         assert_eq!(rc, ncclSuccess, "{}", last_error(comms[rank]));
     }
     for rank in 0..2 {
+        synchronize(streams[rank]).unwrap();
         // SAFETY: live handles, each released once after its stream ran.
         unsafe {
-            assert_eq!(rcclrsEmuStreamSynchronize(streams[rank]), ncclSuccess);
             assert_eq!(ncclMemFree(bufs[rank].0), ncclSuccess);
             assert_eq!(ncclMemFree(bufs[rank].1), ncclSuccess);
-            assert_eq!(rcclrsEmuStreamDestroy(streams[rank]), ncclSuccess);
         }
+        destroy_stream(streams[rank]);
     }
 }
 
@@ -250,7 +250,7 @@ fn counts_beyond_an_ncclmemalloc_buffer_are_refused_naming_it() {
 /// 300 ms late, so its receiver destroys long before the data comes.
 #[test]
 fn destroy_right_after_enqueuing_lets_the_work_complete() {
-    emu();
+    device_under_test();
     let nranks = 4;
     let comms = c_comms(nranks);
     // Within the FIFOs (TEST_BUFFSIZE): a sender finishes its part, and
@@ -262,9 +262,7 @@ fn destroy_right_after_enqueuing_lets_the_work_complete() {
             let comm = comm as usize;
             s.spawn(move || {
                 let comm = comm as ncclComm_t;
-                let mut stream: cudaStream_t = null_mut();
-                // SAFETY: a writable stream slot.
-                assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
+                let stream = create_stream();
                 let send = to_device(&vec![rank as u8 + 1; count]);
                 let recv = to_device(&vec![0; count]);
                 let (next, prev) = ((rank + 1) % nranks, (rank + nranks - 1) % nranks);
@@ -284,11 +282,8 @@ fn destroy_right_after_enqueuing_lets_the_work_complete() {
                 // SAFETY: a live handle, destroyed once.
                 let destroyed = unsafe { ncclCommDestroy(comm) };
                 assert_eq!(destroyed, ncclSuccess, "rank {rank}: {}", last_error(comm));
-                // SAFETY: a live stream, idle once synchronized.
-                unsafe {
-                    assert_eq!(rcclrsEmuStreamSynchronize(stream), ncclSuccess);
-                    assert_eq!(rcclrsEmuStreamDestroy(stream), ncclSuccess);
-                }
+                synchronize(stream).unwrap();
+                destroy_stream(stream);
                 let got = read_back(recv, count);
                 assert!(
                     got.iter().all(|&v| v == prev as u8 + 1),
@@ -301,18 +296,17 @@ fn destroy_right_after_enqueuing_lets_the_work_complete() {
 }
 
 /// Calls on device memory of ranks in one process run as device work (the
-/// kernels' interpreter, compiled for the host on the emulated GPU), never
-/// the host executor: each call of each rank launches one block, whether
-/// a collective, an in-place one-shot all-reduce (which the host runs on
-/// its board) or a group of sends and receives, driven from one thread
-/// for both ranks.
+/// kernels, or on the emulated GPU their interpreter compiled for the
+/// host), never the host executor: each call of each rank launches one
+/// block, whether a collective, an in-place one-shot all-reduce (which the
+/// host runs on its board) or a group of sends and receives, driven from
+/// one thread for both ranks. The blocks are counted on the emulated GPU
+/// only (the CUDA backend keeps no count); on CUDA the results are checked.
 #[test]
 fn calls_on_device_memory_run_as_device_work() {
-    emu();
+    let counted = device_under_test().backend() == "emu";
     let comms = c_comms(2);
-    let mut stream: cudaStream_t = null_mut();
-    // SAFETY: a writable stream slot.
-    assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
+    let stream = create_stream();
     let count = 64;
     let bufs: Vec<*mut u8> = (0..2).map(|r| to_device(&[r as u8 + 1; 64])).collect();
     let outs: Vec<*mut u8> = (0..2).map(|_| to_device(&[0; 64])).collect();
@@ -325,11 +319,10 @@ fn calls_on_device_memory_run_as_device_work() {
         }
         // SAFETY: as above.
         assert_eq!(unsafe { ncclGroupEnd() }, ncclSuccess);
-        // SAFETY: a live stream.
-        assert_eq!(unsafe { rcclrsEmuStreamSynchronize(stream) }, ncclSuccess);
+        synchronize(stream).unwrap();
         // Other tests of this binary may launch work meanwhile: at least
         // this group's two blocks ran.
-        assert!(rccl_device::emu::works_run() >= before + 2);
+        assert!(!counted || rccl_device::emu::works_run() >= before + 2);
     };
     let uint8 = DataType::Uint8 as ncclDataType_t;
     // In place, small: the host path would take the board.
@@ -382,7 +375,7 @@ fn calls_on_device_memory_run_as_device_work() {
 /// its stream runs before the all-reduce; the sum is of 3 times each input.
 #[test]
 fn a_device_premulsum_scalar_is_read_when_the_collective_runs() {
-    let device = emu();
+    let device = device_under_test();
     let comms = c_comms(2);
     let count = 256;
     let float32 = DataType::Float32 as ncclDataType_t;
@@ -391,9 +384,7 @@ fn a_device_premulsum_scalar_is_read_when_the_collective_runs() {
     let mut outs = Vec::new();
     let mut gates = Vec::new();
     for (rank, &comm) in comms.iter().enumerate() {
-        let mut stream: cudaStream_t = null_mut();
-        // SAFETY: a writable stream slot.
-        assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
+        let stream = create_stream();
         let scalar = to_device(&1.0f32.to_le_bytes());
         let op = device_cases::c_op(
             comm,
@@ -427,12 +418,62 @@ fn a_device_premulsum_scalar_is_read_when_the_collective_runs() {
         gate.store(true, std::sync::atomic::Ordering::Release);
     }
     for (rank, &stream) in streams.iter().enumerate() {
-        // SAFETY: a live stream.
-        assert_eq!(unsafe { rcclrsEmuStreamSynchronize(stream) }, ncclSuccess);
+        synchronize(stream).unwrap();
         let out = read_back(outs[rank], 4 * count);
         for (i, got) in out.chunks(4).enumerate() {
             let got = f32::from_le_bytes(got.try_into().unwrap());
             assert_eq!(got, 3.0 * (1000 + 2 * i) as f32, "rank {rank} element {i}");
         }
     }
+}
+
+/// The suite on the CUDA backend, unchanged, over the CUDA driver model
+/// with its strict defaults (allocation waits for running kernels,
+/// synchronous copies and memsets land late), in a child process: every
+/// rank count, the forced protocols, and the stream-order tests above.
+/// The ranks as threads share device 0, so all their blocks must be
+/// resident at once: the model gets the SMs of an H200 (132) instead of
+/// its default 4.
+#[test]
+fn the_suite_over_the_cuda_driver_model() {
+    driver_model::over_the_model(
+        "the_suite_over_the_cuda_driver_model",
+        &[("RCCL_CUDA_MODEL_SMS", "132")],
+        || {
+            let parts: [(&str, fn()); 11] = [
+                ("one_rank", one_rank),
+                ("two_ranks", two_ranks),
+                ("three_ranks", three_ranks),
+                ("four_ranks", four_ranks),
+                ("eight_ranks", eight_ranks),
+                ("ll_and_ll128_forced", ll_and_ll128_forced),
+                (
+                    "a_call_returns_before_its_peer_arrives_and_completes_at_synchronize",
+                    a_call_returns_before_its_peer_arrives_and_completes_at_synchronize,
+                ),
+                (
+                    "counts_beyond_an_ncclmemalloc_buffer_are_refused_naming_it",
+                    counts_beyond_an_ncclmemalloc_buffer_are_refused_naming_it,
+                ),
+                (
+                    "destroy_right_after_enqueuing_lets_the_work_complete",
+                    destroy_right_after_enqueuing_lets_the_work_complete,
+                ),
+                (
+                    "calls_on_device_memory_run_as_device_work",
+                    calls_on_device_memory_run_as_device_work,
+                ),
+                (
+                    "a_device_premulsum_scalar_is_read_when_the_collective_runs",
+                    a_device_premulsum_scalar_is_read_when_the_collective_runs,
+                ),
+            ];
+            assert_eq!(device_under_test().backend(), "cuda");
+            for (name, part) in parts {
+                let started = Instant::now();
+                part();
+                eprintln!("{name}: {:?} over the model", started.elapsed());
+            }
+        },
+    );
 }

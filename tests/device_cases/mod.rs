@@ -1,5 +1,5 @@
 //! One case of the correctness suite through the C ABI on device buffers
-//! of the emulated GPU with a stream, checked against the suite's
+//! of the active device with a stream, checked against the suite's
 //! reference and against the same call on host buffers, bit for bit: what
 //! the thread suite (device_suite.rs) and the process suites (ipc.rs,
 //! multihost.rs) run.
@@ -8,7 +8,6 @@
 #![allow(dead_code)]
 
 use std::ffi::{c_int, c_void, CStr};
-use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,19 +22,46 @@ pub fn emu() -> &'static dyn Device {
     device::select(Kind::Emu).unwrap()
 }
 
-/// This process's rank on the emulated GPU, joined through the launcher's
+/// The device the cases run on: the CUDA backend where `RCCL_DEVICE=cuda`
+/// (over the CUDA driver model in CI), else the emulated GPU.
+pub fn device_under_test() -> &'static dyn Device {
+    if std::env::var("RCCL_DEVICE").as_deref() != Ok("cuda") {
+        return emu();
+    }
+    let device = device::active().unwrap_or_else(|| panic!("{:?}", device::selection_problem()));
+    assert_eq!(device.backend(), "cuda");
+    device
+}
+
+/// A new stream of the device under test, as a `cudaStream_t`.
+pub fn create_stream() -> cudaStream_t {
+    device_under_test().create_stream().unwrap().raw() as cudaStream_t
+}
+
+/// Destroys a stream of [`create_stream`]; what it holds still runs.
+pub fn destroy_stream(stream: cudaStream_t) {
+    device_under_test().destroy_stream(stream as usize).unwrap();
+}
+
+/// Waits for everything enqueued on `stream` so far (at most a minute);
+/// the stream's first failure otherwise.
+pub fn synchronize(stream: cudaStream_t) -> Result<(), String> {
+    device_under_test()
+        .stream(stream as usize)
+        .and_then(|s| s.synchronize(Instant::now() + Duration::from_secs(60)))
+        .map_err(|e| e.to_string())
+}
+
+/// This process's rank on the device under test, joined through the launcher's
 /// variables, as a C handle with a stream of its own: (handle, stream,
 /// rank, ranks).
 pub fn join_from_env() -> (ncclComm_t, cudaStream_t, usize, usize) {
-    emu();
+    device_under_test();
     let comm = Communicator::from_env().expect("init from the environment");
     let (rank, nranks) = (comm.rank(), comm.count());
     let entry = Entry::new(Slot::Ready(comm), true, 0, None);
     registry::insert(entry.clone());
-    let mut stream: cudaStream_t = null_mut();
-    // SAFETY: a writable stream slot.
-    assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
-    (entry.handle(), stream, rank, nranks)
+    (entry.handle(), create_stream(), rank, nranks)
 }
 
 /// Runs `cases` on the joined rank (aborting the communicator at the
@@ -55,11 +81,9 @@ pub fn run_cases_then_close(
             panic!("{msg}");
         }
     }
-    // SAFETY: a live handle, destroyed once; the stream is idle.
-    unsafe {
-        assert_eq!(ncclCommDestroy(comm), ncclSuccess);
-        assert_eq!(rcclrsEmuStreamDestroy(stream), ncclSuccess);
-    }
+    // SAFETY: a live handle, destroyed once.
+    assert_eq!(unsafe { ncclCommDestroy(comm) }, ncclSuccess);
+    destroy_stream(stream);
 }
 
 /// A float sum all-reduce of `count` elements from device `send` into
@@ -74,15 +98,12 @@ pub fn all_reduce_succeeds(
 ) -> bool {
     // SAFETY: the caller's device buffers of `count` floats, a live
     // communicator and stream.
-    let mut rc = unsafe { ncclAllReduce(send.cast(), recv.cast(), count, 7, 0, comm, stream) };
-    if rc == ncclSuccess {
-        // SAFETY: a live stream.
-        rc = unsafe { rcclrsEmuStreamSynchronize(stream) };
-    }
+    let rc = unsafe { ncclAllReduce(send.cast(), recv.cast(), count, 7, 0, comm, stream) };
+    let ran = rc == ncclSuccess && synchronize(stream).is_ok();
     let mut async_error = ncclSuccess;
     // SAFETY: a live communicator, a writable result.
     unsafe { ncclCommGetAsyncError(comm, &mut async_error) };
-    rc == ncclSuccess && async_error == ncclSuccess
+    ran && async_error == ncclSuccess
 }
 
 pub fn last_error(comm: ncclComm_t) -> String {
@@ -152,16 +173,17 @@ pub unsafe fn c_call(
 /// A copy of `host` in device memory (at least one byte, so that an
 /// empty buffer still has an address).
 pub fn to_device(host: &[u8]) -> *mut u8 {
-    let dev = emu().alloc(host.len()).unwrap();
+    let device = device_under_test();
+    let dev = device.alloc(host.len()).unwrap();
     // SAFETY: both ranges hold host.len() bytes.
-    unsafe { emu().copy(dev, host.as_ptr(), host.len()) }.unwrap();
+    unsafe { device.copy(dev, host.as_ptr(), host.len()) }.unwrap();
     dev
 }
 
 pub fn read_back(dev: *const u8, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
     // SAFETY: both ranges hold `len` bytes.
-    unsafe { emu().copy(out.as_mut_ptr(), dev, len) }.unwrap();
+    unsafe { device_under_test().copy(out.as_mut_ptr(), dev, len) }.unwrap();
     out
 }
 
@@ -170,7 +192,7 @@ pub fn gate(stream: cudaStream_t) -> Arc<AtomicBool> {
     let open = Arc::new(AtomicBool::new(false));
     let theirs = open.clone();
     let until = Instant::now() + Duration::from_secs(20);
-    emu()
+    device_under_test()
         .stream(stream as usize)
         .unwrap()
         .enqueue(Box::new(move || {
@@ -213,12 +235,8 @@ pub fn run_case(
             "{case:?} on rank {rank}: the call wrote its device buffers before its stream ran it"
         ));
     }
-    // SAFETY: synchronizes a live stream.
-    if unsafe { rcclrsEmuStreamSynchronize(stream) } != ncclSuccess {
-        return Err(format!(
-            "{case:?} on rank {rank}: {}",
-            last_error(null_mut())
-        ));
+    if let Err(e) = synchronize(stream) {
+        return Err(format!("{case:?} on rank {rank}: {e}"));
     }
     let mut async_error = ncclSuccess;
     // SAFETY: a live communicator, a writable result.
@@ -228,14 +246,15 @@ pub fn run_case(
     }
     // SAFETY: the stream ran the call; each copy covers its buffer.
     unsafe {
-        emu()
+        let device = device_under_test();
+        device
             .copy(on_device.send.as_mut_ptr(), dev_send, on_device.send.len())
             .unwrap();
-        emu()
+        device
             .copy(on_device.recv.as_mut_ptr(), dev_recv, on_device.recv.len())
             .unwrap();
-        emu().free(dev_send).unwrap();
-        emu().free(dev_recv).unwrap();
+        device.free(dev_send).unwrap();
+        device.free(dev_recv).unwrap();
     }
     let mut on_host = CaseBuffers::new(case, nranks, rank);
     let bases = (on_host.send.as_mut_ptr(), on_host.recv.as_mut_ptr());
