@@ -34,6 +34,7 @@
 mod api;
 mod exec;
 mod state;
+mod user;
 
 use cudarc::driver::sys::CUresult;
 

@@ -42,17 +42,215 @@ fn call(name: &'static str, r: sys::CUresult) -> Result<()> {
     })
 }
 
-/// Pinned host words the interpreter kernel writes each channel's end
-/// into (mapped into the device's address space), reused between
-/// launches: a host function may not free them (it may not call CUDA).
-struct Status {
-    words: *mut i32,
-    len: usize,
+/// Pinned host memory mapped into the device's address space: a launch's
+/// work blocks (read by its kernels) and status words (written by them,
+/// read by its host function). Reused between launches: a host function
+/// may not free it (it may not call CUDA).
+struct Pinned {
+    ptr: *mut u8,
+    bytes: usize,
 }
 
-// SAFETY: pinned host memory, written by the kernel and read by one host
-// function after it; handed between threads whole.
-unsafe impl Send for Status {}
+// SAFETY: pinned host memory owned by this value alone (the kernels and
+// host function of the launch holding it use it in stream order); handed
+// between threads whole, never written through a shared reference.
+unsafe impl Send for Pinned {}
+// SAFETY: as above: shared references only read the address.
+unsafe impl Sync for Pinned {}
+
+/// A launch's report of how each run ended (the engine's `done`).
+type Done = Box<dyn FnMut(std::result::Result<(), WorkFailure>) + Send>;
+
+/// What a launch keeps until it can run no more: after its run, or, when
+/// captured in a CUDA graph, until the graph and every executable graph
+/// made from it are gone (the graph's user object owns it then).
+struct LaunchState {
+    /// The status words (one per channel, first) and the work blocks.
+    pinned: Option<Pinned>,
+    channels: usize,
+    /// (round, block, channel) of each status word.
+    channel_of: Vec<(usize, usize, usize)>,
+    timeout: Duration,
+    /// Helper streams, idle again once the launch is gone (those of a
+    /// capture take part in it until it ends).
+    helpers: Vec<usize>,
+    done: Mutex<Option<Done>>,
+    spare: Arc<Mutex<Vec<Pinned>>>,
+    idle: Arc<Mutex<Vec<usize>>>,
+}
+
+impl LaunchState {
+    /// How the last run ended, from the status words its kernels wrote.
+    fn ended(&self) -> std::result::Result<(), WorkFailure> {
+        let pinned = self.pinned.as_ref().expect("held until dropped");
+        // SAFETY: every kernel of the run wrote its words before the host
+        // function that calls this runs (stream order); `channels` words
+        // lie at the start of the pinned memory.
+        let ends = unsafe { std::slice::from_raw_parts(pinned.ptr.cast::<i32>(), self.channels) };
+        let Some(c) = ends.iter().position(|&e| e != 0) else {
+            return Ok(());
+        };
+        Err(WorkFailure {
+            error: Error::System(format!(
+                "device work did not finish: channel {c} of the launch ended with {} (1 aborted, \
+                 2 gave up after {:?} without progress, 3 a step too large)",
+                ends[c], self.timeout
+            )),
+            timed_out: ends.contains(&2),
+            unfinished: ends
+                .iter()
+                .zip(&self.channel_of)
+                .filter(|(&end, _)| end != 0)
+                .map(|(_, &at)| at)
+                .collect(),
+        })
+    }
+
+    /// Reports a run: the only one of an ordinary launch (`done` goes
+    /// with it), or one replay of a captured launch.
+    fn report(&self, last: bool) {
+        let result = self.ended();
+        let mut done = self.done.lock();
+        if last {
+            let taken = done.take();
+            drop(done);
+            if let Some(mut done) = taken {
+                done(result);
+            }
+        } else if let Some(done) = done.as_mut() {
+            done(result);
+        }
+    }
+
+    /// Reports the launch failed without running to the end (its context
+    /// faulted, so its host function never runs).
+    fn fail(&self, error: Error) {
+        let taken = self.done.lock().take();
+        if let Some(mut done) = taken {
+            done(Err(error.into()));
+        }
+    }
+}
+
+impl Drop for LaunchState {
+    fn drop(&mut self) {
+        if let Some(pinned) = self.pinned.take() {
+            self.spare.lock().push(pinned);
+        }
+        self.idle.lock().extend(self.helpers.drain(..));
+    }
+}
+
+/// Runs `body` as a host function's (or user object destructor's) body:
+/// memory freed meanwhile is freed later, since it may not call CUDA.
+fn as_host_function(body: impl FnOnce()) {
+    IN_HOST_FUNCTION.with(|f| f.set(true));
+    body();
+    IN_HOST_FUNCTION.with(|f| f.set(false));
+}
+
+/// The host function after an ordinary launch: reports its run and drops
+/// the reference `Arc::into_raw` gave it.
+unsafe extern "C" fn launch_ran(arg: *mut c_void) {
+    // SAFETY: the reference `launch_work` leaked for this call, which
+    // the driver makes once.
+    let state = unsafe { Arc::from_raw(arg.cast_const().cast::<LaunchState>()) };
+    as_host_function(|| {
+        state.report(true);
+        drop(state);
+    });
+}
+
+/// The host node of a captured launch: reports each replay; the graph's
+/// user object owns the argument.
+unsafe extern "C" fn launch_replayed(arg: *mut c_void) {
+    // SAFETY: the user object keeps the state until the graph and its
+    // executables are gone, after their last replay.
+    let state = unsafe { &*arg.cast_const().cast::<LaunchState>() };
+    as_host_function(|| state.report(false));
+}
+
+/// The user object's destructor of a captured launch.
+unsafe extern "C" fn launch_released(arg: *mut c_void) {
+    // SAFETY: the reference `launch_work` gave the user object, released
+    // once by the driver.
+    let state = unsafe { Arc::from_raw(arg.cast_const().cast::<LaunchState>()) };
+    as_host_function(|| drop(state));
+}
+
+/// Ordinary launches in flight, each with an event recorded after its
+/// host function. After a kernel fault (a sticky error) no host function
+/// of the context runs: the fault watcher finds the error on the events
+/// and reports those launches failed, so their communicators learn it.
+#[derive(Default)]
+struct Faults {
+    pending: Mutex<Vec<(usize, std::sync::Weak<LaunchState>)>>,
+    wake: parking_lot::Condvar,
+    watching: OnceLock<()>,
+}
+
+/// How often the fault watcher queries the launches in flight.
+const FAULT_POLL: Duration = Duration::from_millis(5);
+
+impl Faults {
+    /// Watches `state` until its event completes; starts the watcher,
+    /// in the calling thread's context, on first use.
+    fn watch(self: &Arc<Self>, event: CUevent, state: &Arc<LaunchState>) {
+        self.watching.get_or_init(|| {
+            let faults = self.clone();
+            let context = result::ctx::get_current()
+                .ok()
+                .flatten()
+                .map(|c| c as usize);
+            let _ = std::thread::Builder::new()
+                .name("rccl-cuda-faults".into())
+                .spawn(move || faults.run(context.map(|c| c as sys::CUcontext)));
+        });
+        self.pending
+            .lock()
+            .push((event as usize, Arc::downgrade(state)));
+        self.wake.notify_one();
+    }
+
+    fn run(&self, context: Option<sys::CUcontext>) {
+        if let Some(context) = context {
+            // SAFETY: the opening thread's context, retained for the
+            // life of the process.
+            let _ = unsafe { result::ctx::set_current(context) };
+        }
+        loop {
+            let mut pending = std::mem::take(&mut *self.pending.lock());
+            pending.retain(|&(event, ref state)| {
+                // SAFETY: an event `launch_work` created for this watch,
+                // destroyed here only.
+                let answer = unsafe { sys::cuEventQuery(event as CUevent) };
+                if answer == sys::CUresult::CUDA_ERROR_NOT_READY {
+                    return true;
+                }
+                if let (Err(e), Some(state)) = (answer.result(), state.upgrade()) {
+                    state.fail(Error::System(format!(
+                        "the CUDA context failed while device work ran ({}): its kernels \
+                         stopped and nothing more runs in the context",
+                        e.error_name()
+                            .map(|s| s.to_string_lossy().into_owned())
+                            .unwrap_or_default()
+                    )));
+                }
+                // SAFETY: as above, destroyed once.
+                unsafe { sys::cuEventDestroy_v2(event as CUevent) };
+                false
+            });
+            let mut list = self.pending.lock();
+            list.extend(pending);
+            if list.is_empty() {
+                self.wake.wait(&mut list);
+            } else {
+                drop(list);
+                std::thread::sleep(FAULT_POLL);
+            }
+        }
+    }
+}
 
 /// A CUDA device: the context current when it was opened.
 pub struct CudaDevice {
@@ -65,7 +263,8 @@ pub struct CudaDevice {
     /// stream must run at once) and gives them back from its last host
     /// function, so no two launches in flight share one.
     helpers: Arc<Mutex<Vec<usize>>>,
-    spare_status: Arc<Mutex<Vec<Status>>>,
+    spare_pinned: Arc<Mutex<Vec<Pinned>>>,
+    faults: Arc<Faults>,
     /// Memory freed from a host function, which may not call CUDA: freed
     /// at the next allocation (device memory, and page-locked host
     /// memory).
@@ -95,7 +294,8 @@ impl CudaDevice {
             name: driver.device_name(ordinal)?,
             kernels: OnceLock::new(),
             helpers: Arc::default(),
-            spare_status: Arc::default(),
+            spare_pinned: Arc::default(),
+            faults: Arc::default(),
             deferred: Mutex::default(),
             deferred_host: Mutex::default(),
             mapped: Mutex::default(),
@@ -138,18 +338,22 @@ impl CudaDevice {
         Ok(taken)
     }
 
-    fn status(&self, len: usize) -> Result<Status> {
-        let mut spare = self.spare_status.lock();
-        if let Some(at) = spare.iter().position(|s| s.len >= len) {
+    /// Pinned mapped memory of at least `bytes`, spare or new.
+    fn pinned(&self, bytes: usize) -> Result<Pinned> {
+        let mut spare = self.spare_pinned.lock();
+        if let Some(at) = spare.iter().position(|p| p.bytes >= bytes) {
             return Ok(spare.swap_remove(at));
         }
+        drop(spare);
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: a fresh pinned allocation of `len` words.
-        let words = unsafe { result::malloc_host(len.max(1) * 4, flags) }
+        // Room to grow: a launch slightly larger reuses it.
+        let bytes = bytes.max(4096).next_power_of_two();
+        // SAFETY: a fresh pinned allocation of `bytes`.
+        let ptr = unsafe { result::malloc_host(bytes, flags) }
             .map_err(|e| Error::System(format!("cuMemHostAlloc: {e:?}")))?;
-        Ok(Status {
-            words: words.cast(),
-            len,
+        Ok(Pinned {
+            ptr: ptr.cast(),
+            bytes,
         })
     }
 }
@@ -301,13 +505,24 @@ impl CudaDevice {
 
 /// `later` waits for everything enqueued on `earlier` so far.
 fn order(earlier: CUstream, later: CUstream) -> Result<()> {
+    // Work outside a capture is waited for on each launch of the graph
+    // that `later` captures.
+    let wait = if capture_graph(later)?.is_some() && capture_graph(earlier)?.is_none() {
+        sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as u32
+    } else {
+        0
+    };
     let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
     let event = result::event::create(flags).map_err(|e| Error::System(format!("{e:?}")))?;
     // SAFETY: live streams of the current context and a fresh event,
     // destroyed once both calls are enqueued (CUDA releases it when done).
     unsafe {
-        let ordered = call("cuEventRecord", sys::cuEventRecord(event, earlier))
-            .and_then(|()| call("cuStreamWaitEvent", sys::cuStreamWaitEvent(later, event, 0)));
+        let ordered = call("cuEventRecord", sys::cuEventRecord(event, earlier)).and_then(|()| {
+            call(
+                "cuStreamWaitEvent",
+                sys::cuStreamWaitEvent(later, event, wait),
+            )
+        });
         sys::cuEventDestroy_v2(event);
         ordered
     }
@@ -564,6 +779,7 @@ impl Device for CudaDevice {
         self.enter()?;
         let kernels = self.kernels()?;
         let first = join(streams)?;
+        let graph = capture_graph(first)?;
         let WorkLaunch {
             rounds,
             timeout,
@@ -574,56 +790,80 @@ impl Device for CudaDevice {
         } = launch;
         // __nanosleep(64) per idle poll: about the launch's timeout.
         let spins = (timeout.as_nanos() / 64) as u64;
-        let blocks: Vec<&Arc<crate::work::Work>> = rounds.iter().flatten().collect();
-        let total: usize = blocks.iter().map(|w| w.bytes().len()).sum();
-        let channels: usize = blocks.iter().map(|w| w.nchannels()).sum();
-        let status = self.status(channels)?;
-        // SAFETY: stream-ordered allocation on `first`, freed on it below
-        // after every kernel that reads it.
-        let mem = unsafe { result::malloc_async(first, total.max(8)) }
-            .map_err(|e| Error::System(format!("cuMemAllocAsync: {e:?}")))?;
-        let mut at = 0u64;
-        let mut word = 0usize;
-        // (round, block, channel) of each status word.
-        let mut channel_of: Vec<(usize, usize, usize)> = Vec::with_capacity(channels);
+        // The status words, then each block at a 16-byte aligned offset.
+        let channels: usize = rounds.iter().flatten().map(|w| w.nchannels()).sum();
+        let words_bytes = (channels * 4).next_multiple_of(16);
+        let total = words_bytes
+            + rounds
+                .iter()
+                .flatten()
+                .map(|w| w.bytes().len().next_multiple_of(16))
+                .sum::<usize>();
+        let pinned = self.pinned(total)?;
         // A round of one block runs on `first` itself.
         let widest = rounds.iter().map(Vec::len).max().unwrap_or(0);
-        let helpers = self.take_helpers(if widest > 1 { widest } else { 0 })?;
+        let helpers = match self.take_helpers(if widest > 1 { widest } else { 0 }) {
+            Ok(helpers) => helpers,
+            Err(e) => {
+                self.spare_pinned.lock().push(pinned);
+                return Err(e);
+            }
+        };
+        let mut state = LaunchState {
+            pinned: Some(pinned),
+            channels,
+            channel_of: Vec::with_capacity(channels),
+            timeout,
+            helpers,
+            done: Mutex::new(Some(done)),
+            spare: self.spare_pinned.clone(),
+            idle: self.helpers.clone(),
+        };
+        let base = state.pinned.as_ref().expect("just set").ptr;
+        let mut at = words_bytes;
+        let mut word = 0usize;
+        let mut placed_rounds = Vec::with_capacity(rounds.len());
         for (index, round) in rounds.iter().enumerate() {
-            // Every block of the round is copied first, then the kernels
-            // start together on the helpers (a block waits for its peers'
-            // blocks through their FIFOs), then `first` waits for them all.
             let mut placed = Vec::with_capacity(round.len());
             for (block, work) in round.iter().enumerate() {
-                channel_of.extend((0..work.nchannels()).map(|c| (index, block, c)));
+                state
+                    .channel_of
+                    .extend((0..work.nchannels()).map(|c| (index, block, c)));
                 let bytes = work.bytes();
-                // SAFETY: `mem + at` holds `bytes.len()` bytes; the source
-                // is pageable, so the driver stages it before returning.
-                unsafe { result::memcpy_htod_async(mem + at, bytes, first) }
-                    .map_err(|e| Error::System(format!("cuMemcpyHtoDAsync: {e:?}")))?;
-                placed.push((mem + at, work.nchannels(), word));
-                at += bytes.len() as u64;
+                // SAFETY: the pinned memory holds `total` bytes, laid out
+                // above; no kernel of this launch runs yet.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(at), bytes.len()) };
+                // SAFETY: as above, within the memory.
+                placed.push((unsafe { base.add(at) } as u64, work.nchannels(), word));
+                at += bytes.len().next_multiple_of(16);
                 word += work.nchannels();
             }
-            let lanes: Vec<CUstream> = if round.len() == 1 {
+            placed_rounds.push(placed);
+        }
+        let state = Arc::new(state);
+        for placed in &placed_rounds {
+            // The blocks of a round start together on the helpers (a block
+            // waits for its peers' blocks through their FIFOs), then
+            // `first` waits for them all.
+            let lanes: Vec<CUstream> = if placed.len() == 1 {
                 vec![first]
             } else {
-                helpers.iter().map(|&s| s as CUstream).collect()
+                state.helpers.iter().map(|&s| s as CUstream).collect()
             };
             for (&(block, nchannels, word), &helper) in placed.iter().zip(&lanes) {
                 if helper != first {
                     order(first, helper)?;
                 }
-                // SAFETY: the block was copied to `block` before the kernel
-                // (ordered above); its addresses are device memory the
-                // engine keeps until `done`; the status words are mapped
-                // pinned memory of `channels` words.
+                // SAFETY: the block lies in mapped pinned memory the launch
+                // state keeps while the launch can run; its addresses are
+                // device memory the engine keeps until `done` is dropped;
+                // the status words are `channels` words of the same memory.
                 unsafe {
                     kernels.run_work(
                         block,
                         nchannels as u32,
                         spins,
-                        status.words.add(word) as u64,
+                        base.add(4 * word) as u64,
                         helper,
                     )
                 }
@@ -633,43 +873,87 @@ impl Device for CudaDevice {
                 order(helper, first)?;
             }
         }
-        // SAFETY: every kernel reading `mem` is ordered before this on
-        // `first`.
-        unsafe { result::free_async(mem, first) }
-            .map_err(|e| Error::System(format!("cuMemFreeAsync: {e:?}")))?;
-        let spare = self.spare_status.clone();
-        let idle = self.helpers.clone();
-        enqueue_host(
-            first,
-            Box::new(move || {
-                // SAFETY: every kernel wrote its words before this host
-                // function runs (stream order); `channels` words exist.
-                let ends = unsafe { std::slice::from_raw_parts(status.words, channels) };
-                let result = match ends.iter().position(|&e| e != 0) {
-                    None => Ok(()),
-                    Some(c) => Err(WorkFailure {
-                        error: Error::System(format!(
-                            "device work did not finish: channel {c} of the launch ended with \
-                             {} (1 aborted, 2 gave up after {timeout:?} without progress, 3 a \
-                             step too large)",
-                            ends[c]
-                        )),
-                        timed_out: ends.contains(&2),
-                        unfinished: ends
-                            .iter()
-                            .zip(&channel_of)
-                            .filter(|(&end, _)| end != 0)
-                            .map(|(_, &at)| at)
-                            .collect(),
-                    }),
+        match graph {
+            None => {
+                let arg = Arc::into_raw(state.clone());
+                // SAFETY: the function takes back the reference it is
+                // given, once.
+                let r = unsafe {
+                    sys::cuLaunchHostFunc(first, Some(launch_ran), arg.cast_mut().cast())
                 };
-                spare.lock().push(status);
-                idle.lock().extend(helpers);
-                done(result);
-            }),
-        )?;
+                if r != sys::CUresult::CUDA_SUCCESS {
+                    // SAFETY: the driver did not take the reference.
+                    drop(unsafe { Arc::from_raw(arg) });
+                }
+                call("cuLaunchHostFunc", r)?;
+                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+                let event = result::event::create(flags)
+                    .map_err(|e| Error::System(format!("cuEventCreate: {e:?}")))?;
+                // SAFETY: a fresh event on a live stream; the fault watcher
+                // destroys it.
+                call("cuEventRecord", unsafe { sys::cuEventRecord(event, first) })?;
+                self.faults.watch(event, &state);
+            }
+            Some(graph) => own_in_graph(graph, first, state)?,
+        }
         fork(first, streams)
     }
+}
+
+/// The graph `stream` captures into, if it is capturing; an invalidated
+/// capture is refused (the calls after its error fail).
+fn capture_graph(stream: CUstream) -> Result<Option<sys::CUgraph>> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: a live stream, valid out-pointers; the optional ones unused.
+    call("cuStreamGetCaptureInfo", unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream,
+            &mut status,
+            std::ptr::null_mut(),
+            &mut graph,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    })?;
+    match status {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(None),
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(Some(graph)),
+        _ => Err(Error::System(
+            "the stream's CUDA graph capture was invalidated".into(),
+        )),
+    }
+}
+
+/// Makes the captured launch's state the graph's: a user object owns it,
+/// kept by the graph and by every executable graph made from it until
+/// they are gone, and a host node reports each replay with it.
+fn own_in_graph(graph: sys::CUgraph, first: CUstream, state: Arc<LaunchState>) -> Result<()> {
+    let arg = Arc::into_raw(state).cast_mut().cast::<c_void>();
+    let mut object: sys::CUuserObject = std::ptr::null_mut();
+    let flags = sys::CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC as u32;
+    // SAFETY: the destructor takes back the reference it is given, once.
+    let made =
+        unsafe { sys::cuUserObjectCreate(&mut object, arg, Some(launch_released), 1, flags) };
+    if made != sys::CUresult::CUDA_SUCCESS {
+        // SAFETY: the driver did not take the reference.
+        drop(unsafe { Arc::from_raw(arg.cast_const().cast::<LaunchState>()) });
+        return call("cuUserObjectCreate", made);
+    }
+    let moved = sys::CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE as u32;
+    // SAFETY: a live graph under capture and the object just made, whose
+    // one reference moves to the graph.
+    let retained = unsafe { sys::cuGraphRetainUserObject(graph, object, 1, moved) };
+    if retained != sys::CUresult::CUDA_SUCCESS {
+        // SAFETY: the caller's reference; the destructor frees the state.
+        unsafe { sys::cuUserObjectRelease(object, 1) };
+        return call("cuGraphRetainUserObject", retained);
+    }
+    // SAFETY: the graph keeps `arg` alive for every run of this node.
+    call("cuLaunchHostFunc", unsafe {
+        sys::cuLaunchHostFunc(first, Some(launch_replayed), arg)
+    })
 }
 
 /// A stream: the caller's `cudaStream_t`, or one this backend created.
@@ -683,7 +967,14 @@ impl Stream for CudaStream {
     }
 
     fn enqueue(&self, work: Work) -> Result<()> {
-        enqueue_host(self.raw as CUstream, work)
+        let stream = self.raw as CUstream;
+        if capture_graph(stream)?.is_some() {
+            // A replay would run the work again, after it was consumed.
+            return Err(Error::InvalidArgument(
+                "host work cannot be captured in a CUDA graph".into(),
+            ));
+        }
+        enqueue_host(stream, work)
     }
 
     unsafe fn copy_async(&self, dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {
@@ -703,10 +994,22 @@ impl Stream for CudaStream {
 
     fn wait_event(&self, event: &dyn Event) -> Result<()> {
         let event = own_event(event)?;
+        let stream = self.raw as CUstream;
+        // In a capture, the event (of work outside it) is waited for on
+        // each launch of the graph.
+        let flags = if capture_graph(stream)?.is_some() {
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as u32
+        } else {
+            0
+        };
         // SAFETY: a live event and stream.
         call("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(self.raw as CUstream, event, 0)
+            sys::cuStreamWaitEvent(stream, event, flags)
         })
+    }
+
+    fn capturing(&self) -> Result<bool> {
+        capture_graph(self.raw as CUstream).map(|graph| graph.is_some())
     }
 
     fn synchronize(&self, deadline: Instant) -> Result<()> {
