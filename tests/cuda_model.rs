@@ -3,6 +3,8 @@
 //! path starts with a folder where `libcuda.so.1` and `libcuda.so` are the
 //! model, as the driver would be on a GPU machine.
 
+#[path = "common/children.rs"]
+mod children;
 mod common;
 
 use std::path::PathBuf;
@@ -472,11 +474,15 @@ fn two_ranks_fault() {
             entry.handle() as usize
         })
         .collect();
+    // Every rank's buffers and stream are made before the first launch
+    // faults (the fault fails every later call of the context).
+    let ready = &std::sync::Barrier::new(2);
     std::thread::scope(|s| {
         for (rank, &comm) in comms.iter().enumerate() {
             s.spawn(move || {
                 let (send, recv) = (device.alloc(4096).unwrap(), device.alloc(4096).unwrap());
                 let own = device.create_stream().unwrap();
+                ready.wait();
                 faulting_all_reduce(
                     rank,
                     comm as ncclComm_t,
@@ -520,4 +526,159 @@ fn defect_10_one_driver_library_is_loaded() {
         drivers.dedup();
         assert_eq!(drivers.len(), 1, "driver libraries loaded: {drivers:?}");
     });
+}
+
+/// The two rendezvous ports of [`over_the_model_ranks`]' children.
+const PORTS: &str = "CUDA_MODEL_PORTS";
+
+/// Runs `body` in two child processes on the model (each its own driver,
+/// as processes have), with `RANK` 0 and 1 and two free ports in
+/// [`PORTS`]; each must run it to the end.
+fn over_the_model_ranks(test: &str, env: &[(&str, &str)], body: fn()) {
+    if std::env::var("CUDA_MODEL_CASE").as_deref() == Ok(test) {
+        body();
+        println!("{RAN}");
+        std::process::exit(0);
+    }
+    let folder = driver_folder(test, false);
+    let path = match std::env::var("LD_LIBRARY_PATH") {
+        Ok(p) if !p.is_empty() => format!("{}:{p}", folder.display()),
+        _ => folder.display().to_string(),
+    };
+    let ports = format!("{},{}", children::free_port(), children::free_port());
+    let logs: Vec<PathBuf> = (0..2)
+        .map(|rank| folder.join(format!("rank{rank}.log")))
+        .collect();
+    let mut ranks = children::Ranks(
+        logs.iter()
+            .enumerate()
+            .map(|(rank, log)| {
+                let log = std::fs::File::create(log).unwrap();
+                Command::new(std::env::current_exe().unwrap())
+                    .args([test, "--exact", "--nocapture", "--include-ignored"])
+                    .env("CUDA_MODEL_CASE", test)
+                    .env("RCCL_DEVICE", "cuda")
+                    .env("LD_LIBRARY_PATH", &path)
+                    .env("RCCL_CUDA_MODEL_DEADLINE_MS", "10000")
+                    .env("RANK", rank.to_string())
+                    .env(PORTS, &ports)
+                    .envs(env.iter().copied())
+                    .stdout(log.try_clone().unwrap())
+                    .stderr(log)
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
+    let ok = ranks.wait_all(Duration::from_secs(60));
+    let text: Vec<String> = logs
+        .iter()
+        .map(|log| std::fs::read_to_string(log).unwrap_or_default())
+        .collect();
+    let _ = std::fs::remove_dir_all(&folder);
+    for (rank, text) in text.iter().enumerate() {
+        assert!(
+            ok[rank] && text.contains(RAN),
+            "{test}, rank {rank} over the CUDA driver model:\n{text}"
+        );
+    }
+}
+
+/// Two communicators of the same two processes, on device memory between
+/// processes that do not share it (`NCCL_P2P_DISABLE`: the host executor
+/// over host copies): rank 0 enqueues its all-reduce on communicator 0
+/// first, rank 1 on communicator 1 first, each on a stream of its own.
+/// The model runs the host functions of a process one at a time, as CUDA
+/// may: a host function that waited for its peers would hold up the other
+/// communicator's, which the peer waits for.
+fn two_communicators_in_flight() {
+    let device = cuda();
+    let rank: usize = std::env::var("RANK").unwrap().parse().unwrap();
+    let config = rccl::Config {
+        p2p_disable: true,
+        timeout: Duration::from_secs(5),
+        ..test_config()
+    };
+    let comms: Vec<ncclComm_t> = std::env::var(PORTS)
+        .unwrap()
+        .split(',')
+        .map(|port| {
+            let id = rccl::UniqueId::from_address(&format!("127.0.0.1:{port}")).unwrap();
+            if rank == 0 {
+                id.serve_root().unwrap();
+            }
+            let comm = Communicator::init_rank_config(2, &id, rank, config.clone()).unwrap();
+            let entry = Entry::new(Slot::Ready(comm), true, 0, None);
+            registry::insert(entry.clone());
+            entry.handle()
+        })
+        .collect();
+    let count = 1024;
+    let values: Vec<u8> = (0..count)
+        .flat_map(|i| ((rank * 1000 + i) as f32).to_le_bytes())
+        .collect();
+    let calls: Vec<_> = comms
+        .iter()
+        .map(|_| {
+            let send = device.alloc(values.len()).unwrap();
+            let recv = device.alloc(values.len()).unwrap();
+            // SAFETY: both ranges hold the values' bytes.
+            unsafe { device.copy(send, values.as_ptr(), values.len()) }.unwrap();
+            (send, recv, device.create_stream().unwrap())
+        })
+        .collect();
+    let order: Vec<usize> = if rank == 0 { vec![0, 1] } else { vec![1, 0] };
+    for (n, &c) in order.iter().enumerate() {
+        if n > 0 {
+            // The first call's host function runs by now.
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let (send, recv, stream) = &calls[c];
+        let rc = plain_all_reduce(
+            rank,
+            comms[c],
+            stream.raw() as cudaStream_t,
+            *send,
+            *recv,
+            count,
+        );
+        assert_eq!(rc, ncclSuccess, "rank {rank}: {}", last_error(comms[c]));
+    }
+    for (c, (_, recv, stream)) in calls.iter().enumerate() {
+        stream
+            .synchronize(Instant::now() + Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("rank {rank}, communicator {c}: {e}"));
+        let mut async_error = ncclSuccess;
+        // SAFETY: a live communicator, a writable result.
+        unsafe { ncclCommGetAsyncError(comms[c], &mut async_error) };
+        assert_eq!(
+            async_error,
+            ncclSuccess,
+            "rank {rank}: {}",
+            last_error(comms[c])
+        );
+        let mut out = vec![0u8; values.len()];
+        // SAFETY: both ranges hold the values' bytes.
+        unsafe { device.copy(out.as_mut_ptr(), *recv, out.len()) }.unwrap();
+        for (i, got) in out.chunks(4).enumerate() {
+            let got = f32::from_le_bytes(got.try_into().unwrap());
+            assert_eq!(
+                got,
+                (1000 + 2 * i) as f32,
+                "rank {rank}, communicator {c}: element {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn two_communicators_over_host_copies_in_flight_across_processes() {
+    over_the_model_ranks(
+        "two_communicators_over_host_copies_in_flight_across_processes",
+        &[
+            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
+            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
+        ],
+        two_communicators_in_flight,
+    );
 }

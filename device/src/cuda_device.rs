@@ -12,6 +12,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -587,6 +588,41 @@ fn enqueue_host(stream: CUstream, work: Work) -> Result<()> {
     call("cuLaunchHostFunc", r)
 }
 
+/// A task of [`Device::enqueue_joint`]: run on a thread of its own, then
+/// the mapped word its stream waits for is set (also when the task is
+/// dropped unrun, so that the stream goes on; the task reports why).
+struct JointTask {
+    work: Option<Work>,
+    flag: usize,
+}
+
+impl JointTask {
+    fn run(mut self) {
+        if let Some(work) = self.work.take() {
+            work();
+        }
+    }
+}
+
+impl Drop for JointTask {
+    fn drop(&mut self) {
+        // SAFETY: the pinned word the stream waits for, kept until the
+        // wait passed (which this store allows).
+        unsafe { (*(self.flag as *const AtomicU32)).store(1, Ordering::Release) };
+    }
+}
+
+/// The host function of a joint task: starts its thread and returns.
+unsafe extern "C" fn start_joint_task(arg: *mut c_void) {
+    // SAFETY: the box `enqueue_joint` leaked for this call, run once.
+    let task = unsafe { Box::from_raw(arg.cast::<JointTask>()) };
+    // A thread that cannot start drops the task unrun, which sets the
+    // word (the work, dropped, reports that it never ran).
+    let _ = std::thread::Builder::new()
+        .name("rccl-staged-task".into())
+        .spawn(move || task.run());
+}
+
 impl Device for CudaDevice {
     fn backend(&self) -> &'static str {
         BACKEND
@@ -768,10 +804,50 @@ impl Device for CudaDevice {
         Ok(Arc::new(CudaEvent { raw: raw as usize }))
     }
 
+    /// The work runs on a thread of its own, never in a host function:
+    /// CUDA may run the host functions of a context one at a time, so a
+    /// task that waits for its peers there would hold up every other
+    /// (two communicators in flight could wait on each other across
+    /// processes). A host function only starts the thread; the stream
+    /// waits (`cuStreamWaitValue32`) for a mapped word the thread sets
+    /// when the work is done, and a second host function gives the word
+    /// back. Neither host function blocks.
     fn enqueue_joint(&self, streams: &[Arc<dyn Stream>], work: Work) -> Result<()> {
         self.enter()?;
         let first = join(streams)?;
-        enqueue_host(first, work)?;
+        if capture_graph(first)?.is_some() {
+            // The task runs once: a replay would find it consumed.
+            return Err(Error::InvalidArgument(
+                "a call over host copies of device buffers (ranks of other processes with \
+                 NCCL_P2P_DISABLE) cannot be captured in a CUDA graph"
+                    .into(),
+            ));
+        }
+        let flag = self.pinned(4)?;
+        let word = flag.ptr as u64;
+        // SAFETY: the word is spare pinned memory no stream uses now.
+        unsafe { (*flag.ptr.cast::<AtomicU32>()).store(0, Ordering::Release) };
+        let task = Box::into_raw(Box::new(JointTask {
+            work: Some(work),
+            flag: word as usize,
+        }));
+        // SAFETY: the function takes back the box it is given, once.
+        let r = unsafe { sys::cuLaunchHostFunc(first, Some(start_joint_task), task.cast()) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: the driver did not take the box; the task never runs
+            // (dropping it only sets the word, which nothing waits for).
+            drop(unsafe { Box::from_raw(task) });
+            self.spare_pinned.lock().push(flag);
+            return call("cuLaunchHostFunc", r);
+        }
+        let equal = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
+        // SAFETY: mapped pinned memory (unified addressing: the device
+        // sees it at the host's address), kept until the wait passed.
+        call("cuStreamWaitValue32", unsafe {
+            sys::cuStreamWaitValue32_v2(first, word, 1, equal)
+        })?;
+        let spare = self.spare_pinned.clone();
+        enqueue_host(first, Box::new(move || spare.lock().push(flag)))?;
         fork(first, streams)
     }
 
@@ -887,12 +963,27 @@ impl Device for CudaDevice {
                 }
                 call("cuLaunchHostFunc", r)?;
                 let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
-                let event = result::event::create(flags)
-                    .map_err(|e| Error::System(format!("cuEventCreate: {e:?}")))?;
-                // SAFETY: a fresh event on a live stream; the fault watcher
-                // destroys it.
-                call("cuEventRecord", unsafe { sys::cuEventRecord(event, first) })?;
-                self.faults.watch(event, &state);
+                let watched = result::event::create(flags)
+                    .map_err(|e| Error::System(format!("cuEventCreate: {e:?}")))
+                    .and_then(|event| {
+                        // SAFETY: a fresh event on a live stream; the fault
+                        // watcher destroys it.
+                        call("cuEventRecord", unsafe { sys::cuEventRecord(event, first) })
+                            .inspect_err(|_| unsafe {
+                                // SAFETY: unused: it goes now.
+                                sys::cuEventDestroy_v2(event);
+                            })
+                            .map(|()| event)
+                    });
+                match watched {
+                    Ok(event) => self.faults.watch(event, &state),
+                    // The context failed since the host function was
+                    // enqueued, which may never run.
+                    Err(e) => {
+                        state.fail(e.clone());
+                        return Err(e);
+                    }
+                }
             }
             Some(graph) => own_in_graph(graph, first, state)?,
         }
