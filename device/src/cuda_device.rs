@@ -968,12 +968,13 @@ impl Device for CudaDevice {
                     .and_then(|event| {
                         // SAFETY: a fresh event on a live stream; the fault
                         // watcher destroys it.
-                        call("cuEventRecord", unsafe { sys::cuEventRecord(event, first) })
-                            .inspect_err(|_| unsafe {
-                                // SAFETY: unused: it goes now.
-                                sys::cuEventDestroy_v2(event);
-                            })
-                            .map(|()| event)
+                        let recorded =
+                            call("cuEventRecord", unsafe { sys::cuEventRecord(event, first) });
+                        if recorded.is_err() {
+                            // SAFETY: the event, unrecorded, goes now.
+                            unsafe { sys::cuEventDestroy_v2(event) };
+                        }
+                        recorded.map(|()| event)
                     });
                 match watched {
                     Ok(event) => self.faults.watch(event, &state),
