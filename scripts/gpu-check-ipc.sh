@@ -12,6 +12,8 @@
 #   PROCS     process counts for the perf binaries, "2 4" by default; empty
 #             runs only the torch checks (gpu-check.sh runs the perf
 #             binaries across processes itself)
+#   TORCH_SECONDS  the deadline of each torch run (default 50), so that
+#             the probe and the four runs end within gpu-check.sh's step
 #
 # Needs the CUDA backend of the device crate (RCCL_DEVICE=cuda). Ranks in
 # separate processes on device 0 run as device work (the interpreter
@@ -27,6 +29,7 @@ BIN_DIR=${BIN_DIR:-$ROOT/target/release}
 LIB=${LIB:-$BIN_DIR/librcclrs.so}
 PYTHON=${PYTHON:-python3}
 RANGE=${RANGE:-"-b 8 -e 16M -f 16 -n 5 -w 1"}
+TORCH_SECONDS=${TORCH_SECONDS:-50}
 OUT=${OUT:-$(mktemp -d)}
 LOGS=$OUT/ipc
 mkdir -p "$LOGS"
@@ -36,7 +39,7 @@ note() { SUMMARY+=("$(printf '%-44s %s' "$1" "$2")"); }
 
 # Does this build reach the GPU? One all-reduce on device memory.
 CUDA=1
-if ! RCCL_DEVICE=cuda timeout 60 "$BIN_DIR/all_reduce_perf" --memory device -g 1 -c 1 -b 8 -e 8 \
+if ! RCCL_DEVICE=cuda timeout -k 5 30 "$BIN_DIR/all_reduce_perf" --memory device -g 1 -c 1 -b 8 -e 8 \
     >"$LOGS/probe.log" 2>&1; then
   CUDA=0
 fi
@@ -48,7 +51,7 @@ for procs in ${PROCS-2 4}; do
     if [ $CUDA = 0 ]; then note "$name" "BLOCKED (no CUDA device path: $LOGS/probe.log)"; continue; fi
     log="$LOGS/$bin-procs$procs.log"
     # shellcheck disable=SC2086
-    RCCL_DEVICE=cuda NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=SHM timeout 120 \
+    RCCL_DEVICE=cuda NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=SHM timeout -k 5 120 \
       "$BIN_DIR/$bin" --procs "$procs" --memory device -c 1 $RANGE >"$log" 2>&1
     rc=$?
     wrong=$(awk '!/^#/ && NF >= 13 { w += $9 + $13 } END { print w + 0 }' "$log")
@@ -70,7 +73,7 @@ done
 PARITY=$ROOT/python/tests/gpu_nccl_parity.py
 run_torch() { # log, then the command (env assignments first)
   local log=$1; shift
-  env "$@" >"$log" 2>&1
+  timeout -k 5 "$TORCH_SECONDS" env "$@" >"$log" 2>&1
 }
 if run_torch "$LOGS/parity-gloo.log" "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2 \
     "$PARITY" --backend gloo --device cpu --out "$LOGS/parity-gloo.json"; then
@@ -87,7 +90,7 @@ else
       LD_DEBUG_OUTPUT="$LOGS/bindings" "$PYTHON" -m torch.distributed.run --standalone \
       --nproc-per-node 2 "$PARITY" --backend nccl --device cuda:0 --out "$LOGS/parity-nccl.json" \
     && cat "$LOGS"/bindings.* | grep -q "to .*librcclrs.so.*ncclAllReduce" \
-    && "$PYTHON" "$PARITY" --compare "$LOGS/parity-gloo.json" "$LOGS/parity-nccl.json" \
+    && timeout -k 5 30 "$PYTHON" "$PARITY" --compare "$LOGS/parity-gloo.json" "$LOGS/parity-nccl.json" \
       >"$LOGS/parity-compare.log" 2>&1; then
     note "torch nccl on cuda:0, 2 processes" "PASS $(head -1 "$LOGS/parity-compare.log")"
   else
@@ -103,7 +106,7 @@ else
   # CPU's, so losses agree to float32 rounding accumulated over 50 steps,
   # not bitwise; 1e-4 relative is far above that and far below a wrong
   # gradient (which moves the final loss by whole percents).
-  verdict=$("$PYTHON" - "$LOGS/ddp-gloo.json" "$LOGS/ddp-nccl.json" <<'PY'
+  verdict=$(timeout -k 5 30 "$PYTHON" - "$LOGS/ddp-gloo.json" "$LOGS/ddp-nccl.json" <<'PY'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 la, lb = float.fromhex(a["losses"][-1]), float.fromhex(b["losses"][-1])

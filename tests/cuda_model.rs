@@ -102,7 +102,7 @@ fn the_cuda_backend_opens_on_the_model_and_moves_bytes() {
             );
             let host: Vec<u8> = (0..64).collect();
             let dev = device.alloc(64).unwrap();
-            assert!(device.classify(dev).is_device());
+            assert!(device.classify(dev).unwrap().is_device());
             // SAFETY: both ranges hold 64 bytes.
             unsafe { device.copy(dev, host.as_ptr(), 64) }.unwrap();
             let mut back = vec![0u8; 64];
@@ -133,9 +133,18 @@ fn plain_all_reduce(
 /// Two ranks as threads on device 0, a stream each: each makes its float
 /// sum all-reduce with `call`, synchronizes, and checks the sum.
 fn two_ranks_all_reduce(call: Call) {
-    let device = cuda();
-    let count = 1024;
-    let comms: Vec<usize> = Communicator::init_all_config(2, test_config())
+    two_ranks_all_reduce_with(test_config(), call, 1.0)
+}
+
+/// As [`two_ranks_all_reduce`], the sum expected `scale` times larger.
+fn two_ranks_all_reduce_scaled(call: Call, scale: f32) {
+    two_ranks_all_reduce_with(test_config(), call, scale)
+}
+
+/// Communicators of `nranks` ranks of this process with `config`, as C
+/// handles (integers, to cross into threads).
+fn c_communicators(nranks: usize, config: rccl::Config) -> Vec<usize> {
+    Communicator::init_all_config(nranks, config)
         .unwrap()
         .into_iter()
         .map(|comm| {
@@ -143,7 +152,13 @@ fn two_ranks_all_reduce(call: Call) {
             registry::insert(entry.clone());
             entry.handle() as usize
         })
-        .collect();
+        .collect()
+}
+
+fn two_ranks_all_reduce_with(config: rccl::Config, call: Call, scale: f32) {
+    let device = cuda();
+    let count = 1024;
+    let comms = c_communicators(2, config);
     let ready = &std::sync::Barrier::new(2);
     std::thread::scope(|s| {
         for (rank, &comm) in comms.iter().enumerate() {
@@ -178,7 +193,7 @@ fn two_ranks_all_reduce(call: Call) {
                 // SAFETY: both ranges hold the values' bytes.
                 unsafe { device.copy(out.as_mut_ptr(), recv, out.len()) }.unwrap();
                 for (i, got) in out.chunks(4).enumerate() {
-                    let want = (1000 + 2 * i) as f32;
+                    let want = (1000 + 2 * i) as f32 * scale;
                     let got = f32::from_le_bytes(got.try_into().unwrap());
                     assert_eq!(got, want, "rank {rank} element {i}");
                 }
@@ -195,18 +210,13 @@ fn last_error(comm: ncclComm_t) -> String {
 }
 
 /// The smoke test: a collective through the C ABI on device memory, its
-/// kernels run by the model. With the model's lenient switches: here
-/// allocation does not wait for kernels and synchronous memsets complete
-/// before they return; with the strict defaults the ranks deadlock or
-/// read unzeroed memory (defects 5 and 2 of issue 31, the tests below).
+/// kernels run by the model with its strict defaults (allocation waits
+/// for kernels, synchronous memsets and copies land late).
 #[test]
 fn an_all_reduce_on_device_memory_through_the_c_abi() {
     over_the_model(
         "an_all_reduce_on_device_memory_through_the_c_abi",
-        &[
-            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
-            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
-        ],
+        &[],
         || two_ranks_all_reduce(plain_all_reduce),
     );
 }
@@ -226,54 +236,71 @@ fn second_rank_calls_late(
     plain_all_reduce(rank, comm, stream, send, recv, count)
 }
 
-// What the model exposes of issue 31's defects: each test states what
-// CUDA promises; ignored until the defect is fixed (run them with
+// What the model exposes of a backend's mistakes: each test states what
+// CUDA promises. Ignored ones wait for their fix (run them with
 // `--ignored`).
 
+/// A rank's first call comes while the other rank's kernel waits for it:
+/// nothing on its way may wait for running kernels (`cuMemAlloc`,
+/// `cuMemFree`, `cuMemHostAlloc` may), or the two wait for each other.
 #[test]
-#[ignore = "issue 31 defect 5: a rank's first call allocates (cuMemAlloc, cuMemHostAlloc) while the other rank's kernel waits for it"]
-fn defect_5_allocation_on_the_call_path_waits_for_the_other_ranks_kernel() {
+fn allocation_on_the_call_path_never_waits_for_the_other_ranks_kernel() {
     over_the_model(
-        "defect_5_allocation_on_the_call_path_waits_for_the_other_ranks_kernel",
-        &[
-            ("RCCL_CUDA_MODEL_DEADLINE_MS", "3000"),
-            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
-        ],
+        "allocation_on_the_call_path_never_waits_for_the_other_ranks_kernel",
+        &[("RCCL_CUDA_MODEL_DEADLINE_MS", "3000")],
         || two_ranks_all_reduce(second_rank_calls_late),
     );
 }
 
+/// Synchronous memsets and copies to device memory land 200 ms late on
+/// the legacy stream: zeroing and uploads must be ordered with the
+/// kernels that read them by other means (the FIFOs, scratch and abort
+/// words read as set otherwise).
 #[test]
-#[ignore = "issue 31 defect 2: zeroing by a synchronous cuMemsetD8 on the legacy stream is not ordered with kernels on non-blocking streams (the abort word reads as set)"]
-fn defect_2_late_zeroing_races_with_the_kernels() {
+fn zeroing_and_uploads_are_ordered_with_the_kernels() {
     over_the_model(
-        "defect_2_late_zeroing_races_with_the_kernels",
-        &[
-            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
-            ("RCCL_CUDA_MODEL_LATE_MS", "200"),
-        ],
+        "zeroing_and_uploads_are_ordered_with_the_kernels",
+        &[("RCCL_CUDA_MODEL_LATE_MS", "200")],
         || two_ranks_all_reduce(plain_all_reduce),
     );
 }
 
+/// A thread without a current context classifies device memory as device
+/// memory (the backend makes its context current).
 #[test]
-#[ignore = "issue 31 defect 9: on a thread without a context, classify answers host memory for device memory"]
-fn defect_9_classify_on_a_thread_without_a_context() {
-    over_the_model(
-        "defect_9_classify_on_a_thread_without_a_context",
-        &[],
-        || {
-            let device = cuda();
-            // An address crosses into the thread as an integer.
-            let dev = device.alloc(64).unwrap() as usize;
-            std::thread::spawn(move || {
-                let memory = cuda().classify(dev as *const u8);
-                assert!(memory.is_device(), "device memory classified as {memory}");
-            })
-            .join()
-            .unwrap();
-        },
-    );
+fn classify_on_a_thread_without_a_context() {
+    over_the_model("classify_on_a_thread_without_a_context", &[], || {
+        let device = cuda();
+        // An address crosses into the thread as an integer.
+        let dev = device.alloc(64).unwrap() as usize;
+        std::thread::spawn(move || {
+            let memory = cuda().classify(dev as *const u8).unwrap();
+            assert!(memory.is_device(), "device memory classified as {memory}");
+        })
+        .join()
+        .unwrap();
+    });
+}
+
+/// A driver error while classifying is an error, never "host memory":
+/// here the device's context is gone (released by the application).
+#[test]
+fn classify_reports_a_driver_error() {
+    over_the_model("classify_reports_a_driver_error", &[], || {
+        let device = cuda();
+        let dev = device.alloc(64).unwrap();
+        let release: unsafe extern "C" fn(i32) -> i32 = driver_fn(c"cuDevicePrimaryCtxRelease_v2");
+        // SAFETY: releases the primary context the backend retained.
+        assert_eq!(unsafe { release(0) }, 0);
+        let answer = device.classify(dev);
+        let error = answer.expect_err("a classification without a context");
+        assert!(
+            error
+                .to_string()
+                .contains("CUDA_ERROR_CONTEXT_IS_DESTROYED"),
+            "{error}"
+        );
+    });
 }
 
 /// The model's driver entry point `name`.
@@ -314,6 +341,9 @@ fn captured_all_reduce(
     let destroy_exec: unsafe extern "C" fn(P) -> i32 = driver_fn(c"cuGraphExecDestroy");
     let destroy_graph: unsafe extern "C" fn(P) -> i32 = driver_fn(c"cuGraphDestroy");
     let device = cuda();
+    // The capture calls below are the application's own: device 0's
+    // context is current on this thread, as an application makes it.
+    make_current(0);
     let s = stream.cast();
     let rc = plain_all_reduce(rank, comm, stream, send, recv, count);
     if rc != ncclSuccess {
@@ -385,11 +415,13 @@ fn make_current(ordinal: i32) {
     }
 }
 
+/// The backend opened on device 1 (current when it opened) allocates
+/// there from every thread, and leaves each thread's own context as it
+/// was.
 #[test]
-#[ignore = "issue 31 defect 4: the backend opened on device 1 allocates on device 0 from a thread without a context"]
-fn defect_4_a_device_opened_on_device_1_allocates_there_from_every_thread() {
+fn a_device_opened_on_device_1_allocates_there_from_every_thread() {
     over_the_model(
-        "defect_4_a_device_opened_on_device_1_allocates_there_from_every_thread",
+        "a_device_opened_on_device_1_allocates_there_from_every_thread",
         &[],
         || {
             make_current(1);
@@ -397,7 +429,7 @@ fn defect_4_a_device_opened_on_device_1_allocates_there_from_every_thread() {
             assert!(device.label().starts_with("[cuda 1]"), "{}", device.label());
             std::thread::spawn(|| {
                 let device = cuda();
-                let memory = device.classify(device.alloc(64).unwrap());
+                let memory = device.classify(device.alloc(64).unwrap()).unwrap();
                 assert_eq!(
                     memory,
                     rccl::device::Memory::Device {
@@ -406,11 +438,88 @@ fn defect_4_a_device_opened_on_device_1_allocates_there_from_every_thread() {
                     },
                     "a helper thread's allocation"
                 );
+                assert_eq!(current_context(), 0, "the thread's context after the calls");
             })
             .join()
             .unwrap();
+            make_current(0);
+            device.alloc(64).unwrap();
+            assert_eq!(current_device(), 0, "the caller's context after the calls");
         },
     );
+}
+
+/// The calling thread's current context (0 for none).
+fn current_context() -> usize {
+    let get: unsafe extern "C" fn(*mut usize) -> i32 = driver_fn(c"cuCtxGetCurrent");
+    let mut context = 0;
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { get(&mut context) }, 0);
+    context
+}
+
+/// The device of the calling thread's current context.
+fn current_device() -> i32 {
+    let get: unsafe extern "C" fn(*mut i32) -> i32 = driver_fn(c"cuCtxGetDevice");
+    let mut device = -1;
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { get(&mut device) }, 0);
+    device
+}
+
+/// A communicator on device 1: its all-reduce runs there.
+#[test]
+fn an_all_reduce_on_device_1() {
+    over_the_model("an_all_reduce_on_device_1", &[], || {
+        make_current(1);
+        assert!(cuda().label().starts_with("[cuda 1]"));
+        two_ranks_all_reduce(plain_all_reduce);
+    });
+}
+
+/// A buffer of another device than the communicators' is refused, the
+/// error naming both devices.
+#[test]
+fn a_buffer_on_another_device_is_refused() {
+    over_the_model("a_buffer_on_another_device_is_refused", &[], || {
+        let device = cuda();
+        assert!(device.label().starts_with("[cuda 0]"));
+        let comm = Communicator::init_all_config(1, test_config())
+            .unwrap()
+            .pop()
+            .unwrap();
+        let entry = Entry::new(Slot::Ready(comm), true, 0, None);
+        registry::insert(entry.clone());
+        let comm = entry.handle();
+        let own = device.create_stream().unwrap();
+        make_current(1);
+        let alloc: unsafe extern "C" fn(*mut u64, usize) -> i32 = driver_fn(c"cuMemAlloc_v2");
+        let (mut send, mut recv) = (0u64, 0u64);
+        // SAFETY: valid out-pointers, device 1's context current.
+        unsafe {
+            assert_eq!(alloc(&mut send, 4096), 0);
+            assert_eq!(alloc(&mut recv, 4096), 0);
+        }
+        // SAFETY: a live communicator and stream; the buffers hold 1024
+        // floats.
+        let rc = unsafe {
+            ncclAllReduce(
+                send as *const _,
+                recv as *mut _,
+                1024,
+                7,
+                0,
+                comm,
+                own.raw() as cudaStream_t,
+            )
+        };
+        assert_eq!(rc, ncclInvalidArgument);
+        let text = last_error(comm);
+        assert!(
+            text.contains("cuda device 1") && text.contains("cuda device 0"),
+            "{text}"
+        );
+    });
 }
 
 fn faulting_all_reduce(
@@ -509,10 +618,11 @@ fn a_kernel_fault_poisons_the_communicator() {
     );
 }
 
+/// The process loads one driver library, `libcuda.so.1`, even where
+/// `libcuda.so` is another file (as the toolkit's stub is).
 #[test]
-#[ignore = "issue 31 defect 10: cudarc loads libcuda.so (here another file, as the toolkit's stub is) beside the libcuda.so.1 the backend opened"]
-fn defect_10_one_driver_library_is_loaded() {
-    over_the_model_in("defect_10_one_driver_library_is_loaded", &[], true, || {
+fn one_driver_library_is_loaded() {
+    over_the_model_in("one_driver_library_is_loaded", &[], true, || {
         let device = cuda();
         device.alloc(64).unwrap();
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
@@ -680,5 +790,193 @@ fn two_communicators_over_host_copies_in_flight_across_processes() {
             ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
         ],
         two_communicators_in_flight,
+    );
+}
+
+/// Rank 0 of two calls an all-reduce that rank 1 never joins, so that its
+/// kernel waits; `then` gets (rank 0's communicator, its stream, when the
+/// call returned).
+fn a_kernel_waits_for_a_peer_that_never_comes(
+    config: rccl::Config,
+    then: fn(ncclComm_t, &std::sync::Arc<dyn rccl::device::Stream>, Instant),
+) {
+    let device = cuda();
+    let comms = c_communicators(2, config);
+    let (send, recv) = (device.alloc(4096).unwrap(), device.alloc(4096).unwrap());
+    let own = device.create_stream().unwrap();
+    let comm = comms[0] as ncclComm_t;
+    // SAFETY: device buffers of 1024 floats, a live communicator and
+    // stream.
+    let rc = unsafe {
+        ncclAllReduce(
+            send.cast(),
+            recv.cast(),
+            1024,
+            7,
+            0,
+            comm,
+            own.raw() as cudaStream_t,
+        )
+    };
+    assert_eq!(rc, ncclSuccess, "{}", last_error(comm));
+    then(comm, &own, Instant::now());
+}
+
+/// A config whose timeout is `timeout`.
+fn timing_out_after(timeout: Duration) -> rccl::Config {
+    rccl::Config {
+        timeout,
+        ..test_config()
+    }
+}
+
+#[test]
+fn an_abort_stops_a_kernel_waiting_for_a_peer() {
+    over_the_model(
+        "an_abort_stops_a_kernel_waiting_for_a_peer",
+        &[
+            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
+            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
+        ],
+        || {
+            a_kernel_waits_for_a_peer_that_never_comes(
+                timing_out_after(Duration::from_secs(600)),
+                |comm, stream, _| {
+                    // The kernel is resident and waiting.
+                    std::thread::sleep(Duration::from_millis(300));
+                    assert!(
+                        stream
+                            .synchronize(Instant::now() + Duration::from_millis(50))
+                            .is_err(),
+                        "the kernel finished without its peer"
+                    );
+                    // SAFETY: a live communicator, aborted once.
+                    assert_eq!(unsafe { ncclCommAbort(comm) }, ncclSuccess);
+                    stream
+                        .synchronize(Instant::now() + Duration::from_secs(1))
+                        .expect("the kernel stops within 1 s of ncclCommAbort");
+                },
+            )
+        },
+    );
+}
+
+#[test]
+fn a_kernel_waiting_for_a_peer_fails_at_the_timeout() {
+    over_the_model(
+        "a_kernel_waiting_for_a_peer_fails_at_the_timeout",
+        &[
+            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
+            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
+        ],
+        || {
+            a_kernel_waits_for_a_peer_that_never_comes(
+                timing_out_after(Duration::from_millis(2000)),
+                |comm, stream, called| {
+                    stream
+                        .synchronize(called + Duration::from_secs(3))
+                        .expect("the kernel ends within 1 s of the 2 s timeout");
+                    let took = called.elapsed();
+                    let mut async_error = ncclSuccess;
+                    // SAFETY: a live communicator, a writable result.
+                    unsafe { ncclCommGetAsyncError(comm, &mut async_error) };
+                    let why = last_error(comm);
+                    assert_ne!(async_error, ncclSuccess, "{why}");
+                    assert!(why.contains("timed out"), "{why}");
+                    assert!(
+                        took >= Duration::from_millis(1900),
+                        "the kernel gave up after {took:?}, before the 2 s timeout"
+                    );
+                },
+            )
+        },
+    );
+}
+
+#[test]
+fn a_huge_timeout_does_not_wrap() {
+    over_the_model(
+        "a_huge_timeout_does_not_wrap",
+        &[
+            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
+            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
+        ],
+        || {
+            // 15625 * this many ms, in 64 ns polls, is 2^64 + 10884: a
+            // count that wraps gives up after a few thousand polls.
+            let ms = 1_180_591_620_717_412;
+            two_ranks_all_reduce_with(
+                timing_out_after(Duration::from_millis(ms)),
+                second_rank_calls_late,
+                1.0,
+            )
+        },
+    );
+}
+
+/// cuMemcpyHtoDAsync through the model.
+fn copy_to_device_async(dst: *mut u8, src: &[u8], stream: cudaStream_t) {
+    type P = *mut std::ffi::c_void;
+    let copy: unsafe extern "C" fn(u64, *const u8, usize, P) -> i32 =
+        driver_fn(c"cuMemcpyHtoDAsync_v2");
+    // SAFETY: `dst` is device memory of `src.len()` bytes; the model
+    // stages the pageable source at the call.
+    assert_eq!(
+        unsafe { copy(dst as u64, src.as_ptr(), src.len(), stream.cast()) },
+        0
+    );
+}
+
+/// The stream sleeps `ms` on a host function before what follows.
+fn stream_sleeps(stream: cudaStream_t, ms: u64) {
+    type P = *mut std::ffi::c_void;
+    unsafe extern "C" fn sleep(ms: P) {
+        std::thread::sleep(Duration::from_millis(ms as u64));
+    }
+    let launch: unsafe extern "C" fn(P, unsafe extern "C" fn(P), P) -> i32 =
+        driver_fn(c"cuLaunchHostFunc");
+    // SAFETY: a live stream; the function takes its argument as a number.
+    assert_eq!(unsafe { launch(stream.cast(), sleep, ms as P) }, 0);
+}
+
+/// Each rank's PreMulSum scalar (device memory, ncclScalarDevice) is 1 when
+/// the op is made; its stream, after a pause, sets it to 3, then the
+/// all-reduce runs: the sum is of 3 times each input.
+fn premulsum_scalar_set_on_the_stream(
+    _rank: usize,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+) -> ncclResult_t {
+    // The raw driver calls below need a context, as an application has.
+    make_current(0);
+    let device = cuda();
+    let scalar = device.alloc(4).unwrap();
+    // SAFETY: 4 bytes each.
+    unsafe { device.copy(scalar, 1.0f32.to_le_bytes().as_ptr(), 4) }.unwrap();
+    let mut op = 0;
+    // SAFETY: a live communicator; the scalar stays while the op lives.
+    let rc = unsafe { ncclRedOpCreatePreMulSum(&mut op, scalar.cast(), 7, ncclScalarDevice, comm) };
+    assert_eq!(rc, ncclSuccess, "{}", last_error(comm));
+    stream_sleeps(stream, 300);
+    copy_to_device_async(scalar, &3.0f32.to_le_bytes(), stream);
+    // SAFETY: device buffers of `count` floats, a live communicator and
+    // stream.
+    unsafe { ncclAllReduce(send.cast(), recv.cast(), count, 7, op, comm, stream) }
+}
+
+#[test]
+fn a_device_premulsum_scalar_is_read_when_the_collective_runs() {
+    over_the_model(
+        "a_device_premulsum_scalar_is_read_when_the_collective_runs",
+        &[
+            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
+            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
+        ],
+        || {
+            two_ranks_all_reduce_scaled(premulsum_scalar_set_on_the_stream, 3.0);
+        },
     );
 }

@@ -189,6 +189,7 @@ fn op_code(red: RedOp) -> (i32, [u8; 8]) {
         RedOp::Min => (op::MIN, [0; 8]),
         RedOp::Avg => (op::AVG, [0; 8]),
         RedOp::PreMulSum { scalar } => (op::PRE_MUL_SUM, scalar),
+        RedOp::PreMulSumDevice { .. } => unreachable!("the cases' scalars are values"),
     }
 }
 

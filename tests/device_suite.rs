@@ -375,3 +375,64 @@ fn calls_on_device_memory_run_as_device_work() {
         assert_eq!(read_back(out, count), vec![3u8; count]);
     }
 }
+
+/// A PreMulSum scalar in device memory (`ncclScalarDevice`) is read when
+/// the collective runs, in its stream's order: each rank's scalar is 1
+/// when the op is made and when the call is made, and becomes 3 by a copy
+/// its stream runs before the all-reduce; the sum is of 3 times each input.
+#[test]
+fn a_device_premulsum_scalar_is_read_when_the_collective_runs() {
+    let device = emu();
+    let comms = c_comms(2);
+    let count = 256;
+    let float32 = DataType::Float32 as ncclDataType_t;
+    let three = 3.0f32.to_le_bytes();
+    let mut streams = Vec::new();
+    let mut outs = Vec::new();
+    let mut gates = Vec::new();
+    for (rank, &comm) in comms.iter().enumerate() {
+        let mut stream: cudaStream_t = null_mut();
+        // SAFETY: a writable stream slot.
+        assert_eq!(unsafe { rcclrsEmuStreamCreate(&mut stream) }, ncclSuccess);
+        let scalar = to_device(&1.0f32.to_le_bytes());
+        let op = device_cases::c_op(
+            comm,
+            rccl::RedOp::PreMulSumDevice {
+                scalar: scalar as usize,
+            },
+            DataType::Float32,
+        );
+        gates.push(device_cases::gate(stream));
+        // SAFETY: 4 bytes each; `three` outlives the stream's work (it is
+        // synchronized below).
+        unsafe {
+            device
+                .stream(stream as usize)
+                .unwrap()
+                .copy_async(scalar, three.as_ptr(), 4)
+        }
+        .unwrap();
+        let values: Vec<u8> = (0..count)
+            .flat_map(|i| ((rank * 1000 + i) as f32).to_le_bytes())
+            .collect();
+        let (send, recv) = (to_device(&values), to_device(&vec![0; values.len()]));
+        // SAFETY: device buffers of `count` floats, never freed.
+        let rc =
+            unsafe { ncclAllReduce(send.cast(), recv.cast(), count, float32, op, comm, stream) };
+        assert_eq!(rc, ncclSuccess, "{}", last_error(comm));
+        streams.push(stream);
+        outs.push(recv);
+    }
+    for gate in &gates {
+        gate.store(true, std::sync::atomic::Ordering::Release);
+    }
+    for (rank, &stream) in streams.iter().enumerate() {
+        // SAFETY: a live stream.
+        assert_eq!(unsafe { rcclrsEmuStreamSynchronize(stream) }, ncclSuccess);
+        let out = read_back(outs[rank], 4 * count);
+        for (i, got) in out.chunks(4).enumerate() {
+            let got = f32::from_le_bytes(got.try_into().unwrap());
+            assert_eq!(got, 3.0 * (1000 + 2 * i) as f32, "rank {rank} element {i}");
+        }
+    }
+}

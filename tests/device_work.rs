@@ -302,7 +302,7 @@ fn a_stuck_channel_stops_on_the_abort_word() {
         run.join().expect("no panic")
     });
     assert_eq!(end, ChannelEnd::Aborted);
-    // With a bound on idle polls instead, it gives up.
+    // With a deadline instead (1 µs after it starts), it gives up.
     abort.store(0, Ordering::Relaxed);
     // SAFETY: as above.
     assert_eq!(

@@ -55,7 +55,7 @@ fn every_binary_with_four_processes_checks_clean_through_p2p_ipc() {
         cmd.env("RCCL_DEVICE", "emu")
             .env("RCCL_TIMEOUT_MS", "60000")
             .env("NCCL_DEBUG", "INFO")
-            .env("NCCL_DEBUG_SUBSYS", "SHM");
+            .env("NCCL_DEBUG_SUBSYS", "P2P");
         let out = cmd.output().expect("run the perf binary");
         let text = format!(
             "{}{}",
@@ -73,6 +73,41 @@ fn every_binary_with_four_processes_checks_clean_through_p2p_ipc() {
             text.contains("via P2P/IPC (device work)"),
             "{name}:\n{text}"
         );
+    }
+}
+
+/// NCCL prints a connection line under INIT and its transport's
+/// subsystem: P2P/IPC lines show with `INIT,P2P` (or either alone), not
+/// with `SHM`.
+#[test]
+fn p2p_ipc_connection_lines_print_under_init_and_p2p() {
+    let args = [
+        "--memory", "device", "--procs", "2", "-c", "1", "-b", "64K", "-e", "64K", "-n", "1", "-w",
+        "0",
+    ];
+    for (subsys, shown) in [
+        ("INIT,P2P", true),
+        ("INIT", true),
+        ("P2P", true),
+        ("SHM", false),
+    ] {
+        let mut cmd = perf_command(BINS[0].1, &args);
+        cmd.env("RCCL_DEVICE", "emu")
+            .env("RCCL_TIMEOUT_MS", "60000")
+            .env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", subsys);
+        let out = cmd.output().expect("run all_reduce_perf");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "NCCL_DEBUG_SUBSYS={subsys}:\n{text}");
+        let lines = text
+            .lines()
+            .filter(|l| l.contains("NCCL INFO") && l.contains("via P2P/IPC (device work)"))
+            .count();
+        assert_eq!(lines > 0, shown, "NCCL_DEBUG_SUBSYS={subsys}:\n{text}");
     }
 }
 

@@ -42,6 +42,8 @@
 //! }
 //! ```
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod direct;
 pub mod file;
 pub mod halving_doubling;

@@ -401,7 +401,7 @@ fn run_kernel(k: &Kernel) -> Res<()> {
 /// `rccl_run_work`: block b runs channel b of the work, all blocks at
 /// once as far as SMs are free, each writing its end to `status[b]`.
 fn run_work(k: &Kernel) -> Res<()> {
-    let (work, spins, status): (u64, u64, u64) = (param(k, 0), param(k, 1), param(k, 2));
+    let (work, timeout_ns, status): (u64, u64, u64) = (param(k, 0), param(k, 1), param(k, 2));
     check_reach(
         k,
         "the work",
@@ -422,7 +422,7 @@ fn run_work(k: &Kernel) -> Res<()> {
                         // SAFETY: the program's encoded work in device
                         // memory; this thread alone runs channel b.
                         let end = unsafe {
-                            twin::run_encoded_channel(work as *const WorkHeader, b, spins)
+                            twin::run_encoded_channel(work as *const WorkHeader, b, timeout_ns)
                         };
                         let code = match end {
                             ChannelEnd::Done => 0,

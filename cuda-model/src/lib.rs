@@ -31,6 +31,8 @@
 //! `kernel`, the first by default, faults with
 //! `CUDA_ERROR_ILLEGAL_ADDRESS`).
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod api;
 mod exec;
 mod state;

@@ -89,11 +89,11 @@ extern "C" __global__ void rccl_fifo_loopback(LoopbackArgs args) {
 }
 
 // One rank's device work: block b runs channel b with its first warp.
-// `status[b]` gets the channel's result (0 done, 1 aborted, 2 gave up
-// after `spins` polls without progress, 3 a step too large).
-extern "C" __global__ void rccl_run_work(const rccl::WorkHeader* work, uint64_t spins,
+// `status[b]` gets the channel's result (0 done, 1 aborted, 2 still
+// waiting `timeout_ns` after it started, 3 a step too large).
+extern "C" __global__ void rccl_run_work(const rccl::WorkHeader* work, uint64_t timeout_ns,
                                          int32_t* status) {
   if (threadIdx.x >= 32 || blockIdx.x >= work->nchannels) return;
-  const int r = rccl::work_run_channel(*work, blockIdx.x, spins, threadIdx.x, 32);
+  const int r = rccl::work_run_channel(*work, blockIdx.x, timeout_ns, threadIdx.x, 32);
   if (threadIdx.x == 0) status[blockIdx.x] = r;
 }

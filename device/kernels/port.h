@@ -11,6 +11,7 @@
 #include <stdint.h>
 #if !defined(__CUDA_ARCH__)
 #include <sched.h>
+#include <time.h>
 #endif
 
 #if defined(__CUDACC__)
@@ -96,6 +97,21 @@ RCCL_HD void idle_pause() {
   __nanosleep(64);
 #else
   sched_yield();
+#endif
+}
+
+// Nanoseconds of a clock that only moves forward: the GPU's global timer
+// (%globaltimer), the host's monotonic clock. Deadlines of device work are
+// measured on it, whatever a poll costs.
+RCCL_HD uint64_t clock_ns() {
+#if RCCL_ON_DEVICE
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#else
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 #endif
 }
 

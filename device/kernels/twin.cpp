@@ -23,8 +23,8 @@ int rccl_twin_fifo_recv(const rccl::FifoView* fifo, unsigned char* out, uint32_t
   return rccl::fifo_try_recv(*fifo, out, cap, meta, 0, 1) ? 1 : 0;
 }
 
-int rccl_twin_run_channel(const rccl::WorkHeader* work, uint32_t channel, uint64_t spins) {
-  return rccl::work_run_channel(*work, channel, spins, 0, 1);
+int rccl_twin_run_channel(const rccl::WorkHeader* work, uint32_t channel, uint64_t timeout_ns) {
+  return rccl::work_run_channel(*work, channel, timeout_ns, 0, 1);
 }
 
 }  // extern "C"

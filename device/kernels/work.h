@@ -88,7 +88,8 @@ struct WorkHeader {
   uint32_t tag_call;
   uint32_t tag_count;
   uint32_t pad;
-  // Nonzero: stop (the host aborts the call).
+  // Nonzero: stop. Memory the host writes while the work runs (CUDA:
+  // mapped pinned memory), set when the call is aborted or fails.
   const uint32_t* abort;
   // Byte offsets from this header.
   uint64_t channels_at;
@@ -231,21 +232,23 @@ RCCL_HD bool work_blocked(const WorkPrim* prims, const uint64_t* done, uint32_t 
   return false;
 }
 
-// Runs channel `c` of `w` to the end: 0 done, 1 aborted, 2 gave up after
-// `spins` polls without progress, 3 a step holds too many primitives.
-RCCL_HD int work_run_channel(const WorkHeader& w, uint32_t c, uint64_t spins, uint32_t lane,
+// Runs channel `c` of `w` to the end: 0 done, 1 aborted, 2 still waiting
+// `timeout_ns` after it started (clock_ns; a deadline past the clock's
+// range is none), 3 a step holds too many primitives.
+RCCL_HD int work_run_channel(const WorkHeader& w, uint32_t c, uint64_t timeout_ns, uint32_t lane,
                              uint32_t lanes) {
   const WorkChannel& ch = work_array<WorkChannel>(w, w.channels_at)[c];
   const WorkPeer* peers = work_array<WorkPeer>(w, w.peers_at) + ch.first_peer;
   const WorkStep* steps = work_array<WorkStep>(w, w.steps_at) + ch.first_step;
   const WorkPrim* all_prims = work_array<WorkPrim>(w, w.prims_at);
+  const uint64_t start = clock_ns();
+  const uint64_t deadline = start > UINT64_MAX - timeout_ns ? UINT64_MAX : start + timeout_ns;
   for (uint32_t s = 0; s < ch.nsteps; ++s) {
     const WorkPrim* prims = all_prims + steps[s].first_prim;
     const uint32_t nprims = steps[s].nprims;
     if (nprims > kMaxStepPrims) return 3;
     uint64_t done[kMaxStepPrims];
     for (uint32_t k = 0; k < nprims; ++k) done[k] = 0;
-    uint64_t idle = 0;
     for (;;) {
       bool finished = true, moved = false;
       for (uint32_t k = 0; k < nprims; ++k) {
@@ -257,11 +260,9 @@ RCCL_HD int work_run_channel(const WorkHeader& w, uint32_t c, uint64_t spins, ui
         moved = moved || n > 0;
       }
       if (finished) break;
-      if (moved) {
-        idle = 0;
-      } else {
+      if (!moved) {
         if (w.abort != nullptr && all_lanes(load_relaxed_u32(w.abort) != 0)) return 1;
-        if (++idle > spins) return 2;
+        if (all_lanes(clock_ns() >= deadline)) return 2;
         idle_pause();
       }
     }

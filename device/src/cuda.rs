@@ -1,23 +1,20 @@
-//! The CUDA backend: the driver API through cudarc's `sys` / `result`
-//! layers, loaded at run time.
-//!
-//! cudarc panics when it cannot load the driver library, so [`Driver::get`]
-//! first opens `libcuda.so.1` itself and answers [`CudaError::NoDriver`]
-//! when that fails; every other entry hangs off the `Driver` it returns.
-//! Work runs in the caller's current context (or the primary context of
-//! device 0 when none is current), on streams the caller owns: a
-//! `cudaStream_t` is a `CUstream`.
+//! The CUDA backend's driver calls: the driver API of `libcuda.so.1`,
+//! opened at run time by this crate alone (`cuda_api.rs`; cudarc supplies
+//! only `cuda.h`'s types and constants), so the process loads one driver
+//! library and, without one, [`Driver::get`] answers
+//! [`CudaError::NoDriver`]. Every other entry hangs off the `Driver` it
+//! returns and runs in the calling thread's current context.
 
 use std::ffi::{c_void, CStr, CString};
 use std::sync::OnceLock;
 
-use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 
 use crate::abi::{LoopbackArgs, ReduceArgs};
+use crate::cuda_api as api;
 use crate::KERNELS_FATBIN;
 
-pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
+pub use cudarc::driver::sys::{CUcontext, CUdeviceptr, CUstream};
 
 /// What a CUDA call can fail with.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -46,27 +43,32 @@ pub enum CudaError {
 /// Result of the CUDA backend.
 pub type Result<T> = std::result::Result<T, CudaError>;
 
-fn driver_error(call: &'static str, e: DriverError) -> CudaError {
-    let text = |r: std::result::Result<&CStr, DriverError>| {
-        r.map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    };
-    CudaError::Driver {
+/// `r` of the driver function `call` as a result, its error named and
+/// described by the driver.
+pub(crate) fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let text =
+        |describe: unsafe fn(sys::CUresult, *mut *const std::ffi::c_char) -> sys::CUresult| {
+            let mut text = std::ptr::null();
+            // SAFETY: a valid out-pointer; the driver answers a static string.
+            match unsafe { describe(r, &mut text) } {
+                sys::CUresult::CUDA_SUCCESS if !text.is_null() => {
+                    // SAFETY: NUL-terminated, owned by the driver.
+                    unsafe { CStr::from_ptr(text) }
+                        .to_string_lossy()
+                        .into_owned()
+                }
+                _ => String::new(),
+            }
+        };
+    Err(CudaError::Driver {
         call,
-        code: e.0 as i32,
-        name: text(e.error_name()),
-        text: text(e.error_string()),
-    }
-}
-
-trait Call<T> {
-    fn call(self, name: &'static str) -> Result<T>;
-}
-
-impl<T> Call<T> for std::result::Result<T, DriverError> {
-    fn call(self, name: &'static str) -> Result<T> {
-        self.map_err(|e| driver_error(name, e))
-    }
+        code: r as i32,
+        name: text(api::cuGetErrorName),
+        text: text(api::cuGetErrorString),
+    })
 }
 
 /// Where a pointer's memory lives, as the driver sees it.
@@ -88,29 +90,6 @@ pub struct Driver {
     _private: (),
 }
 
-/// Opens the driver library the way the dynamic loader finds it; the
-/// handle stays open for the life of the process (cudarc opens its own).
-fn open_driver_library() -> Result<()> {
-    // SAFETY: dlopen with a valid NUL-terminated name; loading the NVIDIA
-    // driver library runs only its own initializers.
-    let handle =
-        unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if handle.is_null() {
-        // SAFETY: dlerror returns null or a NUL-terminated string owned by
-        // the loader, read at once.
-        let why = unsafe {
-            let e = libc::dlerror();
-            if e.is_null() {
-                "unknown reason".to_string()
-            } else {
-                CStr::from_ptr(e).to_string_lossy().into_owned()
-            }
-        };
-        return Err(CudaError::NoDriver(why));
-    }
-    Ok(())
-}
-
 impl Driver {
     /// The driver, loaded and initialized (`cuInit`) on first use; on a
     /// machine without one, [`CudaError::NoDriver`] every time.
@@ -118,8 +97,9 @@ impl Driver {
         static DRIVER: OnceLock<Result<Driver>> = OnceLock::new();
         DRIVER
             .get_or_init(|| {
-                open_driver_library()?;
-                result::init().call("cuInit")?;
+                api::open().map_err(CudaError::NoDriver)?;
+                // SAFETY: no arguments beyond the flags, which must be 0.
+                check("cuInit", unsafe { api::cuInit(0) })?;
                 Ok(Driver { _private: () })
             })
             .as_ref()
@@ -128,77 +108,120 @@ impl Driver {
 
     /// Number of CUDA devices.
     pub fn device_count(&self) -> Result<i32> {
-        result::device::get_count().call("cuDeviceGetCount")
+        let mut count = 0;
+        // SAFETY: a valid out-pointer.
+        check("cuDeviceGetCount", unsafe {
+            api::cuDeviceGetCount(&mut count)
+        })?;
+        Ok(count)
+    }
+
+    fn device(&self, ordinal: i32) -> Result<sys::CUdevice> {
+        let mut dev = 0;
+        // SAFETY: a valid out-pointer.
+        check("cuDeviceGet", unsafe {
+            api::cuDeviceGet(&mut dev, ordinal)
+        })?;
+        Ok(dev)
     }
 
     /// The device's name (`NVIDIA H200`).
     pub fn device_name(&self, ordinal: i32) -> Result<String> {
-        let dev = result::device::get(ordinal).call("cuDeviceGet")?;
-        result::device::get_name(dev).call("cuDeviceGetName")
+        let dev = self.device(ordinal)?;
+        let mut name = [0 as std::ffi::c_char; 256];
+        // SAFETY: the buffer holds `name.len()` bytes.
+        check("cuDeviceGetName", unsafe {
+            api::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev)
+        })?;
+        // SAFETY: the driver wrote a NUL-terminated name into the buffer.
+        Ok(unsafe { CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
     }
 
     /// One of the device's attributes (its compute capability's major
     /// version, whether it supports GPUDirect RDMA on cuMem memory).
     pub fn attribute(&self, ordinal: i32, attribute: sys::CUdevice_attribute) -> Result<i32> {
-        let dev = result::device::get(ordinal).call("cuDeviceGet")?;
-        // SAFETY: `dev` is a valid device.
-        unsafe { result::device::get_attribute(dev, attribute) }.call("cuDeviceGetAttribute")
+        let dev = self.device(ordinal)?;
+        let mut value = 0;
+        // SAFETY: `dev` is a valid device, `value` a valid out-pointer.
+        check("cuDeviceGetAttribute", unsafe {
+            api::cuDeviceGetAttribute(&mut value, attribute, dev)
+        })?;
+        Ok(value)
+    }
+
+    /// The calling thread's current context, if it has one.
+    pub fn current_context(&self) -> Result<Option<CUcontext>> {
+        let mut context = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        check("cuCtxGetCurrent", unsafe {
+            api::cuCtxGetCurrent(&mut context)
+        })?;
+        Ok((!context.is_null()).then_some(context))
+    }
+
+    /// Device `ordinal`'s primary context, retained for the life of the
+    /// process (as the CUDA runtime keeps it).
+    pub fn primary_context(&self, ordinal: i32) -> Result<CUcontext> {
+        let dev = self.device(ordinal)?;
+        let mut context = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer and device.
+        check("cuDevicePrimaryCtxRetain", unsafe {
+            api::cuDevicePrimaryCtxRetain(&mut context, dev)
+        })?;
+        Ok(context)
+    }
+
+    /// The ordinal of the current context's device.
+    pub fn context_device(&self) -> Result<i32> {
+        let mut dev: sys::CUdevice = 0;
+        // SAFETY: `dev` is a valid out-pointer.
+        check("cuCtxGetDevice", unsafe { api::cuCtxGetDevice(&mut dev) })?;
+        Ok(dev)
     }
 
     /// The current context, after making device 0's primary context
     /// current when the thread has none (as the CUDA runtime does on first
     /// use); the ordinal of its device.
     pub fn current_device(&self) -> Result<i32> {
-        if result::ctx::get_current()
-            .call("cuCtxGetCurrent")?
-            .is_none()
-        {
-            let dev = result::device::get(0).call("cuDeviceGet")?;
-            // SAFETY: `dev` is a valid device; the retained context is
-            // kept for the life of the process, as the runtime keeps it.
-            unsafe {
-                let ctx = result::primary_ctx::retain(dev).call("cuDevicePrimaryCtxRetain")?;
-                result::ctx::set_current(ctx).call("cuCtxSetCurrent")?;
-            }
+        if self.current_context()?.is_none() {
+            let context = self.primary_context(0)?;
+            // SAFETY: a live context, retained above.
+            check("cuCtxSetCurrent", unsafe { api::cuCtxSetCurrent(context) })?;
         }
-        let mut dev: sys::CUdevice = 0;
-        // SAFETY: a context is current; `dev` is a valid out-pointer.
-        unsafe { sys::cuCtxGetDevice(&mut dev) }
-            .result()
-            .call("cuCtxGetDevice")?;
-        Ok(dev)
+        self.context_device()
     }
 
     /// Where `ptr` points: device memory (and which device), pinned or
-    /// managed memory, or memory the driver does not know.
+    /// managed memory, or memory the driver does not know. Any error but
+    /// the one the driver answers for memory it does not know is an
+    /// error, never "host memory". Needs a current context.
     pub fn classify(&self, ptr: *const c_void) -> Result<Memory> {
-        let mut kind: u32 = 0;
-        // SAFETY: the driver only reads its own tables for `ptr`; `kind`
-        // is a valid out-pointer of the attribute's size.
-        let r = unsafe {
-            sys::cuPointerGetAttribute(
-                (&mut kind as *mut u32).cast(),
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                ptr as CUdeviceptr,
-            )
+        let attribute = |data: *mut c_void, which| {
+            // SAFETY: the driver only reads its own tables for `ptr`;
+            // `data` points at a value of the attribute's size.
+            unsafe { api::cuPointerGetAttribute(data, which, ptr as CUdeviceptr) }
         };
-        match r {
+        let mut kind: u32 = 0;
+        match attribute(
+            (&mut kind as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        ) {
             sys::CUresult::CUDA_SUCCESS => {}
-            // Not a pointer the driver knows: host memory.
+            // Not a pointer the driver knows: host memory (cuda.h: an
+            // address it does not know is an invalid value).
             sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Ok(Memory::Host),
-            other => return Err(driver_error("cuPointerGetAttribute", DriverError(other))),
+            other => check("cuPointerGetAttribute", other)?,
         }
         let mut managed: u32 = 0;
-        // SAFETY: as above.
-        unsafe {
-            sys::cuPointerGetAttribute(
+        check(
+            "cuPointerGetAttribute",
+            attribute(
                 (&mut managed as *mut u32).cast(),
                 sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                ptr as CUdeviceptr,
-            )
-        }
-        .result()
-        .call("cuPointerGetAttribute")?;
+            ),
+        )?;
         if managed != 0 {
             return Ok(Memory::Managed);
         }
@@ -206,24 +229,32 @@ impl Driver {
             return Ok(Memory::PinnedHost);
         }
         let mut ordinal: i32 = 0;
-        // SAFETY: as above.
-        unsafe {
-            sys::cuPointerGetAttribute(
+        check(
+            "cuPointerGetAttribute",
+            attribute(
                 (&mut ordinal as *mut i32).cast(),
                 sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                ptr as CUdeviceptr,
-            )
-        }
-        .result()
-        .call("cuPointerGetAttribute")?;
+            ),
+        )?;
         Ok(Memory::Device(ordinal))
     }
 
-    /// `bytes` of device memory in the current context.
-    pub fn alloc(&self, bytes: usize) -> Result<CUdeviceptr> {
-        self.current_device()?;
-        // SAFETY: a context is current; the memory is freed by `free`.
-        unsafe { result::malloc_sync(bytes.max(1)) }.call("cuMemAlloc")
+    /// `bytes` of device memory of the current context, allocated in
+    /// `stream`'s order (`cuMemAllocAsync`, which waits for no kernel) and
+    /// usable from any stream once this returns.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the current context.
+    pub unsafe fn alloc(&self, bytes: usize, stream: CUstream) -> Result<CUdeviceptr> {
+        let mut ptr = 0;
+        // SAFETY: a valid out-pointer and the caller's stream; the memory
+        // is freed by `free`.
+        check("cuMemAllocAsync", unsafe {
+            api::cuMemAllocAsync(&mut ptr, bytes.max(1), stream)
+        })?;
+        // SAFETY: the caller's live stream.
+        unsafe { self.synchronize(stream) }?;
+        Ok(ptr)
     }
 
     /// The allocation holding `ptr` as (start, bytes), as the driver
@@ -233,37 +264,58 @@ impl Driver {
         let (mut base, mut size): (CUdeviceptr, usize) = (0, 0);
         // SAFETY: the driver only reads its own tables for `ptr`; both
         // out-pointers are valid.
-        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }
-            .result()
-            .ok()
-            .map(|()| (base as usize, size))
+        let r = unsafe { api::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
+        (r == sys::CUresult::CUDA_SUCCESS).then_some((base as usize, size))
     }
 
-    /// Frees memory from [`Driver::alloc`].
+    /// Frees memory from [`Driver::alloc`] in `stream`'s order (waiting for
+    /// no kernel).
     ///
     /// # Safety
     /// `ptr` came from `alloc` and no work in flight uses it.
-    pub unsafe fn free(&self, ptr: CUdeviceptr) -> Result<()> {
+    pub unsafe fn free(&self, ptr: CUdeviceptr, stream: CUstream) -> Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { result::free_sync(ptr) }.call("cuMemFree")
+        check("cuMemFreeAsync", unsafe {
+            api::cuMemFreeAsync(ptr, stream)
+        })
     }
 
-    /// Host to device, synchronous.
+    /// Host to device on `stream`, done when this returns.
     ///
     /// # Safety
-    /// `dst` is device memory valid for `src.len()` bytes.
-    pub unsafe fn copy_to_device(&self, dst: CUdeviceptr, src: &[u8]) -> Result<()> {
-        // SAFETY: the caller's contract.
-        unsafe { result::memcpy_htod_sync(dst, src) }.call("cuMemcpyHtoD")
+    /// `dst` is device memory valid for `src.len()` bytes; `stream` is a
+    /// live stream of the current context.
+    pub unsafe fn copy_to_device(
+        &self,
+        dst: CUdeviceptr,
+        src: &[u8],
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract; the source outlives the
+        // synchronization below.
+        check("cuMemcpyHtoDAsync", unsafe {
+            api::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), src.len(), stream)
+        })?;
+        // SAFETY: the caller's stream.
+        unsafe { self.synchronize(stream) }
     }
 
-    /// Device to host, synchronous.
+    /// Device to host on `stream`, done when this returns.
     ///
     /// # Safety
-    /// `src` is device memory valid for `dst.len()` bytes.
-    pub unsafe fn copy_to_host(&self, dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
+    /// As [`Driver::copy_to_device`], `src` valid for `dst.len()` bytes.
+    pub unsafe fn copy_to_host(
+        &self,
+        dst: &mut [u8],
+        src: CUdeviceptr,
+        stream: CUstream,
+    ) -> Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { result::memcpy_dtoh_sync(dst, src) }.call("cuMemcpyDtoH")
+        check("cuMemcpyDtoHAsync", unsafe {
+            api::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), src, dst.len(), stream)
+        })?;
+        // SAFETY: the caller's stream.
+        unsafe { self.synchronize(stream) }
     }
 
     /// Device to device, ordered on `stream`.
@@ -279,22 +331,45 @@ impl Driver {
         stream: CUstream,
     ) -> Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { result::memcpy_dtod_async(dst, src, bytes, stream) }.call("cuMemcpyDtoDAsync")
+        check("cuMemcpyDtoDAsync", unsafe {
+            api::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream)
+        })
     }
 
-    /// Sets `bytes` bytes of device memory to `value`.
+    /// Sets `bytes` bytes of device memory to `value` on `stream`, done
+    /// when this returns (a synchronous memset would run on the legacy
+    /// stream, unordered with non-blocking streams, possibly after it
+    /// returned).
     ///
     /// # Safety
-    /// `dst` is device memory valid for `bytes` bytes.
-    pub unsafe fn memset(&self, dst: CUdeviceptr, value: u8, bytes: usize) -> Result<()> {
+    /// `dst` is device memory valid for `bytes` bytes; `stream` is a live
+    /// stream of the current context.
+    pub unsafe fn memset(
+        &self,
+        dst: CUdeviceptr,
+        value: u8,
+        bytes: usize,
+        stream: CUstream,
+    ) -> Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { result::memset_d8_sync(dst, value, bytes) }.call("cuMemsetD8")
+        check("cuMemsetD8Async", unsafe {
+            api::cuMemsetD8Async(dst, value, bytes, stream)
+        })?;
+        // SAFETY: the caller's stream.
+        unsafe { self.synchronize(stream) }
     }
 
     /// A new non-blocking stream of the current context.
     pub fn create_stream(&self) -> Result<CUstream> {
-        self.current_device()?;
-        result::stream::create(result::stream::StreamKind::NonBlocking).call("cuStreamCreate")
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        check("cuStreamCreate", unsafe {
+            api::cuStreamCreate(
+                &mut stream,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            )
+        })?;
+        Ok(stream)
     }
 
     /// Waits for all work on `stream`.
@@ -303,7 +378,9 @@ impl Driver {
     /// `stream` is a live stream (or null, the legacy default stream).
     pub unsafe fn synchronize(&self, stream: CUstream) -> Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { result::stream::synchronize(stream) }.call("cuStreamSynchronize")
+        check("cuStreamSynchronize", unsafe {
+            api::cuStreamSynchronize(stream)
+        })
     }
 
     /// Destroys a stream from [`Driver::create_stream`].
@@ -312,7 +389,19 @@ impl Driver {
     /// `stream` came from `create_stream` and is not used afterwards.
     pub unsafe fn destroy_stream(&self, stream: CUstream) -> Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { result::stream::destroy(stream) }.call("cuStreamDestroy")
+        check("cuStreamDestroy", unsafe {
+            api::cuStreamDestroy_v2(stream)
+        })
+    }
+
+    /// A new event of the current context.
+    pub fn create_event(&self, flags: sys::CUevent_flags) -> Result<sys::CUevent> {
+        let mut event = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        check("cuEventCreate", unsafe {
+            api::cuEventCreate(&mut event, flags as u32)
+        })?;
+        Ok(event)
     }
 
     /// Milliseconds `work` takes on `stream`, between two events.
@@ -325,30 +414,34 @@ impl Driver {
         work: impl FnOnce() -> Result<()>,
     ) -> Result<f32> {
         let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
-        let start = result::event::create(flags).call("cuEventCreate")?;
-        let end = result::event::create(flags).call("cuEventCreate")?;
+        let start = self.create_event(flags)?;
+        let end = self.create_event(flags)?;
+        let mut ms = 0f32;
         // SAFETY: both events are live until destroyed below; the stream
         // is the caller's.
         let timed = unsafe {
-            (|| {
-                result::event::record(start, stream).call("cuEventRecord")?;
-                work()?;
-                result::event::record(end, stream).call("cuEventRecord")?;
-                result::event::synchronize(end).call("cuEventSynchronize")?;
-                result::event::elapsed(start, end).call("cuEventElapsedTime")
-            })()
+            check("cuEventRecord", api::cuEventRecord(start, stream))
+                .and_then(|()| work())
+                .and_then(|()| check("cuEventRecord", api::cuEventRecord(end, stream)))
+                .and_then(|()| check("cuEventSynchronize", api::cuEventSynchronize(end)))
+                .and_then(|()| {
+                    check(
+                        "cuEventElapsedTime",
+                        api::cuEventElapsedTime_v2(&mut ms, start, end),
+                    )
+                })
         };
         // SAFETY: the events are not used after this.
         unsafe {
-            result::event::destroy(start).call("cuEventDestroy")?;
-            result::event::destroy(end).call("cuEventDestroy")?;
+            check("cuEventDestroy", api::cuEventDestroy_v2(start))?;
+            check("cuEventDestroy", api::cuEventDestroy_v2(end))?;
         }
-        timed
+        timed.map(|()| ms)
     }
 
-    /// Loads the kernels' fatbin into the current context.
-    pub fn load_kernels(&self) -> Result<Kernels> {
-        let device = self.current_device()?;
+    /// Loads the kernels' fatbin into the current context, whose device
+    /// is `device`.
+    pub fn load_kernels(&self, device: i32) -> Result<Kernels> {
         // The driver wants the image 8-byte aligned; `include_bytes!` only
         // promises 1.
         let mut image = vec![0u64; KERNELS_FATBIN.len().div_ceil(8)];
@@ -360,14 +453,20 @@ impl Driver {
                 KERNELS_FATBIN.len(),
             )
         };
+        let mut module = std::ptr::null_mut();
         // SAFETY: `image` is a complete fatbin; the module stays loaded for
         // the life of the `Kernels`.
-        let module =
-            unsafe { result::module::load_data(image.as_ptr().cast()) }.call("cuModuleLoadData")?;
+        check("cuModuleLoadData", unsafe {
+            api::cuModuleLoadData(&mut module, image.as_ptr().cast())
+        })?;
         let function = |name: &str| -> Result<sys::CUfunction> {
             let name = CString::new(name).map_err(|e| CudaError::Invalid(e.to_string()))?;
-            // SAFETY: `module` is loaded.
-            unsafe { result::module::get_function(module, name) }.call("cuModuleGetFunction")
+            let mut f = std::ptr::null_mut();
+            // SAFETY: `module` is loaded; a NUL-terminated name.
+            check("cuModuleGetFunction", unsafe {
+                api::cuModuleGetFunction(&mut f, module, name.as_ptr())
+            })?;
+            Ok(f)
         };
         let mut reduce = Vec::with_capacity(REDUCE_KERNELS.len());
         for name in REDUCE_KERNELS {
@@ -376,20 +475,15 @@ impl Driver {
         let copy = function("rccl_copy")?;
         let fifo_loopback = function("rccl_fifo_loopback")?;
         let run_work = function("rccl_run_work")?;
-        let dev = result::device::get(device).call("cuDeviceGet")?;
-        // SAFETY: `dev` is a valid device.
-        let sms = unsafe {
-            result::device::get_attribute(
-                dev,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )
-        }
-        .call("cuDeviceGetAttribute")?;
+        let sms = self.attribute(
+            device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )?;
+        let mut per_sm = 0;
         // SAFETY: `copy` is a kernel of the loaded module.
-        let per_sm = unsafe {
-            result::occupancy::max_active_block_per_multiprocessor(copy, THREADS as i32, 0)
-        }
-        .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+            api::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, copy, THREADS as i32, 0)
+        })?;
         Ok(Kernels {
             module,
             reduce,
@@ -399,6 +493,37 @@ impl Driver {
             max_blocks: (sms.max(1) * per_sm.max(1)) as u32,
         })
     }
+}
+
+/// Launches `function` with `params` (one pointer per parameter).
+///
+/// # Safety
+/// `params` matches the kernel's parameters; the memory they name stays
+/// valid until the kernel completes; `stream` is a stream of the context
+/// the kernel was loaded in.
+unsafe fn launch(
+    function: sys::CUfunction,
+    grid: u32,
+    threads: u32,
+    stream: CUstream,
+    params: &mut [*mut c_void],
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    check("cuLaunchKernel", unsafe {
+        api::cuLaunchKernel(
+            function,
+            grid,
+            1,
+            1,
+            threads,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    })
 }
 
 /// The reduction kernels, indexed by `ncclDataType_t`.
@@ -467,17 +592,7 @@ impl Kernels {
         let blocks = self.blocks_for(args.count * size);
         // SAFETY: the kernel takes one `ReduceArgs` by value, which
         // `params` points at; the caller's contract covers the memory.
-        unsafe {
-            result::launch_kernel(
-                self.reduce[dtype],
-                (blocks, 1, 1),
-                (THREADS, 1, 1),
-                0,
-                stream,
-                &mut params,
-            )
-        }
-        .call("cuLaunchKernel")
+        unsafe { launch(self.reduce[dtype], blocks, THREADS, stream, &mut params) }
     }
 
     /// Launches a copy of `bytes` bytes on `stream`.
@@ -503,17 +618,7 @@ impl Kernels {
         let blocks = self.blocks_for(bytes);
         // SAFETY: the kernel's parameters are (pointer, pointer, u64), as
         // `params` holds; the caller's contract covers the memory.
-        unsafe {
-            result::launch_kernel(
-                self.copy,
-                (blocks, 1, 1),
-                (THREADS, 1, 1),
-                0,
-                stream,
-                &mut params,
-            )
-        }
-        .call("cuLaunchKernel")
+        unsafe { launch(self.copy, blocks, THREADS, stream, &mut params) }
     }
 
     /// Launches the FIFO loopback kernel: two blocks of one warp, one
@@ -527,25 +632,15 @@ impl Kernels {
         let mut params = [(&mut by_value as *mut LoopbackArgs).cast::<c_void>()];
         // SAFETY: the kernel takes one `LoopbackArgs` by value; two blocks
         // of one warp each always fit on the device together.
-        unsafe {
-            result::launch_kernel(
-                self.fifo_loopback,
-                (2, 1, 1),
-                (32, 1, 1),
-                0,
-                stream,
-                &mut params,
-            )
-        }
-        .call("cuLaunchKernel")
+        unsafe { launch(self.fifo_loopback, 2, 32, stream, &mut params) }
     }
 }
 
 impl Kernels {
     /// Launches device work: one block per channel, whose first warp runs
     /// the channel; `status` (one `i32` per channel) gets each channel's
-    /// end (0 done, 1 aborted, 2 gave up after `spins` polls, 3 a step
-    /// too large).
+    /// end (0 done, 1 aborted, 2 still waiting `timeout_ns` after it
+    /// started, by the GPU's global timer, 3 a step too large).
     ///
     /// # Safety
     /// `work` is device memory holding an encoded [`crate::work::Work`]
@@ -555,29 +650,19 @@ impl Kernels {
         &self,
         work: CUdeviceptr,
         nchannels: u32,
-        spins: u64,
+        timeout_ns: u64,
         status: CUdeviceptr,
         stream: CUstream,
     ) -> Result<()> {
-        let (mut w, mut s, mut st) = (work, spins, status);
+        let (mut w, mut t, mut st) = (work, timeout_ns, status);
         let mut params = [
             (&mut w as *mut CUdeviceptr).cast::<c_void>(),
-            (&mut s as *mut u64).cast::<c_void>(),
+            (&mut t as *mut u64).cast::<c_void>(),
             (&mut st as *mut CUdeviceptr).cast::<c_void>(),
         ];
         // SAFETY: the parameters match the kernel's (pointer, u64,
         // pointer); the caller's contract covers the memory.
-        unsafe {
-            result::launch_kernel(
-                self.run_work,
-                (nchannels.max(1), 1, 1),
-                (32, 1, 1),
-                0,
-                stream,
-                &mut params,
-            )
-        }
-        .call("cuLaunchKernel")
+        unsafe { launch(self.run_work, nchannels.max(1), 32, stream, &mut params) }
     }
 }
 
@@ -586,6 +671,6 @@ impl Drop for Kernels {
         // SAFETY: the module was loaded by `load_kernels` and its functions
         // die with `self`. An error here (a context already destroyed)
         // leaves nothing to clean.
-        let _ = unsafe { result::module::unload(self.module) };
+        let _ = unsafe { api::cuModuleUnload(self.module) };
     }
 }

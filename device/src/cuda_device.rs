@@ -1,26 +1,38 @@
-//! The CUDA backend as a [`Device`]: memory, streams and events of the
-//! caller's current context (device 0's primary context when none is),
-//! host work through `cuLaunchHostFunc`, and device work launched as the
-//! fatbin's interpreter kernel.
+//! The CUDA backend as a [`Device`]: memory, streams and events of one
+//! context (the caller's current one when the device opened, else device
+//! 0's primary context), made current around every driver call on any
+//! thread; host work through `cuLaunchHostFunc`, and device work launched
+//! as the fatbin's interpreter kernel.
+//!
+//! Nothing the engine calls while another rank's kernel may be running
+//! waits for kernels: memory is allocated and freed in the order of the
+//! backend's own stream (`cuMemAllocAsync`, `cuMemFreeAsync`), where
+//! `cuMemAlloc` and `cuMemFree` may wait for every kernel of the device
+//! (a rank spinning for this one would never finish); the kernels are
+//! loaded and a pool of mapped pinned memory for the launches' work
+//! blocks and status words allocated when the device opens.
+//! Zeroing and [`Device::copy`] run on that stream and are synchronized
+//! before they return, so whatever reads the memory next sees them.
 //!
 //! NOT YET RUN ON HARDWARE: everything in this file compiles against
-//! cudarc's driver bindings but has not run on a GPU (the machines this
+//! `cuda.h`'s bindings but has not run on a GPU (the machines this
 //! is developed on have none). `scripts/gpu-check.sh` exercises it
-//! through the perf binaries on `--memory device`.
+//! through the perf binaries on `--memory device`; `tests/cuda_model.rs`
+//! runs it over the CUDA driver model.
 
 use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::result;
-use cudarc::driver::sys::{self, CUevent, CUstream};
+use cudarc::driver::sys::{self, CUcontext, CUevent, CUstream};
 use parking_lot::Mutex;
 
-use crate::cuda::{CudaError, Driver, Kernels, Memory as CudaMemory};
+use crate::cuda::{check, CudaError, Driver, Kernels, Memory as CudaMemory};
+use crate::cuda_api as api;
 use crate::{Device, Error, Event, Memory, Result, Stream, Work, WorkFailure, WorkLaunch};
 
 const BACKEND: &str = "cuda";
@@ -33,20 +45,51 @@ fn err(e: CudaError) -> Error {
 }
 
 fn call(name: &'static str, r: sys::CUresult) -> Result<()> {
-    r.result().map_err(|e| {
-        Error::System(format!(
-            "CUDA driver: {name} failed: {}",
-            e.error_name()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        ))
-    })
+    check(name, r).map_err(err)
+}
+
+/// A context made current on this thread for the guard's life; the
+/// thread's own current context, if any, is current again after.
+struct Current {
+    pushed: bool,
+}
+
+impl Current {
+    fn push(context: CUcontext) -> std::result::Result<Current, CudaError> {
+        let mut now = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        check("cuCtxGetCurrent", unsafe { api::cuCtxGetCurrent(&mut now) })?;
+        if now == context {
+            return Ok(Current { pushed: false });
+        }
+        // SAFETY: a live context of this device, retained or the caller's.
+        check("cuCtxPushCurrent", unsafe {
+            api::cuCtxPushCurrent_v2(context)
+        })?;
+        Ok(Current { pushed: true })
+    }
+
+    fn enter(context: CUcontext) -> Result<Current> {
+        Current::push(context).map_err(err)
+    }
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped = std::ptr::null_mut();
+            // SAFETY: pops the context `enter` pushed on this thread; a
+            // failure leaves nothing to undo.
+            let _ = unsafe { api::cuCtxPopCurrent_v2(&mut popped) };
+        }
+    }
 }
 
 /// Pinned host memory mapped into the device's address space: a launch's
 /// work blocks (read by its kernels) and status words (written by them,
-/// read by its host function). Reused between launches: a host function
-/// may not free it (it may not call CUDA).
+/// read by its host function), or the word a host-staged task sets.
+/// Reused between launches: a host function may not free it (it may not
+/// call CUDA).
 struct Pinned {
     ptr: *mut u8,
     bytes: usize,
@@ -78,6 +121,9 @@ struct LaunchState {
     done: Mutex<Option<Done>>,
     spare: Arc<Mutex<Vec<Pinned>>>,
     idle: Arc<Mutex<Vec<usize>>>,
+    /// The watcher's list and this launch's id in it: followed (its abort
+    /// words set when it must stop) as long as it can run.
+    watch: (WatchList, u64),
 }
 
 impl LaunchState {
@@ -94,7 +140,7 @@ impl LaunchState {
         Err(WorkFailure {
             error: Error::System(format!(
                 "device work did not finish: channel {c} of the launch ended with {} (1 aborted, \
-                 2 gave up after {:?} without progress, 3 a step too large)",
+                 2 still waiting {:?} after it started, 3 a step too large)",
                 ends[c], self.timeout
             )),
             timed_out: ends.contains(&2),
@@ -115,6 +161,7 @@ impl LaunchState {
         if last {
             let taken = done.take();
             drop(done);
+            unwatch(&self.watch.0, self.watch.1);
             if let Some(mut done) = taken {
                 done(result);
             }
@@ -126,6 +173,7 @@ impl LaunchState {
     /// Reports the launch failed without running to the end (its context
     /// faulted, so its host function never runs).
     fn fail(&self, error: Error) {
+        unwatch(&self.watch.0, self.watch.1);
         let taken = self.done.lock().take();
         if let Some(mut done) = taken {
             done(Err(error.into()));
@@ -135,6 +183,7 @@ impl LaunchState {
 
 impl Drop for LaunchState {
     fn drop(&mut self) {
+        unwatch(&self.watch.0, self.watch.1);
         if let Some(pinned) = self.pinned.take() {
             self.spare.lock().push(pinned);
         }
@@ -194,18 +243,14 @@ struct Faults {
 const FAULT_POLL: Duration = Duration::from_millis(5);
 
 impl Faults {
-    /// Watches `state` until its event completes; starts the watcher,
-    /// in the calling thread's context, on first use.
-    fn watch(self: &Arc<Self>, event: CUevent, state: &Arc<LaunchState>) {
+    /// Watches `state` until its event (of `context`) completes; starts
+    /// the watcher on first use.
+    fn watch(self: &Arc<Self>, context: usize, event: CUevent, state: &Arc<LaunchState>) {
         self.watching.get_or_init(|| {
             let faults = self.clone();
-            let context = result::ctx::get_current()
-                .ok()
-                .flatten()
-                .map(|c| c as usize);
             let _ = std::thread::Builder::new()
                 .name("rccl-cuda-faults".into())
-                .spawn(move || faults.run(context.map(|c| c as sys::CUcontext)));
+                .spawn(move || faults.run(context));
         });
         self.pending
             .lock()
@@ -213,32 +258,27 @@ impl Faults {
         self.wake.notify_one();
     }
 
-    fn run(&self, context: Option<sys::CUcontext>) {
-        if let Some(context) = context {
-            // SAFETY: the opening thread's context, retained for the
-            // life of the process.
-            let _ = unsafe { result::ctx::set_current(context) };
-        }
+    fn run(&self, context: usize) {
+        // The device's context, current on this thread for its life; a
+        // failure shows in the queries below.
+        let _current = Current::enter(context as CUcontext);
         loop {
             let mut pending = std::mem::take(&mut *self.pending.lock());
             pending.retain(|&(event, ref state)| {
                 // SAFETY: an event `launch_work` created for this watch,
                 // destroyed here only.
-                let answer = unsafe { sys::cuEventQuery(event as CUevent) };
+                let answer = unsafe { api::cuEventQuery(event as CUevent) };
                 if answer == sys::CUresult::CUDA_ERROR_NOT_READY {
                     return true;
                 }
-                if let (Err(e), Some(state)) = (answer.result(), state.upgrade()) {
+                if let (Err(e), Some(state)) = (check("cuEventQuery", answer), state.upgrade()) {
                     state.fail(Error::System(format!(
-                        "the CUDA context failed while device work ran ({}): its kernels \
-                         stopped and nothing more runs in the context",
-                        e.error_name()
-                            .map(|s| s.to_string_lossy().into_owned())
-                            .unwrap_or_default()
+                        "the CUDA context failed while device work ran ({e}): its kernels \
+                         stopped and nothing more runs in the context"
                     )));
                 }
                 // SAFETY: as above, destroyed once.
-                unsafe { sys::cuEventDestroy_v2(event as CUevent) };
+                unsafe { api::cuEventDestroy_v2(event as CUevent) };
                 false
             });
             let mut list = self.pending.lock();
@@ -253,12 +293,71 @@ impl Faults {
     }
 }
 
-/// A CUDA device: the context current when it was opened.
+/// Words of mapped page-locked memory the kernels poll to stop
+/// ([`Device::alloc_abort_word`]): host and device addresses of each.
+#[derive(Default)]
+struct AbortWords {
+    idle: Vec<(usize, u64)>,
+    /// Every word handed out: device address -> host address.
+    given: HashMap<u64, usize>,
+}
+
+/// Abort words a page of them holds.
+const ABORT_WORDS_PER_PAGE: usize = 1024;
+
+/// A launch in flight whose blocks' abort words the watcher sets (host
+/// addresses) once its `stop` answers `true`.
+struct Watched {
+    id: u64,
+    stop: Box<dyn Fn() -> bool + Send>,
+    words: Vec<usize>,
+    stopped: bool,
+}
+
+/// How often the watcher asks each launch in flight whether to stop it.
+const WATCH: Duration = Duration::from_millis(10);
+
+/// The launches the watcher thread follows.
+type WatchList = Arc<Mutex<Vec<Watched>>>;
+
+/// Follows `list`: sets the abort words of each launch whose `stop`
+/// answers `true` (a communicator aborted or failed, a peer died, a
+/// connection broke), which ends its kernels' waits.
+fn watch(list: WatchList) {
+    loop {
+        std::thread::sleep(WATCH);
+        for launch in list.lock().iter_mut().filter(|l| !l.stopped) {
+            if (launch.stop)() {
+                for &word in &launch.words {
+                    // SAFETY: a mapped page-locked word of this device,
+                    // kept while the launch is listed (its abort word);
+                    // the kernels read it with atomic loads.
+                    unsafe { AtomicU32::from_ptr(word as *mut u32) }.store(1, Ordering::Release);
+                }
+                launch.stopped = true;
+            }
+        }
+    }
+}
+
+/// Pinned memory allocated when the device opens: this many pieces of
+/// [`PINNED_BYTES`] (1 MiB). A launch needing more, or one beyond this
+/// many in flight or kept by CUDA graphs, allocates its own
+/// (`cuMemHostAlloc`, which may wait for running kernels).
+const PINNED_SETS: usize = 64;
+const PINNED_BYTES: usize = 16 << 10;
+
+/// A CUDA device: one context and its device.
 pub struct CudaDevice {
     driver: &'static Driver,
     ordinal: i32,
+    context: usize,
     name: String,
-    kernels: OnceLock<std::result::Result<Kernels, CudaError>>,
+    kernels: Kernels,
+    /// The backend's own non-blocking stream: allocation, frees, zeroing
+    /// and [`Device::copy`], each synchronized before the memory is used
+    /// (frees need not be).
+    own: usize,
     /// Idle streams of this backend's own. A launch takes one per block
     /// of its largest round (blocks of ranks that share the caller's
     /// stream must run at once) and gives them back from its last host
@@ -267,14 +366,27 @@ pub struct CudaDevice {
     spare_pinned: Arc<Mutex<Vec<Pinned>>>,
     faults: Arc<Faults>,
     /// Memory freed from a host function, which may not call CUDA: freed
-    /// at the next allocation (device memory, and page-locked host
-    /// memory).
+    /// (in the own stream's order, waiting for no kernel) at the next
+    /// allocation or free.
     deferred: Mutex<Vec<u64>>,
+    /// Page-locked host memory freed from a host function: freed at the
+    /// next page-locked allocation (`cuMemFreeHost` may wait for kernels).
     deferred_host: Mutex<Vec<usize>>,
     /// cuMem mappings (shareable allocations and imports), by address:
     /// their allocation handle and mapped size.
     mapped: Mutex<HashMap<u64, (sys::CUmemGenericAllocationHandle, usize)>>,
+    abort_words: Mutex<AbortWords>,
+    /// Launches in flight, followed by a thread started with the first.
+    watched: WatchList,
+    watcher: OnceLock<()>,
+    next_launch: AtomicU64,
 }
+
+// SAFETY: the context and streams are driver handles usable from any
+// thread of the process; the rest is Send + Sync.
+unsafe impl Send for CudaDevice {}
+// SAFETY: as above.
+unsafe impl Sync for CudaDevice {}
 
 thread_local! {
     /// Whether this thread is running a host function (`cuLaunchHostFunc`).
@@ -282,37 +394,103 @@ thread_local! {
 }
 
 impl CudaDevice {
-    /// Opens the current device when a driver loads and a device exists.
+    /// Opens the device of the calling thread's current context (device
+    /// 0's primary context when it has none) when a driver loads and a
+    /// device exists.
     pub fn open() -> std::result::Result<CudaDevice, CudaError> {
         let driver = Driver::get()?;
         if driver.device_count()? == 0 {
             return Err(CudaError::Invalid("the CUDA driver sees no device".into()));
         }
-        let ordinal = driver.current_device()?;
+        let context = match driver.current_context()? {
+            Some(context) => context,
+            None => driver.primary_context(0)?,
+        };
+        let _current = Current::push(context)?;
+        let ordinal = driver.context_device()?;
+        // Loaded now, not at the first launch: a module load may wait for
+        // running kernels.
+        let kernels = driver.load_kernels(ordinal)?;
+        let own = driver.create_stream()? as usize;
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        let mut slab = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the slab lives for the process.
+        check("cuMemHostAlloc", unsafe {
+            api::cuMemHostAlloc(&mut slab, PINNED_SETS * PINNED_BYTES, flags)
+        })?;
+        let spare = (0..PINNED_SETS)
+            .map(|set| Pinned {
+                // SAFETY: piece `set` of the slab's PINNED_SETS.
+                ptr: unsafe { slab.cast::<u8>().add(set * PINNED_BYTES) },
+                bytes: PINNED_BYTES,
+            })
+            .collect();
+        let mut abort_words = AbortWords::default();
+        // A first page of abort words now: allocating page-locked memory
+        // may wait for the device's kernels, so not on a call's path.
+        add_abort_words(&mut abort_words).map_err(|e| CudaError::Invalid(e.to_string()))?;
         Ok(CudaDevice {
             driver,
             ordinal,
+            context: context as usize,
             name: driver.device_name(ordinal)?,
-            kernels: OnceLock::new(),
+            kernels,
+            own,
             helpers: Arc::default(),
-            spare_pinned: Arc::default(),
+            spare_pinned: Arc::new(Mutex::new(spare)),
             faults: Arc::default(),
             deferred: Mutex::default(),
             deferred_host: Mutex::default(),
             mapped: Mutex::default(),
+            abort_words: Mutex::new(abort_words),
+            watched: WatchList::default(),
+            watcher: OnceLock::new(),
+            next_launch: AtomicU64::new(0),
         })
     }
 
-    fn kernels(&self) -> Result<&Kernels> {
-        self.kernels
-            .get_or_init(|| self.driver.load_kernels())
-            .as_ref()
-            .map_err(|e| err(e.clone()))
+    /// Makes this device's context current on the calling thread until
+    /// the guard drops.
+    fn enter(&self) -> Result<Current> {
+        Current::enter(self.context as CUcontext)
     }
 
-    /// Makes this device's context current on the calling thread.
-    fn enter(&self) -> Result<()> {
-        self.driver.current_device().map(|_| ()).map_err(err)
+    /// The host addresses of the abort words of `rounds`' blocks that
+    /// this device handed out.
+    fn abort_words_of(&self, rounds: &[Vec<Arc<crate::work::Work>>]) -> Vec<usize> {
+        let words = self.abort_words.lock();
+        rounds
+            .iter()
+            .flatten()
+            // SAFETY: each block starts with its header.
+            .filter_map(|w| words.given.get(&(unsafe { (*w.header()).abort } as u64)))
+            .copied()
+            .collect()
+    }
+
+    /// Has the watcher follow a launch until [`unwatch`]; its id.
+    fn follow(&self, stop: Box<dyn Fn() -> bool + Send>, words: Vec<usize>) -> Result<u64> {
+        let list = self.watched.clone();
+        let mut started = Ok(());
+        self.watcher.get_or_init(|| {
+            started = std::thread::Builder::new()
+                .name("rccl-cuda-watch".into())
+                .spawn(move || watch(list))
+                .map(drop);
+        });
+        started.map_err(|e| Error::System(format!("cannot start the launch watcher: {e}")))?;
+        let id = self.next_launch.fetch_add(1, Ordering::Relaxed);
+        self.watched.lock().push(Watched {
+            id,
+            stop,
+            words,
+            stopped: false,
+        });
+        Ok(id)
+    }
+
+    fn own(&self) -> CUstream {
+        self.own as CUstream
     }
 
     /// `count` helper streams, taken from the idle ones or created.
@@ -339,7 +517,8 @@ impl CudaDevice {
         Ok(taken)
     }
 
-    /// Pinned mapped memory of at least `bytes`, spare or new.
+    /// Pinned mapped memory of at least `bytes`, spare or new. The
+    /// context is current.
     fn pinned(&self, bytes: usize) -> Result<Pinned> {
         let mut spare = self.spare_pinned.lock();
         if let Some(at) = spare.iter().position(|p| p.bytes >= bytes) {
@@ -348,14 +527,25 @@ impl CudaDevice {
         drop(spare);
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // Room to grow: a launch slightly larger reuses it.
-        let bytes = bytes.max(4096).next_power_of_two();
-        // SAFETY: a fresh pinned allocation of `bytes`.
-        let ptr = unsafe { result::malloc_host(bytes, flags) }
-            .map_err(|e| Error::System(format!("cuMemHostAlloc: {e:?}")))?;
+        let bytes = bytes.max(PINNED_BYTES).next_power_of_two();
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; a fresh pinned allocation of
+        // `bytes`, kept for the life of the process.
+        call("cuMemHostAlloc", unsafe {
+            api::cuMemHostAlloc(&mut ptr, bytes, flags)
+        })?;
         Ok(Pinned {
             ptr: ptr.cast(),
             bytes,
         })
+    }
+
+    /// `bytes` of device memory, in the own stream's order, after freeing
+    /// what host functions freed. The context is current.
+    fn allocate(&self, bytes: usize) -> Result<u64> {
+        self.free_deferred()?;
+        // SAFETY: the own stream lives as long as the device.
+        unsafe { self.driver.alloc(bytes, self.own()) }.map_err(err)
     }
 }
 
@@ -416,7 +606,7 @@ impl CudaDevice {
         let mut granularity = 0usize;
         // SAFETY: valid out-pointer and property block.
         call("cuMemGetAllocationGranularity", unsafe {
-            sys::cuMemGetAllocationGranularity(
+            api::cuMemGetAllocationGranularity(
                 &mut granularity,
                 &prop,
                 sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
@@ -438,20 +628,20 @@ impl CudaDevice {
         let mapped = unsafe {
             call(
                 "cuMemAddressReserve",
-                sys::cuMemAddressReserve(&mut ptr, size, 0, 0, 0),
+                api::cuMemAddressReserve(&mut ptr, size, 0, 0, 0),
             )
-            .and_then(|()| call("cuMemMap", sys::cuMemMap(ptr, size, 0, handle, 0)))
-            .and_then(|()| call("cuMemSetAccess", sys::cuMemSetAccess(ptr, size, &access, 1)))
+            .and_then(|()| call("cuMemMap", api::cuMemMap(ptr, size, 0, handle, 0)))
+            .and_then(|()| call("cuMemSetAccess", api::cuMemSetAccess(ptr, size, &access, 1)))
         };
         if let Err(e) = mapped {
             // SAFETY: undoes what succeeded above; failures of the undo
             // add nothing to the error.
             unsafe {
                 if ptr != 0 {
-                    let _ = sys::cuMemUnmap(ptr, size);
-                    let _ = sys::cuMemAddressFree(ptr, size);
+                    let _ = api::cuMemUnmap(ptr, size);
+                    let _ = api::cuMemAddressFree(ptr, size);
                 }
-                let _ = sys::cuMemRelease(handle);
+                let _ = api::cuMemRelease(handle);
             }
             return Err(e);
         }
@@ -459,16 +649,14 @@ impl CudaDevice {
         Ok(ptr as *mut u8)
     }
 
-    /// Frees what host functions freed since the last allocation.
+    /// Frees the device memory host functions freed. The context is
+    /// current.
     fn free_deferred(&self) -> Result<()> {
-        for ptr in std::mem::take(&mut *self.deferred.lock()) {
+        let deferred = std::mem::take(&mut *self.deferred.lock());
+        for ptr in deferred {
             // SAFETY: freed by its last user, deferred out of a host
             // function; nothing enqueued since uses it.
             unsafe { self.release(ptr) }?;
-        }
-        for ptr in std::mem::take(&mut *self.deferred_host.lock()) {
-            // SAFETY: as above, page-locked memory from alloc_host.
-            unsafe { self.release_host(ptr as *mut u8) }?;
         }
         Ok(())
     }
@@ -478,33 +666,70 @@ impl CudaDevice {
     /// # Safety
     /// As [`Device::free_host`].
     unsafe fn release_host(&self, ptr: *mut u8) -> Result<()> {
-        self.enter()?;
+        let _current = self.enter()?;
         // SAFETY: the caller's contract.
-        call("cuMemFreeHost", unsafe { sys::cuMemFreeHost(ptr.cast()) })
+        call("cuMemFreeHost", unsafe { api::cuMemFreeHost(ptr.cast()) })
     }
 
     /// Frees `ptr`: a cuMem mapping is unmapped and its handle released,
-    /// anything else is `cuMemFree`d.
+    /// anything else is freed in the own stream's order. The context is
+    /// current.
     ///
     /// # Safety
     /// As [`Device::free`].
     unsafe fn release(&self, ptr: u64) -> Result<()> {
         let Some((handle, size)) = self.mapped.lock().remove(&ptr) else {
             // SAFETY: the caller's contract.
-            return unsafe { self.driver.free(ptr) }.map_err(err);
+            return unsafe { self.driver.free(ptr, self.own()) }.map_err(err);
         };
         // SAFETY: the mapping made by `map`, unused (the caller's
         // contract); the physical memory goes once every process that
         // mapped it has released it.
         unsafe {
-            call("cuMemUnmap", sys::cuMemUnmap(ptr, size))?;
-            call("cuMemAddressFree", sys::cuMemAddressFree(ptr, size))?;
-            call("cuMemRelease", sys::cuMemRelease(handle))
+            call("cuMemUnmap", api::cuMemUnmap(ptr, size))?;
+            call("cuMemAddressFree", api::cuMemAddressFree(ptr, size))?;
+            call("cuMemRelease", api::cuMemRelease(handle))
         }
     }
 }
 
-/// `later` waits for everything enqueued on `earlier` so far.
+/// Adds a page of mapped page-locked abort words to `words`.
+fn add_abort_words(words: &mut AbortWords) -> Result<()> {
+    let bytes = ABORT_WORDS_PER_PAGE * 4;
+    let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+    let mut host = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the page is kept for the life of the
+    // process (words go back to the idle list, never to the driver).
+    call("cuMemHostAlloc", unsafe {
+        api::cuMemHostAlloc(&mut host, bytes, flags)
+    })?;
+    let mut device: sys::CUdeviceptr = 0;
+    // SAFETY: `host` is mapped memory of the current context; a valid
+    // out-pointer.
+    call("cuMemHostGetDevicePointer", unsafe {
+        api::cuMemHostGetDevicePointer_v2(&mut device, host, 0)
+    })?;
+    for k in (0..ABORT_WORDS_PER_PAGE).rev() {
+        words
+            .idle
+            .push((host as usize + 4 * k, device + 4 * k as u64));
+    }
+    Ok(())
+}
+
+/// Stops following launch `id`.
+fn unwatch(list: &WatchList, id: u64) {
+    let mut list = list.lock();
+    let gone = list
+        .iter()
+        .position(|l| l.id == id)
+        .map(|at| list.swap_remove(at));
+    drop(list);
+    drop(gone);
+}
+
+/// `later` waits for everything enqueued on `earlier` so far. The
+/// streams' context is current.
 fn order(earlier: CUstream, later: CUstream) -> Result<()> {
     // Work outside a capture is waited for on each launch of the graph
     // that `later` captures.
@@ -513,18 +738,24 @@ fn order(earlier: CUstream, later: CUstream) -> Result<()> {
     } else {
         0
     };
-    let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
-    let event = result::event::create(flags).map_err(|e| Error::System(format!("{e:?}")))?;
+    let mut event = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    call("cuEventCreate", unsafe {
+        api::cuEventCreate(
+            &mut event,
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+        )
+    })?;
     // SAFETY: live streams of the current context and a fresh event,
     // destroyed once both calls are enqueued (CUDA releases it when done).
     unsafe {
-        let ordered = call("cuEventRecord", sys::cuEventRecord(event, earlier)).and_then(|()| {
+        let ordered = call("cuEventRecord", api::cuEventRecord(event, earlier)).and_then(|()| {
             call(
                 "cuStreamWaitEvent",
-                sys::cuStreamWaitEvent(later, event, wait),
+                api::cuStreamWaitEvent(later, event, wait),
             )
         });
-        sys::cuEventDestroy_v2(event);
+        api::cuEventDestroy_v2(event);
         ordered
     }
 }
@@ -576,11 +807,12 @@ unsafe extern "C" fn run_host_work(arg: *mut c_void) {
     IN_HOST_FUNCTION.with(|f| f.set(false));
 }
 
-/// Runs `work` on the host in `stream`'s order (`cuLaunchHostFunc`).
+/// Runs `work` on the host in `stream`'s order (`cuLaunchHostFunc`). The
+/// stream's context is current.
 fn enqueue_host(stream: CUstream, work: Work) -> Result<()> {
     let arg = Box::into_raw(Box::new(work));
     // SAFETY: the function takes back the box it is given, once.
-    let r = unsafe { sys::cuLaunchHostFunc(stream, Some(run_host_work), arg.cast()) };
+    let r = unsafe { api::cuLaunchHostFunc(stream, Some(run_host_work), arg.cast()) };
     if r != sys::CUresult::CUDA_SUCCESS {
         // SAFETY: the driver did not take the box.
         drop(unsafe { Box::from_raw(arg) });
@@ -608,7 +840,7 @@ impl Drop for JointTask {
     fn drop(&mut self) {
         // SAFETY: the pinned word the stream waits for, kept until the
         // wait passed (which this store allows).
-        unsafe { (*(self.flag as *const AtomicU32)).store(1, Ordering::Release) };
+        unsafe { AtomicU32::from_ptr(self.flag as *mut u32) }.store(1, Ordering::Release);
     }
 }
 
@@ -632,34 +864,46 @@ impl Device for CudaDevice {
         format!("[cuda {}] {}", self.ordinal, self.name)
     }
 
-    fn classify(&self, ptr: *const u8) -> Memory {
-        match self.driver.classify(ptr.cast()) {
-            Ok(CudaMemory::Device(index)) => Memory::Device {
+    fn index(&self) -> u32 {
+        self.ordinal as u32
+    }
+
+    fn classify(&self, ptr: *const u8) -> Result<Memory> {
+        let _current = self.enter()?;
+        let memory = self
+            .driver
+            .classify(ptr.cast())
+            .map_err(|e| Error::System(format!("cannot tell which memory {ptr:p} is: {e}")))?;
+        Ok(match memory {
+            CudaMemory::Device(index) => Memory::Device {
                 backend: BACKEND,
                 index: index as u32,
             },
-            Ok(CudaMemory::Managed) => Memory::Device {
+            CudaMemory::Managed => Memory::Device {
                 backend: BACKEND,
                 index: self.ordinal as u32,
             },
-            _ => Memory::Host,
-        }
+            CudaMemory::Host | CudaMemory::PinnedHost => Memory::Host,
+        })
     }
 
     fn allocation(&self, ptr: *const u8) -> Option<(usize, usize)> {
+        let _current = self.enter().ok()?;
         self.driver.address_range(ptr as sys::CUdeviceptr)
     }
 
     fn alloc(&self, bytes: usize) -> Result<*mut u8> {
-        self.free_deferred()?;
-        Ok(self.driver.alloc(bytes).map_err(err)? as *mut u8)
+        let _current = self.enter()?;
+        Ok(self.allocate(bytes)? as *mut u8)
     }
 
     fn alloc_zeroed(&self, bytes: usize) -> Result<*mut u8> {
-        let ptr = self.alloc(bytes)?;
-        // SAFETY: a fresh allocation of `bytes`.
-        unsafe { self.driver.memset(ptr as u64, 0, bytes) }.map_err(err)?;
-        Ok(ptr)
+        let _current = self.enter()?;
+        let ptr = self.allocate(bytes)?;
+        // SAFETY: a fresh allocation of `bytes`; zeroed on the own stream
+        // and synchronized, so whatever uses it next sees zeros.
+        unsafe { self.driver.memset(ptr, 0, bytes, self.own()) }.map_err(err)?;
+        Ok(ptr as *mut u8)
     }
 
     unsafe fn free(&self, ptr: *mut u8) -> Result<()> {
@@ -667,19 +911,24 @@ impl Device for CudaDevice {
             self.deferred.lock().push(ptr as u64);
             return Ok(());
         }
-        self.enter()?;
+        let _current = self.enter()?;
+        self.free_deferred()?;
         // SAFETY: the caller's contract.
         unsafe { self.release(ptr as u64) }
     }
 
     fn alloc_host(&self, bytes: usize) -> Result<*mut u8> {
-        self.free_deferred()?;
-        self.enter()?;
+        for ptr in std::mem::take(&mut *self.deferred_host.lock()) {
+            // SAFETY: page-locked memory from alloc_host, freed by its
+            // last user out of a host function.
+            unsafe { self.release_host(ptr as *mut u8) }?;
+        }
+        let _current = self.enter()?;
         let mut ptr = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; the current context is this
         // device's.
         call("cuMemHostAlloc", unsafe {
-            sys::cuMemHostAlloc(&mut ptr, bytes.max(1), 0)
+            api::cuMemHostAlloc(&mut ptr, bytes.max(1), 0)
         })?;
         Ok(ptr.cast())
     }
@@ -694,15 +943,45 @@ impl Device for CudaDevice {
     }
 
     unsafe fn copy(&self, dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {
-        self.enter()?;
+        let _current = self.enter()?;
         // SAFETY: the caller's contract; unified addressing names both.
-        call("cuMemcpy", unsafe {
-            sys::cuMemcpy(dst as u64, src as u64, bytes)
-        })
+        // On the own stream and synchronized: a synchronous cuMemcpy
+        // would run on the legacy stream, unordered with non-blocking
+        // streams and, from pageable memory, possibly after it returned.
+        unsafe {
+            call(
+                "cuMemcpyAsync",
+                api::cuMemcpyAsync(dst as u64, src as u64, bytes, self.own()),
+            )?;
+            self.driver.synchronize(self.own()).map_err(err)
+        }
     }
 
     fn shares_memory(&self) -> bool {
         true
+    }
+
+    fn alloc_abort_word(&self) -> Result<*mut u32> {
+        let mut words = self.abort_words.lock();
+        if words.idle.is_empty() {
+            // More communicators than a page of words: one more page.
+            let _current = self.enter()?;
+            add_abort_words(&mut words)?;
+        }
+        let (host, device) = words.idle.pop().expect("a page was added");
+        // SAFETY: an idle word of a live page; no kernel reads it.
+        unsafe { AtomicU32::from_ptr(host as *mut u32) }.store(0, Ordering::Release);
+        words.given.insert(device, host);
+        Ok(device as *mut u32)
+    }
+
+    unsafe fn free_abort_word(&self, word: *mut u32) -> Result<()> {
+        let mut words = self.abort_words.lock();
+        let host = words.given.remove(&(word as u64)).ok_or_else(|| {
+            Error::InvalidArgument(format!("{word:p} is not an abort word of this device"))
+        })?;
+        words.idle.push((host, word as u64));
+        Ok(())
     }
 
     fn rdma_receives_ordered(&self) -> bool {
@@ -715,27 +994,29 @@ impl Device for CudaDevice {
     }
 
     fn alloc_shareable(&self, bytes: usize) -> Result<*mut u8> {
-        self.enter()?;
+        let _current = self.enter()?;
         let size = self.granular(bytes)?;
         let prop = self.shareable_prop();
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: a valid out-pointer and property block.
         call("cuMemCreate", unsafe {
-            sys::cuMemCreate(&mut handle, size, &prop, 0)
+            api::cuMemCreate(&mut handle, size, &prop, 0)
         })?;
         let ptr = self.map(handle, size)?;
-        // SAFETY: a fresh mapping of `size` bytes.
-        unsafe { self.driver.memset(ptr as u64, 0, size) }.map_err(err)?;
+        // SAFETY: a fresh mapping of `size` bytes; zeroed and synchronized
+        // before it can be exported, so a peer's writes come after.
+        unsafe { self.driver.memset(ptr as u64, 0, size, self.own()) }.map_err(err)?;
         Ok(ptr)
     }
 
     fn export(&self, ptr: *mut u8) -> Result<(OwnedFd, usize)> {
+        let _current = self.enter()?;
         let (handle, size) = self.shareable_at(ptr)?;
         let mut fd: std::ffi::c_int = -1;
         // SAFETY: the handle is live (mapped); a POSIX handle is written
         // as one int.
         call("cuMemExportToShareableHandle", unsafe {
-            sys::cuMemExportToShareableHandle(
+            api::cuMemExportToShareableHandle(
                 (&mut fd as *mut std::ffi::c_int).cast(),
                 handle,
                 sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
@@ -747,14 +1028,14 @@ impl Device for CudaDevice {
     }
 
     fn export_dmabuf(&self, ptr: *mut u8) -> Result<(OwnedFd, u64)> {
-        self.enter()?;
+        let _current = self.enter()?;
         let (_, size) = self.shareable_at(ptr)?;
         let mut fd: std::ffi::c_int = -1;
         // SAFETY: the range is a live mapping of `size` bytes (a multiple
         // of the granularity, so of the page); a dma-buf handle is written
         // as one int.
         call("cuMemGetHandleForAddressRange", unsafe {
-            sys::cuMemGetHandleForAddressRange(
+            api::cuMemGetHandleForAddressRange(
                 (&mut fd as *mut std::ffi::c_int).cast(),
                 ptr as u64,
                 size,
@@ -767,14 +1048,14 @@ impl Device for CudaDevice {
     }
 
     fn import(&self, handle: OwnedFd, bytes: usize) -> Result<*mut u8> {
-        self.enter()?;
+        let _current = self.enter()?;
         let size = self.granular(bytes)?;
         let mut imported: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: a POSIX handle is passed as the descriptor's value in
         // the pointer; the driver holds its own reference to the memory,
         // so `handle` is closed when this returns.
         call("cuMemImportFromShareableHandle", unsafe {
-            sys::cuMemImportFromShareableHandle(
+            api::cuMemImportFromShareableHandle(
                 &mut imported,
                 handle.as_raw_fd() as isize as *mut c_void,
                 sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
@@ -784,24 +1065,34 @@ impl Device for CudaDevice {
     }
 
     fn stream(&self, raw: usize) -> Result<Arc<dyn Stream>> {
-        Ok(Arc::new(CudaStream { raw }))
+        Ok(Arc::new(CudaStream {
+            raw,
+            context: self.context,
+        }))
     }
 
     fn create_stream(&self) -> Result<Arc<dyn Stream>> {
+        let _current = self.enter()?;
         let raw = self.driver.create_stream().map_err(err)?;
-        Ok(Arc::new(CudaStream { raw: raw as usize }))
+        self.stream(raw as usize)
     }
 
     fn destroy_stream(&self, raw: usize) -> Result<()> {
+        let _current = self.enter()?;
         // SAFETY: the caller names a stream it created and uses no more.
         unsafe { self.driver.destroy_stream(raw as CUstream) }.map_err(err)
     }
 
     fn create_event(&self) -> Result<Arc<dyn Event>> {
-        self.enter()?;
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
-        let raw = result::event::create(flags).map_err(|e| Error::System(format!("{e:?}")))?;
-        Ok(Arc::new(CudaEvent { raw: raw as usize }))
+        let _current = self.enter()?;
+        let raw = self
+            .driver
+            .create_event(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(err)?;
+        Ok(Arc::new(CudaEvent {
+            raw: raw as usize,
+            context: self.context,
+        }))
     }
 
     /// The work runs on a thread of its own, never in a host function:
@@ -813,7 +1104,7 @@ impl Device for CudaDevice {
     /// when the work is done, and a second host function gives the word
     /// back. Neither host function blocks.
     fn enqueue_joint(&self, streams: &[Arc<dyn Stream>], work: Work) -> Result<()> {
-        self.enter()?;
+        let _current = self.enter()?;
         let first = join(streams)?;
         if capture_graph(first)?.is_some() {
             // The task runs once: a replay would find it consumed.
@@ -826,13 +1117,13 @@ impl Device for CudaDevice {
         let flag = self.pinned(4)?;
         let word = flag.ptr as u64;
         // SAFETY: the word is spare pinned memory no stream uses now.
-        unsafe { (*flag.ptr.cast::<AtomicU32>()).store(0, Ordering::Release) };
+        unsafe { AtomicU32::from_ptr(flag.ptr.cast::<u32>()) }.store(0, Ordering::Release);
         let task = Box::into_raw(Box::new(JointTask {
             work: Some(work),
             flag: word as usize,
         }));
         // SAFETY: the function takes back the box it is given, once.
-        let r = unsafe { sys::cuLaunchHostFunc(first, Some(start_joint_task), task.cast()) };
+        let r = unsafe { api::cuLaunchHostFunc(first, Some(start_joint_task), task.cast()) };
         if r != sys::CUresult::CUDA_SUCCESS {
             // SAFETY: the driver did not take the box; the task never runs
             // (dropping it only sets the word, which nothing waits for).
@@ -844,7 +1135,7 @@ impl Device for CudaDevice {
         // SAFETY: mapped pinned memory (unified addressing: the device
         // sees it at the host's address), kept until the wait passed.
         call("cuStreamWaitValue32", unsafe {
-            sys::cuStreamWaitValue32_v2(first, word, 1, equal)
+            api::cuStreamWaitValue32_v2(first, word, 1, equal)
         })?;
         let spare = self.spare_pinned.clone();
         enqueue_host(first, Box::new(move || spare.lock().push(flag)))?;
@@ -852,20 +1143,18 @@ impl Device for CudaDevice {
     }
 
     fn launch_work(&self, streams: &[Arc<dyn Stream>], launch: WorkLaunch) -> Result<()> {
-        self.enter()?;
-        let kernels = self.kernels()?;
+        let _current = self.enter()?;
+        let kernels = &self.kernels;
         let first = join(streams)?;
         let graph = capture_graph(first)?;
         let WorkLaunch {
             rounds,
             timeout,
             done,
-            // The host cannot stop a running kernel yet: it gives up after
-            // `spins` idle polls instead.
-            stop: _,
+            stop,
         } = launch;
-        // __nanosleep(64) per idle poll: about the launch's timeout.
-        let spins = (timeout.as_nanos() / 64) as u64;
+        // A timeout past the global timer's range is none.
+        let timeout_ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         // The status words, then each block at a 16-byte aligned offset.
         let channels: usize = rounds.iter().flatten().map(|w| w.nchannels()).sum();
         let words_bytes = (channels * 4).next_multiple_of(16);
@@ -885,6 +1174,14 @@ impl Device for CudaDevice {
                 return Err(e);
             }
         };
+        let id = match self.follow(stop, self.abort_words_of(&rounds)) {
+            Ok(id) => id,
+            Err(e) => {
+                self.spare_pinned.lock().push(pinned);
+                self.helpers.lock().extend(helpers);
+                return Err(e);
+            }
+        };
         let mut state = LaunchState {
             pinned: Some(pinned),
             channels,
@@ -894,6 +1191,7 @@ impl Device for CudaDevice {
             done: Mutex::new(Some(done)),
             spare: self.spare_pinned.clone(),
             idle: self.helpers.clone(),
+            watch: (self.watched.clone(), id),
         };
         let base = state.pinned.as_ref().expect("just set").ptr;
         let mut at = words_bytes;
@@ -938,7 +1236,7 @@ impl Device for CudaDevice {
                     kernels.run_work(
                         block,
                         nchannels as u32,
-                        spins,
+                        timeout_ns,
                         base.add(4 * word) as u64,
                         helper,
                     )
@@ -955,29 +1253,16 @@ impl Device for CudaDevice {
                 // SAFETY: the function takes back the reference it is
                 // given, once.
                 let r = unsafe {
-                    sys::cuLaunchHostFunc(first, Some(launch_ran), arg.cast_mut().cast())
+                    api::cuLaunchHostFunc(first, Some(launch_ran), arg.cast_mut().cast())
                 };
                 if r != sys::CUresult::CUDA_SUCCESS {
                     // SAFETY: the driver did not take the reference.
                     drop(unsafe { Arc::from_raw(arg) });
                 }
                 call("cuLaunchHostFunc", r)?;
-                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
-                let watched = result::event::create(flags)
-                    .map_err(|e| Error::System(format!("cuEventCreate: {e:?}")))
-                    .and_then(|event| {
-                        // SAFETY: a fresh event on a live stream; the fault
-                        // watcher destroys it.
-                        let recorded =
-                            call("cuEventRecord", unsafe { sys::cuEventRecord(event, first) });
-                        if recorded.is_err() {
-                            // SAFETY: the event, unrecorded, goes now.
-                            unsafe { sys::cuEventDestroy_v2(event) };
-                        }
-                        recorded.map(|()| event)
-                    });
+                let watched = fault_event(first);
                 match watched {
-                    Ok(event) => self.faults.watch(event, &state),
+                    Ok(event) => self.faults.watch(self.context, event, &state),
                     // The context failed since the host function was
                     // enqueued, which may never run.
                     Err(e) => {
@@ -992,14 +1277,37 @@ impl Device for CudaDevice {
     }
 }
 
+/// An event recorded on `stream` now, for the fault watcher, which
+/// destroys it. The stream's context is current.
+fn fault_event(stream: CUstream) -> Result<CUevent> {
+    let mut event = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    call("cuEventCreate", unsafe {
+        api::cuEventCreate(
+            &mut event,
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+        )
+    })?;
+    // SAFETY: a fresh event on a live stream.
+    let recorded = call("cuEventRecord", unsafe {
+        api::cuEventRecord(event, stream)
+    });
+    if recorded.is_err() {
+        // SAFETY: the event, unrecorded, goes now.
+        unsafe { api::cuEventDestroy_v2(event) };
+    }
+    recorded.map(|()| event)
+}
+
 /// The graph `stream` captures into, if it is capturing; an invalidated
-/// capture is refused (the calls after its error fail).
+/// capture is refused (the calls after its error fail). The stream's
+/// context is current.
 fn capture_graph(stream: CUstream) -> Result<Option<sys::CUgraph>> {
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     // SAFETY: a live stream, valid out-pointers; the optional ones unused.
     call("cuStreamGetCaptureInfo", unsafe {
-        sys::cuStreamGetCaptureInfo_v3(
+        api::cuStreamGetCaptureInfo_v3(
             stream,
             &mut status,
             std::ptr::null_mut(),
@@ -1020,14 +1328,15 @@ fn capture_graph(stream: CUstream) -> Result<Option<sys::CUgraph>> {
 
 /// Makes the captured launch's state the graph's: a user object owns it,
 /// kept by the graph and by every executable graph made from it until
-/// they are gone, and a host node reports each replay with it.
+/// they are gone, and a host node reports each replay with it. The
+/// stream's context is current.
 fn own_in_graph(graph: sys::CUgraph, first: CUstream, state: Arc<LaunchState>) -> Result<()> {
     let arg = Arc::into_raw(state).cast_mut().cast::<c_void>();
     let mut object: sys::CUuserObject = std::ptr::null_mut();
     let flags = sys::CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC as u32;
     // SAFETY: the destructor takes back the reference it is given, once.
     let made =
-        unsafe { sys::cuUserObjectCreate(&mut object, arg, Some(launch_released), 1, flags) };
+        unsafe { api::cuUserObjectCreate(&mut object, arg, Some(launch_released), 1, flags) };
     if made != sys::CUresult::CUDA_SUCCESS {
         // SAFETY: the driver did not take the reference.
         drop(unsafe { Arc::from_raw(arg.cast_const().cast::<LaunchState>()) });
@@ -1036,21 +1345,29 @@ fn own_in_graph(graph: sys::CUgraph, first: CUstream, state: Arc<LaunchState>) -
     let moved = sys::CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE as u32;
     // SAFETY: a live graph under capture and the object just made, whose
     // one reference moves to the graph.
-    let retained = unsafe { sys::cuGraphRetainUserObject(graph, object, 1, moved) };
+    let retained = unsafe { api::cuGraphRetainUserObject(graph, object, 1, moved) };
     if retained != sys::CUresult::CUDA_SUCCESS {
         // SAFETY: the caller's reference; the destructor frees the state.
-        unsafe { sys::cuUserObjectRelease(object, 1) };
+        unsafe { api::cuUserObjectRelease(object, 1) };
         return call("cuGraphRetainUserObject", retained);
     }
     // SAFETY: the graph keeps `arg` alive for every run of this node.
     call("cuLaunchHostFunc", unsafe {
-        sys::cuLaunchHostFunc(first, Some(launch_replayed), arg)
+        api::cuLaunchHostFunc(first, Some(launch_replayed), arg)
     })
 }
 
-/// A stream: the caller's `cudaStream_t`, or one this backend created.
+/// A stream: the caller's `cudaStream_t`, or one this backend created, of
+/// the device's context.
 pub struct CudaStream {
     raw: usize,
+    context: usize,
+}
+
+impl CudaStream {
+    fn enter(&self) -> Result<Current> {
+        Current::enter(self.context as CUcontext)
+    }
 }
 
 impl Stream for CudaStream {
@@ -1059,6 +1376,7 @@ impl Stream for CudaStream {
     }
 
     fn enqueue(&self, work: Work) -> Result<()> {
+        let _current = self.enter()?;
         let stream = self.raw as CUstream;
         if capture_graph(stream)?.is_some() {
             // A replay would run the work again, after it was consumed.
@@ -1070,22 +1388,25 @@ impl Stream for CudaStream {
     }
 
     unsafe fn copy_async(&self, dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {
+        let _current = self.enter()?;
         // SAFETY: the caller's contract.
         call("cuMemcpyAsync", unsafe {
-            sys::cuMemcpyAsync(dst as u64, src as u64, bytes, self.raw as CUstream)
+            api::cuMemcpyAsync(dst as u64, src as u64, bytes, self.raw as CUstream)
         })
     }
 
     fn record(&self, event: &dyn Event) -> Result<()> {
         let event = own_event(event)?;
+        let _current = self.enter()?;
         // SAFETY: a live event and stream.
         call("cuEventRecord", unsafe {
-            sys::cuEventRecord(event, self.raw as CUstream)
+            api::cuEventRecord(event, self.raw as CUstream)
         })
     }
 
     fn wait_event(&self, event: &dyn Event) -> Result<()> {
         let event = own_event(event)?;
+        let _current = self.enter()?;
         let stream = self.raw as CUstream;
         // In a capture, the event (of work outside it) is waited for on
         // each launch of the graph.
@@ -1096,18 +1417,20 @@ impl Stream for CudaStream {
         };
         // SAFETY: a live event and stream.
         call("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(stream, event, flags)
+            api::cuStreamWaitEvent(stream, event, flags)
         })
     }
 
     fn capturing(&self) -> Result<bool> {
+        let _current = self.enter()?;
         capture_graph(self.raw as CUstream).map(|graph| graph.is_some())
     }
 
     fn synchronize(&self, deadline: Instant) -> Result<()> {
+        let _current = self.enter()?;
         // SAFETY: a live stream.
         poll(deadline, || unsafe {
-            sys::cuStreamQuery(self.raw as CUstream)
+            api::cuStreamQuery(self.raw as CUstream)
         })
     }
 
@@ -1131,9 +1454,10 @@ fn poll(deadline: Instant, query: impl Fn() -> sys::CUresult) -> Result<()> {
     }
 }
 
-/// An event of the CUDA backend.
+/// An event of the CUDA backend, of the device's context.
 pub struct CudaEvent {
     raw: usize,
+    context: usize,
 }
 
 fn own_event(event: &dyn Event) -> Result<CUevent> {
@@ -1146,15 +1470,20 @@ fn own_event(event: &dyn Event) -> Result<CUevent> {
 
 impl Event for CudaEvent {
     fn query(&self) -> bool {
+        // A failure to ask counts as done: `synchronize` reports it.
+        let Ok(_current) = Current::enter(self.context as CUcontext) else {
+            return true;
+        };
         // SAFETY: a live event.
-        let answer = unsafe { sys::cuEventQuery(self.raw as CUevent) };
+        let answer = unsafe { api::cuEventQuery(self.raw as CUevent) };
         answer != sys::CUresult::CUDA_ERROR_NOT_READY
     }
 
     fn synchronize(&self, deadline: Instant) -> Result<()> {
+        let _current = Current::enter(self.context as CUcontext)?;
         // SAFETY: a live event.
         poll(deadline, || unsafe {
-            sys::cuEventQuery(self.raw as CUevent)
+            api::cuEventQuery(self.raw as CUevent)
         })
     }
 
@@ -1165,8 +1494,14 @@ impl Event for CudaEvent {
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
+        // A host function may not call CUDA: there the event is left to
+        // the process (dropped there only when its last user was).
+        if IN_HOST_FUNCTION.with(|f| f.get()) {
+            return;
+        }
+        let _current = Current::enter(self.context as CUcontext);
         // SAFETY: the event is not used after this; CUDA releases it once
         // any pending record completes.
-        unsafe { sys::cuEventDestroy_v2(self.raw as CUevent) };
+        unsafe { api::cuEventDestroy_v2(self.raw as CUevent) };
     }
 }

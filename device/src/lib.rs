@@ -1,7 +1,7 @@
 //! GPU memory, streams, events and kernels behind one interface.
 //!
 //! Nothing outside this crate knows CUDA exists. Two backends: `cuda`,
-//! reached through cudarc with the driver loaded at run time (a machine
+//! the driver API of `libcuda.so.1` loaded at run time (a machine
 //! without a driver gets an error, never a panic), and `emu`, an emulated
 //! GPU that CI runs (`RCCL_DEVICE=emu`).
 //!
@@ -17,6 +17,8 @@
 //! `scripts/build-kernels.sh`; their host twin, the same sources compiled
 //! by the host's C++ compiler, is [`twin`].
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::any::Any;
 use std::fmt;
 use std::os::fd::OwnedFd;
@@ -25,6 +27,7 @@ use std::time::{Duration, Instant};
 
 pub mod abi;
 pub mod cuda;
+mod cuda_api;
 pub mod cuda_device;
 pub mod emu;
 mod select;
@@ -86,11 +89,12 @@ pub struct WorkLaunch {
     /// round runs at once: blocks of one round may wait on each other
     /// through their FIFOs (ranks of one process sharing the device).
     pub rounds: Vec<Vec<Arc<work::Work>>>,
-    /// How long the launch may run once started; then every block's abort
-    /// word is set and the launch fails.
+    /// How long the launch may run once started (CUDA: each round's
+    /// kernel, by the GPU's global timer); then it fails.
     pub timeout: Duration,
-    /// Asked while the launch runs: `true` sets every block's abort word
-    /// (the engine's communicator was aborted or failed).
+    /// Asked from the host while the launch is queued or runs: `true` sets
+    /// every block's abort word (the engine's communicator was aborted or
+    /// failed, a peer died, a connection broke), which stops its waits.
     pub stop: Box<dyn Fn() -> bool + Send>,
     /// Told how each run of the launch ended, in stream order: once, or
     /// once per replay of a launch captured in a CUDA graph. Dropped when
@@ -129,9 +133,15 @@ pub trait Device: Send + Sync {
     /// `[cuda 0] NVIDIA H200`.
     fn label(&self) -> String;
 
-    /// Which memory `ptr` points into. A lookup, no system call: it runs
-    /// on every call of the engine.
-    fn classify(&self, ptr: *const u8) -> Memory;
+    /// The index of the device this backend drives (its ordinal: the
+    /// engine's device buffers must be its memory).
+    fn index(&self) -> u32 {
+        0
+    }
+
+    /// Which memory `ptr` points into. A lookup (it runs on every call of
+    /// the engine); an error where the backend cannot tell, never a guess.
+    fn classify(&self, ptr: *const u8) -> Result<Memory>;
 
     /// The allocation of device memory holding `ptr`, as (start address,
     /// bytes), where the backend knows it: calls check their counts
@@ -207,6 +217,24 @@ pub trait Device: Send + Sync {
     /// the blocks (buffers, FIFOs, scratch, abort word) must be memory the
     /// device reaches, valid until `done` is called.
     fn launch_work(&self, streams: &[Arc<dyn Stream>], launch: WorkLaunch) -> Result<()>;
+
+    /// A zeroed word for [`work::WorkCall::abort`]: read by the device while
+    /// work runs, set from the host by [`Device::launch_work`] when the
+    /// launch's `stop` answers `true`, even while a kernel spins (CUDA:
+    /// mapped page-locked memory, taken from words allocated when the
+    /// device opened). Freed by [`Device::free_abort_word`].
+    fn alloc_abort_word(&self) -> Result<*mut u32> {
+        Ok(self.alloc_zeroed(4)?.cast())
+    }
+
+    /// Gives back a word of [`Device::alloc_abort_word`].
+    ///
+    /// # Safety
+    /// No work still queued or running may use the word.
+    unsafe fn free_abort_word(&self, word: *mut u32) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.free(word.cast()) }
+    }
 
     /// Whether a NIC's writes into this device's memory are seen by its
     /// work in the order of the host's later writes that announce them, so

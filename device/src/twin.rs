@@ -13,7 +13,7 @@ extern "C" {
     fn rccl_twin_copy(dst: *mut c_void, src: *const c_void, bytes: u64);
     fn rccl_twin_fifo_send(fifo: *const FifoView, meta: *const u32, data: *const u8) -> i32;
     fn rccl_twin_fifo_recv(fifo: *const FifoView, out: *mut u8, cap: u32, meta: *mut u32) -> i32;
-    fn rccl_twin_run_channel(work: *const WorkHeader, channel: u32, spins: u64) -> i32;
+    fn rccl_twin_run_channel(work: *const WorkHeader, channel: u32, timeout_ns: u64) -> i32;
 }
 
 /// How a channel of device work ended.
@@ -23,26 +23,28 @@ pub enum ChannelEnd {
     Done,
     /// The abort word was set.
     Aborted,
-    /// `spins` polls passed without progress.
+    /// It still waited `timeout_ns` after it started.
     GaveUp,
     /// A step held more primitives than the interpreter keeps.
     StepTooLarge,
 }
 
-/// Runs channel `channel` of `work` on this thread to its end.
+/// Runs channel `channel` of `work` on this thread to its end, giving up
+/// once it waits `timeout_ns` after it started (on the host's monotonic
+/// clock, which stands for the GPU's global timer; `u64::MAX`: never).
 ///
 /// # Safety
 /// Every buffer, FIFO and scratch address in `work` is valid host memory
 /// of the sizes its schedule uses; the peers' ends of its FIFOs are run by
 /// other threads; no other thread runs this channel of this work.
-pub unsafe fn run_channel(work: &Work, channel: usize, spins: u64) -> ChannelEnd {
+pub unsafe fn run_channel(work: &Work, channel: usize, timeout_ns: u64) -> ChannelEnd {
     assert!(
         channel < work.nchannels(),
         "channel {channel} of {}",
         work.nchannels()
     );
     // SAFETY: the caller's contract; the block is a complete encoding.
-    unsafe { run_encoded_channel(work.header(), channel as u32, spins) }
+    unsafe { run_encoded_channel(work.header(), channel as u32, timeout_ns) }
 }
 
 /// Runs channel `channel` of the encoded work at `header` (a block copied
@@ -54,10 +56,10 @@ pub unsafe fn run_channel(work: &Work, channel: usize, spins: u64) -> ChannelEnd
 pub unsafe fn run_encoded_channel(
     header: *const WorkHeader,
     channel: u32,
-    spins: u64,
+    timeout_ns: u64,
 ) -> ChannelEnd {
     // SAFETY: the caller's contract.
-    match unsafe { rccl_twin_run_channel(header, channel, spins) } {
+    match unsafe { rccl_twin_run_channel(header, channel, timeout_ns) } {
         0 => ChannelEnd::Done,
         1 => ChannelEnd::Aborted,
         2 => ChannelEnd::GaveUp,

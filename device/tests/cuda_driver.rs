@@ -1,5 +1,5 @@
 //! The CUDA backend on whatever machine runs the tests: without a driver,
-//! a typed error naming the missing library (cudarc alone would panic);
+//! a typed error naming the missing library;
 //! and in every case, binaries that link this crate name no CUDA library,
 //! so they load where there is no driver.
 

@@ -19,6 +19,8 @@
 //! flags name; a warning is also kept per thread ([`take_warning`]) as the
 //! text of the error of the plug-in call that logged it.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_ulong, CStr, CString};
 use std::sync::{Mutex, OnceLock};

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use rccl::{CollCall, CollKind, Communicator, Config, DataType, Error, RedOp, Result, UniqueId};
 
 use crate::abi::*;
-use crate::check::{invalid, non_null, usage};
+use crate::check::{invalid, non_null, usage, write_out};
 use crate::error::{guard, Outcome};
 use crate::registry::{self, Entry, Slot};
 
@@ -239,9 +239,13 @@ unsafe fn init_rank(
     config: *const ncclConfig_t,
 ) -> Outcome {
     non_null(out, "comm")?;
+    // SAFETY: the caller vouches for `config` (NULL or an initialized
+    // ncclConfig_t) as init_rank's caller's caller does.
     let settings = unsafe { read_config(config)? };
     let (n, r) = rank_args(nranks, rank)?;
     let engine = settings.engine_config(Config::from_env()?);
+    // SAFETY: `out` is non-NULL (checked above) and, by the caller's
+    // word, writable.
     unsafe {
         create(out, &settings, 0, move || {
             Communicator::init_rank_config(n, &id, r, engine)
@@ -262,7 +266,9 @@ nccl_api! {
         guard("ncclGetUniqueId", std::ptr::null_mut(), || {
             non_null(uniqueId, "uniqueId")?;
             let id = UniqueId::new()?;
-            unsafe { *uniqueId = to_c_id(&id) };
+            // SAFETY: the caller vouches that a non-NULL `uniqueId` is
+            // writable (crate docs, "Pointers from C").
+            unsafe { write_out(uniqueId, to_c_id(&id), "uniqueId")? };
             Ok(ncclSuccess)
         })
     }
@@ -270,6 +276,7 @@ nccl_api! {
     fn ncclCommInitRank / pncclCommInitRank(
         comm: *mut ncclComm_t, nranks: c_int, commId: ncclUniqueId, rank: c_int
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches for `comm` as an out-argument.
         guard("ncclCommInitRank", std::ptr::null_mut(), || unsafe {
             init_rank(comm, nranks, unique_id(&commId), rank, std::ptr::null())
         })
@@ -279,6 +286,8 @@ nccl_api! {
         comm: *mut ncclComm_t, nranks: c_int, commId: ncclUniqueId, rank: c_int,
         config: *mut ncclConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches for `comm` as an out-argument and for
+        // `config` as NULL or an initialized ncclConfig_t.
         guard("ncclCommInitRankConfig", std::ptr::null_mut(), || unsafe {
             init_rank(comm, nranks, unique_id(&commId), rank, config)
         })
@@ -289,6 +298,9 @@ nccl_api! {
         newcomm: *mut ncclComm_t, nranks: c_int, myrank: c_int, nId: c_int,
         commIds: *mut ncclUniqueId, config: *mut ncclConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches for `newcomm` as an out-argument,
+        // `commIds` (checked non-NULL) as `nId` initialized ids, and
+        // `config` as NULL or an initialized ncclConfig_t.
         guard("ncclCommInitRankScalable", std::ptr::null_mut(), || unsafe {
             non_null(commIds, "commIds")?;
             if nId < 1 || nId > nranks {
@@ -312,12 +324,16 @@ nccl_api! {
             let devices: Vec<c_int> = if devlist.is_null() {
                 (0..ndev).collect()
             } else {
+                // SAFETY: the caller vouches that a non-NULL `devlist`
+                // holds `ndev` ints.
                 unsafe { std::slice::from_raw_parts(devlist, n) }.to_vec()
             };
             let all = Communicator::init_all_config(n, Config::from_env()?)?;
             for (i, c) in all.into_iter().enumerate() {
                 let entry = Entry::new(Slot::Ready(c), true, devices[i], None);
                 registry::insert(entry.clone());
+                // SAFETY: the caller vouches that `comms` (checked
+                // non-NULL) has room for `ndev` handles, and i < ndev.
                 unsafe { *comms.add(i) = entry.handle() };
             }
             Ok(ncclSuccess)
@@ -331,6 +347,8 @@ nccl_api! {
         comm: ncclComm_t, color: c_int, key: c_int, newcomm: *mut ncclComm_t,
         config: *mut ncclConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches for `newcomm` as an out-argument and
+        // `config` as NULL or an initialized ncclConfig_t.
         guard("ncclCommSplit", comm, || unsafe {
             non_null(newcomm, "newcomm")?;
             let (entry, parent) = comm_of(comm)?;
@@ -369,6 +387,9 @@ nccl_api! {
         comm: ncclComm_t, excludeRanksList: *mut c_int, excludeRanksCount: c_int,
         newcomm: *mut ncclComm_t, config: *mut ncclConfig_t, shrinkFlags: c_int,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches for `newcomm` as an out-argument,
+        // `excludeRanksList` as `excludeRanksCount` ints, and `config` as
+        // NULL or an initialized ncclConfig_t.
         guard("ncclCommShrink", comm, || unsafe {
             non_null(newcomm, "newcomm")?;
             let (entry, parent) = comm_of(comm)?;
@@ -413,7 +434,9 @@ nccl_api! {
             non_null(uniqueId, "uniqueId")?;
             comm_of(comm)?;
             let id = UniqueId::new()?;
-            unsafe { *uniqueId = to_c_id(&id) };
+            // SAFETY: the caller vouches that a non-NULL `uniqueId` is
+            // writable (crate docs, "Pointers from C").
+            unsafe { write_out(uniqueId, to_c_id(&id), "uniqueId")? };
             Ok(ncclSuccess)
         })
     }
@@ -424,6 +447,9 @@ nccl_api! {
         comm: ncclComm_t, nRanks: c_int, uniqueId: *const ncclUniqueId, rank: c_int,
         newcomm: *mut ncclComm_t, config: *mut ncclConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches for `newcomm` as an out-argument,
+        // `uniqueId` as NULL or an initialized id, and `config` as NULL or
+        // an initialized ncclConfig_t.
         guard("ncclCommGrow", comm, || unsafe {
             non_null(newcomm, "newcomm")?;
             let settings = read_config(config)?;
@@ -530,7 +556,8 @@ nccl_api! {
                     Err(e) => e.code(),
                 }
             };
-            unsafe { *asyncError = code };
+            // SAFETY: the caller vouches for `asyncError` as an out-argument.
+            unsafe { write_out(asyncError, code, "asyncError")? };
             Ok(ncclSuccess)
         })
     }
@@ -539,7 +566,8 @@ nccl_api! {
         guard("ncclCommCount", comm, || {
             non_null(count, "count")?;
             let (_, c) = comm_of(comm)?;
-            unsafe { *count = c.count() as c_int };
+            // SAFETY: the caller vouches for `count` as an out-argument.
+            unsafe { write_out(count, c.count() as c_int, "count")? };
             Ok(ncclSuccess)
         })
     }
@@ -550,7 +578,8 @@ nccl_api! {
         guard("ncclCommCuDevice", comm, || {
             non_null(device, "device")?;
             let entry = registry::lookup(comm)?;
-            unsafe { *device = entry.device };
+            // SAFETY: the caller vouches for `device` as an out-argument.
+            unsafe { write_out(device, entry.device, "device")? };
             Ok(ncclSuccess)
         })
     }
@@ -559,7 +588,8 @@ nccl_api! {
         guard("ncclCommUserRank", comm, || {
             non_null(rank, "rank")?;
             let (_, c) = comm_of(comm)?;
-            unsafe { *rank = c.rank() as c_int };
+            // SAFETY: the caller vouches for `rank` as an out-argument.
+            unsafe { write_out(rank, c.rank() as c_int, "rank")? };
             Ok(ncclSuccess)
         })
     }
@@ -592,7 +622,8 @@ nccl_api! {
             if !(0..=3).contains(&stat) {
                 return Err(invalid(format!("unknown ncclCommMemStat_t {stat}")));
             }
-            unsafe { *value = 0 };
+            // SAFETY: the caller vouches for `value` as an out-argument.
+            unsafe { write_out(value, 0, "value")? };
             Ok(ncclSuccess)
         })
     }

@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::abi::*;
-use crate::check::{invalid, non_null, usage};
+use crate::check::{invalid, non_null, usage, write_out};
 use crate::comms::comm_of;
 use crate::error::{self, guard};
 use crate::registry::{self, lock, next_token, Entry, Regions};
@@ -16,7 +16,8 @@ nccl_api! {
     fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> ncclResult_t {
         guard("ncclGetVersion", std::ptr::null_mut(), || {
             non_null(version, "version")?;
-            unsafe { *version = NCCL_VERSION_CODE };
+            // SAFETY: the caller vouches for `version` as an out-argument.
+            unsafe { write_out(version, NCCL_VERSION_CODE, "version")? };
             Ok(ncclSuccess)
         })
     }
@@ -58,6 +59,8 @@ nccl_api! {
                     .cast(),
                 None => {
                     let mut out: *mut c_void = std::ptr::null_mut();
+                    // SAFETY: `out` is a valid place for the pointer, and
+                    // PAGE a power of two multiple of the pointer size.
                     let rc = unsafe { libc::posix_memalign(&mut out, PAGE, size.max(1)) };
                     if rc != 0 {
                         return Err(rccl::Error::System(format!(
@@ -68,7 +71,8 @@ nccl_api! {
                     out
                 }
             };
-            unsafe { *ptr = out };
+            // SAFETY: the caller vouches for `ptr` as an out-argument.
+            unsafe { write_out(ptr, out, "ptr")? };
             Ok(ncclSuccess)
         })
     }
@@ -76,10 +80,22 @@ nccl_api! {
     /// Frees what ncclMemAlloc returned (NULL: nothing to do).
     fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> ncclResult_t {
         guard("ncclMemFree", std::ptr::null_mut(), || {
-            let device = rccl::device::active().filter(|d| d.classify(ptr as *const u8).is_device());
+            let device = match rccl::device::active() {
+                Some(d) => d
+                    .classify(ptr as *const u8)
+                    .map_err(|e| invalid(format!("ncclMemFree: {e}")))?
+                    .is_device()
+                    .then_some(d),
+                None => None,
+            };
             match device {
+                // SAFETY: the caller vouches that `ptr` came from
+                // ncclMemAlloc and is freed once; the device says it is
+                // its memory.
                 Some(device) => unsafe { device.free(ptr.cast()) }
                     .map_err(|e| invalid(format!("ncclMemFree: {e}")))?,
+                // SAFETY: as above: NULL, or host memory from
+                // ncclMemAlloc's posix_memalign, freed once.
                 None => unsafe { libc::free(ptr) },
             }
             Ok(ncclSuccess)
@@ -96,7 +112,8 @@ nccl_api! {
             let entry = registry::lookup(comm)?;
             let token = next_token();
             regions(&entry, false).insert(token, (buff as usize, size));
-            unsafe { *handle = token as *mut c_void };
+            // SAFETY: the caller vouches for `handle` as an out-argument.
+            unsafe { write_out(handle, token as *mut c_void, "handle")? };
             Ok(ncclSuccess)
         })
     }
@@ -125,7 +142,8 @@ nccl_api! {
             }
             let token = next_token();
             regions(&entry, true).insert(token, (buff as usize, size));
-            unsafe { *win = token as ncclWindow_t };
+            // SAFETY: the caller vouches for `win` as an out-argument.
+            unsafe { write_out(win, token as ncclWindow_t, "win")? };
             Ok(ncclSuccess)
         })
     }
@@ -149,7 +167,8 @@ nccl_api! {
             let Some(&(addr, _)) = regions(&entry, true).get(&(win as usize)) else {
                 return Err(invalid(format!("{win:p} is not a window of this communicator")));
             };
-            unsafe { *outUserPtr = addr as *mut c_void };
+            // SAFETY: the caller vouches for `outUserPtr` as an out-argument.
+            unsafe { write_out(outUserPtr, addr as *mut c_void, "outUserPtr")? };
             Ok(ncclSuccess)
         })
     }
@@ -190,6 +209,8 @@ nccl_api! {
     fn ncclSetEncryption / pncclSetEncryption(config: *const ncclEncryptionConfig_t) -> ncclResult_t {
         guard("ncclSetEncryption", std::ptr::null_mut(), || {
             non_null(config, "config")?;
+            // SAFETY: the caller vouches that `config` (checked non-NULL)
+            // is an initialized ncclEncryptionConfig_t.
             let (magic, mode) = unsafe { ((*config).magic, (*config).mode) };
             if magic != NCCL_API_MAGIC {
                 return Err(invalid(format!(

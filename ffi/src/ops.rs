@@ -42,27 +42,24 @@ unsafe fn red_op(entry: &Entry, raw: ncclRedOp_t, dtype: DataType) -> Result<Red
     let scalar = match scalar {
         Scalar::Immediate(bytes) => bytes,
         Scalar::Pointer(addr) => {
-            let mut bytes = [0u8; 8];
-            let device =
-                rccl::device::active().filter(|d| d.classify(addr as *const u8).is_device());
-            match device {
-                // Read when the call is made, not when its stream runs it.
-                // SAFETY: ncclScalarDevice promises the scalar stays
-                // readable while the op lives; `bytes` holds any element.
-                Some(device) => unsafe {
-                    device
-                        .copy(bytes.as_mut_ptr(), addr as *const u8, dtype.size())
-                        .map_err(|e| invalid(format!("the PreMulSum scalar: {e}")))?
-                },
-                // SAFETY: as above, a host pointer.
-                None => unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        addr as *const u8,
-                        bytes.as_mut_ptr(),
-                        dtype.size(),
-                    )
-                },
+            let on_device = match rccl::device::active() {
+                Some(d) => d
+                    .classify(addr as *const u8)
+                    .map_err(|e| invalid(format!("the PreMulSum scalar: {e}")))?
+                    .is_device(),
+                None => false,
+            };
+            if on_device {
+                // Read by the device when the collective runs.
+                return Ok(RedOp::PreMulSumDevice { scalar: addr });
             }
+            let mut bytes = [0u8; 8];
+            // SAFETY: ncclScalarDevice promises the scalar stays readable
+            // while the op lives; `bytes` holds any element. Host memory:
+            // the host path runs the call now.
+            unsafe {
+                std::ptr::copy_nonoverlapping(addr as *const u8, bytes.as_mut_ptr(), dtype.size())
+            };
             bytes
         }
     };
@@ -86,6 +83,8 @@ unsafe fn collective(
     let (entry, c) = comm_of(comm)?;
     let dtype = datatype(dtype)?;
     let op = match op {
+        // SAFETY: a PreMulSum scalar's pointer was vouched for by the
+        // caller of ncclRedOpCreatePreMulSum.
         Some(raw) => unsafe { red_op(&entry, raw, dtype)? },
         None => RedOp::Sum,
     };
@@ -207,6 +206,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclAllReduce", comm, || unsafe {
             collective(comm, CollKind::AllReduce, sendbuff, recvbuff, count, datatype, Some(op), 0, stream)
         })
@@ -216,6 +217,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         root: c_int, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclBroadcast", comm, || unsafe {
             collective(comm, CollKind::Broadcast, sendbuff, recvbuff, count, datatype, None, root, stream)
         })
@@ -226,6 +229,8 @@ nccl_api! {
         buff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int,
         comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that `buff` holds `count` elements until
+        // the call completes.
         guard_op("ncclBcast", comm, || unsafe {
             collective(comm, CollKind::Broadcast, buff, buff, count, datatype, None, root, stream)
         })
@@ -235,6 +240,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclReduce", comm, || unsafe {
             collective(comm, CollKind::Reduce, sendbuff, recvbuff, count, datatype, Some(op), root, stream)
         })
@@ -244,6 +251,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize,
         datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclAllGather", comm, || unsafe {
             collective(comm, CollKind::AllGather, sendbuff, recvbuff, sendcount, datatype, None, 0, stream)
         })
@@ -253,6 +262,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize,
         datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclReduceScatter", comm, || unsafe {
             collective(comm, CollKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, Some(op), 0, stream)
         })
@@ -262,6 +273,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclAlltoAll", comm, || unsafe {
             collective(comm, CollKind::AllToAll, sendbuff, recvbuff, count, datatype, None, 0, stream)
         })
@@ -271,6 +284,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         root: c_int, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclGather", comm, || unsafe {
             collective(comm, CollKind::Gather, sendbuff, recvbuff, count, datatype, None, root, stream)
         })
@@ -280,6 +295,8 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         root: c_int, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes.
         guard_op("ncclScatter", comm, || unsafe {
             collective(comm, CollKind::Scatter, sendbuff, recvbuff, count, datatype, None, root, stream)
         })
@@ -289,6 +306,9 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclAllReduceConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::AllReduce, sendbuff, recvbuff, count, datatype, Some(op), 0, stream)
@@ -299,6 +319,9 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         root: c_int, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclBroadcastConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::Broadcast, sendbuff, recvbuff, count, datatype, None, root, stream)
@@ -310,6 +333,9 @@ nccl_api! {
         op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclReduceConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::Reduce, sendbuff, recvbuff, count, datatype, Some(op), root, stream)
@@ -321,6 +347,9 @@ nccl_api! {
         datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclAllGatherConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::AllGather, sendbuff, recvbuff, sendcount, datatype, None, 0, stream)
@@ -332,6 +361,9 @@ nccl_api! {
         datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclReduceScatterConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, Some(op), 0, stream)
@@ -342,6 +374,9 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclAlltoAllConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::AllToAll, sendbuff, recvbuff, count, datatype, None, 0, stream)
@@ -352,6 +387,9 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         root: c_int, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclGatherConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::Gather, sendbuff, recvbuff, count, datatype, None, root, stream)
@@ -362,6 +400,9 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t,
         root: c_int, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that the buffers hold their call's
+        // elements until it completes, and for `config` as NULL or an
+        // initialized ncclCollConfig_t.
         guard_op("ncclScatterConfig", comm, || unsafe {
             coll_config(config)?;
             collective(comm, CollKind::Scatter, sendbuff, recvbuff, count, datatype, None, root, stream)
@@ -372,6 +413,8 @@ nccl_api! {
         sendbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: c_int,
         comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that `sendbuff` holds `count` elements
+        // until the call completes.
         guard_op("ncclSend", comm, || unsafe {
             p2p(comm, true, sendbuff as *mut c_void, count, datatype, peer, stream)
         })
@@ -381,6 +424,8 @@ nccl_api! {
         recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, peer: c_int,
         comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
+        // SAFETY: the caller vouches that `recvbuff` holds `count` elements
+        // until the call completes.
         guard_op("ncclRecv", comm, || unsafe { p2p(comm, false, recvbuff, count, datatype, peer, stream) })
     }
 
@@ -423,6 +468,8 @@ nccl_api! {
                 return Err(usage("ncclGroupSimulateEnd without ncclGroupStart"));
             }
             // A bad simInfo fails the group, which still closes.
+            // SAFETY: the caller vouches for `simInfo` as NULL or an
+            // initialized ncclSimInfo_t.
             let checked = unsafe { check_sim_info(simInfo) };
             if let Err(err) = &checked {
                 rccl::group_fail(err);
@@ -443,7 +490,8 @@ nccl_api! {
     }
 
     /// A PreMulSum operator of `comm` for `datatype`. `ncclScalarDevice`
-    /// takes a host pointer, read at each call that uses the op;
+    /// takes a pointer: device memory is read by the device when each
+    /// collective using the op runs, host memory at each call;
     /// `ncclScalarHostImmediate` reads the value now.
     fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
         op: *mut ncclRedOp_t, scalar: *mut c_void, datatype_: ncclDataType_t,
@@ -457,6 +505,9 @@ nccl_api! {
             let scalar = match residence {
                 ncclScalarHostImmediate => {
                     let mut bytes = [0u8; 8];
+                    // SAFETY: the caller vouches that `scalar` (checked
+                    // non-NULL) holds one element of `datatype`, at most 8
+                    // bytes.
                     unsafe {
                         std::ptr::copy_nonoverlapping(scalar as *const u8, bytes.as_mut_ptr(), dtype.size())
                     };
@@ -472,6 +523,8 @@ nccl_api! {
             }
             ops.0 += 1;
             ops.1.insert(id, PreMul { dtype, scalar });
+            // SAFETY: the caller vouches that `op` (checked non-NULL) is
+            // writable.
             unsafe { *op = id };
             Ok(ncclSuccess)
         })

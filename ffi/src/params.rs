@@ -6,7 +6,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::LazyLock;
 
 use crate::abi::*;
-use crate::check::{invalid, non_null};
+use crate::check::{invalid, non_null, write_out};
 use crate::error::{c_string, guard};
 
 /// A parameter: its environment variable and default.
@@ -103,7 +103,8 @@ macro_rules! typed_getters {
                     let v: $t = text.trim().parse().map_err(|_| {
                         invalid(format!("value '{text}' does not fit {}", stringify!($t)))
                     })?;
-                    unsafe { *out = v };
+                    // SAFETY: the caller vouches for `out` as an out-argument.
+                    unsafe { write_out(out, v, "out")? };
                     Ok(ncclSuccess)
                 })
             }
@@ -128,7 +129,8 @@ nccl_api! {
         guard("ncclParamBind", std::ptr::null_mut(), || {
             non_null(out, "out")?;
             let p = find(key)?;
-            unsafe { *out = p as *const Param as ncclParamHandle_t };
+            // SAFETY: the caller vouches for `out` as an out-argument.
+            unsafe { write_out(out, p as *const Param as ncclParamHandle_t, "out")? };
             Ok(ncclSuccess)
         })
     }
@@ -139,8 +141,9 @@ nccl_api! {
             let text = c_string(&value(h)?);
             STR_OUT.with(|s| {
                 *s.borrow_mut() = text;
-                unsafe { *out = s.borrow().as_ptr() };
-            });
+                // SAFETY: the caller vouches for `out` as an out-argument.
+                unsafe { write_out(out, s.borrow().as_ptr(), "out") }
+            })?;
             Ok(ncclSuccess)
         })
     }
@@ -158,9 +161,12 @@ nccl_api! {
             }
             if !text.is_empty() {
                 non_null(out, "out")?;
+                // SAFETY: the caller vouches that `out` (checked non-NULL)
+                // holds `maxLen` bytes, and the text fits in them.
                 unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), out.cast::<u8>(), text.len()) };
             }
-            unsafe { *len = text.len() as c_int };
+            // SAFETY: the caller vouches for `len` as an out-argument.
+            unsafe { write_out(len, text.len() as c_int, "len")? };
             Ok(ncclSuccess)
         })
     }
@@ -174,10 +180,13 @@ nccl_api! {
             let text = p.value().unwrap_or_default();
             VALUE_OUT.with(|s| {
                 *s.borrow_mut() = c_string(&text);
-                unsafe { *value_ = s.borrow().as_ptr() };
-            });
+                // SAFETY: the caller vouches for `value` as an out-argument.
+                unsafe { write_out(value_, s.borrow().as_ptr(), "value") }
+            })?;
             if !valueLen.is_null() {
-                unsafe { *valueLen = text.len() as c_int };
+                // SAFETY: the caller vouches for a non-NULL `valueLen` as
+                // an out-argument.
+                unsafe { write_out(valueLen, text.len() as c_int, "valueLen")? };
             }
             Ok(ncclSuccess)
         })
@@ -189,9 +198,11 @@ nccl_api! {
         guard("ncclParamGetAllParameterKeys", std::ptr::null_mut(), || {
             non_null(table, "table")?;
             non_null(tableLen, "tableLen")?;
+            // SAFETY: the caller vouches for `table` and `tableLen` as
+            // out-arguments.
             unsafe {
-                *table = KEY_TABLE.as_ptr().cast::<*const c_char>();
-                *tableLen = KEY_TABLE.len() as c_int;
+                write_out(table, KEY_TABLE.as_ptr().cast::<*const c_char>(), "table")?;
+                write_out(tableLen, KEY_TABLE.len() as c_int, "tableLen")?;
             }
             Ok(ncclSuccess)
         })

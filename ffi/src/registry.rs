@@ -47,7 +47,8 @@ pub enum Slot {
 pub enum Scalar {
     /// `ncclScalarHostImmediate`: the value, read at creation.
     Immediate([u8; 8]),
-    /// `ncclScalarDevice`: a host pointer read at each call.
+    /// `ncclScalarDevice`: a pointer to the value (host or device memory),
+    /// read for each call.
     Pointer(usize),
 }
 

@@ -28,19 +28,21 @@
 //!   passes the same handle to every `connect` call of one connection, as
 //!   its own plug-ins expect).
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use rccl_transports::auth_tcp::Secret;
 use rccl_transports::network::ib::Ib;
 use rccl_transports::network::plugin::abi::{self, NcclResult};
 use rccl_transports::network::socket::{Socket, SocketDevice};
 use rccl_transports::network::{
     CommRef, ListenHandle, MemoryType, Net, NetError, RecvBuffer, MAX_RECVS, NET_HANDLE_MAXSIZE,
 };
-use rccl_transports::socket::Secret;
 
 /// The plug-in's name.
 const NAME: &CStr = c"rcclrs";
@@ -114,7 +116,7 @@ fn device() -> Result<&'static SocketDevice, NetError> {
     static DEVICE: OnceLock<Result<SocketDevice, String>> = OnceLock::new();
     DEVICE
         .get_or_init(|| {
-            let ip = rccl::host_address().map_err(|e| e.to_string())?;
+            let ip = rccl_transports::host::host_address().map_err(|e| e.to_string())?;
             Ok(SocketDevice {
                 name: ip.to_string(),
                 ip,

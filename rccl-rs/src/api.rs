@@ -153,6 +153,7 @@ impl Communicator {
             count,
             dtype,
             stream,
+            api_event: Default::default(),
         })
     }
 
@@ -200,6 +201,7 @@ impl Communicator {
             count,
             dtype,
             stream,
+            api_event: Default::default(),
         })
     }
 
@@ -331,10 +333,6 @@ impl Communicator {
             recv.len(),
             kind.recv_len(count, n, rank, root),
         )?;
-        // SAFETY: the slices are valid for the checked lengths and borrowed
-        // until this call returns, which is when the operation completes
-        // (a typed call inside a C-style group would escape the borrow, so
-        // it is refused).
         let call = CollCall {
             kind,
             count,
@@ -342,6 +340,10 @@ impl Communicator {
             op,
             root,
         };
+        // SAFETY: the slices are valid for the checked lengths and borrowed
+        // until this call returns, which is when the operation completes
+        // (a typed call inside a C-style group would escape the borrow, so
+        // it is refused).
         unsafe { self.typed_raw(call, send.as_ptr().cast(), recv.as_mut_ptr().cast()) }
     }
 
@@ -377,8 +379,6 @@ impl Communicator {
                 )))
             }
         };
-        // SAFETY: both pointers lie inside `buf`, which covers the larger of
-        // the two lengths, and stays borrowed until the call returns.
         let call = CollCall {
             kind,
             count,
@@ -386,6 +386,8 @@ impl Communicator {
             op,
             root,
         };
+        // SAFETY: both pointers lie inside `buf`, which covers the larger of
+        // the two lengths, and stays borrowed until the call returns.
         unsafe { self.typed_raw(call, send.cast(), recv.cast()) }
     }
 

@@ -27,7 +27,7 @@ pub(crate) fn call_tag(
         RedOp::Max => 2,
         RedOp::Min => 3,
         RedOp::Avg => 4,
-        RedOp::PreMulSum { .. } => 5,
+        RedOp::PreMulSum { .. } | RedOp::PreMulSumDevice { .. } => 5,
     };
     Tag {
         seq: seq as u32,

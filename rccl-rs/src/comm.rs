@@ -251,6 +251,10 @@ pub(crate) struct CommInner {
     /// This communicator's context of a C tuner plug-in
     /// (`NCCL_TUNER_PLUGIN`), finalized when the communicator goes.
     tuner: Option<crate::tuner_plugin::CTuner>,
+    /// This communicator's context of a C profiler plug-in
+    /// (`NCCL_PROFILER_PLUGIN`), finalized when the communicator goes;
+    /// `None`, the common case, costs a call one test.
+    pub profiler: Option<crate::profiler_plugin::CProfiler>,
 }
 
 impl crate::queue::Owner for CommInner {
@@ -740,6 +744,8 @@ impl Communicator {
             .collect();
         let topology = Topology::from_hosts(host_of);
         let tuner = crate::tuner_plugin::open(nranks, topology.hosts(), hash_of(&bootstrap));
+        let profiler =
+            crate::profiler_plugin::open(hash_of(&bootstrap), topology.hosts().len(), nranks, rank);
         let channels = config.max_channels;
         let no_links = || {
             (0..channels)
@@ -788,6 +794,7 @@ impl Communicator {
             choices: Mutex::new(ChoiceCache::default()),
             queued: crate::queue::Queued::default(),
             tuner,
+            profiler,
         });
         register(&inner);
         let local_ranks = inner

@@ -88,6 +88,12 @@ pub(crate) fn connect(
                 Ok(Some(conn)) => {
                     let (index, link) = pending.swap_remove(i);
                     let on_device = launches[index].on_device;
+                    let profiler = launches[index].comm.profiler.as_ref();
+                    if let Some(observer) =
+                        profiler.and_then(|p| p.step_observer(link.channel, link.peer))
+                    {
+                        conn.observe_steps(observer);
+                    }
                     guards[index].links_for_mut(on_device)[link.channel][link.peer] = Some(Link {
                         conn,
                         peer_name: comm.describe(link.peer),
@@ -187,7 +193,6 @@ impl PendingLink {
             })?;
         if conn.is_some() {
             let (rank, channel, peer, via) = (comm.rank, self.channel, self.peer, self.transport);
-            // The subsystem of the line, as NCCL's: NET for the network.
             if via.starts_with("NET") {
                 let addr = cx.endpoints[peer].data_addr.ip();
                 // A connection of device work names what carries it and
@@ -203,12 +208,17 @@ impl PendingLink {
                     _ => (via, String::new()),
                 };
                 tracing::info!(
-                    target: crate::debug::NET,
+                    target: crate::debug::INIT_NET,
                     "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via} ({addr}){work}"
+                );
+            } else if via.starts_with("P2P") {
+                tracing::info!(
+                    target: crate::debug::INIT_P2P,
+                    "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via}"
                 );
             } else {
                 tracing::info!(
-                    target: crate::debug::SHM,
+                    target: crate::debug::INIT_SHM,
                     "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via}"
                 );
             }
@@ -663,7 +673,7 @@ fn open_board(waits: &mut Waits<'_>) -> Result<BoardLink> {
         })?
     };
     tracing::info!(
-        target: crate::debug::SHM,
+        target: crate::debug::INIT_SHM,
         "[{}] Board: {nranks} ranks x 2 posts of {capacity} bytes via SHM",
         comm.rank
     );

@@ -3,7 +3,9 @@
 //! BOOTSTRAP,ENV`, `ALL`, or `^` to exclude) the subsystems, and every line
 //! reads `host:pid:tid [rank] NCCL INFO ...` as NCCL users expect.
 //!
-//! Events are `tracing` events whose target names the subsystem; when
+//! Events are `tracing` events whose target names the subsystem, or
+//! several joined by `|` (printed when any of them is enabled, as NCCL's
+//! `INFO(NCCL_INIT|NCCL_P2P, ...)`); when
 //! `NCCL_DEBUG` is set and the application has not installed a subscriber
 //! of its own, the first communicator installs one that prints them to
 //! standard error.
@@ -26,8 +28,13 @@ pub const TUNING: &str = "TUNING";
 pub const COLL: &str = "COLL";
 /// Network connections.
 pub const NET: &str = "NET";
-/// Shared-memory connections.
-pub const SHM: &str = "SHM";
+/// Connection lines (`Channel 00 : 0 -> 1 via ...`) print, as NCCL's,
+/// under INIT and their transport's subsystem: these targets.
+pub const INIT_NET: &str = "INIT|NET";
+/// See [`INIT_NET`].
+pub const INIT_P2P: &str = "INIT|P2P";
+/// See [`INIT_NET`].
+pub const INIT_SHM: &str = "INIT|SHM";
 
 /// The subsystems NCCL enables by default.
 const DEFAULT_SUBSYS: &str = "INIT,BOOTSTRAP,ENV";
@@ -83,10 +90,13 @@ impl SubsysFilter {
         }
     }
 
+    /// Whether an event of `target` prints: any of its subsystems is
+    /// enabled.
     fn allows(&self, target: &str) -> bool {
-        let subsys = subsystem_of(target);
-        let listed = self.names.iter().any(|n| n == "ALL" || n == subsys);
-        listed != self.exclude
+        subsystem_of(target).split('|').any(|subsys| {
+            let listed = self.names.iter().any(|n| n == "ALL" || n == subsys);
+            listed != self.exclude
+        })
     }
 }
 
@@ -152,8 +162,23 @@ mod tests {
         let some = SubsysFilter::parse("INIT,COLL");
         assert!(some.allows(INIT) && some.allows(COLL) && !some.allows(NET));
         let all_but = SubsysFilter::parse("^NET");
-        assert!(all_but.allows(INIT) && !all_but.allows("rccl_transports::socket"));
+        assert!(all_but.allows(INIT) && !all_but.allows("rccl_transports::auth_tcp"));
         assert!(SubsysFilter::parse("ALL").allows(TUNING));
         assert!(SubsysFilter::parse(DEFAULT_SUBSYS).allows("rccl::bootstrap"));
+    }
+
+    #[test]
+    fn connection_lines_print_under_init_or_their_transport() {
+        for enabled in ["INIT,P2P", "INIT", "P2P", "ALL", "^NET"] {
+            assert!(SubsysFilter::parse(enabled).allows(INIT_P2P), "{enabled}");
+        }
+        for disabled in ["SHM", "NET,COLL", "^INIT,P2P"] {
+            assert!(
+                !SubsysFilter::parse(disabled).allows(INIT_P2P),
+                "{disabled}"
+            );
+        }
+        assert!(SubsysFilter::parse("SHM").allows(INIT_SHM));
+        assert!(!SubsysFilter::parse("P2P").allows(INIT_NET));
     }
 }

@@ -316,7 +316,7 @@ fn connect(
         for (channel, peer, pair) in device_share::connect(comm, device, &shape, protocol, &remote)?
         {
             tracing::info!(
-                target: crate::debug::SHM,
+                target: crate::debug::INIT_P2P,
                 "[{}] Channel {channel:02} : {} -> {peer} via P2P/IPC (device work)",
                 comm.rank,
                 comm.rank

@@ -29,6 +29,8 @@ pub(crate) struct Owner {
 pub(crate) struct DeviceMem {
     device: &'static dyn Device,
     pub(crate) ptr: *mut u8,
+    /// An abort word ([`Device::alloc_abort_word`]), not an allocation.
+    abort_word: bool,
 }
 
 // SAFETY: the pointer names device memory, which any thread may hand to
@@ -41,7 +43,21 @@ impl DeviceMem {
     /// Takes over `ptr`, device memory of `device` (allocated, shareable
     /// or imported), freed on the last drop.
     pub(crate) fn own(device: &'static dyn Device, ptr: *mut u8) -> Arc<DeviceMem> {
-        Arc::new(DeviceMem { device, ptr })
+        Arc::new(DeviceMem {
+            device,
+            ptr,
+            abort_word: false,
+        })
+    }
+
+    /// A word device work polls to stop, set from the host.
+    pub(crate) fn abort_word(device: &'static dyn Device) -> Result<Arc<DeviceMem>> {
+        let ptr = device.alloc_abort_word().map_err(Error::from)?;
+        Ok(Arc::new(DeviceMem {
+            device,
+            ptr: ptr.cast(),
+            abort_word: true,
+        }))
     }
 
     pub(crate) fn zeroed(device: &'static dyn Device, bytes: usize) -> Result<Arc<DeviceMem>> {
@@ -55,7 +71,13 @@ impl Drop for DeviceMem {
         // SAFETY: the memory came from this device; every launch that used
         // it held a reference until it finished, so none uses it now.
         // Nothing is left to do about a failure here.
-        let _ = unsafe { self.device.free(self.ptr) };
+        let _ = unsafe {
+            if self.abort_word {
+                self.device.free_abort_word(self.ptr.cast())
+            } else {
+                self.device.free(self.ptr)
+            }
+        };
     }
 }
 
@@ -102,7 +124,8 @@ pub(crate) struct DeviceLinks {
     /// Staging buffers of inputs (board-sized), the `k`-th for the `k`-th
     /// staged operation of a launch.
     pub(crate) staging: Vec<Arc<DeviceMem>>,
-    /// The word the communicator's device work polls; set, it stops.
+    /// The word the communicator's device work polls; set (by the device
+    /// when a launch's stop condition holds), it stops.
     pub(crate) abort: Arc<DeviceMem>,
     /// Recorded after the last launch: the next one waits for it.
     pub(crate) last: Option<Arc<dyn Event>>,
@@ -115,7 +138,7 @@ impl DeviceLinks {
             net: HashMap::new(),
             scratch: (0..max_channels).map(|_| None).collect(),
             staging: Vec::new(),
-            abort: DeviceMem::zeroed(device, 8)?,
+            abort: DeviceMem::abort_word(device)?,
             last: None,
         })
     }

@@ -181,7 +181,10 @@ fn fetch(
     }
     let io = |what| move |e| Fetch::Io(what, e);
     let stream = fd_pass::call(name, &[token, &(comm.rank as u32).to_le_bytes()].concat())
-        .map_err(io("calling its socket"))?;
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::ConnectionRefused => Fetch::Engine(left_setup(comm, peer, &e)),
+            _ => Fetch::Io("calling its socket", e),
+        })?;
     let mut handles = Vec::with_capacity(channels.len());
     while handles.len() < channels.len() {
         match recv_fd(&stream).map_err(io("receiving a handle"))? {
@@ -237,6 +240,26 @@ fn serve(
         }
     }
     Ok(())
+}
+
+/// Why `peer`, whose offer came, refused the call to its hand-over
+/// socket: it closed the socket, so it left this setup. The failure it
+/// told says why, when it told one; else it destroyed or aborted its
+/// communicator, or its process ended (said when seen).
+fn left_setup(comm: &CommInner, peer: usize, refused: &io::Error) -> Error {
+    if let Some(told) = crate::stuck::peer_failure(comm) {
+        return told;
+    }
+    let ended = comm.processes[peer]
+        .and_then(|process| process.gone())
+        .map_or(String::new(), |why| format!(" ({why})"));
+    Error::Remote(format!(
+        "rank {}: device work with {}: it left this setup before this rank called its \
+         hand-over socket ({refused}): it destroyed or aborted its communicator, or its \
+         process ended{ended}",
+        comm.rank,
+        comm.describe(peer)
+    ))
 }
 
 /// A peer seen gone: since when, which rank, why.

@@ -10,6 +10,8 @@
 //! `device_launch.rs` encodes a planned launch over them and hands it to
 //! the device, each launch of a communicator after its previous one.
 
+use std::ptr::null;
+
 use rccl_algorithms::{Buf, Schedule};
 use rccl_device::abi;
 use rccl_device::work::WorkCall;
@@ -60,14 +62,17 @@ pub(crate) struct DeviceOp {
     pub staged: Option<usize>,
 }
 
-fn red_code(op: RedOp) -> (i32, u64) {
+/// The interpreter's op code, its scalar, and where it reads the scalar
+/// when the collective runs instead (a device scalar; else null).
+fn red_code(op: RedOp) -> (i32, u64, *const std::ffi::c_void) {
     match op {
-        RedOp::Sum => (abi::op::SUM, 0),
-        RedOp::Prod => (abi::op::PROD, 0),
-        RedOp::Max => (abi::op::MAX, 0),
-        RedOp::Min => (abi::op::MIN, 0),
-        RedOp::Avg => (abi::op::AVG, 0),
-        RedOp::PreMulSum { scalar } => (abi::op::PRE_MUL_SUM, u64::from_le_bytes(scalar)),
+        RedOp::Sum => (abi::op::SUM, 0, null()),
+        RedOp::Prod => (abi::op::PROD, 0, null()),
+        RedOp::Max => (abi::op::MAX, 0, null()),
+        RedOp::Min => (abi::op::MIN, 0, null()),
+        RedOp::Avg => (abi::op::AVG, 0, null()),
+        RedOp::PreMulSum { scalar } => (abi::op::PRE_MUL_SUM, u64::from_le_bytes(scalar), null()),
+        RedOp::PreMulSumDevice { scalar } => (abi::op::PRE_MUL_SUM, 0, scalar as *const _),
     }
 }
 
@@ -87,10 +92,10 @@ pub(crate) fn collective(
     let OpKind::Coll { kind, op: red, .. } = op.kind else {
         unreachable!("collective() takes collectives");
     };
-    let (code, scalar) = if kind.reduces() {
+    let (code, scalar, scalar_ptr) = if kind.reduces() {
         red_code(red)
     } else {
-        (-1, 0)
+        (-1, 0, null())
     };
     DeviceOp {
         schedule,
@@ -107,10 +112,10 @@ pub(crate) fn collective(
             op: code,
             nranks: op.comm.nranks as u64,
             scalar,
-            scalar_ptr: std::ptr::null(),
+            scalar_ptr,
             elem_size: op.dtype.size() as u32,
             tag: tag_words(tag),
-            abort: std::ptr::null(),
+            abort: null(),
         },
     }
 }
@@ -159,10 +164,10 @@ pub(crate) fn p2p(
             op: -1,
             nranks: nranks as u64,
             scalar: 0,
-            scalar_ptr: std::ptr::null(),
+            scalar_ptr: null(),
             elem_size: 1,
             tag: [0, crate::call::P2P_CALL, 0],
-            abort: std::ptr::null(),
+            abort: null(),
         },
     }
 }

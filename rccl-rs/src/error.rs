@@ -52,6 +52,16 @@ impl Error {
     }
 }
 
+impl From<rccl_transports::host::HostError> for Error {
+    fn from(err: rccl_transports::host::HostError) -> Error {
+        use rccl_transports::host::HostError;
+        match err {
+            HostError::InvalidArgument(m) => Error::InvalidArgument(m),
+            HostError::System(m) => Error::System(m),
+        }
+    }
+}
+
 impl From<rccl_device::Error> for Error {
     fn from(err: rccl_device::Error) -> Error {
         match err {

@@ -46,7 +46,10 @@ pub fn group_start() {
 /// inside the group). A group of calls on device memory is enqueued on
 /// their streams instead, as one task, and this returns at once.
 pub fn group_end() -> Result<()> {
-    match close_group()? {
+    let closed = close_group();
+    // The outermost end, run or failed: the group's API event ends with it.
+    let _api_event = (group_depth() == 0).then(crate::profiler_plugin::GroupApiEnd::begin);
+    match closed? {
         Some(ops) if ops.iter().any(|op| op.stream.is_some()) => crate::stream::enqueue(ops),
         Some(ops) => {
             for op in &ops {
@@ -97,7 +100,9 @@ fn close_group() -> Result<Option<Vec<RawOp>>> {
 /// communicators go on as if the group had been empty. `None` when only an inner level of nested groups closed
 /// (the outermost end decides).
 pub fn group_simulate_end() -> Result<Option<Vec<PlannedComm>>> {
-    let Some(ops) = close_group()? else {
+    let closed = close_group();
+    let _api_event = (group_depth() == 0).then(crate::profiler_plugin::GroupApiEnd::begin);
+    let Some(ops) = closed? else {
         return Ok(None);
     };
     // Per communicator: its plan, and its sends and receives in call order.
@@ -189,14 +194,23 @@ pub fn group_fail(err: &Error) {
 /// accessed by anyone else) until the operation completes: when this
 /// returns outside a group, or at the outermost [`group_end`]; on device
 /// memory, when its stream has run it.
-pub(crate) unsafe fn enqueue(op: RawOp) -> Result<()> {
+pub(crate) unsafe fn enqueue(mut op: RawOp) -> Result<()> {
     op.comm.check_usable()?;
+    if let Some(profiler) = &op.comm.profiler {
+        op.api_event = profiler.api_call(&op, group_depth());
+    }
     // Asked before the op moves: a lone call need not travel through the
     // group's slot.
     if GROUP.with(|g| g.borrow().depth > 0) {
         GROUP.with(|g| g.borrow_mut().ops.push(op));
         return Ok(());
     }
+    // A call outside any group is a group of its own for the profiler.
+    let _api_event = op
+        .comm
+        .profiler
+        .is_some()
+        .then(crate::profiler_plugin::GroupApiEnd::begin);
     if op.stream.is_some() {
         return crate::stream::enqueue(vec![op]);
     }

@@ -50,7 +50,8 @@ pub(crate) fn on_board_alone(op: &RawOp) -> Option<Result<()>> {
     else {
         return None;
     };
-    if op.count * op.dtype.size() > comm.board_bytes() {
+    // A profiled call goes the general way, which reports its events.
+    if op.count * op.dtype.size() > comm.board_bytes() || comm.profiler.is_some() {
         return None;
     }
     let mut guard = comm.exec.lock();
@@ -192,6 +193,7 @@ impl Planned {
                 None => {
                     op.comm.check_usable()?;
                     launches.push(CommLaunch {
+                        events: Default::default(),
                         comm: op.comm.clone(),
                         channels: Vec::new(),
                         board: SmallVec::new(),

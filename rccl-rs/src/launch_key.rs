@@ -33,8 +33,8 @@ use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use rccl_transports::auth_tcp::{fill_random, Secret};
 use rccl_transports::process::effective_uid;
-use rccl_transports::socket::{fill_random, Secret};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};

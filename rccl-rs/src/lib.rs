@@ -5,6 +5,8 @@
 //! then call NCCL's collectives on it with typed slices, or batch several
 //! operations in a [`Group`].
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod api;
 mod bootstrap;
 mod call;
@@ -33,6 +35,7 @@ mod launch_key;
 mod net;
 mod op;
 mod plan;
+mod profiler_plugin;
 mod queue;
 mod selection;
 mod signal;
@@ -49,7 +52,6 @@ pub use comm::{hang_report, launcher_rank_from_env, rank_from_env, Communicator}
 pub use config::{last_level_cache_bytes, Config, MAX_CHANNELS};
 pub use error::{Error, Result};
 pub use group::{group_depth, group_end, group_fail, group_simulate_end, group_start};
-pub use net::{host_address, Family};
 pub use plan::{PlannedCollective, PlannedComm, PlannedP2p};
 pub use rccl_algorithms::CollKind;
 /// GPU memory, streams and events (the `rccl-device` crate): what callers of

@@ -34,6 +34,9 @@ pub(crate) struct RawOp {
     /// The stream a call on device memory is ordered on; `None` for host
     /// memory, which the call's thread runs before it returns.
     pub stream: Option<crate::queue::StreamRef>,
+    /// Its API event of a profiler plug-in, the parent of its collective
+    /// or point-to-point event.
+    pub api_event: crate::profiler_plugin::ApiEvent,
 }
 
 impl RawOp {

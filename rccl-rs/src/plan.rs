@@ -109,6 +109,9 @@ pub(crate) fn p2p_shape(comm: &CommInner, calls: &[P2pOp]) -> Result<(usize, Pro
 
 /// One communicator's share of a launch.
 pub(crate) struct CommLaunch {
+    /// Its profiler events; first, so they stop before the communicator
+    /// (and its profiler context) can go.
+    pub events: crate::profiler_plugin::LaunchEvents,
     pub comm: Arc<CommInner>,
     /// Per channel, the work queued on it (empty until a schedule is
     /// queued: a launch that only uses the board allocates none).
@@ -140,13 +143,21 @@ impl CommLaunch {
     }
 }
 
+/// Whether `op` runs as device work (rather than on the host executor).
+fn runs_as_device_work(op: &RawOp) -> bool {
+    op.stream.is_some() && crate::device_work::interprets(&op.comm)
+}
+
 /// Builds the per-channel work of a collective.
 pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
     let comm = &launch.comm;
     let (spec, choice, in_place) = choose_collective(op)?;
-    let as_device_work = op.stream.is_some() && crate::device_work::interprets(comm);
+    let as_device_work = runs_as_device_work(op);
     let on_board = runs_on_board(op, &choice);
     let started = start_collective(op, &choice, in_place, on_board)?;
+    if let Some(profiler) = &comm.profiler {
+        launch.events.collective(profiler, op, &choice, started.seq);
+    }
     if on_board && !as_device_work {
         launch.board.push(board_op(op, started));
         return Ok(());
@@ -233,7 +244,8 @@ pub(crate) fn start_collective(
     let comm = &op.comm;
     let seq = comm.next_seq.fetch_add(1, Ordering::Relaxed);
     log_start(op, seq, choice, in_place, on_board);
-    let reduction = if kind.reduces() {
+    // Device work reduces with the kernels' own code.
+    let reduction = if kind.reduces() && !runs_as_device_work(op) {
         Some(reduction_of(op.dtype, red_op, comm.nranks)?)
     } else {
         None
@@ -320,10 +332,31 @@ pub(crate) fn board_op(op: &RawOp, started: Started) -> BoardOp {
 
 /// The kernels of a reduction by `op` over `nranks` ranks.
 fn reduction_of(dtype: DataType, op: RedOp, nranks: usize) -> Result<Reduction> {
+    let op = host_op(dtype, op)?;
     Ok(Reduction {
         input: ReduceKernel::new(dtype, op, nranks)?,
         partial: ReduceKernel::new(dtype, partial_op(dtype, op), nranks)?,
     })
+}
+
+/// `op` as the host executor runs it: its kernels take PreMulSum's scalar
+/// when planned, so a scalar in device memory is read now (a synchronous
+/// copy), unlike device work, which reads it when the collective runs.
+fn host_op(dtype: DataType, op: RedOp) -> Result<RedOp> {
+    let RedOp::PreMulSumDevice { scalar: at } = op else {
+        return Ok(op);
+    };
+    let device = rccl_device::active().ok_or_else(|| {
+        Error::InvalidUsage(format!(
+            "the PreMulSum scalar at {at:#x} is device memory, but no device is active"
+        ))
+    })?;
+    let mut scalar = [0u8; 8];
+    // SAFETY: ncclScalarDevice's contract: the scalar stays readable while
+    // its op lives; `scalar` holds any element.
+    unsafe { device.copy(scalar.as_mut_ptr(), at as *const u8, dtype.size()) }
+        .map_err(Error::from)?;
+    Ok(RedOp::PreMulSum { scalar })
 }
 
 /// The call a collective op makes, the tuner's choice for it on its
@@ -373,7 +406,7 @@ struct Work {
 /// and float Avg multiply each input once, so partial results are summed.
 fn partial_op(dtype: DataType, op: RedOp) -> RedOp {
     match op {
-        RedOp::PreMulSum { .. } => RedOp::Sum,
+        RedOp::PreMulSum { .. } | RedOp::PreMulSumDevice { .. } => RedOp::Sum,
         RedOp::Avg if dtype.is_float() => RedOp::Sum,
         other => other,
     }
@@ -430,6 +463,9 @@ pub(crate) fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
         }
     }
     let (nchannels, protocol, chunk_bytes) = p2p_shape(comm, &calls)?;
+    if let Some(profiler) = &comm.profiler {
+        launch.events.p2p(profiler, ops, nchannels);
+    }
     let schedule = p2p_schedule(comm.rank, &calls, nchannels, chunk_bytes);
     if launch.on_device && crate::device_work::interprets(comm) {
         if schedule.channels.iter().any(|steps| !steps.is_empty()) {

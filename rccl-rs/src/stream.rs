@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use rccl_device::Device;
+use rccl_device::{Device, Memory};
 
 use crate::comm::CommInner;
 use crate::error::{Error, Result};
@@ -73,8 +73,29 @@ fn check_within_allocation(
     Err(Error::InvalidArgument(format!(
         "{call}: count {count} needs {bytes} bytes at {name} {ptr:p}, but its allocation \
          ({len} bytes of {} at {start:#x}) holds {left} bytes from there",
-        device.classify(ptr)
+        device.classify(ptr)?
     )))
+}
+
+/// Refuses a buffer of another device than the one the engine drives:
+/// its work would touch memory that device cannot reach.
+fn on_this_device(
+    device: &dyn Device,
+    call: &str,
+    (name, ptr, _): Buffer<'_>,
+    memory: Memory,
+) -> Result<()> {
+    match memory {
+        Memory::Device { backend, index } if index != device.index() => {
+            Err(Error::InvalidArgument(format!(
+                "{call}: {name} {ptr:p} is {memory}, but this process's communicators run on \
+                 {backend} device {} ({}): buffers must be memory of that device",
+                device.index(),
+                device.label()
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// [`placement`] while `device` is active.
@@ -86,10 +107,16 @@ fn placement_on(
 ) -> Result<Option<StreamRef>> {
     let call_name = call.0;
     // Buffers the call does not use (no elements) are not classified.
-    let classified = buffers.map(|buffer| {
-        let (_, ptr, len) = buffer;
-        (len > 0 && !ptr.is_null()).then(|| (buffer, device.classify(ptr)))
-    });
+    let mut classified = [None, None];
+    for (at, buffer) in buffers.into_iter().enumerate() {
+        let (name, ptr, len) = buffer;
+        if len > 0 && !ptr.is_null() {
+            let memory = device
+                .classify(ptr)
+                .map_err(|e| Error::InvalidArgument(format!("{call_name}: {name} {ptr:p}: {e}")))?;
+            classified[at] = Some((buffer, memory));
+        }
+    }
     let mut used = classified.iter().flatten();
     let on_device = used.clone().find(|(_, memory)| memory.is_device());
     let on_host = used.find(|(_, memory)| !memory.is_device());
@@ -102,7 +129,8 @@ fn placement_on(
             )))
         }
         (Some(((name, ptr, _), memory)), None) => {
-            for &(buffer, _) in classified.iter().flatten() {
+            for &(buffer, memory) in classified.iter().flatten() {
+                on_this_device(device, call_name, buffer, memory)?;
                 check_within_allocation(device, call, buffer)?;
             }
             let Some(raw) = stream else {

@@ -121,6 +121,13 @@ pub enum RedOp {
         /// The scalar's bytes, in the datatype's encoding.
         scalar: [u8; 8],
     },
+    /// A `ncclRedOpCreatePreMulSum` operator whose scalar
+    /// (`ncclScalarDevice`) is in device memory: device work reads it when
+    /// the collective runs, in its stream's order.
+    PreMulSumDevice {
+        /// The scalar's device address.
+        scalar: usize,
+    },
 }
 
 impl RedOp {
@@ -146,7 +153,7 @@ impl RedOp {
             RedOp::Max => "max",
             RedOp::Min => "min",
             RedOp::Avg => "avg",
-            RedOp::PreMulSum { .. } => "premulsum",
+            RedOp::PreMulSum { .. } | RedOp::PreMulSumDevice { .. } => "premulsum",
         }
     }
 }

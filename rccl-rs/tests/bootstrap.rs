@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use rccl::Error;
 use rccl::{Bootstrap, UniqueId};
-use rccl_transports::socket::{self, Secret};
+use rccl_transports::auth_tcp::{self, Secret};
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
@@ -107,7 +107,7 @@ fn large_allgather() {
 
 /// Connects with a wrong secret and expects refusal.
 fn wrong_secret_client(addr: SocketAddr) {
-    let e = socket::connect(
+    let e = auth_tcp::connect(
         addr,
         &Secret::random(),
         b"hi",

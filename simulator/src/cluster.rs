@@ -392,6 +392,21 @@ impl ClusterSpec {
         }
     }
 
+    /// The NICs per host a communicator's channels spread over: those
+    /// attached to its ranks on the host with the fewest (all of a host's
+    /// when its ranks fill it).
+    pub fn rails(&self) -> usize {
+        let nics = self.nic.per_host.unwrap_or(self.ranks_per_host).max(1);
+        let mut on_host = vec![0usize; self.hosts.max(1)];
+        for h in self.host_of() {
+            if let Some(k) = on_host.get_mut(h) {
+                *k += 1;
+            }
+        }
+        let fewest = on_host.into_iter().filter(|&k| k > 0).min().unwrap_or(1);
+        (fewest * nics / self.ranks_per_host.max(1)).clamp(1, nics)
+    }
+
     /// Sets where the streaming regime starts to the engine's
     /// `RCCL_NT_STORE_BYTES`, `nt_store_bytes`; 0 (the engine never
     /// streams) drops the regime. A cluster without one keeps none.

@@ -11,8 +11,11 @@
 //! * [`simulate_p2p`] replays one rank's sends and receives of a group,
 //!   with its peers posting the matching calls.
 //! * [`report`] prints nccl-tests' table and a JSON form.
-//! * [`tune`] ranks candidate algorithms by replay: the engine's tuner
-//!   picks with it across hosts.
+//! * [`estimate`] gives each built-in algorithm's time in closed form,
+//!   and [`tune`] picks with it what the engine's tuner runs
+//!   ([`tune::decide`], [`tune::engine_choice`]) and ranks candidates by
+//!   replay ([`tune::fastest`]), the reference the forms are tested
+//!   against.
 //!
 //! # Example
 //!
@@ -28,7 +31,10 @@
 //! assert!(r.busbw > 100.0 && r.busbw < 400.0, "{}", r.busbw);
 //! ```
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod cluster;
+pub mod estimate;
 pub mod probe;
 pub mod report;
 pub mod sim;

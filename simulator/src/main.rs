@@ -4,11 +4,12 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use rccl_algorithms::{builtin, default_for, CollKind, CollSpec, Params};
+use rccl_algorithms::{builtin, CollKind, CollSpec, Params, Topology};
 use rccl_simulator::cluster::{self, DegradedLink, LinkKind, SlowRank};
 use rccl_simulator::probe::Probe;
 use rccl_simulator::report::{self, Row};
-use rccl_simulator::{default_params, default_protocol, simulate, ClusterSpec, Protocol};
+use rccl_simulator::tune::{engine_choice, params_for};
+use rccl_simulator::{default_params, simulate, size_bytes, ClusterSpec, Protocol};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -29,7 +30,8 @@ struct Args {
     /// reduce, alltoall, gather, scatter.
     #[arg(long, default_value = "all_reduce")]
     coll: String,
-    /// Algorithm (ring, tree, rhd, hier, oneshot, direct); default as the engine.
+    /// Algorithm (ring, tree, rhd, hier, oneshot, direct); default: the
+    /// engine's tuner's choice for this cluster.
     #[arg(long)]
     algo: Option<String>,
     /// Protocol (LL, LL128, Simple); default as the engine's tuner.
@@ -38,7 +40,8 @@ struct Args {
     /// Channels (default as the engine's tuner).
     #[arg(long)]
     nchannels: Option<usize>,
-    /// Pipeline chunk in bytes (default half a FIFO).
+    /// Pipeline chunk in bytes (default as the engine's tuner: half a
+    /// FIFO, the tree's shrunk with its depth).
     #[arg(long)]
     chunk_bytes: Option<usize>,
     /// Smallest size, bytes (K, M, G suffixes).
@@ -197,65 +200,112 @@ fn run(a: Args) -> Result<(), String> {
         return Ok(());
     }
     let kind = kind_of(&a.coll).ok_or_else(|| format!("unknown collective {}", a.coll))?;
-    let algo = match &a.algo {
-        Some(name) => builtin(name).ok_or_else(|| format!("unknown algorithm {name}"))?,
-        None => default_for(kind),
-    };
+    let algo = a
+        .algo
+        .as_deref()
+        .map(|name| builtin(name).ok_or_else(|| format!("unknown algorithm {name}")))
+        .transpose()?;
+    let proto = a
+        .proto
+        .as_deref()
+        .map(|p| Protocol::parse(p).ok_or_else(|| format!("unknown protocol {p}")))
+        .transpose()?;
     let n = c.nranks();
     let elem = a.elem_size.max(1);
-    println!(
-        "# rccl-sim: {} on {} ({} hosts, {} ranks), algorithm {}",
-        kind.name(),
-        c.name,
-        c.hosts,
-        n,
-        algo.name()
-    );
-    print!("{}", report::header());
-    let mut rows = Vec::new();
+    // nccl-tests sizes: the count is per rank for AllGather-like calls.
+    let mut specs = Vec::new();
     let mut bytes = a.minbytes.max(elem);
     while bytes <= a.maxbytes.max(a.minbytes) {
-        // nccl-tests sizes: the count is per rank for AllGather-like calls.
         let total_elems = bytes / elem;
         let count = match kind {
             CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => total_elems,
             _ => total_elems / n,
         };
-        let spec = CollSpec {
-            kind,
-            nranks: n,
-            root: 0,
-            count,
-        };
         if count > 0 {
-            let proto = match &a.proto {
-                Some(p) => Protocol::parse(p).ok_or_else(|| format!("unknown protocol {p}"))?,
-                None => default_protocol(&c, &spec, elem),
+            specs.push(CollSpec {
+                kind,
+                nranks: n,
+                root: 0,
+                count,
+            });
+        }
+        if a.stepfactor <= 1 {
+            break;
+        }
+        bytes *= a.stepfactor;
+    }
+    // What each size runs: the engine's tuner's choice for this cluster,
+    // with what the flags name instead.
+    let runs = specs
+        .iter()
+        .map(|spec| {
+            let engine = engine_choice(&c, spec, elem)
+                .ok_or_else(|| format!("no algorithm implements {} here", kind.name()))?;
+            let algorithm = algo.unwrap_or(engine.algorithm);
+            let protocol = proto.unwrap_or(engine.protocol);
+            let mut params = if algo.is_some() || proto.is_some() {
+                let base = default_params(&c, spec, elem, protocol);
+                params_for(
+                    algorithm,
+                    &Topology::from_hosts(c.host_of()),
+                    spec,
+                    elem,
+                    Params {
+                        nchannels: engine.params.nchannels,
+                        ..base
+                    },
+                )
+            } else {
+                engine.params
             };
-            let mut params: Params = default_params(&c, &spec, elem, proto);
             if let Some(ch) = a.nchannels {
                 params.nchannels = ch.max(1);
             }
             if let Some(cb) = a.chunk_bytes {
                 params.chunk_elems = (cb / elem).max(1);
             }
-            let result =
-                simulate(&c, &spec, elem, algo, proto, &params).map_err(|e| e.to_string())?;
-            let row = Row {
-                size: result.size_bytes,
-                count: report::count_column(kind, count, n),
-                dtype: if elem == 4 { "float" } else { "bytes" }.into(),
-                redop: if kind.reduces() { "sum" } else { "none" }.into(),
-                root: if kind.has_root() { 0 } else { -1 },
-                result,
-            };
-            println!("{}", report::line(&row));
-            rows.push(row);
+            Ok((spec, algorithm, protocol, params))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    println!(
+        "# rccl-sim: {} on {} ({} hosts, {} ranks, {} rails); per size, the engine's choice{}:",
+        kind.name(),
+        c.name,
+        c.hosts,
+        n,
+        c.rails(),
+        if a.algo.is_some() || a.proto.is_some() || a.nchannels.is_some() || a.chunk_bytes.is_some()
+        {
+            " as the flags override it"
+        } else {
+            ""
         }
-        if a.stepfactor <= 1 {
-            break;
-        }
-        bytes *= a.stepfactor;
+    );
+    for (spec, algorithm, protocol, params) in &runs {
+        println!(
+            "#   {:>12} B: {} {}, {} channels, chunk {} B",
+            size_bytes(spec, elem),
+            algorithm.name(),
+            protocol.name(),
+            params.nchannels,
+            params.chunk_elems * elem
+        );
+    }
+    print!("{}", report::header());
+    let mut rows = Vec::new();
+    for (spec, algorithm, protocol, params) in runs {
+        let result =
+            simulate(&c, spec, elem, algorithm, protocol, &params).map_err(|e| e.to_string())?;
+        let row = Row {
+            size: result.size_bytes,
+            count: report::count_column(kind, spec.count, n),
+            dtype: if elem == 4 { "float" } else { "bytes" }.into(),
+            redop: if kind.reduces() { "sum" } else { "none" }.into(),
+            root: if kind.has_root() { 0 } else { -1 },
+            result,
+        };
+        println!("{}", report::line(&row));
+        rows.push(row);
     }
     if let Some(path) = &a.json {
         std::fs::write(path, report::json(&c.name, kind, n, &rows))

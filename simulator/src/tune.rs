@@ -1,14 +1,152 @@
-//! The tuner's choice across hosts, by replay: of a few candidate
-//! algorithms (with their protocol and cut), the one whose replay on the
-//! cluster ends first. The engine's tuner asks this about a cluster made
-//! of its own link figures ([`engine_cluster`]), and the simulator's
-//! examples about their presets, so the tuner and the simulator rank
-//! algorithms with one model.
+//! The tuner's choice: of the candidate algorithms and protocols, the one
+//! the closed forms of [`crate::estimate`] expect to end first
+//! ([`decide`]), with the engine's channel rule ([`channels`]) and cut
+//! ([`params_for`]). The engine's tuner asks this about a cluster made of
+//! its own link figures ([`engine_cluster`]) and `rccl-sim` about the
+//! cluster it replays, so both pick with one model. [`fastest`] ranks the
+//! same candidates by replaying them: the reference the closed forms are
+//! tested against (`tests/closed_form.rs`).
 
-use rccl_algorithms::{tree::channel_tree, Algorithm, CollSpec, Params, Topology};
+use rccl_algorithms::{tree::dtree, Algorithm, CollSpec, Params, Topology};
 
 use crate::cluster::{self, ClusterSpec, Fabric, IntraLink, Nic, Protocol};
+use crate::estimate::estimate_us;
 use crate::sim::simulate;
+
+/// What [`decide`] picked.
+#[derive(Clone, Copy)]
+pub struct Decision<'a> {
+    /// The index of the algorithm among the candidates.
+    pub index: usize,
+    /// The algorithm.
+    pub algorithm: &'a dyn Algorithm,
+    /// The protocol.
+    pub protocol: Protocol,
+    /// Channels and chunk ([`params_for`] applied).
+    pub params: Params,
+    /// The closed form's time, microseconds.
+    pub estimate_us: f64,
+}
+
+/// The candidate the closed forms expect to end first on `cluster`
+/// (whose placement `topo` describes): each algorithm of `algorithms`
+/// with each of `protocols`, cut as `base` says for the protocol (then
+/// [`params_for`]). Ties go to the earlier algorithm, then
+/// the earlier protocol; `None` when the forms know none of them.
+pub fn decide<'a>(
+    cluster: &ClusterSpec,
+    topo: &Topology,
+    spec: &CollSpec,
+    elem_size: usize,
+    algorithms: &[&'a dyn Algorithm],
+    protocols: &[Protocol],
+    base: impl Fn(Protocol) -> Params,
+) -> Option<Decision<'a>> {
+    let mut best: Option<Decision<'a>> = None;
+    for (index, &algorithm) in algorithms.iter().enumerate() {
+        for &protocol in protocols {
+            let params = params_for(algorithm, topo, spec, elem_size, base(protocol));
+            let Some(time) = estimate_us(
+                cluster,
+                algorithm.name(),
+                spec,
+                elem_size,
+                protocol,
+                &params,
+            ) else {
+                continue;
+            };
+            if best.as_ref().map_or(true, |b| time < b.estimate_us) {
+                best = Some(Decision {
+                    index,
+                    algorithm,
+                    protocol,
+                    params,
+                    estimate_us: time,
+                });
+            }
+        }
+    }
+    best
+}
+
+/// What the engine's tuner would run for `spec` on `cluster` by default:
+/// of the built-in algorithms that implement the call on its placement
+/// (the collective's default first, so it wins ties), with any protocol
+/// within a host and Simple across hosts (every protocol crosses hosts
+/// as Simple), on [`channels`] by the cluster's `tuning` and a chunk of
+/// half a FIFO, the one [`decide`] picks.
+pub fn engine_choice(
+    cluster: &ClusterSpec,
+    spec: &CollSpec,
+    elem_size: usize,
+) -> Option<Decision<'static>> {
+    let topo = Topology::from_hosts(cluster.host_of());
+    let default = rccl_algorithms::default_for(spec.kind);
+    let algorithms: Vec<&'static dyn Algorithm> = std::iter::once(default)
+        .chain(
+            rccl_algorithms::builtins()
+                .iter()
+                .copied()
+                .filter(|a| !std::ptr::eq(*a, default)),
+        )
+        .filter(|a| a.supports(spec.kind) && a.supports_topology(&topo))
+        .collect();
+    let all_intra = cluster.all_intra();
+    let protocols: &[Protocol] = if all_intra {
+        &Protocol::ALL
+    } else {
+        &[Protocol::Simple]
+    };
+    let t = &cluster.tuning;
+    let nchannels = channels(
+        spec.count * elem_size,
+        all_intra,
+        cluster.rails(),
+        t.bytes_per_channel,
+        t.min_channels,
+        t.max_channels,
+    );
+    decide(
+        cluster,
+        &topo,
+        spec,
+        elem_size,
+        &algorithms,
+        protocols,
+        |p| Params {
+            nchannels,
+            ..crate::default_params(cluster, spec, elem_size, p)
+        },
+    )
+}
+
+/// The engine's channel count for a call of `bytes` per rank: within a
+/// host (`all_intra`) the fewest, `min`, since the calling thread makes
+/// every copy itself and more channels only interleave the same work;
+/// across hosts one per `bytes_per_channel`, and from `rails` channels on
+/// a multiple of `rails` so that every NIC carries as many; within
+/// `min..=max`.
+pub fn channels(
+    bytes: usize,
+    all_intra: bool,
+    rails: usize,
+    bytes_per_channel: usize,
+    min: usize,
+    max: usize,
+) -> usize {
+    if all_intra {
+        return min;
+    }
+    let rails = rails.max(1);
+    let wanted = (bytes / bytes_per_channel.max(1)).max(1);
+    let spread = if wanted >= rails {
+        wanted.next_multiple_of(rails)
+    } else {
+        wanted
+    };
+    spread.clamp(min, max)
+}
 
 /// One candidate: an algorithm, its protocol and its cut.
 #[derive(Clone, Copy)]
@@ -90,21 +228,42 @@ pub fn params_for(
     }
 }
 
-/// The deepest rank of channel 0's trees: hops from it to the root.
+/// The deepest rank of channel 0's trees: hops from it to the root. Across
+/// hosts a host's ranks form a chain under its head, the heads a double
+/// binary tree over the hosts; within a host, the double binary tree over
+/// the ranks. Walks the trees over hosts only, so it costs
+/// `O(hosts log hosts)`.
 fn tree_depth(topo: &Topology) -> usize {
-    (0..2)
-        .flat_map(|t| {
-            (0..topo.nranks()).map(move |mut rank| {
-                let mut hops = 0;
-                while let Some(parent) = channel_tree(topo, 0, t, rank).parent {
-                    rank = parent;
-                    hops += 1;
-                }
-                hops
-            })
-        })
+    let hosts = topo.hosts();
+    if hosts.len() <= 1 {
+        return dtree_depths(topo.nranks()).into_iter().max().unwrap_or(0);
+    }
+    dtree_depths(hosts.len())
+        .into_iter()
+        .zip(hosts)
+        .map(|(depth, ranks)| depth + ranks.len().saturating_sub(1))
         .max()
         .unwrap_or(0)
+}
+
+/// Each of `n` nodes' hops to the root, the deeper of its places in the
+/// two trees of NCCL's double binary tree.
+fn dtree_depths(n: usize) -> Vec<usize> {
+    (0..n)
+        .map(|node| {
+            (0..2)
+                .map(|t| {
+                    let (mut at, mut hops) = (node, 0);
+                    while let Some(parent) = dtree(n, at)[t].parent {
+                        at = parent;
+                        hops += 1;
+                    }
+                    hops
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .collect()
 }
 
 /// The link figures an engine knows about its communicator.
@@ -179,6 +338,37 @@ mod tests {
         let p = params_for(&Tree, &topo, &spec(1 << 10), 4, base);
         assert_eq!(p.chunk_elems * 4, 32 << 10);
         assert_eq!(params_for(&Ring, &topo, &spec(1 << 10), 4, base), base);
+    }
+
+    #[test]
+    fn tree_depth_is_the_deepest_rank_of_the_channel_trees() {
+        use rccl_algorithms::tree::channel_tree;
+        let walked = |topo: &Topology| {
+            (0..2)
+                .flat_map(|t| {
+                    (0..topo.nranks()).map(move |mut rank| {
+                        let mut hops = 0;
+                        while let Some(parent) = channel_tree(topo, 0, t, rank).parent {
+                            rank = parent;
+                            hops += 1;
+                        }
+                        hops
+                    })
+                })
+                .max()
+                .unwrap_or(0)
+        };
+        for topo in [
+            Topology::flat(1),
+            Topology::flat(7),
+            Topology::blocks(1, 8),
+            Topology::blocks(8, 8),
+            Topology::blocks(13, 4),
+            Topology::blocks(32, 1),
+            Topology::from_hosts(vec![0, 1, 0, 1, 2, 2, 2]),
+        ] {
+            assert_eq!(tree_depth(&topo), walked(&topo), "{:?}", topo.hosts());
+        }
     }
 
     #[test]

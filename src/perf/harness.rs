@@ -904,7 +904,7 @@ impl<'a> Worker<'a> {
         let shift = st.total_bytes() * (iter % st.steps) + self.args.unalign * elt;
         let rank = &mut self.ranks[i];
         let r = rank.comm.rank();
-        // SAFETY (all adds below): shift + the call's extent stays inside
+        // SAFETY: (all adds below) shift + the call's extent stays inside
         // the maxbytes (+ unalign) each buffer holds: steps * total <=
         // maxbytes, and the in-place offsets stay inside recv's total.
         unsafe {

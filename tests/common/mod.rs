@@ -196,7 +196,9 @@ fn reduce_ref(dtype: DataType, op: RedOp, values: &[f64]) -> f64 {
         RedOp::Prod => values.iter().product(),
         RedOp::Max => values.iter().cloned().fold(f64::MIN, f64::max),
         RedOp::Min => values.iter().cloned().fold(f64::MAX, f64::min),
-        RedOp::PreMulSum { .. } => values.iter().map(|v| 2.0 * v).sum(),
+        RedOp::PreMulSum { .. } | RedOp::PreMulSumDevice { .. } => {
+            values.iter().map(|v| 2.0 * v).sum()
+        }
         RedOp::Avg => {
             let sum: f64 = values.iter().sum();
             if dtype.is_float() {

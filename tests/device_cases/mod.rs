@@ -93,8 +93,23 @@ pub fn last_error(comm: ncclComm_t) -> String {
 }
 
 /// The `ncclRedOp_t` of `op` on `comm` (PreMulSum: created here, with the
-/// suite's scalar read at once).
+/// suite's scalar read at once, or a device scalar's address).
 pub fn c_op(comm: ncclComm_t, op: RedOp, dtype: DataType) -> ncclRedOp_t {
+    let premulsum = |scalar: *mut c_void, residence| {
+        let mut created = 0;
+        // SAFETY: `scalar` holds one element of `dtype`.
+        let rc = unsafe {
+            ncclRedOpCreatePreMulSum(
+                &mut created,
+                scalar,
+                dtype as ncclDataType_t,
+                residence,
+                comm,
+            )
+        };
+        assert_eq!(rc, ncclSuccess, "{}", last_error(comm));
+        created
+    };
     match op {
         RedOp::Sum => 0,
         RedOp::Prod => 1,
@@ -102,20 +117,9 @@ pub fn c_op(comm: ncclComm_t, op: RedOp, dtype: DataType) -> ncclRedOp_t {
         RedOp::Min => 3,
         RedOp::Avg => 4,
         RedOp::PreMulSum { mut scalar } => {
-            let mut created = 0;
-            // SAFETY: `scalar` holds one element of `dtype`.
-            let rc = unsafe {
-                ncclRedOpCreatePreMulSum(
-                    &mut created,
-                    scalar.as_mut_ptr().cast(),
-                    dtype as ncclDataType_t,
-                    ncclScalarHostImmediate,
-                    comm,
-                )
-            };
-            assert_eq!(rc, ncclSuccess, "{}", last_error(comm));
-            created
+            premulsum(scalar.as_mut_ptr().cast(), ncclScalarHostImmediate)
         }
+        RedOp::PreMulSumDevice { scalar } => premulsum(scalar as *mut c_void, ncclScalarDevice),
     }
 }
 

@@ -16,8 +16,10 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::Instant;
 
+use crate::auth_tcp::{
+    fill_random, DEFAULT_HANDSHAKE_TIMEOUT, MAX_PENDING, MAX_PENDING_PER_SOURCE,
+};
 use crate::process::effective_uid;
-use crate::socket::{fill_random, DEFAULT_HANDSHAKE_TIMEOUT, MAX_PENDING, MAX_PENDING_PER_SOURCE};
 
 /// Bytes of the token that opens an export.
 pub const TOKEN: usize = 32;

@@ -229,7 +229,7 @@ mod tests {
     use std::os::unix::process::CommandExt;
     use std::time::Duration;
 
-    use crate::socket::DEFAULT_HANDSHAKE_TIMEOUT;
+    use crate::auth_tcp::DEFAULT_HANDSHAKE_TIMEOUT;
 
     /// Set in a child: `name:token` (hex) of the export it calls.
     const CALL_AS_CHILD: &str = "RCCL_TEST_IPC_CALL";

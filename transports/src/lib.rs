@@ -8,15 +8,18 @@
 //! [`transport::Transport`] makes connections; the [`table`] says which
 //! one connects two ranks.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod auth_tcp;
 pub mod board;
 pub mod fd_pass;
 pub mod fifo;
 pub mod futex;
+pub mod host;
 mod ipc;
 pub mod network;
 pub mod process;
 pub mod shm;
-pub mod socket;
 pub mod table;
 pub mod transport;
 pub mod wait;
@@ -48,6 +51,23 @@ pub trait Connection: Send + Sync {
     fn peer_gone(&self) -> Option<String> {
         None
     }
+    /// Has the transport's proxy report each network step it moves to
+    /// `observer` (a profiler's proxy events); transports without a proxy
+    /// have nothing to report.
+    fn observe_steps(&self, _observer: std::sync::Arc<dyn StepObserver>) {}
+}
+
+/// Sees the network steps a connection's proxy moves, each a piece of the
+/// call its tag names.
+pub trait StepObserver: Send + Sync {
+    /// The send of a piece of `bytes` of call `tag` was posted; what comes
+    /// back is handed to [`StepObserver::sent`] when it completes.
+    fn send_posted(&self, tag: Tag, bytes: usize) -> usize;
+    /// The send [`StepObserver::send_posted`] answered with `step` completed.
+    fn sent(&self, step: usize);
+    /// A piece of `bytes` of call `tag` arrived and was handed to the
+    /// executor.
+    fn received(&self, tag: Tag, bytes: usize);
 }
 
 /// `err` with what it means and what to do when it is the lack of a file

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::auth_tcp::fill_random;
 use crate::fifo::{fifo_bytes, Fifo, FifoMemory, FifoShape, Protocol};
 use crate::process::ProcessId;
-use crate::socket::fill_random;
 use crate::transport::{Context, Pending, Setup, Transport};
 use crate::{bounded_note, Connection, MAX_NOTE};
 

@@ -4,7 +4,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Cursor, ErrorKind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use rccl_transports::socket::read_frame;
+use rccl_transports::auth_tcp::read_frame;
 
 /// Records the largest single allocation.
 struct Tracking;

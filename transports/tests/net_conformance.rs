@@ -703,9 +703,9 @@ mod exported_plugin_only {
 mod socket_only {
     use super::*;
     use common::{hex, socket, unhex};
+    use rccl_transports::auth_tcp::Secret;
     use rccl_transports::network::socket::Socket;
     use rccl_transports::network::ListenHandle;
-    use rccl_transports::socket::Secret;
 
     /// A connecting side with another secret is refused, and the listener
     /// then accepts a member of the communicator.
@@ -892,9 +892,9 @@ mod ib_only {
 mod ib_faults {
     use super::*;
     use common::ib_on;
+    use rccl_transports::auth_tcp::Secret;
     use rccl_transports::network::ib::model::{Fault, Model};
     use rccl_transports::network::ib::{Ib, IbConfig};
-    use rccl_transports::socket::Secret;
     use std::net::Ipv4Addr;
 
     const MSG: usize = 64 << 10;

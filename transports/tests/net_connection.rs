@@ -55,8 +55,8 @@ fn receive(fifo: &Fifo, i: u32, len: usize) {
     let (slot, got, t) =
         wait_until(|| fifo.try_peek(), None, Instant::now() + DEADLINE, &abort).expect("a piece");
     assert_eq!((got, t), (len, tag(i)), "piece {i}");
-    // SAFETY: published with `got` bytes.
     assert_eq!(
+        // SAFETY: published with `got` bytes.
         unsafe { std::slice::from_raw_parts(slot, got) },
         piece(i, len).as_slice(),
         "piece {i}"

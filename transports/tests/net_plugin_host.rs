@@ -7,10 +7,10 @@ mod common;
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use rccl_transports::auth_tcp::Secret;
 use rccl_transports::network::plugin::{self, Plugin};
 use rccl_transports::network::providers::{choose_from, NetInit};
 use rccl_transports::network::socket::SocketDevice;
-use rccl_transports::socket::Secret;
 
 fn init() -> NetInit {
     NetInit {

@@ -98,7 +98,7 @@ impl Emu {
 
     /// Checks that a range is host memory or lies inside one allocation.
     fn check_range(&self, what: &str, ptr: usize, bytes: usize) -> Result<()> {
-        if self.classify(ptr as *const u8).is_device() && self.holds(ptr, bytes).is_none() {
+        if self.classify(ptr as *const u8)?.is_device() && self.holds(ptr, bytes).is_none() {
             return Err(Error::InvalidArgument(format!(
                 "{what} {ptr:#x} + {bytes} bytes runs past its emu device allocation"
             )));
@@ -182,14 +182,14 @@ impl Device for Emu {
         "[emu 0]".into()
     }
 
-    fn classify(&self, ptr: *const u8) -> Memory {
+    fn classify(&self, ptr: *const u8) -> Result<Memory> {
         if self.live.load(Ordering::Acquire) == 0 {
-            return Memory::Host;
+            return Ok(Memory::Host);
         }
-        match self.holds(ptr as usize, 0) {
+        Ok(match self.holds(ptr as usize, 0) {
             Some(_) => self.memory(),
             None => Memory::Host,
-        }
+        })
     }
 
     fn allocation(&self, ptr: *const u8) -> Option<(usize, usize)> {

@@ -19,11 +19,12 @@ fn device_memory_is_classified_and_host_memory_is_not() {
         backend: "emu",
         index: 0,
     };
-    assert_eq!(emu.classify(ptr), device_memory);
-    // SAFETY (both adds): inside the 1000 bytes.
-    assert_eq!(emu.classify(unsafe { ptr.add(999) }), device_memory);
+    assert_eq!(emu.classify(ptr).unwrap(), device_memory);
+    // SAFETY: inside the 1000 bytes.
+    let last = unsafe { ptr.add(999) };
+    assert_eq!(emu.classify(last).unwrap(), device_memory);
     let host = [0u8; 16];
-    assert_eq!(emu.classify(host.as_ptr()), Memory::Host);
+    assert_eq!(emu.classify(host.as_ptr()).unwrap(), Memory::Host);
     assert_eq!(
         device_memory.to_string(),
         "device memory of emu device 0",
@@ -31,7 +32,7 @@ fn device_memory_is_classified_and_host_memory_is_not() {
     );
     // SAFETY: allocated above, no work uses it.
     unsafe { emu.free(ptr).unwrap() };
-    assert_eq!(emu.classify(ptr), Memory::Host);
+    assert_eq!(emu.classify(ptr).unwrap(), Memory::Host);
     // SAFETY: freeing twice is refused, not undefined.
     let again = unsafe { emu.free(ptr) };
     assert!(again.unwrap_err().to_string().contains("not an allocation"));
@@ -267,7 +268,7 @@ fn shareable_memory_is_exported_as_a_file_another_process_reads_and_not_reopened
     let emu = device();
     let before = own_memfds();
     let ptr = emu.alloc_shareable(5000).unwrap();
-    assert!(emu.classify(ptr).is_device());
+    assert!(emu.classify(ptr).unwrap().is_device());
     // SAFETY: inside the 5000 zeroed bytes just allocated.
     unsafe {
         assert_eq!(ptr.add(4999).read(), 0);

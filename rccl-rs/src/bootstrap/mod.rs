@@ -9,7 +9,7 @@
 //! a dissemination barrier over them.
 //!
 //! Every connection (to the root and between ranks) is authenticated with
-//! the id's 32-byte secret ([`rccl_transports::socket`]).
+//! the id's 32-byte secret ([`rccl_transports::auth_tcp`]).
 
 mod id;
 mod in_process;
@@ -30,10 +30,10 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use rccl_transports::socket::{self, AuthListener, Secret};
+use rccl_transports::auth_tcp::{self, AuthListener, Secret};
 
 use crate::error::{Error, Result};
-use crate::net::host_address;
+use rccl_transports::host::host_address;
 
 /// The largest bootstrap frame accepted from the wire.
 pub const MAX_FRAME: usize = 8 << 20;
@@ -264,10 +264,8 @@ impl Bootstrap {
             host: crate::net::hostname(),
         }
         .encode();
-        let mut stream =
-            socket::connect_until(root, &secret, &hello, deadline, &abort).map_err(|e| match e
-                .kind()
-            {
+        let mut stream = auth_tcp::connect_until(root, &secret, &hello, deadline, &abort).map_err(
+            |e| match e.kind() {
                 io::ErrorKind::Interrupted => {
                     aborted(rank, format_args!("connecting to the root at {root}"))
                 }
@@ -290,11 +288,12 @@ impl Bootstrap {
                 _ => Error::Remote(format!(
                     "bootstrap: rank {rank} cannot register at the root at {root}: {e}"
                 )),
-            })?;
+            },
+        )?;
         // The root answers when the earliest rank's timeout passes: give it
         // a little longer than ours to say who is missing.
         let grace = (timeout / 2).clamp(Duration::from_millis(200), Duration::from_secs(2));
-        let answer = socket::read_frame_until(&mut stream, MAX_FRAME, after(deadline, grace), &abort)
+        let answer = auth_tcp::read_frame_until(&mut stream, MAX_FRAME, after(deadline, grace), &abort)
             .map_err(|e| match e.kind() {
                 io::ErrorKind::Interrupted => aborted(rank, format_args!("waiting for the root at {root}")),
                 io::ErrorKind::TimedOut => Error::System(format!(
@@ -534,7 +533,7 @@ impl Bootstrap {
             hello.extend_from_slice(&PEER_MAGIC);
             hello.extend_from_slice(&(self.rank as u32).to_le_bytes());
             hello.extend_from_slice(&(self.nranks as u32).to_le_bytes());
-            let stream = socket::connect_until(
+            let stream = auth_tcp::connect_until(
                 addr,
                 &self.secret,
                 &hello,

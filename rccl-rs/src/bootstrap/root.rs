@@ -150,7 +150,7 @@ pub(super) fn root_answer(stream: &mut TcpStream, status: u8, body: &[u8]) -> io
     msg.push(status);
     msg.extend_from_slice(body);
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    socket::write_frame(stream, &msg)
+    auth_tcp::write_frame(stream, &msg)
 }
 
 /// Whether the peer of `stream` has closed it.

@@ -31,7 +31,7 @@ pub(super) unsafe fn drive<T: Native, F2: Fn(T, T) -> T, F1: Fn(T) -> T>(
     let aligned = |p: *const u8| (p as usize) & (align_of::<T>() - 1) == 0;
     let all_aligned =
         aligned(input) && aligned(out.cast_const()) && acc.map(aligned).unwrap_or(true);
-    // SAFETY (for every arm): the pointers are valid for count elements of
+    // SAFETY: (for every arm) the pointers are valid for count elements of
     // T, identical or disjoint (caller's contract); the aligned variants
     // are only chosen when every pointer is aligned for T.
     // the streaming variants only when `out` is disjoint from the inputs.

@@ -121,6 +121,12 @@ impl ReduceKernel {
             RedOp::PreMulSum { scalar } => {
                 (Combine::Sum, Some(decode_scalar(dtype, &scalar)), None)
             }
+            RedOp::PreMulSumDevice { scalar } => {
+                return Err(Error::InvalidArgument(format!(
+                    "the PreMulSum scalar at {scalar:#x} is in device memory: the host kernels \
+                     take its value (RedOp::PreMulSum)"
+                )))
+            }
         };
         // Multiplying by one is the identity (up to NaN payloads).
         let pre = pre.filter(|p| !matches!(p, Pre::Int(1)) && *p != Pre::Float(1.0));
@@ -242,14 +248,16 @@ impl ReduceKernel {
                 let bytes = count * self.dtype.size();
                 // SAFETY: the caller guarantees both ranges are valid for
                 // `bytes` and, being unequal, disjoint.
-                match store {
-                    Store::Cached => unsafe { ptr::copy_nonoverlapping(input, out, bytes) },
-                    Store::Streaming => unsafe { copy_streaming_unfenced(input, out, bytes) },
+                unsafe {
+                    match store {
+                        Store::Cached => ptr::copy_nonoverlapping(input, out, bytes),
+                        Store::Streaming => copy_streaming_unfenced(input, out, bytes),
+                    }
                 }
             }
             return;
         }
-        // SAFETY (for every arm): forwarded from this function's contract.
+        // SAFETY: (for every arm) forwarded from this function's contract.
         unsafe {
             match self.dtype {
                 DataType::Int8 => self.run_native::<i8>(acc, input, out, count, post, store),
@@ -330,7 +338,7 @@ impl ReduceKernel {
         store: Store,
     ) {
         let pre = self.pre.map(T::scale_from);
-        // SAFETY (for every arm): forwarded from this function's contract.
+        // SAFETY: (for every arm) forwarded from this function's contract.
         unsafe {
             match self.combine {
                 Combine::Sum => match (pre, post) {
@@ -387,7 +395,7 @@ impl ReduceKernel {
             Some(Pre::Int(s)) => Some(s as i64 as f32),
             None => None,
         };
-        // SAFETY (for every arm): forwarded from this function's contract.
+        // SAFETY: (for every arm) forwarded from this function's contract.
         unsafe {
             match self.combine {
                 Combine::Sum => packed_loop::<P, _>(|a, b| a + b, pre, acc, input, out, count),

@@ -21,10 +21,12 @@ impl Store {
     ///
     /// As [`copy_streaming`].
     pub unsafe fn copy(self, src: *const u8, dst: *mut u8, bytes: usize) {
-        // SAFETY (both arms): forwarded from the caller.
-        match self {
-            Store::Cached => unsafe { ptr::copy_nonoverlapping(src, dst, bytes) },
-            Store::Streaming => unsafe { copy_streaming(src, dst, bytes) },
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match self {
+                Store::Cached => ptr::copy_nonoverlapping(src, dst, bytes),
+                Store::Streaming => copy_streaming(src, dst, bytes),
+            }
         }
     }
 }

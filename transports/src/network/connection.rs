@@ -26,7 +26,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -38,7 +38,7 @@ use crate::fifo::{
     Protocol, Tag, MAX_SLOTS, SLOT_HEADER,
 };
 use crate::wait::Backoff;
-use crate::{bounded_note, Connection, MAX_NOTE};
+use crate::{bounded_note, Connection, StepObserver, MAX_NOTE};
 
 /// Longest a closing side waits for the slots already published to be
 /// sent before its closing note.
@@ -82,6 +82,8 @@ struct Shared {
     released: Mutex<bool>,
     /// Signalled when the note is sent and when the proxy lets go.
     changed: Condvar,
+    /// Who sees the steps the proxy moves, once set.
+    observer: OnceLock<Arc<dyn StepObserver>>,
 }
 
 impl Shared {
@@ -250,6 +252,7 @@ impl NetConnection {
             failure: Mutex::new(None),
             released: Mutex::new(false),
             changed: Condvar::new(),
+            observer: OnceLock::new(),
         });
         let link = Link {
             sends: VecDeque::with_capacity(nslots),
@@ -388,6 +391,9 @@ impl Connection for NetConnection {
     fn peer_note(&self) -> Option<String> {
         NetConnection::peer_note(self)
     }
+    fn observe_steps(&self, observer: Arc<dyn StepObserver>) {
+        let _ = self.shared.observer.set(observer);
+    }
 }
 
 /// The communicators of a link and their registrations.
@@ -401,8 +407,9 @@ struct Comms<N: Net> {
 
 /// A connection as the proxy drives it.
 struct Link<N: Net> {
-    /// Sends in flight, for the published slots from the oldest on.
-    sends: VecDeque<N::Request>,
+    /// Sends in flight, for the published slots from the oldest on, each
+    /// with what the observer (if any) said when it was posted.
+    sends: VecDeque<(N::Request, usize)>,
     /// Receives in flight, for the free slots from the next to fill on.
     recvs: VecDeque<N::Request>,
     /// The closing note's send, once posted (`Some(None)` once done).
@@ -439,7 +446,14 @@ impl<N: Net> Link<N> {
                 };
                 match net.isend(&mut comms.send, slot, len, DATA_TAG, &comms.send_mr) {
                     Ok(Some(request)) => {
-                        self.sends.push_back(request);
+                        let step = self.shared.observer.get().map_or(0, |observer| {
+                            // SAFETY: a published slot starts with the
+                            // header its producer wrote; it is not
+                            // written again until released.
+                            let (piece, tag) = unsafe { read_slot_header(slot) };
+                            observer.send_posted(tag, piece as usize)
+                        });
+                        self.sends.push_back((request, step));
                         *moved = true;
                     }
                     Ok(None) => break,
@@ -482,9 +496,12 @@ impl<N: Net> Link<N> {
                 }
             }
         }
-        while let Some(front) = self.sends.front_mut() {
+        while let Some((front, step)) = self.sends.front_mut() {
             match net.test(front) {
                 Ok(Some(_)) => {
+                    if let Some(observer) = self.shared.observer.get() {
+                        observer.sent(*step);
+                    }
                     self.sends.pop_front();
                     self.send.release();
                     *moved = true;
@@ -598,6 +615,11 @@ fn deliver(recv: &Fifo, size: usize, peer: &str, shared: &Shared) -> Result<(), 
             "malformed message from {peer}: a piece of {len} bytes in a message of {body}"
         ));
     }
+    // Seen before it is published, so the call it belongs to is still in
+    // progress.
+    if let Some(observer) = shared.observer.get() {
+        observer.received(tag, body);
+    }
     recv.publish(body, tag);
     Ok(())
 }
@@ -635,6 +657,7 @@ impl<N: Net> Work for Link<N> {
         if let Some(front) = self
             .sends
             .front()
+            .map(|(request, _)| request)
             .or(self.note.as_ref().and_then(Option::as_ref))
         {
             pending.push(front);

@@ -1,8 +1,8 @@
-//! The mutual HMAC-SHA256 handshake of [`crate::socket`], as state machines
+//! The mutual HMAC-SHA256 handshake of [`crate::auth_tcp`], as state machines
 //! that never block: each `progress` call moves as far as the socket allows
 //! and says whether the handshake is done.
 //!
-//! The messages and their order are those of [`crate::socket`] (greeting,
+//! The messages and their order are those of [`crate::auth_tcp`] (greeting,
 //! response, proof, hello), so the secret never crosses the wire and
 //! nothing is sent to a listener before it has proved it knows the secret.
 //! The hello is the listener's id, so a connection reaches the one listening
@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use hmac::Mac;
 
-use crate::socket::{
+use crate::auth_tcp::{
     check_header, mac, nonce, write_frame, Secret, CLIENT_LABEL, GREETING_LEN, MAC_LEN, MAGIC,
     NONCE_LEN, RESPONSE_LEN, SERVER_LABEL, VERSION,
 };
@@ -402,7 +402,7 @@ impl Server {
                     if !self.io.read(&self.stream)? {
                         return Ok(false);
                     }
-                    let hello = crate::socket::read_frame(&mut &self.io.bytes[..], LISTENER_ID)?;
+                    let hello = crate::auth_tcp::read_frame(&mut &self.io.bytes[..], LISTENER_ID)?;
                     if hello != id {
                         return Err(refused("the client asked for another listener"));
                     }

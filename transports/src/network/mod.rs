@@ -69,6 +69,7 @@ pub mod ib;
 pub mod plugin;
 pub mod providers;
 mod proxy;
+mod requests;
 pub mod socket;
 
 pub(crate) use connection::transport_name;

@@ -16,7 +16,7 @@ use std::sync::{Arc, RwLock};
 use super::socket::{Socket, SocketDevice};
 use super::NetError;
 use super::Network;
-use crate::socket::Secret;
+use crate::auth_tcp::Secret;
 use crate::transport::Transport;
 
 /// What a communicator gives the network it opens.

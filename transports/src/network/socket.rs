@@ -1,5 +1,5 @@
 //! The Socket network: TCP sockets that never block, opened with the
-//! communicator's HMAC handshake ([`crate::socket`]).
+//! communicator's HMAC handshake ([`crate::auth_tcp`]).
 //!
 //! Every listen opens its own listening socket; its handle carries the
 //! address and a random listener id that the connecting side presents as
@@ -18,7 +18,6 @@
 //! the socket has data. There are no threads; the caller (the network
 //! proxy) tests requests and sleeps on [`Net::readiness`] between tests.
 
-use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -29,11 +28,12 @@ use parking_lot::Mutex;
 
 use super::checks::{check_recv, check_unspent, nothing_to_flush, OpState, Registration};
 use super::handshake::{self, Client, Server, LISTENER_ID};
+use super::requests::{Kind, Posted, Request, Side};
 use super::{
     CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, Readiness,
     RecvBuffer, Sizes, MAX_RECVS, NET_MAX_REQUESTS,
 };
-use crate::socket::{fill_random, Secret, DEFAULT_HANDSHAKE_TIMEOUT};
+use crate::auth_tcp::{fill_random, Secret, DEFAULT_HANDSHAKE_TIMEOUT};
 
 /// The last word of every message header.
 pub const MESSAGE_MAGIC: u32 = 0x524e_4d31; // "RNM1"
@@ -183,10 +183,8 @@ struct SendOp {
 
 struct SendState {
     wire: Wire,
-    /// Requests not yet spent, in posting order; `ops[i]` is request
-    /// `first_id + i`.
-    ops: VecDeque<SendOp>,
-    first_id: u64,
+    /// Requests not yet spent, in posting order.
+    ops: Posted<SendOp>,
     /// The first op not yet written whole.
     next_io: usize,
 }
@@ -213,8 +211,7 @@ struct RecvGroup {
 
 struct RecvState {
     wire: Wire,
-    groups: VecDeque<RecvGroup>,
-    first_id: u64,
+    groups: Posted<RecvGroup>,
     /// The first group not yet filled.
     next_io: usize,
     header: [u8; MESSAGE_HEADER],
@@ -231,14 +228,12 @@ unsafe impl Send for RecvState {}
 pub struct SocketSend {
     state: Arc<Mutex<SendState>>,
     peer: SocketAddr,
-    next_id: u64,
 }
 
 /// A receiving communicator.
 pub struct SocketRecv {
     state: Arc<Mutex<RecvState>>,
     peer: SocketAddr,
-    next_id: u64,
     max_recvs: usize,
 }
 
@@ -255,37 +250,19 @@ impl Endpoint for SocketRecv {
 }
 
 /// A send, receive or flush in flight.
-pub struct SocketRequest {
-    kind: Kind,
-    spent: bool,
+pub struct SocketRequest(Request<SendState, RecvState>);
+
+impl Side for SendState {
+    fn drop_request(&mut self, id: u64) {
+        self.ops.get_mut(id).state.drop_request();
+        self.retire();
+    }
 }
 
-enum Kind {
-    Send(Arc<Mutex<SendState>>, u64),
-    Recv(Arc<Mutex<RecvState>>, u64),
-    Flush,
-}
-
-impl Drop for SocketRequest {
-    fn drop(&mut self) {
-        if self.spent {
-            return;
-        }
-        match &self.kind {
-            Kind::Send(state, id) => {
-                let mut state = state.lock();
-                let at = (*id - state.first_id) as usize;
-                state.ops[at].state.drop_request();
-                state.retire();
-            }
-            Kind::Recv(state, id) => {
-                let mut state = state.lock();
-                let at = (*id - state.first_id) as usize;
-                state.groups[at].state.drop_request();
-                state.retire();
-            }
-            Kind::Flush => {}
-        }
+impl Side for RecvState {
+    fn drop_request(&mut self, id: u64) {
+        self.groups.get_mut(id).state.drop_request();
+        self.retire();
     }
 }
 
@@ -411,15 +388,8 @@ impl SendState {
 
     /// Forgets spent requests at the front.
     fn retire(&mut self) {
-        while self
-            .ops
-            .front()
-            .is_some_and(|op| op.state == OpState::Spent)
-        {
-            self.ops.pop_front();
-            self.first_id += 1;
-            self.next_io = self.next_io.saturating_sub(1);
-        }
+        let retired = self.ops.retire(|op| op.state == OpState::Spent);
+        self.next_io = self.next_io.saturating_sub(retired);
     }
 }
 
@@ -527,15 +497,8 @@ impl RecvState {
 
     /// Forgets spent requests at the front.
     fn retire(&mut self) {
-        while self
-            .groups
-            .front()
-            .is_some_and(|g| g.state == OpState::Spent)
-        {
-            self.groups.pop_front();
-            self.first_id += 1;
-            self.next_io = self.next_io.saturating_sub(1);
-        }
+        let retired = self.groups.retire(|g| g.state == OpState::Spent);
+        self.next_io = self.next_io.saturating_sub(retired);
     }
 }
 
@@ -627,12 +590,10 @@ impl Net for Socket {
                             peer: addr,
                             failed: None,
                         },
-                        ops: VecDeque::new(),
-                        first_id: 0,
+                        ops: Posted::new(),
                         next_io: 0,
                     })),
                     peer: addr,
-                    next_id: 0,
                 }))
             }
             Err(e) => {
@@ -700,15 +661,13 @@ impl Net for Socket {
                                 peer,
                                 failed: None,
                             },
-                            groups: VecDeque::new(),
-                            first_id: 0,
+                            groups: Posted::new(),
                             next_io: 0,
                             header: [0; MESSAGE_HEADER],
                             header_got: 0,
                             current: None,
                         })),
                         peer,
-                        next_id: 0,
                         max_recvs: MAX_RECVS,
                     }));
                 }
@@ -774,7 +733,7 @@ impl Net for Socket {
         header[..8].copy_from_slice(&(size as u64).to_le_bytes());
         header[8..12].copy_from_slice(&tag.to_le_bytes());
         header[12..].copy_from_slice(&MESSAGE_MAGIC.to_le_bytes());
-        state.ops.push_back(SendOp {
+        let id = state.ops.push(SendOp {
             header,
             data,
             size,
@@ -785,12 +744,10 @@ impl Net for Socket {
             // Nothing queued ahead of it: start writing now.
             state.progress();
         }
-        let id = comm.next_id;
-        comm.next_id += 1;
-        Ok(Some(SocketRequest {
-            kind: Kind::Send(comm.state.clone(), id),
-            spent: false,
-        }))
+        Ok(Some(SocketRequest(Request::new(Kind::Send(
+            comm.state.clone(),
+            id,
+        )))))
     }
 
     fn irecv(
@@ -808,7 +765,7 @@ impl Net for Socket {
                 limit: NET_MAX_REQUESTS,
             });
         }
-        state.groups.push_back(RecvGroup {
+        let id = state.groups.push(RecvGroup {
             bufs: buffers
                 .iter()
                 .map(|b| RecvBuf {
@@ -822,12 +779,10 @@ impl Net for Socket {
             filled: 0,
             state: OpState::Pending,
         });
-        let id = comm.next_id;
-        comm.next_id += 1;
-        Ok(Some(SocketRequest {
-            kind: Kind::Recv(comm.state.clone(), id),
-            spent: false,
-        }))
+        Ok(Some(SocketRequest(Request::new(Kind::Recv(
+            comm.state.clone(),
+            id,
+        )))))
     }
 
     fn iflush(
@@ -835,21 +790,18 @@ impl Net for Socket {
         _comm: &mut SocketRecv,
         _buffers: &[RecvBuffer<'_, Self>],
     ) -> Result<Option<SocketRequest>, NetError> {
-        nothing_to_flush(SocketRequest {
-            kind: Kind::Flush,
-            spent: false,
-        })
+        nothing_to_flush(SocketRequest(Request::new(Kind::Flush)))
     }
 
     fn test(&self, request: &mut SocketRequest) -> Result<Option<Sizes>, NetError> {
+        let request = &mut request.0;
         check_unspent(request.spent)?;
         let sizes = match &request.kind {
             Kind::Send(state, id) => {
                 let mut state = state.lock();
                 state.progress();
-                let at = (*id - state.first_id) as usize;
                 let state = &mut *state;
-                let (op, wire) = (&mut state.ops[at], &state.wire);
+                let (op, wire) = (state.ops.get_mut(*id), &state.wire);
                 if !op.state.claim(|| wire.broken())? {
                     return Ok(None);
                 }
@@ -860,9 +812,8 @@ impl Net for Socket {
             Kind::Recv(state, id) => {
                 let mut state = state.lock();
                 state.progress();
-                let at = (*id - state.first_id) as usize;
                 let state = &mut *state;
-                let (group, wire) = (&mut state.groups[at], &state.wire);
+                let (group, wire) = (state.groups.get_mut(*id), &state.wire);
                 if !group.state.claim(|| wire.broken())? {
                     return Ok(None);
                 }
@@ -896,7 +847,7 @@ impl Net for Socket {
     }
 
     fn readiness(&self, request: &SocketRequest) -> Option<Readiness> {
-        let (stream, readable) = match &request.kind {
+        let (stream, readable) = match &request.0.kind {
             Kind::Send(state, _) => (state.lock().wire.stream.as_ref()?.as_raw_fd(), false),
             Kind::Recv(state, _) => (state.lock().wire.stream.as_ref()?.as_raw_fd(), true),
             Kind::Flush => return None,

@@ -40,12 +40,13 @@ use parking_lot::Mutex;
 
 use super::checks::{check_recv, check_unspent, nothing_to_flush, OpState, Registration};
 use super::handshake::{self, Client, Partial, Server, LISTENER_ID};
+use super::requests::{Kind, Posted, Request, Side};
 use super::socket::{handle_bytes, parse_handle};
 use super::{
     CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, Readiness,
     RecvBuffer, Sizes, MAX_RECVS, NET_MAX_REQUESTS,
 };
-use crate::socket::{fill_random, Secret, DEFAULT_HANDSHAKE_TIMEOUT};
+use crate::auth_tcp::{fill_random, Secret, DEFAULT_HANDSHAKE_TIMEOUT};
 use verbs::{
     CompletionQueue, Device, GidEntry, LinkLayer, MemoryRegion, PathSettings, PortInfo, QpCaps,
     QueuePair, RecvWr, RemoteQp, SendOp, SendWr, Sge, Verbs, Wc, WcOpcode, WcStatus,
@@ -736,8 +737,7 @@ struct SendState {
     /// The peer's size area.
     sizes_addr: u64,
     sizes_rkey: u32,
-    ops: VecDeque<SendOpState>,
-    first_id: u64,
+    ops: Posted<SendOpState>,
     /// The first send not matched to a FIFO entry yet.
     next_match: u64,
     /// The FIFO slot being filled.
@@ -767,8 +767,7 @@ struct RecvState {
     /// The peer's FIFO.
     fifo_addr: u64,
     fifo_rkey: u32,
-    groups: VecDeque<RecvGroup>,
-    first_id: u64,
+    groups: Posted<RecvGroup>,
     max_recvs: usize,
 }
 
@@ -819,37 +818,19 @@ impl Registration for IbMr {
 }
 
 /// A send, receive or flush in flight.
-pub struct IbRequest {
-    kind: Kind,
-    spent: bool,
+pub struct IbRequest(Request<SendState, RecvState>);
+
+impl Side for SendState {
+    fn drop_request(&mut self, id: u64) {
+        self.ops.get_mut(id).state.drop_request();
+        self.retire();
+    }
 }
 
-enum Kind {
-    Send(Arc<Mutex<SendState>>, u64),
-    Recv(Arc<Mutex<RecvState>>, u64),
-    Flush,
-}
-
-impl Drop for IbRequest {
-    fn drop(&mut self) {
-        if self.spent {
-            return;
-        }
-        match &self.kind {
-            Kind::Send(state, id) => {
-                let mut state = state.lock();
-                let at = (*id - state.first_id) as usize;
-                state.ops[at].state.drop_request();
-                state.retire();
-            }
-            Kind::Recv(state, id) => {
-                let mut state = state.lock();
-                let at = (*id - state.first_id) as usize;
-                state.groups[at].state.drop_request();
-                state.retire();
-            }
-            Kind::Flush => {}
-        }
+impl Side for RecvState {
+    fn drop_request(&mut self, id: u64) {
+        self.groups.get_mut(id).state.drop_request();
+        self.retire();
     }
 }
 
@@ -907,19 +888,8 @@ enum ConnectStep {
 impl SendState {
     /// Forgets spent requests at the front.
     fn retire(&mut self) {
-        while self
-            .ops
-            .front()
-            .is_some_and(|op| op.state == OpState::Spent && op.posted)
-        {
-            self.ops.pop_front();
-            self.first_id += 1;
-        }
-    }
-
-    fn op(&mut self, id: u64) -> &mut SendOpState {
-        let at = (id - self.first_id) as usize;
-        &mut self.ops[at]
+        self.ops
+            .retire(|op| op.state == OpState::Spent && op.posted);
     }
 
     /// Moves what can move: completions, then sends onto FIFO entries.
@@ -930,7 +900,7 @@ impl SendState {
             let id = wc.wr_id & !WR_KIND;
             match wc.wr_id & WR_KIND {
                 WR_DATA => {
-                    let op = self.op(id);
+                    let op = self.ops.get_mut(id);
                     op.left -= 1;
                     if op.left == 0 {
                         op.state.finish();
@@ -959,7 +929,7 @@ impl SendState {
         if !healthy {
             return;
         }
-        while self.next_match < self.first_id + self.ops.len() as u64 {
+        while self.next_match < self.ops.next_id() {
             if !self.match_next() {
                 break;
             }
@@ -1006,7 +976,7 @@ impl SendState {
         }
         let id = self.next_match;
         let (size, tag) = {
-            let op = self.op(id);
+            let op = self.ops.get_mut(id);
             (op.size, op.tag)
         };
         let Some(r) = self
@@ -1017,7 +987,7 @@ impl SendState {
             // No buffer of the slot has this tag: the receiver fails.
             self.next_match += 1;
             let slot = self.slot;
-            let op = self.op(id);
+            let op = self.ops.get_mut(id);
             op.posted = true;
             op.slot = Some(slot);
             op.left = 1;
@@ -1031,7 +1001,7 @@ impl SendState {
         // The slot's signal, then each data write.
         let mut left = 1;
         if size as u64 <= entry.size && size > 0 {
-            let op = self.op(id);
+            let op = self.ops.get_mut(id);
             let (data, lkey) = (op.data, op.lkey);
             let chunk = size.div_ceil(nqps).next_multiple_of(128);
             for qp in 0..nqps {
@@ -1062,7 +1032,7 @@ impl SendState {
             }
         }
         let slot = self.slot;
-        let op = self.op(id);
+        let op = self.ops.get_mut(id);
         op.posted = true;
         op.slot = Some(slot);
         op.left = left;
@@ -1136,14 +1106,7 @@ impl SendState {
 
 impl RecvState {
     fn retire(&mut self) {
-        while self
-            .groups
-            .front()
-            .is_some_and(|group| group.state == OpState::Spent)
-        {
-            self.groups.pop_front();
-            self.first_id += 1;
-        }
+        self.groups.retire(|group| group.state == OpState::Spent);
     }
 
     fn progress(&mut self) {
@@ -1156,8 +1119,7 @@ impl RecvState {
                 continue;
             }
             let id = wc.wr_id & !WR_KIND;
-            let at = (id - self.first_id) as usize;
-            let group = &mut self.groups[at];
+            let group = self.groups.get_mut(id);
             group.left -= 1;
             if group.left > 0 {
                 continue;
@@ -1305,8 +1267,7 @@ impl Ib {
                             link: *link,
                             sizes_addr: sizes.0,
                             sizes_rkey: sizes.1,
-                            ops: VecDeque::new(),
-                            first_id: 0,
+                            ops: Posted::new(),
                             next_match: 0,
                             slot: 0,
                             entries: Vec::new(),
@@ -1386,8 +1347,7 @@ impl Ib {
                             link: *link,
                             fifo_addr: fifo.0,
                             fifo_rkey: fifo.1,
-                            groups: VecDeque::new(),
-                            first_id: 0,
+                            groups: Posted::new(),
                             max_recvs: MAX_RECVS,
                         })),
                     }));

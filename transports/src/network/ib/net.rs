@@ -154,14 +154,18 @@ impl Net for Ib {
             CommRef::Recv(recv) => (recv.state.lock().link.device.clone(), recv.peer.clone()),
         };
         let access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ;
-        // SAFETY (all three): the caller keeps the bytes valid while
-        // registered (this function's contract).
         let mr = match memory {
+            // SAFETY: the caller keeps the bytes valid while registered
+            // (this function's contract).
             MemoryType::Host => unsafe { device.reg_mr(data, size, access) },
+            // SAFETY: as for host memory; the device registers device
+            // memory it can reach.
             MemoryType::Cuda if self.verbs.registers_device_memory() => unsafe {
                 device.reg_mr(data, size, access)
             },
             // Peers address the buffer by its device address.
+            // SAFETY: as for host memory; `fd` and `offset` describe the
+            // same bytes (the caller's contract).
             MemoryType::DmaBuf { fd, offset } if device.registers_dmabuf() => unsafe {
                 device.reg_dmabuf_mr(fd, offset, size, data as u64, access)
             },
@@ -202,7 +206,7 @@ impl Net for Ib {
         if state.ops.len() >= limit {
             return Err(NetError::TooManyRequests { limit });
         }
-        state.ops.push_back(SendOpState {
+        let id = state.ops.push(SendOpState {
             data: data as u64,
             size,
             tag,
@@ -212,12 +216,11 @@ impl Net for Ib {
             posted: false,
             state: OpState::Pending,
         });
-        let id = state.first_id + state.ops.len() as u64 - 1;
         state.progress();
-        Ok(Some(IbRequest {
-            kind: Kind::Send(comm.state.clone(), id),
-            spent: false,
-        }))
+        Ok(Some(IbRequest(Request::new(Kind::Send(
+            comm.state.clone(),
+            id,
+        )))))
     }
 
     fn irecv(
@@ -235,7 +238,7 @@ impl Net for Ib {
                 limit: NET_MAX_REQUESTS,
             });
         }
-        let id = state.first_id + state.groups.len() as u64;
+        let id = state.groups.next_id();
         let nqps = state.link.qps.len();
         for qp in 0..nqps {
             if let Err(e) = state.link.qps[qp].post_recv(&[RecvWr {
@@ -285,16 +288,16 @@ impl Net for Ib {
         if !state.link.post_send(0, &wrs, "receiving from") {
             return Err(state.link.broken().expect("just failed"));
         }
-        state.groups.push_back(RecvGroup {
+        state.groups.push(RecvGroup {
             bufs: buffers.iter().map(|b| (b.size, b.tag)).collect(),
             sizes: Vec::with_capacity(buffers.len()),
             left: nqps,
             state: OpState::Pending,
         });
-        Ok(Some(IbRequest {
-            kind: Kind::Recv(comm.state.clone(), id),
-            spent: false,
-        }))
+        Ok(Some(IbRequest(Request::new(Kind::Recv(
+            comm.state.clone(),
+            id,
+        )))))
     }
 
     fn iflush(
@@ -302,21 +305,18 @@ impl Net for Ib {
         _comm: &mut IbRecv,
         _buffers: &[RecvBuffer<'_, Self>],
     ) -> Result<Option<IbRequest>, NetError> {
-        nothing_to_flush(IbRequest {
-            kind: Kind::Flush,
-            spent: false,
-        })
+        nothing_to_flush(IbRequest(Request::new(Kind::Flush)))
     }
 
     fn test(&self, request: &mut IbRequest) -> Result<Option<Sizes>, NetError> {
+        let request = &mut request.0;
         check_unspent(request.spent)?;
         let sizes = match &request.kind {
             Kind::Send(state, id) => {
                 let mut state = state.lock();
                 state.progress();
-                let at = (*id - state.first_id) as usize;
                 let state = &mut *state;
-                let (op, link) = (&mut state.ops[at], &state.link);
+                let (op, link) = (state.ops.get_mut(*id), &state.link);
                 if !op.state.claim(|| link.broken())? {
                     return Ok(None);
                 }
@@ -327,9 +327,8 @@ impl Net for Ib {
             Kind::Recv(state, id) => {
                 let mut state = state.lock();
                 state.progress();
-                let at = (*id - state.first_id) as usize;
                 let state = &mut *state;
-                let (group, link) = (&mut state.groups[at], &state.link);
+                let (group, link) = (state.groups.get_mut(*id), &state.link);
                 if !group.state.claim(|| link.broken())? {
                     return Ok(None);
                 }
@@ -359,12 +358,12 @@ impl Net for Ib {
     }
 
     fn readiness(&self, request: &IbRequest) -> Option<Readiness> {
-        let fd = match &request.kind {
+        let fd = match &request.0.kind {
             Kind::Send(state, id) => {
                 let mut state = state.lock();
                 // A FIFO entry lands by RDMA and raises no event: a send
                 // still waiting for one is tested again soon instead.
-                if !state.op(*id).posted {
+                if !state.ops.get_mut(*id).posted {
                     return None;
                 }
                 state.link.cq.event_fd()

@@ -1,0 +1,427 @@
+//! The tuner's cost model: closed forms of what the replay ([`simulate`])
+//! predicts for the built-in algorithms, on the same cluster figures, so
+//! that a decision takes microseconds at any scale. Each form follows the
+//! algorithm's pipeline: the steps on its critical path, each paying the
+//! step's fixed cost, the hop's latency and its message over the
+//! channel's share of the link, and the bytes the busiest link (a rank's
+//! port, a rail's NIC) or a rank's reduction must carry. The replay
+//! stays the reference: `tests/closed_form.rs` ranks a grid of shapes
+//! both ways.
+//!
+//! [`simulate`]: crate::simulate
+
+use rccl_algorithms::{tree::btree, CollKind, CollSpec, Params};
+
+use crate::cluster::{ClusterSpec, Protocol};
+use crate::sim::{footprint, Regime};
+
+/// The link and rank figures of a call, resolved once: bytes per
+/// microsecond and microseconds.
+struct Figures {
+    /// Ranks, hosts, the fewest ranks on a host, rails.
+    n: f64,
+    hosts: f64,
+    local: f64,
+    rails: f64,
+    /// Channels, chunk bytes.
+    channels: f64,
+    chunk: f64,
+    /// Launch and per-step fixed cost.
+    launch: f64,
+    step: f64,
+    /// A piece: the unit a forwarding primitive passes on.
+    piece: f64,
+    /// Within a host: a rank's port, its latency.
+    port: f64,
+    port_latency: f64,
+    /// Across hosts: one NIC, its latency (switch hops included).
+    nic: f64,
+    nic_latency: f64,
+    /// Whether a rank's transfer within a host is its own copy.
+    sender_copies: bool,
+    /// A rank's reduction and copy rates for this call.
+    reduce: f64,
+    copy: f64,
+}
+
+impl Figures {
+    fn new(
+        c: &ClusterSpec,
+        spec: &CollSpec,
+        elem_size: usize,
+        protocol: Protocol,
+        params: &Params,
+    ) -> Figures {
+        let proto = c.protocols.get(protocol);
+        let host_of = c.host_of();
+        let mut on_host = vec![0usize; c.hosts.max(1)];
+        for &h in &host_of {
+            on_host[h] += 1;
+        }
+        let used: Vec<usize> = on_host.iter().copied().filter(|&k| k > 0).collect();
+        let hosts = used.len().max(1);
+        let fewest = used.iter().copied().min().unwrap_or(1);
+        let most = used.iter().copied().max().unwrap_or(1);
+        let rails = c.rails();
+        let (reduce, copy) = Regime::of(c, footprint(spec, elem_size, 0), most).rates(c);
+        let (reduce, copy) = (reduce * 1e3, copy * 1e3);
+        let port = c.intra.map_or(f64::INFINITY, |i| {
+            let p = i.port_gbs * 1e3;
+            if i.sender_copies {
+                p.min(copy) * i.handoff_scale
+            } else {
+                p
+            }
+        });
+        let one_leaf = c.fabric.hosts_per_leaf >= hosts;
+        let hops = if one_leaf { 1.0 } else { 3.0 };
+        Figures {
+            n: spec.nranks as f64,
+            hosts: hosts as f64,
+            local: fewest as f64,
+            rails: rails as f64,
+            channels: params.nchannels.max(1) as f64,
+            chunk: (params.chunk_elems.max(1) * elem_size) as f64,
+            launch: proto.launch_us,
+            step: proto.step_overhead_us,
+            piece: proto.slot_bytes as f64 * proto.efficiency,
+            port: port * proto.efficiency,
+            port_latency: c.intra.map_or(c.nic.latency_us, |i| i.latency_us)
+                + proto.extra_latency_us,
+            nic: c.nic.gbit / 8.0 * c.nic.efficiency * 1e3 * proto.efficiency,
+            nic_latency: c.nic.latency_us + hops * c.fabric.hop_latency_us + proto.extra_latency_us,
+            sender_copies: c.intra.is_some_and(|i| i.sender_copies),
+            reduce,
+            copy,
+        }
+    }
+
+    /// The bandwidth of the NICs a host's channels use (channel `c` on
+    /// rail `c mod rails`).
+    fn nic_total(&self) -> f64 {
+        self.nic * self.rails.min(self.channels)
+    }
+
+    /// A pipeline of `depth` hops (a share `across` of them between
+    /// hosts) through which `per_channel` bytes flow chunk by chunk: the
+    /// first piece's way down the pipeline, then one chunk per the
+    /// slowest stage: a rank's step over a chunk at `rate`, the channel's
+    /// share of a link, or a host's NICs carrying `nic_bytes` and a
+    /// rank's port `port_bytes` for the whole call.
+    fn pipeline(
+        &self,
+        depth: f64,
+        across: f64,
+        per_channel: f64,
+        rate: f64,
+        nic_bytes: f64,
+        port_bytes: f64,
+    ) -> f64 {
+        let chunks = (per_channel / self.chunk).ceil().max(1.0);
+        let s = (per_channel / chunks).max(1.0);
+        let piece = s.min(self.piece);
+        // A forwarding rank passes each piece on as it comes in: its step's
+        // fixed cost overlaps the wait.
+        let fill = self.step
+            + depth
+                * (piece / rate
+                    + across * self.hop(piece, true)
+                    + (1.0 - across) * self.hop(piece, false));
+        let stage = chunks * (self.step + s / rate);
+        let nic = nic_bytes / self.nic_total();
+        let port = if across < 1.0 {
+            port_bytes / self.port
+        } else {
+            0.0
+        };
+        fill + stage.max(nic).max(port)
+    }
+
+    /// `steps` ring steps, each moving `block` bytes per channel in
+    /// messages of at most a chunk.
+    fn ring_steps(&self, steps: f64, block: f64, across: f64, rate: f64) -> f64 {
+        let loops = (block / self.chunk).ceil().max(1.0);
+        let s = (block / loops).max(1.0);
+        steps * loops * self.pace(s, across, rate)
+    }
+
+    /// Channels sharing one NIC.
+    fn per_nic(&self) -> f64 {
+        (self.channels / self.rails).ceil()
+    }
+
+    /// One hop of a message of `s` bytes: latency, then the message over
+    /// the channel's share of the link (its first piece when it is
+    /// forwarded piece by piece).
+    fn hop(&self, s: f64, across: bool) -> f64 {
+        if across {
+            self.nic_latency + s.min(self.piece) / (self.nic / self.per_nic())
+        } else {
+            self.port_latency + s.min(self.piece) / (self.port / self.channels)
+        }
+    }
+
+    /// The time each step of a pipeline whose hops cross hosts a share
+    /// `across` of the time takes: the fixed cost, the hop and the pass
+    /// over the message at `rate`, unless a link cannot carry a message
+    /// per step that fast.
+    fn pace(&self, s: f64, across: f64, rate: f64) -> f64 {
+        // A message crosses hosts before the next step can forward it; a
+        // host's switch moves it while the rank pays its step, unless the
+        // transfer is the sender's own copy.
+        let copied = if self.sender_copies {
+            s / (self.port / self.channels)
+        } else {
+            0.0
+        };
+        let chain = self.step
+            + s / rate
+            + across * (self.nic_latency + s / (self.nic / self.per_nic()))
+            + (1.0 - across) * (self.port_latency + copied);
+        let nic = if across > 0.0 {
+            s / (self.nic / self.per_nic())
+        } else {
+            0.0
+        };
+        let port = if across < 1.0 {
+            s / (self.port / self.channels)
+        } else {
+            0.0
+        };
+        chain.max(nic).max(port)
+    }
+}
+
+/// The closed-form time in microseconds of `algorithm` (a built-in's
+/// name) running `spec` with `protocol` and `params` on `cluster`, or
+/// `None` for an algorithm or collective it has no form for.
+pub fn estimate_us(
+    cluster: &ClusterSpec,
+    algorithm: &str,
+    spec: &CollSpec,
+    elem_size: usize,
+    protocol: Protocol,
+    params: &Params,
+) -> Option<f64> {
+    let f = Figures::new(cluster, spec, elem_size, protocol, params);
+    let n = f.n;
+    if spec.nranks <= 1 {
+        return Some(f.launch);
+    }
+    let bytes = (spec.count * elem_size) as f64;
+    let per_channel = bytes / f.channels;
+    // The share of a ring's hops that cross hosts: each host entered and
+    // left once per channel.
+    let ring_across = if f.hosts > 1.0 { f.hosts / n } else { 0.0 };
+    let kind = spec.kind;
+    let time = match (algorithm, kind) {
+        ("ring", CollKind::AllReduce) => {
+            let loops = (per_channel / (n * f.chunk)).ceil().max(1.0);
+            let s = (per_channel / (n * loops)).max(1.0);
+            2.0 * (n - 1.0) * loops * f.pace(s, ring_across, f.reduce)
+        }
+        ("ring", CollKind::AllGather | CollKind::ReduceScatter) => {
+            let loops = (per_channel / f.chunk).ceil().max(1.0);
+            let s = (per_channel / loops).max(1.0);
+            let rate = if kind == CollKind::ReduceScatter {
+                f.reduce
+            } else {
+                f.copy
+            };
+            (n - 1.0) * loops * f.pace(s, ring_across, rate)
+        }
+        ("ring", CollKind::Broadcast | CollKind::Reduce) => {
+            let rate = if kind == CollKind::Reduce {
+                f.reduce
+            } else {
+                f.copy
+            };
+            let nic_bytes = if f.hosts > 1.0 { bytes } else { 0.0 };
+            // A chain from the root: it crosses into each other host once.
+            let across = (f.hosts - 1.0) / (n - 1.0);
+            f.pipeline(n - 1.0, across, per_channel, rate, nic_bytes, bytes)
+        }
+        ("tree", CollKind::AllReduce) => {
+            // A chain of each host's ranks under a binary tree of hosts
+            // (one binary tree of ranks within a host).
+            let across_depth = if f.hosts > 1.0 {
+                f.hosts.log2().ceil()
+            } else {
+                0.0
+            };
+            let chain_depth = if f.hosts > 1.0 {
+                f.local - 1.0
+            } else {
+                n.log2().ceil()
+            };
+            let depth = across_depth + chain_depth;
+            let across = across_depth / depth;
+            // Each host's NICs carry the ring's bytes each way (a host
+            // interior in one tree is a leaf in the other), half of it
+            // over two hosts, where each is the other's leaf.
+            let nic_bytes = match f.hosts {
+                h if h > 2.0 => 2.0 * bytes,
+                h if h > 1.0 => bytes,
+                _ => 0.0,
+            };
+            // A rank reduces each chunk going up and copies it coming down.
+            let rate = 1.0 / (1.0 / f.reduce + 1.0 / f.copy);
+            if f.channels < 2.0 {
+                // One channel runs both trees on half the data each, every
+                // phase after the other: up tree 0, up tree 1, down both.
+                4.0 * f.pipeline(
+                    depth,
+                    across,
+                    per_channel / 2.0,
+                    rate,
+                    nic_bytes / 4.0,
+                    bytes / 2.0,
+                )
+            } else {
+                f.pipeline(
+                    2.0 * depth,
+                    across,
+                    per_channel,
+                    rate,
+                    nic_bytes,
+                    2.0 * bytes,
+                )
+            }
+        }
+        ("tree", CollKind::Broadcast) => {
+            // A binary tree over ranks from the root: the first piece's way
+            // to the last rank it reaches, a rank serving its second child
+            // a step after its first.
+            let chunks = (per_channel / f.chunk).ceil().max(1.0);
+            let s = (per_channel / chunks).max(1.0);
+            let piece = s.min(f.piece);
+            let host_of = cluster.host_of();
+            let edge = |parent: usize, child: usize| {
+                let across = host_of[(parent + spec.root) % spec.nranks]
+                    != host_of[(child + spec.root) % spec.nranks];
+                let second = btree(spec.nranks, parent).children.first() != Some(&child);
+                piece / f.copy + f.hop(piece, across) + if second { f.step } else { 0.0 }
+            };
+            let fill = (0..spec.nranks)
+                .map(|mut rank| {
+                    let mut time = 0.0;
+                    while let Some(parent) = btree(spec.nranks, rank).parent {
+                        time += edge(parent, rank);
+                        rank = parent;
+                    }
+                    time
+                })
+                .fold(0.0, f64::max);
+            let nic_bytes = if f.hosts > 1.0 { 2.0 * bytes } else { 0.0 };
+            let stage = chunks * (f.step + s / f.copy);
+            f.step
+                + fill
+                + stage
+                    .max(nic_bytes / f.nic_total())
+                    .max(2.0 * bytes / f.port)
+        }
+        ("hier", CollKind::AllReduce) => {
+            // Reduce-scatter rings inside each host, all-reduce rings across
+            // hosts on a share `1/local` of the data (the host's rings on
+            // the channel's NIC), all-gather rings inside, one phase after
+            // the other.
+            let (m, h) = (f.local, f.hosts);
+            let inner = if m > 1.0 {
+                2.0 * f.ring_steps(m - 1.0, per_channel / m, 0.0, f.reduce)
+            } else {
+                0.0
+            };
+            let outer = if h > 1.0 {
+                let block = per_channel / (m * h);
+                let chain = f.ring_steps(2.0 * (h - 1.0), block, 1.0, f.reduce);
+                chain.max(2.0 * (h - 1.0) * block * m * f.channels / f.nic_total())
+            } else {
+                0.0
+            };
+            inner + outer
+        }
+        ("hier", CollKind::AllGather | CollKind::ReduceScatter) => {
+            // Rail rings across hosts move each rank's block, rings inside
+            // each host the hosts' blocks.
+            let (m, h) = (f.local, f.hosts);
+            let rate = if kind == CollKind::AllGather {
+                f.copy
+            } else {
+                f.reduce
+            };
+            // Inside, a step passes on one message per host's block.
+            let inner = if m > 1.0 {
+                h * f.ring_steps(m - 1.0, per_channel, 0.0, rate)
+            } else {
+                0.0
+            };
+            let outer = if h > 1.0 {
+                let chain = f.ring_steps(h - 1.0, per_channel, 1.0, rate);
+                chain.max((h - 1.0) * per_channel * m * f.channels / f.nic_total())
+            } else {
+                0.0
+            };
+            // Reduce-scatter reduces inside a host chunk by chunk while the
+            // rail rings carry earlier chunks: its phases overlap.
+            if kind == CollKind::ReduceScatter {
+                inner.max(outer)
+            } else {
+                inner + outer
+            }
+        }
+        ("rhd", CollKind::AllReduce) => {
+            let rounds = n.log2().floor();
+            let p = 2f64.powf(rounds);
+            // Extra ranks fold their whole input in first and take the
+            // result back last.
+            let mut chain = if p < n {
+                2.0 * f.pipeline(1.0, ring_across, per_channel, f.reduce, 0.0, 0.0)
+            } else {
+                0.0
+            };
+            // Round i exchanges half of what a rank holds with the rank
+            // `p / 2^(i+1)` away, across hosts while that reaches past a
+            // host; the rounds run again in reverse to gather.
+            let mut crossing = 0.0;
+            let mut held = per_channel;
+            let mut distance = p / 2.0;
+            for _ in 0..rounds as usize {
+                held /= 2.0;
+                let across = f.hosts > 1.0 && distance >= f.local;
+                let messages = (held / f.chunk).ceil().max(1.0);
+                let s = held / messages;
+                chain += 2.0 * messages * f.pace(s, if across { 1.0 } else { 0.0 }, f.reduce);
+                if across {
+                    crossing += 2.0 * held;
+                }
+                distance /= 2.0;
+            }
+            // Every rank of a host crosses at once on the host's NICs.
+            chain.max(f.local * crossing * f.channels / f.nic_total())
+        }
+        ("oneshot", CollKind::AllReduce) => {
+            // Every rank sends its input to every other and reduces all n.
+            let chunks = (per_channel / f.chunk).ceil().max(1.0);
+            let s = per_channel / chunks;
+            let out_nic =
+                f.local * (n - f.local) * s / (f.nic * f.rails.min(f.channels) / f.channels);
+            let out_port = (n - 1.0) * s / (f.port / f.channels);
+            // Each of the n inputs joins the accumulator in a step of its own.
+            let step = n * f.step + (n - 1.0) * s / f.reduce;
+            chunks * step.max(out_nic).max(out_port) + f.hop(s, f.hosts > 1.0)
+        }
+        ("direct", CollKind::AllToAll | CollKind::Gather | CollKind::Scatter) => {
+            let chunks = (per_channel / f.chunk).ceil().max(1.0);
+            let s = per_channel / chunks;
+            let out_port = (n - 1.0) * s / (f.port / f.channels);
+            let remote = if f.hosts > 1.0 {
+                f.local * (n - f.local) * s / (f.nic * f.rails)
+            } else {
+                0.0
+            };
+            chunks * (f.step + s / f.copy).max(out_port).max(remote) + f.hop(s, f.hosts > 1.0)
+        }
+        _ => return None,
+    };
+    Some(f.launch + time)
+}
