@@ -388,14 +388,9 @@ fn captured_all_reduce(
 
 #[test]
 fn a_collective_captured_in_a_graph_and_replayed() {
-    over_the_model(
-        "a_collective_captured_in_a_graph_and_replayed",
-        &[
-            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
-            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
-        ],
-        || two_ranks_all_reduce(captured_all_reduce),
-    );
+    over_the_model("a_collective_captured_in_a_graph_and_replayed", &[], || {
+        two_ranks_all_reduce(captured_all_reduce)
+    });
 }
 
 /// Makes device `ordinal`'s primary context current on this thread
@@ -609,11 +604,7 @@ fn two_ranks_fault() {
 fn a_kernel_fault_poisons_the_communicator() {
     over_the_model(
         "a_kernel_fault_poisons_the_communicator",
-        &[
-            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
-            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
-            ("RCCL_CUDA_MODEL_FAULT", "rccl_run_work"),
-        ],
+        &[("RCCL_CUDA_MODEL_FAULT", "rccl_run_work")],
         two_ranks_fault,
     );
 }
@@ -785,10 +776,7 @@ fn two_communicators_in_flight() {
 fn two_communicators_over_host_copies_in_flight_across_processes() {
     over_the_model_ranks(
         "two_communicators_over_host_copies_in_flight_across_processes",
-        &[
-            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
-            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
-        ],
+        &[],
         two_communicators_in_flight,
     );
 }
