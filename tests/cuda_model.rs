@@ -3,6 +3,8 @@
 //! path starts with a folder where `libcuda.so.1` and `libcuda.so` are the
 //! model, as the driver would be on a GPU machine.
 
+#[path = "common/children.rs"]
+mod children;
 mod common;
 #[path = "common/driver_model.rs"]
 mod driver_model;
@@ -250,6 +252,12 @@ fn driver_fn<T>(name: &std::ffi::CStr) -> T {
     }
 }
 
+/// How many times the captured all-reduce is replayed.
+const REPLAYS: usize = 100;
+
+/// An ordinary call, the call captured in a graph (relaxed mode) and the
+/// graph replayed [`REPLAYS`] times, each replay into a cleared output
+/// and checked, the graph destroyed, then an ordinary call again.
 fn captured_all_reduce(
     rank: usize,
     comm: ncclComm_t,
@@ -264,9 +272,22 @@ fn captured_all_reduce(
     let instantiate: unsafe extern "C" fn(*mut P, P, u64) -> i32 =
         driver_fn(c"cuGraphInstantiateWithFlags");
     let launch: unsafe extern "C" fn(P, P) -> i32 = driver_fn(c"cuGraphLaunch");
+    let clear: unsafe extern "C" fn(u64, u8, usize, P) -> i32 = driver_fn(c"cuMemsetD8Async");
+    let sync: unsafe extern "C" fn(P) -> i32 = driver_fn(c"cuStreamSynchronize");
+    let destroy_exec: unsafe extern "C" fn(P) -> i32 = driver_fn(c"cuGraphExecDestroy");
+    let destroy_graph: unsafe extern "C" fn(P) -> i32 = driver_fn(c"cuGraphDestroy");
+    let device = cuda();
+    // The capture calls below are the application's own: device 0's
+    // context is current on this thread, as an application makes it.
+    make_current(0);
     let s = stream.cast();
+    let rc = plain_all_reduce(rank, comm, stream, send, recv, count);
+    if rc != ncclSuccess {
+        return rc;
+    }
     let (mut graph, mut exec) = (std::ptr::null_mut(), std::ptr::null_mut());
-    // SAFETY: the model's capture calls on the rank's live stream.
+    // SAFETY: the model's capture and graph calls on the rank's live
+    // stream and its device buffers of `count` floats.
     unsafe {
         assert_eq!(begin(s, 2), 0, "cuStreamBeginCapture (relaxed)");
         let rc = plain_all_reduce(rank, comm, stream, send, recv, count);
@@ -275,25 +296,37 @@ fn captured_all_reduce(
             return rc;
         }
         assert_eq!(instantiate(&mut exec, graph, 0), 0);
-        for _ in 0..10 {
+        for replay in 0..REPLAYS {
+            assert_eq!(clear(recv as u64, 0, count * 4, s), 0, "cuMemsetD8Async");
             assert_eq!(launch(exec, s), 0, "cuGraphLaunch");
+            assert_eq!(
+                sync(s),
+                0,
+                "rank {rank}: replay {replay}: cuStreamSynchronize"
+            );
+            let mut out = vec![0u8; count * 4];
+            device.copy(out.as_mut_ptr(), recv, out.len()).unwrap();
+            for (i, got) in out.chunks(4).enumerate() {
+                let got = f32::from_le_bytes(got.try_into().unwrap());
+                assert_eq!(
+                    got,
+                    (1000 + 2 * i) as f32,
+                    "rank {rank}: replay {replay}: element {i}"
+                );
+            }
         }
+        assert_eq!(destroy_exec(exec), 0);
+        assert_eq!(destroy_graph(graph), 0);
     }
     // An ordinary call after the capture.
     plain_all_reduce(rank, comm, stream, send, recv, count)
 }
 
 #[test]
-#[ignore = "issue 31 defect 1: a collective captured in a CUDA graph (waits on an event recorded outside the capture; host nodes free their argument)"]
-fn defect_1_a_collective_captured_in_a_graph_and_replayed() {
-    over_the_model(
-        "defect_1_a_collective_captured_in_a_graph_and_replayed",
-        &[
-            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
-            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
-        ],
-        || two_ranks_all_reduce(captured_all_reduce),
-    );
+fn a_collective_captured_in_a_graph_and_replayed() {
+    over_the_model("a_collective_captured_in_a_graph_and_replayed", &[], || {
+        two_ranks_all_reduce(captured_all_reduce)
+    });
 }
 
 /// Makes device `ordinal`'s primary context current on this thread
@@ -437,7 +470,20 @@ fn faulting_all_reduce(
         // SAFETY: a live communicator, a writable result.
         unsafe { ncclCommGetAsyncError(comm, &mut async_error) };
         if async_error != ncclSuccess && async_error != ncclInProgress {
-            // And the communicator can be destroyed.
+            // Finalize reports the failure at once, and the
+            // communicator can be destroyed.
+            let finalized = Instant::now();
+            // SAFETY: a live communicator.
+            let rc = unsafe { ncclCommFinalize(comm) };
+            let took = finalized.elapsed();
+            assert_ne!(
+                rc, ncclSuccess,
+                "rank {rank}: ncclCommFinalize after a fault"
+            );
+            assert!(
+                took < Duration::from_secs(5),
+                "rank {rank}: ncclCommFinalize took {took:?}"
+            );
             let destroyed = Instant::now();
             // SAFETY: a live communicator, destroyed once.
             unsafe { ncclCommDestroy(comm) };
@@ -468,11 +514,15 @@ fn two_ranks_fault() {
             entry.handle() as usize
         })
         .collect();
+    // Every rank's buffers and stream are made before the first launch
+    // faults (the fault fails every later call of the context).
+    let ready = &std::sync::Barrier::new(2);
     std::thread::scope(|s| {
         for (rank, &comm) in comms.iter().enumerate() {
             s.spawn(move || {
                 let (send, recv) = (device.alloc(4096).unwrap(), device.alloc(4096).unwrap());
                 let own = device.create_stream().unwrap();
+                ready.wait();
                 faulting_all_reduce(
                     rank,
                     comm as ncclComm_t,
@@ -487,15 +537,10 @@ fn two_ranks_fault() {
 }
 
 #[test]
-#[ignore = "issue 31 defect 8: after a kernel fault the launch's host function never runs: no asynchronous error"]
-fn defect_8_a_kernel_fault_poisons_the_communicator() {
+fn a_kernel_fault_poisons_the_communicator() {
     over_the_model(
-        "defect_8_a_kernel_fault_poisons_the_communicator",
-        &[
-            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
-            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
-            ("RCCL_CUDA_MODEL_FAULT", "rccl_run_work"),
-        ],
+        "a_kernel_fault_poisons_the_communicator",
+        &[("RCCL_CUDA_MODEL_FAULT", "rccl_run_work")],
         two_ranks_fault,
     );
 }
@@ -518,6 +563,158 @@ fn one_driver_library_is_loaded() {
         drivers.dedup();
         assert_eq!(drivers.len(), 1, "driver libraries loaded: {drivers:?}");
     });
+}
+
+/// The two rendezvous ports of [`over_the_model_ranks`]' children.
+const PORTS: &str = "CUDA_MODEL_PORTS";
+
+/// Runs `body` in two child processes on the model (each its own driver,
+/// as processes have), with `RANK` 0 and 1 and two free ports in
+/// [`PORTS`]; each must run it to the end.
+fn over_the_model_ranks(test: &str, env: &[(&str, &str)], body: fn()) {
+    if std::env::var("CUDA_MODEL_CASE").as_deref() == Ok(test) {
+        body();
+        println!("{RAN}");
+        std::process::exit(0);
+    }
+    let folder = driver_folder(test, false);
+    let path = match std::env::var("LD_LIBRARY_PATH") {
+        Ok(p) if !p.is_empty() => format!("{}:{p}", folder.display()),
+        _ => folder.display().to_string(),
+    };
+    let ports = format!("{},{}", children::free_port(), children::free_port());
+    let logs: Vec<PathBuf> = (0..2)
+        .map(|rank| folder.join(format!("rank{rank}.log")))
+        .collect();
+    let mut ranks = children::Ranks(
+        logs.iter()
+            .enumerate()
+            .map(|(rank, log)| {
+                let log = std::fs::File::create(log).unwrap();
+                Command::new(std::env::current_exe().unwrap())
+                    .args([test, "--exact", "--nocapture", "--include-ignored"])
+                    .env("CUDA_MODEL_CASE", test)
+                    .env("RCCL_DEVICE", "cuda")
+                    .env("LD_LIBRARY_PATH", &path)
+                    .env("RCCL_CUDA_MODEL_DEADLINE_MS", "10000")
+                    .env("RANK", rank.to_string())
+                    .env(PORTS, &ports)
+                    .envs(env.iter().copied())
+                    .stdout(log.try_clone().unwrap())
+                    .stderr(log)
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
+    let ok = ranks.wait_all(Duration::from_secs(60));
+    let text: Vec<String> = logs
+        .iter()
+        .map(|log| std::fs::read_to_string(log).unwrap_or_default())
+        .collect();
+    let _ = std::fs::remove_dir_all(&folder);
+    for (rank, text) in text.iter().enumerate() {
+        assert!(
+            ok[rank] && text.contains(RAN),
+            "{test}, rank {rank} over the CUDA driver model:\n{text}"
+        );
+    }
+}
+
+/// Two communicators of the same two processes, on device memory between
+/// processes that do not share it (`NCCL_P2P_DISABLE`: the host executor
+/// over host copies): rank 0 enqueues its all-reduce on communicator 0
+/// first, rank 1 on communicator 1 first, each on a stream of its own.
+/// The model runs the host functions of a process one at a time, as CUDA
+/// may: a host function that waited for its peers would hold up the other
+/// communicator's, which the peer waits for.
+fn two_communicators_in_flight() {
+    let device = cuda();
+    let rank: usize = std::env::var("RANK").unwrap().parse().unwrap();
+    let config = rccl::Config {
+        p2p_disable: true,
+        timeout: Duration::from_secs(5),
+        ..test_config()
+    };
+    let comms: Vec<ncclComm_t> = std::env::var(PORTS)
+        .unwrap()
+        .split(',')
+        .map(|port| {
+            let id = rccl::UniqueId::from_address(&format!("127.0.0.1:{port}")).unwrap();
+            if rank == 0 {
+                id.serve_root().unwrap();
+            }
+            let comm = Communicator::init_rank_config(2, &id, rank, config.clone()).unwrap();
+            let entry = Entry::new(Slot::Ready(comm), true, 0, None);
+            registry::insert(entry.clone());
+            entry.handle()
+        })
+        .collect();
+    let count = 1024;
+    let values: Vec<u8> = (0..count)
+        .flat_map(|i| ((rank * 1000 + i) as f32).to_le_bytes())
+        .collect();
+    let calls: Vec<_> = comms
+        .iter()
+        .map(|_| {
+            let send = device.alloc(values.len()).unwrap();
+            let recv = device.alloc(values.len()).unwrap();
+            // SAFETY: both ranges hold the values' bytes.
+            unsafe { device.copy(send, values.as_ptr(), values.len()) }.unwrap();
+            (send, recv, device.create_stream().unwrap())
+        })
+        .collect();
+    let order: Vec<usize> = if rank == 0 { vec![0, 1] } else { vec![1, 0] };
+    for (n, &c) in order.iter().enumerate() {
+        if n > 0 {
+            // The first call's host function runs by now.
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let (send, recv, stream) = &calls[c];
+        let rc = plain_all_reduce(
+            rank,
+            comms[c],
+            stream.raw() as cudaStream_t,
+            *send,
+            *recv,
+            count,
+        );
+        assert_eq!(rc, ncclSuccess, "rank {rank}: {}", last_error(comms[c]));
+    }
+    for (c, (_, recv, stream)) in calls.iter().enumerate() {
+        stream
+            .synchronize(Instant::now() + Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("rank {rank}, communicator {c}: {e}"));
+        let mut async_error = ncclSuccess;
+        // SAFETY: a live communicator, a writable result.
+        unsafe { ncclCommGetAsyncError(comms[c], &mut async_error) };
+        assert_eq!(
+            async_error,
+            ncclSuccess,
+            "rank {rank}: {}",
+            last_error(comms[c])
+        );
+        let mut out = vec![0u8; values.len()];
+        // SAFETY: both ranges hold the values' bytes.
+        unsafe { device.copy(out.as_mut_ptr(), *recv, out.len()) }.unwrap();
+        for (i, got) in out.chunks(4).enumerate() {
+            let got = f32::from_le_bytes(got.try_into().unwrap());
+            assert_eq!(
+                got,
+                (1000 + 2 * i) as f32,
+                "rank {rank}, communicator {c}: element {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn two_communicators_over_host_copies_in_flight_across_processes() {
+    over_the_model_ranks(
+        "two_communicators_over_host_copies_in_flight_across_processes",
+        &[],
+        two_communicators_in_flight,
+    );
 }
 
 /// Rank 0 of two calls an all-reduce that rank 1 never joins, so that its

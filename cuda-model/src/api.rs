@@ -10,15 +10,16 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{
     CUcontext, CUdevice, CUdevice_attribute as Attr, CUdeviceptr, CUevent, CUfunction, CUgraph,
-    CUgraphExec, CUhostFn, CUmodule, CUpointer_attribute as Ptr, CUresult, CUstream,
+    CUgraphExec, CUhostFn, CUmodule, CUpointer_attribute as Ptr, CUresult, CUstream, CUuserObject,
 };
 
 use crate::exec::{self, Kernel, Work, IN_HOST_FUNCTION, KERNELS};
 use crate::state::{
-    current_dev, lock, wait_until, with_stack, Capture, EventState, Function, Graph, Kind, Module,
-    State, CONTEXT_BASE, EVENT_BASE, EXEC_BASE, FUNCTION_BASE, GRAPH_BASE, MODULE_BASE,
-    STREAM_BASE,
+    current_dev, lock, wait_until, with_stack, Capture, EventState, Exec, Function, Graph, Kind,
+    Module, State, CONTEXT_BASE, EVENT_BASE, EXEC_BASE, FUNCTION_BASE, GRAPH_BASE, MODULE_BASE,
+    STREAM_BASE, USER_OBJECT_BASE,
 };
+use crate::user::{self, UserObject};
 use crate::{entry, Res};
 
 use CUresult::*;
@@ -1078,7 +1079,7 @@ pub extern "C" fn cuStreamWaitEvent(stream: CUstream, ev: CUevent, flags: c_uint
                 st.invalidate(Some(c));
                 Err(CUDA_ERROR_STREAM_CAPTURE_ISOLATION)
             }
-            (None, Some(c)) => st.capture_node(c, s, Work::Empty),
+            (None, Some(c)) => st.capture_node(c, s, Work::WaitEvent(e)),
             (None, None) => {
                 let after = st.events[&e].target;
                 st.enqueue(s, Work::Empty, after).map(drop)
@@ -1104,6 +1105,7 @@ pub extern "C" fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_uint) -> CUr
             return Err(CUDA_ERROR_ILLEGAL_STATE);
         }
         let id = st.handle(0);
+        let graph = st.handle(GRAPH_BASE);
         st.captures.insert(
             id,
             Capture {
@@ -1114,6 +1116,8 @@ pub extern "C" fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_uint) -> CUr
                 tails: [(s, Vec::new())].into(),
                 invalid: false,
                 allocs: Vec::new(),
+                graph,
+                refs: Default::default(),
             },
         );
         st.streams.get_mut(&s).expect("checked").capture = Some(id);
@@ -1153,27 +1157,28 @@ pub extern "C" fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> C
             }
         }
         let dev = st.streams[&s].dev;
-        if capture.invalid {
-            for p in capture.allocs {
-                exec::release(&mut st, p);
-            }
-            return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-        }
         let joined = ancestors(&capture.nodes, &capture.tails[&s]);
         let unjoined = capture.tails.values().flatten().any(|&n| !joined[n]);
-        if unjoined {
+        if capture.invalid || unjoined {
+            // The graph goes, and what it owned with it.
             for p in capture.allocs {
                 exec::release(&mut st, p);
             }
-            return Err(CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+            user::release(&mut st.user_objects, &capture.refs);
+            return Err(if capture.invalid {
+                CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+            } else {
+                CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+            });
         }
-        let id = st.handle(GRAPH_BASE);
+        let id = capture.graph;
         st.graphs.insert(
             id,
             Graph {
                 dev,
                 nodes: Arc::new(capture.nodes),
                 allocs: capture.allocs,
+                refs: capture.refs,
             },
         );
         out(graph, id as usize as CUgraph)
@@ -1211,9 +1216,11 @@ pub extern "C" fn cuGraphInstantiateWithFlags(
             .graphs
             .get(&(graph as u64))
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let value = (g.dev, g.nodes.clone());
+        let (dev, nodes, refs) = (g.dev, g.nodes.clone(), g.refs.clone());
+        // The executable shares the graph's user object references.
+        let hold = user::hold(&mut st.user_objects, &refs);
         let id = st.handle(EXEC_BASE);
-        st.execs.insert(id, value);
+        st.execs.insert(id, Exec { dev, nodes, hold });
         out(exec, id as usize as CUgraphExec)
     })
 }
@@ -1223,10 +1230,10 @@ pub extern "C" fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult
     call(|| {
         let mut st = lock();
         let s = st.stream(stream as u64)?;
-        let (dev, nodes) = st
+        let (dev, nodes, hold) = st
             .execs
             .get(&(exec as u64))
-            .cloned()
+            .map(|e| (e.dev, e.nodes.clone(), e.hold.clone()))
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if dev != st.streams[&s].dev {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -1234,7 +1241,8 @@ pub extern "C" fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult
         if st.capturing(s).is_some() {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
-        st.enqueue(s, Work::Graph(nodes), None).map(drop)
+        st.enqueue(s, Work::Graph { nodes, _hold: hold }, None)
+            .map(drop)
     })
 }
 
@@ -1260,7 +1268,247 @@ pub extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
         for p in g.allocs {
             exec::release(&mut st, p);
         }
+        user::release(&mut st.user_objects, &g.refs);
         Ok(())
+    })
+}
+
+/// A reference count argument: nonzero and at most `INT_MAX`.
+fn ref_count(count: c_uint) -> Res<u32> {
+    if count == 0 || count > i32::MAX as c_uint {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(count)
+}
+
+/// `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`, the flag `cuUserObjectCreate`
+/// requires.
+const NO_DESTRUCTOR_SYNC: c_uint = 1;
+/// `CU_GRAPH_USER_OBJECT_MOVE`.
+const USER_OBJECT_MOVE: c_uint = 1;
+
+#[no_mangle]
+pub extern "C" fn cuUserObjectCreate(
+    object: *mut CUuserObject,
+    ptr: *mut c_void,
+    destroy: CUhostFn,
+    initial: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    call(|| {
+        let mut st = lock();
+        st.initialized()?;
+        let count = ref_count(initial)?;
+        let destroy = destroy.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if flags != NO_DESTRUCTOR_SYNC || object.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let id = st.handle(USER_OBJECT_BASE);
+        st.user_objects.insert(
+            id,
+            UserObject {
+                destroy,
+                ptr: ptr as usize,
+                refs: count.into(),
+                caller: count.into(),
+            },
+        );
+        out(object, id as usize as CUuserObject)
+    })
+}
+
+/// The user object `object`, whose caller must own `count` references
+/// (using more is undefined behaviour: the model refuses it).
+fn owned_by_caller(st: &mut State, object: CUuserObject, count: u32) -> Res<&mut UserObject> {
+    let o = st
+        .user_objects
+        .get_mut(&(object as u64))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if o.caller < u64::from(count) {
+        crate::report(format_args!(
+            "{count} references of user object {:#x} given up, of which the caller owns {} \
+             (undefined behaviour)",
+            object as u64, o.caller
+        ));
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(o)
+}
+
+#[no_mangle]
+pub extern "C" fn cuUserObjectRetain(object: CUuserObject, count: c_uint) -> CUresult {
+    call(|| {
+        let mut st = lock();
+        st.initialized()?;
+        let count = u64::from(ref_count(count)?);
+        let o = owned_by_caller(&mut st, object, 0)?;
+        o.refs += count;
+        o.caller += count;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuUserObjectRelease(object: CUuserObject, count: c_uint) -> CUresult {
+    call(|| {
+        let mut st = lock();
+        st.initialized()?;
+        let count = ref_count(count)?;
+        owned_by_caller(&mut st, object, count)?.caller -= u64::from(count);
+        user::release(&mut st.user_objects, &[(object as u64, count)].into());
+        Ok(())
+    })
+}
+
+/// The user object references of graph `graph`: a graph's, or those of
+/// the graph a capture builds.
+fn graph_refs(st: &mut State, graph: CUgraph) -> Res<&mut user::Refs> {
+    let id = graph as u64;
+    if let Some(g) = st.graphs.get_mut(&id) {
+        return Ok(&mut g.refs);
+    }
+    st.captures
+        .values_mut()
+        .find(|c| c.graph == id)
+        .map(|c| &mut c.refs)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphRetainUserObject(
+    graph: CUgraph,
+    object: CUuserObject,
+    count: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    call(|| {
+        let mut st = lock();
+        st.initialized()?;
+        let count = ref_count(count)?;
+        if flags & !USER_OBJECT_MOVE != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        graph_refs(&mut st, graph)?;
+        let moved = if flags & USER_OBJECT_MOVE != 0 {
+            count
+        } else {
+            0
+        };
+        let o = owned_by_caller(&mut st, object, moved)?;
+        o.caller -= u64::from(moved);
+        o.refs += u64::from(count - moved);
+        user::add(graph_refs(&mut st, graph)?, object as u64, count);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphReleaseUserObject(
+    graph: CUgraph,
+    object: CUuserObject,
+    count: c_uint,
+) -> CUresult {
+    call(|| {
+        let mut st = lock();
+        st.initialized()?;
+        let count = ref_count(count)?;
+        let refs = graph_refs(&mut st, graph)?;
+        match refs.get_mut(&(object as u64)) {
+            Some(held) if *held >= count => *held -= count,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        refs.retain(|_, held| *held > 0);
+        user::release(&mut st.user_objects, &[(object as u64, count)].into());
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamGetCaptureInfo_v3(
+    stream: CUstream,
+    status: *mut c_uint,
+    id: *mut u64,
+    graph: *mut CUgraph,
+    dependencies: *mut *const c_void,
+    edge_data: *mut *const c_void,
+    count: *mut usize,
+) -> CUresult {
+    call(|| {
+        let st = lock();
+        let s = st.stream(stream as u64)?;
+        if status.is_null() || (!edge_data.is_null() && dependencies.is_null()) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if !dependencies.is_null() {
+            crate::report(format_args!(
+                "cuStreamGetCaptureInfo: the capture's nodes are not modeled"
+            ));
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let dev = st.streams[&s].dev;
+        let implicit = st.streams[&s].legacy
+            && st
+                .streams
+                .values()
+                .any(|o| o.dev == dev && o.blocking && !o.legacy && o.capture.is_some());
+        if implicit {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+        }
+        let Some(c) = st.capturing(s) else {
+            return out(status, 0);
+        };
+        let capture = &st.captures[&c];
+        if capture.invalid {
+            return out(status, 2);
+        }
+        out(status, 1)?;
+        if !id.is_null() {
+            out(id, c)?;
+        }
+        if !graph.is_null() {
+            out(graph, capture.graph as usize as CUgraph)?;
+        }
+        if !count.is_null() {
+            out(count, capture.tails.get(&s).map_or(0, Vec::len))?;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamWaitValue32_v2(
+    stream: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: c_uint,
+) -> CUresult {
+    call(|| {
+        let mut st = lock();
+        let dev = st.current()?;
+        let s = st.stream(stream as u64)?;
+        if flags & !(exec::WAIT_CONDITIONS | exec::WAIT_FLUSH) != 0 || !addr.is_multiple_of(4) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if flags & exec::WAIT_FLUSH != 0 {
+            // CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES is 0 here.
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        // Memory the device reaches: its own, or mapped pinned memory.
+        let reached = match st.find(addr, 4) {
+            Some((_, a)) => match a.kind {
+                Kind::Device => a.dev == dev || st.config().peer_access,
+                Kind::PinnedHost { flags } => flags & 0x2 != 0,
+            },
+            None => false,
+        };
+        if !reached {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let work = Work::WaitValue { addr, value, flags };
+        match st.capturing(s) {
+            Some(c) => st.capture_node(c, s, work),
+            None => st.enqueue(s, work, None).map(drop),
+        }
     })
 }
 

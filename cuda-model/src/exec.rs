@@ -77,7 +77,21 @@ pub(crate) enum Work {
     },
     Record(u64),
     Free(u64),
-    Graph(Arc<Vec<Node>>),
+    /// A launch of an executable graph, holding its user objects.
+    Graph {
+        nodes: Arc<Vec<Node>>,
+        _hold: Arc<crate::user::Hold>,
+    },
+    /// An external event wait node (`CU_EVENT_WAIT_EXTERNAL` in a
+    /// capture): waits for the event's last record when the node runs.
+    WaitEvent(u64),
+    /// `cuStreamWaitValue32`: waits until the 32-bit word at `addr`
+    /// meets the condition of `flags` against `value`.
+    WaitValue {
+        addr: u64,
+        value: u32,
+        flags: u32,
+    },
     /// Ordering only (an event wait).
     Empty,
     /// A pause of the stream (`RCCL_CUDA_MODEL_LATE_MS`).
@@ -128,13 +142,42 @@ pub(crate) fn run(work: &Work, dev: usize) -> Res<()> {
             Ok(())
         }
         &Work::Host { f, arg } => {
+            // One host function of the context at a time: CUDA may run
+            // those of independent streams one after another.
+            let mut st = lock();
+            wait_until(
+                &mut st,
+                || {
+                    format!(
+                        "a host function on device {dev} waits for another host function of the \
+                         context to return (CUDA may run them one at a time)"
+                    )
+                },
+                |s| !s.devices[dev].host_busy,
+            )?;
+            st.devices[dev].host_busy = true;
+            drop(st);
             IN_HOST_FUNCTION.with(|h| h.set(true));
             // SAFETY: the program's host function with the argument it
             // gave, as the driver calls it.
             unsafe { f(arg as *mut c_void) };
             IN_HOST_FUNCTION.with(|h| h.set(false));
+            lock().devices[dev].host_busy = false;
+            notify();
             Ok(())
         }
+        &Work::WaitEvent(event) => {
+            let mut st = lock();
+            let Some((stream, seq)) = st.events.get(&event).and_then(|e| e.target) else {
+                return Ok(());
+            };
+            wait_until(
+                &mut st,
+                || format!("an external event wait node on device {dev}"),
+                |s| s.reached(stream, seq) || s.devices[dev].sticky.is_some(),
+            )
+        }
+        &Work::WaitValue { addr, value, flags } => wait_value(addr, value, flags, dev),
         &Work::Record(event) => {
             if let Some(e) = lock().events.get_mut(&event) {
                 e.time = Some(std::time::Instant::now());
@@ -145,12 +188,57 @@ pub(crate) fn run(work: &Work, dev: usize) -> Res<()> {
             release(&mut lock(), ptr);
             Ok(())
         }
-        Work::Graph(nodes) => run_graph(nodes, dev),
+        Work::Graph { nodes, .. } => run_graph(nodes, dev),
         Work::Empty => Ok(()),
         &Work::Pause(d) => {
             std::thread::sleep(d);
             Ok(())
         }
+    }
+}
+
+/// `CU_STREAM_WAIT_VALUE_GEQ`, `_EQ`, `_AND`, `_NOR`.
+pub(crate) const WAIT_CONDITIONS: u32 = 3;
+/// `CU_STREAM_WAIT_VALUE_FLUSH`.
+pub(crate) const WAIT_FLUSH: u32 = 1 << 30;
+
+/// Whether `word` meets `cuStreamWaitValue32`'s condition.
+fn wait_met(word: u32, value: u32, flags: u32) -> bool {
+    match flags & WAIT_CONDITIONS {
+        0 => (word.wrapping_sub(value) as i32) >= 0,
+        1 => word == value,
+        2 => word & value != 0,
+        _ => !(word | value) != 0,
+    }
+}
+
+/// Polls the word at `addr` (written by the host or a kernel, which do
+/// not tell the model) until it meets the condition; past the deadline,
+/// reports the hang.
+fn wait_value(addr: u64, value: u32, flags: u32, dev: usize) -> Res<()> {
+    let deadline = std::time::Instant::now() + lock().config().deadline;
+    loop {
+        // SAFETY: the call checked that the word lies in memory the
+        // device reaches, which the program keeps while the wait runs.
+        let word = unsafe {
+            (*(addr as *const std::sync::atomic::AtomicU32))
+                .load(std::sync::atomic::Ordering::Acquire)
+        };
+        if wait_met(word, value, flags) {
+            return Ok(());
+        }
+        if lock().devices[dev].sticky.is_some() {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            report(format_args!(
+                "cuStreamWaitValue32 on device {dev} still waits for the word at {addr:#x} (now \
+                 {word}) to meet condition {} against {value}: on a GPU this hangs",
+                flags & WAIT_CONDITIONS
+            ));
+            return Err(CUresult::CUDA_ERROR_LAUNCH_TIMEOUT);
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
     }
 }
 

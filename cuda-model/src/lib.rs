@@ -38,6 +38,7 @@
 mod api;
 mod exec;
 mod state;
+mod user;
 mod vmm;
 
 use cudarc::driver::sys::CUresult;

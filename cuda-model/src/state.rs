@@ -13,6 +13,7 @@ use cudarc::driver::sys::CUresult;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::exec::{self, Node, Work};
+use crate::user::{Hold, Refs, UserObject};
 use crate::{report, Res};
 
 /// The switches of the crate's documentation.
@@ -68,6 +69,9 @@ pub(crate) struct DeviceState {
     pub kernels: BTreeSet<u64>,
     /// The legacy default stream's id.
     pub legacy: u64,
+    /// A host function of the context runs now: the model runs them one
+    /// at a time, as CUDA may.
+    pub host_busy: bool,
 }
 
 /// What an allocation is.
@@ -138,12 +142,25 @@ pub(crate) struct Capture {
     pub invalid: bool,
     /// Memory of `cuMemAllocAsync` in the capture, owned by its graph.
     pub allocs: Vec<u64>,
+    /// The handle the graph will have (`cuStreamGetCaptureInfo`).
+    pub graph: u64,
+    /// User object references retained by the graph being captured.
+    pub refs: Refs,
 }
 
 pub(crate) struct Graph {
     pub dev: usize,
     pub nodes: std::sync::Arc<Vec<Node>>,
     pub allocs: Vec<u64>,
+    pub refs: Refs,
+}
+
+/// An executable graph: its graph's nodes, device and user object
+/// references.
+pub(crate) struct Exec {
+    pub dev: usize,
+    pub nodes: std::sync::Arc<Vec<Node>>,
+    pub hold: std::sync::Arc<Hold>,
 }
 
 pub(crate) struct Module {
@@ -166,8 +183,8 @@ pub(crate) struct State {
     pub modules: HashMap<u64, Module>,
     pub functions: HashMap<u64, Function>,
     pub graphs: HashMap<u64, Graph>,
-    /// Instantiated graphs: their graph's nodes, device and owner.
-    pub execs: HashMap<u64, (usize, std::sync::Arc<Vec<Node>>)>,
+    pub execs: HashMap<u64, Exec>,
+    pub user_objects: HashMap<u64, UserObject>,
     /// Launches so far, per kernel name (fault injection counts them).
     pub launches: HashMap<&'static str, u64>,
     pub vmm: crate::vmm::Vmm,
@@ -199,6 +216,7 @@ pub(crate) const MODULE_BASE: u64 = 0x30_0000;
 pub(crate) const FUNCTION_BASE: u64 = 0xf0_0000;
 pub(crate) const GRAPH_BASE: u64 = 0x60_0000;
 pub(crate) const EXEC_BASE: u64 = 0x70_0000;
+pub(crate) const USER_OBJECT_BASE: u64 = 0x80_0000;
 
 pub(crate) fn lock() -> MutexGuard<'static, State> {
     MODEL.state.lock()
@@ -381,7 +399,7 @@ impl State {
                 self.streams[&self.devices[dev].legacy].enqueued,
             ));
         }
-        let kernel = matches!(work, Work::Kernel(_) | Work::Graph(_));
+        let kernel = matches!(work, Work::Kernel(_) | Work::Graph { .. });
         let launch = kernel.then(|| self.handle(0));
         if let Some(k) = launch {
             self.devices[dev].kernels.insert(k);

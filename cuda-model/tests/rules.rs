@@ -80,6 +80,13 @@ api! {
     cuStreamEndCapture: fn(P, *mut P);
     cuGraphInstantiateWithFlags: fn(*mut P, P, u64);
     cuGraphLaunch: fn(P, P);
+    cuGraphExecDestroy: fn(P);
+    cuGraphDestroy: fn(P);
+    cuUserObjectCreate: fn(*mut P, P, HostFn, u32, u32);
+    cuUserObjectRelease: fn(P, u32);
+    cuGraphRetainUserObject: fn(P, P, u32, u32);
+    cuStreamGetCaptureInfo_v3: fn(P, *mut u32, *mut u64, *mut P, *mut P, *mut P, *mut usize);
+    cuStreamWaitValue32_v2: fn(P, u64, u32, u32);
     cuModuleLoadData: fn(*mut P, *const c_void);
     cuModuleGetFunction: fn(*mut P, P, *const c_char);
     cuLaunchKernel: fn(P, u32, u32, u32, u32, u32, u32, u32, P, *mut P, *mut P);
@@ -110,6 +117,7 @@ const NOT_PERMITTED: i32 = 800;
 const CAPTURE_UNSUPPORTED: i32 = 900;
 const CAPTURE_INVALIDATED: i32 = 901;
 const CAPTURE_ISOLATION: i32 = 905;
+const CAPTURE_IMPLICIT: i32 = 906;
 const CAPTURED_EVENT: i32 = 907;
 const NOT_SUPPORTED: i32 = 801;
 
@@ -1171,6 +1179,93 @@ fn vmm_memory_is_inaccessible_until_access_is_set() {
             let other = alloc(64);
             k.copy(ptr, other, 64, s);
             fails!(ILLEGAL_ADDRESS, (cu().cuStreamSynchronize)(s));
+unsafe extern "C" fn destroyed(arg: P) {
+    // SAFETY: a leaked counter.
+    let count = unsafe { &*(arg as *const AtomicU32) };
+    // A destructor may not call the driver either.
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: the model's entry point with a valid out-pointer.
+    let answer = unsafe { (cu().cuCtxGetCurrent)(&mut ctx) };
+    count.fetch_add(
+        if answer == NOT_PERMITTED { 1 } else { 100 },
+        Ordering::Release,
+    );
+}
+
+/// Waits (boundedly) until `count` reads `want`.
+fn reaches(count: &AtomicU32, want: u32) -> bool {
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while count.load(Ordering::Acquire) != want && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    count.load(Ordering::Acquire) == want
+}
+
+#[test]
+fn a_user_object_lives_until_its_graph_and_executables_are_gone() {
+    isolated(
+        "a_user_object_lives_until_its_graph_and_executables_are_gone",
+        &[],
+        || {
+            context(0);
+            let count: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(0)));
+            let arg = count as *const AtomicU32 as P;
+            let mut object = std::ptr::null_mut();
+            // CU_USER_OBJECT_NO_DESTRUCTOR_SYNC is required; a count too.
+            fails!(
+                INVALID_VALUE,
+                (cu().cuUserObjectCreate)(&mut object, arg, destroyed, 1, 0)
+            );
+            fails!(
+                INVALID_VALUE,
+                (cu().cuUserObjectCreate)(&mut object, arg, destroyed, 0, 1)
+            );
+            ok!((cu().cuUserObjectCreate)(&mut object, arg, destroyed, 1, 1));
+            let s = stream(NON_BLOCKING);
+            ok!((cu().cuStreamBeginCapture_v2)(s, 2));
+            let (mut status, mut capturing) = (0u32, std::ptr::null_mut());
+            let none: P = std::ptr::null_mut();
+            ok!((cu().cuStreamGetCaptureInfo_v3)(
+                s,
+                &mut status,
+                none.cast(),
+                &mut capturing,
+                none.cast(),
+                none.cast(),
+                none.cast()
+            ));
+            assert_eq!(status, 1, "CU_STREAM_CAPTURE_STATUS_ACTIVE");
+            // Moving more references than the caller owns is refused.
+            fails!(
+                INVALID_VALUE,
+                (cu().cuGraphRetainUserObject)(capturing, object, 2, 1)
+            );
+            ok!((cu().cuGraphRetainUserObject)(capturing, object, 1, 1));
+            fails!(INVALID_VALUE, (cu().cuUserObjectRelease)(object, 1));
+            ok!((cu().cuLaunchHostFunc)(s, count_call, arg));
+            let mut graph = std::ptr::null_mut();
+            ok!((cu().cuStreamEndCapture)(s, &mut graph));
+            assert_eq!(graph, capturing, "the graph the capture info named");
+            let mut exec = std::ptr::null_mut();
+            ok!((cu().cuGraphInstantiateWithFlags)(&mut exec, graph, 0));
+            ok!((cu().cuGraphDestroy)(graph));
+            // The executable keeps the object.
+            ok!((cu().cuGraphLaunch)(exec, s));
+            ok!((cu().cuStreamSynchronize)(s));
+            std::thread::sleep(Duration::from_millis(50));
+            assert_eq!(
+                count.load(Ordering::Acquire),
+                1,
+                "the host node ran once, no destructor"
+            );
+            ok!((cu().cuGraphExecDestroy)(exec));
+            // The destructor runs once, on the driver's thread, where it
+            // may not call the driver.
+            assert!(
+                reaches(count, 2),
+                "destructor: {}",
+                count.load(Ordering::Acquire)
+            );
         },
     );
 }
@@ -1243,6 +1338,52 @@ fn vmm_memory_released_while_mapped_lives_until_unmapped() {
             );
             fails!(INVALID_VALUE, (cu().cuMemMap)(ptr, g, 0, handle, 0));
             ok!((cu().cuMemAddressFree)(ptr, g));
+fn capture_info_answers_and_refuses_as_documented() {
+    isolated(
+        "capture_info_answers_and_refuses_as_documented",
+        &[],
+        || {
+            context(0);
+            let none: P = std::ptr::null_mut();
+            let info = |s: P, status: &mut u32, id: &mut u64| {
+                // SAFETY: the model's entry point with valid out-pointers.
+                unsafe {
+                    (cu().cuStreamGetCaptureInfo_v3)(
+                        s,
+                        status,
+                        id,
+                        none.cast(),
+                        none.cast(),
+                        none.cast(),
+                        none.cast(),
+                    )
+                }
+            };
+            let (mut status, mut id) = (9u32, 0u64);
+            let s = stream(0);
+            assert_eq!(info(s, &mut status, &mut id), SUCCESS);
+            assert_eq!(status, 0, "CU_STREAM_CAPTURE_STATUS_NONE");
+            ok!((cu().cuStreamBeginCapture_v2)(s, 2));
+            assert_eq!(info(s, &mut status, &mut id), SUCCESS);
+            assert_eq!(status, 1);
+            // The legacy stream while a blocking stream captures.
+            assert_eq!(info(none, &mut status, &mut id), CAPTURE_IMPLICIT);
+            // The status is required.
+            // SAFETY: the model's entry point; the status pointer is null.
+            let answer = unsafe {
+                (cu().cuStreamGetCaptureInfo_v3)(
+                    s,
+                    none.cast(),
+                    none.cast(),
+                    none.cast(),
+                    none.cast(),
+                    none.cast(),
+                    none.cast(),
+                )
+            };
+            assert_eq!(answer, INVALID_VALUE);
+            let mut graph = std::ptr::null_mut();
+            ok!((cu().cuStreamEndCapture)(s, &mut graph));
         },
     );
 }
@@ -1362,5 +1503,108 @@ fn a_dma_buf_of_vmm_memory_starts_at_the_range() {
             bytes
         };
         assert_eq!(bytes, b"dma-buf");
+#[test]
+fn an_external_event_wait_node_waits_for_the_events_record_on_each_launch() {
+    isolated(
+        "an_external_event_wait_node_waits_for_the_events_record_on_each_launch",
+        &[],
+        || {
+            context(0);
+            let (s, other) = (stream(NON_BLOCKING), stream(NON_BLOCKING));
+            let mut outside = std::ptr::null_mut();
+            ok!((cu().cuEventCreate)(&mut outside, 0));
+            let buf = alloc(4);
+            ok!((cu().cuStreamBeginCapture_v2)(s, 0));
+            ok!((cu().cuStreamWaitEvent)(s, outside, 1));
+            ok!((cu().cuMemsetD8Async)(buf, 7, 4, s));
+            let mut graph = std::ptr::null_mut();
+            ok!((cu().cuStreamEndCapture)(s, &mut graph));
+            let mut exec = std::ptr::null_mut();
+            ok!((cu().cuGraphInstantiateWithFlags)(&mut exec, graph, 0));
+            let gate: &'static Gate = Box::leak(Box::new(Gate(AtomicBool::new(false))));
+            ok!((cu().cuLaunchHostFunc)(
+                other,
+                wait_gate,
+                gate as *const Gate as P
+            ));
+            ok!((cu().cuEventRecord)(outside, other));
+            ok!((cu().cuGraphLaunch)(exec, s));
+            std::thread::sleep(Duration::from_millis(100));
+            fails!(NOT_READY, (cu().cuStreamQuery)(s));
+            gate.0.store(true, Ordering::Release);
+            ok!((cu().cuStreamSynchronize)(s));
+            assert_eq!(read(buf, 4), vec![7; 4]);
+        },
+    );
+}
+
+#[test]
+fn a_stream_waits_for_a_mapped_word() {
+    isolated("a_stream_waits_for_a_mapped_word", &[], || {
+        context(0);
+        let s = stream(NON_BLOCKING);
+        let mut word = std::ptr::null_mut();
+        ok!((cu().cuMemHostAlloc)(&mut word, 4, DEVICEMAP));
+        // SAFETY: a pinned word.
+        let flag = unsafe { AtomicU32::from_ptr(word.cast()) };
+        flag.store(0, Ordering::Release);
+        let page = [0u32; 2];
+        // Pageable memory and an unaligned address are refused.
+        fails!(
+            INVALID_VALUE,
+            (cu().cuStreamWaitValue32_v2)(s, page.as_ptr() as u64, 1, 1)
+        );
+        fails!(
+            INVALID_VALUE,
+            (cu().cuStreamWaitValue32_v2)(s, word as u64 + 1, 1, 1)
+        );
+        let buf = alloc(4);
+        ok!((cu().cuStreamWaitValue32_v2)(s, word as u64, 1, 1)); // CU_STREAM_WAIT_VALUE_EQ
+        ok!((cu().cuMemsetD8Async)(buf, 3, 4, s));
+        std::thread::sleep(Duration::from_millis(100));
+        fails!(NOT_READY, (cu().cuStreamQuery)(s));
+        flag.store(1, Ordering::Release);
+        ok!((cu().cuStreamSynchronize)(s));
+        assert_eq!(read(buf, 4), vec![3; 4]);
+        // Captured: each launch waits.
+        flag.store(0, Ordering::Release);
+        ok!((cu().cuStreamBeginCapture_v2)(s, 0));
+        ok!((cu().cuStreamWaitValue32_v2)(s, word as u64, 1, 0)); // CU_STREAM_WAIT_VALUE_GEQ
+        let mut graph = std::ptr::null_mut();
+        ok!((cu().cuStreamEndCapture)(s, &mut graph));
+        let mut exec = std::ptr::null_mut();
+        ok!((cu().cuGraphInstantiateWithFlags)(&mut exec, graph, 0));
+        ok!((cu().cuGraphLaunch)(exec, s));
+        std::thread::sleep(Duration::from_millis(100));
+        fails!(NOT_READY, (cu().cuStreamQuery)(s));
+        flag.store(2, Ordering::Release);
+        ok!((cu().cuStreamSynchronize)(s));
+    });
+}
+
+#[test]
+fn host_functions_of_a_context_run_one_at_a_time() {
+    isolated("host_functions_of_a_context_run_one_at_a_time", &[], || {
+        context(0);
+        let (a, b) = (stream(NON_BLOCKING), stream(NON_BLOCKING));
+        let gate: &'static Gate = Box::leak(Box::new(Gate(AtomicBool::new(false))));
+        let calls: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(0)));
+        ok!((cu().cuLaunchHostFunc)(
+            a,
+            wait_gate,
+            gate as *const Gate as P
+        ));
+        std::thread::sleep(Duration::from_millis(50));
+        ok!((cu().cuLaunchHostFunc)(
+            b,
+            count_call,
+            calls as *const AtomicU32 as P
+        ));
+        // Another stream's host function waits while one runs.
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(calls.load(Ordering::Acquire), 0);
+        gate.0.store(true, Ordering::Release);
+        ok!((cu().cuStreamSynchronize)(b));
+        assert_eq!(calls.load(Ordering::Acquire), 1);
     });
 }

@@ -10,10 +10,11 @@ use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
 use std::sync::OnceLock;
 
 use cudarc::driver::sys::{
-    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction, CUhostFn,
-    CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationHandleType,
-    CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemRangeHandleType, CUmodule,
-    CUpointer_attribute, CUresult, CUstream,
+    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction, CUgraph,
+    CUgraphEdgeData, CUgraphNode, CUhostFn, CUmemAccessDesc, CUmemAllocationGranularity_flags,
+    CUmemAllocationHandleType, CUmemAllocationProp, CUmemGenericAllocationHandle,
+    CUmemRangeHandleType, CUmodule, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureStatus,
+    CUuserObject,
 };
 
 /// The driver library's handle, once opened.
@@ -166,6 +167,25 @@ entry_points! {
     cuStreamQuery(stream: CUstream);
     cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint);
     cuLaunchHostFunc(stream: CUstream, function: CUhostFn, data: *mut c_void);
+    cuStreamWaitValue32_v2(stream: CUstream, address: CUdeviceptr, value: u32, flags: c_uint);
+    cuStreamGetCaptureInfo_v3(
+        stream: CUstream,
+        status: *mut CUstreamCaptureStatus,
+        id: *mut c_ulonglong,
+        graph: *mut CUgraph,
+        dependencies: *mut *const CUgraphNode,
+        edge_data: *mut *const CUgraphEdgeData,
+        count: *mut usize,
+    );
+    cuUserObjectCreate(
+        object: *mut CUuserObject,
+        data: *mut c_void,
+        destroy: CUhostFn,
+        count: c_uint,
+        flags: c_uint,
+    );
+    cuUserObjectRelease(object: CUuserObject, count: c_uint);
+    cuGraphRetainUserObject(graph: CUgraph, object: CUuserObject, count: c_uint, flags: c_uint);
     cuEventCreate(event: *mut CUevent, flags: c_uint);
     cuEventRecord(event: CUevent, stream: CUstream);
     cuEventQuery(event: CUevent);

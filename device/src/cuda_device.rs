@@ -9,7 +9,8 @@
 //! backend's own stream (`cuMemAllocAsync`, `cuMemFreeAsync`), where
 //! `cuMemAlloc` and `cuMemFree` may wait for every kernel of the device
 //! (a rank spinning for this one would never finish); the kernels are
-//! loaded and the launches' status words allocated when the device opens.
+//! loaded and a pool of mapped pinned memory for the launches' work
+//! blocks and status words allocated when the device opens.
 //! Zeroing and [`Device::copy`] run on that stream and are synchronized
 //! before they return, so whatever reads the memory next sees them.
 //!
@@ -84,17 +85,213 @@ impl Drop for Current {
     }
 }
 
-/// Pinned host words the interpreter kernel writes each channel's end
-/// into (mapped into the device's address space), reused between
-/// launches: a host function may not free them (it may not call CUDA).
-struct Status {
-    words: *mut i32,
-    len: usize,
+/// Pinned host memory mapped into the device's address space: a launch's
+/// work blocks (read by its kernels) and status words (written by them,
+/// read by its host function), or the word a host-staged task sets.
+/// Reused between launches: a host function may not free it (it may not
+/// call CUDA).
+struct Pinned {
+    ptr: *mut u8,
+    bytes: usize,
 }
 
-// SAFETY: pinned host memory, written by the kernel and read by one host
-// function after it; handed between threads whole.
-unsafe impl Send for Status {}
+// SAFETY: pinned host memory owned by this value alone (the kernels and
+// host function of the launch holding it use it in stream order); handed
+// between threads whole, never written through a shared reference.
+unsafe impl Send for Pinned {}
+// SAFETY: as above: shared references only read the address.
+unsafe impl Sync for Pinned {}
+
+/// A launch's report of how each run ended (the engine's `done`).
+type Done = Box<dyn FnMut(std::result::Result<(), WorkFailure>) + Send>;
+
+/// What a launch keeps until it can run no more: after its run, or, when
+/// captured in a CUDA graph, until the graph and every executable graph
+/// made from it are gone (the graph's user object owns it then).
+struct LaunchState {
+    /// The status words (one per channel, first) and the work blocks.
+    pinned: Option<Pinned>,
+    channels: usize,
+    /// (round, block, channel) of each status word.
+    channel_of: Vec<(usize, usize, usize)>,
+    timeout: Duration,
+    /// Helper streams, idle again once the launch is gone (those of a
+    /// capture take part in it until it ends).
+    helpers: Vec<usize>,
+    done: Mutex<Option<Done>>,
+    spare: Arc<Mutex<Vec<Pinned>>>,
+    idle: Arc<Mutex<Vec<usize>>>,
+    /// The watcher's list and this launch's id in it: followed (its abort
+    /// words set when it must stop) as long as it can run.
+    watch: (WatchList, u64),
+}
+
+impl LaunchState {
+    /// How the last run ended, from the status words its kernels wrote.
+    fn ended(&self) -> std::result::Result<(), WorkFailure> {
+        let pinned = self.pinned.as_ref().expect("held until dropped");
+        // SAFETY: every kernel of the run wrote its words before the host
+        // function that calls this runs (stream order); `channels` words
+        // lie at the start of the pinned memory.
+        let ends = unsafe { std::slice::from_raw_parts(pinned.ptr.cast::<i32>(), self.channels) };
+        let Some(c) = ends.iter().position(|&e| e != 0) else {
+            return Ok(());
+        };
+        Err(WorkFailure {
+            error: Error::System(format!(
+                "device work did not finish: channel {c} of the launch ended with {} (1 aborted, \
+                 2 still waiting {:?} after it started, 3 a step too large)",
+                ends[c], self.timeout
+            )),
+            timed_out: ends.contains(&2),
+            unfinished: ends
+                .iter()
+                .zip(&self.channel_of)
+                .filter(|(&end, _)| end != 0)
+                .map(|(_, &at)| at)
+                .collect(),
+        })
+    }
+
+    /// Reports a run: the only one of an ordinary launch (`done` goes
+    /// with it), or one replay of a captured launch.
+    fn report(&self, last: bool) {
+        let result = self.ended();
+        let mut done = self.done.lock();
+        if last {
+            let taken = done.take();
+            drop(done);
+            unwatch(&self.watch.0, self.watch.1);
+            if let Some(mut done) = taken {
+                done(result);
+            }
+        } else if let Some(done) = done.as_mut() {
+            done(result);
+        }
+    }
+
+    /// Reports the launch failed without running to the end (its context
+    /// faulted, so its host function never runs).
+    fn fail(&self, error: Error) {
+        unwatch(&self.watch.0, self.watch.1);
+        let taken = self.done.lock().take();
+        if let Some(mut done) = taken {
+            done(Err(error.into()));
+        }
+    }
+}
+
+impl Drop for LaunchState {
+    fn drop(&mut self) {
+        unwatch(&self.watch.0, self.watch.1);
+        if let Some(pinned) = self.pinned.take() {
+            self.spare.lock().push(pinned);
+        }
+        self.idle.lock().extend(self.helpers.drain(..));
+    }
+}
+
+/// Runs `body` as a host function's (or user object destructor's) body:
+/// memory freed meanwhile is freed later, since it may not call CUDA.
+fn as_host_function(body: impl FnOnce()) {
+    IN_HOST_FUNCTION.with(|f| f.set(true));
+    body();
+    IN_HOST_FUNCTION.with(|f| f.set(false));
+}
+
+/// The host function after an ordinary launch: reports its run and drops
+/// the reference `Arc::into_raw` gave it.
+unsafe extern "C" fn launch_ran(arg: *mut c_void) {
+    // SAFETY: the reference `launch_work` leaked for this call, which
+    // the driver makes once.
+    let state = unsafe { Arc::from_raw(arg.cast_const().cast::<LaunchState>()) };
+    as_host_function(|| {
+        state.report(true);
+        drop(state);
+    });
+}
+
+/// The host node of a captured launch: reports each replay; the graph's
+/// user object owns the argument.
+unsafe extern "C" fn launch_replayed(arg: *mut c_void) {
+    // SAFETY: the user object keeps the state until the graph and its
+    // executables are gone, after their last replay.
+    let state = unsafe { &*arg.cast_const().cast::<LaunchState>() };
+    as_host_function(|| state.report(false));
+}
+
+/// The user object's destructor of a captured launch.
+unsafe extern "C" fn launch_released(arg: *mut c_void) {
+    // SAFETY: the reference `launch_work` gave the user object, released
+    // once by the driver.
+    let state = unsafe { Arc::from_raw(arg.cast_const().cast::<LaunchState>()) };
+    as_host_function(|| drop(state));
+}
+
+/// Ordinary launches in flight, each with an event recorded after its
+/// host function. After a kernel fault (a sticky error) no host function
+/// of the context runs: the fault watcher finds the error on the events
+/// and reports those launches failed, so their communicators learn it.
+#[derive(Default)]
+struct Faults {
+    pending: Mutex<Vec<(usize, std::sync::Weak<LaunchState>)>>,
+    wake: parking_lot::Condvar,
+    watching: OnceLock<()>,
+}
+
+/// How often the fault watcher queries the launches in flight.
+const FAULT_POLL: Duration = Duration::from_millis(5);
+
+impl Faults {
+    /// Watches `state` until its event (of `context`) completes; starts
+    /// the watcher on first use.
+    fn watch(self: &Arc<Self>, context: usize, event: CUevent, state: &Arc<LaunchState>) {
+        self.watching.get_or_init(|| {
+            let faults = self.clone();
+            let _ = std::thread::Builder::new()
+                .name("rccl-cuda-faults".into())
+                .spawn(move || faults.run(context));
+        });
+        self.pending
+            .lock()
+            .push((event as usize, Arc::downgrade(state)));
+        self.wake.notify_one();
+    }
+
+    fn run(&self, context: usize) {
+        // The device's context, current on this thread for its life; a
+        // failure shows in the queries below.
+        let _current = Current::enter(context as CUcontext);
+        loop {
+            let mut pending = std::mem::take(&mut *self.pending.lock());
+            pending.retain(|&(event, ref state)| {
+                // SAFETY: an event `launch_work` created for this watch,
+                // destroyed here only.
+                let answer = unsafe { api::cuEventQuery(event as CUevent) };
+                if answer == sys::CUresult::CUDA_ERROR_NOT_READY {
+                    return true;
+                }
+                if let (Err(e), Some(state)) = (check("cuEventQuery", answer), state.upgrade()) {
+                    state.fail(Error::System(format!(
+                        "the CUDA context failed while device work ran ({e}): its kernels \
+                         stopped and nothing more runs in the context"
+                    )));
+                }
+                // SAFETY: as above, destroyed once.
+                unsafe { api::cuEventDestroy_v2(event as CUevent) };
+                false
+            });
+            let mut list = self.pending.lock();
+            list.extend(pending);
+            if list.is_empty() {
+                self.wake.wait(&mut list);
+            } else {
+                drop(list);
+                std::thread::sleep(FAULT_POLL);
+            }
+        }
+    }
+}
 
 /// Words of mapped page-locked memory the kernels poll to stop
 /// ([`Device::alloc_abort_word`]): host and device addresses of each.
@@ -143,12 +340,12 @@ fn watch(list: WatchList) {
     }
 }
 
-/// Status words allocated when the device opens: this many sets of
-/// [`STATUS_WORDS`] (256 KiB). A launch needing more channels, or one
-/// beyond this many in flight, allocates its own (`cuMemHostAlloc`, which
-/// may wait for running kernels).
-const STATUS_SETS: usize = 64;
-const STATUS_WORDS: usize = 1024;
+/// Pinned memory allocated when the device opens: this many pieces of
+/// [`PINNED_BYTES`] (1 MiB). A launch needing more, or one beyond this
+/// many in flight or kept by CUDA graphs, allocates its own
+/// (`cuMemHostAlloc`, which may wait for running kernels).
+const PINNED_SETS: usize = 64;
+const PINNED_BYTES: usize = 16 << 10;
 
 /// A CUDA device: one context and its device.
 pub struct CudaDevice {
@@ -166,11 +363,12 @@ pub struct CudaDevice {
     /// stream must run at once) and gives them back from its last host
     /// function, so no two launches in flight share one.
     helpers: Arc<Mutex<Vec<usize>>>,
-    spare_status: Arc<Mutex<Vec<Status>>>,
+    spare_pinned: Arc<Mutex<Vec<Pinned>>>,
+    faults: Arc<Faults>,
     /// Memory freed from a host function, which may not call CUDA: freed
     /// (in the own stream's order, waiting for no kernel) at the next
-    /// allocation, free or launch.
-    deferred: Arc<Mutex<Vec<u64>>>,
+    /// allocation or free.
+    deferred: Mutex<Vec<u64>>,
     /// Page-locked host memory freed from a host function: freed at the
     /// next page-locked allocation (`cuMemFreeHost` may wait for kernels).
     deferred_host: Mutex<Vec<usize>>,
@@ -218,13 +416,13 @@ impl CudaDevice {
         let mut slab = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; the slab lives for the process.
         check("cuMemHostAlloc", unsafe {
-            api::cuMemHostAlloc(&mut slab, STATUS_SETS * STATUS_WORDS * 4, flags)
+            api::cuMemHostAlloc(&mut slab, PINNED_SETS * PINNED_BYTES, flags)
         })?;
-        let spare = (0..STATUS_SETS)
-            .map(|set| Status {
-                // SAFETY: set `set` of the slab's STATUS_SETS.
-                words: unsafe { slab.cast::<i32>().add(set * STATUS_WORDS) },
-                len: STATUS_WORDS,
+        let spare = (0..PINNED_SETS)
+            .map(|set| Pinned {
+                // SAFETY: piece `set` of the slab's PINNED_SETS.
+                ptr: unsafe { slab.cast::<u8>().add(set * PINNED_BYTES) },
+                bytes: PINNED_BYTES,
             })
             .collect();
         let mut abort_words = AbortWords::default();
@@ -239,8 +437,9 @@ impl CudaDevice {
             kernels,
             own,
             helpers: Arc::default(),
-            spare_status: Arc::new(Mutex::new(spare)),
-            deferred: Arc::default(),
+            spare_pinned: Arc::new(Mutex::new(spare)),
+            faults: Arc::default(),
+            deferred: Mutex::default(),
             deferred_host: Mutex::default(),
             mapped: Mutex::default(),
             abort_words: Mutex::new(abort_words),
@@ -318,20 +517,26 @@ impl CudaDevice {
         Ok(taken)
     }
 
-    fn status(&self, len: usize) -> Result<Status> {
-        let mut spare = self.spare_status.lock();
-        if let Some(at) = spare.iter().position(|s| s.len >= len) {
+    /// Pinned mapped memory of at least `bytes`, spare or new. The
+    /// context is current.
+    fn pinned(&self, bytes: usize) -> Result<Pinned> {
+        let mut spare = self.spare_pinned.lock();
+        if let Some(at) = spare.iter().position(|p| p.bytes >= bytes) {
             return Ok(spare.swap_remove(at));
         }
+        drop(spare);
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        let mut words = std::ptr::null_mut();
-        // SAFETY: a fresh pinned allocation of `len` words.
+        // Room to grow: a launch slightly larger reuses it.
+        let bytes = bytes.max(PINNED_BYTES).next_power_of_two();
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; a fresh pinned allocation of
+        // `bytes`, kept for the life of the process.
         call("cuMemHostAlloc", unsafe {
-            api::cuMemHostAlloc(&mut words, len.max(1) * 4, flags)
+            api::cuMemHostAlloc(&mut ptr, bytes, flags)
         })?;
-        Ok(Status {
-            words: words.cast(),
-            len,
+        Ok(Pinned {
+            ptr: ptr.cast(),
+            bytes,
         })
     }
 
@@ -553,6 +758,13 @@ fn unwatch(list: &WatchList, id: u64) {
 /// `later` waits for everything enqueued on `earlier` so far. The
 /// streams' context is current.
 fn order(earlier: CUstream, later: CUstream) -> Result<()> {
+    // Work outside a capture is waited for on each launch of the graph
+    // that `later` captures.
+    let wait = if capture_graph(later)?.is_some() && capture_graph(earlier)?.is_none() {
+        sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as u32
+    } else {
+        0
+    };
     let mut event = std::ptr::null_mut();
     // SAFETY: a valid out-pointer.
     call("cuEventCreate", unsafe {
@@ -564,8 +776,12 @@ fn order(earlier: CUstream, later: CUstream) -> Result<()> {
     // SAFETY: live streams of the current context and a fresh event,
     // destroyed once both calls are enqueued (CUDA releases it when done).
     unsafe {
-        let ordered = call("cuEventRecord", api::cuEventRecord(event, earlier))
-            .and_then(|()| call("cuStreamWaitEvent", api::cuStreamWaitEvent(later, event, 0)));
+        let ordered = call("cuEventRecord", api::cuEventRecord(event, earlier)).and_then(|()| {
+            call(
+                "cuStreamWaitEvent",
+                api::cuStreamWaitEvent(later, event, wait),
+            )
+        });
         api::cuEventDestroy_v2(event);
         ordered
     }
@@ -629,6 +845,41 @@ fn enqueue_host(stream: CUstream, work: Work) -> Result<()> {
         drop(unsafe { Box::from_raw(arg) });
     }
     call("cuLaunchHostFunc", r)
+}
+
+/// A task of [`Device::enqueue_joint`]: run on a thread of its own, then
+/// the mapped word its stream waits for is set (also when the task is
+/// dropped unrun, so that the stream goes on; the task reports why).
+struct JointTask {
+    work: Option<Work>,
+    flag: usize,
+}
+
+impl JointTask {
+    fn run(mut self) {
+        if let Some(work) = self.work.take() {
+            work();
+        }
+    }
+}
+
+impl Drop for JointTask {
+    fn drop(&mut self) {
+        // SAFETY: the pinned word the stream waits for, kept until the
+        // wait passed (which this store allows).
+        unsafe { AtomicU32::from_ptr(self.flag as *mut u32) }.store(1, Ordering::Release);
+    }
+}
+
+/// The host function of a joint task: starts its thread and returns.
+unsafe extern "C" fn start_joint_task(arg: *mut c_void) {
+    // SAFETY: the box `enqueue_joint` leaked for this call, run once.
+    let task = unsafe { Box::from_raw(arg.cast::<JointTask>()) };
+    // A thread that cannot start drops the task unrun, which sets the
+    // word (the work, dropped, reports that it never ran).
+    let _ = std::thread::Builder::new()
+        .name("rccl-staged-task".into())
+        .spawn(move || task.run());
 }
 
 impl Device for CudaDevice {
@@ -874,10 +1125,50 @@ impl Device for CudaDevice {
         }))
     }
 
+    /// The work runs on a thread of its own, never in a host function:
+    /// CUDA may run the host functions of a context one at a time, so a
+    /// task that waits for its peers there would hold up every other
+    /// (two communicators in flight could wait on each other across
+    /// processes). A host function only starts the thread; the stream
+    /// waits (`cuStreamWaitValue32`) for a mapped word the thread sets
+    /// when the work is done, and a second host function gives the word
+    /// back. Neither host function blocks.
     fn enqueue_joint(&self, streams: &[Arc<dyn Stream>], work: Work) -> Result<()> {
         let _current = self.enter()?;
         let first = join(streams)?;
-        enqueue_host(first, work)?;
+        if capture_graph(first)?.is_some() {
+            // The task runs once: a replay would find it consumed.
+            return Err(Error::InvalidArgument(
+                "a call over host copies of device buffers (ranks of other processes with \
+                 NCCL_P2P_DISABLE) cannot be captured in a CUDA graph"
+                    .into(),
+            ));
+        }
+        let flag = self.pinned(4)?;
+        let word = flag.ptr as u64;
+        // SAFETY: the word is spare pinned memory no stream uses now.
+        unsafe { AtomicU32::from_ptr(flag.ptr.cast::<u32>()) }.store(0, Ordering::Release);
+        let task = Box::into_raw(Box::new(JointTask {
+            work: Some(work),
+            flag: word as usize,
+        }));
+        // SAFETY: the function takes back the box it is given, once.
+        let r = unsafe { api::cuLaunchHostFunc(first, Some(start_joint_task), task.cast()) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: the driver did not take the box; the task never runs
+            // (dropping it only sets the word, which nothing waits for).
+            drop(unsafe { Box::from_raw(task) });
+            self.spare_pinned.lock().push(flag);
+            return call("cuLaunchHostFunc", r);
+        }
+        let equal = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
+        // SAFETY: mapped pinned memory (unified addressing: the device
+        // sees it at the host's address), kept until the wait passed.
+        call("cuStreamWaitValue32", unsafe {
+            api::cuStreamWaitValue32_v2(first, word, 1, equal)
+        })?;
+        let spare = self.spare_pinned.clone();
+        enqueue_host(first, Box::new(move || spare.lock().push(flag)))?;
         fork(first, streams)
     }
 
@@ -885,6 +1176,7 @@ impl Device for CudaDevice {
         let _current = self.enter()?;
         let kernels = &self.kernels;
         let first = join(streams)?;
+        let graph = capture_graph(first)?;
         let WorkLaunch {
             rounds,
             timeout,
@@ -893,57 +1185,89 @@ impl Device for CudaDevice {
         } = launch;
         // A timeout past the global timer's range is none.
         let timeout_ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
-        let blocks: Vec<&Arc<crate::work::Work>> = rounds.iter().flatten().collect();
-        let total: usize = blocks.iter().map(|w| w.bytes().len()).sum();
-        let channels: usize = blocks.iter().map(|w| w.nchannels()).sum();
-        let status = self.status(channels)?;
-        // Allocated in the own stream's order (waiting for no kernel),
-        // freed after the last kernel that reads it, from the host
-        // function below.
-        let mem = self.allocate(total.max(8))?;
-        let mut at = 0u64;
-        let mut word = 0usize;
-        // (round, block, channel) of each status word.
-        let mut channel_of: Vec<(usize, usize, usize)> = Vec::with_capacity(channels);
+        // The status words, then each block at a 16-byte aligned offset.
+        let channels: usize = rounds.iter().flatten().map(|w| w.nchannels()).sum();
+        let words_bytes = (channels * 4).next_multiple_of(16);
+        let total = words_bytes
+            + rounds
+                .iter()
+                .flatten()
+                .map(|w| w.bytes().len().next_multiple_of(16))
+                .sum::<usize>();
+        let pinned = self.pinned(total)?;
         // A round of one block runs on `first` itself.
         let widest = rounds.iter().map(Vec::len).max().unwrap_or(0);
-        let helpers = self.take_helpers(if widest > 1 { widest } else { 0 })?;
+        let helpers = match self.take_helpers(if widest > 1 { widest } else { 0 }) {
+            Ok(helpers) => helpers,
+            Err(e) => {
+                self.spare_pinned.lock().push(pinned);
+                return Err(e);
+            }
+        };
+        let id = match self.follow(stop, self.abort_words_of(&rounds)) {
+            Ok(id) => id,
+            Err(e) => {
+                self.spare_pinned.lock().push(pinned);
+                self.helpers.lock().extend(helpers);
+                return Err(e);
+            }
+        };
+        let mut state = LaunchState {
+            pinned: Some(pinned),
+            channels,
+            channel_of: Vec::with_capacity(channels),
+            timeout,
+            helpers,
+            done: Mutex::new(Some(done)),
+            spare: self.spare_pinned.clone(),
+            idle: self.helpers.clone(),
+            watch: (self.watched.clone(), id),
+        };
+        let base = state.pinned.as_ref().expect("just set").ptr;
+        let mut at = words_bytes;
+        let mut word = 0usize;
+        let mut placed_rounds = Vec::with_capacity(rounds.len());
         for (index, round) in rounds.iter().enumerate() {
-            // Every block of the round is copied first, then the kernels
-            // start together on the helpers (a block waits for its peers'
-            // blocks through their FIFOs), then `first` waits for them all.
             let mut placed = Vec::with_capacity(round.len());
             for (block, work) in round.iter().enumerate() {
-                channel_of.extend((0..work.nchannels()).map(|c| (index, block, c)));
+                state
+                    .channel_of
+                    .extend((0..work.nchannels()).map(|c| (index, block, c)));
                 let bytes = work.bytes();
-                // SAFETY: `mem + at` holds `bytes.len()` bytes; the source
-                // is pageable, so the driver stages it before returning.
-                call("cuMemcpyHtoDAsync", unsafe {
-                    api::cuMemcpyHtoDAsync_v2(mem + at, bytes.as_ptr().cast(), bytes.len(), first)
-                })?;
-                placed.push((mem + at, work.nchannels(), word));
-                at += bytes.len() as u64;
+                // SAFETY: the pinned memory holds `total` bytes, laid out
+                // above; no kernel of this launch runs yet.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(at), bytes.len()) };
+                // SAFETY: as above, within the memory.
+                placed.push((unsafe { base.add(at) } as u64, work.nchannels(), word));
+                at += bytes.len().next_multiple_of(16);
                 word += work.nchannels();
             }
-            let lanes: Vec<CUstream> = if round.len() == 1 {
+            placed_rounds.push(placed);
+        }
+        let state = Arc::new(state);
+        for placed in &placed_rounds {
+            // The blocks of a round start together on the helpers (a block
+            // waits for its peers' blocks through their FIFOs), then
+            // `first` waits for them all.
+            let lanes: Vec<CUstream> = if placed.len() == 1 {
                 vec![first]
             } else {
-                helpers.iter().map(|&s| s as CUstream).collect()
+                state.helpers.iter().map(|&s| s as CUstream).collect()
             };
             for (&(block, nchannels, word), &helper) in placed.iter().zip(&lanes) {
                 if helper != first {
                     order(first, helper)?;
                 }
-                // SAFETY: the block was copied to `block` before the kernel
-                // (ordered above); its addresses are device memory the
-                // engine keeps until `done`; the status words are mapped
-                // pinned memory of `channels` words.
+                // SAFETY: the block lies in mapped pinned memory the launch
+                // state keeps while the launch can run; its addresses are
+                // device memory the engine keeps until `done` is dropped;
+                // the status words are `channels` words of the same memory.
                 unsafe {
                     kernels.run_work(
                         block,
                         nchannels as u32,
                         timeout_ns,
-                        status.words.add(word) as u64,
+                        base.add(4 * word) as u64,
                         helper,
                     )
                 }
@@ -953,47 +1277,114 @@ impl Device for CudaDevice {
                 order(helper, first)?;
             }
         }
-        let spare = self.spare_status.clone();
-        let idle = self.helpers.clone();
-        let deferred = self.deferred.clone();
-        let watched = self.watched.clone();
-        let id = self.follow(stop, self.abort_words_of(&rounds))?;
-        let ended = watched.clone();
-        enqueue_host(
-            first,
-            Box::new(move || {
-                unwatch(&ended, id);
-                // SAFETY: every kernel wrote its words before this host
-                // function runs (stream order); `channels` words exist.
-                let ends = unsafe { std::slice::from_raw_parts(status.words, channels) };
-                let result = match ends.iter().position(|&e| e != 0) {
-                    None => Ok(()),
-                    Some(c) => Err(WorkFailure {
-                        error: Error::System(format!(
-                            "device work did not finish: channel {c} of the launch ended with \
-                             {} (1 aborted, 2 still waiting {timeout:?} after it started, 3 a \
-                             step too large)",
-                            ends[c]
-                        )),
-                        timed_out: ends.contains(&2),
-                        unfinished: ends
-                            .iter()
-                            .zip(&channel_of)
-                            .filter(|(&end, _)| end != 0)
-                            .map(|(_, &at)| at)
-                            .collect(),
-                    }),
+        match graph {
+            None => {
+                let arg = Arc::into_raw(state.clone());
+                // SAFETY: the function takes back the reference it is
+                // given, once.
+                let r = unsafe {
+                    api::cuLaunchHostFunc(first, Some(launch_ran), arg.cast_mut().cast())
                 };
-                spare.lock().push(status);
-                idle.lock().extend(helpers);
-                // Every kernel reading the blocks has run.
-                deferred.lock().push(mem);
-                done(result);
-            }),
-        )
-        .inspect_err(|_| unwatch(&watched, id))?;
+                if r != sys::CUresult::CUDA_SUCCESS {
+                    // SAFETY: the driver did not take the reference.
+                    drop(unsafe { Arc::from_raw(arg) });
+                }
+                call("cuLaunchHostFunc", r)?;
+                let watched = fault_event(first);
+                match watched {
+                    Ok(event) => self.faults.watch(self.context, event, &state),
+                    // The context failed since the host function was
+                    // enqueued, which may never run.
+                    Err(e) => {
+                        state.fail(e.clone());
+                        return Err(e);
+                    }
+                }
+            }
+            Some(graph) => own_in_graph(graph, first, state)?,
+        }
         fork(first, streams)
     }
+}
+
+/// An event recorded on `stream` now, for the fault watcher, which
+/// destroys it. The stream's context is current.
+fn fault_event(stream: CUstream) -> Result<CUevent> {
+    let mut event = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    call("cuEventCreate", unsafe {
+        api::cuEventCreate(
+            &mut event,
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+        )
+    })?;
+    // SAFETY: a fresh event on a live stream.
+    let recorded = call("cuEventRecord", unsafe {
+        api::cuEventRecord(event, stream)
+    });
+    if recorded.is_err() {
+        // SAFETY: the event, unrecorded, goes now.
+        unsafe { api::cuEventDestroy_v2(event) };
+    }
+    recorded.map(|()| event)
+}
+
+/// The graph `stream` captures into, if it is capturing; an invalidated
+/// capture is refused (the calls after its error fail). The stream's
+/// context is current.
+fn capture_graph(stream: CUstream) -> Result<Option<sys::CUgraph>> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: a live stream, valid out-pointers; the optional ones unused.
+    call("cuStreamGetCaptureInfo", unsafe {
+        api::cuStreamGetCaptureInfo_v3(
+            stream,
+            &mut status,
+            std::ptr::null_mut(),
+            &mut graph,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    })?;
+    match status {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(None),
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(Some(graph)),
+        _ => Err(Error::System(
+            "the stream's CUDA graph capture was invalidated".into(),
+        )),
+    }
+}
+
+/// Makes the captured launch's state the graph's: a user object owns it,
+/// kept by the graph and by every executable graph made from it until
+/// they are gone, and a host node reports each replay with it. The
+/// stream's context is current.
+fn own_in_graph(graph: sys::CUgraph, first: CUstream, state: Arc<LaunchState>) -> Result<()> {
+    let arg = Arc::into_raw(state).cast_mut().cast::<c_void>();
+    let mut object: sys::CUuserObject = std::ptr::null_mut();
+    let flags = sys::CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC as u32;
+    // SAFETY: the destructor takes back the reference it is given, once.
+    let made =
+        unsafe { api::cuUserObjectCreate(&mut object, arg, Some(launch_released), 1, flags) };
+    if made != sys::CUresult::CUDA_SUCCESS {
+        // SAFETY: the driver did not take the reference.
+        drop(unsafe { Arc::from_raw(arg.cast_const().cast::<LaunchState>()) });
+        return call("cuUserObjectCreate", made);
+    }
+    let moved = sys::CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE as u32;
+    // SAFETY: a live graph under capture and the object just made, whose
+    // one reference moves to the graph.
+    let retained = unsafe { api::cuGraphRetainUserObject(graph, object, 1, moved) };
+    if retained != sys::CUresult::CUDA_SUCCESS {
+        // SAFETY: the caller's reference; the destructor frees the state.
+        unsafe { api::cuUserObjectRelease(object, 1) };
+        return call("cuGraphRetainUserObject", retained);
+    }
+    // SAFETY: the graph keeps `arg` alive for every run of this node.
+    call("cuLaunchHostFunc", unsafe {
+        api::cuLaunchHostFunc(first, Some(launch_replayed), arg)
+    })
 }
 
 /// A stream: the caller's `cudaStream_t`, or one this backend created, of
@@ -1016,7 +1407,14 @@ impl Stream for CudaStream {
 
     fn enqueue(&self, work: Work) -> Result<()> {
         let _current = self.enter()?;
-        enqueue_host(self.raw as CUstream, work)
+        let stream = self.raw as CUstream;
+        if capture_graph(stream)?.is_some() {
+            // A replay would run the work again, after it was consumed.
+            return Err(Error::InvalidArgument(
+                "host work cannot be captured in a CUDA graph".into(),
+            ));
+        }
+        enqueue_host(stream, work)
     }
 
     unsafe fn copy_async(&self, dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {
@@ -1039,10 +1437,23 @@ impl Stream for CudaStream {
     fn wait_event(&self, event: &dyn Event) -> Result<()> {
         let event = own_event(event)?;
         let _current = self.enter()?;
+        let stream = self.raw as CUstream;
+        // In a capture, the event (of work outside it) is waited for on
+        // each launch of the graph.
+        let flags = if capture_graph(stream)?.is_some() {
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as u32
+        } else {
+            0
+        };
         // SAFETY: a live event and stream.
         call("cuStreamWaitEvent", unsafe {
-            api::cuStreamWaitEvent(self.raw as CUstream, event, 0)
+            api::cuStreamWaitEvent(stream, event, flags)
         })
+    }
+
+    fn capturing(&self) -> Result<bool> {
+        let _current = self.enter()?;
+        capture_graph(self.raw as CUstream).map(|graph| graph.is_some())
     }
 
     fn synchronize(&self, deadline: Instant) -> Result<()> {

@@ -96,10 +96,11 @@ pub struct WorkLaunch {
     /// every block's abort word (the engine's communicator was aborted or
     /// failed, a peer died, a connection broke), which stops its waits.
     pub stop: Box<dyn Fn() -> bool + Send>,
-    /// Told how the launch ended, once it has, in stream order. Dropped
-    /// without being called when the launch never runs (its stream was
-    /// destroyed).
-    pub done: Box<dyn FnOnce(std::result::Result<(), WorkFailure>) + Send>,
+    /// Told how each run of the launch ended, in stream order: once, or
+    /// once per replay of a launch captured in a CUDA graph. Dropped when
+    /// the launch can run no more: after its run, when it never runs (its
+    /// stream was destroyed), or with the graph that captured it.
+    pub done: Box<dyn FnMut(std::result::Result<(), WorkFailure>) + Send>,
 }
 
 /// How a launch of device work that did not finish ended, for the engine
@@ -314,6 +315,12 @@ pub trait Stream: Send + Sync {
     /// Makes work enqueued after this wait until `event`'s latest record
     /// (at the time of this call) has completed.
     fn wait_event(&self, event: &dyn Event) -> Result<()>;
+
+    /// Whether the stream is capturing a CUDA graph: what is enqueued
+    /// now runs on each launch of the graph, not now.
+    fn capturing(&self) -> Result<bool> {
+        Ok(false)
+    }
 
     /// Waits until everything enqueued so far has run, at most until
     /// `deadline`; reports the stream's first failure, if any.

@@ -154,6 +154,10 @@ struct Finish {
     blocks: Vec<Vec<BlockPeers>>,
     timeout: std::time::Duration,
     reported: bool,
+    /// Captured in a CUDA graph: each replay reports; the host's queue
+    /// does not wait for replays, and a graph never launched is no
+    /// failure.
+    captured: bool,
 }
 
 /// A network connection of device work, with its communicator and the
@@ -191,7 +195,7 @@ impl Finish {
         })
     }
 
-    fn report(mut self, result: std::result::Result<(), WorkFailure>) {
+    fn report(&mut self, result: std::result::Result<(), WorkFailure>) {
         self.reported = true;
         let Err(failure) = result else {
             return;
@@ -235,6 +239,9 @@ impl Finish {
 
 impl Drop for Finish {
     fn drop(&mut self) {
+        if self.captured {
+            return;
+        }
         for comm in &self.comms {
             if !self.reported {
                 comm.poison(&Error::System(
@@ -478,20 +485,27 @@ pub(crate) fn launch(
     }
     // Device work publishes and releases slots without waking the proxy.
     let polling = (!net.is_empty()).then(keep_polling);
-    for comm in &comms {
-        comm.queued.issue();
+    // A launch captured in a CUDA graph runs with the graph's launches:
+    // nothing the host waits for, and no later launch is ordered after it
+    // (the user's streams order the replays).
+    let captured = first.capturing().map_err(Error::from)?;
+    if !captured {
+        for comm in &comms {
+            comm.queued.issue();
+        }
     }
     let timeout = comms
         .iter()
         .map(|c| c.config.timeout)
         .min()
         .expect("a launch has a communicator");
-    let finish = Finish {
+    let mut finish = Finish {
         comms: comms.clone(),
         net: net.clone(),
         blocks,
         timeout,
         reported: false,
+        captured,
     };
     let watched = comms.clone();
     let watches: Vec<Watch> = comms.iter().filter_map(Watch::new).collect();
@@ -528,13 +542,17 @@ pub(crate) fn launch(
                             .iter()
                             .any(|(comm, peer, conn)| broken(comm, *peer, &**conn))
                 }),
+                // What the launch reaches lives as long as it can run.
                 done: Box::new(move |result| {
+                    let _reached = (&memory, &net_memory, &polling);
                     finish.report(result);
-                    drop((memory, net_memory, polling));
                 }),
             },
         )
         .map_err(Error::from)?;
+    if captured {
+        return Ok(());
+    }
     let done = device.create_event().map_err(Error::from)?;
     first.record(done.as_ref()).map_err(Error::from)?;
     for guard in &mut guards {

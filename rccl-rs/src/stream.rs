@@ -239,7 +239,15 @@ pub(crate) fn enqueue(mut ops: Vec<RawOp>) -> Result<()> {
         return Ok(());
     }
     if interpreted > 0 {
-        return crate::device_launch::launch(planned, &streams, device);
+        // A launch that fails on its way to the device (its context
+        // faulted, say) leaves its peers waiting for this rank's part:
+        // its communicators fail, as they would had it run.
+        let comms: Vec<Arc<CommInner>> = planned.comms().cloned().collect();
+        return crate::device_launch::launch(planned, &streams, device).inspect_err(|err| {
+            for comm in &comms {
+                comm.poison(err);
+            }
+        });
     }
     let comms = planned
         .comms()

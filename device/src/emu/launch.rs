@@ -48,7 +48,7 @@ pub(super) fn run(launch: WorkLaunch) {
         rounds,
         timeout,
         stop,
-        done,
+        mut done,
     } = launch;
     let deadline = Instant::now() + timeout;
     let mut result = Ok(());
