@@ -1498,6 +1498,7 @@ pub extern "C" fn cuStreamWaitValue32_v2(
             Some((_, a)) => match a.kind {
                 Kind::Device => a.dev == dev || st.config().peer_access,
                 Kind::PinnedHost { flags } => flags & 0x2 != 0,
+                Kind::Mapped { access } => access & (1 << dev) != 0,
             },
             None => false,
         };
