@@ -517,7 +517,6 @@ fn across_hosts(
             rails: placement.rails,
         },
     );
-    let protocol = rccl_simulator::Protocol::parse(protocol.name())?;
     let decision = decide(
         &cluster,
         topology,
@@ -917,7 +916,7 @@ mod tests {
                     .iter()
                     .map(|&algorithm| Candidate {
                         algorithm,
-                        protocol: rccl_simulator::Protocol::Simple,
+                        protocol: Protocol::Simple,
                         params: params_for(algorithm, &topology, &spec, 4, base),
                     })
                     .collect();
