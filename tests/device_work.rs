@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rccl::kernels::ReduceKernel;
 use rccl::{DataType, RedOp};
 use rccl_algorithms::{builtin, CollKind, CollSpec, Params, Topology};
-use rccl_device::abi::{op, proto, FifoView};
+use rccl_device::abi::{op, FifoView};
 use rccl_device::twin::{self, ChannelEnd};
 use rccl_device::work::{encode, WorkCall, WorkLinks};
 use rccl_transports::fifo::{fifo_bytes, FifoMemory, HeapMemory};
@@ -51,12 +51,12 @@ impl Fabric {
     }
 
     fn view(&self, mem: &HeapMemory) -> FifoView {
-        let proto = match self.protocol {
-            Protocol::Ll => proto::LL,
-            Protocol::Ll128 => proto::LL128,
-            Protocol::Simple => proto::SIMPLE,
-        };
-        FifoView::whole(mem.base(), proto, NSLOTS as u32, SLOT_BYTES as u32)
+        FifoView::whole(
+            mem.base(),
+            self.protocol.abi(),
+            NSLOTS as u32,
+            SLOT_BYTES as u32,
+        )
     }
 }
 

@@ -50,6 +50,7 @@ pub mod halving_doubling;
 pub mod hierarchical;
 pub mod one_shot;
 mod pieces;
+pub mod protocol;
 pub mod ring;
 pub mod schedule;
 pub mod topology;
@@ -61,6 +62,7 @@ pub use file::{load_schedule_file, parse_schedule, FileError, LoadedAlgorithm};
 pub use halving_doubling::HalvingDoubling;
 pub use hierarchical::Hierarchical;
 pub use one_shot::OneShot;
+pub use protocol::Protocol;
 pub use ring::Ring;
 pub use schedule::{
     split_even, Buf, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step,

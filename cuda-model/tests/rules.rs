@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use rccl_device::abi::{proto, FifoView, ReduceArgs};
+use rccl_algorithms::protocol::{fifo_bytes, Protocol};
+use rccl_device::abi::{FifoView, ReduceArgs};
 use rccl_device::work::{WorkChannel, WorkHeader, WorkPeer, WorkPrim, WorkStep};
 
 type P = *mut c_void;
@@ -853,7 +854,7 @@ impl Kernels {
     /// receives from a FIFO nobody sends to: it runs until its abort word
     /// (mapped pinned memory) is set.
     fn waiting_kernel(&self, stream: P) -> Waiting {
-        let fifo_bytes = rccl_device::abi::fifo_bytes(proto::SIMPLE, 2, 64);
+        let fifo_bytes = fifo_bytes(Protocol::Simple, 2, 64);
         let fifo = alloc(fifo_bytes);
         ok!((cu().cuMemsetD8Async)(fifo, 0, fifo_bytes, stream));
         let recvbuf = alloc(64);
@@ -864,7 +865,7 @@ impl Kernels {
         ok!((cu().cuMemHostAlloc)(&mut status, 8, DEVICEMAP));
         // SAFETY: fresh pinned words.
         unsafe { abort.write(0) };
-        let view = FifoView::whole(fifo as *mut u8, proto::SIMPLE, 2, 64);
+        let view = FifoView::whole(fifo as *mut u8, Protocol::Simple.abi(), 2, 64);
         let mut block = Vec::<u8>::new();
         let push = |block: &mut Vec<u8>, bytes: &[u8]| {
             block.resize(block.len().next_multiple_of(8), 0);

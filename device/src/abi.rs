@@ -4,6 +4,8 @@
 use std::ffi::c_void;
 use std::ptr;
 
+use rccl_algorithms::protocol::FIFO_CONTROL_BYTES;
+
 /// `ncclRedOp_t` values of the built-in operators, then PreMulSum.
 pub mod op {
     /// `ncclSum`
@@ -76,33 +78,6 @@ impl ReduceArgs {
     }
 }
 
-/// rccl-transports' protocols, by their index in `Protocol::ALL`.
-pub mod proto {
-    /// LL: 8-byte words of 4 data bytes and a 4-byte flag.
-    pub const LL: u32 = 0;
-    /// LL128: 128-byte lines of 120 data bytes and an 8-byte flag.
-    pub const LL128: u32 = 1;
-    /// Simple: a slot published by the tail counter.
-    pub const SIMPLE: u32 = 2;
-}
-
-/// Bytes of FIFO memory for `nslots` slots of `slot_bytes` payload: the
-/// 4096-byte control block and each slot's protocol bytes, rounded up to
-/// 64, all rounded up to 4096 (rccl-transports' `fifo_bytes`).
-pub fn fifo_bytes(protocol: u32, nslots: u32, slot_bytes: u32) -> usize {
-    let slot_bytes = slot_bytes as usize;
-    let raw = match protocol {
-        proto::LL => (4 + slot_bytes.div_ceil(4)) * 8,
-        proto::LL128 => (1 + slot_bytes.div_ceil(120)) * 128,
-        _ => 64 + slot_bytes,
-    };
-    (FIFO_CONTROL_BYTES + nslots as usize * raw.next_multiple_of(64)).next_multiple_of(4096)
-}
-
-/// Bytes of a FIFO's control block, in front of its slots when laid out
-/// whole.
-pub const FIFO_CONTROL_BYTES: usize = 4096;
-
 /// One FIFO laid out as rccl-transports' `Fifo` lays it out. Mirrors
 /// `rccl::FifoView` in `kernels/fifo.h`.
 #[repr(C)]
@@ -113,6 +88,7 @@ pub struct FifoView {
     /// Its first slot: `base` + [`FIFO_CONTROL_BYTES`] when laid out
     /// whole; elsewhere when the slots are device memory a NIC writes.
     pub slots: *mut u8,
+    /// The protocol ([`rccl_algorithms::Protocol::abi`]).
     pub proto: u32,
     pub nslots: u32,
     pub slot_bytes: u32,

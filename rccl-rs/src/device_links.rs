@@ -9,9 +9,8 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use rccl_algorithms::Schedule;
-use rccl_device::abi;
 use rccl_device::{Device, Event};
-use rccl_transports::fifo::FifoMemory;
+use rccl_transports::fifo::{fifo_bytes, FifoMemory};
 use rccl_transports::{Connection, FifoShape, Protocol};
 
 use crate::error::{Error, Result};
@@ -99,15 +98,6 @@ enum Shared {
     Taken(Weak<DeviceMem>),
 }
 
-/// Bytes of one FIFO of `protocol` in `shape`.
-pub(crate) fn fifo_bytes(shape: &FifoShape, protocol: Protocol) -> usize {
-    abi::fifo_bytes(
-        protocol.index() as u32,
-        shape.nslots as u32,
-        shape.slot_bytes(protocol) as u32,
-    )
-}
-
 /// The FIFO to a peer and the one from it.
 pub(crate) type FifoPair = (Arc<DeviceMem>, Arc<DeviceMem>);
 
@@ -193,7 +183,7 @@ impl DeviceLinks {
     ) -> Result<()> {
         let proto = protocol.index();
         let slot_bytes = shape.slot_bytes(protocol);
-        let bytes = fifo_bytes(shape, protocol);
+        let bytes = fifo_bytes(protocol, shape.nslots, slot_bytes);
         let Owner {
             secret,
             nranks,

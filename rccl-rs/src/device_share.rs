@@ -21,11 +21,12 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rccl_device::Device;
 use rccl_transports::fd_pass::{self, recv_fd, send_fd, ExportListener, NAME_PREFIX, TOKEN};
+use rccl_transports::fifo::fifo_bytes;
 use rccl_transports::process::ProcessId;
 use rccl_transports::{FifoShape, Protocol};
 
 use crate::comm::{CommInner, PeerWatch};
-use crate::device_links::{fifo_bytes, DeviceMem, FifoPair};
+use crate::device_links::{DeviceMem, FifoPair};
 use crate::error::{Error, Result};
 
 /// Bootstrap tag of a rank's offer of its exported FIFOs to a peer.
@@ -59,7 +60,7 @@ pub(crate) fn connect(
     protocol: Protocol,
     wanted: &[(usize, usize)],
 ) -> Result<Vec<(usize, usize, FifoPair)>> {
-    let bytes = fifo_bytes(shape, protocol);
+    let bytes = fifo_bytes(protocol, shape.nslots, shape.slot_bytes(protocol));
     let deadline = Instant::now() + comm.config.timeout;
     let rank = comm.rank;
     let fail = |peer: usize, what: &str, e: &dyn std::fmt::Display| {

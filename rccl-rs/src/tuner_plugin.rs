@@ -24,7 +24,6 @@
 //! `NCCL_DEBUG_SUBSYS=TUNING`.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
@@ -211,14 +210,6 @@ unsafe impl Send for Library {}
 // SAFETY: as above; nothing in `Library` is mutated after loading.
 unsafe impl Sync for Library {}
 
-/// Whether a tuner library is loaded (choices are then not remembered).
-static LOADED_ANY: AtomicBool = AtomicBool::new(false);
-
-/// Whether a tuner plug-in library is loaded in this process.
-pub(crate) fn loaded_any() -> bool {
-    LOADED_ANY.load(Ordering::Relaxed)
-}
-
 /// The newest tuner table `library` exports.
 fn table_of(library: &'static libloading::Library) -> Option<(Table, u32)> {
     fn symbol<T>(library: &'static libloading::Library, name: &[u8]) -> Option<&'static T> {
@@ -298,7 +289,7 @@ fn library() -> Option<&'static Library> {
             }
             match &found {
                 Some(lib) => {
-                    LOADED_ANY.store(true, Ordering::Relaxed);
+                    crate::tuning::note_tuner_library_loaded();
                     tracing::info!(
                         target: crate::debug::TUNING,
                         "TUNER/Plugin: loaded {} (ncclTuner v{}) from {}",

@@ -293,6 +293,16 @@ pub fn set_tuner_plugin(plugin: Option<Box<dyn TunerPlugin>>) {
 /// Whether [`PLUGIN`] holds a plug-in, readable without its lock.
 static PLUGIN_INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// Whether a C tuner library is loaded in this process.
+static TUNER_LIBRARY_LOADED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Notes that a C tuner library was loaded (choices are then not
+/// remembered).
+pub(crate) fn note_tuner_library_loaded() {
+    TUNER_LIBRARY_LOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Counts changes to what the tuner may choose from (plug-in, registered
 /// algorithms), so that communicators know when their remembered choices
 /// are stale.
@@ -307,7 +317,8 @@ pub(crate) fn generation() -> u64 {
 /// answers may differ from call to call, so choices are not remembered
 /// while one is.
 pub(crate) fn has_plugin() -> bool {
-    PLUGIN_INSTALLED.load(std::sync::atomic::Ordering::Relaxed) || crate::tuner_plugin::loaded_any()
+    PLUGIN_INSTALLED.load(std::sync::atomic::Ordering::Relaxed)
+        || TUNER_LIBRARY_LOADED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Picks algorithm, protocol and parameters for `spec` with
@@ -517,7 +528,6 @@ fn across_hosts(
             rails: placement.rails,
         },
     );
-    let protocol = rccl_simulator::Protocol::parse(protocol.name())?;
     let decision = decide(
         &cluster,
         topology,
@@ -917,7 +927,7 @@ mod tests {
                     .iter()
                     .map(|&algorithm| Candidate {
                         algorithm,
-                        protocol: rccl_simulator::Protocol::Simple,
+                        protocol: Protocol::Simple,
                         params: params_for(algorithm, &topology, &spec, 4, base),
                     })
                     .collect();

@@ -6,6 +6,7 @@
 //! rate, given in Gb/s as NICs are sold; latencies and overheads in
 //! microseconds; sizes in bytes.
 
+pub use rccl_algorithms::Protocol;
 use serde::{Deserialize, Serialize};
 
 use crate::probe::{Probe, Rates};
@@ -218,40 +219,6 @@ pub struct Protocols {
     pub ll128: ProtoSpec,
     /// Simple: bulk copies with a flag per slot.
     pub simple: ProtoSpec,
-}
-
-/// A protocol.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Protocol {
-    /// Low latency.
-    #[serde(rename = "LL")]
-    Ll,
-    /// Low latency, 128-byte lines.
-    #[serde(rename = "LL128")]
-    Ll128,
-    /// Simple.
-    Simple,
-}
-
-impl Protocol {
-    /// Every protocol.
-    pub const ALL: [Protocol; 3] = [Protocol::Ll, Protocol::Ll128, Protocol::Simple];
-
-    /// NCCL's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::Ll => "LL",
-            Protocol::Ll128 => "LL128",
-            Protocol::Simple => "Simple",
-        }
-    }
-
-    /// The protocol called `name` (case-insensitive).
-    pub fn parse(name: &str) -> Option<Protocol> {
-        Protocol::ALL
-            .into_iter()
-            .find(|p| p.name().eq_ignore_ascii_case(name))
-    }
 }
 
 impl Protocols {

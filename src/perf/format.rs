@@ -1,5 +1,28 @@
 //! nccl-tests' printf formats, reproduced.
 
+/// Formats an engine error as nccl-tests reports a failed NCCL call.
+pub fn engine_error(what: &str) -> impl Fn(rccl::Error) -> String + '_ {
+    move |e| {
+        format!(
+            "{}: Test NCCL failure {what} '{e}' (ncclResult_t {})",
+            hostname(),
+            e.code()
+        )
+    }
+}
+
+/// The host's name.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
 /// C's `%.{prec}e`: mantissa, `e`, sign, at least two exponent digits.
 pub fn c_exp(value: f64, prec: usize) -> String {
     let s = format!("{value:.prec$e}");

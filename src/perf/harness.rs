@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 
 use super::args::{Args, MemoryFlag, Placement, TestOp};
 use super::coll::{Coll, Counts, Pattern};
-use super::format;
+use super::format::{self, engine_error, hostname};
 use super::json::{self, IterStats, JsonDoc};
 use super::launch::{self, Launch};
 
@@ -29,21 +29,6 @@ pub const CORRUPT_ENV: &str = "RCCL_PERF_CORRUPT";
 const TIMING_SEED: usize = 99;
 
 type Res<T> = Result<T, String>;
-
-/// Formats an engine error as nccl-tests reports a failed NCCL call.
-pub fn engine_error(what: &str) -> impl Fn(rccl::Error) -> String + '_ {
-    move |e| {
-        format!(
-            "{}: Test NCCL failure {what} '{e}' (ncclResult_t {})",
-            hostname(),
-            e.code()
-        )
-    }
-}
-
-fn engine(what: &str) -> impl Fn(rccl::Error) -> String + '_ {
-    engine_error(what)
-}
 
 /// Runs the perf test `coll` with this process's command line; the exit
 /// status follows nccl-tests (non-zero on wrong data or failures).
@@ -66,18 +51,6 @@ pub fn main(coll: Coll) -> ExitCode {
         let _ = std::io::stdout().flush();
         ExitCode::from(2)
     })
-}
-
-/// The host's name.
-pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: buf is writable for its length.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// -I and -K after nccl-tests' checks (which disable them with a note).
@@ -201,9 +174,9 @@ fn run_ranks(
     match launch {
         Launch::Threads => {
             let nranks = args.nthreads * args.ngpus;
-            let all = Communicator::init_all(nranks).map_err(engine("ncclCommInitAll"))?;
+            let all = Communicator::init_all(nranks).map_err(engine_error("ncclCommInitAll"))?;
             let books = Communicator::init_all_config(nranks, bookkeeping_config(all[0].config()))
-                .map_err(engine("ncclCommInitAll (bookkeeping)"))?;
+                .map_err(engine_error("ncclCommInitAll (bookkeeping)"))?;
             let mut it = all.into_iter().zip(books);
             for _ in 0..args.nthreads {
                 comms.push(it.by_ref().take(args.ngpus).collect());
@@ -228,7 +201,7 @@ fn run_ranks(
                     comm.rank() as i32,
                     bookkeeping_config(comm.config()),
                 )
-                .map_err(engine("ncclCommSplit (bookkeeping)"))?
+                .map_err(engine_error("ncclCommSplit (bookkeeping)"))?
                 .ok_or("the bookkeeping split gave this rank no communicator")?;
             comms.push(vec![(comm, books)]);
             device_base = *local_rank;
@@ -711,7 +684,7 @@ impl<'a> Worker<'a> {
             }
             Ok(())
         })
-        .map_err(engine("ncclAllGather"))?;
+        .map_err(engine_error("ncclAllGather"))?;
         let mut text = String::from("# Using devices\n");
         let (where_, what) = match self.setup.device {
             None => ("[cpu]".to_string(), "host memory"),
@@ -833,7 +806,7 @@ impl<'a> Worker<'a> {
             }
             Ok(())
         })
-        .map_err(engine("stats all-reduce"))?;
+        .map_err(engine_error("stats all-reduce"))?;
         Ok(recvs[0])
     }
 
@@ -849,7 +822,8 @@ impl<'a> Worker<'a> {
     /// return).
     fn complete(&self) -> Res<()> {
         for rank in &self.ranks {
-            rank.complete().map_err(engine(self.coll.program_name()))?;
+            rank.complete()
+                .map_err(engine_error(self.coll.program_name()))?;
         }
         Ok(())
     }
@@ -960,7 +934,7 @@ impl<'a> Worker<'a> {
                 }
                 Ok(())
             })
-            .map_err(engine(program))?;
+            .map_err(engine_error(program))?;
         }
         Ok(())
     }
@@ -1086,7 +1060,7 @@ impl<'a> Worker<'a> {
                 }
             }
             if agg_group {
-                let end = rccl::group_end().map_err(engine(self.coll.program_name()));
+                let end = rccl::group_end().map_err(engine_error(self.coll.program_name()));
                 r = r.and(end);
             }
             r?;
@@ -1278,7 +1252,7 @@ impl<'a> Worker<'a> {
             }
             Ok(())
         })
-        .map_err(engine("per-rank times all-gather"))?;
+        .map_err(engine_error("per-rank times all-gather"))?;
         Ok(recvs.swap_remove(0))
     }
 

@@ -115,7 +115,7 @@ pub struct MpiSession {
 /// Joins this process's communicator for a [`Launch::Env`] or
 /// [`Launch::Mpi`] launch.
 pub fn join(launch: &Launch) -> Result<(Communicator, Option<MpiSession>), String> {
-    let engine = |what: &'static str| super::harness::engine_error(what);
+    let engine = |what: &'static str| super::format::engine_error(what);
     match *launch {
         Launch::Threads => Err("join: not a process launch".into()),
         Launch::Env { .. } => Ok((
@@ -152,12 +152,12 @@ fn join_mpi(
         }
     }
     world.process_at_rank(0).broadcast_into(&mut bytes[..]);
-    made.map_err(super::harness::engine_error("ncclGetUniqueId"))?;
+    made.map_err(super::format::engine_error("ncclGetUniqueId"))?;
     if bytes.iter().all(|&b| b == 0) {
         return Err("rank 0 could not create the unique id".into());
     }
     let comm = Communicator::init_rank(nranks, &rccl::UniqueId(bytes), rank)
-        .map_err(super::harness::engine_error("ncclCommInitRank"))?;
+        .map_err(super::format::engine_error("ncclCommInitRank"))?;
     Ok((
         comm,
         Some(MpiSession {

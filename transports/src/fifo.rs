@@ -34,11 +34,13 @@ use parking_lot::Mutex;
 
 use crate::futex;
 use crate::wait::ParkOn;
+pub use rccl_algorithms::protocol::{fifo_bytes, Protocol, SLOT_HEADER};
+use rccl_algorithms::protocol::{
+    FIFO_ALIGN, FIFO_CONTROL_BYTES, LL128_DATA, LL128_LINE, LL_HEADER_WORDS,
+};
 
 /// Most slots a FIFO may have (NCCL uses 8 steps).
 pub const MAX_SLOTS: usize = 16;
-/// Alignment of the header and of each slot.
-const ALIGN: usize = 4096;
 
 /// No error: the connection is open.
 pub const OPEN: u32 = 0;
@@ -55,41 +57,6 @@ struct Header {
     head: CacheLine,
     sleepers: CacheLine,
     state: CacheLine,
-}
-
-/// How a slot carries its bytes and their readiness.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Protocol {
-    /// 8-byte words of 4 data bytes and a 4-byte flag.
-    Ll,
-    /// 128-byte lines of 120 data bytes and an 8-byte flag.
-    Ll128,
-    /// Whole pieces published by a tail counter.
-    Simple,
-}
-
-impl Protocol {
-    /// Every protocol, in NCCL's order.
-    pub const ALL: [Protocol; 3] = [Protocol::Ll, Protocol::Ll128, Protocol::Simple];
-
-    /// NCCL's name (`LL`, `LL128`, `Simple`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::Ll => "LL",
-            Protocol::Ll128 => "LL128",
-            Protocol::Simple => "Simple",
-        }
-    }
-
-    /// Bytes of FIFO memory one slot of `slot_bytes` payload takes.
-    fn slot_stride(self, slot_bytes: usize) -> usize {
-        let raw = match self {
-            Protocol::Simple => SIMPLE_META + slot_bytes,
-            Protocol::Ll => (LL_HEADER_WORDS + slot_bytes.div_ceil(4)) * 8,
-            Protocol::Ll128 => (1 + slot_bytes.div_ceil(LL128_DATA)) * LL128_LINE,
-        };
-        round_up(raw, 64)
-    }
 }
 
 /// The slots of a connection's FIFOs: how many, and each protocol's
@@ -109,17 +76,6 @@ impl FifoShape {
     }
 }
 
-impl Protocol {
-    /// Position in [`Protocol::ALL`].
-    pub fn index(self) -> usize {
-        match self {
-            Protocol::Ll => 0,
-            Protocol::Ll128 => 1,
-            Protocol::Simple => 2,
-        }
-    }
-}
-
 /// What a piece says about the call it belongs to, so that a receiver can
 /// tell a piece of a different call from one of its own.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -131,15 +87,6 @@ pub struct Tag {
     /// The call's count (low bits).
     pub count: u32,
 }
-
-/// Bytes in front of a Simple slot's payload: its length and tag
-/// ([`write_slot_header`]), then padding to a cache line.
-const SIMPLE_META: usize = 64;
-
-/// Bytes of a Simple slot in front of its payload. A proxy that moves
-/// slots whole ([`Fifo::peek_slot`], [`Fifo::reserve_slot`]) moves these
-/// too, so the piece's length and tag travel with it.
-pub const SLOT_HEADER: usize = SIMPLE_META;
 
 /// Writes a Simple slot's header: the piece's length, then its tag's seq,
 /// call and count, each a native-endian `u32`.
@@ -177,11 +124,6 @@ pub trait Doorbell: Send + Sync {
     /// Someone moved the FIFO.
     fn ring(&self);
 }
-/// LL words in front of a slot's payload: length, seq, call, count.
-const LL_HEADER_WORDS: usize = 4;
-/// Bytes of an LL128 line, and the data bytes it carries.
-const LL128_LINE: usize = 128;
-const LL128_DATA: usize = 120;
 
 /// Memory that holds one FIFO: its control block (counters, state, notes),
 /// then its slots, or the two apart.
@@ -230,7 +172,7 @@ unsafe impl Sync for HeapMemory {}
 impl HeapMemory {
     /// Allocates `len` zeroed bytes aligned to 4096.
     pub fn new(len: usize) -> HeapMemory {
-        let layout = Layout::from_size_align(len.max(ALIGN), ALIGN).expect("FIFO layout");
+        let layout = Layout::from_size_align(len.max(FIFO_ALIGN), FIFO_ALIGN).expect("FIFO layout");
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
@@ -256,22 +198,12 @@ impl FifoMemory for HeapMemory {
     }
 }
 
-/// Bytes a FIFO of `nslots` slots of `slot_bytes` payload each needs.
-pub fn fifo_bytes(proto: Protocol, nslots: usize, slot_bytes: usize) -> usize {
-    round_up(
-        control_bytes() + nslots * proto.slot_stride(slot_bytes),
-        ALIGN,
-    )
-}
-
 /// Bytes of a FIFO's control block, in front of its slots.
 pub fn control_bytes() -> usize {
-    round_up(std::mem::size_of::<Header>(), ALIGN)
+    FIFO_CONTROL_BYTES
 }
 
-fn round_up(n: usize, to: usize) -> usize {
-    n.div_ceil(to) * to
-}
+const _: () = assert!(std::mem::size_of::<Header>() <= FIFO_CONTROL_BYTES);
 
 /// A private buffer the LL protocols encode from or decode into.
 struct Staging {
@@ -348,7 +280,7 @@ impl Fifo {
             mem.len() >= fifo_bytes(proto, nslots, slot_bytes),
             "FIFO memory too small"
         );
-        assert_eq!(mem.base() as usize % ALIGN, 0, "FIFO memory alignment");
+        assert_eq!(mem.base() as usize % FIFO_ALIGN, 0, "FIFO memory alignment");
         assert_eq!(mem.slots() as usize % 64, 0, "FIFO slot alignment");
         let staging = if proto == Protocol::Simple {
             0
@@ -438,7 +370,7 @@ impl Fifo {
             return None;
         }
         Some(match self.proto {
-            Protocol::Simple => self.slot_ptr(tail).wrapping_add(SIMPLE_META),
+            Protocol::Simple => self.slot_ptr(tail).wrapping_add(SLOT_HEADER),
             Protocol::Ll | Protocol::Ll128 => self.produce.lock().words.as_mut_ptr().cast(),
         })
     }
@@ -452,7 +384,7 @@ impl Fifo {
         let meta = [len as u32, tag.seq, tag.call, tag.count];
         match self.proto {
             Protocol::Simple => {
-                // SAFETY: the slot starts with SIMPLE_META >= 16 bytes,
+                // SAFETY: the slot starts with SLOT_HEADER >= 16 bytes,
                 // 64-byte aligned, that only the producer writes until the
                 // tail moves past it.
                 unsafe { write_slot_header(slot, len as u32, tag) };
@@ -510,7 +442,7 @@ impl Fifo {
                 // payload are published and stay put until `release`.
                 let (len, tag) = unsafe { read_slot_header(slot) };
                 let len = (len as usize).min(self.slot_bytes);
-                Some((slot.wrapping_add(SIMPLE_META) as *const u8, len, tag))
+                Some((slot.wrapping_add(SLOT_HEADER) as *const u8, len, tag))
             }
             Protocol::Ll | Protocol::Ll128 => {
                 let mut staging = self.consume.lock();

@@ -8,8 +8,8 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr};
 
 use rccl_transports::auth_tcp::Secret;
-use rccl_transports::network::plugin::{self, Plugin};
-use rccl_transports::network::providers::{choose_from, NetInit};
+use rccl_transports::network::plugin::Plugin;
+use rccl_transports::network::providers::{choose_from, NetInit, Provider};
 use rccl_transports::network::socket::SocketDevice;
 
 fn init() -> NetInit {
@@ -32,7 +32,7 @@ fn a_plugin_whose_init_fails_is_passed_over_with_its_warning() {
     let failing = load(&common::failing_c_plugin());
     let working = load(&common::c_plugin());
     assert_eq!((failing.name(), failing.version()), ("Loopback", 8));
-    let list = [plugin::provider(failing), plugin::provider(working)];
+    let list = [Provider::plugin(failing), Provider::plugin(working)];
     let chosen = choose_from(&list, &init(), None).unwrap();
     assert_eq!(chosen.transport.name(), "NET/Loopback");
     assert_eq!(chosen.skipped.len(), 1);
@@ -47,8 +47,8 @@ fn a_plugin_whose_init_fails_is_passed_over_with_its_warning() {
 #[test]
 fn nccl_net_picks_a_plugin_by_its_own_name() {
     let list = [
-        plugin::provider(load(&common::exported_plugin())),
-        plugin::provider(load(&common::c_plugin())),
+        Provider::plugin(load(&common::exported_plugin())),
+        Provider::plugin(load(&common::c_plugin())),
     ];
     let chosen = choose_from(&list, &init(), Some("LOOPBACK")).unwrap();
     assert_eq!(chosen.transport.name(), "NET/Loopback");

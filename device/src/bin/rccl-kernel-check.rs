@@ -15,7 +15,8 @@
 use std::ffi::c_void;
 use std::process::ExitCode;
 
-use rccl_device::abi::{fifo_bytes, op, proto, FifoView, LoopbackArgs, ReduceArgs};
+use rccl_algorithms::protocol::{fifo_bytes, Protocol};
+use rccl_device::abi::{op, FifoView, LoopbackArgs, ReduceArgs};
 use rccl_device::cuda::{CUdeviceptr, CUstream, CudaError, Driver, Kernels, Memory};
 use rccl_device::twin;
 
@@ -278,13 +279,10 @@ fn check_fifos(gpu: &Gpu) -> Result<usize, CudaError> {
     fill(&mut src, 1, &mut rng);
     let mut wrong = 0;
     println!("# FIFO protocols, warp to warp ({bytes} bytes)");
-    for (name, protocol) in [
-        ("LL", proto::LL),
-        ("LL128", proto::LL128),
-        ("Simple", proto::SIMPLE),
-    ] {
+    for protocol in Protocol::ALL {
+        let name = protocol.name();
         let (nslots, slot_bytes) = (8u32, 4080u32);
-        let fifo_bytes = fifo_bytes(protocol, nslots, slot_bytes);
+        let fifo_bytes = fifo_bytes(protocol, nslots as usize, slot_bytes as usize);
         let mem = DevBuf::new(gpu, fifo_bytes)?;
         let d_src = DevBuf::new(gpu, bytes)?;
         let d_dst = DevBuf::new(gpu, bytes)?;
@@ -297,7 +295,7 @@ fn check_fifos(gpu: &Gpu) -> Result<usize, CudaError> {
         }
         d_src.upload(&src)?;
         let args = LoopbackArgs {
-            fifo: FifoView::whole(mem.ptr as *mut u8, protocol, nslots, slot_bytes),
+            fifo: FifoView::whole(mem.ptr as *mut u8, protocol.abi(), nslots, slot_bytes),
             src: d_src.ptr,
             dst: d_dst.ptr,
             bytes: bytes as u64,

@@ -13,6 +13,7 @@
 use std::fmt::Write as _;
 use std::sync::{Arc, RwLock};
 
+use super::plugin::{self, Plugin};
 use super::socket::{Socket, SocketDevice};
 use super::NetError;
 use super::Network;
@@ -54,10 +55,31 @@ impl Provider {
         }
     }
 
+    /// A provider for `plugin`, named as the plug-in names itself.
+    pub fn plugin(plugin: Arc<Plugin>) -> Provider {
+        Provider::new(plugin.name(), move |init: &NetInit| {
+            let net = plugin
+                .open(plugin_comm_id(init))
+                .map_err(|e| e.to_string())?;
+            Ok(Arc::new(Network::new(Arc::new(net))) as Arc<dyn Transport>)
+        })
+    }
+
     /// Its name.
     pub fn name(&self) -> &str {
         &self.name
     }
+}
+
+/// A hash of the communicator's secret: the `commId` a v11 or later
+/// plug-in is initialized with (the same on every rank).
+fn plugin_comm_id(init: &NetInit) -> u64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(b"rccl-rs net plug-in comm id")
+        .chain_update(init.secret.0)
+        .finalize();
+    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
 }
 
 impl std::fmt::Debug for Provider {
@@ -103,13 +125,14 @@ fn builtin() -> Vec<Provider> {
 }
 
 /// Every provider, in order of preference: registered ones, the net
-/// plug-ins that loaded, the built-in networks.
+/// plug-ins that loaded (in `NCCL_NET_PLUGIN`'s order), the built-in
+/// networks.
 pub fn providers() -> Vec<Provider> {
     let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
     registered
         .iter()
         .cloned()
-        .chain(super::plugin::providers())
+        .chain(plugin::loaded().iter().cloned().map(Provider::plugin))
         .chain(builtin())
         .collect()
 }

@@ -31,12 +31,10 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 use super::checks::{check_recv, check_unspent, nothing_to_flush, Registration};
-use super::providers::{NetInit, Provider};
 use super::{
-    CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Network, Properties, PtrSupport,
-    RecvBuffer, Sizes, MAX_RECVS, NET_HANDLE_MAXSIZE, NET_MAX_REQUESTS,
+    CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, RecvBuffer,
+    Sizes, MAX_RECVS, NET_HANDLE_MAXSIZE, NET_MAX_REQUESTS,
 };
-use crate::transport::Transport;
 use abi::{CommConfig, NcclResult, NetV10, NetV11, NetV12, NetV8, NetV9};
 use rccl_env::logger;
 
@@ -337,7 +335,7 @@ impl Plugin {
 
 /// The plug-ins `NCCL_NET_PLUGIN` names, loaded once per process; each
 /// that failed to load is logged with the reason.
-fn loaded() -> &'static [Arc<Plugin>] {
+pub(crate) fn loaded() -> &'static [Arc<Plugin>] {
     static LOADED: OnceLock<Vec<Arc<Plugin>>> = OnceLock::new();
     LOADED.get_or_init(|| {
         let var = rccl_env::var("NCCL_NET_PLUGIN");
@@ -362,30 +360,6 @@ fn loaded() -> &'static [Arc<Plugin>] {
             })
             .collect()
     })
-}
-
-/// A hash of the communicator's secret: the `commId` a v11 or later
-/// plug-in is initialized with (the same on every rank).
-fn comm_id(init: &NetInit) -> u64 {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::new()
-        .chain_update(b"rccl-rs net plug-in comm id")
-        .chain_update(init.secret.0)
-        .finalize();
-    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
-}
-
-/// A provider for `plugin`, named as the plug-in names itself.
-pub fn provider(plugin: Arc<Plugin>) -> Provider {
-    Provider::new(plugin.name, move |init: &NetInit| {
-        let net = plugin.open(comm_id(init)).map_err(|e| e.to_string())?;
-        Ok(Arc::new(Network::new(Arc::new(net))) as Arc<dyn Transport>)
-    })
-}
-
-/// The providers of the plug-ins `NCCL_NET_PLUGIN` names, in its order.
-pub fn providers() -> Vec<Provider> {
-    loaded().iter().cloned().map(provider).collect()
 }
 
 /// A plug-in opened for one communicator.
