@@ -756,43 +756,33 @@ fn timing_out_after(timeout: Duration) -> rccl::Config {
 
 #[test]
 fn an_abort_stops_a_kernel_waiting_for_a_peer() {
-    over_the_model(
-        "an_abort_stops_a_kernel_waiting_for_a_peer",
-        &[
-            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
-            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
-        ],
-        || {
-            a_kernel_waits_for_a_peer_that_never_comes(
-                timing_out_after(Duration::from_secs(600)),
-                |comm, stream, _| {
-                    // The kernel is resident and waiting.
-                    std::thread::sleep(Duration::from_millis(300));
-                    assert!(
-                        stream
-                            .synchronize(Instant::now() + Duration::from_millis(50))
-                            .is_err(),
-                        "the kernel finished without its peer"
-                    );
-                    // SAFETY: a live communicator, aborted once.
-                    assert_eq!(unsafe { ncclCommAbort(comm) }, ncclSuccess);
+    over_the_model("an_abort_stops_a_kernel_waiting_for_a_peer", &[], || {
+        a_kernel_waits_for_a_peer_that_never_comes(
+            timing_out_after(Duration::from_secs(600)),
+            |comm, stream, _| {
+                // The kernel is resident and waiting.
+                std::thread::sleep(Duration::from_millis(300));
+                assert!(
                     stream
-                        .synchronize(Instant::now() + Duration::from_secs(1))
-                        .expect("the kernel stops within 1 s of ncclCommAbort");
-                },
-            )
-        },
-    );
+                        .synchronize(Instant::now() + Duration::from_millis(50))
+                        .is_err(),
+                    "the kernel finished without its peer"
+                );
+                // SAFETY: a live communicator, aborted once.
+                assert_eq!(unsafe { ncclCommAbort(comm) }, ncclSuccess);
+                stream
+                    .synchronize(Instant::now() + Duration::from_secs(1))
+                    .expect("the kernel stops within 1 s of ncclCommAbort");
+            },
+        )
+    });
 }
 
 #[test]
 fn a_kernel_waiting_for_a_peer_fails_at_the_timeout() {
     over_the_model(
         "a_kernel_waiting_for_a_peer_fails_at_the_timeout",
-        &[
-            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
-            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
-        ],
+        &[],
         || {
             a_kernel_waits_for_a_peer_that_never_comes(
                 timing_out_after(Duration::from_millis(2000)),
@@ -819,23 +809,16 @@ fn a_kernel_waiting_for_a_peer_fails_at_the_timeout() {
 
 #[test]
 fn a_huge_timeout_does_not_wrap() {
-    over_the_model(
-        "a_huge_timeout_does_not_wrap",
-        &[
-            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
-            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
-        ],
-        || {
-            // 15625 * this many ms, in 64 ns polls, is 2^64 + 10884: a
-            // count that wraps gives up after a few thousand polls.
-            let ms = 1_180_591_620_717_412;
-            two_ranks_all_reduce_with(
-                timing_out_after(Duration::from_millis(ms)),
-                second_rank_calls_late,
-                1.0,
-            )
-        },
-    );
+    over_the_model("a_huge_timeout_does_not_wrap", &[], || {
+        // 15625 * this many ms, in 64 ns polls, is 2^64 + 10884: a
+        // count that wraps gives up after a few thousand polls.
+        let ms = 1_180_591_620_717_412;
+        two_ranks_all_reduce_with(
+            timing_out_after(Duration::from_millis(ms)),
+            second_rank_calls_late,
+            1.0,
+        )
+    });
 }
 
 /// cuMemcpyHtoDAsync through the model.
@@ -895,10 +878,7 @@ fn premulsum_scalar_set_on_the_stream(
 fn a_device_premulsum_scalar_is_read_when_the_collective_runs() {
     over_the_model(
         "a_device_premulsum_scalar_is_read_when_the_collective_runs",
-        &[
-            ("RCCL_CUDA_MODEL_ALLOC_WAITS", "0"),
-            ("RCCL_CUDA_MODEL_SYNC_COPIES", "1"),
-        ],
+        &[],
         || {
             two_ranks_all_reduce_scaled(premulsum_scalar_set_on_the_stream, 3.0);
         },

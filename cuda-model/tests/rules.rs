@@ -1180,93 +1180,6 @@ fn vmm_memory_is_inaccessible_until_access_is_set() {
             let other = alloc(64);
             k.copy(ptr, other, 64, s);
             fails!(ILLEGAL_ADDRESS, (cu().cuStreamSynchronize)(s));
-unsafe extern "C" fn destroyed(arg: P) {
-    // SAFETY: a leaked counter.
-    let count = unsafe { &*(arg as *const AtomicU32) };
-    // A destructor may not call the driver either.
-    let mut ctx = std::ptr::null_mut();
-    // SAFETY: the model's entry point with a valid out-pointer.
-    let answer = unsafe { (cu().cuCtxGetCurrent)(&mut ctx) };
-    count.fetch_add(
-        if answer == NOT_PERMITTED { 1 } else { 100 },
-        Ordering::Release,
-    );
-}
-
-/// Waits (boundedly) until `count` reads `want`.
-fn reaches(count: &AtomicU32, want: u32) -> bool {
-    let until = std::time::Instant::now() + Duration::from_secs(5);
-    while count.load(Ordering::Acquire) != want && std::time::Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    count.load(Ordering::Acquire) == want
-}
-
-#[test]
-fn a_user_object_lives_until_its_graph_and_executables_are_gone() {
-    isolated(
-        "a_user_object_lives_until_its_graph_and_executables_are_gone",
-        &[],
-        || {
-            context(0);
-            let count: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(0)));
-            let arg = count as *const AtomicU32 as P;
-            let mut object = std::ptr::null_mut();
-            // CU_USER_OBJECT_NO_DESTRUCTOR_SYNC is required; a count too.
-            fails!(
-                INVALID_VALUE,
-                (cu().cuUserObjectCreate)(&mut object, arg, destroyed, 1, 0)
-            );
-            fails!(
-                INVALID_VALUE,
-                (cu().cuUserObjectCreate)(&mut object, arg, destroyed, 0, 1)
-            );
-            ok!((cu().cuUserObjectCreate)(&mut object, arg, destroyed, 1, 1));
-            let s = stream(NON_BLOCKING);
-            ok!((cu().cuStreamBeginCapture_v2)(s, 2));
-            let (mut status, mut capturing) = (0u32, std::ptr::null_mut());
-            let none: P = std::ptr::null_mut();
-            ok!((cu().cuStreamGetCaptureInfo_v3)(
-                s,
-                &mut status,
-                none.cast(),
-                &mut capturing,
-                none.cast(),
-                none.cast(),
-                none.cast()
-            ));
-            assert_eq!(status, 1, "CU_STREAM_CAPTURE_STATUS_ACTIVE");
-            // Moving more references than the caller owns is refused.
-            fails!(
-                INVALID_VALUE,
-                (cu().cuGraphRetainUserObject)(capturing, object, 2, 1)
-            );
-            ok!((cu().cuGraphRetainUserObject)(capturing, object, 1, 1));
-            fails!(INVALID_VALUE, (cu().cuUserObjectRelease)(object, 1));
-            ok!((cu().cuLaunchHostFunc)(s, count_call, arg));
-            let mut graph = std::ptr::null_mut();
-            ok!((cu().cuStreamEndCapture)(s, &mut graph));
-            assert_eq!(graph, capturing, "the graph the capture info named");
-            let mut exec = std::ptr::null_mut();
-            ok!((cu().cuGraphInstantiateWithFlags)(&mut exec, graph, 0));
-            ok!((cu().cuGraphDestroy)(graph));
-            // The executable keeps the object.
-            ok!((cu().cuGraphLaunch)(exec, s));
-            ok!((cu().cuStreamSynchronize)(s));
-            std::thread::sleep(Duration::from_millis(50));
-            assert_eq!(
-                count.load(Ordering::Acquire),
-                1,
-                "the host node ran once, no destructor"
-            );
-            ok!((cu().cuGraphExecDestroy)(exec));
-            // The destructor runs once, on the driver's thread, where it
-            // may not call the driver.
-            assert!(
-                reaches(count, 2),
-                "destructor: {}",
-                count.load(Ordering::Acquire)
-            );
         },
     );
 }
@@ -1339,52 +1252,6 @@ fn vmm_memory_released_while_mapped_lives_until_unmapped() {
             );
             fails!(INVALID_VALUE, (cu().cuMemMap)(ptr, g, 0, handle, 0));
             ok!((cu().cuMemAddressFree)(ptr, g));
-fn capture_info_answers_and_refuses_as_documented() {
-    isolated(
-        "capture_info_answers_and_refuses_as_documented",
-        &[],
-        || {
-            context(0);
-            let none: P = std::ptr::null_mut();
-            let info = |s: P, status: &mut u32, id: &mut u64| {
-                // SAFETY: the model's entry point with valid out-pointers.
-                unsafe {
-                    (cu().cuStreamGetCaptureInfo_v3)(
-                        s,
-                        status,
-                        id,
-                        none.cast(),
-                        none.cast(),
-                        none.cast(),
-                        none.cast(),
-                    )
-                }
-            };
-            let (mut status, mut id) = (9u32, 0u64);
-            let s = stream(0);
-            assert_eq!(info(s, &mut status, &mut id), SUCCESS);
-            assert_eq!(status, 0, "CU_STREAM_CAPTURE_STATUS_NONE");
-            ok!((cu().cuStreamBeginCapture_v2)(s, 2));
-            assert_eq!(info(s, &mut status, &mut id), SUCCESS);
-            assert_eq!(status, 1);
-            // The legacy stream while a blocking stream captures.
-            assert_eq!(info(none, &mut status, &mut id), CAPTURE_IMPLICIT);
-            // The status is required.
-            // SAFETY: the model's entry point; the status pointer is null.
-            let answer = unsafe {
-                (cu().cuStreamGetCaptureInfo_v3)(
-                    s,
-                    none.cast(),
-                    none.cast(),
-                    none.cast(),
-                    none.cast(),
-                    none.cast(),
-                    none.cast(),
-                )
-            };
-            assert_eq!(answer, INVALID_VALUE);
-            let mut graph = std::ptr::null_mut();
-            ok!((cu().cuStreamEndCapture)(s, &mut graph));
         },
     );
 }
@@ -1504,6 +1371,151 @@ fn a_dma_buf_of_vmm_memory_starts_at_the_range() {
             bytes
         };
         assert_eq!(bytes, b"dma-buf");
+    });
+}
+
+unsafe extern "C" fn destroyed(arg: P) {
+    // SAFETY: a leaked counter.
+    let count = unsafe { &*(arg as *const AtomicU32) };
+    // A destructor may not call the driver either.
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: the model's entry point with a valid out-pointer.
+    let answer = unsafe { (cu().cuCtxGetCurrent)(&mut ctx) };
+    count.fetch_add(
+        if answer == NOT_PERMITTED { 1 } else { 100 },
+        Ordering::Release,
+    );
+}
+
+/// Waits (boundedly) until `count` reads `want`.
+fn reaches(count: &AtomicU32, want: u32) -> bool {
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while count.load(Ordering::Acquire) != want && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    count.load(Ordering::Acquire) == want
+}
+
+#[test]
+fn a_user_object_lives_until_its_graph_and_executables_are_gone() {
+    isolated(
+        "a_user_object_lives_until_its_graph_and_executables_are_gone",
+        &[],
+        || {
+            context(0);
+            let count: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(0)));
+            let arg = count as *const AtomicU32 as P;
+            let mut object = std::ptr::null_mut();
+            // CU_USER_OBJECT_NO_DESTRUCTOR_SYNC is required; a count too.
+            fails!(
+                INVALID_VALUE,
+                (cu().cuUserObjectCreate)(&mut object, arg, destroyed, 1, 0)
+            );
+            fails!(
+                INVALID_VALUE,
+                (cu().cuUserObjectCreate)(&mut object, arg, destroyed, 0, 1)
+            );
+            ok!((cu().cuUserObjectCreate)(&mut object, arg, destroyed, 1, 1));
+            let s = stream(NON_BLOCKING);
+            ok!((cu().cuStreamBeginCapture_v2)(s, 2));
+            let (mut status, mut capturing) = (0u32, std::ptr::null_mut());
+            let none: P = std::ptr::null_mut();
+            ok!((cu().cuStreamGetCaptureInfo_v3)(
+                s,
+                &mut status,
+                none.cast(),
+                &mut capturing,
+                none.cast(),
+                none.cast(),
+                none.cast()
+            ));
+            assert_eq!(status, 1, "CU_STREAM_CAPTURE_STATUS_ACTIVE");
+            // Moving more references than the caller owns is refused.
+            fails!(
+                INVALID_VALUE,
+                (cu().cuGraphRetainUserObject)(capturing, object, 2, 1)
+            );
+            ok!((cu().cuGraphRetainUserObject)(capturing, object, 1, 1));
+            fails!(INVALID_VALUE, (cu().cuUserObjectRelease)(object, 1));
+            ok!((cu().cuLaunchHostFunc)(s, count_call, arg));
+            let mut graph = std::ptr::null_mut();
+            ok!((cu().cuStreamEndCapture)(s, &mut graph));
+            assert_eq!(graph, capturing, "the graph the capture info named");
+            let mut exec = std::ptr::null_mut();
+            ok!((cu().cuGraphInstantiateWithFlags)(&mut exec, graph, 0));
+            ok!((cu().cuGraphDestroy)(graph));
+            // The executable keeps the object.
+            ok!((cu().cuGraphLaunch)(exec, s));
+            ok!((cu().cuStreamSynchronize)(s));
+            std::thread::sleep(Duration::from_millis(50));
+            assert_eq!(
+                count.load(Ordering::Acquire),
+                1,
+                "the host node ran once, no destructor"
+            );
+            ok!((cu().cuGraphExecDestroy)(exec));
+            // The destructor runs once, on the driver's thread, where it
+            // may not call the driver.
+            assert!(
+                reaches(count, 2),
+                "destructor: {}",
+                count.load(Ordering::Acquire)
+            );
+        },
+    );
+}
+
+#[test]
+fn capture_info_answers_and_refuses_as_documented() {
+    isolated(
+        "capture_info_answers_and_refuses_as_documented",
+        &[],
+        || {
+            context(0);
+            let none: P = std::ptr::null_mut();
+            let info = |s: P, status: &mut u32, id: &mut u64| {
+                // SAFETY: the model's entry point with valid out-pointers.
+                unsafe {
+                    (cu().cuStreamGetCaptureInfo_v3)(
+                        s,
+                        status,
+                        id,
+                        none.cast(),
+                        none.cast(),
+                        none.cast(),
+                        none.cast(),
+                    )
+                }
+            };
+            let (mut status, mut id) = (9u32, 0u64);
+            let s = stream(0);
+            assert_eq!(info(s, &mut status, &mut id), SUCCESS);
+            assert_eq!(status, 0, "CU_STREAM_CAPTURE_STATUS_NONE");
+            ok!((cu().cuStreamBeginCapture_v2)(s, 2));
+            assert_eq!(info(s, &mut status, &mut id), SUCCESS);
+            assert_eq!(status, 1);
+            // The legacy stream while a blocking stream captures.
+            assert_eq!(info(none, &mut status, &mut id), CAPTURE_IMPLICIT);
+            // The status is required.
+            // SAFETY: the model's entry point; the status pointer is null.
+            let answer = unsafe {
+                (cu().cuStreamGetCaptureInfo_v3)(
+                    s,
+                    none.cast(),
+                    none.cast(),
+                    none.cast(),
+                    none.cast(),
+                    none.cast(),
+                    none.cast(),
+                )
+            };
+            assert_eq!(answer, INVALID_VALUE);
+            let mut graph = std::ptr::null_mut();
+            ok!((cu().cuStreamEndCapture)(s, &mut graph));
+        },
+    );
+}
+
 #[test]
 fn an_external_event_wait_node_waits_for_the_events_record_on_each_launch() {
     isolated(
