@@ -9,10 +9,12 @@ mod common;
 #[path = "common/driver_model.rs"]
 mod driver_model;
 
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::test_config;
-use driver_model::{over_the_model, over_the_model_in};
+use driver_model::{driver_folder, over_the_model, over_the_model_in, RAN};
 use rccl::device::{self, Device};
 use rccl::Communicator;
 use rcclrs::registry::{self, Entry, Slot};

@@ -39,7 +39,7 @@ impl WorkLinks for OpLinks<'_> {
                 FifoView {
                     base: mem.base(),
                     slots: mem.slots(),
-                    proto: Protocol::Simple.index() as u32,
+                    proto: Protocol::Simple.abi(),
                     nslots: fifo.nslots() as u32,
                     slot_bytes: fifo.slot_bytes() as u32,
                     pad: 0,

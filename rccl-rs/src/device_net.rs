@@ -18,6 +18,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
+use rccl_algorithms::protocol::FIFO_ALIGN;
 use rccl_device::Device;
 use rccl_transports::fifo::{control_bytes, FifoMemory};
 use rccl_transports::network::PtrSupport;
@@ -118,9 +119,13 @@ pub(crate) fn slots_in(conn: &dyn Connection) -> &'static str {
     }
 }
 
-/// Page-locked host memory that the device reaches, freed on drop.
+/// Page-locked host memory that the device reaches, freed on drop. Its
+/// usable part starts at `ptr`, aligned for a FIFO: the driver promises
+/// page-locked memory, not its alignment, so the allocation is padded and
+/// `raw` is what it returned.
 struct HostMem {
     device: &'static dyn Device,
+    raw: *mut u8,
     ptr: *mut u8,
 }
 
@@ -132,13 +137,15 @@ unsafe impl Sync for HostMem {}
 
 impl HostMem {
     fn zeroed(device: &'static dyn Device, bytes: usize) -> io::Result<HostMem> {
-        let ptr = device
-            .alloc_host(bytes)
+        let raw = device
+            .alloc_host(bytes + FIFO_ALIGN - 1)
             .map_err(|e| io::Error::other(e.to_string()))?;
-        // SAFETY: `alloc_host` returned `bytes` of host memory nobody else
-        // holds yet.
+        let ptr = raw.wrapping_add(raw.align_offset(FIFO_ALIGN));
+        // SAFETY: `alloc_host` returned `bytes + FIFO_ALIGN - 1` bytes of
+        // host memory nobody else holds yet; `ptr` is at most
+        // `FIFO_ALIGN - 1` past its start.
         unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
-        Ok(HostMem { device, ptr })
+        Ok(HostMem { device, raw, ptr })
     }
 }
 
@@ -148,7 +155,7 @@ impl Drop for HostMem {
         // connection and every launch that used it are done with it (each
         // launch holds the FIFO until it ends). Nothing is left to do about
         // a failure here.
-        let _ = unsafe { self.device.free_host(self.ptr) };
+        let _ = unsafe { self.device.free_host(self.raw) };
     }
 }
 

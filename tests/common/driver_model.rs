@@ -37,7 +37,7 @@ pub fn driver_folder(test: &str, stub_copy: bool) -> PathBuf {
 }
 
 /// What a child prints when its case ran to the end.
-const RAN: &str = "the case ran over the CUDA driver model";
+pub const RAN: &str = "the case ran over the CUDA driver model";
 
 /// Runs `body` in a child process on the model.
 pub fn over_the_model(test: &str, env: &[(&str, &str)], body: fn()) {
