@@ -9,9 +9,10 @@
 # needed; the table also goes to target/check-kernels.md.
 #
 # cuobjdump (and nvdisasm, which its -sass runs) come from NVIDIA's PyPI
-# wheels into .cuda/sass-tools (ignored by git). Their wheels start at
-# 13.2, which reads the cubins nvcc 13.0 writes; the pin keeps the SASS
-# spelling the parser reads fixed.
+# wheels into .cuda/sass-tools (ignored by git; RCCL_SASS_TOOLS names
+# another folder). Their wheels start at 13.2, which reads the cubins
+# nvcc 13.0 writes; the pin keeps the SASS spelling the parser reads
+# fixed. A failed download is tried once more, then the check exits 2.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -81,7 +81,7 @@ class Kernel:
     ordered_stores: int = 0
     atomics: int = 0
     # (attribute, x*y*z) or None when the kernel declares no block size.
-    threads: tuple | None = None
+    threads: tuple[str, int] | None = None
 
     def narrow(self) -> int:
         return sum(n for c in (self.loads, self.stores) for w, n in c.items() if w < 128)
@@ -148,10 +148,10 @@ def read_thread_attributes(elf: str, kernels: dict[str, Kernel]) -> None:
     pending = None
     for line in elf.splitlines():
         if m := INFO_SECTION.match(line):
-            current = kernels.get(m.group(1))
+            current, pending = kernels.get(m.group(1)), None
             continue
         if line.startswith("."):
-            current = None
+            current, pending = None, None
         if current is None:
             continue
         if m := THREAD_ATTRIBUTE.search(line):
