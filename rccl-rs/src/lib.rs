@@ -9,7 +9,6 @@
 
 mod api;
 mod bootstrap;
-mod call;
 mod comm;
 mod config;
 mod connect;
@@ -19,19 +18,18 @@ mod device_links;
 mod device_net;
 mod device_share;
 mod device_work;
-mod diagnose;
 mod error;
-mod executor;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 mod group;
 mod host_staging;
+mod host_work;
 // Public for the workspace's kernel benchmarks and the simulator's probe
 // of this machine; not part of the API.
 #[doc(hidden)]
 pub mod kernels;
 mod launch;
-mod launch_key;
+mod launcher;
 mod net;
 mod op;
 mod plan;
@@ -41,10 +39,12 @@ mod selection;
 mod signal;
 mod state;
 mod stream;
-mod stuck;
 mod tuner_plugin;
 pub mod tuning;
 mod types;
+
+// The device work files name the host work's modules at the crate root.
+use host_work::{call, executor, stuck};
 
 pub use api::{CollCall, Element, Group, F8E4M3, F8E5M2};
 pub use bootstrap::{Bootstrap, UniqueId};

@@ -10,11 +10,11 @@ use smallvec::SmallVec;
 use rccl_algorithms::{p2p_schedule, CollKind, CollSpec, P2pOp, Schedule, Topology};
 use rccl_transports::{Protocol, Tag};
 
-use crate::call::{call_tag, P2P_CALL};
 use crate::comm::CommInner;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::executor::{Binding, BoardOp, Buffers, OpWork, Reduction, Segment};
+use crate::host_work::call::{call_tag, P2P_CALL};
+use crate::host_work::executor::{Binding, BoardOp, Buffers, OpWork, Reduction, Segment};
 use crate::kernels::{ReduceKernel, Store};
 use crate::op::{OpKind, RawOp};
 use crate::tuning;

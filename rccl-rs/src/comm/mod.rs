@@ -18,7 +18,7 @@ use crate::net::Nic;
 use crate::bootstrap::{Bootstrap, UniqueId};
 use crate::config::{Config, MAX_CHANNELS};
 use crate::error::{Error, Result};
-use crate::executor;
+use crate::host_work::executor;
 use crate::state::ExecState;
 
 /// What each rank tells the others at init.
@@ -248,7 +248,7 @@ pub(crate) struct CommInner {
     pub exec: Mutex<ExecState>,
     pub activity: Mutex<Activity>,
     /// What peers waiting on this rank said they run.
-    pub heard: Mutex<crate::stuck::Heard>,
+    pub heard: Mutex<crate::host_work::stuck::Heard>,
     splits: AtomicU64,
     /// The cost model's link figures, read once at init.
     pub link_model: crate::tuning::LinkModel,
@@ -558,7 +558,7 @@ impl CommInner {
         };
         let gone = Error::Remote(format!("rank {}: {} {why}", self.rank, self.describe(peer)));
         // A failure the peer told before it went is the news, not its end.
-        Some(crate::stuck::peer_failure(self).unwrap_or(gone))
+        Some(crate::host_work::stuck::peer_failure(self).unwrap_or(gone))
     }
 
     /// Whether what `peer`, whose process is gone, said before it went has
@@ -612,7 +612,7 @@ impl PeerWatch {
             return Ok(());
         }
         self.next = Some(now + executor::STALL_CHECK_EVERY);
-        let failure = crate::stuck::peer_failure(comm)
+        let failure = crate::host_work::stuck::peer_failure(comm)
             .or_else(|| peers.iter().find_map(|&peer| comm.peer_gone(peer)));
         failure.map_or(Ok(()), Err)
     }
@@ -1172,7 +1172,7 @@ pub(crate) fn failure_note(comm: &CommInner, error: &Error) -> String {
     )
 }
 
-impl crate::stuck::Member for CommInner {
+impl crate::host_work::stuck::Member for CommInner {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -1182,7 +1182,7 @@ impl crate::stuck::Member for CommInner {
     fn bootstrap(&self) -> &Bootstrap {
         &self.bootstrap
     }
-    fn heard(&self) -> &Mutex<crate::stuck::Heard> {
+    fn heard(&self) -> &Mutex<crate::host_work::stuck::Heard> {
         &self.heard
     }
 }
