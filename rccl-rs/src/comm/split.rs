@@ -1,6 +1,6 @@
 //! Splitting a communicator (`ncclCommSplit`): every rank tells its color
-//! and key, each color's lowest member makes the new unique id and sends
-//! it to the others, and they join it.
+//! and key, each color's first member (by key, then rank) makes the new
+//! unique id and sends it to the others, and they join it.
 
 use std::sync::atomic::Ordering;
 
