@@ -48,10 +48,11 @@ use host_work::{call, executor, stuck};
 
 pub use api::{CollCall, Element, Group, F8E4M3, F8E5M2};
 pub use bootstrap::{Bootstrap, UniqueId};
-pub use comm::{hang_report, launcher_rank_from_env, rank_from_env, Communicator};
+pub use comm::{hang_report, Communicator};
 pub use config::{last_level_cache_bytes, Config, MAX_CHANNELS};
 pub use error::{Error, Result};
 pub use group::{group_depth, group_end, group_fail, group_simulate_end, group_start};
+pub use launcher::{launcher_rank_from_env, rank_from_env};
 pub use plan::{PlannedCollective, PlannedComm, PlannedP2p};
 pub use rccl_algorithms::CollKind;
 /// GPU memory, streams and events (the `rccl-device` crate): what callers of
