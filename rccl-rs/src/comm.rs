@@ -257,11 +257,11 @@ pub(crate) struct CommInner {
     pub queued: crate::queue::Queued,
     /// This communicator's context of a C tuner plug-in
     /// (`NCCL_TUNER_PLUGIN`), finalized when the communicator goes.
-    tuner: Option<crate::tuner_plugin::CTuner>,
+    tuner: Option<crate::plugins::tuner::CTuner>,
     /// This communicator's context of a C profiler plug-in
     /// (`NCCL_PROFILER_PLUGIN`), finalized when the communicator goes;
     /// `None`, the common case, costs a call one test.
-    pub profiler: Option<crate::profiler_plugin::CProfiler>,
+    pub profiler: Option<crate::plugins::profiler::CProfiler>,
 }
 
 impl crate::queue::Owner for CommInner {
@@ -765,9 +765,13 @@ impl Communicator {
             })
             .collect();
         let topology = Topology::from_hosts(host_of);
-        let tuner = crate::tuner_plugin::open(nranks, topology.hosts(), hash_of(&bootstrap));
-        let profiler =
-            crate::profiler_plugin::open(hash_of(&bootstrap), topology.hosts().len(), nranks, rank);
+        let tuner = crate::plugins::tuner::open(nranks, topology.hosts(), hash_of(&bootstrap));
+        let profiler = crate::plugins::profiler::open(
+            hash_of(&bootstrap),
+            topology.hosts().len(),
+            nranks,
+            rank,
+        );
         let channels = config.max_channels;
         let no_links = || {
             (0..channels)

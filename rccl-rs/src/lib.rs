@@ -35,14 +35,13 @@ mod launch_key;
 mod net;
 mod op;
 mod plan;
-mod profiler_plugin;
+mod plugins;
 mod queue;
 mod selection;
 mod signal;
 mod state;
 mod stream;
 mod stuck;
-mod tuner_plugin;
 pub mod tuning;
 mod types;
 

@@ -36,7 +36,7 @@ pub(crate) struct RawOp {
     pub stream: Option<crate::queue::StreamRef>,
     /// Its API event of a profiler plug-in, the parent of its collective
     /// or point-to-point event.
-    pub api_event: crate::profiler_plugin::ApiEvent,
+    pub api_event: crate::plugins::profiler::ApiEvent,
 }
 
 impl RawOp {
