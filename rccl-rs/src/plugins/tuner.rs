@@ -1,10 +1,10 @@
 //! NCCL tuner plug-ins (`NCCL_TUNER_PLUGIN`): a `.so` written for NCCL's
 //! `ncclTuner_v2` .. `_v6` interface as a per-communicator [`TunerPlugin`].
 //!
-//! Loading follows NCCL's rules: `NCCL_TUNER_PLUGIN` unset, the library
-//! `libnccl-tuner.so`, else the net plug-in's library (`NCCL_NET_PLUGIN`'s
-//! rules) if it exports a tuner; set, `libnccl-tuner-X.so` then `X` (a file
-//! name or a path); `none`, nothing. Of a library, the newest of the symbols
+//! Loading follows NCCL's rules (`rccl_env::load`): `NCCL_TUNER_PLUGIN`
+//! names the library, unset `libnccl-tuner.so`, else the net plug-in's
+//! library (`NCCL_NET_PLUGIN`'s rules) if it exports a tuner; `none`,
+//! nothing. Of a library, the newest of the symbols
 //! `ncclTunerPlugin_v6` .. `_v2` is taken. Each communicator initializes
 //! its own context (`init` with its rank count, host count and hash) and
 //! finalizes it when it is dropped.
@@ -23,12 +23,13 @@
 //! `getChunkSize` may resize the chunks. Each choice is logged under
 //! `NCCL_DEBUG_SUBSYS=TUNING`.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 use rccl_algorithms::CollKind;
-use rccl_env::{library_names, logger};
+use rccl_env::load::{Kind, Library, Subsystem};
+use rccl_env::logger;
 use rccl_transports::network::plugin::net_library_names;
 use rccl_transports::Protocol;
 
@@ -72,50 +73,31 @@ fn func(kind: CollKind) -> Option<c_int> {
 }
 
 type InitV2 = unsafe extern "C" fn(usize, usize, Logger, *mut Context) -> NcclResult;
-type DestroyFn = unsafe extern "C" fn(Context) -> NcclResult;
-
-/// `ncclTuner_v2_t`.
-#[repr(C)]
-struct TunerV2 {
-    name: *const c_char,
-    init: Option<InitV2>,
-    get_coll_info: Option<
-        unsafe extern "C" fn(
-            Context,
-            c_int,
-            usize,
-            c_int,
-            c_int,
-            c_int,
-            *mut c_int,
-            *mut c_int,
-            *mut c_int,
-        ) -> NcclResult,
-    >,
-    destroy: Option<DestroyFn>,
-}
-
-/// `ncclTuner_v3_t`.
-#[repr(C)]
-struct TunerV3 {
-    name: *const c_char,
-    init: Option<InitV2>,
-    get_coll_info: Option<
-        unsafe extern "C" fn(
-            Context,
-            c_int,
-            usize,
-            c_int,
-            *mut *mut f32,
-            c_int,
-            c_int,
-            *mut c_int,
-        ) -> NcclResult,
-    >,
-    destroy: Option<DestroyFn>,
-}
-
-/// `getCollInfo` of v4 to v6 (with `regBuff`).
+type FinalizeFn = unsafe extern "C" fn(Context) -> NcclResult;
+/// `getCollInfo` of v2: the algorithm and protocol by name.
+type CollInfoV2 = unsafe extern "C" fn(
+    Context,
+    c_int,
+    usize,
+    c_int,
+    c_int,
+    c_int,
+    *mut c_int,
+    *mut c_int,
+    *mut c_int,
+) -> NcclResult;
+/// `getCollInfo` of v3: the cost table.
+type CollInfoV3 = unsafe extern "C" fn(
+    Context,
+    c_int,
+    usize,
+    c_int,
+    *mut *mut f32,
+    c_int,
+    c_int,
+    *mut c_int,
+) -> NcclResult;
+/// `getCollInfo` of v4 to v6: v3's with `regBuff`.
 type CollInfoV4 = unsafe extern "C" fn(
     Context,
     c_int,
@@ -127,14 +109,24 @@ type CollInfoV4 = unsafe extern "C" fn(
     c_int,
     *mut c_int,
 ) -> NcclResult;
+type ChunkSizeFn =
+    unsafe extern "C" fn(Context, c_int, usize, c_int, c_int, c_int, *mut usize) -> NcclResult;
 
-/// `ncclTuner_v4_t`.
+/// `ncclTuner_v2_t` .. `_v5_t`: `I` and `C` are the version's `init` and
+/// `getCollInfo` (`destroy` is v5's `finalize`).
 #[repr(C)]
-struct TunerV4 {
+struct Table<I, C> {
     name: *const c_char,
-    init: Option<InitV2>,
-    get_coll_info: Option<CollInfoV4>,
-    destroy: Option<DestroyFn>,
+    init: Option<I>,
+    get_coll_info: Option<C>,
+    finalize: Option<FinalizeFn>,
+}
+
+/// `ncclTuner_v6_t`: v5's with `getChunkSize`.
+#[repr(C)]
+struct TableV6 {
+    v5: Table<InitV5, CollInfoV4>,
+    get_chunk_size: Option<ChunkSizeFn>,
 }
 
 /// `ncclNvlDomainInfo_v5_t`: here, a host's ranks share memory as an NVLink
@@ -166,152 +158,118 @@ type InitV5 = unsafe extern "C" fn(
     *mut Constants,
 ) -> NcclResult;
 
-/// `ncclTuner_v5_t`.
-#[repr(C)]
-struct TunerV5 {
-    name: *const c_char,
-    init: Option<InitV5>,
-    get_coll_info: Option<CollInfoV4>,
-    finalize: Option<DestroyFn>,
-}
-
-/// `ncclTuner_v6_t`.
-#[repr(C)]
-struct TunerV6 {
-    name: *const c_char,
-    init: Option<InitV5>,
-    get_coll_info: Option<CollInfoV4>,
-    finalize: Option<DestroyFn>,
-    get_chunk_size: Option<
-        unsafe extern "C" fn(Context, c_int, usize, c_int, c_int, c_int, *mut usize) -> NcclResult,
-    >,
-}
-
+/// `init` of each version.
 #[derive(Clone, Copy)]
-enum Table {
-    V2(&'static TunerV2),
-    V3(&'static TunerV3),
-    V4(&'static TunerV4),
-    V5(&'static TunerV5),
-    V6(&'static TunerV6),
+enum Init {
+    V2(InitV2),
+    V5(InitV5),
 }
 
-/// A loaded tuner library.
-struct Library {
-    table: Table,
-    name: String,
-    version: u32,
-    path: String,
+/// `getCollInfo` of each version.
+#[derive(Clone, Copy)]
+enum CollInfo {
+    V2(CollInfoV2),
+    V3(CollInfoV3),
+    V4(CollInfoV4),
 }
 
-// SAFETY: the tables are static data of a library that stays loaded; the
-// plug-in's functions are called as NCCL calls them, from any thread.
-unsafe impl Send for Library {}
-// SAFETY: as above; nothing in `Library` is mutated after loading.
-unsafe impl Sync for Library {}
-
-/// The newest tuner table `library` exports.
-fn table_of(library: &'static libloading::Library) -> Option<(Table, u32)> {
-    fn symbol<T>(library: &'static libloading::Library, name: &[u8]) -> Option<&'static T> {
-        // SAFETY: an `ncclTunerPlugin_vN` symbol is the plug-in's table of
-        // version N, whose layout `T` declares; the library is never
-        // unloaded.
-        unsafe { library.get::<*const T>(name).ok().map(|s| &**s) }
-    }
-    None.or_else(|| symbol(library, b"ncclTunerPlugin_v6\0").map(|t| (Table::V6(t), 6)))
-        .or_else(|| symbol(library, b"ncclTunerPlugin_v5\0").map(|t| (Table::V5(t), 5)))
-        .or_else(|| symbol(library, b"ncclTunerPlugin_v4\0").map(|t| (Table::V4(t), 4)))
-        .or_else(|| symbol(library, b"ncclTunerPlugin_v3\0").map(|t| (Table::V3(t), 3)))
-        .or_else(|| symbol(library, b"ncclTunerPlugin_v2\0").map(|t| (Table::V2(t), 2)))
+/// The entry points of a loaded tuner, whatever its version.
+struct Tuner {
+    library: Library,
+    init: Option<Init>,
+    get_coll_info: Option<CollInfo>,
+    finalize: Option<FinalizeFn>,
+    get_chunk_size: Option<ChunkSizeFn>,
 }
 
-/// Opens the first of `names` that loads and exports a tuner; `tried`
-/// collects why each other one was passed over.
-fn open_first(names: &[String], tried: &mut Vec<String>) -> Option<Library> {
-    for name in names {
-        // SAFETY: loading a library runs its initializers; a tuner plug-in
-        // is made to be loaded into the process this way.
-        let library = match unsafe { libloading::Library::new(name) } {
-            Ok(library) => library,
-            Err(e) => {
-                tried.push(format!("{name}: {e}"));
-                continue;
+/// The tuner plug-in's kind.
+const TUNER_PLUGIN: Kind = Kind {
+    file: "tuner",
+    symbol: "ncclTunerPlugin_v",
+    interface: "ncclTuner",
+    versions: &[6, 5, 4, 3, 2],
+    subsystem: Subsystem::InitTuning,
+    without: "using the internal tuner",
+};
+
+impl Tuner {
+    /// The entry points of `library`'s table, by its version.
+    fn of(library: Library) -> Tuner {
+        /// The entry points of a table of v2 to v5.
+        fn entries<I: Copy, C: Copy>(
+            table: &Table<I, C>,
+            init: fn(I) -> Init,
+            coll_info: fn(C) -> CollInfo,
+        ) -> (Option<Init>, Option<CollInfo>, Option<FinalizeFn>) {
+            (
+                table.init.map(init),
+                table.get_coll_info.map(coll_info),
+                table.finalize,
+            )
+        }
+        let mut get_chunk_size = None;
+        // SAFETY: each version's table has the layout declared for it.
+        let (init, get_coll_info, finalize) = unsafe {
+            match library.version {
+                2 => entries(
+                    library.table::<Table<InitV2, CollInfoV2>>(),
+                    Init::V2,
+                    CollInfo::V2,
+                ),
+                3 => entries(
+                    library.table::<Table<InitV2, CollInfoV3>>(),
+                    Init::V2,
+                    CollInfo::V3,
+                ),
+                4 => entries(
+                    library.table::<Table<InitV2, CollInfoV4>>(),
+                    Init::V2,
+                    CollInfo::V4,
+                ),
+                5 => entries(
+                    library.table::<Table<InitV5, CollInfoV4>>(),
+                    Init::V5,
+                    CollInfo::V4,
+                ),
+                _ => {
+                    let table = library.table::<TableV6>();
+                    get_chunk_size = table.get_chunk_size;
+                    entries(&table.v5, Init::V5, CollInfo::V4)
+                }
             }
         };
-        let library: &'static libloading::Library = Box::leak(Box::new(library));
-        let Some((table, version)) = table_of(library) else {
-            tried.push(format!(
-                "{name} exports none of ncclTunerPlugin_v6 .. ncclTunerPlugin_v2"
-            ));
-            continue;
-        };
-        let name_ptr = match table {
-            Table::V2(t) => t.name,
-            Table::V3(t) => t.name,
-            Table::V4(t) => t.name,
-            Table::V5(t) => t.name,
-            Table::V6(t) => t.name,
-        };
-        let plugin_name = if name_ptr.is_null() {
-            "tuner".to_string()
-        } else {
-            // SAFETY: the table's name is a NUL-terminated string.
-            unsafe { CStr::from_ptr(name_ptr) }
-                .to_string_lossy()
-                .into_owned()
-        };
-        return Some(Library {
-            table,
-            name: plugin_name,
-            version,
-            path: name.clone(),
-        });
+        Tuner {
+            library,
+            init,
+            get_coll_info,
+            finalize,
+            get_chunk_size,
+        }
     }
-    None
 }
 
-/// The tuner library of this process, loaded once by NCCL's rules.
-fn library() -> Option<&'static Library> {
-    static LIBRARY: OnceLock<Option<Library>> = OnceLock::new();
-    LIBRARY
+/// The tuner of this process, loaded once by NCCL's rules: unset, the
+/// net plug-in's library is tried after `libnccl-tuner.so`.
+fn tuner() -> Option<&'static Tuner> {
+    static TUNER: OnceLock<Option<Tuner>> = OnceLock::new();
+    TUNER
         .get_or_init(|| {
             let var = rccl_env::var("NCCL_TUNER_PLUGIN");
-            if var
-                .as_deref()
-                .is_some_and(|v| v.trim().eq_ignore_ascii_case("none"))
-            {
-                return None;
-            }
-            let mut tried = Vec::new();
-            let mut found = open_first(&library_names("tuner", var.as_deref()), &mut tried);
-            if found.is_none() && var.is_none() {
-                found = open_first(&net_library_names(), &mut tried);
-            }
-            match &found {
-                Some(lib) => {
-                    crate::tuning::note_tuner_library_loaded();
-                    tracing::info!(
-                        target: crate::debug::TUNING,
-                        "TUNER/Plugin: loaded {} (ncclTuner v{}) from {}",
-                        lib.name,
-                        lib.version,
-                        lib.path
-                    );
-                }
-                None => tracing::info!(
-                    target: crate::debug::TUNING,
-                    "TUNER/Plugin: no tuner plug-in ({}); using the internal tuner",
-                    tried.join("; ")
-                ),
-            }
-            found
+            let fallback = if var.is_none() {
+                net_library_names()
+            } else {
+                Vec::new()
+            };
+            let library = TUNER_PLUGIN.load(var.as_deref(), &fallback)?;
+            crate::tuning::note_tuner_library_loaded();
+            Some(Tuner::of(library))
         })
         .as_ref()
 }
 
 /// One communicator's context of the loaded tuner plug-in.
 pub(crate) struct CTuner {
-    library: &'static Library,
+    tuner: &'static Tuner,
     /// The plug-in's context; calls on it are serialized.
     context: Mutex<Context>,
 }
@@ -326,7 +284,7 @@ unsafe impl Sync for CTuner {}
 /// `hosts` (the ranks of each host) with hash `comm_hash`; `None` without
 /// a plug-in or when its `init` fails (logged: the internal tuner is used).
 pub(crate) fn open(nranks: usize, hosts: &[Vec<usize>], comm_hash: u64) -> Option<CTuner> {
-    let library = library()?;
+    let tuner = tuner()?;
     let mut context: Context = std::ptr::null_mut();
     let nnodes = hosts.len();
     let mut domains = NvlDomainInfo {
@@ -339,45 +297,30 @@ pub(crate) fn open(nranks: usize, hosts: &[Vec<usize>], comm_hash: u64) -> Optio
     let log = logger();
     // SAFETY: the entry points are the plug-in's own, called with valid
     // out-pointers and inputs that live for the call, as its interface says.
-    let result = unsafe {
-        match library.table {
-            Table::V2(t) => t.init.map(|f| f(nranks, nnodes, log, &mut context)),
-            Table::V3(t) => t.init.map(|f| f(nranks, nnodes, log, &mut context)),
-            Table::V4(t) => t.init.map(|f| f(nranks, nnodes, log, &mut context)),
-            Table::V5(t) => t.init.map(|f| {
-                f(
-                    &mut context,
-                    comm_hash,
-                    nranks,
-                    nnodes,
-                    log,
-                    &mut domains,
-                    &mut constants,
-                )
-            }),
-            Table::V6(t) => t.init.map(|f| {
-                f(
-                    &mut context,
-                    comm_hash,
-                    nranks,
-                    nnodes,
-                    log,
-                    &mut domains,
-                    &mut constants,
-                )
-            }),
+    let result = tuner.init.map(|init| unsafe {
+        match init {
+            Init::V2(f) => f(nranks, nnodes, log, &mut context),
+            Init::V5(f) => f(
+                &mut context,
+                comm_hash,
+                nranks,
+                nnodes,
+                log,
+                &mut domains,
+                &mut constants,
+            ),
         }
-    };
+    });
     match result {
         Some(0) => Some(CTuner {
-            library,
+            tuner,
             context: Mutex::new(context),
         }),
         other => {
             tracing::warn!(
                 target: crate::debug::TUNING,
                 "TUNER/Plugin {}: init {}; using the internal tuner",
-                library.name,
+                tuner.library.name,
                 other.map_or("is missing".to_string(), |rc| format!("returned {rc}"))
             );
             None
@@ -386,15 +329,17 @@ pub(crate) fn open(nranks: usize, hosts: &[Vec<usize>], comm_hash: u64) -> Optio
 }
 
 impl CTuner {
-    /// Calls `getCollInfo` of v3 to v6 with the cost table, which the
-    /// plug-in may change; returns the channel count it set, `None` when
-    /// the call failed.
-    fn ask_with_table(
+    /// Asks `getCollInfo` for a collective of `func` on `bytes`: v3 to v6
+    /// with the cost table, which the plug-in may change, v2 for the
+    /// algorithm and protocol it names (NCCL's indices, -1 unnamed).
+    /// Returns the channel count it set; `None` when the call failed.
+    fn ask(
         &self,
         context: Context,
         func: c_int,
         bytes: usize,
         table: &mut [[f32; NUM_PROTOCOLS]; NUM_ALGORITHMS],
+        named: &mut (c_int, c_int),
     ) -> Option<c_int> {
         // NCCL hands the table as `float**` that plug-ins cast back to
         // `float (*)[NCCL_NUM_PROTOCOLS]`: the address of its first row.
@@ -402,70 +347,66 @@ impl CTuner {
         let mut nchannels: c_int = 0;
         let (algos, protos) = (NUM_ALGORITHMS as c_int, NUM_PROTOCOLS as c_int);
         // SAFETY: the plug-in's own entry points with its context, a table
-        // of `algos` x `protos` floats and a valid out-pointer.
-        let result = unsafe {
-            match self.library.table {
-                Table::V3(t) => t.get_coll_info.map(|f| {
-                    f(
-                        context,
-                        func,
-                        bytes,
-                        1,
-                        table_arg,
-                        algos,
-                        protos,
-                        &mut nchannels,
-                    )
-                }),
-                Table::V4(t) => t.get_coll_info.map(|f| {
-                    f(
-                        context,
-                        func,
-                        bytes,
-                        1,
-                        table_arg,
-                        algos,
-                        protos,
-                        0,
-                        &mut nchannels,
-                    )
-                }),
-                Table::V5(t) => t.get_coll_info.map(|f| {
-                    f(
-                        context,
-                        func,
-                        bytes,
-                        1,
-                        table_arg,
-                        algos,
-                        protos,
-                        0,
-                        &mut nchannels,
-                    )
-                }),
-                Table::V6(t) => t.get_coll_info.map(|f| {
-                    f(
-                        context,
-                        func,
-                        bytes,
-                        1,
-                        table_arg,
-                        algos,
-                        protos,
-                        0,
-                        &mut nchannels,
-                    )
-                }),
-                Table::V2(_) => None,
+        // of `algos` x `protos` floats and valid out-pointers (one rank
+        // per host's share, no CollNet, no NVLS, no registered buffer).
+        let result = self.tuner.get_coll_info.map(|get| unsafe {
+            match get {
+                CollInfo::V2(f) => f(
+                    context,
+                    func,
+                    bytes,
+                    0,
+                    0,
+                    1,
+                    &mut named.0,
+                    &mut named.1,
+                    &mut nchannels,
+                ),
+                CollInfo::V3(f) => f(
+                    context,
+                    func,
+                    bytes,
+                    1,
+                    table_arg,
+                    algos,
+                    protos,
+                    &mut nchannels,
+                ),
+                CollInfo::V4(f) => f(
+                    context,
+                    func,
+                    bytes,
+                    1,
+                    table_arg,
+                    algos,
+                    protos,
+                    0,
+                    &mut nchannels,
+                ),
             }
-        };
+        });
         (result == Some(0)).then_some(nchannels)
     }
 }
 
+/// The algorithm and protocol of a table's cheapest entry, of those the
+/// plug-in left allowed.
+fn cheapest(table: &[[f32; NUM_PROTOCOLS]; NUM_ALGORITHMS]) -> Option<(&'static str, Protocol)> {
+    ALGORITHMS
+        .iter()
+        .flat_map(|&(name, row)| {
+            Protocol::ALL
+                .into_iter()
+                .map(move |p| (name, p, table[row][protocol_index(p)]))
+        })
+        .filter(|&(_, _, cost)| cost >= 0.0)
+        .min_by(|a, b| a.2.total_cmp(&b.2))
+        .map(|(name, protocol, _)| (name, protocol))
+}
+
 impl TunerPlugin for CTuner {
     fn name(&self) -> &str {
-        &self.library.name
+        &self.tuner.library.name
     }
 
     /// Without the model's costs a C tuner is not asked.
@@ -480,67 +421,39 @@ impl TunerPlugin for CTuner {
 
     fn choose_from(&self, call: &TunerCall<'_>) -> Option<TunerHint> {
         let func = func(call.kind)?;
-        let context = self.context.lock();
-        let mut hint = TunerHint::default();
-        let nchannels = if let Table::V2(t) = self.library.table {
-            let (mut algorithm, mut protocol, mut nchannels) = (-1, -1, 0);
-            // SAFETY: the plug-in's own entry point with its context and
-            // valid out-pointers (no CollNet, no NVLS here).
-            let result = unsafe {
-                t.get_coll_info.map(|f| {
-                    f(
-                        *context,
-                        func,
-                        call.bytes,
-                        0,
-                        0,
-                        1,
-                        &mut algorithm,
-                        &mut protocol,
-                        &mut nchannels,
-                    )
-                })
-            };
-            if result != Some(0) {
-                return None;
+        let mut table = [[IGNORE; NUM_PROTOCOLS]; NUM_ALGORITHMS];
+        for cost in call.costs {
+            let row = ALGORITHMS.iter().find(|(n, _)| *n == cost.algorithm);
+            if let (Some((_, row)), Some(us)) = (row, cost.us) {
+                table[*row][protocol_index(cost.protocol)] = us as f32;
             }
-            let named = ALGORITHMS.iter().find(|(_, i)| *i as c_int == algorithm);
-            let proto = Protocol::ALL
+        }
+        let offered = table;
+        let mut named = (-1, -1);
+        let nchannels = self.ask(
+            *self.context.lock(),
+            func,
+            call.bytes,
+            &mut table,
+            &mut named,
+        )?;
+        let choice = if let Some(CollInfo::V2(_)) = self.tuner.get_coll_info {
+            let algorithm = ALGORITHMS.iter().find(|(_, i)| *i as c_int == named.0);
+            let protocol = Protocol::ALL
                 .into_iter()
-                .find(|p| protocol_index(*p) as c_int == protocol);
+                .find(|p| protocol_index(*p) as c_int == named.1);
             // NCCL takes the algorithm and the protocol together.
-            if let (Some((name, _)), Some(proto)) = (named, proto) {
-                hint.algorithm = Some(name.to_string());
-                hint.protocol = Some(proto);
-            }
-            nchannels
+            algorithm.zip(protocol).map(|((name, _), p)| (*name, p))
+        } else if table != offered {
+            cheapest(&table)
         } else {
-            let mut table = [[IGNORE; NUM_PROTOCOLS]; NUM_ALGORITHMS];
-            for cost in call.costs {
-                let row = ALGORITHMS.iter().find(|(n, _)| *n == cost.algorithm);
-                if let (Some((_, row)), Some(us)) = (row, cost.us) {
-                    table[*row][protocol_index(cost.protocol)] = us as f32;
-                }
-            }
-            let offered = table;
-            let nchannels = self.ask_with_table(*context, func, call.bytes, &mut table)?;
-            if table != offered {
-                let cheapest = ALGORITHMS
-                    .iter()
-                    .flat_map(|&(name, row)| {
-                        Protocol::ALL
-                            .into_iter()
-                            .map(move |p| (name, p, table[row][protocol_index(p)]))
-                    })
-                    .filter(|&(_, _, cost)| cost >= 0.0)
-                    .min_by(|a, b| a.2.total_cmp(&b.2));
-                if let Some((name, protocol, _)) = cheapest {
-                    hint.algorithm = Some(name.to_string());
-                    hint.protocol = Some(protocol);
-                }
-            }
-            nchannels
+            None
         };
+        let mut hint = TunerHint::default();
+        if let Some((algorithm, protocol)) = choice {
+            hint.algorithm = Some(algorithm.to_string());
+            hint.protocol = Some(protocol);
+        }
         if nchannels > 0 {
             hint.nchannels = Some(nchannels as usize);
         }
@@ -556,10 +469,7 @@ impl TunerPlugin for CTuner {
         nchannels: usize,
         chunk_bytes: usize,
     ) -> Option<usize> {
-        let Table::V6(t) = self.library.table else {
-            return None;
-        };
-        let get = t.get_chunk_size?;
+        let get = self.tuner.get_chunk_size?;
         let func = func(kind)?;
         let (_, algo) = ALGORITHMS.iter().find(|(n, _)| *n == algorithm)?;
         let context = self.context.lock();
@@ -585,21 +495,12 @@ impl Drop for CTuner {
     fn drop(&mut self) {
         let context = *self.context.get_mut();
         // SAFETY: the context this library's init gave, released once.
-        let result = unsafe {
-            match self.library.table {
-                Table::V2(t) => t.destroy.map(|f| f(context)),
-                Table::V3(t) => t.destroy.map(|f| f(context)),
-                Table::V4(t) => t.destroy.map(|f| f(context)),
-                Table::V5(t) => t.finalize.map(|f| f(context)),
-                Table::V6(t) => t.finalize.map(|f| f(context)),
-            }
-        };
-        if result.is_some_and(|rc| rc != 0) {
+        let result = self.tuner.finalize.map(|f| unsafe { f(context) });
+        if let Some(rc) = result.filter(|&rc| rc != 0) {
             tracing::warn!(
                 target: crate::debug::TUNING,
-                "TUNER/Plugin {}: finalize returned {}",
-                self.library.name,
-                result.unwrap_or(0)
+                "TUNER/Plugin {}: finalize returned {rc}",
+                self.tuner.library.name
             );
         }
     }
