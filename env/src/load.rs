@@ -92,7 +92,7 @@ pub fn library_names(kind: &str, value: Option<&str>) -> Vec<String> {
 }
 
 /// Whether a variable's value turns a kind of plug-in off.
-pub fn is_none(value: Option<&str>) -> bool {
+fn is_none(value: Option<&str>) -> bool {
     value.is_some_and(|v| v.trim().eq_ignore_ascii_case("none"))
 }
 
@@ -133,7 +133,7 @@ impl Kind {
 
     /// Opens the first of `names` that loads and exports a table of this
     /// kind; `tried` collects why each other one was passed over.
-    pub fn open_first(&self, names: &[String], tried: &mut Vec<String>) -> Option<Library> {
+    fn open_first(&self, names: &[String], tried: &mut Vec<String>) -> Option<Library> {
         names.iter().find_map(|name| match self.open(name) {
             Ok(library) => Some(library),
             Err(why) => {
