@@ -48,7 +48,7 @@ pub fn group_start() {
 pub fn group_end() -> Result<()> {
     let closed = close_group();
     // The outermost end, run or failed: the group's API event ends with it.
-    let _api_event = (group_depth() == 0).then(crate::profiler_plugin::GroupApiEnd::begin);
+    let _api_event = (group_depth() == 0).then(crate::plugins::profiler::GroupApiEnd::begin);
     match closed? {
         Some(ops) if ops.iter().any(|op| op.stream.is_some()) => crate::stream::enqueue(ops),
         Some(ops) => {
@@ -101,7 +101,7 @@ fn close_group() -> Result<Option<Vec<RawOp>>> {
 /// (the outermost end decides).
 pub fn group_simulate_end() -> Result<Option<Vec<PlannedComm>>> {
     let closed = close_group();
-    let _api_event = (group_depth() == 0).then(crate::profiler_plugin::GroupApiEnd::begin);
+    let _api_event = (group_depth() == 0).then(crate::plugins::profiler::GroupApiEnd::begin);
     let Some(ops) = closed? else {
         return Ok(None);
     };
@@ -210,7 +210,7 @@ pub(crate) unsafe fn enqueue(mut op: RawOp) -> Result<()> {
         .comm
         .profiler
         .is_some()
-        .then(crate::profiler_plugin::GroupApiEnd::begin);
+        .then(crate::plugins::profiler::GroupApiEnd::begin);
     if op.stream.is_some() {
         return crate::stream::enqueue(vec![op]);
     }

@@ -33,13 +33,12 @@ mod launcher;
 mod net;
 mod op;
 mod plan;
-mod profiler_plugin;
+mod plugins;
 mod queue;
 mod selection;
 mod signal;
 mod state;
 mod stream;
-mod tuner_plugin;
 pub mod tuning;
 mod types;
 

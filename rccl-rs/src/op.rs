@@ -1,6 +1,7 @@
 //! One user call as the engine receives it: the communicator, what it
 //! does, and its raw buffers, already validated.
 
+use std::ffi::c_void;
 use std::sync::Arc;
 
 use rccl_algorithms::CollKind;
@@ -36,8 +37,33 @@ pub(crate) struct RawOp {
     pub stream: Option<crate::queue::StreamRef>,
     /// Its API event of a profiler plug-in, the parent of its collective
     /// or point-to-point event.
-    pub api_event: crate::profiler_plugin::ApiEvent,
+    pub api_event: ApiEvent,
 }
+
+/// A call's API event of a profiler plug-in (v5 on), already stopped as
+/// NCCL stops it once the call is queued: its handle is the `parentObj`
+/// of the call's collective or point-to-point event, null without one.
+#[derive(Clone, Copy)]
+pub(crate) struct ApiEvent(*mut c_void);
+
+impl ApiEvent {
+    pub fn new(handle: *mut c_void) -> Self {
+        ApiEvent(handle)
+    }
+
+    pub fn handle(self) -> *mut c_void {
+        self.0
+    }
+}
+
+impl Default for ApiEvent {
+    fn default() -> Self {
+        ApiEvent(std::ptr::null_mut())
+    }
+}
+
+// SAFETY: the handle is only passed back to the plug-in as a parent.
+unsafe impl Send for ApiEvent {}
 
 impl RawOp {
     /// The bytes of its send and receive buffers on this rank.

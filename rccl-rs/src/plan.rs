@@ -111,7 +111,7 @@ pub(crate) fn p2p_shape(comm: &CommInner, calls: &[P2pOp]) -> Result<(usize, Pro
 pub(crate) struct CommLaunch {
     /// Its profiler events; first, so they stop before the communicator
     /// (and its profiler context) can go.
-    pub events: crate::profiler_plugin::LaunchEvents,
+    pub events: crate::plugins::profiler::LaunchEvents,
     pub comm: Arc<CommInner>,
     /// Per channel, the work queued on it (empty until a schedule is
     /// queued: a launch that only uses the board allocates none).

@@ -76,9 +76,13 @@ impl Communicator {
         let all_shm =
             (0..nranks).all(|peer| !config.shm_disable && peers[peer].host_id == me.host_id);
         let topology = topology_of(&peers);
-        let tuner = crate::tuner_plugin::open(nranks, topology.hosts(), hash_of(&bootstrap));
-        let profiler =
-            crate::profiler_plugin::open(hash_of(&bootstrap), topology.hosts().len(), nranks, rank);
+        let tuner = crate::plugins::tuner::open(nranks, topology.hosts(), hash_of(&bootstrap));
+        let profiler = crate::plugins::profiler::open(
+            hash_of(&bootstrap),
+            topology.hosts().len(),
+            nranks,
+            rank,
+        );
         let exec = unconnected(config.max_channels, nranks);
         let processes = visible_processes(&peers, &me);
         let inner = Arc::new(CommInner {

@@ -81,11 +81,11 @@ pub(crate) struct CommInner {
     pub queued: crate::queue::Queued,
     /// This communicator's context of a C tuner plug-in
     /// (`NCCL_TUNER_PLUGIN`), finalized when the communicator goes.
-    tuner: Option<crate::tuner_plugin::CTuner>,
+    tuner: Option<crate::plugins::tuner::CTuner>,
     /// This communicator's context of a C profiler plug-in
     /// (`NCCL_PROFILER_PLUGIN`), finalized when the communicator goes;
     /// `None`, the common case, costs a call one test.
-    pub profiler: Option<crate::profiler_plugin::CProfiler>,
+    pub profiler: Option<crate::plugins::profiler::CProfiler>,
 }
 
 impl crate::queue::Owner for CommInner {
