@@ -35,6 +35,7 @@ mod launch_key;
 mod net;
 mod op;
 mod plan;
+mod process_watch;
 mod profiler_plugin;
 mod queue;
 mod selection;
