@@ -10,7 +10,7 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -144,38 +144,48 @@ impl Drop for Watch {
 /// The launches the thread watches.
 static LAUNCHES: Mutex<Vec<Arc<Watched>>> = Mutex::new(Vec::new());
 
-/// The eventfd that wakes the thread when [`LAUNCHES`] changes; `None`
-/// when it or the thread could not be made: launches then run without
-/// the watch, ending at their deadline as any other.
-static WAKE: OnceLock<Option<OwnedFd>> = OnceLock::new();
+/// The eventfd that wakes the thread when [`LAUNCHES`] changes, with the
+/// process that started the thread (a child forked from it has no such
+/// thread, and starts its own). No descriptor when it or the thread could
+/// not be made: launches then run without the watch, ending at their
+/// deadline as any other.
+static WAKE: Mutex<Option<(u32, Option<OwnedFd>)>> = Mutex::new(None);
 
-/// The watching thread's eventfd, starting the thread on first use.
+/// The watching thread's eventfd, starting the thread on first use in
+/// this process.
 fn wake_fd() -> Option<RawFd> {
-    WAKE.get_or_init(|| {
-        // SAFETY: plain eventfd creation; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            tracing::warn!("process watch: eventfd: {e}");
-            return None;
+    let pid = std::process::id();
+    let mut wake = WAKE.lock();
+    if wake.as_ref().is_none_or(|(owner, _)| *owner != pid) {
+        // Those of the process this one was forked from are not its own.
+        LAUNCHES.lock().clear();
+        *wake = Some((pid, start_watcher()));
+    }
+    wake.as_ref()?.1.as_ref().map(AsRawFd::as_raw_fd)
+}
+
+fn start_watcher() -> Option<OwnedFd> {
+    // SAFETY: plain eventfd creation; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        tracing::warn!("process watch: eventfd: {e}");
+        return None;
+    }
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+    // The descriptor stays in WAKE for the life of the process.
+    let raw = wake.as_raw_fd();
+    let spawned = std::thread::Builder::new()
+        .name("rccl-proc-watch".into())
+        .spawn(move || watch_forever(raw));
+    match spawned {
+        Ok(_) => Some(wake),
+        Err(e) => {
+            tracing::warn!("process watch: cannot start its thread: {e}");
+            None
         }
-        // SAFETY: `fd` is a new descriptor nothing else owns.
-        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
-        // The descriptor lives in the static for the life of the process.
-        let raw = wake.as_raw_fd();
-        let spawned = std::thread::Builder::new()
-            .name("rccl-proc-watch".into())
-            .spawn(move || watch_forever(raw));
-        match spawned {
-            Ok(_) => Some(wake),
-            Err(e) => {
-                tracing::warn!("process watch: cannot start its thread: {e}");
-                None
-            }
-        }
-    })
-    .as_ref()
-    .map(AsRawFd::as_raw_fd)
+    }
 }
 
 fn wake_watcher(wake: RawFd) {
