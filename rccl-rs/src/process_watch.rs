@@ -2,11 +2,11 @@
 //! this host. One thread per process sleeps in `poll(2)` on the peers'
 //! process file descriptors (`pidfd_open`), which the kernel makes readable
 //! when the process ends: a death is seen as it happens, not at the next
-//! look of a poller that a loaded machine may leave unscheduled for
-//! seconds. Once the grace has passed the thread stops the launch itself:
-//! it poisons the communicator with an error naming the peer and sets the
-//! launch's abort word, which the device's waiting channels read, so
-//! nothing on the device side has to ask.
+//! look of a poller. Once the grace has passed the thread stops the launch
+//! itself: it poisons the communicator with an error naming the peer and
+//! sets the launch's abort word, which the device's waiting channels read,
+//! so nothing on the device side has to run, however loaded the machine,
+//! for the launch to be told.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
