@@ -544,7 +544,8 @@ pub(crate) fn launch(
                             .iter()
                             .any(|(comm, peer, conn)| broken(comm, *peer, &**conn))
                 }),
-                // What the launch reaches lives as long as it can run.
+                // What the launch reaches lives, and its peers are watched,
+                // as long as it can run.
                 done: Box::new(move |result| {
                     let _reached = (&memory, &net_memory, &polling, &watches);
                     finish.report(result);
