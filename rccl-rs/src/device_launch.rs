@@ -17,9 +17,10 @@ use rccl_transports::{Connection, Fifo, Protocol};
 use crate::comm::{failure_note, CommInner, PeerWatch, LEFT_IN_ORDER};
 use crate::device_links::{DeviceLinks, DeviceMem, Owner};
 use crate::device_net::Placement;
-use crate::device_share::{self, Watch};
+use crate::device_share;
 use crate::error::{Error, Result};
 use crate::launch::Planned;
+use crate::process_watch::Watch;
 use crate::queue::StreamRef;
 use crate::stuck::Notices;
 
@@ -427,9 +428,12 @@ pub(crate) fn launch(
     let mut net_memory: Vec<Arc<dyn rccl_transports::fifo::FifoMemory>> = Vec::new();
     // Each network connection with the rank at its other end.
     let mut net: Vec<NetLink> = Vec::new();
+    // The processes of peers on this host, watched until the launch ends.
+    let mut watches: Vec<Watch> = Vec::new();
     for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
         let comm = &launch.comm;
         let links = guard.device_work.as_mut().expect("made above");
+        watches.extend(Watch::new(comm, &links.abort));
         let shape = comm.config.fifo_shape();
         let mut staged = 0;
         for (round, op) in launch.device_ops.iter().enumerate() {
@@ -508,7 +512,6 @@ pub(crate) fn launch(
         captured,
     };
     let watched = comms.clone();
-    let watches: Vec<Watch> = comms.iter().filter_map(Watch::new).collect();
     // A peer whose part failed says so through the bootstrap.
     let words = Mutex::new(vec![PeerWatch::default(); comms.len()]);
     tracing::debug!(
@@ -528,7 +531,6 @@ pub(crate) fn launch(
                     watched
                         .iter()
                         .any(|c| c.abort.load(Ordering::Relaxed) || c.poisoned.get().is_some())
-                        || watches.iter().any(Watch::peer_died)
                         || watched
                             .iter()
                             .zip(words.lock().iter_mut())
@@ -542,9 +544,10 @@ pub(crate) fn launch(
                             .iter()
                             .any(|(comm, peer, conn)| broken(comm, *peer, &**conn))
                 }),
-                // What the launch reaches lives as long as it can run.
+                // What the launch reaches lives, and its peers are watched,
+                // as long as it can run.
                 done: Box::new(move |result| {
-                    let _reached = (&memory, &net_memory, &polling);
+                    let _reached = (&memory, &net_memory, &polling, &watches);
                     finish.report(result);
                 }),
             },

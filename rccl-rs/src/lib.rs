@@ -34,6 +34,7 @@ mod net;
 mod op;
 mod plan;
 mod plugins;
+mod process_watch;
 mod queue;
 mod selection;
 mod signal;
