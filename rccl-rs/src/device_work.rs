@@ -19,8 +19,9 @@ use rccl_transports::{Protocol, Tag};
 
 use crate::comm::CommInner;
 use crate::executor::Segment;
-use crate::op::{OpKind, RawOp};
+use crate::op::RawOp;
 use crate::queue::StreamRef;
+use crate::types::OpKind;
 use crate::types::RedOp;
 
 /// Whether a communicator's calls on device memory run as device work:

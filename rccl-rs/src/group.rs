@@ -12,10 +12,11 @@ use rccl_algorithms::P2pOp;
 use crate::comm::CommInner;
 use crate::error::{Error, Result};
 use crate::launch::{launch, on_board_alone};
-use crate::op::{OpKind, RawOp};
+use crate::op::RawOp;
 use crate::plan::{
     choose_collective, log_choice, p2p_calls, p2p_shape, PlannedCollective, PlannedComm, PlannedP2p,
 };
+use crate::types::OpKind;
 
 struct GroupState {
     depth: usize,
@@ -197,7 +198,7 @@ pub fn group_fail(err: &Error) {
 pub(crate) unsafe fn enqueue(mut op: RawOp) -> Result<()> {
     op.comm.check_usable()?;
     if let Some(profiler) = &op.comm.profiler {
-        op.api_event = profiler.api_call(&op, group_depth());
+        op.api_event = profiler.api_call(op.args(), group_depth());
     }
     // Asked before the op moves: a lone call need not travel through the
     // group's slot.

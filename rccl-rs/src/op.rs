@@ -1,28 +1,11 @@
 //! One user call as the engine receives it: the communicator, what it
 //! does, and its raw buffers, already validated.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
-use rccl_algorithms::CollKind;
-
 use crate::comm::CommInner;
-use crate::types::{DataType, RedOp};
-
-/// What an operation does.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum OpKind {
-    /// A collective with its root (0 when rootless) and reduction op.
-    Coll {
-        kind: CollKind,
-        root: usize,
-        op: RedOp,
-    },
-    /// A point-to-point send to `peer`.
-    Send { peer: usize },
-    /// A point-to-point receive from `peer`.
-    Recv { peer: usize },
-}
+use crate::plugins::profiler::ApiEvent;
+use crate::types::{DataType, OpArgs, OpKind};
 
 /// One user call, with raw buffers already validated by the caller.
 pub(crate) struct RawOp {
@@ -40,32 +23,18 @@ pub(crate) struct RawOp {
     pub api_event: ApiEvent,
 }
 
-/// A call's API event of a profiler plug-in (v5 on), already stopped as
-/// NCCL stops it once the call is queued: its handle is the `parentObj`
-/// of the call's collective or point-to-point event, null without one.
-#[derive(Clone, Copy)]
-pub(crate) struct ApiEvent(*mut c_void);
-
-impl ApiEvent {
-    pub fn new(handle: *mut c_void) -> Self {
-        ApiEvent(handle)
-    }
-
-    pub fn handle(self) -> *mut c_void {
-        self.0
-    }
-}
-
-impl Default for ApiEvent {
-    fn default() -> Self {
-        ApiEvent(std::ptr::null_mut())
-    }
-}
-
-// SAFETY: the handle is only passed back to the plug-in as a parent.
-unsafe impl Send for ApiEvent {}
-
 impl RawOp {
+    /// What it does and on which buffers, without its communicator.
+    pub fn args(&self) -> OpArgs {
+        OpArgs {
+            kind: self.kind,
+            send: self.send,
+            recv: self.recv,
+            count: self.count,
+            dtype: self.dtype,
+        }
+    }
+
     /// The bytes of its send and receive buffers on this rank.
     pub fn buffer_bytes(&self) -> (usize, usize) {
         let (comm, size) = (&self.comm, self.dtype.size());

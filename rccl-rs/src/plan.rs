@@ -16,8 +16,9 @@ use crate::error::{Error, Result};
 use crate::host_work::call::{call_tag, P2P_CALL};
 use crate::host_work::executor::{Binding, BoardOp, Buffers, OpWork, Reduction, Segment};
 use crate::kernels::{ReduceKernel, Store};
-use crate::op::{OpKind, RawOp};
+use crate::op::RawOp;
 use crate::tuning;
+use crate::types::OpKind;
 use crate::types::{DataType, RedOp};
 
 /// A collective of a simulated group, as the engine would have run it: the
@@ -156,7 +157,9 @@ pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()>
     let on_board = runs_on_board(op, &choice);
     let started = start_collective(op, &choice, in_place, on_board)?;
     if let Some(profiler) = &comm.profiler {
-        launch.events.collective(profiler, op, &choice, started.seq);
+        launch
+            .events
+            .collective(profiler, op.args(), op.api_event, &choice, started.seq);
     }
     if on_board && !as_device_work {
         launch.board.push(board_op(op, started));
@@ -464,7 +467,8 @@ pub(crate) fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
     }
     let (nchannels, protocol, chunk_bytes) = p2p_shape(comm, &calls)?;
     if let Some(profiler) = &comm.profiler {
-        launch.events.p2p(profiler, ops, nchannels);
+        let args = ops.iter().map(|op| (op.args(), op.api_event));
+        launch.events.p2p(profiler, args, nchannels);
     }
     let schedule = p2p_schedule(comm.rank, &calls, nchannels, chunk_bytes);
     if launch.on_device && crate::device_work::interprets(comm) {

@@ -18,13 +18,14 @@ use crate::connect::connect;
 use crate::error::{Error, Result};
 use crate::host_work::executor::{self, BoardOp, BoardRun, ChannelRun, Driven, Reduction, Run};
 use crate::host_work::stuck::{self, Notices};
-use crate::op::{OpKind, RawOp};
+use crate::op::RawOp;
 use crate::plan::{
     board_op, choose_collective, is_in_place, log_start, plan_collective, plan_p2p, runs_on_board,
     start_collective, CommLaunch, Started,
 };
 use crate::state::LoneBoardCall;
 use crate::tuning;
+use crate::types::OpKind;
 use crate::types::RedOp;
 use diagnose::{
     compare_with_waiting_peers, failed_peer_in_process, find_mismatch, hang_report, publish_stall,

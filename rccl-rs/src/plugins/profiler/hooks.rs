@@ -17,8 +17,33 @@ use super::abi::{
 use super::describe::{datatype, func, p2p_func, Call, Coll, P2p, Task};
 use super::proxy::ProxyEvents;
 use super::{CProfiler, Profiler};
-use crate::op::{ApiEvent, OpKind, RawOp};
 use crate::tuning::Choice;
+use crate::types::{OpArgs, OpKind};
+
+/// A call's API event of a profiler plug-in (v5 on), already stopped as
+/// NCCL stops it once the call is queued: its handle is the `parentObj`
+/// of the call's collective or point-to-point event, null without one.
+#[derive(Clone, Copy)]
+pub(crate) struct ApiEvent(*mut c_void);
+
+impl ApiEvent {
+    pub fn new(handle: *mut c_void) -> Self {
+        ApiEvent(handle)
+    }
+
+    pub fn handle(self) -> *mut c_void {
+        self.0
+    }
+}
+
+impl Default for ApiEvent {
+    fn default() -> Self {
+        ApiEvent(std::ptr::null_mut())
+    }
+}
+
+// SAFETY: the handle is only passed back to the plug-in as a parent.
+unsafe impl Send for ApiEvent {}
 
 thread_local! {
     /// This thread's open group API event (v5 on) and its plug-in: from
@@ -54,7 +79,7 @@ impl CProfiler {
     /// The API events of `op`, a call made at group depth `depth` (v5 on,
     /// as the mask asks): the thread's group API event, started by the
     /// first call of a group, and the call's own, started and stopped here.
-    pub(crate) fn api_call(&self, op: &RawOp, depth: usize) -> ApiEvent {
+    pub(crate) fn api_call(&self, op: OpArgs, depth: usize) -> ApiEvent {
         let (session, profiler) = (&self.session, self.session.profiler);
         if profiler.library.version < 5 || self.mask & GROUP_API_MASK == 0 {
             return ApiEvent::default();
@@ -158,7 +183,8 @@ impl LaunchEvents {
     pub(crate) fn collective(
         &mut self,
         profiler: &CProfiler,
-        op: &RawOp,
+        op: OpArgs,
+        api_event: ApiEvent,
         choice: &Choice,
         seq: u64,
     ) {
@@ -179,7 +205,7 @@ impl LaunchEvents {
             algorithm: choice.algorithm.name(),
             protocol: choice.protocol,
         });
-        let handle = self.task(profiler, call, COLL, op.api_event);
+        let handle = self.task(profiler, call, COLL, api_event);
         if profiler.mask & PROXY_EVENTS != 0 && !handle.is_null() {
             let (events, calls) = self
                 .proxy
@@ -191,8 +217,13 @@ impl LaunchEvents {
 
     /// Starts the events of a batch of sends and receives over `nchannels`
     /// channels and, the first time, the group's.
-    pub(crate) fn p2p(&mut self, profiler: &CProfiler, ops: &[RawOp], nchannels: usize) {
-        for op in ops {
+    pub(crate) fn p2p(
+        &mut self,
+        profiler: &CProfiler,
+        ops: impl IntoIterator<Item = (OpArgs, ApiEvent)>,
+        nchannels: usize,
+    ) {
+        for (op, api_event) in ops {
             let (send, buff, peer) = match op.kind {
                 OpKind::Send { peer } => (true, op.send as *mut c_void, peer),
                 OpKind::Recv { peer } => (false, op.recv.cast(), peer),
@@ -206,7 +237,7 @@ impl LaunchEvents {
                 peer: peer as c_int,
                 nchannels: nchannels.min(u8::MAX as usize) as u8,
             });
-            self.task(profiler, call, P2P, op.api_event);
+            self.task(profiler, call, P2P, api_event);
         }
     }
 }

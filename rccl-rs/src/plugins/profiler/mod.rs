@@ -76,7 +76,7 @@ mod describe;
 mod hooks;
 mod proxy;
 
-pub(crate) use hooks::{GroupApiEnd, LaunchEvents};
+pub(crate) use hooks::{ApiEvent, GroupApiEnd, LaunchEvents};
 
 /// The profiler plug-in's kind.
 const PROFILER_PLUGIN: Kind = Kind {
