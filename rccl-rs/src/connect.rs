@@ -202,7 +202,7 @@ impl PendingLink {
                         conn.transport(),
                         format!(
                             " (device work, slots in {})",
-                            crate::device_net::slots_in(&**conn)
+                            crate::device_work::placement::slots_in(&**conn)
                         ),
                     ),
                     _ => (via, String::new()),

@@ -243,7 +243,7 @@ pub(crate) fn enqueue(mut ops: Vec<RawOp>) -> Result<()> {
         // faulted, say) leaves its peers waiting for this rank's part:
         // its communicators fail, as they would had it run.
         let comms: Vec<Arc<CommInner>> = planned.comms().cloned().collect();
-        return crate::device_launch::launch(planned, &streams, device).inspect_err(|err| {
+        return crate::device_work::launch::launch(planned, &streams, device).inspect_err(|err| {
             for comm in &comms {
                 comm.poison(err);
             }

@@ -26,7 +26,7 @@ use rccl_transports::process::ProcessId;
 use rccl_transports::{FifoShape, Protocol};
 
 use crate::comm::{CommInner, PeerWatch};
-use crate::device_links::{DeviceMem, FifoPair};
+use crate::device_work::links::{DeviceMem, FifoPair};
 use crate::error::{Error, Result};
 
 /// Bootstrap tag of a rank's offer of its exported FIFOs to a peer.

@@ -15,9 +15,9 @@ use rccl_transports::network::keep_polling;
 use rccl_transports::{Connection, Fifo, Protocol};
 
 use crate::comm::{failure_note, CommInner, PeerWatch, LEFT_IN_ORDER};
-use crate::device_links::{DeviceLinks, DeviceMem, Owner};
-use crate::device_net::Placement;
-use crate::device_share::{self, Watch};
+use crate::device_work::links::{DeviceLinks, DeviceMem, Owner};
+use crate::device_work::placement::Placement;
+use crate::device_work::share::{self, Watch};
 use crate::error::{Error, Result};
 use crate::launch::Planned;
 use crate::queue::StreamRef;
@@ -313,7 +313,7 @@ fn connect(
     };
     links.connect_local(device, owner, &shape, protocol, &local)?;
     if !remote.is_empty() {
-        for (channel, peer, pair) in device_share::connect(comm, device, &shape, protocol, &remote)?
+        for (channel, peer, pair) in share::connect(comm, device, &shape, protocol, &remote)?
         {
             tracing::info!(
                 target: crate::debug::INIT_P2P,

@@ -6,9 +6,14 @@
 //! never touches the device memory.
 //!
 //! Here: which communicators run so, and each operation's device work as
-//! planned. `device_links.rs` keeps a communicator's FIFOs between calls;
-//! `device_launch.rs` encodes a planned launch over them and hands it to
+//! planned. `links.rs` keeps a communicator's FIFOs between calls;
+//! `launch.rs` encodes a planned launch over them and hands it to
 //! the device, each launch of a communicator after its previous one.
+
+pub(crate) mod launch;
+pub(crate) mod links;
+pub(crate) mod placement;
+mod share;
 
 use std::ptr::null;
 
@@ -34,7 +39,7 @@ pub(crate) fn interprets(comm: &CommInner) -> bool {
     (0..comm.nranks).all(|peer| {
         !comm.in_other_process(peer)
             || comm.peers[peer].host_id != me.host_id
-            || crate::device_share::available(comm)
+            || crate::device_work::share::available(comm)
     })
 }
 

@@ -25,7 +25,7 @@ use rccl_transports::network::PtrSupport;
 use rccl_transports::transport::FifoPlacement;
 use rccl_transports::{Connection, Protocol};
 
-use crate::device_links::DeviceMem;
+use crate::device_work::links::DeviceMem;
 
 /// Where device work's network connections put their FIFOs.
 pub(crate) struct Placement {
