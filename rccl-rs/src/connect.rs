@@ -304,7 +304,8 @@ fn set_up<Made>(
         Ok((name, setup)) => {
             if let Some(info) = &setup.info {
                 comm.bootstrap
-                    .send(peer, tag, &[&[SETUP_OK], info.as_slice()].concat())?;
+                    .send(peer, tag, &[&[SETUP_OK], info.as_slice()].concat())
+                    .map_err(|e| left_setup(comm, peer, &e))?;
             }
             Ok(PendingLink {
                 peer,
@@ -323,6 +324,25 @@ fn set_up<Made>(
             Err(err)
         }
     }
+}
+
+/// Why this rank's setup could not reach `peer` (`failed`): it left the
+/// setup, its bootstrap connection closed. The failure it told says why,
+/// when it told one; else it destroyed or aborted its communicator, or
+/// its process ended (said when seen).
+fn left_setup(comm: &CommInner, peer: usize, failed: &Error) -> Error {
+    if let Some(told) = stuck::peer_failure(comm) {
+        return told;
+    }
+    let ended = comm.processes[peer]
+        .and_then(|process| process.gone())
+        .map_or(String::new(), |why| format!(" ({why})"));
+    Error::Remote(format!(
+        "rank {}: {} left this setup before this rank's side reached it ({failed}): it \
+         destroyed or aborted its communicator, or its process ended{ended}",
+        comm.rank,
+        comm.describe(peer)
+    ))
 }
 
 /// Bootstrap tags of the links of device work, per channel.
