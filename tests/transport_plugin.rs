@@ -394,7 +394,10 @@ fn device_transport_child() {
                 let sum: &[f32] = bytemuck::cast_slice(&sum);
                 assert!((0..count).all(|i| sum[i] == (i * 6) as f32), "rank {rank}");
                 // SAFETY: a live handle, destroyed once, its work done.
-                assert_eq!(unsafe { rcclrs::ncclCommDestroy(comm) }, rcclrs::ncclSuccess);
+                assert_eq!(
+                    unsafe { rcclrs::ncclCommDestroy(comm) },
+                    rcclrs::ncclSuccess
+                );
                 device_cases::destroy_stream(stream);
             });
         }
@@ -424,6 +427,9 @@ fn a_device_transport_registered_from_outside_carries_device_work() {
     // A ring of 3 ranks links each rank to both neighbours, on every
     // channel with work; each link counts once per side.
     assert!(made >= 6, "{made} device links\n{stderr}");
-    assert!(stderr.contains("via COUNT/direct (device work)"), "{stderr}");
+    assert!(
+        stderr.contains("via COUNT/direct (device work)"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("via P2P/direct"), "{stderr}");
 }

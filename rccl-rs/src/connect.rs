@@ -288,17 +288,15 @@ fn set_up<Made>(
 ) -> Result<PendingLink<Made>> {
     let tag = tag_base + channel as u64;
     let setup = transport.and_then(|t| {
-        setup(&*t)
-            .map(|setup| (t.name(), setup))
-            .map_err(|e| {
-                Error::System(format!(
-                    "rank {}: setting up the {} connection to {} on channel {channel}: {}",
-                    comm.rank,
-                    t.name(),
-                    comm.describe(peer),
-                    rccl_transports::explain_fd_limit(e)
-                ))
-            })
+        setup(&*t).map(|setup| (t.name(), setup)).map_err(|e| {
+            Error::System(format!(
+                "rank {}: setting up the {} connection to {} on channel {channel}: {}",
+                comm.rank,
+                t.name(),
+                comm.describe(peer),
+                rccl_transports::explain_fd_limit(e)
+            ))
+        })
     });
     match setup {
         Ok((name, setup)) => {

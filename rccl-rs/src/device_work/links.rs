@@ -166,7 +166,8 @@ impl DeviceLinks {
     ) {
         match link {
             DeviceLink::Direct { send, recv } => {
-                self.fifos.insert((channel, peer, protocol.index()), (send, recv));
+                self.fifos
+                    .insert((channel, peer, protocol.index()), (send, recv));
             }
             DeviceLink::Proxied(conn) => {
                 self.net.insert((channel, peer), Arc::from(conn));
