@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# A/B of two builds of all_reduce_perf, side by side in one run: 2
-# processes over shared memory, and 2 emulated hosts x 1 rank over the
-# network (scripts/testbed.sh, unshaped; skipped when not root), at 8 B,
-# 64 KiB, 1 MiB, 16 MiB and 256 MiB. The two builds run in turn, ROUNDS
+# A/B of two builds of all_reduce_perf, side by side in one run: 2 ranks
+# as threads of one process, 2 processes over shared memory, and 2
+# emulated hosts x 1 rank over the network (scripts/testbed.sh, unshaped;
+# skipped when not root), at 8 B, 64 KiB, 1 MiB, 16 MiB and 256 MiB. The two builds run in turn, ROUNDS
 # times interleaved; per size, the median over rounds of each build's
 # out-of-place time, their ratio B/A, and the spread of the per-round
 # ratios (min-max) are printed as a Markdown table.
@@ -26,13 +26,15 @@ run() { # build-file mode size
     local perf=$1 mode=$2 size=$3 iters=20
     [ "$size" -ge 16777216 ] && iters=5
     [ "$size" -le 65536 ] && iters=200
-    if [ "$mode" = procs ]; then
+    if [ "$mode" = threads ]; then
+        "$perf" -g 2 -b "$size" -e "$size" -n "$iters" -w 3
+    elif [ "$mode" = procs ]; then
         "$perf" --procs 2 -b "$size" -e "$size" -n "$iters" -w 3
     else
         "$here/testbed.sh" with 2 1 -- "$perf" -b "$size" -e "$size" -n "$iters" -w 3
     fi
 }
-modes=(procs)
+modes=(threads procs)
 [ "$(id -u)" = 0 ] && command -v ip >/dev/null && modes+=(hosts)
 for ((r = 1; r <= ROUNDS; r++)); do
     for mode in "${modes[@]}"; do
@@ -62,6 +64,6 @@ print("|---|---:|---:|---:|---:|---|")
 for key in a:
     ratios = [b[key][r] / a[key][r] for r in a[key] if r in b[key]]
     ma, mb = statistics.median(a[key].values()), statistics.median(b[key].values())
-    mode = "2 processes" if key[0] == "procs" else "2 hosts x 1"
+    mode = {"threads": "2 threads", "procs": "2 processes"}.get(key[0], "2 hosts x 1")
     print(f"| {mode} | {key[1]} | {ma:.2f} | {mb:.2f} | {mb / ma:.2f} | {min(ratios):.2f}-{max(ratios):.2f} |")
 PY

@@ -3,7 +3,6 @@
 //! block holding one modeled SM while it runs.
 
 use std::ffi::c_void;
-use std::sync::Arc;
 
 use cudarc::driver::sys::CUresult;
 use parking_lot::{Condvar, Mutex};
@@ -11,8 +10,9 @@ use rccl_device::abi::ReduceArgs;
 use rccl_device::twin::{self, ChannelEnd};
 use rccl_device::work::WorkHeader;
 
-use crate::state::{lock, notify, wait_until, State};
-use crate::{report, Res};
+use crate::state::{lock, notify, wait_until};
+use crate::work::{Kernel, Node, Work};
+use crate::{as_host_function, report, Res};
 
 /// The fatbin's kernels: name, parameter sizes, launch bound (threads
 /// per block).
@@ -39,76 +39,6 @@ const LOOPBACK_ARGS: usize = std::mem::size_of::<rccl_device::abi::LoopbackArgs>
 
 /// Bytes per element, by `ncclDataType_t`: how far a reduction reaches.
 const ELEMENT_BYTES: [u64; 12] = [1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1];
-
-/// A kernel launch: its parameters copied at the launch, as the driver
-/// copies them.
-#[derive(Clone)]
-pub(crate) struct Kernel {
-    pub name: &'static str,
-    pub dev: usize,
-    pub blocks: u32,
-    /// The parameters, each at an 8-byte aligned offset.
-    pub params: Vec<Vec<u64>>,
-}
-
-/// One operation of a stream or node of a graph.
-#[derive(Clone)]
-pub(crate) enum Work {
-    Kernel(Kernel),
-    Memset {
-        dst: u64,
-        value: u32,
-        elem: usize,
-        count: usize,
-    },
-    Copy {
-        dst: u64,
-        src: u64,
-        bytes: usize,
-    },
-    /// A copy from pageable memory, staged at the call.
-    Staged {
-        dst: u64,
-        data: Arc<Vec<u8>>,
-    },
-    Host {
-        f: unsafe extern "C" fn(*mut c_void),
-        arg: usize,
-    },
-    Record(u64),
-    Free(u64),
-    /// A launch of an executable graph, holding its user objects.
-    Graph {
-        nodes: Arc<Vec<Node>>,
-        _hold: Arc<crate::user::Hold>,
-    },
-    /// An external event wait node (`CU_EVENT_WAIT_EXTERNAL` in a
-    /// capture): waits for the event's last record when the node runs.
-    WaitEvent(u64),
-    /// `cuStreamWaitValue32`: waits until the 32-bit word at `addr`
-    /// meets the condition of `flags` against `value`.
-    WaitValue {
-        addr: u64,
-        value: u32,
-        flags: u32,
-    },
-    /// Ordering only (an event wait).
-    Empty,
-    /// A pause of the stream (`RCCL_CUDA_MODEL_LATE_MS`).
-    Pause(std::time::Duration),
-}
-
-/// A node of a graph, after the nodes it depends on.
-#[derive(Clone)]
-pub(crate) struct Node {
-    pub deps: Vec<usize>,
-    pub work: Work,
-}
-
-thread_local! {
-    /// Whether this thread runs a host function, which may not call CUDA.
-    pub(crate) static IN_HOST_FUNCTION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
 
 /// Runs `work` for device `dev` (on a stream's worker or a graph's node).
 pub(crate) fn run(work: &Work, dev: usize) -> Res<()> {
@@ -157,11 +87,11 @@ pub(crate) fn run(work: &Work, dev: usize) -> Res<()> {
             )?;
             st.devices[dev].host_busy = true;
             drop(st);
-            IN_HOST_FUNCTION.with(|h| h.set(true));
-            // SAFETY: the program's host function with the argument it
-            // gave, as the driver calls it.
-            unsafe { f(arg as *mut c_void) };
-            IN_HOST_FUNCTION.with(|h| h.set(false));
+            as_host_function(|| {
+                // SAFETY: the program's host function with the argument
+                // it gave, as the driver calls it.
+                unsafe { f(arg as *mut c_void) }
+            });
             lock().devices[dev].host_busy = false;
             notify();
             Ok(())
@@ -185,7 +115,7 @@ pub(crate) fn run(work: &Work, dev: usize) -> Res<()> {
             Ok(())
         }
         &Work::Free(ptr) => {
-            release(&mut lock(), ptr);
+            lock().release(ptr);
             Ok(())
         }
         Work::Graph { nodes, .. } => run_graph(nodes, dev),
@@ -239,50 +169,6 @@ fn wait_value(addr: u64, value: u32, flags: u32, dev: usize) -> Res<()> {
             return Err(CUresult::CUDA_ERROR_LAUNCH_TIMEOUT);
         }
         std::thread::sleep(std::time::Duration::from_micros(100));
-    }
-}
-
-/// Device memory and pinned host memory: 256-byte aligned, as the driver
-/// aligns, and filled with garbage (CUDA does not zero it).
-pub(crate) fn allocate(
-    st: &mut State,
-    size: usize,
-    kind: crate::state::Kind,
-    dev: usize,
-) -> Res<u64> {
-    let layout = layout(size)?;
-    // SAFETY: a non-zero size.
-    let ptr = unsafe { std::alloc::alloc(layout) };
-    if ptr.is_null() {
-        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    // SAFETY: fresh memory of `layout.size()` bytes.
-    unsafe { ptr.write_bytes(0xa5, layout.size()) };
-    let id = st.handle(0);
-    st.allocs.insert(
-        ptr as u64,
-        crate::state::Alloc {
-            size,
-            kind,
-            dev,
-            id,
-        },
-    );
-    Ok(ptr as u64)
-}
-
-fn layout(size: usize) -> Res<std::alloc::Layout> {
-    std::alloc::Layout::from_size_align(size.max(1), 256)
-        .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)
-}
-
-/// Frees the allocation at `base` (nothing when it is gone already).
-pub(crate) fn release(st: &mut State, base: u64) {
-    if let Some(a) = st.allocs.remove(&base) {
-        let layout = layout(a.size).expect("allocated with this layout");
-        // SAFETY: allocated by `allocate` with this layout, removed from
-        // the table so freed once.
-        unsafe { std::alloc::dealloc(base as *mut u8, layout) };
     }
 }
 

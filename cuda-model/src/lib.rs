@@ -17,7 +17,7 @@
 //! - a kernel touching memory of another device faults, and a fault is
 //!   sticky: every later call of the context returns it;
 //! - cuMem mappings are inaccessible until `cuMemSetAccess`, with a
-//!   granularity of 2 MiB (vmm.rs).
+//!   granularity of 2 MiB (`api/virtual_memory.rs`).
 //!
 //! Switches (environment, read at `cuInit`):
 //! `RCCL_CUDA_MODEL_DEVICES` (2), `RCCL_CUDA_MODEL_SMS` (4 per device),
@@ -29,17 +29,37 @@
 //! every context), `RCCL_CUDA_MODEL_ALLOC_WAITS=0` (allocation and free
 //! do not wait for kernels), `RCCL_CUDA_MODEL_LATE_MS` (0: how long the
 //! legacy stream pauses before each memset or copy that a synchronous
-//! call left to run late, so that work racing with it shows), `RCCL_CUDA_MODEL_FAULT=kernel[:n]` (the n-th launch of
-//! `kernel`, the first by default, faults with
-//! `CUDA_ERROR_ILLEGAL_ADDRESS`).
+//! call left to run late, so that work racing with it shows),
+//! `RCCL_CUDA_MODEL_FAULT=kernel[:n]` (the n-th launch of `kernel`, the
+//! first by default, faults with `CUDA_ERROR_ILLEGAL_ADDRESS`).
+//!
+//! Tests read one thing the driver does not export:
+//! `rccl_cuda_model_launches(name, count)` writes to `count` how many
+//! kernels named `name` (NUL-terminated) started running in the process
+//! so far, launched by `cuLaunchKernel` or by a graph's launch (each
+//! kernel node once per launch); it returns `CUDA_ERROR_INVALID_VALUE`
+//! for a null pointer (`launches.rs`).
+//!
+//! Layout: `api/` holds the entry points, a file per group of the Driver
+//! API reference; they act on `state.rs` (one lock over devices,
+//! contexts, allocations, streams, events, captures, graphs, modules;
+//! `vmm.rs` its cuMem part) and enqueue `work.rs`'s operations, which
+//! each stream's worker (`streams.rs`) runs through `exec.rs`. User
+//! objects (`user.rs`) keep their own table and destructor thread. No
+//! module depends on one that depends on it.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod api;
 mod exec;
+mod launches;
 mod state;
+mod streams;
 mod user;
 mod vmm;
+mod work;
+
+use std::cell::Cell;
 
 use cudarc::driver::sys::CUresult;
 
@@ -54,6 +74,32 @@ fn entry(body: impl FnOnce() -> Res<()>) -> CUresult {
         Ok(Err(e)) => e,
         Err(_) => CUresult::CUDA_ERROR_UNKNOWN,
     }
+}
+
+thread_local! {
+    /// Whether this thread runs a host function or a user object's
+    /// destructor, which may not call CUDA.
+    static IN_HOST_FUNCTION: Cell<bool> = const { Cell::new(false) };
+}
+
+/// An entry point's body, refused from inside a host function (which may
+/// not call CUDA).
+fn call(body: impl FnOnce() -> Res<()>) -> CUresult {
+    if IN_HOST_FUNCTION.with(Cell::get) {
+        report(format_args!(
+            "a host function called the driver (CUDA_ERROR_NOT_PERMITTED)"
+        ));
+        return CUresult::CUDA_ERROR_NOT_PERMITTED;
+    }
+    entry(body)
+}
+
+/// Runs the program's host function or destructor `f`: its calls of the
+/// driver are refused meanwhile.
+fn as_host_function(f: impl FnOnce()) {
+    IN_HOST_FUNCTION.with(|h| h.set(true));
+    f();
+    IN_HOST_FUNCTION.with(|h| h.set(false));
 }
 
 /// Says what the model saw that a GPU would not report (a hang, a fault).

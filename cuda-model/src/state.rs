@@ -1,8 +1,8 @@
 //! The driver's state: devices and their primary contexts, each thread's
-//! context stack, allocations, streams (a worker thread each, running its
-//! operations in order once their dependencies completed), events and
-//! capture sequences. One lock guards it all; one condition variable
-//! tells every waiter that something completed.
+//! context stack, allocations, streams (their queues; `streams.rs` runs
+//! them), events, capture sequences, graphs and modules. One lock guards
+//! it all; one condition variable tells every waiter that something
+//! completed.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys::CUresult;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use crate::exec::{self, Node, Work};
-use crate::user::{Hold, Refs, UserObject};
+use crate::user::{Hold, Refs};
+use crate::vmm::Vmm;
+use crate::work::{Node, Work};
 use crate::{report, Res};
 
 /// The switches of the crate's documentation.
@@ -29,7 +30,7 @@ pub(crate) struct Config {
 }
 
 impl Config {
-    fn from_env() -> Config {
+    pub(crate) fn from_env() -> Config {
         let number = |name: &str, default: u64| {
             std::env::var(name)
                 .ok()
@@ -184,10 +185,10 @@ pub(crate) struct State {
     pub functions: HashMap<u64, Function>,
     pub graphs: HashMap<u64, Graph>,
     pub execs: HashMap<u64, Exec>,
-    pub user_objects: HashMap<u64, UserObject>,
-    /// Launches so far, per kernel name (fault injection counts them).
+    /// Kernels started so far, per name: what fault injection and
+    /// `rccl_cuda_model_launches` count.
     pub launches: HashMap<&'static str, u64>,
-    pub vmm: crate::vmm::Vmm,
+    pub vmm: Vmm,
     next: u64,
 }
 
@@ -265,23 +266,6 @@ impl State {
         }
     }
 
-    /// The first `cuInit`: devices, each with its legacy stream.
-    pub fn init(&mut self) {
-        if self.config.is_some() {
-            return;
-        }
-        let config = Config::from_env();
-        for dev in 0..config.devices {
-            let legacy = self.handle(STREAM_BASE);
-            self.new_stream(legacy, dev, true, true);
-            self.devices.push(DeviceState {
-                legacy,
-                ..DeviceState::default()
-            });
-        }
-        self.config = Some(config);
-    }
-
     pub fn device(&self, ordinal: i32) -> Res<usize> {
         self.initialized()?;
         usize::try_from(ordinal)
@@ -337,26 +321,6 @@ impl State {
         }
     }
 
-    pub fn new_stream(&mut self, id: u64, dev: usize, blocking: bool, legacy: bool) {
-        self.streams.insert(
-            id,
-            StreamState {
-                dev,
-                blocking,
-                legacy,
-                queue: VecDeque::new(),
-                enqueued: 0,
-                done: 0,
-                destroyed: false,
-                capture: None,
-            },
-        );
-        std::thread::Builder::new()
-            .name(format!("cuda-model-stream-{id:x}"))
-            .spawn(move || worker(id))
-            .expect("a stream's worker thread starts");
-    }
-
     /// The stream a handle names, in the current context (0 and
     /// `CU_STREAM_LEGACY`: its legacy default stream).
     pub fn stream(&self, raw: u64) -> Res<u64> {
@@ -368,6 +332,49 @@ impl State {
             Some(s) if !s.destroyed && s.dev == dev => Ok(raw),
             Some(s) if !s.destroyed => Err(CUresult::CUDA_ERROR_INVALID_CONTEXT),
             _ => Err(CUresult::CUDA_ERROR_INVALID_HANDLE),
+        }
+    }
+
+    /// The event a handle names.
+    pub fn event(&self, handle: u64) -> Res<u64> {
+        self.initialized()?;
+        self.events
+            .contains_key(&handle)
+            .then_some(handle)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    /// Device memory and pinned host memory: 256-byte aligned, as the
+    /// driver aligns, and filled with garbage (CUDA does not zero it).
+    pub fn allocate(&mut self, size: usize, kind: Kind, dev: usize) -> Res<u64> {
+        let layout = allocation_layout(size)?;
+        // SAFETY: a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        // SAFETY: fresh memory of `layout.size()` bytes.
+        unsafe { ptr.write_bytes(0xa5, layout.size()) };
+        let id = self.handle(0);
+        self.allocs.insert(
+            ptr as u64,
+            Alloc {
+                size,
+                kind,
+                dev,
+                id,
+            },
+        );
+        Ok(ptr as u64)
+    }
+
+    /// Frees the allocation at `base` (nothing when it is gone already).
+    pub fn release(&mut self, base: u64) {
+        if let Some(a) = self.allocs.remove(&base) {
+            let layout = allocation_layout(a.size).expect("allocated with this layout");
+            // SAFETY: allocated by `allocate` with this layout, removed
+            // from the table so freed once.
+            unsafe { std::alloc::dealloc(base as *mut u8, layout) };
         }
     }
 
@@ -508,48 +515,15 @@ impl State {
     }
 }
 
+fn allocation_layout(size: usize) -> Res<std::alloc::Layout> {
+    std::alloc::Layout::from_size_align(size.max(1), 256)
+        .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+}
+
 pub(crate) fn current_dev() -> Option<usize> {
     STACK.with(|s| s.borrow().last().copied())
 }
 
 pub(crate) fn with_stack<T>(f: impl FnOnce(&mut Vec<usize>) -> T) -> T {
     STACK.with(|s| f(&mut s.borrow_mut()))
-}
-
-/// A stream's worker: runs the front operation once its dependencies
-/// completed; after a fault of its device, completes the rest unrun (a
-/// faulted context runs nothing more).
-fn worker(id: u64) {
-    let mut st = lock();
-    loop {
-        let Some(s) = st.streams.get(&id) else { return };
-        let ready = match s.queue.front() {
-            Some(op) => op.deps.iter().all(|&(d, seq)| st.reached(d, seq)),
-            None if s.destroyed => {
-                st.streams.remove(&id);
-                notify();
-                return;
-            }
-            None => false,
-        };
-        if !ready {
-            MODEL.changed.wait(&mut st);
-            continue;
-        }
-        let s = st.streams.get_mut(&id).expect("looked up above");
-        let op = s.queue.pop_front().expect("a front operation");
-        let dev = s.dev;
-        if st.devices[dev].sticky.is_none() {
-            let result = MutexGuard::unlocked(&mut st, || exec::run(&op.work, dev));
-            if let Err(e) = result {
-                let sticky = &mut st.devices[dev].sticky;
-                sticky.get_or_insert(e);
-            }
-        }
-        st.streams.get_mut(&id).expect("still there").done = op.seq;
-        if let Some(k) = op.kernel {
-            st.devices[dev].kernels.remove(&k);
-        }
-        notify();
-    }
 }

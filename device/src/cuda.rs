@@ -14,6 +14,7 @@ use crate::abi::{LoopbackArgs, ReduceArgs};
 use crate::cuda_api as api;
 use crate::KERNELS_FATBIN;
 
+pub use crate::cuda_api::ENTRY_POINTS;
 pub use cudarc::driver::sys::{CUcontext, CUdeviceptr, CUstream};
 
 /// What a CUDA call can fail with.

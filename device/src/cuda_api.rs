@@ -62,9 +62,13 @@ pub(crate) fn exports(name: &str) -> bool {
 
 /// Declares each entry point as a function of its `cuda.h` signature
 /// that calls the driver's symbol of the same name, resolved on first use;
-/// a symbol the driver lacks answers `CUDA_ERROR_NOT_FOUND`.
+/// a symbol the driver lacks answers `CUDA_ERROR_NOT_FOUND`. Their names
+/// are [`ENTRY_POINTS`].
 macro_rules! entry_points {
-    ($($name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {$(
+    ($($name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
+        /// The name of every driver entry point the backend calls.
+        pub const ENTRY_POINTS: &[&str] = &[$(stringify!($name)),*];
+        $(
         /// The driver's entry point of this name.
         ///
         /// # Safety
@@ -85,7 +89,8 @@ macro_rules! entry_points {
             // covers the arguments.
             unsafe { std::mem::transmute::<usize, Entry>(address)($($arg),*) }
         }
-    )*};
+        )*
+    };
 }
 
 entry_points! {

@@ -6,13 +6,11 @@
 //! process's environment (a site's plug-in may enforce a setting; one that
 //! lets users override reads the environment itself), and a name it has no
 //! value for (it returns null) falls back to the process's environment.
-//! The plug-in: `NCCL_ENV_PLUGIN` (read from the environment
-//! itself) names it by NCCL's rules ([`library_names`] with kind `env`:
-//! unset, `libnccl-env.so` if present; `X`, `libnccl-env-X.so` then `X`;
-//! `none`, no plug-in), and the newest of `ncclEnvPlugin_v2` and
-//! `ncclEnvPlugin_v1` it exports is initialized once, with the NCCL API
-//! level rccl-rs implements. Its `finalize` is never called: it serves the
-//! process to its end.
+//! The plug-in: `NCCL_ENV_PLUGIN` (read from the environment itself)
+//! names it by NCCL's rules ([`load`], kind `env`), and the newest of
+//! `ncclEnvPlugin_v2` and `ncclEnvPlugin_v1` it exports is initialized
+//! once, with the NCCL API level rccl-rs implements. Its `finalize` is
+//! never called: it serves the process to its end.
 //!
 //! [`logger`] is the `ncclDebugLogger_t` every plug-in is given: messages go
 //! to this process's log (`tracing` events), under the subsystem their
@@ -24,6 +22,11 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_ulong, CStr, CString};
 use std::sync::{Mutex, OnceLock};
+
+pub mod load;
+
+pub use load::library_names;
+use load::{Kind, Library, Subsystem};
 
 /// The NCCL API level rccl-rs implements (ffi's `NCCL_VERSION_CODE`),
 /// which the environment plug-in's `init` is told.
@@ -119,23 +122,6 @@ pub unsafe extern "C" fn rccl_plugin_log_sink(
     }
 }
 
-/// The library names NCCL tries for a plug-in of `kind` (`net`, `tuner`,
-/// `profiler`, `env`) that its variable names as `entry` (`None`: unset):
-/// `libnccl-<kind>.so` by default; else `libnccl-<kind>-<entry>.so`
-/// (unless `entry` is a path or a `lib*.so` name), then `entry` itself.
-pub fn library_names(kind: &str, entry: Option<&str>) -> Vec<String> {
-    let Some(entry) = entry else {
-        return vec![format!("libnccl-{kind}.so")];
-    };
-    let is_library = entry.starts_with("lib") && entry.ends_with(".so");
-    let mut names = Vec::with_capacity(2);
-    if !entry.contains('/') && !is_library {
-        names.push(format!("libnccl-{kind}-{entry}.so"));
-    }
-    names.push(entry.to_string());
-    names
-}
-
 type GetEnv = unsafe extern "C" fn(*const c_char) -> *const c_char;
 type NcclResult = c_int;
 
@@ -165,59 +151,48 @@ struct EnvPlugin {
     calls: Mutex<()>,
 }
 
-/// Why a library could not serve as the environment plug-in.
-fn load(name: &str) -> Result<(EnvPlugin, String, u32), String> {
-    // SAFETY: loading a library runs its initializers; an environment
-    // plug-in is made to be loaded into the process this way.
-    let library = unsafe { libloading::Library::new(name) }.map_err(|e| format!("{name}: {e}"))?;
-    // The plug-in serves the process to its end.
-    let library: &'static libloading::Library = Box::leak(Box::new(library));
-    fn symbol<T>(library: &'static libloading::Library, name: &[u8]) -> Option<&'static T> {
-        // SAFETY: an `ncclEnvPlugin_vN` symbol is the plug-in's table of
-        // version N, whose layout `T` declares; the library stays loaded.
-        unsafe { library.get::<*const T>(name).ok().map(|s| &**s) }
-    }
+/// The environment plug-in's kind.
+const ENV_PLUGIN: Kind = Kind {
+    file: "env",
+    symbol: "ncclEnvPlugin_v",
+    interface: "ncclEnv",
+    versions: &[2, 1],
+    subsystem: Subsystem::InitEnv,
+    without: "settings come from the environment",
+};
+
+/// Initializes the environment plug-in `library` exports; the error says
+/// why it cannot serve.
+fn init(library: &Library) -> Result<EnvPlugin, String> {
     let suffix = c"";
     let (major, minor, patch) = NCCL_VERSION;
-    let (plugin_name, version, init, get_env) =
-        if let Some(t) = symbol::<EnvV2>(library, b"ncclEnvPlugin_v2\0") {
-            // SAFETY: the plug-in's own init, with the version and a logger
-            // that lives for the process.
-            let init = t
-                .init
-                .map(|f| unsafe { f(major, minor, patch, suffix.as_ptr(), logger()) });
-            (t.name, 2, init, t.get_env)
-        } else if let Some(t) = symbol::<EnvV1>(library, b"ncclEnvPlugin_v1\0") {
-            // SAFETY: the plug-in's own init, with the version.
-            let init = t
-                .init
-                .map(|f| unsafe { f(major, minor, patch, suffix.as_ptr()) });
-            (t.name, 1, init, t.get_env)
-        } else {
-            return Err(format!(
-                "{name} exports neither ncclEnvPlugin_v2 nor ncclEnvPlugin_v1"
-            ));
-        };
-    let plugin_name = if plugin_name.is_null() {
-        "env".to_string()
+    let (init, get_env) = if library.version == 2 {
+        // SAFETY: version 2's table is an `ncclEnv_v2_t`.
+        let table = unsafe { library.table::<EnvV2>() };
+        // SAFETY: the plug-in's own init, with the version and a logger
+        // that lives for the process.
+        let init = table
+            .init
+            .map(|f| unsafe { f(major, minor, patch, suffix.as_ptr(), logger()) });
+        (init, table.get_env)
     } else {
-        // SAFETY: the table's name is a NUL-terminated string.
-        unsafe { CStr::from_ptr(plugin_name) }
-            .to_string_lossy()
-            .into_owned()
+        // SAFETY: version 1's table is an `ncclEnv_v1_t`.
+        let table = unsafe { library.table::<EnvV1>() };
+        // SAFETY: the plug-in's own init, with the version.
+        let init = table
+            .init
+            .map(|f| unsafe { f(major, minor, patch, suffix.as_ptr()) });
+        (init, table.get_env)
     };
-    let get_env = get_env.ok_or_else(|| format!("{plugin_name} ({name}) has no getEnv"))?;
+    let (name, path) = (&library.name, &library.path);
+    let get_env = get_env.ok_or_else(|| format!("{name} ({path}) has no getEnv"))?;
     match init {
-        Some(0) | None => Ok((
-            EnvPlugin {
-                get_env,
-                calls: Mutex::new(()),
-            },
-            plugin_name,
-            version,
-        )),
+        Some(0) | None => Ok(EnvPlugin {
+            get_env,
+            calls: Mutex::new(()),
+        }),
         Some(code) => Err(format!(
-            "{plugin_name} ({name}): init returned {code}{}",
+            "{name} ({path}): init returned {code}{}",
             take_warning().map_or(String::new(), |w| format!(": {w}"))
         )),
     }
@@ -228,32 +203,13 @@ fn plugin() -> Option<&'static EnvPlugin> {
     static PLUGIN: OnceLock<Option<EnvPlugin>> = OnceLock::new();
     PLUGIN
         .get_or_init(|| {
-            let var = std::env::var("NCCL_ENV_PLUGIN").ok();
-            if var
-                .as_deref()
-                .is_some_and(|v| v.trim().eq_ignore_ascii_case("none"))
-            {
-                return None;
-            }
-            let mut tried = Vec::new();
-            for name in library_names("env", var.as_deref()) {
-                match load(&name) {
-                    Ok((plugin, plugin_name, version)) => {
-                        tracing::info!(
-                            target: "ENV",
-                            "ENV/Plugin: loaded {plugin_name} (ncclEnv v{version}) from {name}"
-                        );
-                        return Some(plugin);
-                    }
-                    Err(why) => tried.push(why),
-                }
-            }
-            // Named but not loaded is worth a warning; the default absent
-            // is the common case.
-            if var.is_some() {
-                tracing::warn!(target: "ENV", "ENV/Plugin: not loaded: {}", tried.join("; "));
-            }
-            None
+            // The plug-in's own variable comes from the environment itself.
+            let library = ENV_PLUGIN.load(std::env::var("NCCL_ENV_PLUGIN").ok().as_deref(), &[])?;
+            init(&library)
+                .map_err(|why| {
+                    tracing::warn!(target: "INIT|ENV", "ENV/Plugin: not used: {why}");
+                })
+                .ok()
         })
         .as_ref()
 }
@@ -284,20 +240,4 @@ fn plugin_var(name: &str) -> Option<String> {
             .to_string_lossy()
             .into_owned(),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn library_names_follow_nccls_rules() {
-        assert_eq!(library_names("env", None), ["libnccl-env.so"]);
-        assert_eq!(
-            library_names("tuner", Some("x")),
-            ["libnccl-tuner-x.so", "x"]
-        );
-        assert_eq!(library_names("env", Some("/p/a.so")), ["/p/a.so"]);
-        assert_eq!(library_names("net", Some("libfoo.so")), ["libfoo.so"]);
-    }
 }

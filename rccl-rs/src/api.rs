@@ -8,8 +8,9 @@ use rccl_algorithms::CollKind;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::group as enqueue;
-use crate::op::{OpKind, RawOp};
+use crate::op::RawOp;
 use crate::stream::placement;
+use crate::types::OpKind;
 use crate::types::{DataType, RedOp};
 
 /// An element type the library can move and reduce.

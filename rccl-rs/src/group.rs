@@ -12,10 +12,11 @@ use rccl_algorithms::P2pOp;
 use crate::comm::CommInner;
 use crate::error::{Error, Result};
 use crate::launch::{launch, on_board_alone};
-use crate::op::{OpKind, RawOp};
+use crate::op::RawOp;
 use crate::plan::{
     choose_collective, log_choice, p2p_calls, p2p_shape, PlannedCollective, PlannedComm, PlannedP2p,
 };
+use crate::types::OpKind;
 
 struct GroupState {
     depth: usize,
@@ -48,7 +49,7 @@ pub fn group_start() {
 pub fn group_end() -> Result<()> {
     let closed = close_group();
     // The outermost end, run or failed: the group's API event ends with it.
-    let _api_event = (group_depth() == 0).then(crate::profiler_plugin::GroupApiEnd::begin);
+    let _api_event = (group_depth() == 0).then(crate::plugins::profiler::GroupApiEnd::begin);
     match closed? {
         Some(ops) if ops.iter().any(|op| op.stream.is_some()) => crate::stream::enqueue(ops),
         Some(ops) => {
@@ -101,7 +102,7 @@ fn close_group() -> Result<Option<Vec<RawOp>>> {
 /// (the outermost end decides).
 pub fn group_simulate_end() -> Result<Option<Vec<PlannedComm>>> {
     let closed = close_group();
-    let _api_event = (group_depth() == 0).then(crate::profiler_plugin::GroupApiEnd::begin);
+    let _api_event = (group_depth() == 0).then(crate::plugins::profiler::GroupApiEnd::begin);
     let Some(ops) = closed? else {
         return Ok(None);
     };
@@ -197,7 +198,7 @@ pub fn group_fail(err: &Error) {
 pub(crate) unsafe fn enqueue(mut op: RawOp) -> Result<()> {
     op.comm.check_usable()?;
     if let Some(profiler) = &op.comm.profiler {
-        op.api_event = profiler.api_call(&op, group_depth());
+        op.api_event = profiler.api_call(op.args(), group_depth());
     }
     // Asked before the op moves: a lone call need not travel through the
     // group's slot.
@@ -210,7 +211,7 @@ pub(crate) unsafe fn enqueue(mut op: RawOp) -> Result<()> {
         .comm
         .profiler
         .is_some()
-        .then(crate::profiler_plugin::GroupApiEnd::begin);
+        .then(crate::plugins::profiler::GroupApiEnd::begin);
     if op.stream.is_some() {
         return crate::stream::enqueue(vec![op]);
     }

@@ -9,45 +9,46 @@
 
 mod api;
 mod bootstrap;
-mod call;
 mod comm;
 mod config;
 mod connect;
 mod debug;
 mod device_work;
-mod diagnose;
 mod error;
-mod executor;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 mod group;
 mod host_staging;
+mod host_work;
 // Public for the workspace's kernel benchmarks and the simulator's probe
 // of this machine; not part of the API.
 #[doc(hidden)]
 pub mod kernels;
 mod launch;
-mod launch_key;
+mod launcher;
 mod net;
 mod op;
 mod plan;
-mod profiler_plugin;
+mod plugins;
+mod process_watch;
 mod queue;
 mod selection;
 mod signal;
 mod state;
 mod stream;
-mod stuck;
-mod tuner_plugin;
 pub mod tuning;
 mod types;
 
+// The device work files name the host work's modules at the crate root.
+use host_work::{call, executor, stuck};
+
 pub use api::{CollCall, Element, Group, F8E4M3, F8E5M2};
 pub use bootstrap::{Bootstrap, UniqueId};
-pub use comm::{hang_report, launcher_rank_from_env, rank_from_env, Communicator};
+pub use comm::{hang_report, Communicator};
 pub use config::{last_level_cache_bytes, Config, MAX_CHANNELS};
 pub use error::{Error, Result};
 pub use group::{group_depth, group_end, group_fail, group_simulate_end, group_start};
+pub use launcher::{launcher_rank_from_env, rank_from_env};
 pub use plan::{PlannedCollective, PlannedComm, PlannedP2p};
 pub use rccl_algorithms::CollKind;
 /// GPU memory, streams and events (the `rccl-device` crate): what callers of

@@ -3,25 +3,9 @@
 
 use std::sync::Arc;
 
-use rccl_algorithms::CollKind;
-
 use crate::comm::CommInner;
-use crate::types::{DataType, RedOp};
-
-/// What an operation does.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum OpKind {
-    /// A collective with its root (0 when rootless) and reduction op.
-    Coll {
-        kind: CollKind,
-        root: usize,
-        op: RedOp,
-    },
-    /// A point-to-point send to `peer`.
-    Send { peer: usize },
-    /// A point-to-point receive from `peer`.
-    Recv { peer: usize },
-}
+use crate::plugins::profiler::ApiEvent;
+use crate::types::{DataType, OpArgs, OpKind};
 
 /// One user call, with raw buffers already validated by the caller.
 pub(crate) struct RawOp {
@@ -36,10 +20,21 @@ pub(crate) struct RawOp {
     pub stream: Option<crate::queue::StreamRef>,
     /// Its API event of a profiler plug-in, the parent of its collective
     /// or point-to-point event.
-    pub api_event: crate::profiler_plugin::ApiEvent,
+    pub api_event: ApiEvent,
 }
 
 impl RawOp {
+    /// What it does and on which buffers, without its communicator.
+    pub fn args(&self) -> OpArgs {
+        OpArgs {
+            kind: self.kind,
+            send: self.send,
+            recv: self.recv,
+            count: self.count,
+            dtype: self.dtype,
+        }
+    }
+
     /// The bytes of its send and receive buffers on this rank.
     pub fn buffer_bytes(&self) -> (usize, usize) {
         let (comm, size) = (&self.comm, self.dtype.size());

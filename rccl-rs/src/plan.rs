@@ -10,14 +10,15 @@ use smallvec::SmallVec;
 use rccl_algorithms::{p2p_schedule, CollKind, CollSpec, P2pOp, Schedule, Topology};
 use rccl_transports::{Protocol, Tag};
 
-use crate::call::{call_tag, P2P_CALL};
 use crate::comm::CommInner;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::executor::{Binding, BoardOp, Buffers, OpWork, Reduction, Segment};
+use crate::host_work::call::{call_tag, P2P_CALL};
+use crate::host_work::executor::{Binding, BoardOp, Buffers, OpWork, Reduction, Segment};
 use crate::kernels::{ReduceKernel, Store};
-use crate::op::{OpKind, RawOp};
+use crate::op::RawOp;
 use crate::tuning;
+use crate::types::OpKind;
 use crate::types::{DataType, RedOp};
 
 /// A collective of a simulated group, as the engine would have run it: the
@@ -111,7 +112,7 @@ pub(crate) fn p2p_shape(comm: &CommInner, calls: &[P2pOp]) -> Result<(usize, Pro
 pub(crate) struct CommLaunch {
     /// Its profiler events; first, so they stop before the communicator
     /// (and its profiler context) can go.
-    pub events: crate::profiler_plugin::LaunchEvents,
+    pub events: crate::plugins::profiler::LaunchEvents,
     pub comm: Arc<CommInner>,
     /// Per channel, the work queued on it (empty until a schedule is
     /// queued: a launch that only uses the board allocates none).
@@ -156,7 +157,9 @@ pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()>
     let on_board = runs_on_board(op, &choice);
     let started = start_collective(op, &choice, in_place, on_board)?;
     if let Some(profiler) = &comm.profiler {
-        launch.events.collective(profiler, op, &choice, started.seq);
+        launch
+            .events
+            .collective(profiler, op.args(), op.api_event, &choice, started.seq);
     }
     if on_board && !as_device_work {
         launch.board.push(board_op(op, started));
@@ -464,7 +467,8 @@ pub(crate) fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
     }
     let (nchannels, protocol, chunk_bytes) = p2p_shape(comm, &calls)?;
     if let Some(profiler) = &comm.profiler {
-        launch.events.p2p(profiler, ops, nchannels);
+        let args = ops.iter().map(|op| (op.args(), op.api_event));
+        launch.events.p2p(profiler, args, nchannels);
     }
     let schedule = p2p_schedule(comm.rank, &calls, nchannels, chunk_bytes);
     if launch.on_device && crate::device_work::interprets(comm) {

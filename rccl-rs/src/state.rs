@@ -1,7 +1,7 @@
 //! What a communicator keeps between launches: its connections per channel
 //! and peer, its board, and the last lone all-reduce's plan.
 
-use crate::executor::{BoardLink, Link, Reduction};
+use crate::host_work::executor::{BoardLink, Link, Reduction};
 use crate::tuning;
 use crate::types::{DataType, RedOp};
 

@@ -7,7 +7,7 @@
 //! drives several ranks (some sharing a stream) cannot deadlock.
 //!
 //! A launch whose communicators device work reaches runs as device work
-//! (`device_work.rs`: the kernels' interpreter, on the GPU or compiled for
+//! (`device_work/`: the kernels' interpreter, on the GPU or compiled for
 //! the host on the emulated one; ranks on other hosts through the
 //! network). Any other communicator (ranks of other processes of this
 //! host with `NCCL_P2P_DISABLE`) runs the host executor over host copies

@@ -1,4 +1,7 @@
-//! Datatypes and reduction operators, with NCCL's enum values.
+//! Datatypes and reduction operators, with NCCL's enum values, and what
+//! an operation does.
+
+use rccl_algorithms::CollKind;
 
 use crate::error::{Error, Result};
 
@@ -156,4 +159,30 @@ impl RedOp {
             RedOp::PreMulSum { .. } | RedOp::PreMulSumDevice { .. } => "premulsum",
         }
     }
+}
+
+/// What an operation does.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum OpKind {
+    /// A collective with its root (0 when rootless) and reduction op.
+    Coll {
+        kind: CollKind,
+        root: usize,
+        op: RedOp,
+    },
+    /// A point-to-point send to `peer`.
+    Send { peer: usize },
+    /// A point-to-point receive from `peer`.
+    Recv { peer: usize },
+}
+
+/// A call's arguments, already validated: what it does and on which raw
+/// buffers.
+#[derive(Clone, Copy)]
+pub(crate) struct OpArgs {
+    pub kind: OpKind,
+    pub send: *const u8,
+    pub recv: *mut u8,
+    pub count: usize,
+    pub dtype: DataType,
 }

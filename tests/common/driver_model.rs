@@ -6,7 +6,7 @@
 // Each test binary uses part of this.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// A folder holding the model under the driver's names; with
@@ -46,25 +46,9 @@ pub fn over_the_model(test: &str, env: &[(&str, &str)], body: fn()) {
 
 /// As [`over_the_model`]; with `stub_copy`, as [`driver_folder`]'s.
 pub fn over_the_model_in(test: &str, env: &[(&str, &str)], stub_copy: bool, body: fn()) {
-    if std::env::var("CUDA_MODEL_CASE").as_deref() == Ok(test) {
-        body();
-        println!("{RAN}");
-        std::process::exit(0);
-    }
+    run_if_the_child(test, body);
     let folder = driver_folder(test, stub_copy);
-    let path = match std::env::var("LD_LIBRARY_PATH") {
-        Ok(p) if !p.is_empty() => format!("{}:{p}", folder.display()),
-        _ => folder.display().to_string(),
-    };
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture", "--include-ignored"])
-        .env("CUDA_MODEL_CASE", test)
-        .env("RCCL_DEVICE", "cuda")
-        .env("LD_LIBRARY_PATH", path)
-        .env("RCCL_CUDA_MODEL_DEADLINE_MS", "10000")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
+    let out = child_on_the_model(test, &folder, env).output().unwrap();
     let _ = std::fs::remove_dir_all(&folder);
     let ran = String::from_utf8_lossy(&out.stdout).contains(RAN);
     assert!(
@@ -73,4 +57,32 @@ pub fn over_the_model_in(test: &str, env: &[(&str, &str)], stub_copy: bool, body
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// In a child of `test`'s runner: runs `body`, says so ([`RAN`]) and
+/// exits. Elsewhere returns at once.
+pub fn run_if_the_child(test: &str, body: fn()) {
+    if std::env::var("CUDA_MODEL_CASE").as_deref() == Ok(test) {
+        body();
+        println!("{RAN}");
+        std::process::exit(0);
+    }
+}
+
+/// A child process running `test` of this binary on the model of
+/// `folder` ([`driver_folder`]), with `env` over the defaults.
+pub fn child_on_the_model(test: &str, folder: &Path, env: &[(&str, &str)]) -> Command {
+    let path = match std::env::var("LD_LIBRARY_PATH") {
+        Ok(p) if !p.is_empty() => format!("{}:{p}", folder.display()),
+        _ => folder.display().to_string(),
+    };
+    let mut child = Command::new(std::env::current_exe().unwrap());
+    child
+        .args([test, "--exact", "--nocapture", "--include-ignored"])
+        .env("CUDA_MODEL_CASE", test)
+        .env("RCCL_DEVICE", "cuda")
+        .env("LD_LIBRARY_PATH", path)
+        .env("RCCL_CUDA_MODEL_DEADLINE_MS", "10000")
+        .envs(env.iter().copied());
+    child
 }

@@ -1,6 +1,6 @@
 //! Launching device work: a planned launch whose communicators' ranks
 //! all reach each other's device memory is encoded, operation by operation, over
-//! each communicator's device links (`device_work.rs`) and handed to the
+//! each communicator's device links (`links.rs`) and handed to the
 //! device as one launch on the calls' streams.
 
 use std::sync::atomic::Ordering;
@@ -18,9 +18,9 @@ use rccl_transports::{Connection, Fifo, Protocol};
 use crate::comm::{failure_note, CommInner, PeerWatch, LEFT_IN_ORDER};
 use crate::device_work::links::{DeviceLinks, DeviceMem};
 use crate::device_work::placement::Placement;
-use crate::device_work::watch::Watch;
 use crate::error::{Error, Result};
 use crate::launch::Planned;
+use crate::process_watch::Watch;
 use crate::queue::StreamRef;
 use crate::stuck::Notices;
 
@@ -400,9 +400,12 @@ pub(crate) fn launch(
     let mut fifo_memory: Vec<Arc<dyn FifoMemory>> = Vec::new();
     // Each network connection with the rank at its other end.
     let mut net: Vec<NetLink> = Vec::new();
+    // The processes of peers on this host, watched until the launch ends.
+    let mut watches: Vec<Watch> = Vec::new();
     for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
         let comm = &launch.comm;
         let links = guard.device_work.as_mut().expect("made above");
+        watches.extend(Watch::new(comm, &links.abort));
         let shape = comm.config.fifo_shape();
         let mut staged = 0;
         for (round, op) in launch.device_ops.iter().enumerate() {
@@ -481,7 +484,6 @@ pub(crate) fn launch(
         captured,
     };
     let watched = comms.clone();
-    let watches: Vec<Watch> = comms.iter().filter_map(Watch::new).collect();
     // A peer whose part failed says so through the bootstrap.
     let words = Mutex::new(vec![PeerWatch::default(); comms.len()]);
     tracing::debug!(
@@ -501,7 +503,6 @@ pub(crate) fn launch(
                     watched
                         .iter()
                         .any(|c| c.abort.load(Ordering::Relaxed) || c.poisoned.get().is_some())
-                        || watches.iter().any(Watch::peer_died)
                         || watched
                             .iter()
                             .zip(words.lock().iter_mut())
@@ -515,9 +516,10 @@ pub(crate) fn launch(
                             .iter()
                             .any(|(comm, peer, conn)| broken(comm, *peer, &**conn))
                 }),
-                // What the launch reaches lives as long as it can run.
+                // What the launch reaches lives, and its peers are watched,
+                // as long as it can run.
                 done: Box::new(move |result| {
-                    let _reached = (&memory, &fifo_memory, &polling);
+                    let _reached = (&memory, &fifo_memory, &polling, &watches);
                     finish.report(result);
                 }),
             },

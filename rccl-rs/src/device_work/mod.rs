@@ -9,13 +9,12 @@
 //! planned. `links.rs` keeps a communicator's links between calls, which
 //! the table's entries make over FIFOs `placement.rs` places; `launch.rs`
 //! encodes a planned launch over them and hands it to the device, each
-//! launch of a communicator after its previous one; `watch.rs` stops it
-//! when a peer's process on this host dies.
+//! launch of a communicator after its previous one (`process_watch.rs`
+//! stops it when a peer's process on this host dies).
 
 pub(crate) mod launch;
 pub(crate) mod links;
 pub(crate) mod placement;
-mod watch;
 
 use std::ptr::null;
 
@@ -27,8 +26,9 @@ use rccl_transports::{Protocol, Tag};
 use crate::comm::CommInner;
 use crate::device_work::placement::Placement;
 use crate::executor::Segment;
-use crate::op::{OpKind, RawOp};
+use crate::op::RawOp;
 use crate::queue::StreamRef;
+use crate::types::OpKind;
 use crate::types::RedOp;
 
 /// Whether a communicator's calls on device memory run as device work:

@@ -3,8 +3,8 @@
 //!
 //! Loading follows NCCL's rules. `NCCL_NET_PLUGIN` unset: `libnccl-net.so`
 //! is tried. Set to a comma-separated list, each entry `X` is tried as
-//! `libnccl-net-X.so` (unless it is a path or already a `lib*.so` name),
-//! then as `X` itself (a file name or a path); `none` loads nothing. Of a
+//! `X` itself (a file name or a path), then as `libnccl-net-X.so` (unless
+//! it is a path or already a `lib*.so` name); `none` loads nothing. Of a
 //! library, the newest of the symbols `ncclNetPlugin_v12` ..
 //! `ncclNetPlugin_v8` is taken, and each version's table is adapted to
 //! [`Net`]. A plug-in whose `init` fails, or that has no device, is passed
@@ -1084,7 +1084,7 @@ mod tests {
         assert_eq!(library_names(None), ["libnccl-net.so"]);
         assert_eq!(
             library_names(Some("aws-ofi")),
-            ["libnccl-net-aws-ofi.so", "aws-ofi"]
+            ["aws-ofi", "libnccl-net-aws-ofi.so"]
         );
         assert_eq!(
             library_names(Some("/opt/x/libfoo.so")),

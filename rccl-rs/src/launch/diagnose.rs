@@ -9,11 +9,11 @@ use smallvec::SmallVec;
 
 use rccl_transports::Protocol;
 
-use crate::call::{disagreement, P2P_CALL};
 use crate::comm::CommInner;
 use crate::error::Error;
-use crate::executor::{self, Driven, Run};
-use crate::stuck::{Calls, Notices};
+use crate::host_work::call::{disagreement, P2P_CALL};
+use crate::host_work::executor::{self, Driven, Run};
+use crate::host_work::stuck::{Calls, Notices};
 
 /// Records what the stuck channels of a launch wait for, for hang reports
 /// on request.

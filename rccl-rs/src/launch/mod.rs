@@ -3,6 +3,8 @@
 //! communicator of the group from the calling thread until all complete;
 //! a lone small all-reduce on an existing board skips the bookkeeping.
 
+mod diagnose;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -13,20 +15,21 @@ use rccl_transports::Tag;
 
 use crate::comm::{close_links, Activity, CommInner};
 use crate::connect::connect;
-use crate::diagnose::{
-    compare_with_waiting_peers, failed_peer_in_process, find_mismatch, hang_report, publish_stall,
-};
 use crate::error::{Error, Result};
-use crate::executor::{self, BoardOp, BoardRun, ChannelRun, Driven, Reduction, Run};
-use crate::op::{OpKind, RawOp};
+use crate::host_work::executor::{self, BoardOp, BoardRun, ChannelRun, Driven, Reduction, Run};
+use crate::host_work::stuck::{self, Notices};
+use crate::op::RawOp;
 use crate::plan::{
     board_op, choose_collective, is_in_place, log_start, plan_collective, plan_p2p, runs_on_board,
     start_collective, CommLaunch, Started,
 };
 use crate::state::LoneBoardCall;
-use crate::stuck::{self, Notices};
 use crate::tuning;
+use crate::types::OpKind;
 use crate::types::RedOp;
+use diagnose::{
+    compare_with_waiting_peers, failed_peer_in_process, find_mismatch, hang_report, publish_stall,
+};
 
 /// Polls a lone board call inline this many times before it waits the
 /// general way (with stall checks, parking and hang reports): covers a

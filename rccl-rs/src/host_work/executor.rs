@@ -435,7 +435,7 @@ impl<'a> Piece<'_, 'a> {
         match fifo.try_peek() {
             Some((slot, bytes, tag)) => {
                 if tag != self.op.tag {
-                    return Err(crate::call::disagreement(self.op.tag, &link.peer_name, tag));
+                    return Err(super::call::disagreement(self.op.tag, &link.peer_name, tag));
                 }
                 let elem = self.op.elem_size;
                 if bytes == 0 || bytes % elem != 0 || bytes / elem > remaining {
@@ -799,7 +799,7 @@ impl<'a> BoardRun<'a> {
 
     fn check(&self, op: &BoardOp, peer: usize, tag: Tag, len: usize) -> Result<()> {
         if tag != op.tag {
-            return Err(crate::call::disagreement(
+            return Err(super::call::disagreement(
                 op.tag,
                 &self.link.names[peer],
                 tag,

@@ -24,10 +24,10 @@ use parking_lot::Mutex;
 use rccl_transports::Tag;
 use smallvec::SmallVec;
 
+use super::call::{disagreement, P2P_CALL};
+use super::executor::note_error;
 use crate::bootstrap::Bootstrap;
-use crate::call::{disagreement, P2P_CALL};
 use crate::error::Error;
-use crate::executor::note_error;
 
 /// How long a launch waits on a peer before telling it.
 pub(crate) const NOTICE_AFTER: Duration = Duration::from_millis(200);
