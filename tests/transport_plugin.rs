@@ -4,7 +4,13 @@
 //! ones, carries every collective and shows in `NCCL_DEBUG=INFO` output.
 //! Its own binary, since registration is for the whole process; the work
 //! runs in child processes so that their logs can be read. A second entry
-//! whose setup fails on one rank checks that every peer hears why at once.
+//! whose setup fails on one rank checks that every peer hears why at once;
+//! a third, which counts the device links it makes and has the built-in
+//! `P2P/direct` make them, checks that device work takes its links from
+//! the table too.
+
+mod common;
+mod device_cases;
 
 use std::collections::HashMap;
 use std::io;
@@ -14,13 +20,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rccl::{Communicator, Config, RedOp};
+use rccl_transports::direct::P2pDirect;
 use rccl_transports::fifo::{fifo_bytes, HeapMemory};
 use rccl_transports::table;
-use rccl_transports::transport::{Context, Pending, Setup, Transport};
+use rccl_transports::transport::{Context, DeviceLink, Pending, Setup, Transport};
 use rccl_transports::{Connection, Fifo, Protocol};
+use rcclrs::registry::{self, Entry, Slot};
 
 const CHILD: &str = "RCCL_TRANSPORT_PLUGIN_CHILD";
 const FAILING_CHILD: &str = "RCCL_FAILING_SETUP_CHILD";
+const DEVICE_CHILD: &str = "RCCL_DEVICE_TRANSPORT_CHILD";
 
 /// One pair's memory: per protocol a FIFO each way, and each side's note.
 struct PairMemory {
@@ -322,4 +331,105 @@ fn a_rank_whose_setup_fails_stops_every_peer_in_its_process_at_once() {
         assert!(text.contains(INJECTED), "does not give the cause: {text}");
         assert!(text.contains("rank 1"), "does not name rank 1: {text}");
     }
+}
+
+/// Device links the counting entry set up.
+static DEVICE_LINKS: AtomicUsize = AtomicUsize::new(0);
+
+/// Carries device work wherever the built-in `P2P/direct` does, which
+/// makes its links; counts them.
+struct CountsDeviceLinks;
+
+impl Transport for CountsDeviceLinks {
+    fn name(&self) -> &'static str {
+        "COUNT/direct"
+    }
+
+    fn carries_device_work(&self, cx: &Context<'_>, peer: usize) -> bool {
+        P2pDirect.carries_device_work(cx, peer)
+    }
+
+    fn setup_device(
+        &self,
+        cx: &Context<'_>,
+        peer: usize,
+        channel: usize,
+        protocol: Protocol,
+    ) -> io::Result<Setup<DeviceLink>> {
+        let setup = P2pDirect.setup_device(cx, peer, channel, protocol)?;
+        DEVICE_LINKS.fetch_add(1, Ordering::Relaxed);
+        Ok(setup)
+    }
+}
+
+/// The child: registers the counting entry, runs an all-reduce on device
+/// buffers of the emulated GPU over 3 ranks, checks the sums and prints
+/// how many device links the entry made.
+#[test]
+fn device_transport_child() {
+    if std::env::var_os(DEVICE_CHILD).is_none() {
+        return;
+    }
+    device_cases::emu();
+    table::register(Arc::new(CountsDeviceLinks));
+    let comms = Communicator::init_all_config(3, common::test_config()).unwrap();
+    let count = 4096 + 7;
+    std::thread::scope(|s| {
+        for comm in comms {
+            s.spawn(move || {
+                let rank = comm.rank();
+                let entry = Entry::new(Slot::Ready(comm), true, 0, None);
+                registry::insert(entry.clone());
+                let comm = entry.handle();
+                let stream = device_cases::create_stream();
+                let mine: Vec<f32> = (0..count).map(|i| (i * (rank + 1)) as f32).collect();
+                let send = device_cases::to_device(bytemuck::cast_slice(&mine));
+                let recv = device_cases::to_device(&vec![0u8; count * 4]);
+                assert!(
+                    device_cases::all_reduce_succeeds(comm, stream, send, recv, count),
+                    "rank {rank}: {}",
+                    device_cases::last_error(comm)
+                );
+                let sum = device_cases::read_back(recv, count * 4);
+                let sum: &[f32] = bytemuck::cast_slice(&sum);
+                assert!((0..count).all(|i| sum[i] == (i * 6) as f32), "rank {rank}");
+                // SAFETY: a live handle, destroyed once, its work done.
+                assert_eq!(
+                    unsafe { rcclrs::ncclCommDestroy(comm) },
+                    rcclrs::ncclSuccess
+                );
+                device_cases::destroy_stream(stream);
+            });
+        }
+    });
+    println!("DEVICE LINKS {}", DEVICE_LINKS.load(Ordering::Relaxed));
+}
+
+#[test]
+fn a_device_transport_registered_from_outside_carries_device_work() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "device_transport_child", "--nocapture"])
+        .env(DEVICE_CHILD, "1")
+        .env("NCCL_DEBUG", "INFO")
+        .env("NCCL_DEBUG_SUBSYS", "INIT,P2P")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let made: usize = stdout
+        .lines()
+        .find_map(|l| l.split("DEVICE LINKS ").nth(1))
+        .expect("the child reports its device links")
+        .trim()
+        .parse()
+        .unwrap();
+    // A ring of 3 ranks links each rank to both neighbours, on every
+    // channel with work; each link counts once per side.
+    assert!(made >= 6, "{made} device links\n{stderr}");
+    assert!(
+        stderr.contains("via COUNT/direct (device work)"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("via P2P/direct"), "{stderr}");
 }

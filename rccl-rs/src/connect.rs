@@ -1,9 +1,10 @@
 //! Connection setup: every connection a launch's work needs, made before it
 //! runs, through the transport table ([`rccl_transports::table`]): the
-//! first entry that can connect a pair sets up each side, the sides trade
-//! what the other needs through the bootstrap, then connect. Waits for a
-//! peer's side run in slices with the checks of [`crate::stuck`] between
-//! them. The board, one segment for every rank of a host, is made here too.
+//! first entry that can connect a pair (for host work, or for device work:
+//! [`connect_for_device`]) sets up each side, the sides trade what the
+//! other needs through the bootstrap, then connect. Waits for a peer's
+//! side run in slices with the checks of [`crate::stuck`] between them.
+//! The board, one segment for every rank of a host, is made here too.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,8 +12,10 @@ use std::time::{Duration, Instant};
 
 use rccl_transports::process::ProcessId;
 use rccl_transports::table;
-use rccl_transports::transport::{Context, Endpoint, FifoPlacement, Pending, Transport};
-use rccl_transports::Connection;
+use rccl_transports::transport::{
+    Context, DeviceLink, Endpoint, FifoPlacement, Pending, Setup, Transport,
+};
+use rccl_transports::{Connection, Protocol};
 
 use crate::call::describe_call;
 use crate::comm::{failure_note, Activity, CommInner, PeerWatch};
@@ -71,8 +74,18 @@ pub(crate) fn connect(
         for (channel, work) in launch.channels.iter().enumerate() {
             for peer in peers_of(work) {
                 if guard.links_for(launch.on_device)[channel][peer].is_none() {
-                    let link = set_up(&launch.comm, cx, peer, channel)
-                        .map_err(|err| waits[index].fail(err))?;
+                    let comm = &launch.comm;
+                    let chosen = table::choose(cx, peer).ok_or_else(|| {
+                        Error::InvalidUsage(format!(
+                            "rank {}: no transport can connect {} (NCCL_SHM_DISABLE?)",
+                            comm.rank,
+                            comm.describe(peer)
+                        ))
+                    });
+                    let link = set_up(comm, peer, channel, CONNECT_TAG_BASE, chosen, |t| {
+                        t.setup(cx, peer, channel)
+                    })
+                    .map_err(|err| waits[index].fail(err))?;
                     pending.push((index, link));
                 }
             }
@@ -87,6 +100,7 @@ pub(crate) fn connect(
             match link.advance(comm, &contexts[*index]) {
                 Ok(Some(conn)) => {
                     let (index, link) = pending.swap_remove(i);
+                    log_host_connection(comm, &contexts[index], &link);
                     let on_device = launches[index].on_device;
                     let profiler = launches[index].comm.profiler.as_ref();
                     if let Some(observer) =
@@ -142,19 +156,20 @@ const CONNECT_TAG_BASE: u64 = 2 << 40;
 const SETUP_OK: u8 = 0;
 const SETUP_FAILED: u8 = 1;
 
-/// A connection under way: this side's transport, its pending work, and
-/// the peer's setup once it came.
-struct PendingLink {
+/// A connection under way (a [`Connection`] for host work, a
+/// [`DeviceLink`] for device work): this side's transport, its pending
+/// work, and the peer's setup once it came.
+struct PendingLink<Made = Box<dyn Connection>> {
     peer: usize,
     channel: usize,
     /// The bootstrap tag both sides' setups travel under.
     tag: u64,
     transport: &'static str,
-    pending: Box<dyn Pending>,
+    pending: Box<dyn Pending<Made>>,
     info: Option<Vec<u8>>,
 }
 
-impl PendingLink {
+impl<Made> PendingLink<Made> {
     fn what(&self) -> String {
         format!(
             "the {} connection on channel {}",
@@ -163,11 +178,7 @@ impl PendingLink {
     }
 
     /// Takes the peer's setup if it came, and connects once it has.
-    fn advance(
-        &mut self,
-        comm: &CommInner,
-        cx: &Context<'_>,
-    ) -> Result<Option<Box<dyn rccl_transports::Connection>>> {
+    fn advance(&mut self, comm: &CommInner, cx: &Context<'_>) -> Result<Option<Made>> {
         let awaits = self.pending.awaits_peer_info();
         if awaits && self.info.is_none() {
             self.take_info(comm, Instant::now())?;
@@ -178,8 +189,7 @@ impl PendingLink {
             None => &[],
         };
         let until = Instant::now() + Duration::from_millis(1);
-        let conn = self
-            .pending
+        self.pending
             .connect(cx, self.peer, info, until)
             .map_err(|e| {
                 Error::Remote(format!(
@@ -190,44 +200,55 @@ impl PendingLink {
                     self.transport,
                     rccl_transports::explain_fd_limit(e)
                 ))
-            })?;
-        if conn.is_some() {
-            let (rank, channel, peer, via) = (comm.rank, self.channel, self.peer, self.transport);
-            if via.starts_with("NET") {
-                let addr = cx.endpoints[peer].data_addr.ip();
-                // A connection of device work names what carries it and
-                // where its slots lie.
-                let (via, work) = match (&conn, cx.device_fifos) {
-                    (Some(conn), Some(_)) => (
-                        conn.transport(),
-                        format!(
-                            " (device work, slots in {})",
-                            crate::device_net::slots_in(&**conn)
-                        ),
-                    ),
-                    _ => (via, String::new()),
-                };
-                tracing::info!(
-                    target: crate::debug::INIT_NET,
-                    "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via} ({addr}){work}"
-                );
-            } else if via.starts_with("P2P") {
-                tracing::info!(
-                    target: crate::debug::INIT_P2P,
-                    "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via}"
-                );
-            } else {
-                tracing::info!(
-                    target: crate::debug::INIT_SHM,
-                    "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via}"
-                );
-            }
-        }
-        Ok(conn)
+            })
     }
 }
 
-impl PendingLink {
+/// Logs a connection of host work as NCCL does, under the subsystem of
+/// its transport.
+fn log_host_connection(comm: &CommInner, cx: &Context<'_>, link: &PendingLink) {
+    let (rank, channel, peer, via) = (comm.rank, link.channel, link.peer, link.transport);
+    if via.starts_with("NET") {
+        let addr = cx.endpoints[peer].data_addr.ip();
+        tracing::info!(
+            target: crate::debug::INIT_NET,
+            "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via} ({addr})"
+        );
+    } else if via.starts_with("P2P") {
+        tracing::info!(
+            target: crate::debug::INIT_P2P,
+            "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via}"
+        );
+    } else {
+        tracing::info!(
+            target: crate::debug::INIT_SHM,
+            "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via}"
+        );
+    }
+}
+
+/// Logs a link of device work: device memory under `P2P`, a network
+/// connection under `NET`, naming what carries it and where its slots lie.
+fn log_device_link(comm: &CommInner, cx: &Context<'_>, made: &DeviceConnection) {
+    let (rank, channel, peer) = (comm.rank, made.channel, made.peer);
+    match &made.link {
+        DeviceLink::Direct { .. } => tracing::info!(
+            target: crate::debug::INIT_P2P,
+            "[{rank}] Channel {channel:02} : {rank} -> {peer} via {} (device work)",
+            made.transport
+        ),
+        DeviceLink::Proxied(conn) => tracing::info!(
+            target: crate::debug::INIT_NET,
+            "[{rank}] Channel {channel:02} : {rank} -> {peer} via {} ({}) (device work, slots \
+             in {})",
+            conn.transport(),
+            cx.endpoints[peer].data_addr.ip(),
+            crate::device_work::placement::slots_in(&**conn)
+        ),
+    }
+}
+
+impl<Made> PendingLink<Made> {
     /// Takes the peer's setup if it arrives by `until`.
     fn take_info(&mut self, comm: &CommInner, until: Instant) -> Result<()> {
         let Some(got) = comm.bootstrap.recv_until(self.peer, self.tag, until)? else {
@@ -253,50 +274,36 @@ impl PendingLink {
     }
 }
 
-/// Sets up this side of the connection to `peer` on `channel` with the
-/// first transport of the table that can connect the pair, and sends the
-/// peer what it needs (or, if this side cannot, why, so that the peer
-/// fails at once with the cause).
-fn set_up(comm: &CommInner, cx: &Context<'_>, peer: usize, channel: usize) -> Result<PendingLink> {
-    let chosen = table::choose(cx, peer).ok_or_else(|| {
-        Error::InvalidUsage(format!(
-            "rank {}: no transport can connect {} (NCCL_SHM_DISABLE?)",
-            comm.rank,
-            comm.describe(peer)
-        ))
-    });
-    set_up_with(comm, cx, peer, channel, chosen, CONNECT_TAG_BASE)
-}
-
 /// Sets up this side of the connection to `peer` on `channel` with
-/// `transport`, its setup travelling under `tag_base` + `channel`.
-fn set_up_with(
+/// `transport` (the first of the table that can make it) through `setup`,
+/// and sends the peer what it needs under `tag_base` + `channel` (or, if
+/// this side cannot, why, so that the peer fails at once with the cause).
+fn set_up<Made>(
     comm: &CommInner,
-    cx: &Context<'_>,
     peer: usize,
     channel: usize,
-    transport: Result<Arc<dyn Transport>>,
     tag_base: u64,
-) -> Result<PendingLink> {
+    transport: Result<Arc<dyn Transport>>,
+    setup: impl FnOnce(&dyn Transport) -> std::io::Result<Setup<Made>>,
+) -> Result<PendingLink<Made>> {
     let tag = tag_base + channel as u64;
     let setup = transport.and_then(|t| {
-        t.setup(cx, peer, channel)
-            .map(|setup| (t.name(), setup))
-            .map_err(|e| {
-                Error::System(format!(
-                    "rank {}: setting up the {} connection to {} on channel {channel}: {}",
-                    comm.rank,
-                    t.name(),
-                    comm.describe(peer),
-                    rccl_transports::explain_fd_limit(e)
-                ))
-            })
+        setup(&*t).map(|setup| (t.name(), setup)).map_err(|e| {
+            Error::System(format!(
+                "rank {}: setting up the {} connection to {} on channel {channel}: {}",
+                comm.rank,
+                t.name(),
+                comm.describe(peer),
+                rccl_transports::explain_fd_limit(e)
+            ))
+        })
     });
     match setup {
         Ok((name, setup)) => {
             if let Some(info) = &setup.info {
                 comm.bootstrap
-                    .send(peer, tag, &[&[SETUP_OK], info.as_slice()].concat())?;
+                    .send(peer, tag, &[&[SETUP_OK], info.as_slice()].concat())
+                    .map_err(|e| left_setup(comm, peer, &e))?;
             }
             Ok(PendingLink {
                 peer,
@@ -317,46 +324,95 @@ fn set_up_with(
     }
 }
 
-/// Bootstrap tags of the network connections of device work, per channel.
+/// Why this rank's setup could not reach `peer` (`failed`): it left the
+/// setup, its bootstrap connection closed. The failure it told says why,
+/// when it told one; else it destroyed or aborted its communicator, or
+/// its process ended (said when seen).
+fn left_setup(comm: &CommInner, peer: usize, failed: &Error) -> Error {
+    if let Some(told) = stuck::peer_failure(comm) {
+        return told;
+    }
+    let ended = comm.processes[peer]
+        .and_then(|process| process.gone())
+        .map_or(String::new(), |why| format!(" ({why})"));
+    Error::Remote(format!(
+        "rank {}: {} left this setup before this rank's side reached it ({failed}): it \
+         destroyed or aborted its communicator, or its process ended{ended}",
+        comm.rank,
+        comm.describe(peer)
+    ))
+}
+
+/// Bootstrap tags of the links of device work, per channel.
 const DEVICE_CONNECT_TAG_BASE: u64 = 6 << 40;
 
-/// A connection device work drives, to `peer` on `channel`.
+/// A link of device work to `peer` on `channel`, made by `transport`.
 pub(crate) struct DeviceConnection {
     pub channel: usize,
     pub peer: usize,
-    pub conn: Box<dyn Connection>,
+    pub transport: &'static str,
+    pub link: DeviceLink,
 }
 
-/// Opens the connections `wanted` (`(channel, peer)`, every peer on
-/// another host) of device work through the communicator's network,
-/// which puts their FIFOs where `placement` says (the device reaches
-/// them; the table's other entries are not asked: device work within a
-/// host links itself). Every peer makes the same call (the links of a
-/// schedule come in pairs); fails at once with a peer's setup failure, or
-/// at the communicator's timeout.
-pub(crate) fn connect_for_device(
-    comm: &CommInner,
-    wanted: &[(usize, usize)],
-    placement: &dyn FifoPlacement,
-) -> Result<Vec<DeviceConnection>> {
-    let endpoints = endpoints(comm);
-    let cx = Context {
+/// The transports' view of `comm` for device work, whose FIFOs
+/// `placement` puts where the device's work reaches them.
+fn device_context<'a>(
+    comm: &'a CommInner,
+    endpoints: &'a [Endpoint],
+    placement: &'a dyn FifoPlacement,
+) -> Context<'a> {
+    Context {
         rank: comm.rank,
-        endpoints: &endpoints,
+        secret: comm.bootstrap.secret().0,
+        endpoints,
         fifo: comm.config.fifo_shape(),
         shm_disable: comm.config.shm_disable,
         p2p_disable: comm.config.p2p_disable,
-        device_memory: true,
         device_fifos: Some(placement),
         net: &comm.net,
         abort: &comm.abort,
-    };
+    }
+}
+
+/// Whether an entry of the transport table links this rank's device work
+/// with every peer's.
+pub(crate) fn device_work_reaches_all(comm: &CommInner, placement: &dyn FifoPlacement) -> bool {
+    let endpoints = endpoints(comm);
+    let cx = device_context(comm, &endpoints, placement);
+    (0..comm.nranks)
+        .filter(|&peer| peer != comm.rank)
+        .all(|peer| table::choose_for_device(&cx, peer).is_some())
+}
+
+/// Makes the links `wanted` (`(channel, peer)`) of device work for
+/// `protocol`, each through the first entry of the transport table that
+/// carries device work between the pair, its FIFOs where `placement`
+/// says (the device reaches them). Every peer makes the same call (the
+/// links of a schedule come in pairs), and all links are set up before
+/// any is waited for; fails at once with a peer's setup failure, or at
+/// the communicator's timeout.
+pub(crate) fn connect_for_device(
+    comm: &CommInner,
+    wanted: &[(usize, usize)],
+    protocol: Protocol,
+    placement: &dyn FifoPlacement,
+) -> Result<Vec<DeviceConnection>> {
+    let endpoints = endpoints(comm);
+    let cx = device_context(comm, &endpoints, placement);
     let deadline = Instant::now() + comm.config.timeout;
     let mut pending = wanted
         .iter()
         .map(|&(channel, peer)| {
-            let net = Ok(comm.net.clone());
-            set_up_with(comm, &cx, peer, channel, net, DEVICE_CONNECT_TAG_BASE)
+            let chosen = table::choose_for_device(&cx, peer).ok_or_else(|| {
+                Error::InvalidUsage(format!(
+                    "rank {}: no transport carries device work to {}",
+                    comm.rank,
+                    comm.describe(peer)
+                ))
+            });
+            set_up(comm, peer, channel, DEVICE_CONNECT_TAG_BASE, chosen, |t| {
+                t.setup_device(&cx, peer, channel, protocol)
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     let mut made = Vec::with_capacity(pending.len());
@@ -366,13 +422,16 @@ pub(crate) fn connect_for_device(
         let mut i = 0;
         while i < pending.len() {
             match pending[i].advance(comm, &cx)? {
-                Some(conn) => {
-                    let link = pending.swap_remove(i);
-                    made.push(DeviceConnection {
-                        channel: link.channel,
-                        peer: link.peer,
-                        conn,
-                    });
+                Some(link) => {
+                    let pending = pending.swap_remove(i);
+                    let link = DeviceConnection {
+                        channel: pending.channel,
+                        peer: pending.peer,
+                        transport: pending.transport,
+                        link,
+                    };
+                    log_device_link(comm, &cx, &link);
+                    made.push(link);
                     moved = true;
                 }
                 None => i += 1,
@@ -423,11 +482,11 @@ fn context<'a>(launch: &'a CommLaunch, endpoints: &'a [Endpoint]) -> Context<'a>
     let comm = &launch.comm;
     Context {
         rank: comm.rank,
+        secret: comm.bootstrap.secret().0,
         endpoints,
         fifo: comm.config.fifo_shape(),
         shm_disable: comm.config.shm_disable,
         p2p_disable: comm.config.p2p_disable,
-        device_memory: launch.on_device,
         device_fifos: None,
         net: &comm.net,
         abort: &comm.abort,

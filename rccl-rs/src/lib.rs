@@ -13,10 +13,6 @@ mod comm;
 mod config;
 mod connect;
 mod debug;
-mod device_launch;
-mod device_links;
-mod device_net;
-mod device_share;
 mod device_work;
 mod error;
 #[cfg(feature = "fault-injection")]

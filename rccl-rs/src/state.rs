@@ -10,16 +10,15 @@ use crate::types::{DataType, RedOp};
 pub(crate) struct ExecState {
     /// The connections of calls on host memory.
     pub links: Vec<Vec<Option<Link>>>,
-    /// The connections of calls on device memory, made apart: the
-    /// transport table may pick another transport for them (`P2P/IPC`
-    /// between processes).
+    /// The connections of calls on device memory that the host executor
+    /// runs over host copies (`host_staging.rs`), made apart.
     pub device_links: Vec<Vec<Option<Link>>>,
     /// The board, once a call has needed it.
     pub board: Option<BoardLink>,
     /// The last lone all-reduce asked about the board, remembered whole.
     pub lone: Option<LoneBoardCall>,
     /// The FIFOs and state of calls run as device work, once one ran.
-    pub device_work: Option<crate::device_links::DeviceLinks>,
+    pub device_work: Option<crate::device_work::links::DeviceLinks>,
 }
 
 impl ExecState {

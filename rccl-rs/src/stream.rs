@@ -7,7 +7,7 @@
 //! drives several ranks (some sharing a stream) cannot deadlock.
 //!
 //! A launch whose communicators device work reaches runs as device work
-//! (`device_work.rs`: the kernels' interpreter, on the GPU or compiled for
+//! (`device_work/`: the kernels' interpreter, on the GPU or compiled for
 //! the host on the emulated one; ranks on other hosts through the
 //! network). Any other communicator (ranks of other processes of this
 //! host with `NCCL_P2P_DISABLE`) runs the host executor over host copies
@@ -243,7 +243,7 @@ pub(crate) fn enqueue(mut ops: Vec<RawOp>) -> Result<()> {
         // faulted, say) leaves its peers waiting for this rank's part:
         // its communicators fail, as they would had it run.
         let comms: Vec<Arc<CommInner>> = planned.comms().cloned().collect();
-        return crate::device_launch::launch(planned, &streams, device).inspect_err(|err| {
+        return crate::device_work::launch::launch(planned, &streams, device).inspect_err(|err| {
             for comm in &comms {
                 comm.poison(err);
             }

@@ -1,8 +1,7 @@
 //! Passing file descriptors between processes of one host: a Unix
 //! socket's `SCM_RIGHTS`, behind a random token that only the
 //! communicator's authenticated bootstrap carries. The `P2P/IPC`
-//! transport and the engine's device work between processes hand their
-//! exported device memory over this way.
+//! transport hands its exported device memory over this way.
 //!
 //! An export's abstract name is visible to every user of the host (in
 //! `/proc/net/unix`), so its listener admits callers as the bootstrap's

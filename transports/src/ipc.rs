@@ -1,17 +1,20 @@
-//! Device memory between processes of one host (`P2P/IPC`, CUDA IPC's
-//! place in the transport table): both FIFOs of a connection live in
-//! device memory that the leading rank allocates shareable and exports,
-//! and the other rank maps.
+//! Device work between processes of one host (`P2P/IPC`, CUDA IPC's
+//! place in the transport table). As NCCL's P2P transport, the receiver
+//! owns a FIFO: each rank of a pair allocates the FIFO it receives on as
+//! shareable device memory, exports it and hands it to the peer, which
+//! maps it and sends on it.
 //!
 //! The handle is a file descriptor (CUDA: a cuMem allocation exported as
 //! a POSIX file descriptor; the emulated GPU: a memfd), so it crosses
-//! between processes only over a Unix socket, with `SCM_RIGHTS`. The
-//! leading rank listens on an abstract Unix socket (no file to leave
-//! behind) and sends its name and a random token through the
-//! communicator's authenticated bootstrap; the peer connects and sends the
-//! token, and only a peer that sends it gets the descriptor. A descriptor
-//! is counted by the kernel: once both sides hold their mapping, a process
-//! that dies takes only its own mapping with it.
+//! between processes only over a Unix socket, with `SCM_RIGHTS`. Each
+//! side listens on an abstract Unix socket (no file to leave behind) and
+//! sends its name and a random token through the communicator's
+//! authenticated bootstrap; the peer calls and sends the token, and only
+//! a caller of this user that sends it gets the descriptor
+//! ([`ExportListener`]). Both sides serve and call in each poll, never
+//! blocking, so every link of a launch is handed over at once. A
+//! descriptor is counted by the kernel: once both sides hold their
+//! mapping, a process that dies takes only its own mapping with it.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -19,204 +22,153 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Instant;
 
-use rccl_device::Device;
-
-use crate::fd_pass::{self, recv_fd, send_fd, ExportListener, TOKEN};
-use crate::fifo::FifoMemory;
-use crate::shm::{self, ShmConnection};
-use crate::transport::{Context, Pending, Setup, Transport};
-use crate::Connection;
+use crate::fd_pass::{self, recv_fd, send_fd, ExportListener, NAME_PREFIX, TOKEN};
+use crate::fifo::{fifo_bytes, FifoMemory, Protocol};
+use crate::transport::{Context, DeviceLink, Pending, Setup, Transport};
 
 /// The `P2P/IPC` entry of the transport table.
-pub(crate) struct P2pIpc;
+pub struct P2pIpc;
 
 impl Transport for P2pIpc {
     fn name(&self) -> &'static str {
         "P2P/IPC"
     }
 
-    /// Ranks of one host in different processes, connected for calls on
-    /// device memory, on a device that shares memory between processes,
-    /// unless `NCCL_P2P_DISABLE`. (Ranks that are threads of one process
-    /// reach each other's memory without a handle.)
-    fn can_connect(&self, cx: &Context<'_>, peer: usize) -> bool {
+    /// Ranks of one host in different processes, on a device that shares
+    /// memory between processes, unless `NCCL_P2P_DISABLE`.
+    fn carries_device_work(&self, cx: &Context<'_>, peer: usize) -> bool {
         !cx.p2p_disable
-            && cx.device_memory
             && cx.same_host(peer)
-            && cx.endpoints[peer].process.pid != cx.endpoints[cx.rank].process.pid
-            && rccl_device::active().is_some_and(|device| device.shares_memory())
+            && !cx.same_process(peer)
+            && cx
+                .device_fifos
+                .is_some_and(|placement| placement.shares_memory())
     }
 
-    fn setup(&self, cx: &Context<'_>, peer: usize, _channel: usize) -> io::Result<Setup> {
-        let device =
-            rccl_device::active().ok_or_else(|| io::Error::other("no device is active"))?;
-        if !cx.leads(peer) {
-            return Ok(Setup {
-                info: None,
-                pending: Box::new(Imports {
-                    device,
-                    stream: None,
-                }),
-            });
-        }
-        let memory = DeviceMemory {
-            device,
-            ptr: device
-                .alloc_shareable(shm::segment_bytes(&cx.fifo))
-                .map_err(io::Error::other)?,
-            len: shm::segment_bytes(&cx.fifo),
-        };
-        let (handle, _) = device.export(memory.ptr).map_err(io::Error::other)?;
+    fn setup_device(
+        &self,
+        cx: &Context<'_>,
+        _peer: usize,
+        _channel: usize,
+        protocol: Protocol,
+    ) -> io::Result<Setup<DeviceLink>> {
+        let placement = cx
+            .device_fifos
+            .ok_or_else(|| io::Error::other("P2P/IPC: no device memory to place FIFOs in"))?;
+        let bytes = fifo_bytes(protocol, cx.fifo.nslots, cx.fifo.slot_bytes(protocol));
+        let (inbound, handle) = placement.shareable_fifo(bytes)?;
         let export = fd_pass::listen()?;
         Ok(Setup {
             info: Some([&export.token[..], export.name.as_bytes()].concat()),
-            pending: Box::new(Exports {
-                export: Some(export),
-                handle: Some(handle),
-                memory: Some(memory),
-                conn: None,
+            pending: Box::new(HandOver {
+                bytes,
+                inbound,
+                export: Some((export, handle)),
+                call: None,
+                outbound: None,
             }),
         })
     }
 }
 
-/// Device memory of this process (allocated or mapped from a peer's
-/// export), freed with the connection.
-struct DeviceMemory {
-    device: &'static dyn Device,
-    ptr: *mut u8,
-    len: usize,
+/// One side of a link being handed over.
+struct HandOver {
+    /// Bytes of each FIFO.
+    bytes: usize,
+    /// The FIFO this rank receives on, exported.
+    inbound: Arc<dyn FifoMemory>,
+    /// Its listener and handle, until the peer has taken the handle.
+    export: Option<(ExportListener, OwnedFd)>,
+    /// The call to the peer's socket, until its handle came.
+    call: Option<UnixStream>,
+    /// The peer's receiving FIFO, mapped: the one this rank sends on.
+    outbound: Option<Arc<dyn FifoMemory>>,
 }
 
-// SAFETY: the memory is owned by this value and freed only on drop;
-// concurrent access to its bytes is ordered by the FIFO protocol's atomics.
-unsafe impl Send for DeviceMemory {}
-// SAFETY: as above; shared references only expose the base pointer.
-unsafe impl Sync for DeviceMemory {}
-
-impl FifoMemory for DeviceMemory {
-    fn base(&self) -> *mut u8 {
-        self.ptr
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-}
-
-impl Drop for DeviceMemory {
-    fn drop(&mut self) {
-        // SAFETY: the connection owning this memory is gone, and with it
-        // every FIFO over it.
-        let _ = unsafe { self.device.free(self.ptr) };
-    }
-}
-
-/// The leading side: hands its export to the peer that sends the token,
-/// then connects once the peer has mapped the memory.
-struct Exports {
-    /// Closed once the export is handed over.
-    export: Option<ExportListener>,
-    handle: Option<OwnedFd>,
-    memory: Option<DeviceMemory>,
-    conn: Option<ShmConnection>,
-}
-
-impl Exports {
-    /// Whether the peer has been handed the export (`Ok(false)`: not yet).
+impl HandOver {
+    /// Whether the peer has been handed this rank's FIFO (`Ok(false)`: not
+    /// yet). Callers without the token are dropped as they come.
     fn hand_over(&mut self) -> io::Result<bool> {
-        let Some(export) = &mut self.export else {
+        let Some((export, handle)) = &mut self.export else {
             return Ok(true);
         };
         let Some((stream, _)) = export.next_caller(0)? else {
             return Ok(false);
         };
-        let handle = self.handle.take().expect("handed over once");
-        send_fd(&stream, &handle)?;
+        send_fd(&stream, handle)?;
         self.export = None;
+        Ok(true)
+    }
+
+    /// Whether the peer's FIFO is mapped (`Ok(false)`: its handle has not
+    /// come yet): calls the socket `peer_info` names with its token.
+    fn take_over(&mut self, cx: &Context<'_>, peer_info: &[u8]) -> io::Result<bool> {
+        if self.outbound.is_some() {
+            return Ok(true);
+        }
+        let call = match &self.call {
+            Some(call) => call,
+            None => {
+                let malformed =
+                    || io::Error::new(io::ErrorKind::InvalidData, "a malformed P2P/IPC setup");
+                let (token, name) = peer_info.split_at_checked(TOKEN).ok_or_else(malformed)?;
+                if !name.starts_with(NAME_PREFIX.as_bytes()) {
+                    return Err(malformed());
+                }
+                let call = fd_pass::call(name, token).map_err(|e| {
+                    if e.kind() == io::ErrorKind::ConnectionRefused {
+                        io::Error::new(
+                            e.kind(),
+                            format!(
+                                "it left this setup before this rank called its hand-over                                  socket ({e}): it destroyed or aborted its communicator, or                                  its process ended"
+                            ),
+                        )
+                    } else {
+                        io::Error::new(e.kind(), format!("calling its hand-over socket: {e}"))
+                    }
+                })?;
+                call.set_nonblocking(true)?;
+                self.call.insert(call)
+            }
+        };
+        let Some(handle) = recv_fd(call)? else {
+            return Ok(false);
+        };
+        let placement = cx
+            .device_fifos
+            .ok_or_else(|| io::Error::other("P2P/IPC: no device memory to map FIFOs in"))?;
+        self.outbound = Some(placement.import_fifo(handle, self.bytes)?);
+        self.call = None;
         Ok(true)
     }
 }
 
-impl Pending for Exports {
-    fn awaits_peer_info(&self) -> bool {
-        false
-    }
-
-    fn connect(
-        &mut self,
-        cx: &Context<'_>,
-        peer: usize,
-        _peer_info: &[u8],
-        _until: Instant,
-    ) -> io::Result<Option<Box<dyn Connection>>> {
-        if !self.hand_over()? {
-            return Ok(None);
-        }
-        if let Some(memory) = self.memory.take() {
-            self.conn = Some(connection(cx, peer, memory, true));
-        }
-        // Handed out only once the peer has mapped the memory, as the
-        // shared-memory transport's.
-        Ok(self
-            .conn
-            .take_if(|conn| conn.peer_mapped())
-            .map(|conn| Box::new(conn) as Box<dyn Connection>))
-    }
-}
-
-/// The other side: asks for the export with the token, maps it.
-struct Imports {
-    device: &'static dyn Device,
-    stream: Option<UnixStream>,
-}
-
-impl Pending for Imports {
+impl Pending<DeviceLink> for HandOver {
     fn awaits_peer_info(&self) -> bool {
         true
     }
 
+    /// Serves the peer's call and calls the peer, each as far as it goes
+    /// without waiting; the link is made once both are done (the peer has
+    /// then mapped this rank's FIFO, and this rank the peer's).
     fn connect(
         &mut self,
         cx: &Context<'_>,
-        peer: usize,
+        _peer: usize,
         peer_info: &[u8],
         _until: Instant,
-    ) -> io::Result<Option<Box<dyn Connection>>> {
-        let malformed = || io::Error::new(io::ErrorKind::InvalidData, "a malformed IPC setup");
-        if peer_info.len() <= TOKEN {
-            return Err(malformed());
-        }
-        let (token, name) = peer_info.split_at(TOKEN);
-        if self.stream.is_none() {
-            let stream = fd_pass::call(name, token)?;
-            stream.set_nonblocking(true)?;
-            self.stream = Some(stream);
-        }
-        let Some(stream) = &self.stream else {
+    ) -> io::Result<Option<DeviceLink>> {
+        let handed = self.hand_over()?;
+        let taken = self.take_over(cx, peer_info)?;
+        if !(handed && taken) {
             return Ok(None);
-        };
-        let Some(handle) = recv_fd(stream)? else {
-            return Ok(None);
-        };
-        let len = shm::segment_bytes(&cx.fifo);
-        let memory = DeviceMemory {
-            device: self.device,
-            ptr: self.device.import(handle, len).map_err(io::Error::other)?,
-            len,
-        };
-        self.stream = None;
-        Ok(Some(Box::new(connection(cx, peer, memory, false))))
+        }
+        let send = self.outbound.take().expect("taken over above");
+        Ok(Some(DeviceLink::Direct {
+            send,
+            recv: self.inbound.clone(),
+        }))
     }
-}
-
-/// The connection over `memory`, watching the peer's process.
-fn connection(cx: &Context<'_>, peer: usize, memory: DeviceMemory, creator: bool) -> ShmConnection {
-    let mut conn = ShmConnection::over(Arc::new(memory), creator, &cx.fifo, "P2P");
-    let process = cx.endpoints[peer].process;
-    if process.start != 0 {
-        conn.watch_peer(process);
-    }
-    conn
 }
 
 #[cfg(test)]
@@ -230,19 +182,21 @@ mod tests {
     use std::time::Duration;
 
     use crate::auth_tcp::DEFAULT_HANDSHAKE_TIMEOUT;
+    use crate::fifo::HeapMemory;
 
     /// Set in a child: `name:token` (hex) of the export it calls.
     const CALL_AS_CHILD: &str = "RCCL_TEST_IPC_CALL";
 
-    fn listening() -> (Exports, [u8; TOKEN], Vec<u8>) {
+    fn listening() -> (HandOver, [u8; TOKEN], Vec<u8>) {
         let export = fd_pass::listen().unwrap();
         let (token, name) = (export.token, export.name.clone().into_bytes());
         let handle = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
-        let exports = Exports {
-            export: Some(export),
-            handle: Some(handle),
-            memory: None,
-            conn: None,
+        let exports = HandOver {
+            bytes: 0,
+            inbound: Arc::new(HeapMemory::new(64)),
+            export: Some((export, handle)),
+            call: None,
+            outbound: None,
         };
         (exports, token, name)
     }
@@ -257,7 +211,7 @@ mod tests {
     }
 
     /// Polls `exports` until it hands over or `limit` passes.
-    fn handed_over_within(exports: &mut Exports, limit: Duration) -> bool {
+    fn handed_over_within(exports: &mut HandOver, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
             if exports.hand_over().unwrap() {
@@ -302,7 +256,7 @@ mod tests {
                 .is_err_and(|e| e.kind() == io::ErrorKind::UnexpectedEof),
             "a stranger got {refused:?}"
         );
-        assert!(exports.export.is_some() && exports.handle.is_some());
+        assert!(exports.export.is_some());
         // The peer with the token gets it.
         let peer = call(&name, &token);
         assert!(handed_over_within(&mut exports, Duration::from_secs(5)));

@@ -12,11 +12,12 @@
 
 pub mod auth_tcp;
 pub mod board;
+pub mod direct;
 pub mod fd_pass;
 pub mod fifo;
 pub mod futex;
 pub mod host;
-mod ipc;
+pub mod ipc;
 pub mod network;
 pub mod process;
 pub mod shm;

@@ -97,6 +97,7 @@ impl Communicator {
             abort,
             ended: std::sync::OnceLock::new(),
             poisoned: std::sync::OnceLock::new(),
+            device_work_reaches_all: std::sync::OnceLock::new(),
             next_seq: AtomicU64::new(0),
             next_p2p_seq: AtomicU64::new(0),
             all_shm,

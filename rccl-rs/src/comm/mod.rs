@@ -64,6 +64,9 @@ pub(crate) struct CommInner {
     pub next_p2p_seq: AtomicU64,
     /// Whether every peer is reached through shared memory.
     pub all_shm: bool,
+    /// Whether the transport table links this rank's device work with
+    /// every peer's, as decided at its first call on device memory.
+    pub device_work_reaches_all: std::sync::OnceLock<bool>,
     /// Which ranks share a host.
     pub topology: Topology,
     /// The rails: NICs per host that the channels spread over (the fewest

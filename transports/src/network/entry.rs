@@ -6,13 +6,15 @@ use std::time::Instant;
 
 use super::{ListenHandle, Net, NetConnection};
 use crate::fifo::{fifo_bytes, Protocol};
-use crate::transport::{Context, Pending, Setup, Transport};
+use crate::transport::{Context, DeviceLink, Pending, Setup, Transport};
 use crate::Connection;
 
 /// The network: a [`Net`] provider, each side listening and connecting to
 /// the other's listener (its handle goes through the bootstrap), the
 /// connection's slots moved by the process's network proxy. It connects
-/// any pair of ranks, so it comes last in the table.
+/// any pair of ranks for host work, so it comes last in the table; it
+/// carries device work between hosts (within a host, the device's memory
+/// links the ranks), its FIFOs where the device's work reaches them.
 pub struct Network<N: Net> {
     net: Arc<N>,
     name: &'static str,
@@ -52,6 +54,47 @@ impl<N: Net> Transport for Network<N> {
                 recv: None,
             }),
         })
+    }
+
+    fn carries_device_work(&self, cx: &Context<'_>, peer: usize) -> bool {
+        cx.device_fifos.is_some() && !cx.same_host(peer)
+    }
+
+    /// A connection as for host work, over FIFOs that
+    /// [`Context::device_fifos`] places (Simple, whatever `protocol`: a
+    /// network connection's FIFOs carry Simple pieces).
+    fn setup_device(
+        &self,
+        cx: &Context<'_>,
+        peer: usize,
+        channel: usize,
+        _protocol: Protocol,
+    ) -> io::Result<Setup<DeviceLink>> {
+        let Setup { info, pending } = self.setup(cx, peer, channel)?;
+        Ok(Setup {
+            info,
+            pending: Box::new(ForDevice(pending)),
+        })
+    }
+}
+
+/// A network connection being set up for device work.
+struct ForDevice(Box<dyn Pending>);
+
+impl Pending<DeviceLink> for ForDevice {
+    fn awaits_peer_info(&self) -> bool {
+        self.0.awaits_peer_info()
+    }
+
+    fn connect(
+        &mut self,
+        cx: &Context<'_>,
+        peer: usize,
+        peer_info: &[u8],
+        until: Instant,
+    ) -> io::Result<Option<DeviceLink>> {
+        let conn = self.0.connect(cx, peer, peer_info, until)?;
+        Ok(conn.map(DeviceLink::Proxied))
     }
 }
 
@@ -113,8 +156,8 @@ impl<N: Net> Pending for NetworkPending<N> {
                 let props = net.properties(self.dev).map_err(io::Error::other)?;
                 let bytes = fifo_bytes(Protocol::Simple, nslots, slot_bytes);
                 let memory = [
-                    placement.fifo(bytes, props.ptr_support)?,
-                    placement.fifo(bytes, props.ptr_support)?,
+                    placement.network_fifo(bytes, props.ptr_support)?,
+                    placement.network_fifo(bytes, props.ptr_support)?,
                 ];
                 NetConnection::start_for_device(
                     self.net.clone(),

@@ -1,6 +1,6 @@
 //! Launching device work: a planned launch whose communicators' ranks
 //! all reach each other's device memory is encoded, operation by operation, over
-//! each communicator's device links (`device_work.rs`) and handed to the
+//! each communicator's device links (`links.rs`) and handed to the
 //! device as one launch on the calls' streams.
 
 use std::sync::atomic::Ordering;
@@ -11,13 +11,13 @@ use rccl_algorithms::Schedule;
 use rccl_device::abi::FifoView;
 use rccl_device::work::{encode, Work, WorkCall, WorkLinks};
 use rccl_device::{Device, WorkFailure, WorkLaunch};
+use rccl_transports::fifo::FifoMemory;
 use rccl_transports::network::keep_polling;
 use rccl_transports::{Connection, Fifo, Protocol};
 
 use crate::comm::{failure_note, CommInner, PeerWatch, LEFT_IN_ORDER};
-use crate::device_links::{DeviceLinks, DeviceMem, Owner};
-use crate::device_net::Placement;
-use crate::device_share;
+use crate::device_work::links::{DeviceLinks, DeviceMem};
+use crate::device_work::placement::Placement;
 use crate::error::{Error, Result};
 use crate::launch::Planned;
 use crate::process_watch::Watch;
@@ -50,8 +50,8 @@ impl WorkLinks for OpLinks<'_> {
             return (view(conn.send_fifo(simple)), view(conn.recv_fifo(simple)));
         }
         let (send, recv) = &self.links.fifos[&(channel, peer, self.proto)];
-        let view = |mem: &DeviceMem| {
-            FifoView::whole(mem.ptr, self.proto as u32, self.nslots, self.slot_bytes)
+        let view = |mem: &Arc<dyn FifoMemory>| {
+            FifoView::whole(mem.base(), self.proto as u32, self.nslots, self.slot_bytes)
         };
         (view(send), view(recv))
     }
@@ -255,9 +255,8 @@ impl Drop for Finish {
 }
 
 /// Makes sure the FIFOs and staging buffers of each `(schedule,
-/// protocol)` of `ops`, in order, exist: links to ranks of this process
-/// through the process-wide table, links to other processes through
-/// exported memory (`device_share.rs`).
+/// protocol)` of `ops`, in order, exist, the links made through the
+/// transport table.
 /// A failure poisons the communicator and tells every peer the schedules
 /// link this rank with, as host work's setup does: a peer waiting on this
 /// rank's side, or running work with it, stops at once with the cause.
@@ -300,42 +299,12 @@ fn connect(
 ) -> Result<()> {
     let shape = comm.config.fifo_shape();
     let missing = links.missing(device, &shape, schedule, protocol)?;
-    let me = &comm.peers[comm.rank];
-    let (across, here): (Vec<_>, Vec<_>) = missing
-        .into_iter()
-        .partition(|&(_, peer)| comm.peers[peer].host_id != me.host_id);
-    let (remote, local): (Vec<_>, Vec<_>) = here
-        .into_iter()
-        .partition(|&(_, peer)| comm.in_other_process(peer));
-    let owner = Owner {
-        secret: comm.bootstrap.secret().0,
-        nranks: comm.nranks,
-        rank: comm.rank,
-    };
-    links.connect_local(device, owner, &shape, protocol, &local)?;
-    if !remote.is_empty() {
-        for (channel, peer, pair) in device_share::connect(comm, device, &shape, protocol, &remote)?
-        {
-            tracing::info!(
-                target: crate::debug::INIT_P2P,
-                "[{}] Channel {channel:02} : {} -> {peer} via P2P/IPC (device work)",
-                comm.rank,
-                comm.rank
-            );
-            links.insert(channel, peer, protocol, pair);
-        }
+    if missing.is_empty() {
+        return Ok(());
     }
-    if !across.is_empty() {
-        let placement = Placement {
-            device,
-            gpu_direct: comm.config.net_gdr && device.rdma_receives_ordered(),
-            dmabuf: comm.config.dmabuf,
-        };
-        for made in crate::connect::connect_for_device(comm, &across, &placement)? {
-            links
-                .net
-                .insert((made.channel, made.peer), Arc::from(made.conn));
-        }
+    let placement = Placement::for_comm(comm, device);
+    for made in crate::connect::connect_for_device(comm, &missing, protocol, &placement)? {
+        links.insert(made.channel, made.peer, protocol, made.link);
     }
     Ok(())
 }
@@ -384,10 +353,10 @@ pub(crate) fn launch(
         }
     }
     // Every communicator's links are made before any operation is encoded.
-    // Links to other processes wait for the peers' side: with several
-    // communicators (or ranks of one communicator driven by this thread)
-    // in the launch, each connects on a thread of its own, so no process
-    // waits on a peer that waits on another of this launch's ranks.
+    // A link waits for the peer's side: with several communicators (or
+    // ranks of one communicator driven by this thread) in the launch, each
+    // connects on a thread of its own while any has links to make, so no
+    // rank waits on a peer that waits on another of this launch's ranks.
     let jobs: Vec<_> = launches
         .iter()
         .zip(guards.iter_mut())
@@ -401,8 +370,11 @@ pub(crate) fn launch(
             (&*launch.comm, links, ops)
         })
         .collect();
-    let spans_processes = |comm: &CommInner| (0..comm.nranks).any(|p| comm.in_other_process(p));
-    if jobs.len() > 1 && jobs.iter().any(|(comm, ..)| spans_processes(comm)) {
+    let unlinked = |(_, links, ops): &(&CommInner, &mut DeviceLinks, Vec<_>)| {
+        ops.iter()
+            .any(|&(schedule, protocol)| links.lacks(schedule, protocol))
+    };
+    if jobs.len() > 1 && jobs.iter().any(unlinked) {
         std::thread::scope(|scope| {
             let running: Vec<_> = jobs
                 .into_iter()
@@ -425,7 +397,7 @@ pub(crate) fn launch(
     let mut rounds: Vec<Vec<Arc<Work>>> = Vec::new();
     let mut blocks: Vec<Vec<BlockPeers>> = Vec::new();
     let mut memory: Vec<Arc<DeviceMem>> = Vec::new();
-    let mut net_memory: Vec<Arc<dyn rccl_transports::fifo::FifoMemory>> = Vec::new();
+    let mut fifo_memory: Vec<Arc<dyn FifoMemory>> = Vec::new();
     // Each network connection with the rank at its other end.
     let mut net: Vec<NetLink> = Vec::new();
     // The processes of peers on this host, watched until the launch ends.
@@ -479,7 +451,7 @@ pub(crate) fn launch(
             blocks[round].push(BlockPeers::new(comm, call.tag[0], &op.schedule, links));
         }
         memory.extend(links.memory());
-        net_memory.extend(links.net_memory());
+        fifo_memory.extend(links.fifo_memory());
         net.extend(
             links
                 .net
@@ -547,7 +519,7 @@ pub(crate) fn launch(
                 // What the launch reaches lives, and its peers are watched,
                 // as long as it can run.
                 done: Box::new(move |result| {
-                    let _reached = (&memory, &net_memory, &polling, &watches);
+                    let _reached = (&memory, &fifo_memory, &polling, &watches);
                     finish.report(result);
                 }),
             },

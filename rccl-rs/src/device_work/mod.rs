@@ -1,14 +1,20 @@
-//! The device executor's plans: a launch on device memory whose ranks all
-//! live on this host, sharing device memory, runs as device work (`rccl_device::work`), the
-//! kernels' interpreter running each rank's schedule, one block per
-//! channel, over FIFOs in device memory: on CUDA the fatbin's kernel, on
+//! Device work: a launch on device memory whose ranks the transport
+//! table links for device work runs as device work (`rccl_device::work`),
+//! the kernels' interpreter running each rank's schedule, one block per
+//! channel, over FIFOs the device reaches: on CUDA the fatbin's kernel, on
 //! the emulated GPU the same interpreter compiled for the host. The host
 //! never touches the device memory.
 //!
 //! Here: which communicators run so, and each operation's device work as
-//! planned. `device_links.rs` keeps a communicator's FIFOs between calls;
-//! `device_launch.rs` encodes a planned launch over them and hands it to
-//! the device, each launch of a communicator after its previous one.
+//! planned. `links.rs` keeps a communicator's links between calls, which
+//! the table's entries make over FIFOs `placement.rs` places; `launch.rs`
+//! encodes a planned launch over them and hands it to the device, each
+//! launch of a communicator after its previous one (`process_watch.rs`
+//! stops it when a peer's process on this host dies).
+
+pub(crate) mod launch;
+pub(crate) mod links;
+pub(crate) mod placement;
 
 use std::ptr::null;
 
@@ -18,6 +24,7 @@ use rccl_device::work::WorkCall;
 use rccl_transports::{Protocol, Tag};
 
 use crate::comm::CommInner;
+use crate::device_work::placement::Placement;
 use crate::executor::Segment;
 use crate::op::RawOp;
 use crate::queue::StreamRef;
@@ -25,17 +32,17 @@ use crate::types::OpKind;
 use crate::types::RedOp;
 
 /// Whether a communicator's calls on device memory run as device work:
-/// every rank is reached through FIFOs the device's work fills and drains
-/// itself: ranks of this process (threads sharing the device), ranks of
-/// other processes on this host where the device shares memory between
-/// processes (`device_share.rs`), and ranks on other hosts through
-/// network connections whose FIFOs the device reaches (`device_net.rs`).
+/// an entry of the transport table links this rank's device work with
+/// every peer's (see `rccl_transports::table`: ranks of this process,
+/// ranks of other processes of this host where the device shares memory
+/// between processes, ranks on other hosts through the network), with
+/// FIFOs where `placement.rs` puts them.
 pub(crate) fn interprets(comm: &CommInner) -> bool {
-    let me = &comm.peers[comm.rank];
-    (0..comm.nranks).all(|peer| {
-        !comm.in_other_process(peer)
-            || comm.peers[peer].host_id != me.host_id
-            || crate::device_share::available(comm)
+    let Some(device) = rccl_device::active() else {
+        return false;
+    };
+    *comm.device_work_reaches_all.get_or_init(|| {
+        crate::connect::device_work_reaches_all(comm, &Placement::for_comm(comm, device))
     })
 }
 

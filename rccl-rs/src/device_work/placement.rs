@@ -1,8 +1,10 @@
-//! Device work across hosts: network connections whose FIFOs the device's
-//! work fills and drains and the network proxy moves, as NCCL's network
-//! transport sits under its kernels.
+//! Where the transport table's entries put device work's FIFOs
+//! ([`FifoPlacement`]): device memory for ranks of this process, shareable
+//! device memory for other processes of this host (`P2P/IPC`), and, across
+//! hosts, memory that both the device's work and the network proxy reach,
+//! as NCCL's network transport sits under its kernels.
 //!
-//! Each FIFO's control block (its counters) is page-locked host memory,
+//! A network connection's FIFO has its control block (its counters) is page-locked host memory,
 //! which the device reaches at the same address (unified addressing) and
 //! the proxy reads and writes. Its slots follow in the same block (the
 //! device writes and reads them across the bus, the NIC reads and writes
@@ -25,21 +27,38 @@ use rccl_transports::network::PtrSupport;
 use rccl_transports::transport::FifoPlacement;
 use rccl_transports::{Connection, Protocol};
 
-use crate::device_links::DeviceMem;
+use crate::comm::CommInner;
+use crate::device_work::links::DeviceMem;
 
-/// Where device work's network connections put their FIFOs.
+/// Where device work's links put their FIFOs.
 pub(crate) struct Placement {
-    pub device: &'static dyn Device,
+    device: &'static dyn Device,
     /// Slots may be device memory: `NCCL_NET_GDR_LEVEL` allows it, and the
     /// device sees a NIC's writes in order without a flush
     /// (`Device::rdma_receives_ordered`).
-    pub gpu_direct: bool,
+    gpu_direct: bool,
     /// Device slots may be exported as a dma-buf (`NCCL_DMABUF_ENABLE`).
-    pub dmabuf: bool,
+    dmabuf: bool,
+}
+
+impl Placement {
+    /// Where `comm`'s device work on `device` puts its FIFOs.
+    pub(crate) fn for_comm(comm: &CommInner, device: &'static dyn Device) -> Placement {
+        Placement {
+            device,
+            gpu_direct: comm.config.net_gdr && device.rdma_receives_ordered(),
+            dmabuf: comm.config.dmabuf,
+        }
+    }
+}
+
+/// A device error as the transports take it.
+fn device_error(e: rccl_device::Error) -> io::Error {
+    io::Error::other(e.to_string())
 }
 
 impl FifoPlacement for Placement {
-    fn fifo(&self, bytes: usize, network: PtrSupport) -> io::Result<Arc<dyn FifoMemory>> {
+    fn network_fifo(&self, bytes: usize, network: PtrSupport) -> io::Result<Arc<dyn FifoMemory>> {
         let slot_bytes = bytes - control_bytes();
         let slots = if !self.gpu_direct {
             None
@@ -77,6 +96,28 @@ impl FifoPlacement for Placement {
             len: bytes,
         }))
     }
+
+    fn device_fifo(&self, bytes: usize) -> io::Result<Arc<dyn FifoMemory>> {
+        let fifo =
+            DeviceMem::zeroed(self.device, bytes).map_err(|e| io::Error::other(e.to_string()))?;
+        Ok(fifo)
+    }
+
+    fn shares_memory(&self) -> bool {
+        self.device.shares_memory()
+    }
+
+    fn shareable_fifo(&self, bytes: usize) -> io::Result<(Arc<dyn FifoMemory>, OwnedFd)> {
+        let ptr = self.device.alloc_shareable(bytes).map_err(device_error)?;
+        let fifo = DeviceMem::own(self.device, ptr, bytes);
+        let (handle, _) = self.device.export(fifo.ptr).map_err(device_error)?;
+        Ok((fifo, handle))
+    }
+
+    fn import_fifo(&self, handle: OwnedFd, bytes: usize) -> io::Result<Arc<dyn FifoMemory>> {
+        let ptr = self.device.import(handle, bytes).map_err(device_error)?;
+        Ok(DeviceMem::own(self.device, ptr, bytes))
+    }
 }
 
 impl Placement {
@@ -90,10 +131,10 @@ impl Placement {
     /// Slots in device memory exported as a dma-buf, which the network
     /// registers through the file.
     fn dmabuf_slots(&self, bytes: usize) -> io::Result<DeviceSlots> {
-        let device_error = |e: rccl_device::Error| io::Error::other(e.to_string());
         let mem = DeviceMem::own(
             self.device,
             self.device.alloc_shareable(bytes).map_err(device_error)?,
+            bytes,
         );
         let (fd, offset) = self.device.export_dmabuf(mem.ptr).map_err(device_error)?;
         Ok(DeviceSlots {

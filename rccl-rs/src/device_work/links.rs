@@ -1,0 +1,217 @@
+//! A communicator's device links: the FIFOs (per channel, peer and
+//! protocol), staging buffers and abort word its device work uses, kept
+//! between launches as the host path keeps its connections. The transport
+//! table's entries make the links (`launch.rs` asks it).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rccl_algorithms::Schedule;
+use rccl_device::{Device, Event};
+use rccl_transports::fifo::FifoMemory;
+use rccl_transports::transport::DeviceLink;
+use rccl_transports::{Connection, FifoShape, Protocol};
+
+use crate::error::{Error, Result};
+
+/// Device memory, freed when the last holder lets go.
+pub(crate) struct DeviceMem {
+    device: &'static dyn Device,
+    pub(crate) ptr: *mut u8,
+    len: usize,
+    /// An abort word ([`Device::alloc_abort_word`]), not an allocation.
+    abort_word: bool,
+}
+
+// SAFETY: the pointer names device memory, which any thread may hand to
+// the device; it is freed once, by the last holder's drop.
+unsafe impl Send for DeviceMem {}
+// SAFETY: as above; nothing is read or written through `&DeviceMem`.
+unsafe impl Sync for DeviceMem {}
+
+impl DeviceMem {
+    /// Takes over `ptr`, `len` bytes of device memory of `device`
+    /// (allocated, shareable or imported), freed on the last drop.
+    pub(crate) fn own(device: &'static dyn Device, ptr: *mut u8, len: usize) -> Arc<DeviceMem> {
+        Arc::new(DeviceMem {
+            device,
+            ptr,
+            len,
+            abort_word: false,
+        })
+    }
+
+    /// A word device work polls to stop, set from the host.
+    pub(crate) fn abort_word(device: &'static dyn Device) -> Result<Arc<DeviceMem>> {
+        let ptr = device.alloc_abort_word().map_err(Error::from)?;
+        Ok(Arc::new(DeviceMem {
+            device,
+            ptr: ptr.cast(),
+            len: std::mem::size_of::<u32>(),
+            abort_word: true,
+        }))
+    }
+
+    pub(crate) fn zeroed(device: &'static dyn Device, bytes: usize) -> Result<Arc<DeviceMem>> {
+        let ptr = device.alloc_zeroed(bytes).map_err(Error::from)?;
+        Ok(DeviceMem::own(device, ptr, bytes))
+    }
+}
+
+/// A FIFO the device's work fills or drains.
+impl FifoMemory for DeviceMem {
+    fn base(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for DeviceMem {
+    fn drop(&mut self) {
+        // SAFETY: the memory came from this device; every launch that used
+        // it held a reference until it finished, so none uses it now.
+        // Nothing is left to do about a failure here.
+        let _ = unsafe {
+            if self.abort_word {
+                self.device.free_abort_word(self.ptr.cast())
+            } else {
+                self.device.free(self.ptr)
+            }
+        };
+    }
+}
+
+/// The FIFO to a peer and the one from it.
+type FifoPair = (Arc<dyn FifoMemory>, Arc<dyn FifoMemory>);
+
+/// A communicator's device work state, kept between launches.
+pub(crate) struct DeviceLinks {
+    /// `(channel, peer, protocol index)` -> (FIFO to the peer, FIFO from it).
+    pub(crate) fifos: HashMap<(usize, usize, usize), FifoPair>,
+    /// `(channel, peer)` -> the network connection to a peer on another
+    /// host (Simple: `device_work::protocol`), whose FIFOs the network
+    /// proxy moves (`placement.rs` places them).
+    pub(crate) net: HashMap<(usize, usize), Arc<dyn Connection>>,
+    /// Per channel, the staging buffer of one piece of any protocol.
+    pub(crate) scratch: Vec<Option<Arc<DeviceMem>>>,
+    /// Staging buffers of inputs (board-sized), the `k`-th for the `k`-th
+    /// staged operation of a launch.
+    pub(crate) staging: Vec<Arc<DeviceMem>>,
+    /// The word the communicator's device work polls; set (by the device
+    /// when a launch's stop condition holds), it stops.
+    pub(crate) abort: Arc<DeviceMem>,
+    /// Recorded after the last launch: the next one waits for it.
+    pub(crate) last: Option<Arc<dyn Event>>,
+}
+
+impl DeviceLinks {
+    pub(crate) fn new(max_channels: usize, device: &'static dyn Device) -> Result<DeviceLinks> {
+        Ok(DeviceLinks {
+            fifos: HashMap::new(),
+            net: HashMap::new(),
+            scratch: (0..max_channels).map(|_| None).collect(),
+            staging: Vec::new(),
+            abort: DeviceMem::abort_word(device)?,
+            last: None,
+        })
+    }
+
+    /// The `(channel, peer)` links `schedule` needs with `protocol` that
+    /// are not made yet, allocating the channels' staging buffers on the
+    /// way.
+    pub(crate) fn missing(
+        &mut self,
+        device: &'static dyn Device,
+        shape: &FifoShape,
+        schedule: &Schedule,
+        protocol: Protocol,
+    ) -> Result<Vec<(usize, usize)>> {
+        for (channel, steps) in schedule.channels.iter().enumerate() {
+            if !steps.is_empty() && self.scratch[channel].is_none() {
+                let largest = shape.slot_bytes.iter().copied().max().unwrap_or(0);
+                self.scratch[channel] = Some(DeviceMem::zeroed(device, largest)?);
+            }
+        }
+        let mut missing = Vec::new();
+        for (channel, peer) in linked(schedule) {
+            if !self.has(channel, peer, protocol) && !missing.contains(&(channel, peer)) {
+                missing.push((channel, peer));
+            }
+        }
+        Ok(missing)
+    }
+
+    /// Whether `schedule` needs a link with `protocol` not made yet.
+    pub(crate) fn lacks(&self, schedule: &Schedule, protocol: Protocol) -> bool {
+        linked(schedule).any(|(channel, peer)| !self.has(channel, peer, protocol))
+    }
+
+    /// Whether the link to `peer` on `channel` for `protocol` is made (a
+    /// network connection serves every protocol).
+    fn has(&self, channel: usize, peer: usize, protocol: Protocol) -> bool {
+        self.fifos.contains_key(&(channel, peer, protocol.index()))
+            || self.net.contains_key(&(channel, peer))
+    }
+
+    /// Adds the link to `peer` on `channel` for `protocol`.
+    pub(crate) fn insert(
+        &mut self,
+        channel: usize,
+        peer: usize,
+        protocol: Protocol,
+        link: DeviceLink,
+    ) {
+        match link {
+            DeviceLink::Direct { send, recv } => {
+                self.fifos
+                    .insert((channel, peer, protocol.index()), (send, recv));
+            }
+            DeviceLink::Proxied(conn) => {
+                self.net.insert((channel, peer), Arc::from(conn));
+            }
+        }
+    }
+
+    /// Every FIFO the communicator's work may use.
+    pub(crate) fn fifo_memory(&self) -> impl Iterator<Item = Arc<dyn FifoMemory>> + '_ {
+        let proxied = self.net.values().flat_map(|conn| {
+            [
+                conn.send_fifo(Protocol::Simple).memory().clone(),
+                conn.recv_fifo(Protocol::Simple).memory().clone(),
+            ]
+        });
+        self.fifos
+            .values()
+            .flat_map(|(send, recv)| [send.clone(), recv.clone()])
+            .chain(proxied)
+    }
+
+    /// The communicator's other device memory its work may use.
+    pub(crate) fn memory(&self) -> impl Iterator<Item = Arc<DeviceMem>> + '_ {
+        self.scratch
+            .iter()
+            .flatten()
+            .cloned()
+            .chain(self.staging.iter().cloned())
+            .chain([self.abort.clone()])
+    }
+}
+
+/// Every `(channel, peer)` that `schedule` links, repeats included.
+fn linked(schedule: &Schedule) -> impl Iterator<Item = (usize, usize)> + '_ {
+    schedule
+        .channels
+        .iter()
+        .enumerate()
+        .flat_map(|(channel, steps)| {
+            steps
+                .iter()
+                .flat_map(|s| s.prims.iter())
+                .flat_map(|p| [p.recv_peer(), p.send_peer()])
+                .flatten()
+                .map(move |peer| (channel, peer))
+        })
+}
