@@ -23,6 +23,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::mem::size_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -31,8 +32,9 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys::{self, CUcontext, CUevent, CUstream};
 use parking_lot::Mutex;
 
-use crate::cuda::{check, CudaError, Driver, Kernels, Memory as CudaMemory};
+use crate::cuda::{check, work_threads, CudaError, Driver, Kernels, Memory as CudaMemory};
 use crate::cuda_api as api;
+use crate::work::{WorkBlock, WorkHeader};
 use crate::{Device, Error, Event, Memory, Result, Stream, Work, WorkFailure, WorkLaunch};
 
 const BACKEND: &str = "cuda";
@@ -115,12 +117,8 @@ struct LaunchState {
     /// (round, block, channel) of each status word.
     channel_of: Vec<(usize, usize, usize)>,
     timeout: Duration,
-    /// Helper streams, idle again once the launch is gone (those of a
-    /// capture take part in it until it ends).
-    helpers: Vec<usize>,
     done: Mutex<Option<Done>>,
     spare: Arc<Mutex<Vec<Pinned>>>,
-    idle: Arc<Mutex<Vec<usize>>>,
     /// The watcher's list and this launch's id in it: followed (its abort
     /// words set when it must stop) as long as it can run.
     watch: (WatchList, u64),
@@ -140,7 +138,8 @@ impl LaunchState {
         Err(WorkFailure {
             error: Error::System(format!(
                 "device work did not finish: channel {c} of the launch ended with {} (1 aborted, \
-                 2 still waiting {:?} after it started, 3 a step too large)",
+                 2 still waiting {:?} after it started, 3 too large: a step of too many \
+                 primitives or a channel of too many peers)",
                 ends[c], self.timeout
             )),
             timed_out: ends.contains(&2),
@@ -187,7 +186,6 @@ impl Drop for LaunchState {
         if let Some(pinned) = self.pinned.take() {
             self.spare.lock().push(pinned);
         }
-        self.idle.lock().extend(self.helpers.drain(..));
     }
 }
 
@@ -358,11 +356,6 @@ pub struct CudaDevice {
     /// and [`Device::copy`], each synchronized before the memory is used
     /// (frees need not be).
     own: usize,
-    /// Idle streams of this backend's own. A launch takes one per block
-    /// of its largest round (blocks of ranks that share the caller's
-    /// stream must run at once) and gives them back from its last host
-    /// function, so no two launches in flight share one.
-    helpers: Arc<Mutex<Vec<usize>>>,
     spare_pinned: Arc<Mutex<Vec<Pinned>>>,
     faults: Arc<Faults>,
     /// Memory freed from a host function, which may not call CUDA: freed
@@ -436,7 +429,6 @@ impl CudaDevice {
             name: driver.device_name(ordinal)?,
             kernels,
             own,
-            helpers: Arc::default(),
             spare_pinned: Arc::new(Mutex::new(spare)),
             faults: Arc::default(),
             deferred: Mutex::default(),
@@ -491,30 +483,6 @@ impl CudaDevice {
 
     fn own(&self) -> CUstream {
         self.own as CUstream
-    }
-
-    /// `count` helper streams, taken from the idle ones or created.
-    fn take_helpers(&self, count: usize) -> Result<Vec<usize>> {
-        let mut taken = Vec::with_capacity(count);
-        {
-            let mut idle = self.helpers.lock();
-            while taken.len() < count {
-                match idle.pop() {
-                    Some(s) => taken.push(s),
-                    None => break,
-                }
-            }
-        }
-        while taken.len() < count {
-            match self.driver.create_stream() {
-                Ok(s) => taken.push(s as usize),
-                Err(e) => {
-                    self.helpers.lock().extend(taken);
-                    return Err(err(e));
-                }
-            }
-        }
-        Ok(taken)
     }
 
     /// Pinned mapped memory of at least `bytes`, spare or new. The
@@ -1185,30 +1153,29 @@ impl Device for CudaDevice {
         } = launch;
         // A timeout past the global timer's range is none.
         let timeout_ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
-        // The status words, then each block at a 16-byte aligned offset.
+        // The status words, then each round's table of grid blocks, then
+        // each work block, each part at a 16-byte aligned offset.
         let channels: usize = rounds.iter().flatten().map(|w| w.nchannels()).sum();
         let words_bytes = (channels * 4).next_multiple_of(16);
+        let tables_bytes: usize = rounds
+            .iter()
+            .map(|round| {
+                let blocks: usize = round.iter().map(|w| w.nchannels()).sum();
+                (blocks * size_of::<WorkBlock>()).next_multiple_of(16)
+            })
+            .sum();
         let total = words_bytes
+            + tables_bytes
             + rounds
                 .iter()
                 .flatten()
                 .map(|w| w.bytes().len().next_multiple_of(16))
                 .sum::<usize>();
         let pinned = self.pinned(total)?;
-        // A round of one block runs on `first` itself.
-        let widest = rounds.iter().map(Vec::len).max().unwrap_or(0);
-        let helpers = match self.take_helpers(if widest > 1 { widest } else { 0 }) {
-            Ok(helpers) => helpers,
-            Err(e) => {
-                self.spare_pinned.lock().push(pinned);
-                return Err(e);
-            }
-        };
         let id = match self.follow(stop, self.abort_words_of(&rounds)) {
             Ok(id) => id,
             Err(e) => {
                 self.spare_pinned.lock().push(pinned);
-                self.helpers.lock().extend(helpers);
                 return Err(e);
             }
         };
@@ -1217,18 +1184,20 @@ impl Device for CudaDevice {
             channels,
             channel_of: Vec::with_capacity(channels),
             timeout,
-            helpers,
             done: Mutex::new(Some(done)),
             spare: self.spare_pinned.clone(),
-            idle: self.helpers.clone(),
             watch: (self.watched.clone(), id),
         };
         let base = state.pinned.as_ref().expect("just set").ptr;
-        let mut at = words_bytes;
+        let mut table_at = words_bytes;
+        let mut work_at = words_bytes + tables_bytes;
         let mut word = 0usize;
-        let mut placed_rounds = Vec::with_capacity(rounds.len());
+        // Per round: its table's address, its grid blocks, and what its
+        // blocks need (threads, FIFO ends of shared memory).
+        let mut launches = Vec::with_capacity(rounds.len());
         for (index, round) in rounds.iter().enumerate() {
-            let mut placed = Vec::with_capacity(round.len());
+            let table = table_at;
+            let mut nblocks = 0usize;
             for (block, work) in round.iter().enumerate() {
                 state
                     .channel_of
@@ -1236,46 +1205,62 @@ impl Device for CudaDevice {
                 let bytes = work.bytes();
                 // SAFETY: the pinned memory holds `total` bytes, laid out
                 // above; no kernel of this launch runs yet.
-                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(at), bytes.len()) };
-                // SAFETY: as above, within the memory.
-                placed.push((unsafe { base.add(at) } as u64, work.nchannels(), word));
-                at += bytes.len().next_multiple_of(16);
-                word += work.nchannels();
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(work_at), bytes.len())
+                };
+                for channel in 0..work.nchannels() {
+                    let entry = WorkBlock {
+                        // SAFETY: within the pinned memory (mapped: the
+                        // device sees it at the host's addresses).
+                        work: unsafe { base.add(work_at) }.cast::<WorkHeader>(),
+                        // SAFETY: as above, one of the `channels` words.
+                        status: unsafe { base.add(4 * word) }.cast::<i32>(),
+                        channel: channel as u32,
+                        pad: 0,
+                    };
+                    // SAFETY: entry `nblocks` of the round's table, inside
+                    // the memory and 8-byte aligned.
+                    unsafe {
+                        base.add(table_at)
+                            .cast::<WorkBlock>()
+                            .add(nblocks)
+                            .write(entry)
+                    };
+                    nblocks += 1;
+                    word += 1;
+                }
+                work_at += bytes.len().next_multiple_of(16);
             }
-            placed_rounds.push(placed);
+            table_at += (nblocks * size_of::<WorkBlock>()).next_multiple_of(16);
+            let protocol = round.iter().find_map(|w| w.protocol());
+            let peers = round
+                .iter()
+                .map(|w| w.max_channel_peers())
+                .max()
+                .unwrap_or(0);
+            launches.push((table, nblocks, work_threads(protocol), peers));
         }
         let state = Arc::new(state);
-        for placed in &placed_rounds {
-            // The blocks of a round start together on the helpers (a block
-            // waits for its peers' blocks through their FIFOs), then
-            // `first` waits for them all.
-            let lanes: Vec<CUstream> = if placed.len() == 1 {
-                vec![first]
-            } else {
-                state.helpers.iter().map(|&s| s as CUstream).collect()
-            };
-            for (&(block, nchannels, word), &helper) in placed.iter().zip(&lanes) {
-                if helper != first {
-                    order(first, helper)?;
-                }
-                // SAFETY: the block lies in mapped pinned memory the launch
-                // state keeps while the launch can run; its addresses are
-                // device memory the engine keeps until `done` is dropped;
-                // the status words are `channels` words of the same memory.
-                unsafe {
-                    kernels.run_work(
-                        block,
-                        nchannels as u32,
-                        timeout_ns,
-                        base.add(4 * word) as u64,
-                        helper,
-                    )
-                }
-                .map_err(err)?;
+        for &(table, nblocks, threads, peers) in &launches {
+            // Every block of the round (each rank's channels) in one grid:
+            // a block waits for its peers' blocks through their FIFOs, so
+            // they must all be resident at once.
+            // SAFETY: the table and the blocks lie in mapped pinned memory
+            // the launch state keeps while the launch can run; the work's
+            // addresses are device memory the engine keeps until `done` is
+            // dropped; the status words are `channels` words of the same
+            // memory.
+            unsafe {
+                kernels.run_work(
+                    base.add(table) as u64,
+                    nblocks as u32,
+                    threads,
+                    peers,
+                    timeout_ns,
+                    first,
+                )
             }
-            for &helper in lanes.iter().filter(|&&s| s != first) {
-                order(helper, first)?;
-            }
+            .map_err(err)?;
         }
         match graph {
             None => {
