@@ -655,7 +655,8 @@ impl Kernels {
     /// large). Each block gets `peers` FIFO ends of shared memory.
     ///
     /// # Safety
-    /// `blocks` is device memory holding `nblocks` [`crate::work::WorkBlock`]s whose
+    /// `nblocks` is at least one; `blocks` is device memory holding
+    /// `nblocks` [`crate::work::WorkBlock`]s whose
     /// work is device memory holding encoded [`crate::work::Work`] of
     /// channels of at most `peers` peers, whose addresses the device can
     /// reach, and whose status words are device memory.
@@ -686,7 +687,7 @@ impl Kernels {
         unsafe {
             launch(
                 self.run_work,
-                nblocks.max(1),
+                nblocks,
                 threads,
                 shared as u32,
                 stream,

@@ -320,7 +320,8 @@ impl CudaDevice {
             launches.push((table, nblocks, work_threads(protocol), peers));
         }
         let state = Arc::new(state);
-        for &(table, nblocks, threads, peers) in &launches {
+        // A round without channels has nothing for a block to run.
+        for &(table, nblocks, threads, peers) in launches.iter().filter(|l| l.1 > 0) {
             // Every block of the round (each rank's channels) in one grid:
             // a block waits for its peers' blocks through their FIFOs, so
             // they must all be resident at once.
