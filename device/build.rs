@@ -4,7 +4,9 @@
 //! are built by scripts/build-kernels.sh and committed.
 
 fn main() {
-    let sources = ["port.h", "reduce.h", "fifo.h", "work.h", "twin.cpp"];
+    let sources = [
+        "port.h", "move.h", "reduce.h", "fifo.h", "work.h", "twin.cpp",
+    ];
     for source in sources {
         println!("cargo:rerun-if-changed=kernels/{source}");
     }

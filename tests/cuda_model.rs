@@ -965,7 +965,6 @@ fn a_group_of_three_all_reduces_is_a_kernel_launch_per_round() {
 /// Two ranks of one process on one device, driven by one thread: their
 /// all-reduce is one launch covering both.
 #[test]
-#[ignore = "one launch per round covering every rank of the process lands with the kernel rewrite"]
 fn ranks_of_one_process_share_a_kernel_launch() {
     over_the_model("ranks_of_one_process_share_a_kernel_launch", &[], || {
         let comms: Vec<ncclComm_t> = c_communicators(2, test_config())

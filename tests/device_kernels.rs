@@ -211,10 +211,11 @@ fn check_one(
     with_acc: bool,
     finish: bool,
     place: Place,
-    offset: usize,
+    offsets: [usize; 3],
     count: usize,
     rng: &mut Rng,
 ) {
+    let [acc_off, in_off, out_off] = offsets;
     let bytes = count * dtype.size();
     let acc_data = data(dtype, count, rng);
     let in_data = data(dtype, count, rng);
@@ -222,15 +223,15 @@ fn check_one(
     let (code, scalar) = op_code(red);
     let mut results = Vec::new();
     for way in 0..3 {
-        let mut acc = Aligned::new(bytes + offset);
-        let mut input = Aligned::new(bytes + offset);
-        let mut out = Aligned::new(bytes + offset);
-        acc.bytes(offset, bytes).copy_from_slice(&acc_data);
-        input.bytes(offset, bytes).copy_from_slice(&in_data);
-        let a = acc.ptr(offset);
-        let b = input.ptr(offset);
+        let mut acc = Aligned::new(bytes + acc_off);
+        let mut input = Aligned::new(bytes + in_off);
+        let mut out = Aligned::new(bytes + out_off);
+        acc.bytes(acc_off, bytes).copy_from_slice(&acc_data);
+        input.bytes(in_off, bytes).copy_from_slice(&in_data);
+        let a = acc.ptr(acc_off);
+        let b = input.ptr(in_off);
         let o = match place {
-            Place::Apart => out.ptr(offset),
+            Place::Apart => out.ptr(out_off),
             Place::OnAcc if with_acc => a,
             _ => b,
         };
@@ -275,7 +276,7 @@ fn check_one(
             let r = i * dtype.size()..(i + 1) * dtype.size();
             panic!(
                 "{dtype:?} {red:?} nranks {nranks} acc {with_acc} finish {finish} {place:?} \
-                 offset {offset} count {count} way {way}: element {i}: acc {:02x?} input {:02x?} \
+                 offsets {offsets:?} count {count} way {way}: element {i}: acc {:02x?} input {:02x?} \
                  host {:02x?} twin {:02x?}",
                 &acc_data[r.clone()],
                 &in_data[r.clone()],
@@ -300,7 +301,14 @@ fn every_datatype_and_operator_matches_the_host_kernels_bit_for_bit() {
                         for place in [Place::Apart, Place::OnAcc, Place::OnInput] {
                             let count = 517 + (rng.next() % 64) as usize;
                             check_one(
-                                dtype, red, nranks, with_acc, finish, place, offset, count,
+                                dtype,
+                                red,
+                                nranks,
+                                with_acc,
+                                finish,
+                                place,
+                                [offset; 3],
+                                count,
                                 &mut rng,
                             );
                             runs += 1;
@@ -311,6 +319,54 @@ fn every_datatype_and_operator_matches_the_host_kernels_bit_for_bit() {
         }
     }
     assert!(runs > 3000, "{runs} runs");
+}
+
+/// Short and odd-sized reductions whose ends start anywhere in a 16-byte
+/// word: the elements before the first common 16-byte boundary, the packs
+/// and the elements after the last one (or every element one at a time,
+/// when the ends disagree modulo 16) match the host bit for bit.
+#[test]
+fn unaligned_heads_and_tails_of_every_datatype_and_operator_match_the_host() {
+    let mut rng = Rng(0x5151_7a7a);
+    let mut runs = 0;
+    for dtype in DataType::ALL {
+        let size = dtype.size();
+        let per_pack = 16 / size;
+        // Ends agreeing modulo 16 at every element offset inside a word,
+        // ends agreeing only modulo the element, and byte-misaligned ends.
+        let mut layouts: Vec<[usize; 3]> = (0..per_pack).map(|k| [k * size; 3]).collect();
+        layouts.extend([[0, size, 0], [16 - size, 0, size], [1, 1, 1], [3, 0, 5]]);
+        // Fewer elements than a head, one pack, a round of packs per
+        // thread and then some.
+        let counts = [
+            1,
+            per_pack - 1,
+            per_pack + 1,
+            4 * per_pack + 3,
+            9 * per_pack + 1,
+        ];
+        for (red, nranks) in ops(dtype) {
+            for &offsets in &layouts {
+                for count in counts.into_iter().filter(|&c| c > 0) {
+                    for with_acc in [true, false] {
+                        check_one(
+                            dtype,
+                            red,
+                            nranks,
+                            with_acc,
+                            true,
+                            Place::Apart,
+                            offsets,
+                            count,
+                            &mut rng,
+                        );
+                        runs += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(runs > 2000, "{runs} runs");
 }
 
 /// A partial result (the `partial` flag) takes no input transform: the
@@ -451,13 +507,16 @@ fn compare_whole(dtype: DataType, red: RedOp, acc: &[u8], input: &[u8]) {
 #[test]
 fn copy_moves_every_byte_at_any_alignment() {
     let mut rng = Rng(11);
-    for (src_off, dst_off, len) in [
-        (0, 0, 4099),
-        (0, 0, 64),
-        (3, 0, 1000),
-        (5, 7, 333),
-        (0, 16, 17),
-    ] {
+    // Ends agreeing modulo 16, 8, 4 or nothing, at every offset in a word,
+    // and lengths that end anywhere in one.
+    let cases = (0..16).flat_map(|src_off| {
+        [0, 1, 4, 8, 15].into_iter().flat_map(move |dst_off| {
+            [0, 1, 15, 16, 17, 64, 333, 4099]
+                .into_iter()
+                .map(move |len| (src_off, dst_off, len))
+        })
+    });
+    for (src_off, dst_off, len) in cases {
         let mut src = Aligned::new(len + src_off);
         let mut dst = Aligned::new(len + dst_off);
         for b in src.bytes(src_off, len) {
@@ -466,7 +525,11 @@ fn copy_moves_every_byte_at_any_alignment() {
         let expect = src.bytes(src_off, len).to_vec();
         // SAFETY: both ranges are inside their buffers and disjoint.
         unsafe { twin::copy(dst.ptr(dst_off).cast(), src.ptr(src_off).cast(), len as u64) };
-        assert_eq!(dst.bytes(dst_off, len), &expect[..]);
+        assert_eq!(
+            dst.bytes(dst_off, len),
+            &expect[..],
+            "from {src_off} to {dst_off}, {len} bytes"
+        );
     }
 }
 
@@ -559,6 +622,68 @@ fn twin_slots_read_by_the_host_fifo_and_back_for_every_protocol() {
                 });
                 assert_eq!((n, t), (len, [k, 5, 6]), "{protocol:?} piece {k}");
                 assert_eq!(&out[..n], &back[..]);
+            }
+        }
+    }
+}
+
+/// Pieces sent from and received into buffers at every offset inside a
+/// 16-byte word, of lengths that end anywhere in one (the unaligned head
+/// and tail of each move apart from its vector body), cross the host FIFO
+/// unchanged for every protocol.
+#[test]
+fn twin_moves_unaligned_pieces_through_every_protocol() {
+    for protocol in Protocol::ALL {
+        let slot_bytes = 1000;
+        let (fifo, view) = fifo_pair(protocol, 4, slot_bytes);
+        let mut k = 0u32;
+        for offset in [0, 1, 3, 8, 13, 15] {
+            for len in [0, 1, 15, 17, 119, 121, 255, 999] {
+                let data = piece(len, u64::from(k) + 7);
+                let mut src = Aligned::new(len + offset);
+                src.bytes(offset, len).copy_from_slice(&data);
+                // SAFETY: `view` describes the FIFO's memory; this thread
+                // is its only producer and consumer; the source holds
+                // `len` bytes.
+                let sent = unsafe {
+                    twin::fifo_send(
+                        &view,
+                        std::slice::from_raw_parts(src.ptr(offset), len),
+                        [k, 1, 2],
+                    )
+                };
+                assert!(sent, "{protocol:?} send {k}");
+                let (at, got_len, _) = fifo.try_peek().expect("host sees the twin's piece");
+                // SAFETY: the peeked piece stays valid until `release`.
+                let got = unsafe { std::slice::from_raw_parts(at, got_len) };
+                assert_eq!(got, &data[..], "{protocol:?} offset {offset} len {len}");
+                fifo.release();
+                let slot = fifo.try_reserve().expect("free slot");
+                // SAFETY: the reserved slot holds `slot_bytes >= len` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), slot, len) };
+                fifo.publish(
+                    len,
+                    Tag {
+                        seq: k,
+                        call: 3,
+                        count: 4,
+                    },
+                );
+                let mut out = Aligned::new(slot_bytes + offset);
+                // SAFETY: as above; the destination holds `slot_bytes`.
+                let (n, _) = unsafe {
+                    twin::fifo_recv(
+                        &view,
+                        std::slice::from_raw_parts_mut(out.ptr(offset), slot_bytes),
+                    )
+                }
+                .unwrap_or_else(|| panic!("{protocol:?} twin reads piece {k}"));
+                assert_eq!(
+                    out.bytes(offset, n),
+                    &data[..],
+                    "{protocol:?} into offset {offset} len {len}"
+                );
+                k += 1;
             }
         }
     }

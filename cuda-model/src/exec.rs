@@ -8,7 +8,7 @@ use cudarc::driver::sys::CUresult;
 use parking_lot::{Condvar, Mutex};
 use rccl_device::abi::ReduceArgs;
 use rccl_device::twin::{self, ChannelEnd};
-use rccl_device::work::WorkHeader;
+use rccl_device::work::{WorkBlock, WorkHeader};
 
 use crate::state::{lock, notify, wait_until};
 use crate::work::{Kernel, Node, Work};
@@ -30,8 +30,8 @@ pub(crate) const KERNELS: [(&str, &[usize], u32); 15] = [
     ("rccl_reduce_float8e4m3", &[REDUCE_ARGS], 512),
     ("rccl_reduce_float8e5m2", &[REDUCE_ARGS], 512),
     ("rccl_copy", &[8, 8, 8], 512),
-    ("rccl_fifo_loopback", &[LOOPBACK_ARGS], 1024),
-    ("rccl_run_work", &[8, 8, 8], 1024),
+    ("rccl_fifo_loopback", &[LOOPBACK_ARGS], 512),
+    ("rccl_run_work", &[8, 8], 512),
 ];
 
 const REDUCE_ARGS: usize = std::mem::size_of::<ReduceArgs>();
@@ -284,40 +284,63 @@ fn run_kernel(k: &Kernel) -> Res<()> {
     }
 }
 
-/// `rccl_run_work`: block b runs channel b of the work, all blocks at
-/// once as far as SMs are free, each writing its end to `status[b]`.
+/// `rccl_run_work`: grid block b runs the channel its entry of the table
+/// names (of any rank's work), all blocks at once as far as SMs are free,
+/// each writing its end to the word its entry names. The host twin runs a
+/// block as thread 0 of 1.
 fn run_work(k: &Kernel) -> Res<()> {
-    let (work, timeout_ns, status): (u64, u64, u64) = (param(k, 0), param(k, 1), param(k, 2));
+    let (table, timeout_ns): (u64, u64) = (param(k, 0), param(k, 1));
+    let entry_bytes = std::mem::size_of::<WorkBlock>() as u64;
     check_reach(
         k,
-        "the work",
-        work,
-        std::mem::size_of::<WorkHeader>() as u64,
+        "the block table",
+        table,
+        entry_bytes * u64::from(k.blocks),
     )?;
-    check_reach(k, "the status words", status, 4 * u64::from(k.blocks))?;
-    // SAFETY: the header is device memory of the device (checked).
-    let nchannels = unsafe { (*(work as *const WorkHeader)).nchannels };
+    let entries: Vec<WorkBlock> = (0..k.blocks as usize)
+        // SAFETY: the table holds an entry per block (checked).
+        .map(|b| unsafe { (table as *const WorkBlock).add(b).read() })
+        .collect();
+    for entry in &entries {
+        let header = std::mem::size_of::<WorkHeader>() as u64;
+        check_reach(k, "the work", entry.work as u64, header)?;
+        check_reach(k, "a status word", entry.status as u64, 4)?;
+        // SAFETY: the header is device memory of the device (checked).
+        let nchannels = unsafe { (*entry.work).nchannels };
+        if entry.channel >= nchannels {
+            report(format_args!(
+                "{} on device {}: a block runs channel {} of work of {nchannels} channels",
+                k.name, k.dev, entry.channel
+            ));
+            return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+        }
+    }
     std::thread::scope(|s| {
-        let blocks: Vec<_> = (0..k.blocks)
-            .map(|b| {
+        let blocks: Vec<_> = entries
+            .iter()
+            .enumerate()
+            .map(|(b, entry)| {
+                let (work, status, channel) =
+                    (entry.work as u64, entry.status as u64, entry.channel);
                 s.spawn(move || {
-                    resident(k, b, || {
-                        if b >= nchannels {
-                            return;
-                        }
+                    resident(k, b as u32, || {
                         // SAFETY: the program's encoded work in device
-                        // memory; this thread alone runs channel b.
+                        // memory; this thread alone runs this channel.
                         let end = unsafe {
-                            twin::run_encoded_channel(work as *const WorkHeader, b, timeout_ns)
+                            twin::run_encoded_channel(
+                                work as *const WorkHeader,
+                                channel,
+                                timeout_ns,
+                            )
                         };
                         let code = match end {
                             ChannelEnd::Done => 0,
                             ChannelEnd::Aborted => 1,
                             ChannelEnd::GaveUp => 2,
-                            ChannelEnd::StepTooLarge => 3,
+                            ChannelEnd::TooLarge => 3,
                         };
-                        // SAFETY: status holds a word per block (checked).
-                        unsafe { (status as *mut i32).add(b as usize).write_volatile(code) };
+                        // SAFETY: a status word of the device (checked).
+                        unsafe { (status as *mut i32).write_volatile(code) };
                     })
                 })
             })

@@ -6,16 +6,16 @@
 
 namespace {
 
-__device__ __forceinline__ uint64_t grid_lane() {
+__device__ __forceinline__ uint64_t grid_thread() {
   return uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
 }
-__device__ __forceinline__ uint64_t grid_lanes() { return uint64_t(gridDim.x) * blockDim.x; }
+__device__ __forceinline__ uint64_t grid_threads() { return uint64_t(gridDim.x) * blockDim.x; }
 
 }  // namespace
 
 #define RCCL_REDUCE_KERNEL(name, Ops)                                              \
   extern "C" __global__ void __launch_bounds__(512) rccl_reduce_##name(rccl::ReduceArgs args) { \
-    rccl::reduce_for<rccl::Ops>(args, grid_lane(), grid_lanes());                  \
+    rccl::reduce_for<rccl::Ops>(args, grid_thread(), grid_threads());                  \
   }
 
 // One kernel per datatype, named by ncclDataType_t order.
@@ -33,14 +33,14 @@ RCCL_REDUCE_KERNEL(float8e4m3, E4m3Ops)
 RCCL_REDUCE_KERNEL(float8e5m2, E5m2Ops)
 
 extern "C" __global__ void __launch_bounds__(512) rccl_copy(void* dst, const void* src, uint64_t bytes) {
-  rccl::copy_lane(dst, src, bytes, grid_lane(), grid_lanes());
+  rccl::copy_bytes(dst, src, bytes, grid_thread(), grid_threads());
 }
 
-// A FIFO crossed inside the GPU: warp 0 of block 0 sends `bytes` of `src`
-// in pieces of at most the slot size; warp 0 of block 1 receives them into
-// `dst`. `status[0]` counts pieces received; `status[1]` gets bit 0 when a
-// wait gave up after `spins` polls, bit 1 when a piece came out of order.
-// Mirrored by `LoopbackArgs` in Rust.
+// A FIFO crossed inside the GPU: block 0 sends `bytes` of `src` in pieces
+// of at most the slot size; block 1 receives them into `dst`, every thread
+// of each block moving its share. `status[0]` counts pieces received;
+// `status[1]` gets bit 0 when a wait gave up after `spins` polls, bit 1
+// when a piece came out of order. Mirrored by `LoopbackArgs` in Rust.
 struct LoopbackArgs {
   rccl::FifoView fifo;
   const unsigned char* src;
@@ -50,37 +50,40 @@ struct LoopbackArgs {
   uint32_t* status;
 };
 
-extern "C" __global__ void rccl_fifo_loopback(LoopbackArgs args) {
+extern "C" __global__ void __launch_bounds__(512) rccl_fifo_loopback(LoopbackArgs args) {
   const rccl::FifoView& fifo = args.fifo;
   const unsigned char* src = args.src;
   unsigned char* dst = args.dst;
   const uint64_t bytes = args.bytes, spins = args.spins;
   uint32_t* status = args.status;
-  if (threadIdx.x >= 32) return;
-  const uint32_t lane = threadIdx.x;
+  const uint32_t thread = threadIdx.x, threads = blockDim.x;
+  const bool sender = blockIdx.x == 0;
+  __shared__ rccl::FifoEnd end;
+  if (thread == 0) end = sender ? rccl::producer_end(fifo) : rccl::consumer_end(fifo);
+  rccl::block_sync();
   const uint64_t piece = fifo.slot_bytes;
   const uint32_t npieces = uint32_t((bytes + piece - 1) / piece);
   for (uint32_t k = 0; k < npieces; ++k) {
     const uint64_t at = uint64_t(k) * piece;
     const uint32_t len = uint32_t(bytes - at < piece ? bytes - at : piece);
     uint64_t tries = 0;
-    if (blockIdx.x == 0) {
+    if (sender) {
       const uint32_t meta[4] = {len, k, 0x5eed, uint32_t(bytes)};
-      while (!rccl::fifo_try_send(fifo, meta, src + at, lane, 32)) {
+      while (!rccl::fifo_try_send(fifo, end, meta, src + at, thread, threads)) {
         if (++tries > spins) {
-          if (lane == 0) atomicOr(status + 1, 1u);
+          if (thread == 0) atomicOr(status + 1, 1u);
           return;
         }
       }
     } else {
       uint32_t meta[4];
-      while (!rccl::fifo_try_recv(fifo, dst + at, len, meta, lane, 32)) {
+      while (!rccl::fifo_try_recv(fifo, end, dst + at, len, meta, thread, threads)) {
         if (++tries > spins) {
-          if (lane == 0) atomicOr(status + 1, 1u);
+          if (thread == 0) atomicOr(status + 1, 1u);
           return;
         }
       }
-      if (lane == 0) {
+      if (thread == 0) {
         if (meta[0] != len || meta[1] != k) atomicOr(status + 1, 2u);
         atomicAdd(status, 1u);
       }
@@ -88,12 +91,24 @@ extern "C" __global__ void rccl_fifo_loopback(LoopbackArgs args) {
   }
 }
 
-// One rank's device work: block b runs channel b with its first warp.
-// `status[b]` gets the channel's result (0 done, 1 aborted, 2 still
-// waiting `timeout_ns` after it started, 3 a step too large).
-extern "C" __global__ void rccl_run_work(const rccl::WorkHeader* work, uint64_t timeout_ns,
-                                         int32_t* status) {
-  if (threadIdx.x >= 32 || blockIdx.x >= work->nchannels) return;
-  const int r = rccl::work_run_channel(*work, blockIdx.x, timeout_ns, threadIdx.x, 32);
-  if (threadIdx.x == 0) status[blockIdx.x] = r;
+// Bytes of shared memory the launch gave the block beyond its static ones.
+__device__ __forceinline__ uint32_t dynamic_shared_bytes() {
+  uint32_t bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+  return bytes;
+}
+
+// Device work of every rank of a round at once: grid block b runs channel
+// `blocks[b].channel` of `*blocks[b].work` with all its threads and writes
+// the channel's end (0 done, 1 aborted, 2 still waiting `timeout_ns` after
+// it started, 3 too large) to `*blocks[b].status`. The launch gives each
+// block dynamic shared memory for the FIFO ends of its channel's peers.
+extern "C" __global__ void __launch_bounds__(512)
+    rccl_run_work(const rccl::WorkBlock* blocks, uint64_t timeout_ns) {
+  extern __shared__ rccl::PeerEnds ends[];
+  const rccl::WorkBlock b = blocks[blockIdx.x];
+  const uint32_t max_ends = dynamic_shared_bytes() / sizeof(rccl::PeerEnds);
+  const int r = rccl::work_run_channel(*b.work, b.channel, timeout_ns, ends, max_ends, threadIdx.x,
+                                       blockDim.x);
+  if (threadIdx.x == 0) *b.status = r;
 }

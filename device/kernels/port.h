@@ -1,10 +1,11 @@
 // The thin layer that lets the data path compile both as CUDA (nvcc, for
 // the fatbins) and as host C++ (g++, for the host twin the tests run).
 //
-// A "lane" is one of the threads that share a piece of work: on the GPU the
-// 32 threads of a warp (or every thread of a grid for element-wise loops),
-// on the host the one calling thread (lane 0 of 1). Functions written over
-// (lane, lanes) run the same statements in both builds.
+// A "thread" is one of the threads that share a piece of work: on the GPU
+// the threads of a block (or of a grid, for the element-wise kernels), on
+// the host the one calling thread (thread 0 of 1). Functions written over
+// (thread, threads) run the same statements in both builds; those that meet
+// at a block barrier are called by every thread of the block.
 #pragma once
 
 #include <stddef.h>
@@ -72,20 +73,33 @@ RCCL_HD int clz32(uint32_t x) {
 #endif
 }
 
-// Every thread of a warp (device) or the caller (host) agrees that `ok`.
-RCCL_HD bool all_lanes(bool ok) {
+// The threads of a block meet here; their stores before are visible to
+// every thread after (device). Nothing to do for a single host thread.
+RCCL_HD void block_sync() {
 #if RCCL_ON_DEVICE
-  return __all_sync(0xffffffffu, ok);
+  __syncthreads();
+#endif
+}
+
+// A barrier of the block at which every thread learns whether all of them
+// said `ok`.
+RCCL_HD bool all_threads(bool ok) {
+#if RCCL_ON_DEVICE
+  return __syncthreads_and(ok) != 0;
 #else
   return ok;
 #endif
 }
 
-// The lanes of a warp meet here; stores before are visible to the lanes
-// after (device). Nothing to do for a single host lane.
-RCCL_HD void lanes_sync() {
+// A barrier of the block at which every thread learns what thread 0 said:
+// one thread polls memory a peer writes, the others wait here for its
+// answer instead of each polling across the bus.
+RCCL_HD bool first_thread_says(bool said, uint32_t thread) {
 #if RCCL_ON_DEVICE
-  __syncwarp();
+  return __syncthreads_or(thread == 0 && said) != 0;
+#else
+  (void)thread;
+  return said;
 #endif
 }
 
@@ -115,7 +129,8 @@ RCCL_HD uint64_t clock_ns() {
 #endif
 }
 
-// Orders this lane's earlier stores before its later ones for every
+// Orders this thread's earlier stores, and those of the threads of its
+// block that met it at a barrier since, before its later ones for every
 // observer (other GPUs and the host included).
 RCCL_HD void fence_release() {
 #if RCCL_ON_DEVICE

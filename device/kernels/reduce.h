@@ -25,6 +25,7 @@
 // and without flushing denormals: each operation is rounded on its own.
 #pragma once
 
+#include "move.h"
 #include "port.h"
 
 namespace rccl {
@@ -442,43 +443,71 @@ RCCL_HD typename Ops::Elem reduce_elem(typename Ops::Elem a, typename Ops::Elem 
 
 // ---- the loops ----
 
-// 16 bytes of elements, moved by one vector access on the GPU.
+// 16 bytes of elements, moved by one vector access.
 template <class T>
 union Pack16 {
-  uint64_t words[2];
-#if RCCL_ON_DEVICE
-  uint4 v;
-#endif
+  Vec16 v;
   T e[16 / sizeof(T)];
 };
 
 template <class T>
-RCCL_HD Pack16<T> load16(const void* p) {
+RCCL_HD Pack16<T> load16(const unsigned char* p) {
   Pack16<T> r;
-#if RCCL_ON_DEVICE
-  r.v = *static_cast<const uint4*>(p);
-#else
-  __builtin_memcpy(&r, p, 16);
-#endif
+  r.v = load_word<16>(p);
   return r;
 }
 template <class T>
-RCCL_HD void store16(void* p, const Pack16<T>& r) {
-#if RCCL_ON_DEVICE
-  *static_cast<uint4*>(p) = r.v;
-#else
-  __builtin_memcpy(p, &r, 16);
-#endif
+RCCL_HD void store16(unsigned char* p, const Pack16<T>& r) {
+  store_word<16>(p, r.v);
 }
 
-// Elements of `count` that this lane handles: 16-byte packs (4 per round,
-// loads before stores, for memory-level parallelism) when every pointer is
-// 16-byte aligned, then single elements. Output identical to an input is
-// fine: each element is read before it is written, by the same lane.
+// One element at any address: a single access when it is aligned (the
+// GPU would otherwise move it byte by byte).
+template <class T>
+RCCL_HD T load_elem(const unsigned char* p) {
+  T v;
+#if RCCL_ON_DEVICE
+  if (uintptr_t(p) % sizeof(T) == 0) return *reinterpret_cast<const T*>(p);
+#endif
+  __builtin_memcpy(&v, p, sizeof(T));
+  return v;
+}
+template <class T>
+RCCL_HD void store_elem(unsigned char* p, T v) {
+#if RCCL_ON_DEVICE
+  if (uintptr_t(p) % sizeof(T) == 0) {
+    *reinterpret_cast<T*>(p) = v;
+    return;
+  }
+#endif
+  __builtin_memcpy(p, &v, sizeof(T));
+}
+
+// Elements [from, to) of the reduction, one at a time.
 template <class Ops, int kCombine, bool kAcc>
-RCCL_HD void reduce_lane(const ReduceArgs& args, const Prepared& p, uint64_t lane,
-                         uint64_t lanes) {
+RCCL_HD void reduce_elements(const unsigned char* A, const unsigned char* B, unsigned char* O,
+                             uint64_t from, uint64_t to, bool pre, typename Ops::Scale s,
+                             bool post, uint64_t div, uint64_t thread, uint64_t threads) {
   typedef typename Ops::Elem T;
+  for (uint64_t i = from + thread; i < to; i += threads) {
+    const T a = kAcc ? load_elem<T>(A + i * sizeof(T)) : T(0);
+    const T b = load_elem<T>(B + i * sizeof(T));
+    store_elem<T>(O + i * sizeof(T), reduce_elem<Ops, kCombine, kAcc>(a, b, pre, s, post, div));
+  }
+}
+
+// This thread's share of the reduction: when every end shares its address
+// modulo 16 (and elements fit that alignment), the elements before the
+// first 16-byte boundary one at a time, then 16-byte packs (kUnroll per
+// round, loads before stores, for memory-level parallelism), then the
+// elements after the last boundary; otherwise every element one at a
+// time. Output identical to an input is fine: each element is read before
+// it is written, by the same thread.
+template <class Ops, int kCombine, bool kAcc>
+RCCL_HD void reduce_threads(const ReduceArgs& args, const Prepared& p, uint64_t thread,
+                            uint64_t threads) {
+  typedef typename Ops::Elem T;
+  constexpr uint64_t E = 16 / sizeof(T);
   const unsigned char* A = static_cast<const unsigned char*>(args.acc);
   const unsigned char* B = static_cast<const unsigned char*>(args.input);
   unsigned char* O = static_cast<unsigned char*>(args.out);
@@ -487,93 +516,67 @@ RCCL_HD void reduce_lane(const ReduceArgs& args, const Prepared& p, uint64_t lan
   const bool pre = p.has_pre;
   const bool post = p.has_post && args.finish;
   const uint64_t div = p.post_div;
-  const uintptr_t addr_bits = uintptr_t(A) | uintptr_t(B) | uintptr_t(O);
-  uint64_t done = 0;
-  if (addr_bits % 16 == 0) {
-    constexpr int E = 16 / sizeof(T);
-    constexpr int U = 4;
-    const uint64_t packs = n / E;
-    uint64_t i = lane;
-    for (; i + (U - 1) * lanes < packs; i += U * lanes) {
-      Pack16<T> a[U], b[U];
+  const uintptr_t differ =
+      (uintptr_t(B) ^ uintptr_t(O)) | (kAcc ? uintptr_t(A) ^ uintptr_t(O) : 0);
+  const uint64_t skew = (16 - uintptr_t(O) % 16) % 16;
+  uint64_t head = n;
+  if (differ % 16 == 0 && skew % sizeof(T) == 0) head = skew / sizeof(T) < n ? skew / sizeof(T) : n;
+  const uint64_t packs = (n - head) / E;
+  reduce_elements<Ops, kCombine, kAcc>(A, B, O, 0, head, pre, s, post, div, thread, threads);
+  const unsigned char* VA = kAcc ? A + head * sizeof(T) : nullptr;
+  const unsigned char* VB = B + head * sizeof(T);
+  unsigned char* VO = O + head * sizeof(T);
+  uint64_t i = thread;
+  for (; i + (kUnroll - 1) * threads < packs; i += kUnroll * threads) {
+    Pack16<T> a[kUnroll], b[kUnroll];
 RCCL_UNROLL
-      for (int u = 0; u < U; ++u) {
-        b[u] = load16<T>(B + (i + u * lanes) * 16);
-        if (kAcc) a[u] = load16<T>(A + (i + u * lanes) * 16);
-      }
-RCCL_UNROLL
-      for (int u = 0; u < U; ++u) {
-RCCL_UNROLL
-        for (int k = 0; k < E; ++k)
-          b[u].e[k] = reduce_elem<Ops, kCombine, kAcc>(kAcc ? a[u].e[k] : T(0), b[u].e[k], pre, s,
-                                                      post, div);
-        store16<T>(O + (i + u * lanes) * 16, b[u]);
-      }
+    for (int u = 0; u < kUnroll; ++u) {
+      b[u] = load16<T>(VB + (i + u * threads) * 16);
+      if (kAcc) a[u] = load16<T>(VA + (i + u * threads) * 16);
     }
-    for (; i < packs; i += lanes) {
-      Pack16<T> b = load16<T>(B + i * 16);
-      Pack16<T> a;
-      if (kAcc) a = load16<T>(A + i * 16);
 RCCL_UNROLL
-      for (int k = 0; k < E; ++k)
-        b.e[k] = reduce_elem<Ops, kCombine, kAcc>(kAcc ? a.e[k] : T(0), b.e[k], pre, s, post, div);
-      store16<T>(O + i * 16, b);
+    for (int u = 0; u < kUnroll; ++u) {
+RCCL_UNROLL
+      for (uint64_t k = 0; k < E; ++k)
+        b[u].e[k] = reduce_elem<Ops, kCombine, kAcc>(kAcc ? a[u].e[k] : T(0), b[u].e[k], pre, s,
+                                                    post, div);
+      store16<T>(VO + (i + u * threads) * 16, b[u]);
     }
-    done = packs * E;
   }
-  for (uint64_t i = done + lane; i < n; i += lanes) {
-    T a = T(0), b;
-    __builtin_memcpy(&b, B + i * sizeof(T), sizeof(T));
-    if (kAcc) __builtin_memcpy(&a, A + i * sizeof(T), sizeof(T));
-    T r = reduce_elem<Ops, kCombine, kAcc>(a, b, pre, s, post, div);
-    __builtin_memcpy(O + i * sizeof(T), &r, sizeof(T));
+  for (; i < packs; i += threads) {
+    Pack16<T> b = load16<T>(VB + i * 16);
+    Pack16<T> a;
+    if (kAcc) a = load16<T>(VA + i * 16);
+RCCL_UNROLL
+    for (uint64_t k = 0; k < E; ++k)
+      b.e[k] = reduce_elem<Ops, kCombine, kAcc>(kAcc ? a.e[k] : T(0), b.e[k], pre, s, post, div);
+    store16<T>(VO + i * 16, b);
   }
+  reduce_elements<Ops, kCombine, kAcc>(A, B, O, head + packs * E, n, pre, s, post, div, thread,
+                                       threads);
 }
 
-// Copies `bytes` bytes: 16-byte packs when both ends are aligned.
-RCCL_HD void copy_lane(void* dst, const void* src, uint64_t bytes, uint64_t lane,
-                       uint64_t lanes) {
-  const unsigned char* S = static_cast<const unsigned char*>(src);
-  unsigned char* D = static_cast<unsigned char*>(dst);
-  uint64_t done = 0;
-  if ((uintptr_t(S) | uintptr_t(D)) % 16 == 0) {
-    constexpr int U = 4;
-    const uint64_t packs = bytes / 16;
-    uint64_t i = lane;
-    for (; i + (U - 1) * lanes < packs; i += U * lanes) {
-      Pack16<uint64_t> v[U];
-RCCL_UNROLL
-      for (int u = 0; u < U; ++u) v[u] = load16<uint64_t>(S + (i + u * lanes) * 16);
-RCCL_UNROLL
-      for (int u = 0; u < U; ++u) store16<uint64_t>(D + (i + u * lanes) * 16, v[u]);
-    }
-    for (; i < packs; i += lanes) store16<uint64_t>(D + i * 16, load16<uint64_t>(S + i * 16));
-    done = packs * 16;
-  }
-  for (uint64_t i = done + lane; i < bytes; i += lanes) D[i] = S[i];
-}
-
-// The reduction of `args` for datatype Ops, this lane's share of it.
+// The reduction of `args` for datatype Ops, this thread's share of it.
 template <class Ops>
-RCCL_HD void reduce_typed(const ReduceArgs& args, const Prepared& p, uint64_t lane,
-                          uint64_t lanes) {
+RCCL_HD void reduce_typed(const ReduceArgs& args, const Prepared& p, uint64_t thread,
+                          uint64_t threads) {
   const bool acc = args.acc != nullptr;
   if (!acc && !p.has_pre && !(p.has_post && args.finish)) {
     if (args.input != args.out)
-      copy_lane(args.out, args.input, args.count * sizeof(typename Ops::Elem), lane, lanes);
+      copy_bytes(args.out, args.input, args.count * sizeof(typename Ops::Elem), thread, threads);
     return;
   }
   if (!acc) {
     // Without an accumulator only Sum's transforms apply (Prod, Max and
     // Min carry none, so they were the copy above).
-    reduce_lane<Ops, kSum, false>(args, p, lane, lanes);
+    reduce_threads<Ops, kSum, false>(args, p, thread, threads);
     return;
   }
   switch (p.combine) {
-    case kSum: reduce_lane<Ops, kSum, true>(args, p, lane, lanes); break;
-    case kProd: reduce_lane<Ops, kProd, true>(args, p, lane, lanes); break;
-    case kMax: reduce_lane<Ops, kMax, true>(args, p, lane, lanes); break;
-    default: reduce_lane<Ops, kMin, true>(args, p, lane, lanes); break;
+    case kSum: reduce_threads<Ops, kSum, true>(args, p, thread, threads); break;
+    case kProd: reduce_threads<Ops, kProd, true>(args, p, thread, threads); break;
+    case kMax: reduce_threads<Ops, kMax, true>(args, p, thread, threads); break;
+    default: reduce_threads<Ops, kMin, true>(args, p, thread, threads); break;
   }
 }
 
@@ -586,28 +589,28 @@ RCCL_HD uint64_t scalar_of(const ReduceArgs& args) {
 }
 
 template <class Ops>
-RCCL_HD void reduce_for(const ReduceArgs& args, uint64_t lane, uint64_t lanes) {
+RCCL_HD void reduce_for(const ReduceArgs& args, uint64_t thread, uint64_t threads) {
   Prepared p = prepare(args.dtype, args.op, args.nranks, scalar_of(args));
   if (args.partial) p.has_pre = false;
-  reduce_typed<Ops>(args, p, lane, lanes);
+  reduce_typed<Ops>(args, p, thread, threads);
 }
 
 // Every datatype, by the datatype's value (the host twin's entry; the
 // kernels instantiate one datatype each).
-RCCL_HD void reduce_any(const ReduceArgs& args, uint64_t lane, uint64_t lanes) {
+RCCL_HD void reduce_any(const ReduceArgs& args, uint64_t thread, uint64_t threads) {
   switch (args.dtype) {
-    case kInt8: reduce_for<I8Ops>(args, lane, lanes); break;
-    case kUint8: reduce_for<U8Ops>(args, lane, lanes); break;
-    case kInt32: reduce_for<I32Ops>(args, lane, lanes); break;
-    case kUint32: reduce_for<U32Ops>(args, lane, lanes); break;
-    case kInt64: reduce_for<I64Ops>(args, lane, lanes); break;
-    case kUint64: reduce_for<U64Ops>(args, lane, lanes); break;
-    case kFloat16: reduce_for<F16Ops>(args, lane, lanes); break;
-    case kFloat32: reduce_for<F32Ops>(args, lane, lanes); break;
-    case kFloat64: reduce_for<F64Ops>(args, lane, lanes); break;
-    case kBfloat16: reduce_for<Bf16Ops>(args, lane, lanes); break;
-    case kFloat8e4m3: reduce_for<E4m3Ops>(args, lane, lanes); break;
-    case kFloat8e5m2: reduce_for<E5m2Ops>(args, lane, lanes); break;
+    case kInt8: reduce_for<I8Ops>(args, thread, threads); break;
+    case kUint8: reduce_for<U8Ops>(args, thread, threads); break;
+    case kInt32: reduce_for<I32Ops>(args, thread, threads); break;
+    case kUint32: reduce_for<U32Ops>(args, thread, threads); break;
+    case kInt64: reduce_for<I64Ops>(args, thread, threads); break;
+    case kUint64: reduce_for<U64Ops>(args, thread, threads); break;
+    case kFloat16: reduce_for<F16Ops>(args, thread, threads); break;
+    case kFloat32: reduce_for<F32Ops>(args, thread, threads); break;
+    case kFloat64: reduce_for<F64Ops>(args, thread, threads); break;
+    case kBfloat16: reduce_for<Bf16Ops>(args, thread, threads); break;
+    case kFloat8e4m3: reduce_for<E4m3Ops>(args, thread, threads); break;
+    case kFloat8e5m2: reduce_for<E5m2Ops>(args, thread, threads); break;
     default: break;
   }
 }

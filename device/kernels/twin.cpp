@@ -1,6 +1,8 @@
 // The host twin: the kernels' sources compiled by the host's C++ compiler,
-// one lane on the calling thread. The Rust tests call it to check the
+// thread 0 of 1 on the calling thread. The Rust tests call it to check the
 // data path bit for bit against rccl's host kernels and the host FIFOs.
+#include <memory>
+
 #include "fifo.h"
 #include "reduce.h"
 #include "work.h"
@@ -10,21 +12,26 @@ extern "C" {
 void rccl_twin_reduce(const rccl::ReduceArgs* args) { rccl::reduce_any(*args, 0, 1); }
 
 void rccl_twin_copy(void* dst, const void* src, uint64_t bytes) {
-  rccl::copy_lane(dst, src, bytes, 0, 1);
+  rccl::copy_bytes(dst, src, bytes, 0, 1);
 }
 
 int rccl_twin_fifo_send(const rccl::FifoView* fifo, const uint32_t meta[4],
                         const unsigned char* data) {
-  return rccl::fifo_try_send(*fifo, meta, data, 0, 1) ? 1 : 0;
+  rccl::FifoEnd end = rccl::producer_end(*fifo);
+  return rccl::fifo_try_send(*fifo, end, meta, data, 0, 1) ? 1 : 0;
 }
 
 int rccl_twin_fifo_recv(const rccl::FifoView* fifo, unsigned char* out, uint32_t cap,
                         uint32_t meta[4]) {
-  return rccl::fifo_try_recv(*fifo, out, cap, meta, 0, 1) ? 1 : 0;
+  rccl::FifoEnd end = rccl::consumer_end(*fifo);
+  return rccl::fifo_try_recv(*fifo, end, out, cap, meta, 0, 1) ? 1 : 0;
 }
 
 int rccl_twin_run_channel(const rccl::WorkHeader* work, uint32_t channel, uint64_t timeout_ns) {
-  return rccl::work_run_channel(*work, channel, timeout_ns, 0, 1);
+  const rccl::WorkChannel& ch =
+      rccl::work_array<rccl::WorkChannel>(*work, work->channels_at)[channel];
+  std::unique_ptr<rccl::PeerEnds[]> ends(new rccl::PeerEnds[ch.npeers]);
+  return rccl::work_run_channel(*work, channel, timeout_ns, ends.get(), ch.npeers, 0, 1);
 }
 
 }  // extern "C"

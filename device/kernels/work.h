@@ -2,8 +2,9 @@
 // Schedule: per channel, steps of primitives over slices of the user's
 // buffers), encoded as a position-independent block of plain structs, and
 // the interpreter that runs one channel of it over FIFOs (fifo.h) with the
-// reductions of reduce.h. The GPU runs a channel per block (its first
-// warp); the host twin runs it on a thread. Mirrored by device/src/work.rs.
+// reductions of reduce.h. The GPU runs a channel per block, every thread
+// of the block moving its share of each piece; the host twin runs it on one
+// thread (thread 0 of 1). Mirrored by device/src/work.rs.
 //
 // Layout: a WorkHeader, then its channels, peers, steps and primitives,
 // found at byte offsets from the header, so the block can be copied to the
@@ -108,17 +109,27 @@ RCCL_HD unsigned char* work_addr(const WorkHeader& w, uint32_t buf, uint64_t ele
   return base + elem * w.elem_size;
 }
 
-RCCL_HD bool fifo_has_room(const FifoView& f) {
-  const uint32_t tail = load_relaxed_u32(tail_word(f));
-  const uint32_t head = load_acquire_u32(head_word(f));
-  return all_lanes(tail - head < f.nslots);
-}
+// One block of a device-work launch: the channel it runs and the word
+// that gets the channel's end. Mirrored by `WorkBlock` in Rust.
+struct WorkBlock {
+  const WorkHeader* work;
+  int32_t* status;
+  uint32_t channel;
+  uint32_t pad;
+};
+
+// The running block's ends of the FIFOs with one peer of its channel.
+struct PeerEnds {
+  FifoEnd send;
+  FifoEnd recv;
+};
 
 // out = acc op input over n elements (acc null: the input transform
 // alone); `partial`: the input is a partial result, which takes no input
 // transform.
 RCCL_HD_OUTLINE void work_reduce(const WorkHeader& w, const void* acc, const void* input, void* out,
-                         uint64_t n, bool finish, bool partial, uint32_t lane, uint32_t lanes) {
+                         uint64_t n, bool finish, bool partial, uint32_t thread,
+                                 uint32_t threads) {
   ReduceArgs a;
   a.acc = acc;
   a.input = input;
@@ -131,26 +142,27 @@ RCCL_HD_OUTLINE void work_reduce(const WorkHeader& w, const void* acc, const voi
   a.op = w.op;
   a.finish = finish ? 1 : 0;
   a.partial = partial ? 1 : 0;
-  reduce_any(a, lane, lanes);
-  lanes_sync();
+  reduce_any(a, thread, threads);
+  block_sync();
 }
 
 // out = src, through the input transform when src is the user's send
 // buffer of a reducing collective.
 RCCL_HD void work_load(const WorkHeader& w, uint32_t src_buf, const unsigned char* src,
-                       unsigned char* out, uint64_t n, uint32_t lane, uint32_t lanes) {
+                       unsigned char* out, uint64_t n, uint32_t thread, uint32_t threads) {
   if (w.op >= 0 && src_buf == kBufSend) {
-    work_reduce(w, nullptr, src, out, n, false, false, lane, lanes);
+    work_reduce(w, nullptr, src, out, n, false, false, thread, threads);
   } else if (src != out) {
-    copy_lane(out, src, n * w.elem_size, lane, lanes);
-    lanes_sync();
+    copy_bytes(out, src, n * w.elem_size, thread, threads);
+    block_sync();
   }
 }
 
 // Moves one piece of `p` (done elements of it so far); the elements moved,
 // 0 when its FIFOs are not ready.
 RCCL_HD uint64_t work_advance(const WorkHeader& w, const WorkChannel& ch, const WorkPeer* peers,
-                              const WorkPrim& p, uint64_t done, uint32_t lane, uint32_t lanes) {
+                              PeerEnds* ends, const WorkPrim& p, uint64_t done, uint32_t thread,
+                              uint32_t threads) {
   const uint64_t es = w.elem_size;
   const unsigned char* src = work_addr(w, p.src_buf, p.src_off + done);
   unsigned char* dst = work_addr(w, p.dst_buf, p.dst_off + done);
@@ -158,6 +170,8 @@ RCCL_HD uint64_t work_advance(const WorkHeader& w, const WorkChannel& ch, const 
   const uint32_t meta_tail[3] = {w.tag_seq, w.tag_call, w.tag_count};
   const FifoView* to = p.send_peer >= 0 ? &peers[p.send_peer].send : nullptr;
   const FifoView* from = p.recv_peer >= 0 ? &peers[p.recv_peer].recv : nullptr;
+  FifoEnd* to_end = p.send_peer >= 0 ? &ends[p.send_peer].send : nullptr;
+  FifoEnd* from_end = p.recv_peer >= 0 ? &ends[p.recv_peer].recv : nullptr;
   uint64_t n = p.len - done;
 
   if (from == nullptr) {
@@ -165,58 +179,60 @@ RCCL_HD uint64_t work_advance(const WorkHeader& w, const WorkChannel& ch, const 
     if (to != nullptr) {
       const uint64_t cap = to->slot_bytes / es;
       n = n < cap ? n : cap;
-      if (!fifo_has_room(*to)) return 0;
+      if (!fifo_has_room(*to, *to_end, thread)) return 0;
     }
     switch (p.kind) {
-      case kPrimCopy: work_load(w, p.src_buf, src, dst, n, lane, lanes); return n;
+      case kPrimCopy: work_load(w, p.src_buf, src, dst, n, thread, threads); return n;
       case kPrimReduceCopy:
       case kPrimReduceCopyPartial:
-        work_reduce(w, dst, src, dst, n, p.kind == kPrimReduceCopy, p.src_buf != kBufSend, lane,
-                    lanes);
+        work_reduce(w, dst, src, dst, n, p.kind == kPrimReduceCopy, p.src_buf != kBufSend, thread,
+                    threads);
         return n;
       default: break;
     }
     const unsigned char* piece = src;
     if (p.kind == kPrimCopySend) {
-      work_load(w, p.src_buf, src, dst, n, lane, lanes);
+      work_load(w, p.src_buf, src, dst, n, thread, threads);
       piece = dst;
     } else if (w.op >= 0 && p.src_buf == kBufSend) {
-      work_load(w, p.src_buf, src, scratch, n, lane, lanes);
+      work_load(w, p.src_buf, src, scratch, n, thread, threads);
       piece = scratch;
     }
     const uint32_t meta[4] = {uint32_t(n * es), meta_tail[0], meta_tail[1], meta_tail[2]};
-    return fifo_try_send(*to, meta, piece, lane, lanes) ? n : 0;
+    return fifo_try_send(*to, *to_end, meta, piece, thread, threads) ? n : 0;
   }
 
   // A forwarding primitive takes a piece only when it can pass it on.
-  if (to != nullptr && !fifo_has_room(*to)) return 0;
+  if (to != nullptr && !fifo_has_room(*to, *to_end, thread)) return 0;
   uint32_t meta[4];
-  if (!fifo_try_recv(*from, scratch, uint32_t(ch.scratch_bytes), meta, lane, lanes)) return 0;
-  lanes_sync();
+  if (!fifo_try_recv(*from, *from_end, scratch, uint32_t(ch.scratch_bytes), meta, thread,
+                     threads))
+    return 0;
   uint64_t got = meta[0] / es;
   got = got < n ? got : n;
   const bool partial = p.src_buf != kBufSend;
   switch (p.kind) {
-    case kPrimRecv: copy_lane(dst, scratch, got * es, lane, lanes); break;
-    case kPrimRecvCopySend: copy_lane(dst, scratch, got * es, lane, lanes); break;
+    case kPrimRecv: copy_bytes(dst, scratch, got * es, thread, threads); break;
+    case kPrimRecvCopySend: copy_bytes(dst, scratch, got * es, thread, threads); break;
     case kPrimRecvReduceSend:
-      work_reduce(w, scratch, src, scratch, got, false, partial, lane, lanes);
+      work_reduce(w, scratch, src, scratch, got, false, partial, thread, threads);
       break;
     case kPrimRecvReduceCopy:
     case kPrimRecvReduceCopyPartial:
-      work_reduce(w, scratch, src, dst, got, p.kind == kPrimRecvReduceCopy, partial, lane, lanes);
+      work_reduce(w, scratch, src, dst, got, p.kind == kPrimRecvReduceCopy, partial, thread,
+                  threads);
       break;
     case kPrimRecvReduceCopySend:
-      work_reduce(w, scratch, src, scratch, got, true, partial, lane, lanes);
-      copy_lane(dst, scratch, got * es, lane, lanes);
+      work_reduce(w, scratch, src, scratch, got, true, partial, thread, threads);
+      copy_bytes(dst, scratch, got * es, thread, threads);
       break;
     default: break;
   }
-  lanes_sync();
+  block_sync();
   if (to != nullptr) {
     const uint32_t out_meta[4] = {uint32_t(got * es), meta_tail[0], meta_tail[1], meta_tail[2]};
-    // Room was checked above and only this lane group fills `to`.
-    fifo_try_send(*to, out_meta, scratch, lane, lanes);
+    // Room was checked above and only this block fills `to`.
+    fifo_try_send(*to, *to_end, out_meta, scratch, thread, threads);
   }
   return got;
 }
@@ -234,13 +250,23 @@ RCCL_HD bool work_blocked(const WorkPrim* prims, const uint64_t* done, uint32_t 
 
 // Runs channel `c` of `w` to the end: 0 done, 1 aborted, 2 still waiting
 // `timeout_ns` after it started (clock_ns; a deadline past the clock's
-// range is none), 3 a step holds too many primitives.
-RCCL_HD int work_run_channel(const WorkHeader& w, uint32_t c, uint64_t timeout_ns, uint32_t lane,
-                             uint32_t lanes) {
+// range is none), 3 too large (a step holds too many primitives, or the
+// channel more peers than `ends` holds: `max_ends`). `ends` is the running
+// block's memory for its FIFO ends (the GPU's shared memory).
+RCCL_HD int work_run_channel(const WorkHeader& w, uint32_t c, uint64_t timeout_ns, PeerEnds* ends,
+                             uint32_t max_ends, uint32_t thread, uint32_t threads) {
   const WorkChannel& ch = work_array<WorkChannel>(w, w.channels_at)[c];
   const WorkPeer* peers = work_array<WorkPeer>(w, w.peers_at) + ch.first_peer;
   const WorkStep* steps = work_array<WorkStep>(w, w.steps_at) + ch.first_step;
   const WorkPrim* all_prims = work_array<WorkPrim>(w, w.prims_at);
+  if (ch.npeers > max_ends) return 3;
+  if (thread == 0) {
+    for (uint32_t k = 0; k < ch.npeers; ++k) {
+      ends[k].send = producer_end(peers[k].send);
+      ends[k].recv = consumer_end(peers[k].recv);
+    }
+  }
+  block_sync();
   const uint64_t start = clock_ns();
   const uint64_t deadline = start > UINT64_MAX - timeout_ns ? UINT64_MAX : start + timeout_ns;
   for (uint32_t s = 0; s < ch.nsteps; ++s) {
@@ -255,14 +281,15 @@ RCCL_HD int work_run_channel(const WorkHeader& w, uint32_t c, uint64_t timeout_n
         if (done[k] == prims[k].len) continue;
         finished = false;
         if (work_blocked(prims, done, k)) continue;
-        const uint64_t n = work_advance(w, ch, peers, prims[k], done[k], lane, lanes);
+        const uint64_t n = work_advance(w, ch, peers, ends, prims[k], done[k], thread, threads);
         done[k] += n;
         moved = moved || n > 0;
       }
       if (finished) break;
       if (!moved) {
-        if (w.abort != nullptr && all_lanes(load_relaxed_u32(w.abort) != 0)) return 1;
-        if (all_lanes(clock_ns() >= deadline)) return 2;
+        const bool aborted = thread == 0 && w.abort != nullptr && load_relaxed_u32(w.abort) != 0;
+        if (first_thread_says(aborted, thread)) return 1;
+        if (first_thread_says(clock_ns() >= deadline, thread)) return 2;
         idle_pause();
       }
     }

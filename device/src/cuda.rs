@@ -10,8 +10,11 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+use rccl_algorithms::Protocol;
+
 use crate::abi::{LoopbackArgs, ReduceArgs};
 use crate::cuda_api as api;
+use crate::work::PEER_ENDS_BYTES;
 use crate::KERNELS_FATBIN;
 
 pub use crate::cuda_api::ENTRY_POINTS;
@@ -506,6 +509,7 @@ unsafe fn launch(
     function: sys::CUfunction,
     grid: u32,
     threads: u32,
+    shared_bytes: u32,
     stream: CUstream,
     params: &mut [*mut c_void],
 ) -> Result<()> {
@@ -519,7 +523,7 @@ unsafe fn launch(
             threads,
             1,
             1,
-            0,
+            shared_bytes,
             stream,
             params.as_mut_ptr(),
             std::ptr::null_mut(),
@@ -593,7 +597,7 @@ impl Kernels {
         let blocks = self.blocks_for(args.count * size);
         // SAFETY: the kernel takes one `ReduceArgs` by value, which
         // `params` points at; the caller's contract covers the memory.
-        unsafe { launch(self.reduce[dtype], blocks, THREADS, stream, &mut params) }
+        unsafe { launch(self.reduce[dtype], blocks, THREADS, 0, stream, &mut params) }
     }
 
     /// Launches a copy of `bytes` bytes on `stream`.
@@ -619,11 +623,11 @@ impl Kernels {
         let blocks = self.blocks_for(bytes);
         // SAFETY: the kernel's parameters are (pointer, pointer, u64), as
         // `params` holds; the caller's contract covers the memory.
-        unsafe { launch(self.copy, blocks, THREADS, stream, &mut params) }
+        unsafe { launch(self.copy, blocks, THREADS, 0, stream, &mut params) }
     }
 
-    /// Launches the FIFO loopback kernel: two blocks of one warp, one
-    /// sending and one receiving.
+    /// Launches the FIFO loopback kernel: two blocks of
+    /// [`LOOPBACK_THREADS`], one sending and one receiving.
     ///
     /// # Safety
     /// `args.fifo` describes zeroed device memory for its slots; `src`,
@@ -632,38 +636,88 @@ impl Kernels {
         let mut by_value = *args;
         let mut params = [(&mut by_value as *mut LoopbackArgs).cast::<c_void>()];
         // SAFETY: the kernel takes one `LoopbackArgs` by value; two blocks
-        // of one warp each always fit on the device together.
-        unsafe { launch(self.fifo_loopback, 2, 32, stream, &mut params) }
+        // always fit on the device together.
+        unsafe {
+            launch(
+                self.fifo_loopback,
+                2,
+                LOOPBACK_THREADS,
+                0,
+                stream,
+                &mut params,
+            )
+        }
+    }
+
+    /// Launches one round of device work: grid block b runs the channel
+    /// `blocks[b]` names with `threads` threads and writes its end to the
+    /// word `blocks[b]` names (0 done, 1 aborted, 2 still waiting
+    /// `timeout_ns` after it started, by the GPU's global timer, 3 too
+    /// large). Each block gets `peers` FIFO ends of shared memory.
+    ///
+    /// # Safety
+    /// `nblocks` is at least one; `blocks` is device memory holding
+    /// `nblocks` [`crate::work::WorkBlock`]s whose
+    /// work is device memory holding encoded [`crate::work::Work`] of
+    /// channels of at most `peers` peers, whose addresses the device can
+    /// reach, and whose status words are device memory.
+    pub unsafe fn run_work(
+        &self,
+        blocks: CUdeviceptr,
+        nblocks: u32,
+        threads: u32,
+        peers: usize,
+        timeout_ns: u64,
+        stream: CUstream,
+    ) -> Result<()> {
+        let shared = peers * PEER_ENDS_BYTES;
+        if shared > MAX_STATIC_SHARED {
+            return Err(CudaError::Invalid(format!(
+                "device work has a channel of {peers} peers; a block keeps the FIFO ends of at \
+                 most {} in shared memory",
+                MAX_STATIC_SHARED / PEER_ENDS_BYTES
+            )));
+        }
+        let (mut b, mut t) = (blocks, timeout_ns);
+        let mut params = [
+            (&mut b as *mut CUdeviceptr).cast::<c_void>(),
+            (&mut t as *mut u64).cast::<c_void>(),
+        ];
+        // SAFETY: the parameters match the kernel's (pointer, u64); the
+        // caller's contract covers the memory.
+        unsafe {
+            launch(
+                self.run_work,
+                nblocks,
+                threads,
+                shared as u32,
+                stream,
+                &mut params,
+            )
+        }
     }
 }
 
-impl Kernels {
-    /// Launches device work: one block per channel, whose first warp runs
-    /// the channel; `status` (one `i32` per channel) gets each channel's
-    /// end (0 done, 1 aborted, 2 still waiting `timeout_ns` after it
-    /// started, by the GPU's global timer, 3 a step too large).
-    ///
-    /// # Safety
-    /// `work` is device memory holding an encoded [`crate::work::Work`]
-    /// of `nchannels` channels whose addresses the device can reach;
-    /// `status` holds `nchannels` words.
-    pub unsafe fn run_work(
-        &self,
-        work: CUdeviceptr,
-        nchannels: u32,
-        timeout_ns: u64,
-        status: CUdeviceptr,
-        stream: CUstream,
-    ) -> Result<()> {
-        let (mut w, mut t, mut st) = (work, timeout_ns, status);
-        let mut params = [
-            (&mut w as *mut CUdeviceptr).cast::<c_void>(),
-            (&mut t as *mut u64).cast::<c_void>(),
-            (&mut st as *mut CUdeviceptr).cast::<c_void>(),
-        ];
-        // SAFETY: the parameters match the kernel's (pointer, u64,
-        // pointer); the caller's contract covers the memory.
-        unsafe { launch(self.run_work, nchannels.max(1), 32, stream, &mut params) }
+/// Threads of each block of the FIFO loopback kernel.
+const LOOPBACK_THREADS: u32 = 256;
+
+/// Shared memory a kernel may take without opting in
+/// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`): 48 KiB.
+const MAX_STATIC_SHARED: usize = 48 << 10;
+
+/// Threads of a block running a channel of device work over FIFOs of
+/// `protocol` ([`rccl_algorithms::Protocol::abi`]; `None`: local copies
+/// only). Simple moves whole slots (hundreds of KiB) in 16-byte vectors:
+/// 16 warps keep 4 vectors each in flight, enough to cover memory latency
+/// at one block per channel. LL128 moves lines of 128 bytes, 8 threads per
+/// line: 8 warps cover a slot of a few KiB with one chunk each. LL stores
+/// an 8-byte word per 4 data bytes and every word carries its flag:
+/// 8 warps too, more would mostly wait at the block's barriers.
+pub fn work_threads(protocol: Option<u32>) -> u32 {
+    match protocol {
+        Some(p) if p == Protocol::Simple.abi() => 512,
+        None => 512,
+        _ => 256,
     }
 }
 

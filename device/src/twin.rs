@@ -1,6 +1,6 @@
 //! The host twin of the kernels: `kernels/`'s sources compiled by the
-//! host's C++ compiler (build.rs), run on the calling thread. The GPU runs
-//! the same statements, one lane per thread; tests hold the twin to rccl's
+//! host's C++ compiler (build.rs), run on the calling thread (thread 0 of
+//! 1). The GPU runs the same statements with every thread of a block; tests hold the twin to rccl's
 //! host kernels and FIFOs bit for bit.
 
 use std::ffi::c_void;
@@ -25,8 +25,9 @@ pub enum ChannelEnd {
     Aborted,
     /// It still waited `timeout_ns` after it started.
     GaveUp,
-    /// A step held more primitives than the interpreter keeps.
-    StepTooLarge,
+    /// A step held more primitives than the interpreter keeps, or the
+    /// channel more peers than the block keeps FIFO ends for.
+    TooLarge,
 }
 
 /// Runs channel `channel` of `work` on this thread to its end, giving up
@@ -63,7 +64,7 @@ pub unsafe fn run_encoded_channel(
         0 => ChannelEnd::Done,
         1 => ChannelEnd::Aborted,
         2 => ChannelEnd::GaveUp,
-        _ => ChannelEnd::StepTooLarge,
+        _ => ChannelEnd::TooLarge,
     }
 }
 

@@ -60,6 +60,22 @@ pub struct WorkChannel {
     pub scratch_bytes: u64,
 }
 
+/// One block of a device-work launch (`rccl::WorkBlock`): the channel it
+/// runs and the word that gets the channel's end.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WorkBlock {
+    pub work: *const WorkHeader,
+    pub status: *mut i32,
+    pub channel: u32,
+    pub pad: u32,
+}
+
+/// The FIFO ends a block keeps for one peer of its channel
+/// (`rccl::PeerEnds`: each end's own counter and the peer's as last
+/// read), in the block's shared memory.
+pub const PEER_ENDS_BYTES: usize = 16;
+
 /// The call and where its parts are (`rccl::WorkHeader`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -142,6 +158,49 @@ impl Work {
     pub fn nchannels(&self) -> usize {
         // SAFETY: the block starts with a header.
         unsafe { (*self.header()).nchannels as usize }
+    }
+
+    /// The channels, as encoded.
+    fn channels(&self) -> &[WorkChannel] {
+        // SAFETY: the block starts with a header whose `channels_at` is the
+        // 8-byte aligned offset of `nchannels` channels inside the block.
+        unsafe {
+            let header = &*self.header();
+            let at = self
+                .words
+                .as_ptr()
+                .cast::<u8>()
+                .add(header.channels_at as usize);
+            std::slice::from_raw_parts(at.cast(), header.nchannels as usize)
+        }
+    }
+
+    /// The most peers one channel of the work has (the FIFO ends a block
+    /// running it keeps).
+    pub fn max_channel_peers(&self) -> usize {
+        self.channels()
+            .iter()
+            .map(|c| c.npeers as usize)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The protocol of the work's FIFOs ([`rccl_algorithms::Protocol::abi`]),
+    /// `None` when it has no peers (local copies only).
+    pub fn protocol(&self) -> Option<u32> {
+        let channel = self.channels().iter().find(|c| c.npeers > 0)?;
+        // SAFETY: as for the channels: `peers_at` is the aligned offset of
+        // the block's peers, of which the channel's are a range.
+        let peer = unsafe {
+            let header = &*self.header();
+            let at = self
+                .words
+                .as_ptr()
+                .cast::<u8>()
+                .add(header.peers_at as usize);
+            *at.cast::<WorkPeer>().add(channel.first_peer as usize)
+        };
+        Some(peer.send.proto)
     }
 }
 

@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use rccl_algorithms::protocol::{fifo_bytes, Protocol};
 use rccl_device::abi::FifoView;
-use rccl_device::work::{WorkChannel, WorkHeader, WorkPeer, WorkPrim, WorkStep};
+use rccl_device::work::{
+    WorkBlock, WorkChannel, WorkHeader, WorkPeer, WorkPrim, WorkStep, PEER_ENDS_BYTES,
+};
 
 pub type P = *mut c_void;
 pub type HostFn = unsafe extern "C" fn(P);
@@ -402,11 +404,25 @@ impl Kernels {
             block.len(),
             stream
         ));
-        let (mut w, mut spins, mut st) = (work, u64::MAX, status as u64);
-        let mut params: [P; 3] = [
-            (&mut w as *mut u64).cast(),
-            (&mut spins as *mut u64).cast(),
-            (&mut st as *mut u64).cast(),
+        // The grid's one block runs channel 0 of the work.
+        let mut table = std::ptr::null_mut();
+        ok!((cu().cuMemHostAlloc)(
+            &mut table,
+            std::mem::size_of::<WorkBlock>(),
+            DEVICEMAP
+        ));
+        let entry = WorkBlock {
+            work: work as *const WorkHeader,
+            status: status.cast(),
+            channel: 0,
+            pad: 0,
+        };
+        // SAFETY: fresh pinned memory the size of an entry.
+        unsafe { table.cast::<WorkBlock>().write(entry) };
+        let (mut t, mut timeout) = (table as u64, u64::MAX);
+        let mut params: [P; 2] = [
+            (&mut t as *mut u64).cast(),
+            (&mut timeout as *mut u64).cast(),
         ];
         let null: P = std::ptr::null_mut();
         ok!((cu().cuLaunchKernel)(
@@ -417,7 +433,7 @@ impl Kernels {
             32,
             1,
             1,
-            0,
+            PEER_ENDS_BYTES as u32,
             stream,
             params.as_mut_ptr(),
             null.cast()

@@ -1,7 +1,7 @@
 //! Checks the CUDA kernels on a GPU: every reduction kernel x datatype x
 //! operator against the host twin (the same sources compiled for the CPU,
 //! which the test suite holds to rccl's host kernels bit for bit), the
-//! FIFO protocols across two warps, then the bandwidth of a
+//! FIFO protocols across two blocks, then the bandwidth of a
 //! device-to-device copy and of the reduction kernel, read and write
 //! counted, and their ratio.
 //!
@@ -270,7 +270,7 @@ fn check_reductions(gpu: &Gpu) -> Result<usize, CudaError> {
     Ok(total_wrong)
 }
 
-/// Each protocol's FIFO between two warps; the number of protocols whose
+/// Each protocol's FIFO between two blocks; the number of protocols whose
 /// bytes or pieces came out wrong.
 fn check_fifos(gpu: &Gpu) -> Result<usize, CudaError> {
     let mut rng = Rng(42);
@@ -278,7 +278,7 @@ fn check_fifos(gpu: &Gpu) -> Result<usize, CudaError> {
     let mut src = vec![0u8; bytes];
     fill(&mut src, 1, &mut rng);
     let mut wrong = 0;
-    println!("# FIFO protocols, warp to warp ({bytes} bytes)");
+    println!("# FIFO protocols, block to block ({bytes} bytes)");
     for protocol in Protocol::ALL {
         let name = protocol.name();
         let (nslots, slot_bytes) = (8u32, 4080u32);
