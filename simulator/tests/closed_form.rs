@@ -21,11 +21,8 @@ use rccl_simulator::{cluster, default_params, simulate, ClusterSpec, Protocol};
 
 /// The engine's measured link figures (`LinkModel::MEASURED`).
 fn engine(hosts: usize, ranks_per_host: usize, rails: usize) -> ClusterSpec {
-    let host_of: Vec<usize> = (0..hosts * ranks_per_host)
-        .map(|r| r / ranks_per_host)
-        .collect();
     engine_cluster(
-        &host_of,
+        &Topology::blocks(hosts, ranks_per_host),
         &EngineLinks {
             shm_gbs: 5.0,
             shm_latency_us: 1.0,
