@@ -364,7 +364,13 @@ pub fn estimate_us(
                 + crossing * f.hop(piece, true)
                 + (levels - crossing) * f.hop(piece, false)
                 + (levels - 1.0) * f.step;
-            let nic_bytes = if f.hosts > 1.0 { 2.0 * bytes } else { 0.0 };
+            // A host's NICs carry what its ranks send to their children on
+            // other hosts; of two hosts, the second's only receive.
+            let nic_bytes = match f.hosts {
+                h if h > 2.0 => 2.0 * bytes,
+                h if h > 1.0 => bytes,
+                _ => 0.0,
+            };
             let stage = chunks * (f.step + s / f.copy);
             f.step
                 + fill
@@ -444,9 +450,18 @@ pub fn estimate_us(
                 let messages = (held / f.chunk).ceil().max(1.0);
                 let s = held / messages;
                 let share = if across { 1.0 } else { 0.0 };
+                // Every rank of a host crosses in the same round: a message
+                // waits behind the others on the host's NICs.
+                let queued = if across {
+                    (f.local - 1.0) * s * f.channels / f.nic_total()
+                } else {
+                    0.0
+                };
                 // Halving reduces what comes in, doubling only copies it.
                 chain += messages
-                    * (f.pace(s, share, f.reduce, false) + f.pace(s, share, f.copy, false));
+                    * (f.pace(s, share, f.reduce, false)
+                        + f.pace(s, share, f.copy, false)
+                        + 2.0 * queued);
                 if across {
                     crossing += 2.0 * held;
                 }
