@@ -29,9 +29,8 @@ fn main() {
     println!("| hosts x 8 | size | channels | pick | tuner's time (ms) |");
     println!("|---|---|---|---|---|");
     for &h in &hosts {
-        let host_of: Vec<usize> = (0..h * 8).map(|r| r / 8).collect();
-        let topo = Topology::from_hosts(host_of.clone());
-        let cluster = engine_cluster(&host_of, &links);
+        let topo = Topology::blocks(h, 8);
+        let cluster = engine_cluster(&topo, &links);
         for shift in [10usize, 16, 20, 24, 28] {
             let bytes = 1usize << shift;
             let spec = CollSpec {

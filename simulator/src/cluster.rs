@@ -364,14 +364,31 @@ impl ClusterSpec {
     /// when its ranks fill it).
     pub fn rails(&self) -> usize {
         let nics = self.nic.per_host.unwrap_or(self.ranks_per_host).max(1);
-        let mut on_host = vec![0usize; self.hosts.max(1)];
-        for h in self.host_of() {
-            if let Some(k) = on_host.get_mut(h) {
-                *k += 1;
-            }
+        (self.occupancy().fewest * nics / self.ranks_per_host.max(1)).clamp(1, nics)
+    }
+
+    /// How the ranks fill the hosts: without an explicit placement read
+    /// off the shape, so that it costs nothing per rank.
+    pub fn occupancy(&self) -> Occupancy {
+        let Some(placement) = &self.placement else {
+            let per_host = self.ranks_per_host.max(1);
+            return Occupancy {
+                hosts: self.hosts.max(1),
+                fewest: per_host,
+                most: per_host,
+            };
+        };
+        let labels = placement.iter().max().map_or(1, |&h| h + 1);
+        let mut on_host = vec![0usize; labels];
+        for &h in placement {
+            on_host[h] += 1;
         }
-        let fewest = on_host.into_iter().filter(|&k| k > 0).min().unwrap_or(1);
-        (fewest * nics / self.ranks_per_host.max(1)).clamp(1, nics)
+        let used = on_host.iter().copied().filter(|&k| k > 0);
+        Occupancy {
+            hosts: used.clone().count().max(1),
+            fewest: used.clone().min().unwrap_or(1),
+            most: used.max().unwrap_or(1),
+        }
     }
 
     /// Sets where the streaming regime starts to the engine's
@@ -583,8 +600,19 @@ impl ClusterSpec {
     /// Whether every rank is on one host and has a host link (the engine
     /// then picks LL / LL128 for small calls).
     pub fn all_intra(&self) -> bool {
-        self.intra.is_some() && self.host_of().iter().all(|&h| h == self.host_of()[0])
+        self.intra.is_some() && self.occupancy().hosts == 1
     }
+}
+
+/// How a cluster's ranks fill its hosts ([`ClusterSpec::occupancy`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Occupancy {
+    /// Hosts that hold at least one rank.
+    pub hosts: usize,
+    /// The fewest ranks such a host holds.
+    pub fewest: usize,
+    /// The most ranks a host holds.
+    pub most: usize,
 }
 
 /// Standard protocol figures: efficiencies as NCCL's wire formats give

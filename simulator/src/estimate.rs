@@ -10,9 +10,9 @@
 //!
 //! [`simulate`]: crate::simulate
 
-use rccl_algorithms::{tree::btree, CollKind, CollSpec, Params};
+use rccl_algorithms::{CollKind, CollSpec, Params};
 
-use crate::cluster::{ClusterSpec, Protocol};
+use crate::cluster::{ClusterSpec, Occupancy, Protocol};
 use crate::sim::{footprint, Regime};
 
 /// The link and rank figures of a call, resolved once: bytes per
@@ -53,15 +53,11 @@ impl Figures {
         params: &Params,
     ) -> Figures {
         let proto = c.protocols.get(protocol);
-        let host_of = c.host_of();
-        let mut on_host = vec![0usize; c.hosts.max(1)];
-        for &h in &host_of {
-            on_host[h] += 1;
-        }
-        let used: Vec<usize> = on_host.iter().copied().filter(|&k| k > 0).collect();
-        let hosts = used.len().max(1);
-        let fewest = used.iter().copied().min().unwrap_or(1);
-        let most = used.iter().copied().max().unwrap_or(1);
+        let Occupancy {
+            hosts,
+            fewest,
+            most,
+        } = c.occupancy();
         let rails = c.rails();
         let (reduce, copy) = Regime::of(c, footprint(spec, elem_size, 0), most).rates(c);
         let (reduce, copy) = (reduce * 1e3, copy * 1e3);
@@ -129,8 +125,9 @@ impl Figures {
                     + (1.0 - across) * self.hop(piece, false));
         let stage = chunks * (self.step + s / rate);
         let nic = nic_bytes / self.nic_total();
+        // The first piece's way over a rank's port is in the fill.
         let port = if across < 1.0 {
-            port_bytes / self.port
+            (port_bytes / self.port - piece / (self.port / self.channels)).max(0.0)
         } else {
             0.0
         };
@@ -138,11 +135,46 @@ impl Figures {
     }
 
     /// `steps` ring steps, each moving `block` bytes per channel in
-    /// messages of at most a chunk.
-    fn ring_steps(&self, steps: f64, block: f64, across: f64, rate: f64) -> f64 {
+    /// messages of at most a chunk, each rank keeping what passes when it
+    /// `keeps`.
+    fn ring_steps(&self, steps: f64, block: f64, across: f64, rate: f64, keeps: bool) -> f64 {
         let loops = (block / self.chunk).ceil().max(1.0);
         let s = (block / loops).max(1.0);
-        steps * loops * self.pace(s, across, rate)
+        let kept = if keeps { self.kept(s, across) } else { 0.0 };
+        self.lead() + steps * loops * (self.pace(s, across, rate, true) + kept)
+    }
+
+    /// What a forwarding pipeline pays before its first message is on its
+    /// way: where [`pace`](Self::pace) hides each later step's fixed cost
+    /// behind the wait for a message, the first step's own.
+    fn lead(&self) -> f64 {
+        if self.sender_copies {
+            self.step
+        } else {
+            0.0
+        }
+    }
+
+    /// What a forwarding rank spends keeping a message of `s` bytes in its
+    /// own buffer besides passing it on: when its transfers within a host
+    /// are its own copies, a second copy on the same core.
+    fn kept(&self, s: f64, across: f64) -> f64 {
+        if self.sender_copies {
+            (1.0 - across) * s / self.copy
+        } else {
+            0.0
+        }
+    }
+
+    /// The wait for the last message of `s` bytes once its sender has
+    /// sent it at the link's pace: the hop's latency, and a piece's
+    /// transfer when it comes in more than one.
+    fn arrival(&self, s: f64, across: bool) -> f64 {
+        if s > self.piece {
+            self.hop(s, across)
+        } else {
+            self.hop(0.0, across)
+        }
     }
 
     /// Channels sharing one NIC.
@@ -164,20 +196,28 @@ impl Figures {
     /// The time each step of a pipeline whose hops cross hosts a share
     /// `across` of the time takes: the fixed cost, the hop and the pass
     /// over the message at `rate`, unless a link cannot carry a message
-    /// per step that fast.
-    fn pace(&self, s: f64, across: f64, rate: f64) -> f64 {
-        // A message crosses hosts before the next step can forward it; a
-        // host's switch moves it while the rank pays its step, unless the
-        // transfer is the sender's own copy.
-        let copied = if self.sender_copies {
-            s / (self.port / self.channels)
+    /// per step that fast. A message crosses hosts whole before the next
+    /// step can forward it. Where a rank's transfer within a host is its
+    /// own copy, the message comes piece by piece: a rank that `forwards`
+    /// what it receives (a ring's step) pays its fixed cost while the
+    /// message is on its way, and its pass over a piece is the next
+    /// piece's transfer; one that exchanges (halving-doubling) sends
+    /// before it takes in its partner's message, and passes over each
+    /// piece once it is in. A host's switch moves a message while the
+    /// rank pays its step.
+    fn pace(&self, s: f64, across: f64, rate: f64, forwards: bool) -> f64 {
+        let latency = across * self.nic_latency + (1.0 - across) * self.port_latency;
+        let (fixed, pass) = if !self.sender_copies {
+            (self.step + latency, s / rate)
         } else {
-            0.0
+            let within = (1.0 - across) * s.min(self.piece) / (self.port / self.channels);
+            if forwards {
+                (self.step.max(latency), (s / rate).max(within))
+            } else {
+                (self.step + latency, s / rate + within)
+            }
         };
-        let chain = self.step
-            + s / rate
-            + across * (self.nic_latency + s / (self.nic / self.per_nic()))
-            + (1.0 - across) * (self.port_latency + copied);
+        let chain = fixed + pass + across * s / (self.nic / self.per_nic());
         let nic = if across > 0.0 {
             s / (self.nic / self.per_nic())
         } else {
@@ -218,17 +258,24 @@ pub fn estimate_us(
         ("ring", CollKind::AllReduce) => {
             let loops = (per_channel / (n * f.chunk)).ceil().max(1.0);
             let s = (per_channel / (n * loops)).max(1.0);
-            2.0 * (n - 1.0) * loops * f.pace(s, ring_across, f.reduce)
+            // Reduce-scatter steps, then all-gather steps that also keep
+            // what passes.
+            f.lead()
+                + (n - 1.0)
+                    * loops
+                    * (f.pace(s, ring_across, f.reduce, true)
+                        + f.pace(s, ring_across, f.copy, true)
+                        + f.kept(s, ring_across))
         }
         ("ring", CollKind::AllGather | CollKind::ReduceScatter) => {
             let loops = (per_channel / f.chunk).ceil().max(1.0);
             let s = (per_channel / loops).max(1.0);
-            let rate = if kind == CollKind::ReduceScatter {
-                f.reduce
+            let step = if kind == CollKind::ReduceScatter {
+                f.pace(s, ring_across, f.reduce, true)
             } else {
-                f.copy
+                f.pace(s, ring_across, f.copy, true) + f.kept(s, ring_across)
             };
-            (n - 1.0) * loops * f.pace(s, ring_across, rate)
+            f.lead() + (n - 1.0) * loops * step
         }
         ("ring", CollKind::Broadcast | CollKind::Reduce) => {
             let rate = if kind == CollKind::Reduce {
@@ -264,8 +311,11 @@ pub fn estimate_us(
                 h if h > 1.0 => bytes,
                 _ => 0.0,
             };
-            // A rank reduces each chunk going up and copies it coming down.
-            let rate = 1.0 / (1.0 / f.reduce + 1.0 / f.copy);
+            // A rank reduces each chunk going up and copies it coming down,
+            // once per child: within a host the binary tree's inner ranks
+            // have two (from 3 ranks on), across hosts a chain's ranks one.
+            let children = if f.hosts > 1.0 || n < 3.0 { 1.0 } else { 2.0 };
+            let rate = 1.0 / (children / f.reduce + children / f.copy);
             if f.channels < 2.0 {
                 // One channel runs both trees on half the data each, every
                 // phase after the other: up tree 0, up tree 1, down both.
@@ -290,29 +340,37 @@ pub fn estimate_us(
         }
         ("tree", CollKind::Broadcast) => {
             // A binary tree over ranks from the root: the first piece's way
-            // to the last rank it reaches, a rank serving its second child
-            // a step after its first.
+            // down its deepest branch, `ceil(log2 n)` edges that halve the
+            // distance between parent and child at each level, every rank
+            // past the root's only child serving its second child a step
+            // after its first. An edge spanning a host's ranks or more
+            // crosses hosts; of the shorter ones, one does where the
+            // branch steps over a host's edge.
             let chunks = (per_channel / f.chunk).ceil().max(1.0);
             let s = (per_channel / chunks).max(1.0);
             let piece = s.min(f.piece);
-            let host_of = cluster.host_of();
-            let edge = |parent: usize, child: usize| {
-                let across = host_of[(parent + spec.root) % spec.nranks]
-                    != host_of[(child + spec.root) % spec.nranks];
-                let second = btree(spec.nranks, parent).children.first() != Some(&child);
-                piece / f.copy + f.hop(piece, across) + if second { f.step } else { 0.0 }
+            let levels = n.log2().ceil();
+            let long = if f.hosts > 1.0 {
+                (levels - f.local.log2().ceil()).max(0.0)
+            } else {
+                0.0
             };
-            let fill = (0..spec.nranks)
-                .map(|mut rank| {
-                    let mut time = 0.0;
-                    while let Some(parent) = btree(spec.nranks, rank).parent {
-                        time += edge(parent, rank);
-                        rank = parent;
-                    }
-                    time
-                })
-                .fold(0.0, f64::max);
-            let nic_bytes = if f.hosts > 1.0 { 2.0 * bytes } else { 0.0 };
+            let crossing = if f.hosts > 1.0 {
+                (long + 1.0).min(levels)
+            } else {
+                0.0
+            };
+            let fill = levels * piece / f.copy
+                + crossing * f.hop(piece, true)
+                + (levels - crossing) * f.hop(piece, false)
+                + (levels - 1.0) * f.step;
+            // A host's NICs carry what its ranks send to their children on
+            // other hosts; of two hosts, the second's only receive.
+            let nic_bytes = match f.hosts {
+                h if h > 2.0 => 2.0 * bytes,
+                h if h > 1.0 => bytes,
+                _ => 0.0,
+            };
             let stage = chunks * (f.step + s / f.copy);
             f.step
                 + fill
@@ -327,13 +385,14 @@ pub fn estimate_us(
             // the other.
             let (m, h) = (f.local, f.hosts);
             let inner = if m > 1.0 {
-                2.0 * f.ring_steps(m - 1.0, per_channel / m, 0.0, f.reduce)
+                f.ring_steps(m - 1.0, per_channel / m, 0.0, f.reduce, false)
+                    + f.ring_steps(m - 1.0, per_channel / m, 0.0, f.copy, true)
             } else {
                 0.0
             };
             let outer = if h > 1.0 {
                 let block = per_channel / (m * h);
-                let chain = f.ring_steps(2.0 * (h - 1.0), block, 1.0, f.reduce);
+                let chain = f.ring_steps(2.0 * (h - 1.0), block, 1.0, f.reduce, false);
                 chain.max(2.0 * (h - 1.0) * block * m * f.channels / f.nic_total())
             } else {
                 0.0
@@ -351,12 +410,12 @@ pub fn estimate_us(
             };
             // Inside, a step passes on one message per host's block.
             let inner = if m > 1.0 {
-                h * f.ring_steps(m - 1.0, per_channel, 0.0, rate)
+                h * f.ring_steps(m - 1.0, per_channel, 0.0, rate, kind == CollKind::AllGather)
             } else {
                 0.0
             };
             let outer = if h > 1.0 {
-                let chain = f.ring_steps(h - 1.0, per_channel, 1.0, rate);
+                let chain = f.ring_steps(h - 1.0, per_channel, 1.0, rate, false);
                 chain.max((h - 1.0) * per_channel * m * f.channels / f.nic_total())
             } else {
                 0.0
@@ -390,7 +449,19 @@ pub fn estimate_us(
                 let across = f.hosts > 1.0 && distance >= f.local;
                 let messages = (held / f.chunk).ceil().max(1.0);
                 let s = held / messages;
-                chain += 2.0 * messages * f.pace(s, if across { 1.0 } else { 0.0 }, f.reduce);
+                let share = if across { 1.0 } else { 0.0 };
+                // Every rank of a host crosses in the same round: a message
+                // waits behind the others on the host's NICs.
+                let queued = if across {
+                    (f.local - 1.0) * s * f.channels / f.nic_total()
+                } else {
+                    0.0
+                };
+                // Halving reduces what comes in, doubling only copies it.
+                chain += messages
+                    * (f.pace(s, share, f.reduce, false)
+                        + f.pace(s, share, f.copy, false)
+                        + 2.0 * queued);
                 if across {
                     crossing += 2.0 * held;
                 }
@@ -406,9 +477,16 @@ pub fn estimate_us(
             let out_nic =
                 f.local * (n - f.local) * s / (f.nic * f.rails.min(f.channels) / f.channels);
             let out_port = (n - 1.0) * s / (f.port / f.channels);
-            // Each of the n inputs joins the accumulator in a step of its own.
+            // Each of the n inputs joins the accumulator in a step of its
+            // own; a rank whose transfers are its own copies makes them
+            // on the same core, before its reductions.
             let step = n * f.step + (n - 1.0) * s / f.reduce;
-            chunks * step.max(out_nic).max(out_port) + f.hop(s, f.hosts > 1.0)
+            let step = if f.sender_copies && f.hosts <= 1.0 {
+                step + out_port
+            } else {
+                step
+            };
+            chunks * step.max(out_nic).max(out_port) + f.arrival(s, f.hosts > 1.0)
         }
         ("direct", CollKind::AllToAll | CollKind::Gather | CollKind::Scatter) => {
             let chunks = (per_channel / f.chunk).ceil().max(1.0);
@@ -419,7 +497,7 @@ pub fn estimate_us(
             } else {
                 0.0
             };
-            chunks * (f.step + s / f.copy).max(out_port).max(remote) + f.hop(s, f.hosts > 1.0)
+            chunks * (f.step + s / f.copy).max(out_port).max(remote) + f.arrival(s, f.hosts > 1.0)
         }
         _ => return None,
     };

@@ -231,12 +231,16 @@ pub fn params_for(
 /// The deepest rank of channel 0's trees: hops from it to the root. Across
 /// hosts a host's ranks form a chain under its head, the heads a double
 /// binary tree over the hosts; within a host, the double binary tree over
-/// the ranks. Walks the trees over hosts only, so it costs
-/// `O(hosts log hosts)`.
+/// the ranks. Both trees of `n` nodes are `ceil(log2 n)` deep, so with as
+/// many ranks on every host this costs nothing per rank or host; other
+/// placements walk the trees over hosts, `O(hosts log hosts)`.
 fn tree_depth(topo: &Topology) -> usize {
     let hosts = topo.hosts();
     if hosts.len() <= 1 {
-        return dtree_depths(topo.nranks()).into_iter().max().unwrap_or(0);
+        return ceil_log2(topo.nranks());
+    }
+    if let Some(per_host) = topo.ranks_per_host() {
+        return ceil_log2(hosts.len()) + per_host.saturating_sub(1);
     }
     dtree_depths(hosts.len())
         .into_iter()
@@ -244,6 +248,12 @@ fn tree_depth(topo: &Topology) -> usize {
         .map(|(depth, ranks)| depth + ranks.len().saturating_sub(1))
         .max()
         .unwrap_or(0)
+}
+
+/// The depth of NCCL's binary tree over `n` nodes: its root's one child
+/// heads a tree of the next lower power of two, halving per level.
+fn ceil_log2(n: usize) -> usize {
+    n.max(1).next_power_of_two().trailing_zeros() as usize
 }
 
 /// Each of `n` nodes' hops to the root, the deeper of its places in the
@@ -282,13 +292,42 @@ pub struct EngineLinks {
 }
 
 /// A cluster for an engine's communicator: its ranks placed on hosts as
-/// `host_of` says, this machine's CPU figures (the `local-shm` preset's
+/// `topology` says, this machine's CPU figures (the `local-shm` preset's
 /// reduction and copy rates, cache levels and per-primitive costs), and
 /// the engine's link figures: shared memory between ranks of a host (a
 /// transfer is the sender's copy), `rails` NICs per host of `nic_gbs`
-/// each, one switch.
-pub fn engine_cluster(host_of: &[usize], links: &EngineLinks) -> ClusterSpec {
-    let base = cluster::local(1, false).with_placement(host_of);
+/// each, one switch; and the engine's protocols as measured on a 2-core
+/// host (`all_reduce_perf --procs 2`, `cargo bench --bench protocols`):
+/// the CPU encodes and decodes LL's flagged words one by one, a twentieth
+/// of Simple's bandwidth (a 4 KiB round trip took 31 us against Simple's
+/// 1 us), and LL128 ran within 10% of Simple, its steps no cheaper (a
+/// CPU's stores become visible in order, so a tail counter costs no more
+/// than per-line flags). Hosts of consecutive ranks, as many on each, are
+/// read off the hosts' first and last ranks, without a pass over the
+/// ranks.
+pub fn engine_cluster(topology: &Topology, links: &EngineLinks) -> ClusterSpec {
+    let mut base = cluster::local(1, false);
+    base.protocols.ll.efficiency = 0.05;
+    base.protocols.ll128.step_overhead_us = 1.1 * base.protocols.simple.step_overhead_us;
+    let hosts = topology.hosts();
+    let per_host = topology.ranks_per_host().unwrap_or(0);
+    let blocks = per_host > 0
+        && hosts.iter().enumerate().all(|(h, ranks)| {
+            ranks.first() == Some(&(h * per_host))
+                && ranks.last() == Some(&(h * per_host + per_host - 1))
+        });
+    let placed = if blocks {
+        ClusterSpec {
+            hosts: hosts.len(),
+            ranks_per_host: per_host,
+            ..base
+        }
+    } else {
+        let host_of: Vec<usize> = (0..topology.nranks())
+            .map(|r| topology.host_of(r))
+            .collect();
+        base.with_placement(&host_of)
+    };
     ClusterSpec {
         name: "engine".into(),
         intra: Some(IntraLink {
@@ -305,7 +344,7 @@ pub fn engine_cluster(host_of: &[usize], links: &EngineLinks) -> ClusterSpec {
         },
         fabric: Fabric::default(),
         probe: None,
-        ..base
+        ..placed
     }
 }
 
@@ -383,7 +422,7 @@ mod tests {
         // 8 hosts of one rank: a tiny call is latency-bound (the tree's
         // 2 log2 8 hops against the ring's 14), a large one bandwidth-bound
         // (the ring moves each byte 2(n-1)/n times, the tree twice).
-        let c = engine_cluster(&[0, 1, 2, 3, 4, 5, 6, 7], &links);
+        let c = engine_cluster(&Topology::blocks(8, 1), &links);
         let params = Params {
             nchannels: 1,
             chunk_elems: 1 << 16,

@@ -1,7 +1,7 @@
 //! The tuner's closed forms against the replay they stand for: over a grid
 //! of shapes, what `tune::engine_choice` picks replays within 5% of the
-//! fastest candidate's replay in at least 96% of the shapes, and within
-//! 3x of it in every one. (Not yet 5% everywhere: the misses are listed
+//! fastest candidate's replay in at least 98% of the shapes, and within
+//! 1.5x of it in every one. (Not yet 5% everywhere: the misses are listed
 //! when the test fails, and `cargo test ... -- --nocapture` prints them
 //! when it passes.)
 //!
@@ -21,11 +21,8 @@ use rccl_simulator::{cluster, default_params, simulate, ClusterSpec, Protocol};
 
 /// The engine's measured link figures (`LinkModel::MEASURED`).
 fn engine(hosts: usize, ranks_per_host: usize, rails: usize) -> ClusterSpec {
-    let host_of: Vec<usize> = (0..hosts * ranks_per_host)
-        .map(|r| r / ranks_per_host)
-        .collect();
     engine_cluster(
-        &host_of,
+        &Topology::blocks(hosts, ranks_per_host),
         &EngineLinks {
             shm_gbs: 5.0,
             shm_latency_us: 1.0,
@@ -150,6 +147,6 @@ fn the_closed_forms_pick_near_the_fastest_replay() {
     );
     println!("{report}");
     assert!(shapes > 300, "{shapes} shapes replayed");
-    assert!(misses.len() * 25 <= shapes, "{report}");
-    assert!(worst <= 2.0, "{report}");
+    assert!(misses.len() * 50 <= shapes, "{report}");
+    assert!(worst <= 0.5, "{report}");
 }

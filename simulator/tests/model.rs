@@ -393,9 +393,8 @@ fn symmetry_folding_matches_full_replay() {
 fn hosts_on_one_switch_fold_to_one() {
     // 6 hosts of 4 ranks and 4 rails on one switch (the engine's tuner's
     // cluster): the ring and hier replay one host's ranks, exactly.
-    let host_of: Vec<usize> = (0..24).map(|r| r / 4).collect();
     let c = rccl_simulator::tune::engine_cluster(
-        &host_of,
+        &rccl_algorithms::Topology::blocks(6, 4),
         &rccl_simulator::tune::EngineLinks {
             shm_gbs: 5.0,
             shm_latency_us: 1.0,
