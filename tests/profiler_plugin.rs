@@ -377,7 +377,10 @@ fn collectives_over_the_network_report_proxy_operations_and_steps() {
             // load, about half of them), a step at least each.
             let (sends, recvs) = s.get("proxy_dirs").split_once(' ').unwrap();
             let (sends, recvs): (usize, usize) = (sends.parse().unwrap(), recvs.parse().unwrap());
-            assert!(colls > 0 && 3 * sends >= colls && 3 * recvs >= colls, "{s:?}");
+            assert!(
+                colls > 0 && 3 * sends >= colls && 3 * recvs >= colls,
+                "{s:?}"
+            );
             assert_eq!(sends + recvs, ops, "{s:?}");
             assert!(steps >= ops, "{s:?}");
         }

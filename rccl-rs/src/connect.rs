@@ -10,7 +10,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rccl_transports::process::ProcessId;
 use rccl_transports::table;
 use rccl_transports::transport::{
     Context, DeviceLink, Endpoint, FifoPlacement, Pending, Setup, Transport,
@@ -23,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::executor::{self, BoardLink, Link, OpWork};
 use crate::plan::CommLaunch;
 use crate::stuck::{self, Calls, Notices};
+use crate::table_view::{device_context, endpoints};
 
 /// Makes sure every connection the planned work needs exists: the boards
 /// first, then every missing connection of every communicator is set up
@@ -354,36 +354,6 @@ pub(crate) struct DeviceConnection {
     pub link: DeviceLink,
 }
 
-/// The transports' view of `comm` for device work, whose FIFOs
-/// `placement` puts where the device's work reaches them.
-fn device_context<'a>(
-    comm: &'a CommInner,
-    endpoints: &'a [Endpoint],
-    placement: &'a dyn FifoPlacement,
-) -> Context<'a> {
-    Context {
-        rank: comm.rank,
-        secret: comm.bootstrap.secret().0,
-        endpoints,
-        fifo: comm.config.fifo_shape(),
-        shm_disable: comm.config.shm_disable,
-        p2p_disable: comm.config.p2p_disable,
-        device_fifos: Some(placement),
-        net: &comm.net,
-        abort: &comm.abort,
-    }
-}
-
-/// Whether an entry of the transport table links this rank's device work
-/// with every peer's.
-pub(crate) fn device_work_reaches_all(comm: &CommInner, placement: &dyn FifoPlacement) -> bool {
-    let endpoints = endpoints(comm);
-    let cx = device_context(comm, &endpoints, placement);
-    (0..comm.nranks)
-        .filter(|&peer| peer != comm.rank)
-        .all(|peer| table::choose_for_device(&cx, peer).is_some())
-}
-
 /// Makes the links `wanted` (`(channel, peer)`) of device work for
 /// `protocol`, each through the first entry of the transport table that
 /// carries device work between the pair, its FIFOs where `placement`
@@ -461,21 +431,6 @@ pub(crate) fn connect_for_device(
         }
     }
     Ok(made)
-}
-
-/// What the transports see of every rank of `comm`.
-fn endpoints(comm: &CommInner) -> Vec<Endpoint> {
-    comm.peers
-        .iter()
-        .map(|p| Endpoint {
-            host_id: p.host_id.clone(),
-            process: ProcessId {
-                pid: p.pid,
-                start: p.start,
-            },
-            data_addr: p.data_addr,
-        })
-        .collect()
 }
 
 fn context<'a>(launch: &'a CommLaunch, endpoints: &'a [Endpoint]) -> Context<'a> {

@@ -13,6 +13,7 @@ mod comm;
 mod config;
 mod connect;
 mod debug;
+mod device_links;
 mod device_work;
 mod error;
 #[cfg(feature = "fault-injection")]
@@ -36,6 +37,7 @@ mod selection;
 mod signal;
 mod state;
 mod stream;
+mod table_view;
 pub mod tuning;
 mod types;
 

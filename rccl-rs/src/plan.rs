@@ -146,7 +146,7 @@ impl CommLaunch {
 
 /// Whether `op` runs as device work (rather than on the host executor).
 fn runs_as_device_work(op: &RawOp) -> bool {
-    op.stream.is_some() && crate::device_work::interprets(&op.comm)
+    op.stream.is_some() && crate::table_view::runs_device_work(&op.comm)
 }
 
 /// Builds the per-channel work of a collective.
@@ -471,7 +471,7 @@ pub(crate) fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
         launch.events.p2p(profiler, args, nchannels);
     }
     let schedule = p2p_schedule(comm.rank, &calls, nchannels, chunk_bytes);
-    if launch.on_device && crate::device_work::interprets(comm) {
+    if launch.on_device && crate::table_view::runs_device_work(comm) {
         if schedule.channels.iter().any(|steps| !steps.is_empty()) {
             let stream = ops[0]
                 .stream

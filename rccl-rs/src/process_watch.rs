@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use rccl_transports::process::ProcessId;
 
 use crate::comm::CommInner;
-use crate::device_work::links::DeviceMem;
+use crate::device_links::DeviceMem;
 use crate::error::Error;
 
 /// How long a launch may go on after a peer's process was seen gone: a

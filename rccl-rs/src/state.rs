@@ -18,7 +18,7 @@ pub(crate) struct ExecState {
     /// The last lone all-reduce asked about the board, remembered whole.
     pub lone: Option<LoneBoardCall>,
     /// The FIFOs and state of calls run as device work, once one ran.
-    pub device_work: Option<crate::device_work::links::DeviceLinks>,
+    pub device_work: Option<crate::device_links::DeviceLinks>,
 }
 
 impl ExecState {

@@ -215,7 +215,7 @@ pub(crate) fn enqueue(mut ops: Vec<RawOp>) -> Result<()> {
     }
     let interpreted = ops
         .iter()
-        .filter(|op| crate::device_work::interprets(&op.comm))
+        .filter(|op| crate::table_view::runs_device_work(&op.comm))
         .count();
     // The calls device work does not reach run the host executor over
     // host copies of their buffers.
@@ -243,7 +243,7 @@ pub(crate) fn enqueue(mut ops: Vec<RawOp>) -> Result<()> {
         // faulted, say) leaves its peers waiting for this rank's part:
         // its communicators fail, as they would had it run.
         let comms: Vec<Arc<CommInner>> = planned.comms().cloned().collect();
-        return crate::device_work::launch::launch(planned, &streams, device).inspect_err(|err| {
+        return crate::launch::device::launch(planned, &streams, device).inspect_err(|err| {
             for comm in &comms {
                 comm.poison(err);
             }

@@ -658,6 +658,17 @@ unsafe fn ll128_decode(
     Some(meta)
 }
 
+/// Which kinds of memory a device sends from and receives into.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PtrSupport {
+    /// Host memory (`NCCL_PTR_HOST`).
+    pub host: bool,
+    /// CUDA device memory (`NCCL_PTR_CUDA`).
+    pub cuda: bool,
+    /// Memory exported as a dma-buf file descriptor (`NCCL_PTR_DMABUF`).
+    pub dmabuf: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

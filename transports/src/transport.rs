@@ -30,8 +30,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::fifo::{FifoMemory, FifoShape, Protocol};
-use crate::network::PtrSupport;
+use crate::fifo::{FifoMemory, FifoShape, Protocol, PtrSupport};
 use crate::process::ProcessId;
 use crate::Connection;
 

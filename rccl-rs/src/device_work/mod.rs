@@ -6,14 +6,13 @@
 //! never touches the device memory.
 //!
 //! Here: which communicators run so, and each operation's device work as
-//! planned. `links.rs` keeps a communicator's links between calls, which
-//! the table's entries make over FIFOs `placement.rs` places; `launch.rs`
-//! encodes a planned launch over them and hands it to the device, each
-//! launch of a communicator after its previous one (`process_watch.rs`
-//! stops it when a peer's process on this host dies).
+//! planned. `crate::device_links` keeps a communicator's links between
+//! calls, which the table's entries make over FIFOs `placement.rs` places;
+//! `crate::launch::device` encodes a planned launch over them and hands it
+//! to the device, each launch of a communicator after its previous one
+//! (`crate::process_watch` stops it when a peer's process on this host
+//! dies).
 
-pub(crate) mod launch;
-pub(crate) mod links;
 pub(crate) mod placement;
 
 use std::ptr::null;
@@ -24,27 +23,11 @@ use rccl_device::work::WorkCall;
 use rccl_transports::{Protocol, Tag};
 
 use crate::comm::CommInner;
-use crate::device_work::placement::Placement;
 use crate::executor::Segment;
 use crate::op::RawOp;
 use crate::queue::StreamRef;
 use crate::types::OpKind;
 use crate::types::RedOp;
-
-/// Whether a communicator's calls on device memory run as device work:
-/// an entry of the transport table links this rank's device work with
-/// every peer's (see `rccl_transports::table`: ranks of this process,
-/// ranks of other processes of this host where the device shares memory
-/// between processes, ranks on other hosts through the network), with
-/// FIFOs where `placement.rs` puts them.
-pub(crate) fn interprets(comm: &CommInner) -> bool {
-    let Some(device) = rccl_device::active() else {
-        return false;
-    };
-    *comm.device_work_reaches_all.get_or_init(|| {
-        crate::connect::device_work_reaches_all(comm, &Placement::for_comm(comm, device))
-    })
-}
 
 /// The protocol of a communicator's device work, given the tuner's: Simple
 /// when it crosses hosts, since a network connection's FIFOs carry Simple

@@ -28,7 +28,7 @@ use rccl_transports::transport::FifoPlacement;
 use rccl_transports::{Connection, Protocol};
 
 use crate::comm::CommInner;
-use crate::device_work::links::DeviceMem;
+use crate::device_links::DeviceMem;
 
 /// Where device work's links put their FIFOs.
 pub(crate) struct Placement {

@@ -3,6 +3,7 @@
 //! communicator of the group from the calling thread until all complete;
 //! a lone small all-reduce on an existing board skips the bookkeeping.
 
+pub(crate) mod device;
 mod diagnose;
 
 use std::sync::atomic::Ordering;

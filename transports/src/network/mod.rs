@@ -72,6 +72,7 @@ mod proxy;
 mod requests;
 pub mod socket;
 
+pub use crate::fifo::PtrSupport;
 pub(crate) use connection::transport_name;
 pub use connection::NetConnection;
 pub use entry::Network;
@@ -87,17 +88,6 @@ pub const MAX_RECVS: usize = 8;
 
 /// Most bytes of a listen handle (`NCCL_NET_HANDLE_MAXSIZE`).
 pub const NET_HANDLE_MAXSIZE: usize = 128;
-
-/// Which kinds of memory a device sends from and receives into.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PtrSupport {
-    /// Host memory (`NCCL_PTR_HOST`).
-    pub host: bool,
-    /// CUDA device memory (`NCCL_PTR_CUDA`).
-    pub cuda: bool,
-    /// Memory exported as a dma-buf file descriptor (`NCCL_PTR_DMABUF`).
-    pub dmabuf: bool,
-}
 
 /// What a device is and what it can do (`ncclNetProperties_t`).
 #[derive(Clone, Debug, PartialEq)]

@@ -15,11 +15,11 @@ use rccl_transports::fifo::FifoMemory;
 use rccl_transports::network::keep_polling;
 use rccl_transports::{Connection, Fifo, Protocol};
 
+use super::Planned;
 use crate::comm::{failure_note, CommInner, PeerWatch, LEFT_IN_ORDER};
-use crate::device_work::links::{DeviceLinks, DeviceMem};
+use crate::device_links::{DeviceLinks, DeviceMem};
 use crate::device_work::placement::Placement;
 use crate::error::{Error, Result};
-use crate::launch::Planned;
 use crate::process_watch::Watch;
 use crate::queue::StreamRef;
 use crate::stuck::Notices;
