@@ -31,7 +31,8 @@ int rccl_twin_run_channel(const rccl::WorkHeader* work, uint32_t channel, uint64
   const rccl::WorkChannel& ch =
       rccl::work_array<rccl::WorkChannel>(*work, work->channels_at)[channel];
   std::unique_ptr<rccl::PeerEnds[]> ends(new rccl::PeerEnds[ch.npeers]);
-  return rccl::work_run_channel(*work, channel, timeout_ns, ends.get(), ch.npeers, 0, 1);
+  uint64_t done[rccl::kMaxStepPrims];
+  return rccl::work_run_channel(*work, channel, timeout_ns, ends.get(), ch.npeers, done, 0, 1);
 }
 
 }  // extern "C"
