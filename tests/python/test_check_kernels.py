@@ -52,8 +52,8 @@ ELF_SYMBOLS = """
 """
 
 
-def budgets(narrow, edge=0, ll=0):
-    return {"narrow": narrow, "edge": edge, "ll": ll}
+def budgets(narrow, edge=0, ll=0, local=0):
+    return {"narrow": narrow, "edge": edge, "ll": ll, "local": local}
 
 
 class Classify(unittest.TestCase):
@@ -138,6 +138,17 @@ class Classify(unittest.TestCase):
         self.assertTrue(problems[1].startswith("fifo: 128 threads per block"), problems)
         self.assertFalse([p for p in problems if p.startswith("copy")], problems)
 
+    def test_a_local_budget_admits_its_count_and_no_more(self):
+        rules = lambda local: [
+            check_kernels.Rule("copy", 512, budgets(4, 2, 1)),
+            check_kernels.Rule("fi*", 128, budgets(0, 2, 0, local)),
+        ]
+        self.assertEqual(check_kernels.failures(self.kernels, rules(2)), [])
+        problems = check_kernels.failures(self.kernels, rules(1))
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("fifo: 2 local-memory instructions", problems[0])
+        self.assertIn("CHECKS allows 1", problems[0])
+
     def test_budget_undeclared_block_and_stale_lines(self):
         self.kernels["copy"].threads = None
         problems = check_kernels.failures(
@@ -154,11 +165,11 @@ class Classify(unittest.TestCase):
 
     def test_checks_lines_carry_every_budget(self):
         with tempfile.NamedTemporaryFile("w", suffix="CHECKS") as f:
-            f.write("# comment\ncopy 512 0 4 2\n")
+            f.write("# comment\ncopy 512 0 4 2 1\n")
             f.flush()
-            want = [check_kernels.Rule("copy", 512, budgets(0, 4, 2))]
+            want = [check_kernels.Rule("copy", 512, budgets(0, 4, 2, 1))]
             self.assertEqual(check_kernels.read_checks(f.name), want)
-            f.write("fifo 512 0\n")
+            f.write("fifo 512 0 0 0\n")
             f.flush()
             with self.assertRaises(check_kernels.Unreadable):
                 check_kernels.read_checks(f.name)
