@@ -131,14 +131,15 @@ RCCL_HD uint64_t ll_pair(uint32_t value, uint32_t flag) {
   return uint64_t(value) | (uint64_t(flag) << 32);
 }
 
-// Up to 4 bytes of `src`, zero-padded: one load when aligned and whole.
-RCCL_HD uint32_t gather_u32(const unsigned char* src, uint32_t n) {
+// Up to 4 bytes of `src`, zero-padded: one load when aligned and whole
+// (LL carries 4 data bytes per word).
+RCCL_NARROW uint32_t ll_word_gather(const unsigned char* src, uint32_t n) {
   if (n >= 4 && uintptr_t(src) % 4 == 0) return load_word<4>(src);
   uint32_t w = 0;
   for (uint32_t i = 0; i < (n < 4 ? n : 4); ++i) w |= uint32_t(src[i]) << (8 * i);
   return w;
 }
-RCCL_HD void scatter_u32(unsigned char* dst, uint32_t w, uint32_t n) {
+RCCL_NARROW void ll_word_scatter(unsigned char* dst, uint32_t w, uint32_t n) {
   if (n >= 4 && uintptr_t(dst) % 4 == 0) {
     store_word<4>(dst, w);
     return;
@@ -153,7 +154,7 @@ RCCL_HD void ll_encode(unsigned char* slot, const uint32_t meta[4], const unsign
   uint64_t* words = reinterpret_cast<uint64_t*>(slot);
   const uint32_t nwords = (len + 3) / 4;
   for (uint32_t i = thread; i < nwords; i += threads) {
-    const uint32_t value = gather_u32(data + 4 * uint64_t(i), len - 4 * i);
+    const uint32_t value = ll_word_gather(data + 4 * uint64_t(i), len - 4 * i);
     store_relaxed_u64(words + kLLHeaderWords + i, ll_pair(value, flag));
   }
   if (thread == 0) {
@@ -187,7 +188,7 @@ RCCL_HD bool ll_decode(const unsigned char* slot, unsigned char* out, uint32_t c
       ok = false;
       continue;
     }
-    scatter_u32(out + 4 * uint64_t(i), uint32_t(w), len - 4 * i);
+    ll_word_scatter(out + 4 * uint64_t(i), uint32_t(w), len - 4 * i);
   }
   return all_threads(ok);
 }
@@ -209,6 +210,34 @@ RCCL_HD uint64_t ll128_chunk_at(uint64_t j) {
 }
 RCCL_HD uint64_t ll128_chunk_bytes(uint64_t j) { return j % kLL128Chunks == 7 ? 8 : 16; }
 
+// A chunk that is not 16 whole aligned data bytes: `n` of its `full` data
+// bytes from `src` (unaligned, or the end of the payload), or the line's
+// 8-byte last chunk, whose other half is the flag.
+RCCL_NARROW void ll128_edge_pack(unsigned char* chunk, const unsigned char* src, uint64_t n,
+                                 uint64_t full) {
+  if (full == 16) {
+    Vec16 v;
+    uint64_t w[2] = {gather_word(src, n), gather_word(src + 8, n > 8 ? n - 8 : 0)};
+    __builtin_memcpy(&v, w, 16);
+    store_word<16>(chunk, v);
+  } else {
+    store_word<8>(chunk, gather_word(src, n));
+  }
+}
+// The reverse: `n` data bytes of a chunk into `out`.
+RCCL_NARROW void ll128_edge_unpack(unsigned char* out, const unsigned char* chunk, uint64_t n,
+                                   uint64_t full) {
+  if (full == 16) {
+    uint64_t w[2];
+    const Vec16 v = load_word<16>(chunk);
+    __builtin_memcpy(w, &v, 16);
+    scatter_word(out, w[0], n);
+    if (n > 8) scatter_word(out + 8, w[1], n - 8);
+  } else {
+    scatter_word(out, load_word<8>(chunk), n);
+  }
+}
+
 RCCL_HD void ll128_encode(unsigned char* slot, const uint32_t meta[4], const unsigned char* data,
                           uint32_t len, uint32_t flag, uint32_t thread, uint32_t threads) {
   const uint64_t nlines = (uint64_t(len) + kLL128Data - 1) / kLL128Data;
@@ -220,13 +249,8 @@ RCCL_HD void ll128_encode(unsigned char* slot, const uint32_t meta[4], const uns
     unsigned char* dst = lines + j * 16;
     if (full == 16 && n == 16 && uintptr_t(data + at) % 16 == 0) {
       store_word<16>(dst, load_word<16>(data + at));
-    } else if (full == 16) {
-      Vec16 v;
-      uint64_t w[2] = {gather_word(data + at, n), gather_word(data + at + 8, n > 8 ? n - 8 : 0)};
-      __builtin_memcpy(&v, w, 16);
-      store_word<16>(dst, v);
     } else {
-      store_word<8>(dst, gather_word(data + at, n));
+      ll128_edge_pack(dst, data + at, n, full);
     }
   }
   // Every thread's data, one fence, then each line's flag.
@@ -264,18 +288,10 @@ RCCL_HD bool ll128_decode(const unsigned char* slot, unsigned char* out, uint32_
     if (at >= len) continue;
     const uint64_t left = len - at;
     const uint64_t n = left < full ? left : full;
-    if (full == 16) {
-      const Vec16 v = load_word<16>(lines + j * 16);
-      if (n == 16 && uintptr_t(out + at) % 16 == 0) {
-        store_word<16>(out + at, v);
-      } else {
-        uint64_t w[2];
-        __builtin_memcpy(w, &v, 16);
-        scatter_word(out + at, w[0], n);
-        if (n > 8) scatter_word(out + at + 8, w[1], n - 8);
-      }
+    if (full == 16 && n == 16 && uintptr_t(out + at) % 16 == 0) {
+      store_word<16>(out + at, load_word<16>(lines + j * 16));
     } else {
-      scatter_word(out + at, load_word<8>(lines + j * 16), n);
+      ll128_edge_unpack(out + at, lines + j * 16, n, full);
     }
   }
   return true;

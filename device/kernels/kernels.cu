@@ -106,9 +106,10 @@ __device__ __forceinline__ uint32_t dynamic_shared_bytes() {
 extern "C" __global__ void __launch_bounds__(512)
     rccl_run_work(const rccl::WorkBlock* blocks, uint64_t timeout_ns) {
   extern __shared__ rccl::PeerEnds ends[];
+  __shared__ uint64_t done[rccl::kMaxStepPrims];
   const rccl::WorkBlock b = blocks[blockIdx.x];
   const uint32_t max_ends = dynamic_shared_bytes() / sizeof(rccl::PeerEnds);
-  const int r = rccl::work_run_channel(*b.work, b.channel, timeout_ns, ends, max_ends, threadIdx.x,
-                                       blockDim.x);
+  const int r = rccl::work_run_channel(*b.work, b.channel, timeout_ns, ends, max_ends, done,
+                                       threadIdx.x, blockDim.x);
   if (threadIdx.x == 0) *b.status = r;
 }

@@ -83,24 +83,48 @@ RCCL_HD int common_width(uintptr_t a, uintptr_t b) {
   return differ % 16 == 0 ? 16 : differ % 8 == 0 ? 8 : differ % 4 == 0 ? 4 : 1;
 }
 
-// Copies `bytes` bytes this thread's share at a time: the head up to the
-// common alignment, the body in the widest words, the tail.
-RCCL_HD void copy_bytes(void* dst, const void* src, uint64_t bytes, uint64_t thread,
-                        uint64_t threads) {
-  unsigned char* D = static_cast<unsigned char*>(dst);
-  const unsigned char* S = static_cast<const unsigned char*>(src);
-  const int width = common_width(uintptr_t(D), uintptr_t(S));
+// Bytes [from, to) one at a time, this thread's share: the unaligned
+// ends of a range.
+RCCL_NARROW void copy_edge(unsigned char* D, const unsigned char* S, uint64_t from, uint64_t to,
+                           uint64_t thread, uint64_t threads) {
+  for (uint64_t i = from + thread; i < to; i += threads) D[i] = S[i];
+}
+
+// A range whose ends disagree modulo 16: the head up to their common
+// alignment, the body in 8- or 4-byte words (or none: every byte alone),
+// the tail.
+RCCL_NARROW void copy_misaligned_edge(unsigned char* D, const unsigned char* S, uint64_t bytes,
+                                      int width, uint64_t thread, uint64_t threads) {
   uint64_t head = width == 1 ? bytes : (width - uintptr_t(D) % width) % width;
   head = head < bytes ? head : bytes;
   const uint64_t body = (bytes - head) / width * width;
   for (uint64_t i = thread; i < head; i += threads) D[i] = S[i];
   switch (width) {
-    case 16: copy_aligned<16>(D + head, S + head, body, thread, threads); break;
     case 8: copy_aligned<8>(D + head, S + head, body, thread, threads); break;
     case 4: copy_aligned<4>(D + head, S + head, body, thread, threads); break;
     default: break;
   }
   for (uint64_t i = head + body + thread; i < bytes; i += threads) D[i] = S[i];
+}
+
+// Copies `bytes` bytes this thread's share at a time: ends that share
+// their address modulo 16 as head, 16-byte body and tail; others through
+// copy_misaligned_edge.
+RCCL_HD void copy_bytes(void* dst, const void* src, uint64_t bytes, uint64_t thread,
+                        uint64_t threads) {
+  unsigned char* D = static_cast<unsigned char*>(dst);
+  const unsigned char* S = static_cast<const unsigned char*>(src);
+  const int width = common_width(uintptr_t(D), uintptr_t(S));
+  if (width != 16) {
+    copy_misaligned_edge(D, S, bytes, width, thread, threads);
+    return;
+  }
+  uint64_t head = (16 - uintptr_t(D) % 16) % 16;
+  head = head < bytes ? head : bytes;
+  const uint64_t body = (bytes - head) / 16 * 16;
+  copy_edge(D, S, 0, head, thread, threads);
+  copy_aligned<16>(D + head, S + head, body, thread, threads);
+  copy_edge(D, S, head + body, bytes, thread, threads);
 }
 
 }  // namespace rccl

@@ -20,9 +20,14 @@
 // Called from many places, compiled once (keeps the interpreter's code,
 // and the compile, small).
 #define RCCL_HD_OUTLINE __host__ __device__ __noinline__
+// Sub-16-byte payload moves (unaligned heads and tails, LL's 4-byte data
+// words): functions of their own on the GPU, so scripts/check_kernels.py
+// can count them apart from the 16-byte bulk by the function's name.
+#define RCCL_NARROW __host__ __device__ __noinline__
 #else
 #define RCCL_HD inline
 #define RCCL_HD_OUTLINE inline __attribute__((noinline))
+#define RCCL_NARROW inline
 #endif
 
 // Unrolls the loop that follows (the pack loops: constant trip counts).

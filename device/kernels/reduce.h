@@ -483,9 +483,9 @@ RCCL_HD void store_elem(unsigned char* p, T v) {
   __builtin_memcpy(p, &v, sizeof(T));
 }
 
-// Elements [from, to) of the reduction, one at a time.
+// Elements [from, to) of the reduction, one at a time: the unaligned ends.
 template <class Ops, int kCombine, bool kAcc>
-RCCL_HD void reduce_elements(const unsigned char* A, const unsigned char* B, unsigned char* O,
+RCCL_NARROW void reduce_edge(const unsigned char* A, const unsigned char* B, unsigned char* O,
                              uint64_t from, uint64_t to, bool pre, typename Ops::Scale s,
                              bool post, uint64_t div, uint64_t thread, uint64_t threads) {
   typedef typename Ops::Elem T;
@@ -522,7 +522,7 @@ RCCL_HD void reduce_threads(const ReduceArgs& args, const Prepared& p, uint64_t 
   uint64_t head = n;
   if (differ % 16 == 0 && skew % sizeof(T) == 0) head = skew / sizeof(T) < n ? skew / sizeof(T) : n;
   const uint64_t packs = (n - head) / E;
-  reduce_elements<Ops, kCombine, kAcc>(A, B, O, 0, head, pre, s, post, div, thread, threads);
+  reduce_edge<Ops, kCombine, kAcc>(A, B, O, 0, head, pre, s, post, div, thread, threads);
   const unsigned char* VA = kAcc ? A + head * sizeof(T) : nullptr;
   const unsigned char* VB = B + head * sizeof(T);
   unsigned char* VO = O + head * sizeof(T);
@@ -552,8 +552,8 @@ RCCL_UNROLL
       b.e[k] = reduce_elem<Ops, kCombine, kAcc>(kAcc ? a.e[k] : T(0), b.e[k], pre, s, post, div);
     store16<T>(VO + i * 16, b);
   }
-  reduce_elements<Ops, kCombine, kAcc>(A, B, O, head + packs * E, n, pre, s, post, div, thread,
-                                       threads);
+  reduce_edge<Ops, kCombine, kAcc>(A, B, O, head + packs * E, n, pre, s, post, div, thread,
+                                   threads);
 }
 
 // The reduction of `args` for datatype Ops, this thread's share of it.
@@ -580,12 +580,22 @@ RCCL_HD void reduce_typed(const ReduceArgs& args, const Prepared& p, uint64_t th
   }
 }
 
+// The device scalar: one element of the datatype, read whole into a
+// register.
+RCCL_NARROW uint64_t read_scalar_edge(const void* at, uint32_t size) {
+  const unsigned char* p = static_cast<const unsigned char*>(at);
+  switch (size) {
+    case 1: return load_elem<uint8_t>(p);
+    case 2: return load_elem<uint16_t>(p);
+    case 4: return load_elem<uint32_t>(p);
+    default: return load_elem<uint64_t>(p);
+  }
+}
+
 // The scalar the call uses: the device scalar when given, else the host's.
 RCCL_HD uint64_t scalar_of(const ReduceArgs& args) {
   if (args.scalar_ptr == nullptr) return args.scalar;
-  uint64_t raw = 0;
-  __builtin_memcpy(&raw, args.scalar_ptr, type_size(args.dtype));
-  return raw;
+  return read_scalar_edge(args.scalar_ptr, type_size(args.dtype));
 }
 
 template <class Ops>

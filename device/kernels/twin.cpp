@@ -1,7 +1,9 @@
 // The host twin: the kernels' sources compiled by the host's C++ compiler,
 // thread 0 of 1 on the calling thread. The Rust tests call it to check the
 // data path bit for bit against rccl's host kernels and the host FIFOs.
-#include <memory>
+// It needs no C++ runtime (programs link the engine's static library with
+// a C compiler): memory comes from malloc.
+#include <stdlib.h>
 
 #include "fifo.h"
 #include "reduce.h"
@@ -30,8 +32,14 @@ int rccl_twin_fifo_recv(const rccl::FifoView* fifo, unsigned char* out, uint32_t
 int rccl_twin_run_channel(const rccl::WorkHeader* work, uint32_t channel, uint64_t timeout_ns) {
   const rccl::WorkChannel& ch =
       rccl::work_array<rccl::WorkChannel>(*work, work->channels_at)[channel];
-  std::unique_ptr<rccl::PeerEnds[]> ends(new rccl::PeerEnds[ch.npeers]);
-  return rccl::work_run_channel(*work, channel, timeout_ns, ends.get(), ch.npeers, 0, 1);
+  // Each end is filled in by the channel's start.
+  auto* ends = static_cast<rccl::PeerEnds*>(calloc(ch.npeers ? ch.npeers : 1, sizeof(rccl::PeerEnds)));
+  // Without memory for them the channel cannot start: "too large".
+  if (ends == nullptr) return 3;
+  uint64_t done[rccl::kMaxStepPrims];
+  const int end = rccl::work_run_channel(*work, channel, timeout_ns, ends, ch.npeers, done, 0, 1);
+  free(ends);
+  return end;
 }
 
 }  // extern "C"

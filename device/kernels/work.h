@@ -251,10 +251,13 @@ RCCL_HD bool work_blocked(const WorkPrim* prims, const uint64_t* done, uint32_t 
 // Runs channel `c` of `w` to the end: 0 done, 1 aborted, 2 still waiting
 // `timeout_ns` after it started (clock_ns; a deadline past the clock's
 // range is none), 3 too large (a step holds too many primitives, or the
-// channel more peers than `ends` holds: `max_ends`). `ends` is the running
-// block's memory for its FIFO ends (the GPU's shared memory).
+// channel more peers than `ends` holds: `max_ends`). `ends` and `done`
+// (kMaxStepPrims elements moved so far, per primitive of the step) are the
+// running block's memory (the GPU's shared memory: indexed at run time,
+// they would otherwise live on each thread's stack).
 RCCL_HD int work_run_channel(const WorkHeader& w, uint32_t c, uint64_t timeout_ns, PeerEnds* ends,
-                             uint32_t max_ends, uint32_t thread, uint32_t threads) {
+                             uint32_t max_ends, uint64_t* done, uint32_t thread,
+                             uint32_t threads) {
   const WorkChannel& ch = work_array<WorkChannel>(w, w.channels_at)[c];
   const WorkPeer* peers = work_array<WorkPeer>(w, w.peers_at) + ch.first_peer;
   const WorkStep* steps = work_array<WorkStep>(w, w.steps_at) + ch.first_step;
@@ -273,8 +276,10 @@ RCCL_HD int work_run_channel(const WorkHeader& w, uint32_t c, uint64_t timeout_n
     const WorkPrim* prims = all_prims + steps[s].first_prim;
     const uint32_t nprims = steps[s].nprims;
     if (nprims > kMaxStepPrims) return 3;
-    uint64_t done[kMaxStepPrims];
-    for (uint32_t k = 0; k < nprims; ++k) done[k] = 0;
+    if (thread == 0) {
+      for (uint32_t k = 0; k < nprims; ++k) done[k] = 0;
+    }
+    block_sync();
     for (;;) {
       bool finished = true, moved = false;
       for (uint32_t k = 0; k < nprims; ++k) {
@@ -282,7 +287,10 @@ RCCL_HD int work_run_channel(const WorkHeader& w, uint32_t c, uint64_t timeout_n
         finished = false;
         if (work_blocked(prims, done, k)) continue;
         const uint64_t n = work_advance(w, ch, peers, ends, prims[k], done[k], thread, threads);
-        done[k] += n;
+        // Every thread has read done[k]; thread 0 alone updates it.
+        block_sync();
+        if (thread == 0) done[k] += n;
+        block_sync();
         moved = moved || n > 0;
       }
       if (finished) break;
