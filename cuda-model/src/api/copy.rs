@@ -52,10 +52,10 @@ fn check_device(st: &State, place: Place, dev: usize) -> Res<()> {
     }
 }
 
-/// A copy; `stream` is `None` for the synchronous calls, which run on
-/// the legacy stream and return as the API's synchronization rules say.
-fn copy(dst: u64, src: u64, bytes: usize, stream: Option<CUstream>) -> Res<()> {
-    let mut st = lock();
+/// The current device and the stream a memset or copy runs on: `stream`,
+/// or for a synchronous call (`None`) the device's legacy stream, after
+/// invalidating the captures such a call violates.
+fn device_and_stream(st: &mut State, stream: Option<CUstream>) -> Res<(usize, u64)> {
     let dev = st.current()?;
     let s = match stream {
         Some(raw) => st.stream(raw as u64)?,
@@ -64,6 +64,14 @@ fn copy(dst: u64, src: u64, bytes: usize, stream: Option<CUstream>) -> Res<()> {
             st.devices[dev].legacy
         }
     };
+    Ok((dev, s))
+}
+
+/// A copy; `stream` is `None` for the synchronous calls, which run on
+/// the legacy stream and return as the API's synchronization rules say.
+fn copy(dst: u64, src: u64, bytes: usize, stream: Option<CUstream>) -> Res<()> {
+    let mut st = lock();
+    let (dev, s) = device_and_stream(&mut st, stream)?;
     if bytes == 0 {
         return Ok(());
     }
@@ -171,14 +179,7 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
 /// `stream` is `None`: late on device memory, done on pinned memory.
 fn memset(dst: u64, value: u32, elem: usize, count: usize, stream: Option<CUstream>) -> Res<()> {
     let mut st = lock();
-    let dev = st.current()?;
-    let s = match stream {
-        Some(raw) => st.stream(raw as u64)?,
-        None => {
-            st.unsafe_call()?;
-            st.devices[dev].legacy
-        }
-    };
+    let (dev, s) = device_and_stream(&mut st, stream)?;
     if count == 0 {
         return Ok(());
     }
