@@ -202,25 +202,38 @@ fn transport_plugin_child() {
     println!("CONNECTIONS {}", CONNECTIONS.load(Ordering::Relaxed));
 }
 
-#[test]
-fn a_transport_registered_from_outside_carries_collectives() {
+/// Runs the child test `test` (its environment flag `flag` set) with
+/// connection logs of `subsystems`; the count it printed after `label`,
+/// and its log.
+fn run_child(test: &str, flag: &str, subsystems: &str, label: &str) -> (usize, String) {
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "transport_plugin_child", "--nocapture"])
-        .env(CHILD, "1")
+        .args(["--exact", test, "--nocapture"])
+        .env(flag, "1")
         .env("NCCL_DEBUG", "INFO")
-        .env("NCCL_DEBUG_SUBSYS", "INIT,SHM,NET")
+        .env("NCCL_DEBUG_SUBSYS", subsystems)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    let made: usize = stdout
+    let made = stdout
         .lines()
-        .find_map(|l| l.split("CONNECTIONS ").nth(1))
-        .expect("the child reports its connections")
+        .find_map(|l| l.split(&format!("{label} ")).nth(1))
+        .unwrap_or_else(|| panic!("the child reports its {label}"))
         .trim()
         .parse()
         .unwrap();
+    (made, stderr)
+}
+
+#[test]
+fn a_transport_registered_from_outside_carries_collectives() {
+    let (made, stderr) = run_child(
+        "transport_plugin_child",
+        CHILD,
+        "INIT,SHM,NET",
+        "CONNECTIONS",
+    );
     // A ring of 3 ranks connects each rank to both neighbours, on every
     // channel; each connection counts once per side.
     assert!(made >= 6, "{made} connections\n{stderr}");
@@ -407,23 +420,12 @@ fn device_transport_child() {
 
 #[test]
 fn a_device_transport_registered_from_outside_carries_device_work() {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "device_transport_child", "--nocapture"])
-        .env(DEVICE_CHILD, "1")
-        .env("NCCL_DEBUG", "INFO")
-        .env("NCCL_DEBUG_SUBSYS", "INIT,P2P")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let made: usize = stdout
-        .lines()
-        .find_map(|l| l.split("DEVICE LINKS ").nth(1))
-        .expect("the child reports its device links")
-        .trim()
-        .parse()
-        .unwrap();
+    let (made, stderr) = run_child(
+        "device_transport_child",
+        DEVICE_CHILD,
+        "INIT,P2P",
+        "DEVICE LINKS",
+    );
     // A ring of 3 ranks links each rank to both neighbours, on every
     // channel with work; each link counts once per side.
     assert!(made >= 6, "{made} device links\n{stderr}");
