@@ -11,6 +11,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -149,6 +150,14 @@ def _torchrun(backend: str, procs: int, tmp_path: pathlib.Path, steps: int) -> d
            str(REPO / "examples" / "torch_ddp.py"), "--backend", backend, "--steps", str(steps),
            "--json", str(out)]
     proc = subprocess.run(cmd, env=env_with_package(), capture_output=True, text=True, timeout=150)
+    if proc.returncode != 0 and backend == "gloo":
+        # gloo is the reference, not the software under test: a gloo rank
+        # has been seen to abort (SIGABRT) in its shutdown after the last
+        # step, once in many runs. One more run tells that apart from a
+        # reference that cannot run here; the first failure stays visible.
+        warnings.warn(f"gloo reference run failed (exit {proc.returncode}), running it again:\n"
+                      f"{proc.stderr[-1500:]}")
+        proc = subprocess.run(cmd, env=env_with_package(), capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, f"{backend}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return json.loads(out.read_text())
 
