@@ -25,13 +25,15 @@ BIN=$(cargo test --release --test ipc --no-run 2>&1 |
 
 # Keeps $1 connections open to the newest export sockets, half of them
 # holding half a token's worth of bytes; on SIGTERM prints how many it
-# made, how many the sockets closed, and how many it still held.
+# made, how many the sockets closed, how many connects were refused (a
+# name left in the table by a socket already gone), and how many it
+# still held.
 PROBE='
 import os, random, select, signal, socket, sys, time
 want = int(sys.argv[1])
-held, made, closed = [], 0, 0
+held, made, closed, refused = [], 0, 0, 0
 def report(*_):
-    print(f"uid {os.geteuid()}: made {made}, closed by the sockets {closed}, held at the end {len(held)}", flush=True)
+    print(f"uid {os.geteuid()}: made {made}, closed by the sockets {closed}, connects refused {refused}, held at the end {len(held)}", flush=True)
     sys.exit(0)
 signal.signal(signal.SIGTERM, report)
 while True:
@@ -56,7 +58,8 @@ while True:
             if made % 2:
                 s.send(os.urandom(16))
         except OSError:
-            s.close(); closed += 1; continue
+            # A name left in the table by a socket already gone.
+            s.close(); refused += 1; break
         held.append(s); made += 1
     time.sleep(0.005)
 '
