@@ -9,7 +9,8 @@
 #
 # Usage: scripts/ab-builds.sh PERF_A PERF_B   (two all_reduce_perf binaries;
 #   e.g. one built from an earlier revision in a worktree)
-# Environment: ROUNDS (5), OUT (target/ab-builds).
+# Environment: ROUNDS (5), OUT (target/ab-builds), SIZES (bytes, space
+#   separated; default the five above), MODES (threads procs hosts).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
@@ -21,7 +22,7 @@ ROUNDS=${ROUNDS:-5}
 out=${OUT:-$root/target/ab-builds}
 mkdir -p "$out"
 rm -f "$out"/*.txt
-sizes=(8 65536 1048576 16777216 268435456)
+read -ra sizes <<<"${SIZES:-8 65536 1048576 16777216 268435456}"
 run() { # build-file mode size
     local perf=$1 mode=$2 size=$3 iters=20
     [ "$size" -ge 16777216 ] && iters=5
@@ -36,6 +37,7 @@ run() { # build-file mode size
 }
 modes=(threads procs)
 [ "$(id -u)" = 0 ] && command -v ip >/dev/null && modes+=(hosts)
+[ -n "${MODES:-}" ] && read -ra modes <<<"$MODES"
 for ((r = 1; r <= ROUNDS; r++)); do
     for mode in "${modes[@]}"; do
         for size in "${sizes[@]}"; do
