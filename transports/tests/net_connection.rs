@@ -152,6 +152,34 @@ fn a_closing_note_follows_the_published_pieces() {
     assert_eq!(a.failure(), None);
 }
 
+/// A peer whose slots are all full when this side closes (its reader is
+/// slow, as on a loaded machine) still gets the note once it reads: the
+/// closing side waits for the note to be taken, so the peer learns that
+/// the connection ended in order instead of seeing it closed with no word.
+/// Over the IB model, where a send needs a receive the peer posted.
+#[test]
+fn a_closing_note_waits_for_a_peer_whose_slots_are_full() {
+    let (a, b) = common::ib_pair(1);
+    let (a, b) = net_connection_pair_over(a, b, 4, 1024);
+    assert_eq!(Connection::transport(&a), "NET/IB");
+    for i in 0..4 {
+        send(a.send_fifo(), i, 100);
+    }
+    let note = "rank 0 (host h, pid 1) destroyed its communicator";
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            a.close_with(note);
+            drop(a);
+        });
+        std::thread::sleep(Duration::from_millis(400));
+        for i in 0..4 {
+            receive(b.recv_fifo(), i, 100);
+        }
+        fails(&b);
+    });
+    assert_eq!(b.peer_note().as_deref(), Some(note));
+}
+
 /// A note longer than the peer's slot is cut to fit, at a character
 /// boundary.
 #[test]

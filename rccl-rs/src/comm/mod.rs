@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 use rccl_algorithms::Topology;
 use rccl_transports::process::ProcessId;
 use rccl_transports::transport::Transport;
+use rccl_transports::Connection;
 
 use crate::bootstrap::Bootstrap;
 use crate::config::Config;
@@ -364,16 +365,38 @@ impl Drop for CommInner {
         // that it left in order, not that the connection broke.
         let note = format!("{} {LEFT_IN_ORDER}", self.describe(self.rank));
         let state = self.exec.get_mut();
-        for link in state.all_links() {
-            link.conn.close_with(&note);
-        }
-        for conn in state
-            .device_work
-            .iter()
-            .flat_map(|links| links.net.values())
-        {
+        let conns: Vec<&dyn Connection> = state
+            .all_links()
+            .map(|link| &*link.conn)
+            .chain(
+                state
+                    .device_work
+                    .iter()
+                    .flat_map(|links| links.net.values())
+                    .map(|conn| &**conn),
+            )
+            .collect();
+        // A network connection may wait a while for its last pieces and its
+        // note to be taken by a slow peer; those wait side by side, so
+        // destroy takes one such wait, not one per connection. The others
+        // close at once.
+        let (net, local): (Vec<_>, Vec<_>) = conns
+            .into_iter()
+            .partition(|conn| conn.transport().starts_with("NET/"));
+        for conn in local {
             conn.close_with(&note);
         }
+        std::thread::scope(|scope| {
+            for conn in net {
+                let note = &note;
+                let closing = std::thread::Builder::new()
+                    .name("rccl-close".into())
+                    .spawn_scoped(scope, move || conn.close_with(note));
+                if closing.is_err() {
+                    conn.close_with(note);
+                }
+            }
+        });
     }
 }
 

@@ -43,8 +43,13 @@ use crate::{bounded_note, Connection, StepObserver, MAX_NOTE};
 /// Longest a closing side waits for the slots already published to be
 /// sent before its closing note.
 const DRAIN_MAX: Duration = Duration::from_secs(1);
-/// Longest a closing side waits for its note to be sent.
-const NOTE_MAX: Duration = Duration::from_millis(100);
+/// Longest a closing side waits for its note to be sent. The note needs a
+/// receive the peer posts on a free slot: a peer whose slots are all full
+/// takes it only once it has read one, which a loaded machine may delay
+/// well past a scheduling slice. A note given up on leaves the peer a
+/// connection closed with no word, which its device work must take for a
+/// crash.
+const NOTE_MAX: Duration = Duration::from_secs(1);
 /// How long dropping a connection waits for the slots already published
 /// to be sent.
 const DRAIN_ON_CLOSE: Duration = Duration::from_secs(5);
@@ -315,7 +320,7 @@ impl NetConnection {
 
     /// Gives up on the connection: sends `note` (why, cut to fit one of the
     /// peer's slots) after the slots already published (waiting at most a
-    /// second for them), if the network takes it within 100 ms, and fails
+    /// second for them), if the network takes it within [`NOTE_MAX`], and fails
     /// both FIFOs. Only the first call's note is sent.
     pub fn close_with(&self, note: &str) {
         if !self.shared.closing.swap(true, Ordering::SeqCst) {
