@@ -729,16 +729,7 @@ impl Kernels {
         ];
         // SAFETY: the parameters match the kernel's (pointer, u64); the
         // caller's contract covers the memory.
-        unsafe {
-            launch(
-                self.run_work,
-                nblocks,
-                threads,
-                shared,
-                stream,
-                &mut params,
-            )
-        }
+        unsafe { launch(self.run_work, nblocks, threads, shared, stream, &mut params) }
     }
 
     /// Refuses a round of device work ([`Kernels::run_work`]'s arguments)
@@ -748,11 +739,18 @@ impl Kernels {
     /// are not counted. Needs the kernels' context current.
     pub fn check_work_resident(&self, nblocks: u32, threads: u32, peers: usize) -> Result<()> {
         let shared_bytes = work_shared_bytes(peers)?;
-        let per_sm = match self.work_blocks_per_sm.lock().entry((threads, shared_bytes)) {
+        let per_sm = match self
+            .work_blocks_per_sm
+            .lock()
+            .entry((threads, shared_bytes))
+        {
             Entry::Occupied(known) => *known.get(),
-            // SAFETY: `run_work` is a kernel of the module loaded in the
-            // current context.
-            Entry::Vacant(new) => *new.insert(unsafe { blocks_per_sm(self.run_work, threads, shared_bytes) }?),
+            Entry::Vacant(new) => {
+                // SAFETY: `run_work` is a kernel of the module loaded in
+                // the current context.
+                let per_sm = unsafe { blocks_per_sm(self.run_work, threads, shared_bytes) }?;
+                *new.insert(per_sm)
+            }
         };
         if u64::from(nblocks) <= u64::from(per_sm) * u64::from(self.sms) {
             return Ok(());
