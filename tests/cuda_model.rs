@@ -978,3 +978,74 @@ fn ranks_of_one_process_share_a_kernel_launch() {
         );
     });
 }
+
+/// Two ranks of this process on device 0 with 4 channels each make one
+/// grid of 8 blocks that wait for each other; the model shrunk to one SM
+/// holds at most 2 of them (1 of Simple's 512 threads, 2 of LL's 256), so
+/// the launch is refused at once with the figures and the fix, rather
+/// than left to wait until the model's deadline.
+#[test]
+fn a_grid_too_large_to_be_resident_is_refused_at_once() {
+    over_the_model(
+        "a_grid_too_large_to_be_resident_is_refused_at_once",
+        &[
+            ("RCCL_CUDA_MODEL_SMS", "1"),
+            ("RCCL_CUDA_MODEL_DEADLINE_MS", "60000"),
+        ],
+        || {
+            let device = cuda();
+            let config = rccl::Config {
+                min_channels: 4,
+                max_channels: 4,
+                ..test_config()
+            };
+            let comms: Vec<ncclComm_t> = c_communicators(2, config)
+                .into_iter()
+                .map(|comm| comm as ncclComm_t)
+                .collect();
+            let count = 1024;
+            let buffers: Vec<_> = comms
+                .iter()
+                .map(|_| {
+                    let send = device.alloc(4 * count).unwrap();
+                    let recv = device.alloc(4 * count).unwrap();
+                    (send, recv, device.create_stream().unwrap())
+                })
+                .collect();
+            let started = Instant::now();
+            // SAFETY: a group around calls on live communicators and
+            // streams, with device buffers of `count` floats.
+            let rc = unsafe {
+                assert_eq!(ncclGroupStart(), ncclSuccess);
+                for (&comm, (send, recv, stream)) in comms.iter().zip(&buffers) {
+                    let rc = plain_all_reduce(
+                        0,
+                        comm,
+                        stream.raw() as cudaStream_t,
+                        *send,
+                        *recv,
+                        count,
+                    );
+                    assert_eq!(rc, ncclSuccess, "{}", last_error(comm));
+                }
+                ncclGroupEnd()
+            };
+            let took = started.elapsed();
+            let why = last_error(comms[0]);
+            assert_eq!(rc, ncclInvalidUsage, "{why}");
+            for expected in [
+                "ranks [0, 1] on ",
+                "rccl CUDA model 0",
+                "rccl_run_work needs all its 8 blocks resident at once",
+                "fit per SM x 1 SMs",
+                "NCCL_MAX_NCHANNELS",
+            ] {
+                assert!(why.contains(expected), "{expected:?} in: {why}");
+            }
+            assert!(
+                took < Duration::from_secs(20),
+                "refused after {took:?}, not at once (the model's deadline is 60 s)"
+            );
+        },
+    );
+}

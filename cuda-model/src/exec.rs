@@ -1,6 +1,6 @@
 //! What streams and graphs run: memsets, copies, host functions, event
 //! records, frees, and kernels of the fatbin as their host twin, each
-//! block holding one modeled SM while it runs.
+//! block holding its part of a modeled SM while it runs.
 
 use std::ffi::c_void;
 
@@ -8,31 +8,59 @@ use cudarc::driver::sys::CUresult;
 use parking_lot::{Condvar, Mutex};
 use rccl_device::abi::ReduceArgs;
 use rccl_device::twin::{self, ChannelEnd};
-use rccl_device::work::{WorkBlock, WorkHeader};
+use rccl_device::work::{WorkBlock, WorkHeader, MAX_STEP_PRIMS, PEER_ENDS_BYTES};
 
 use crate::state::{lock, notify, wait_until};
 use crate::work::{Kernel, Node, Work};
 use crate::{as_host_function, report, Res};
 
-/// The fatbin's kernels: name, parameter sizes, launch bound (threads
-/// per block).
-pub(crate) const KERNELS: [(&str, &[usize], u32); 15] = [
-    ("rccl_reduce_int8", &[REDUCE_ARGS], 512),
-    ("rccl_reduce_uint8", &[REDUCE_ARGS], 512),
-    ("rccl_reduce_int32", &[REDUCE_ARGS], 512),
-    ("rccl_reduce_uint32", &[REDUCE_ARGS], 512),
-    ("rccl_reduce_int64", &[REDUCE_ARGS], 512),
-    ("rccl_reduce_uint64", &[REDUCE_ARGS], 512),
-    ("rccl_reduce_float16", &[REDUCE_ARGS], 512),
-    ("rccl_reduce_float32", &[REDUCE_ARGS], 512),
-    ("rccl_reduce_float64", &[REDUCE_ARGS], 512),
-    ("rccl_reduce_bfloat16", &[REDUCE_ARGS], 512),
-    ("rccl_reduce_float8e4m3", &[REDUCE_ARGS], 512),
-    ("rccl_reduce_float8e5m2", &[REDUCE_ARGS], 512),
-    ("rccl_copy", &[8, 8, 8], 512),
-    ("rccl_fifo_loopback", &[LOOPBACK_ARGS], 512),
-    ("rccl_run_work", &[8, 8], 512),
+/// A kernel of the fatbin as the model knows it.
+pub(crate) struct KernelSpec {
+    pub name: &'static str,
+    /// The size of each parameter.
+    pub params: &'static [usize],
+    /// The launch bound: threads per block at most.
+    pub bound: u32,
+    /// Bytes of static shared memory a block holds (`__shared__` in
+    /// device/kernels/kernels.cu).
+    pub static_shared: usize,
+}
+
+/// Every kernel of the fatbin is bound to 512 threads per block.
+const fn kernel(name: &'static str, params: &'static [usize], static_shared: usize) -> KernelSpec {
+    KernelSpec {
+        name,
+        params,
+        bound: 512,
+        static_shared,
+    }
+}
+
+/// The fatbin's kernels.
+const KERNELS: [KernelSpec; 15] = [
+    kernel("rccl_reduce_int8", &[REDUCE_ARGS], 0),
+    kernel("rccl_reduce_uint8", &[REDUCE_ARGS], 0),
+    kernel("rccl_reduce_int32", &[REDUCE_ARGS], 0),
+    kernel("rccl_reduce_uint32", &[REDUCE_ARGS], 0),
+    kernel("rccl_reduce_int64", &[REDUCE_ARGS], 0),
+    kernel("rccl_reduce_uint64", &[REDUCE_ARGS], 0),
+    kernel("rccl_reduce_float16", &[REDUCE_ARGS], 0),
+    kernel("rccl_reduce_float32", &[REDUCE_ARGS], 0),
+    kernel("rccl_reduce_float64", &[REDUCE_ARGS], 0),
+    kernel("rccl_reduce_bfloat16", &[REDUCE_ARGS], 0),
+    kernel("rccl_reduce_float8e4m3", &[REDUCE_ARGS], 0),
+    kernel("rccl_reduce_float8e5m2", &[REDUCE_ARGS], 0),
+    kernel("rccl_copy", &[8, 8, 8], 0),
+    // One FIFO end.
+    kernel("rccl_fifo_loopback", &[LOOPBACK_ARGS], PEER_ENDS_BYTES / 2),
+    // A word per primitive of a step.
+    kernel("rccl_run_work", &[8, 8], 8 * MAX_STEP_PRIMS),
 ];
+
+/// The fatbin's kernel named `name`.
+pub(crate) fn kernel_spec(name: &str) -> Option<&'static KernelSpec> {
+    KERNELS.iter().find(|k| k.name == name)
+}
 
 const REDUCE_ARGS: usize = std::mem::size_of::<ReduceArgs>();
 const LOOPBACK_ARGS: usize = std::mem::size_of::<rccl_device::abi::LoopbackArgs>();
@@ -353,28 +381,35 @@ fn run_work(k: &Kernel) -> Res<()> {
     })
 }
 
-/// Runs `body` as block `block` of `k`, once one of the device's SMs is
-/// free; past the deadline, says that the blocks needed together do not
-/// fit.
+/// Runs `body` as block `block` of `k`, once one of the device's SMs has
+/// room for it (`occupancy.rs`); past the deadline, says that the blocks
+/// needed together do not fit.
 fn resident<T>(k: &Kernel, block: u32, body: impl FnOnce() -> T) -> Res<T> {
     let mut st = lock();
-    let sms = st.config().sms;
     let dev = k.dev;
+    let needs = k.needs;
+    let sms = st.devices[dev].sms.len();
     wait_until(
         &mut st,
         || {
             format!(
-                "block {block} of {} on device {dev} waits for a free SM: all {sms} modeled SMs hold \
-                 resident blocks, so a design needing more co-resident blocks",
-                k.name
+                "block {block} of {} on device {dev} waits for a free SM: all {} modeled SMs hold \
+                 resident blocks that leave no room for one more ({} threads, {} registers, {} \
+                 bytes of shared memory), so a design needing more co-resident blocks",
+                k.name, sms, needs.threads, needs.registers, needs.shared
             )
         },
-        |s| s.devices[dev].resident < sms,
+        |s| s.devices[dev].sms.iter().any(|sm| sm.has_room(needs)),
     )?;
-    st.devices[dev].resident += 1;
+    let sm = st.devices[dev]
+        .sms
+        .iter()
+        .position(|sm| sm.has_room(needs))
+        .expect("waited for room");
+    st.devices[dev].sms[sm].take(needs);
     drop(st);
     let out = body();
-    lock().devices[dev].resident -= 1;
+    lock().devices[dev].sms[sm].release(needs);
     notify();
     Ok(out)
 }

@@ -12,8 +12,12 @@
 //! - `cuMemAlloc`, `cuMemFree`, `cuMemHostAlloc`, `cuMemFreeHost` wait for
 //!   every kernel launched before them on the device;
 //! - fresh device memory holds garbage, not zeros;
-//! - one block per modeled SM is resident at a time: a design that needs
-//!   more co-resident blocks hangs, and the model says so at its deadline;
+//! - a block is resident on a modeled SM while the SM has room for its
+//!   threads, registers (as many as its kernel's launch bound allows) and
+//!   shared memory, with compute capability 9.0's limits per SM, which
+//!   `cuOccupancyMaxActiveBlocksPerMultiprocessor` counts too
+//!   (`occupancy.rs`): a design that needs more co-resident blocks hangs,
+//!   and the model says so at its deadline;
 //! - a kernel touching memory of another device faults, and a fault is
 //!   sticky: every later call of the context returns it;
 //! - cuMem mappings are inaccessible until `cuMemSetAccess`, with a
@@ -53,6 +57,7 @@
 mod api;
 mod exec;
 mod launches;
+mod occupancy;
 mod state;
 mod streams;
 mod user;

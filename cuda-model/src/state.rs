@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys::CUresult;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
+use crate::occupancy::SmLoad;
 use crate::user::{Hold, Refs};
 use crate::vmm::Vmm;
 use crate::work::{Node, Work};
@@ -64,8 +65,8 @@ pub(crate) struct DeviceState {
     pub retains: u32,
     /// The context's sticky error (a faulted kernel).
     pub sticky: Option<CUresult>,
-    /// Blocks resident on the device's SMs now.
-    pub resident: usize,
+    /// What the blocks resident on each of the device's SMs hold now.
+    pub sms: Vec<SmLoad>,
     /// Kernels launched and not yet complete, by launch number.
     pub kernels: BTreeSet<u64>,
     /// The legacy default stream's id.

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use parking_lot::MutexGuard;
 
 use crate::exec;
+use crate::occupancy::SmLoad;
 use crate::state::{lock, notify, Config, DeviceState, State, StreamState, MODEL, STREAM_BASE};
 
 /// The first `cuInit`: devices, each with its legacy stream.
@@ -18,6 +19,7 @@ pub(crate) fn init(st: &mut State) {
         let legacy = create(st, dev, true, true);
         st.devices.push(DeviceState {
             legacy,
+            sms: vec![SmLoad::default(); config.sms],
             ..DeviceState::default()
         });
     }

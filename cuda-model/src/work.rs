@@ -4,6 +4,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use crate::occupancy::BlockNeeds;
 use crate::user::Hold;
 
 /// A kernel launch: its parameters copied at the launch, as the driver
@@ -13,6 +14,8 @@ pub(crate) struct Kernel {
     pub name: &'static str,
     pub dev: usize,
     pub blocks: u32,
+    /// What each block holds of an SM while it runs.
+    pub needs: BlockNeeds,
     /// The parameters, each at an 8-byte aligned offset.
     pub params: Vec<Vec<u64>>,
 }

@@ -5,10 +5,12 @@
 //! [`CudaError::NoDriver`]. Every other entry hangs off the `Driver` it
 //! returns and runs in the calling thread's current context.
 
+use std::collections::hash_map::{Entry, HashMap};
 use std::ffi::{c_void, CStr, CString};
 use std::sync::OnceLock;
 
 use cudarc::driver::sys;
+use parking_lot::Mutex;
 
 use rccl_algorithms::Protocol;
 
@@ -42,6 +44,27 @@ pub enum CudaError {
     /// A request the backend refuses before calling the driver.
     #[error("CUDA: {0}")]
     Invalid(String),
+    /// A grid whose blocks wait for each other cannot be resident on the
+    /// device all at once, so launched it would wait forever.
+    #[error(
+        "CUDA device {device}: a launch of {kernel} needs all its {blocks} blocks resident at \
+         once (a block per channel of each rank of this process on the device; {threads} \
+         threads and {shared_bytes} bytes of dynamic shared memory each), but {per_sm} fit per \
+         SM x {sms} SMs = {}: use fewer channels (NCCL_MAX_NCHANNELS, or the communicator \
+         config's maxCTAs) or fewer ranks of this process on the GPU",
+        per_sm * sms
+    )]
+    NotResident {
+        /// The device's ordinal and name.
+        device: String,
+        kernel: &'static str,
+        blocks: u32,
+        threads: u32,
+        shared_bytes: u32,
+        /// Blocks of this size one SM holds (the driver's occupancy).
+        per_sm: u32,
+        sms: u32,
+    },
 }
 
 /// Result of the CUDA backend.
@@ -479,24 +502,46 @@ impl Driver {
         let copy = function("rccl_copy")?;
         let fifo_loopback = function("rccl_fifo_loopback")?;
         let run_work = function("rccl_run_work")?;
-        let sms = self.attribute(
-            device,
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        )?;
-        let mut per_sm = 0;
+        let sms = self
+            .attribute(
+                device,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )?
+            .max(1) as u32;
         // SAFETY: `copy` is a kernel of the loaded module.
-        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
-            api::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, copy, THREADS as i32, 0)
-        })?;
+        let per_sm = unsafe { blocks_per_sm(copy, THREADS, 0) }?;
         Ok(Kernels {
             module,
             reduce,
             copy,
             fifo_loopback,
             run_work,
-            max_blocks: (sms.max(1) * per_sm.max(1)) as u32,
+            max_blocks: sms * per_sm.max(1),
+            device: format!("{device} ({})", self.device_name(device)?),
+            sms,
+            work_blocks_per_sm: Mutex::new(HashMap::new()),
         })
     }
+}
+
+/// How many blocks of `function`, of `threads` threads and `shared_bytes`
+/// bytes of dynamic shared memory each, one SM of the current context's
+/// device holds at once, as the driver counts them.
+///
+/// # Safety
+/// `function` is a kernel of a module loaded in the current context.
+unsafe fn blocks_per_sm(function: sys::CUfunction, threads: u32, shared_bytes: u32) -> Result<u32> {
+    let mut per_sm = 0;
+    // SAFETY: the caller's kernel; a valid out-pointer.
+    check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+        api::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            &mut per_sm,
+            function,
+            threads as i32,
+            shared_bytes as usize,
+        )
+    })?;
+    Ok(per_sm.max(0) as u32)
 }
 
 /// Launches `function` with `params` (one pointer per parameter).
@@ -560,6 +605,12 @@ pub struct Kernels {
     run_work: sys::CUfunction,
     /// Blocks that fill the device once.
     max_blocks: u32,
+    /// The device's ordinal and name, for errors.
+    device: String,
+    sms: u32,
+    /// `rccl_run_work` blocks one SM holds, by (threads, dynamic shared
+    /// bytes) of a block.
+    work_blocks_per_sm: Mutex<HashMap<(u32, u32), u32>>,
 }
 
 // SAFETY: module and function handles are plain driver handles, usable
@@ -670,14 +721,7 @@ impl Kernels {
         timeout_ns: u64,
         stream: CUstream,
     ) -> Result<()> {
-        let shared = peers * PEER_ENDS_BYTES;
-        if shared > MAX_STATIC_SHARED {
-            return Err(CudaError::Invalid(format!(
-                "device work has a channel of {peers} peers; a block keeps the FIFO ends of at \
-                 most {} in shared memory",
-                MAX_STATIC_SHARED / PEER_ENDS_BYTES
-            )));
-        }
+        let shared = work_shared_bytes(peers)?;
         let (mut b, mut t) = (blocks, timeout_ns);
         let mut params = [
             (&mut b as *mut CUdeviceptr).cast::<c_void>(),
@@ -685,17 +729,56 @@ impl Kernels {
         ];
         // SAFETY: the parameters match the kernel's (pointer, u64); the
         // caller's contract covers the memory.
-        unsafe {
-            launch(
-                self.run_work,
-                nblocks,
-                threads,
-                shared as u32,
-                stream,
-                &mut params,
-            )
-        }
+        unsafe { launch(self.run_work, nblocks, threads, shared, stream, &mut params) }
     }
+
+    /// Refuses a round of device work ([`Kernels::run_work`]'s arguments)
+    /// whose grid cannot be resident on the device all at once: its
+    /// blocks wait for each other, so launched it would wait forever.
+    /// Blocks that kernels of other processes or streams hold meanwhile
+    /// are not counted. Needs the kernels' context current.
+    pub fn check_work_resident(&self, nblocks: u32, threads: u32, peers: usize) -> Result<()> {
+        let shared_bytes = work_shared_bytes(peers)?;
+        let per_sm = match self
+            .work_blocks_per_sm
+            .lock()
+            .entry((threads, shared_bytes))
+        {
+            Entry::Occupied(known) => *known.get(),
+            Entry::Vacant(new) => {
+                // SAFETY: `run_work` is a kernel of the module loaded in
+                // the current context.
+                let per_sm = unsafe { blocks_per_sm(self.run_work, threads, shared_bytes) }?;
+                *new.insert(per_sm)
+            }
+        };
+        if u64::from(nblocks) <= u64::from(per_sm) * u64::from(self.sms) {
+            return Ok(());
+        }
+        Err(CudaError::NotResident {
+            device: self.device.clone(),
+            kernel: "rccl_run_work",
+            blocks: nblocks,
+            threads,
+            shared_bytes,
+            per_sm,
+            sms: self.sms,
+        })
+    }
+}
+
+/// Dynamic shared memory of a block of device work whose channels have
+/// at most `peers` peers: their FIFO ends.
+fn work_shared_bytes(peers: usize) -> Result<u32> {
+    let shared = peers * PEER_ENDS_BYTES;
+    if shared > MAX_STATIC_SHARED {
+        return Err(CudaError::Invalid(format!(
+            "device work has a channel of {peers} peers; a block keeps the FIFO ends of at most {} \
+             in shared memory",
+            MAX_STATIC_SHARED / PEER_ENDS_BYTES
+        )));
+    }
+    Ok(shared as u32)
 }
 
 /// Threads of each block of the FIFO loopback kernel.

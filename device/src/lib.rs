@@ -42,6 +42,10 @@ pub enum Error {
     /// A pointer, handle or size the device does not know or accept.
     #[error("{0}")]
     InvalidArgument(String),
+    /// Work the device cannot run as the caller configured it (a launch
+    /// whose blocks cannot all be resident at once).
+    #[error("{0}")]
+    InvalidUsage(String),
     /// The device (or the system under it) failed, or a wait passed its
     /// deadline.
     #[error("{0}")]

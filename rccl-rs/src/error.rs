@@ -66,6 +66,7 @@ impl From<rccl_device::Error> for Error {
     fn from(err: rccl_device::Error) -> Error {
         match err {
             rccl_device::Error::InvalidArgument(m) => Error::InvalidArgument(m),
+            rccl_device::Error::InvalidUsage(m) => Error::InvalidUsage(m),
             rccl_device::Error::System(m) => Error::System(m),
         }
     }

@@ -3,13 +3,14 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use cudarc::driver::sys::{CUfunction, CUhostFn, CUresult, CUstream};
+use cudarc::driver::sys::{CUfunction, CUhostFn, CUoccupancy_flags, CUresult, CUstream};
 
 use super::out;
-use crate::call;
-use crate::exec::KERNELS;
+use crate::exec::kernel_spec;
+use crate::occupancy::{block_needs, blocks_per_sm};
 use crate::state::lock;
 use crate::work::{Kernel, Work};
+use crate::{call, Res};
 
 use CUresult::*;
 
@@ -36,25 +37,53 @@ pub extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
     blocks: *mut c_int,
     f: CUfunction,
     block_size: c_int,
-    _dynamic_smem: usize,
+    dynamic_shared: usize,
+) -> CUresult {
+    call(|| occupancy(blocks, f, block_size, dynamic_shared))
+}
+
+#[no_mangle]
+pub extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    blocks: *mut c_int,
+    f: CUfunction,
+    block_size: c_int,
+    dynamic_shared: usize,
+    flags: c_uint,
 ) -> CUresult {
     call(|| {
-        let st = lock();
-        st.current()?;
-        let func = st
-            .functions
-            .get(&(f as u64))
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        let bound = KERNELS
-            .iter()
-            .find(|k| k.0 == func.name)
-            .map_or(1024, |k| k.2);
-        // One block per modeled SM, whatever its size.
-        out(
-            blocks,
-            c_int::from(block_size > 0 && block_size as u32 <= bound),
-        )
+        // The caching override concerns platforms where global caching
+        // takes shared memory; the model's SMs have none: both flags
+        // give the same figure.
+        if flags & !(CUoccupancy_flags::CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE as c_uint) != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        occupancy(blocks, f, block_size, dynamic_shared)
     })
+}
+
+/// Writes how many blocks of `f`, each of `block_size` threads and
+/// `dynamic_shared` bytes of dynamic shared memory, one SM holds at once:
+/// none when such a block cannot run.
+fn occupancy(
+    blocks: *mut c_int,
+    f: CUfunction,
+    block_size: c_int,
+    dynamic_shared: usize,
+) -> Res<()> {
+    let st = lock();
+    st.current()?;
+    let func = st
+        .functions
+        .get(&(f as u64))
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let threads = u32::try_from(block_size)
+        .ok()
+        .filter(|&t| t > 0)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let spec = kernel_spec(func.name).expect("a known kernel");
+    let per_sm = block_needs(spec.bound, spec.static_shared, threads, dynamic_shared)
+        .map_or(0, blocks_per_sm);
+    out(blocks, per_sm as c_int)
 }
 
 #[no_mangle]
@@ -67,7 +96,7 @@ pub extern "C" fn cuLaunchKernel(
     block_x: c_uint,
     block_y: c_uint,
     block_z: c_uint,
-    _shared_mem: c_uint,
+    shared_mem: c_uint,
     stream: CUstream,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
@@ -83,20 +112,23 @@ pub extern "C" fn cuLaunchKernel(
         if st.modules[&func.module].dev != dev {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
-        let (name, sizes, bound) = *KERNELS
-            .iter()
-            .find(|k| k.0 == func.name)
-            .expect("a known kernel");
+        let spec = kernel_spec(func.name).expect("a known kernel");
         let threads = u64::from(block_x) * u64::from(block_y) * u64::from(block_z);
         let blocks = u64::from(grid_x) * u64::from(grid_y) * u64::from(grid_z);
-        if threads == 0 || blocks == 0 || threads > u64::from(bound) || blocks > u64::from(u32::MAX)
-        {
+        if blocks == 0 || blocks > u64::from(u32::MAX) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        // A block beyond the launch bound, or beyond the shared memory a
+        // block may take, cannot run.
+        let needs = u32::try_from(threads)
+            .ok()
+            .and_then(|t| block_needs(spec.bound, spec.static_shared, t, shared_mem as usize))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if params.is_null() || !extra.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let copied = sizes
+        let copied = spec
+            .params
             .iter()
             .enumerate()
             .map(|(i, &size)| {
@@ -114,9 +146,10 @@ pub extern "C" fn cuLaunchKernel(
             })
             .collect();
         let work = Work::Kernel(Kernel {
-            name,
+            name: spec.name,
             dev,
             blocks: blocks as u32,
+            needs,
             params: copied,
         });
         match st.capturing(s) {

@@ -6,7 +6,7 @@ use cudarc::driver::sys::{CUfunction, CUmodule, CUresult};
 
 use super::out;
 use crate::call;
-use crate::exec::KERNELS;
+use crate::exec::kernel_spec;
 use crate::state::{lock, Function, Module, FUNCTION_BASE, MODULE_BASE};
 
 use CUresult::*;
@@ -66,10 +66,11 @@ pub extern "C" fn cuModuleGetFunction(
         }
         // SAFETY: the caller's NUL-terminated name.
         let name = unsafe { CStr::from_ptr(name) }.to_bytes();
-        let (kernel, _, _) = KERNELS
-            .iter()
-            .find(|(k, _, _)| k.as_bytes() == name)
-            .ok_or(CUDA_ERROR_NOT_FOUND)?;
+        let kernel = std::str::from_utf8(name)
+            .ok()
+            .and_then(kernel_spec)
+            .ok_or(CUDA_ERROR_NOT_FOUND)?
+            .name;
         let id = st.handle(FUNCTION_BASE);
         st.functions.insert(
             id,

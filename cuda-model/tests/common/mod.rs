@@ -95,6 +95,9 @@ api! {
     cuModuleLoadData: fn(*mut P, *const c_void);
     cuModuleGetFunction: fn(*mut P, P, *const c_char);
     cuLaunchKernel: fn(P, u32, u32, u32, u32, u32, u32, u32, P, *mut P, *mut P);
+    cuOccupancyMaxActiveBlocksPerMultiprocessor: fn(*mut i32, P, i32, usize);
+    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags: fn(*mut i32, P, i32, usize, u32);
+    cuDeviceGetAttribute: fn(*mut i32, u32, i32);
     cuMemGetAllocationGranularity: fn(*mut usize, *const AllocationProp, u32);
     cuMemCreate: fn(*mut u64, usize, *const AllocationProp, u64);
     cuMemRelease: fn(u64);
@@ -289,6 +292,11 @@ impl Kernels {
     }
 
     pub fn copy(&self, dst: u64, src: u64, bytes: u64, stream: P) {
+        self.copy_in_blocks_of(512, dst, src, bytes, stream)
+    }
+
+    /// As [`Kernels::copy`], with blocks of `threads` threads.
+    pub fn copy_in_blocks_of(&self, threads: u32, dst: u64, src: u64, bytes: u64, stream: P) {
         let (mut d, mut s, mut n) = (dst, src, bytes);
         let mut params: [P; 3] = [
             (&mut d as *mut u64).cast(),
@@ -301,7 +309,7 @@ impl Kernels {
             1,
             1,
             1,
-            512,
+            threads,
             1,
             1,
             0,

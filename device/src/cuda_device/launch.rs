@@ -212,6 +212,20 @@ pub(super) fn own_in_graph(
     })
 }
 
+/// The grid of a round of device work: its blocks (a channel of one
+/// rank's work each), their threads, and the most peers of a channel (the
+/// FIFO ends each block keeps in shared memory).
+fn grid_of(round: &[Arc<crate::work::Work>]) -> (usize, u32, usize) {
+    let blocks = round.iter().map(|w| w.nchannels()).sum();
+    let protocol = round.iter().find_map(|w| w.protocol());
+    let peers = round
+        .iter()
+        .map(|w| w.max_channel_peers())
+        .max()
+        .unwrap_or(0);
+    (blocks, work_threads(protocol), peers)
+}
+
 impl CudaDevice {
     /// [`Device::launch_work`]: each round one kernel over every channel of
     /// every rank's work, on the caller's stream.
@@ -250,6 +264,17 @@ impl CudaDevice {
                 .flatten()
                 .map(|w| w.bytes().len().next_multiple_of(16))
                 .sum::<usize>();
+        // A round's blocks wait for each other through their FIFOs: a grid
+        // that cannot be resident at once is refused before any round is
+        // launched.
+        for round in &rounds {
+            let (nblocks, threads, peers) = grid_of(round);
+            if nblocks > 0 {
+                kernels
+                    .check_work_resident(nblocks as u32, threads, peers)
+                    .map_err(err)?;
+            }
+        }
         let pinned = self.pinned(total)?;
         let id = match self.follow(stop, self.abort_words_of(&rounds)) {
             Ok(id) => id,
@@ -311,13 +336,8 @@ impl CudaDevice {
                 work_at += bytes.len().next_multiple_of(16);
             }
             table_at += (nblocks * size_of::<WorkBlock>()).next_multiple_of(16);
-            let protocol = round.iter().find_map(|w| w.protocol());
-            let peers = round
-                .iter()
-                .map(|w| w.max_channel_peers())
-                .max()
-                .unwrap_or(0);
-            launches.push((table, nblocks, work_threads(protocol), peers));
+            let (_, threads, peers) = grid_of(round);
+            launches.push((table, nblocks, threads, peers));
         }
         let state = Arc::new(state);
         // A round without channels has nothing for a block to run.

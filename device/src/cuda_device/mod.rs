@@ -52,6 +52,7 @@ const BACKEND: &str = "cuda";
 fn err(e: CudaError) -> Error {
     match e {
         CudaError::Invalid(why) => Error::InvalidArgument(why),
+        e @ CudaError::NotResident { .. } => Error::InvalidUsage(e.to_string()),
         other => Error::System(other.to_string()),
     }
 }

@@ -524,7 +524,15 @@ pub(crate) fn launch(
                 }),
             },
         )
-        .map_err(Error::from)?;
+        .map_err(|e| match Error::from(e) {
+            // Work the device cannot run as configured: which ranks made it.
+            Error::InvalidUsage(why) => Error::InvalidUsage(format!(
+                "ranks {:?} on {}: {why}",
+                comms.iter().map(|c| c.rank).collect::<Vec<_>>(),
+                crate::net::hostname()
+            )),
+            other => other,
+        })?;
     if captured {
         return Ok(());
     }
