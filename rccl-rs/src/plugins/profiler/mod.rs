@@ -18,7 +18,8 @@
 //! point-to-point event per send or receive (peer, count, datatype,
 //! channels). They start when the launch is planned and stop, children
 //! first, when its host work has completed or its device work has been
-//! enqueued (as NCCL stops them after the kernel launch). A plug-in's
+//! enqueued (as NCCL stops them after the kernel launch; with proxy
+//! events, once the proxy is done, as below). A plug-in's
 //! activation mask is honoured as NCCL does: a group event starts when the
 //! mask asks for it or for anything below it, a collective or
 //! point-to-point event when the mask asks for it or for the proxy, kernel
@@ -40,11 +41,15 @@
 //! step event inside it: a send's from its post (state `SendWait`) to its
 //! completion, a receive's when its data has arrived (state
 //! `RecvGPUWait`: the call it belongs to is known only then), stopped as
-//! it is handed to the executor. The operations stop, their open steps
-//! first, when the collective ends on this rank; a piece that arrives
-//! before this rank starts the call, or whose send is posted after it
-//! ended, is not reported. An operation's `nSteps` is 0 (unknown when
-//! its first piece moves) and its `chunkSize` that piece's size.
+//! it is handed to the executor. A piece that arrives before this rank
+//! starts its call is reported when the call starts. The operations stop,
+//! their open steps first, and then the launch's collective and group
+//! events, once the proxy has completed every send the launch published
+//! (at the latest when the communicator goes), so that sends posted after
+//! the call ended here are reported inside it. Only the first pieces a
+//! connection receives before its observer is attached (as the connection
+//! is made) go unreported. An operation's `nSteps` is 0 (unknown when its
+//! first piece moves) and its `chunkSize` that piece's size.
 //!
 //! Not emitted: proxy events of sends and receives, proxy control, kernel
 //! channels and kernel launches, network plug-in events and v6's
