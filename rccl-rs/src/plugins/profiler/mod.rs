@@ -73,7 +73,7 @@ use rccl_env::load::{Kind, Library, Subsystem};
 use rccl_env::logger;
 use rccl_transports::network::plugin::net_library_names;
 
-use abi::{Context, Descr, Handle, InitV1, InitV4, InitV5, NoData, Payload, Table, GROUP};
+use abi::{Context, Descr, Handle, InitV1, InitV4, InitV5, NoData, Payload, StartFn, Table, GROUP};
 use proxy::{ProxyEvents, ProxyState};
 
 mod abi;
@@ -157,42 +157,44 @@ impl Session {
         let Some(start) = self.profiler.table.start_event else {
             return Ok(std::ptr::null_mut());
         };
-        let mut handle: Handle = std::ptr::null_mut();
         let data = Payload::new(member);
         let rank = self.rank;
-        let result = if self.profiler.library.version >= 5 {
-            let mut descr = Descr {
-                kind,
-                parent_obj: parent,
-                rank,
-                data,
-            };
-            // SAFETY: the plug-in's own entry point with its context, a
-            // valid out-pointer and a descriptor of its version (64-bit
-            // type) that lives for the call.
-            unsafe {
-                start(
-                    self.context,
-                    &mut handle,
-                    std::ptr::addr_of_mut!(descr).cast(),
-                )
-            }
+        // The event type is 64 bits wide from v5 on, a byte before.
+        if self.profiler.library.version >= 5 {
+            self.start_descr(
+                start,
+                &mut Descr {
+                    kind,
+                    parent_obj: parent,
+                    rank,
+                    data,
+                },
+            )
         } else {
-            let mut descr = Descr {
-                kind: kind as u8,
-                parent_obj: parent,
-                rank,
-                data,
-            };
-            // SAFETY: as above, with the byte-typed descriptor of v1 to v4.
-            unsafe {
-                start(
-                    self.context,
-                    &mut handle,
-                    std::ptr::addr_of_mut!(descr).cast(),
-                )
-            }
-        };
+            self.start_descr(
+                start,
+                &mut Descr {
+                    kind: kind as u8,
+                    parent_obj: parent,
+                    rank,
+                    data,
+                },
+            )
+        }
+    }
+
+    /// Calls the plug-in's `startEvent` with `descr`, of its version's
+    /// layout; the handle, or the code the plug-in failed with.
+    fn start_descr<K, T: Copy>(
+        &self,
+        start: StartFn,
+        descr: &mut Descr<K, T>,
+    ) -> Result<Handle, c_int> {
+        let mut handle: Handle = std::ptr::null_mut();
+        // SAFETY: the plug-in's own entry point with its context, a valid
+        // out-pointer and a descriptor of its version's layout that lives
+        // for the call.
+        let result = unsafe { start(self.context, &mut handle, std::ptr::from_mut(descr).cast()) };
         if result == 0 {
             Ok(handle)
         } else {
