@@ -149,7 +149,7 @@ impl Coll {
     }
 
     /// The call as v4 to v6 describe it, inside group event `group`.
-    fn from_v4(&self, group: Handle) -> CollV4 {
+    fn since_v4(&self, group: Handle) -> CollV4 {
         CollV4 {
             seq_number: self.seq_number,
             func: func(self.kind).0.as_ptr(),
@@ -183,7 +183,7 @@ impl P2p {
     }
 
     /// The call as v4 to v6 describe it, inside group event `group`.
-    fn from_v4(&self, group: Handle) -> P2pV4 {
+    fn since_v4(&self, group: Handle) -> P2pV4 {
         P2pV4 {
             func: p2p_func(self.send).0.as_ptr(),
             buff: self.buff,
@@ -214,13 +214,13 @@ impl Session {
             (Call::Coll(c), 3) => {
                 self.start_reported(COLL, parent, CollV3::from(c.before_v4(comm_hash)))
             }
-            (Call::Coll(c), _) => self.start_reported(COLL, parent, c.from_v4(task.group)),
+            (Call::Coll(c), _) => self.start_reported(COLL, parent, c.since_v4(task.group)),
             (Call::P2p(p), 1) => self.start_reported(P2P, parent, p.before_v4::<u8>(comm_hash)),
             (Call::P2p(p), 2 | 3) => {
                 let names = p.before_v4::<*const c_char>(comm_hash);
                 self.start_reported(P2P, parent, names)
             }
-            (Call::P2p(p), _) => self.start_reported(P2P, parent, p.from_v4(task.group)),
+            (Call::P2p(p), _) => self.start_reported(P2P, parent, p.since_v4(task.group)),
         }
     }
 }

@@ -114,7 +114,10 @@ struct EndingLaunch {
 
 /// Whether call `seq` comes after call `newest` (sequence numbers wrap).
 fn after(seq: u32, newest: Option<u32>) -> bool {
-    newest.map_or(true, |newest| seq.wrapping_sub(newest) as i32 > 0)
+    match newest {
+        Some(newest) => seq.wrapping_sub(newest) as i32 > 0,
+        None => true,
+    }
 }
 
 impl ProxyEvents {
