@@ -103,8 +103,9 @@ pub(crate) fn connect(
                     log_host_connection(comm, &contexts[index], &link);
                     let on_device = launches[index].on_device;
                     let profiler = launches[index].comm.profiler.as_ref();
+                    let send_fifo = conn.send_fifo(Protocol::Simple);
                     if let Some(observer) =
-                        profiler.and_then(|p| p.step_observer(link.channel, link.peer))
+                        profiler.and_then(|p| p.step_observer(link.channel, link.peer, send_fifo))
                     {
                         conn.observe_steps(observer);
                     }

@@ -529,6 +529,13 @@ impl Fifo {
         &self.mem
     }
 
+    /// How many pieces have been published since the FIFO was made,
+    /// wrapping: a watcher of the consumer compares it with what it saw
+    /// move.
+    pub fn published(&self) -> u32 {
+        self.header().tail.0.load(Ordering::Acquire)
+    }
+
     /// Whether every published slot has been consumed.
     pub fn is_drained(&self) -> bool {
         let header = self.header();

@@ -74,41 +74,21 @@ fn func(kind: CollKind) -> Option<c_int> {
 
 type InitV2 = unsafe extern "C" fn(usize, usize, Logger, *mut Context) -> NcclResult;
 type FinalizeFn = unsafe extern "C" fn(Context) -> NcclResult;
-/// `getCollInfo` of v2: the algorithm and protocol by name.
-type CollInfoV2 = unsafe extern "C" fn(
-    Context,
-    c_int,
-    usize,
-    c_int,
-    c_int,
-    c_int,
-    *mut c_int,
-    *mut c_int,
-    *mut c_int,
-) -> NcclResult;
-/// `getCollInfo` of v3: the cost table.
-type CollInfoV3 = unsafe extern "C" fn(
-    Context,
-    c_int,
-    usize,
-    c_int,
-    *mut *mut f32,
-    c_int,
-    c_int,
-    *mut c_int,
-) -> NcclResult;
-/// `getCollInfo` of v4 to v6: v3's with `regBuff`.
-type CollInfoV4 = unsafe extern "C" fn(
-    Context,
-    c_int,
-    usize,
-    c_int,
-    *mut *mut f32,
-    c_int,
-    c_int,
-    c_int,
-    *mut c_int,
-) -> NcclResult;
+/// `getCollInfo` of a version: the context, collective and size, the
+/// version's own arguments, then where the channel count goes.
+macro_rules! get_coll_info {
+    ($($own:ty),*) => {
+        unsafe extern "C" fn(Context, c_int, usize, $($own,)* *mut c_int) -> NcclResult
+    };
+}
+/// v2: CollNet and NVLS support and the pipelined operations; out, the
+/// algorithm and protocol by name.
+type CollInfoV2 = get_coll_info!(c_int, c_int, c_int, *mut c_int, *mut c_int);
+/// v3: the pipelined operations and the cost table, algorithms by
+/// protocols.
+type CollInfoV3 = get_coll_info!(c_int, *mut *mut f32, c_int, c_int);
+/// v4 to v6: v3's with `regBuff`.
+type CollInfoV4 = get_coll_info!(c_int, *mut *mut f32, c_int, c_int, c_int);
 type ChunkSizeFn =
     unsafe extern "C" fn(Context, c_int, usize, c_int, c_int, c_int, *mut usize) -> NcclResult;
 

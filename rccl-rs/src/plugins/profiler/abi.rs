@@ -2,7 +2,7 @@
 //! .. `_v6_t` lay it out: event bits, states, the table and each
 //! version's event descriptors.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, CStr};
 
 pub(super) type NcclResult = c_int;
 pub(super) type Context = *mut c_void;
@@ -141,90 +141,124 @@ impl<T: Copy> Payload<T> {
 #[derive(Clone, Copy)]
 pub(super) struct NoData;
 
-/// `coll` of `ncclProfilerEventDescr_v1_t`: codes instead of names.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(super) struct CollV1 {
-    pub name: *const c_char,
+/// A part of a call that v1 gives as NCCL's code and v2 and v3 by name.
+pub(super) trait Named: Copy {
+    fn of(name: &'static CStr, code: u8) -> Self;
+}
+
+impl Named for u8 {
+    fn of(_: &'static CStr, code: u8) -> u8 {
+        code
+    }
+}
+
+impl Named for *const c_char {
+    fn of(name: &'static CStr, _: u8) -> *const c_char {
+        name.as_ptr()
+    }
+}
+
+/// What v1 to v3 tell of a collective, its function, datatype, algorithm
+/// and protocol as `N` ([`Named`]); each version's `coll` is made from it.
+pub(super) struct CollBeforeV4<N> {
     pub comm_hash: u64,
     pub seq_number: u64,
-    pub func: u8,
+    pub func: N,
     pub send_buff: *const c_void,
     pub recv_buff: *mut c_void,
     pub count: usize,
     pub root: c_int,
-    pub datatype: u8,
-    pub op: u32,
-    pub traffic_bytes: usize,
+    pub datatype: N,
     pub n_max_channels: u8,
-    pub n_warps: u8,
-    pub algo: u8,
-    pub proto: u8,
-    pub is_collnet: c_int,
-    pub is_nvls: c_int,
+    pub algo: N,
+    pub proto: N,
 }
 
-/// `p2p` of `ncclProfilerEventDescr_v1_t`.
+/// Declares `coll` of a version before v4: the fields all of them share,
+/// `N` for the function, datatype, algorithm and protocol, and the
+/// version's own fields after the datatype and at the end (zero here).
+macro_rules! coll_before_v4 {
+    ($(#[$doc:meta])* $coll:ident<$n:ty> {
+        $($middle:ident: $middle_ty:ty,)*
+    } {
+        $($tail:ident: $tail_ty:ty,)*
+    }) => {
+        $(#[$doc])*
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        pub(super) struct $coll {
+            pub name: *const c_char,
+            pub comm_hash: u64,
+            pub seq_number: u64,
+            pub func: $n,
+            pub send_buff: *const c_void,
+            pub recv_buff: *mut c_void,
+            pub count: usize,
+            pub root: c_int,
+            pub datatype: $n,
+            $(pub $middle: $middle_ty,)*
+            pub n_max_channels: u8,
+            pub n_warps: u8,
+            pub algo: $n,
+            pub proto: $n,
+            $(pub $tail: $tail_ty,)*
+        }
+
+        impl From<CollBeforeV4<$n>> for $coll {
+            fn from(c: CollBeforeV4<$n>) -> $coll {
+                $coll {
+                    name: std::ptr::null(),
+                    comm_hash: c.comm_hash,
+                    seq_number: c.seq_number,
+                    func: c.func,
+                    send_buff: c.send_buff,
+                    recv_buff: c.recv_buff,
+                    count: c.count,
+                    root: c.root,
+                    datatype: c.datatype,
+                    $($middle: 0,)*
+                    n_max_channels: c.n_max_channels,
+                    n_warps: 0,
+                    algo: c.algo,
+                    proto: c.proto,
+                    $($tail: 0,)*
+                }
+            }
+        }
+    };
+}
+
+coll_before_v4!(
+    /// `coll` of `ncclProfilerEventDescr_v1_t`: codes, with the reduction
+    /// and traffic, and whether CollNet or NVLS runs it.
+    CollV1<u8> {
+        op: u32,
+        traffic_bytes: usize,
+    } {
+        is_collnet: c_int,
+        is_nvls: c_int,
+    }
+);
+coll_before_v4!(
+    /// `coll` of v2: names, with the traffic.
+    CollV2<*const c_char> {
+        traffic_bytes: usize,
+    } {}
+);
+coll_before_v4!(
+    /// `coll` of v3: names.
+    CollV3<*const c_char> {} {}
+);
+
+/// `p2p` of v1 (`N` codes) and of v2 and v3 (names).
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(super) struct P2pV1 {
+pub(super) struct P2pBeforeV4<N> {
     pub name: *const c_char,
     pub comm_hash: u64,
-    pub func: u8,
+    pub func: N,
     pub buff: *mut c_void,
-    pub datatype: u8,
-    pub count: usize,
-    pub peer: c_int,
-}
-
-/// `coll` of v2: names instead of codes.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(super) struct CollV2 {
-    pub name: *const c_char,
-    pub comm_hash: u64,
-    pub seq_number: u64,
-    pub func: *const c_char,
-    pub send_buff: *const c_void,
-    pub recv_buff: *mut c_void,
-    pub count: usize,
-    pub root: c_int,
-    pub datatype: *const c_char,
-    pub traffic_bytes: usize,
-    pub n_max_channels: u8,
-    pub n_warps: u8,
-    pub algo: *const c_char,
-    pub proto: *const c_char,
-}
-
-/// `coll` of v3: v2's without the traffic.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(super) struct CollV3 {
-    pub name: *const c_char,
-    pub comm_hash: u64,
-    pub seq_number: u64,
-    pub func: *const c_char,
-    pub send_buff: *const c_void,
-    pub recv_buff: *mut c_void,
-    pub count: usize,
-    pub root: c_int,
-    pub datatype: *const c_char,
-    pub n_max_channels: u8,
-    pub n_warps: u8,
-    pub algo: *const c_char,
-    pub proto: *const c_char,
-}
-
-/// `p2p` of v2 and v3.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(super) struct P2pV2 {
-    pub name: *const c_char,
-    pub comm_hash: u64,
-    pub func: *const c_char,
-    pub buff: *mut c_void,
-    pub datatype: *const c_char,
+    pub datatype: N,
     pub count: usize,
     pub peer: c_int,
 }

@@ -2,13 +2,15 @@
 //! version of the interface describes it, NCCL's names and codes of its
 //! parts, and each version's layout of its descriptor.
 
-use std::ffi::{c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
 use parking_lot::Mutex;
 use rccl_algorithms::CollKind;
 use rccl_transports::Protocol;
 
-use super::abi::{CollV1, CollV2, CollV3, CollV4, Handle, P2pV1, P2pV2, P2pV4, COLL, P2P};
+use super::abi::{
+    CollBeforeV4, CollV1, CollV2, CollV3, CollV4, Handle, Named, P2pBeforeV4, P2pV4, COLL, P2P,
+};
 use super::Session;
 use crate::types::DataType;
 
@@ -125,6 +127,75 @@ pub(super) enum Call {
     P2p(P2p),
 }
 
+impl Coll {
+    /// The call as v1 to v3 describe it, in codes or names (`N`).
+    fn before_v4<N: Named>(&self, comm_hash: u64) -> CollBeforeV4<N> {
+        let (func_name, func_code) = func(self.kind);
+        let (algo_name, algo_code) = algorithm(self.algorithm);
+        let (proto_name, proto_code) = protocol(self.protocol);
+        CollBeforeV4 {
+            comm_hash,
+            seq_number: self.seq_number,
+            func: N::of(func_name, func_code),
+            send_buff: self.send,
+            recv_buff: self.recv,
+            count: self.count,
+            root: self.root,
+            datatype: N::of(datatype(self.dtype), self.dtype as u8),
+            n_max_channels: self.nchannels,
+            algo: N::of(algo_name, algo_code),
+            proto: N::of(proto_name, proto_code),
+        }
+    }
+
+    /// The call as v4 to v6 describe it, inside group event `group`.
+    fn since_v4(&self, group: Handle) -> CollV4 {
+        CollV4 {
+            seq_number: self.seq_number,
+            func: func(self.kind).0.as_ptr(),
+            send_buff: self.send,
+            recv_buff: self.recv,
+            count: self.count,
+            root: self.root,
+            datatype: datatype(self.dtype).as_ptr(),
+            n_channels: self.nchannels,
+            n_warps: 0,
+            algo: algorithm(self.algorithm).0.as_ptr(),
+            proto: protocol(self.protocol).0.as_ptr(),
+            parent_group: group,
+        }
+    }
+}
+
+impl P2p {
+    /// The call as v1 to v3 describe it, in codes or names (`N`).
+    fn before_v4<N: Named>(&self, comm_hash: u64) -> P2pBeforeV4<N> {
+        let (func_name, func_code) = p2p_func(self.send);
+        P2pBeforeV4 {
+            name: std::ptr::null(),
+            comm_hash,
+            func: N::of(func_name, func_code),
+            buff: self.buff,
+            datatype: N::of(datatype(self.dtype), self.dtype as u8),
+            count: self.count,
+            peer: self.peer,
+        }
+    }
+
+    /// The call as v4 to v6 describe it, inside group event `group`.
+    fn since_v4(&self, group: Handle) -> P2pV4 {
+        P2pV4 {
+            func: p2p_func(self.send).0.as_ptr(),
+            buff: self.buff,
+            datatype: datatype(self.dtype).as_ptr(),
+            count: self.count,
+            peer: self.peer,
+            n_channels: self.nchannels,
+            parent_group: group,
+        }
+    }
+}
+
 impl Session {
     /// Starts the event of `task` in its version's layout; its handle, or
     /// null.
@@ -133,141 +204,23 @@ impl Session {
         // Before v5 the group event is the parent; from v5 on the call's
         // API event is, and the group event its `parentGroup`.
         let parent = if version >= 5 { task.api } else { task.group };
-        let no_name = std::ptr::null();
-        match &task.call {
-            Call::Coll(c) => {
-                let (func_name, func_code) = func(c.kind);
-                let (algo_name, algo_code) = algorithm(c.algorithm);
-                let (proto_name, proto_code) = protocol(c.protocol);
-                let dt = datatype(c.dtype).as_ptr();
-                match version {
-                    1 => self.start_reported(
-                        COLL,
-                        parent,
-                        CollV1 {
-                            name: no_name,
-                            comm_hash,
-                            seq_number: c.seq_number,
-                            func: func_code,
-                            send_buff: c.send,
-                            recv_buff: c.recv,
-                            count: c.count,
-                            root: c.root,
-                            datatype: c.dtype as u8,
-                            op: 0,
-                            traffic_bytes: 0,
-                            n_max_channels: c.nchannels,
-                            n_warps: 0,
-                            algo: algo_code,
-                            proto: proto_code,
-                            is_collnet: 0,
-                            is_nvls: 0,
-                        },
-                    ),
-                    2 => self.start_reported(
-                        COLL,
-                        parent,
-                        CollV2 {
-                            name: no_name,
-                            comm_hash,
-                            seq_number: c.seq_number,
-                            func: func_name.as_ptr(),
-                            send_buff: c.send,
-                            recv_buff: c.recv,
-                            count: c.count,
-                            root: c.root,
-                            datatype: dt,
-                            traffic_bytes: 0,
-                            n_max_channels: c.nchannels,
-                            n_warps: 0,
-                            algo: algo_name.as_ptr(),
-                            proto: proto_name.as_ptr(),
-                        },
-                    ),
-                    3 => self.start_reported(
-                        COLL,
-                        parent,
-                        CollV3 {
-                            name: no_name,
-                            comm_hash,
-                            seq_number: c.seq_number,
-                            func: func_name.as_ptr(),
-                            send_buff: c.send,
-                            recv_buff: c.recv,
-                            count: c.count,
-                            root: c.root,
-                            datatype: dt,
-                            n_max_channels: c.nchannels,
-                            n_warps: 0,
-                            algo: algo_name.as_ptr(),
-                            proto: proto_name.as_ptr(),
-                        },
-                    ),
-                    _ => self.start_reported(
-                        COLL,
-                        parent,
-                        CollV4 {
-                            seq_number: c.seq_number,
-                            func: func_name.as_ptr(),
-                            send_buff: c.send,
-                            recv_buff: c.recv,
-                            count: c.count,
-                            root: c.root,
-                            datatype: dt,
-                            n_channels: c.nchannels,
-                            n_warps: 0,
-                            algo: algo_name.as_ptr(),
-                            proto: proto_name.as_ptr(),
-                            parent_group: task.group,
-                        },
-                    ),
-                }
+        match (&task.call, version) {
+            (Call::Coll(c), 1) => {
+                self.start_reported(COLL, parent, CollV1::from(c.before_v4(comm_hash)))
             }
-            Call::P2p(p) => {
-                let (func_name, func_code) = p2p_func(p.send);
-                let dt = datatype(p.dtype).as_ptr();
-                match version {
-                    1 => self.start_reported(
-                        P2P,
-                        parent,
-                        P2pV1 {
-                            name: no_name,
-                            comm_hash,
-                            func: func_code,
-                            buff: p.buff,
-                            datatype: p.dtype as u8,
-                            count: p.count,
-                            peer: p.peer,
-                        },
-                    ),
-                    2 | 3 => self.start_reported(
-                        P2P,
-                        parent,
-                        P2pV2 {
-                            name: no_name,
-                            comm_hash,
-                            func: func_name.as_ptr(),
-                            buff: p.buff,
-                            datatype: dt,
-                            count: p.count,
-                            peer: p.peer,
-                        },
-                    ),
-                    _ => self.start_reported(
-                        P2P,
-                        parent,
-                        P2pV4 {
-                            func: func_name.as_ptr(),
-                            buff: p.buff,
-                            datatype: dt,
-                            count: p.count,
-                            peer: p.peer,
-                            n_channels: p.nchannels,
-                            parent_group: task.group,
-                        },
-                    ),
-                }
+            (Call::Coll(c), 2) => {
+                self.start_reported(COLL, parent, CollV2::from(c.before_v4(comm_hash)))
             }
+            (Call::Coll(c), 3) => {
+                self.start_reported(COLL, parent, CollV3::from(c.before_v4(comm_hash)))
+            }
+            (Call::Coll(c), _) => self.start_reported(COLL, parent, c.since_v4(task.group)),
+            (Call::P2p(p), 1) => self.start_reported(P2P, parent, p.before_v4::<u8>(comm_hash)),
+            (Call::P2p(p), 2 | 3) => {
+                let names = p.before_v4::<*const c_char>(comm_hash);
+                self.start_reported(P2P, parent, names)
+            }
+            (Call::P2p(p), _) => self.start_reported(P2P, parent, p.since_v4(task.group)),
         }
     }
 }

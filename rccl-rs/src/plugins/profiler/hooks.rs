@@ -138,7 +138,9 @@ pub(crate) struct LaunchEvents {
     profiler: Option<&'static Profiler>,
     group: Handle,
     tasks: Vec<Handle>,
-    /// The proxy events of its collectives, by their sequence numbers.
+    /// The proxy events of its collectives, by their sequence numbers:
+    /// when they are on, its events stop once the proxy has sent what the
+    /// launch published.
     proxy: Option<(Arc<ProxyEvents>, Vec<u32>)>,
 }
 
@@ -247,16 +249,13 @@ impl Drop for LaunchEvents {
         let Some(profiler) = self.profiler else {
             return;
         };
-        if let Some((events, calls)) = self.proxy.take() {
-            for seq in calls {
-                events.end_call(seq);
-            }
-        }
-        // A handle this plug-in's startEvent gave, stopped once, while its
-        // communicator's context is alive (the launch holds the
-        // communicator).
-        for handle in self.tasks.drain(..).chain(Some(self.group)) {
-            profiler.stop(handle);
+        // Handles this plug-in's startEvent gave, each stopped once, while
+        // the communicator's context is alive (the launch holds the
+        // communicator; its proxy events stop what is left when it goes).
+        let handles = self.tasks.drain(..).chain(Some(self.group));
+        match self.proxy.take() {
+            Some((events, calls)) => events.end_launch(calls, handles.collect()),
+            None => handles.for_each(|handle| profiler.stop(handle)),
         }
     }
 }

@@ -18,7 +18,8 @@
 //! point-to-point event per send or receive (peer, count, datatype,
 //! channels). They start when the launch is planned and stop, children
 //! first, when its host work has completed or its device work has been
-//! enqueued (as NCCL stops them after the kernel launch). A plug-in's
+//! enqueued (as NCCL stops them after the kernel launch; with proxy
+//! events, once the proxy is done, as below). A plug-in's
 //! activation mask is honoured as NCCL does: a group event starts when the
 //! mask asks for it or for anything below it, a collective or
 //! point-to-point event when the mask asks for it or for the proxy, kernel
@@ -40,11 +41,15 @@
 //! step event inside it: a send's from its post (state `SendWait`) to its
 //! completion, a receive's when its data has arrived (state
 //! `RecvGPUWait`: the call it belongs to is known only then), stopped as
-//! it is handed to the executor. The operations stop, their open steps
-//! first, when the collective ends on this rank; a piece that arrives
-//! before this rank starts the call, or whose send is posted after it
-//! ended, is not reported. An operation's `nSteps` is 0 (unknown when
-//! its first piece moves) and its `chunkSize` that piece's size.
+//! it is handed to the executor. A piece that arrives before this rank
+//! starts its call is reported when the call starts. The operations stop,
+//! their open steps first, and then the launch's collective and group
+//! events, once the proxy has completed every send the launch published
+//! (at the latest when the communicator goes), so that sends posted after
+//! the call ended here are reported inside it. Only the first pieces a
+//! connection receives before its observer is attached (as the connection
+//! is made) go unreported. An operation's `nSteps` is 0 (unknown when its
+//! first piece moves) and its `chunkSize` that piece's size.
 //!
 //! Not emitted: proxy events of sends and receives, proxy control, kernel
 //! channels and kernel launches, network plug-in events and v6's
@@ -68,7 +73,7 @@ use rccl_env::load::{Kind, Library, Subsystem};
 use rccl_env::logger;
 use rccl_transports::network::plugin::net_library_names;
 
-use abi::{Context, Descr, Handle, InitV1, InitV4, InitV5, NoData, Payload, Table, GROUP};
+use abi::{Context, Descr, Handle, InitV1, InitV4, InitV5, NoData, Payload, StartFn, Table, GROUP};
 use proxy::{ProxyEvents, ProxyState};
 
 mod abi;
@@ -152,42 +157,44 @@ impl Session {
         let Some(start) = self.profiler.table.start_event else {
             return Ok(std::ptr::null_mut());
         };
-        let mut handle: Handle = std::ptr::null_mut();
         let data = Payload::new(member);
         let rank = self.rank;
-        let result = if self.profiler.library.version >= 5 {
-            let mut descr = Descr {
-                kind,
-                parent_obj: parent,
-                rank,
-                data,
-            };
-            // SAFETY: the plug-in's own entry point with its context, a
-            // valid out-pointer and a descriptor of its version (64-bit
-            // type) that lives for the call.
-            unsafe {
-                start(
-                    self.context,
-                    &mut handle,
-                    std::ptr::addr_of_mut!(descr).cast(),
-                )
-            }
+        // The event type is 64 bits wide from v5 on, a byte before.
+        if self.profiler.library.version >= 5 {
+            self.start_descr(
+                start,
+                &mut Descr {
+                    kind,
+                    parent_obj: parent,
+                    rank,
+                    data,
+                },
+            )
         } else {
-            let mut descr = Descr {
-                kind: kind as u8,
-                parent_obj: parent,
-                rank,
-                data,
-            };
-            // SAFETY: as above, with the byte-typed descriptor of v1 to v4.
-            unsafe {
-                start(
-                    self.context,
-                    &mut handle,
-                    std::ptr::addr_of_mut!(descr).cast(),
-                )
-            }
-        };
+            self.start_descr(
+                start,
+                &mut Descr {
+                    kind: kind as u8,
+                    parent_obj: parent,
+                    rank,
+                    data,
+                },
+            )
+        }
+    }
+
+    /// Calls the plug-in's `startEvent` with `descr`, of its version's
+    /// layout; the handle, or the code the plug-in failed with.
+    fn start_descr<K, T: Copy>(
+        &self,
+        start: StartFn,
+        descr: &mut Descr<K, T>,
+    ) -> Result<Handle, c_int> {
+        let mut handle: Handle = std::ptr::null_mut();
+        // SAFETY: the plug-in's own entry point with its context, a valid
+        // out-pointer and a descriptor of its version's layout that lives
+        // for the call.
+        let result = unsafe { start(self.context, &mut handle, std::ptr::from_mut(descr).cast()) };
         if result == 0 {
             Ok(handle)
         } else {

@@ -1,13 +1,16 @@
 //! The network proxy's events: the proxy operations and steps of the
 //! collectives in progress on this rank, as the connections' observers
-//! report the pieces they move.
+//! report the pieces they move. A piece that arrives before its call has
+//! begun here waits for it; a launch's events stop once the proxy has
+//! completed the sends the launch published, so that sends it posts after
+//! the calls ended on this rank are reported too.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::c_int;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rccl_transports::{StepObserver, Tag};
+use rccl_transports::{Fifo, StepObserver, Tag};
 
 use super::abi::{
     Handle, ProxyOpDescr, ProxyStateArgs, ProxyStepDescr, NET_PLUGIN, PROXY_EVENTS, PROXY_OP,
@@ -15,6 +18,11 @@ use super::abi::{
     PROXY_OP_SEND_POSTED, PROXY_STEP, PROXY_STEP_RECV_GPU_WAIT, PROXY_STEP_SEND_WAIT,
 };
 use super::{CProfiler, Session};
+use crate::call::P2P_CALL;
+
+/// The most received pieces kept for calls not begun here yet; past it the
+/// oldest go unreported.
+const MAX_EARLY_PIECES: usize = 4096;
 
 /// A communicator's proxy events: the collectives in progress whose
 /// pieces the network proxy reports, and their open proxy operations.
@@ -36,11 +44,20 @@ unsafe impl Sync for ProxyEvents {}
 pub(super) struct ProxyState {
     /// The communicator (and its plug-in context) is gone.
     closed: bool,
-    /// By the sequence number its pieces' tags carry, each collective in
-    /// progress with a collective event.
+    /// By the sequence number its pieces' tags carry, each collective with
+    /// a collective event, from its start until its launch's events stop.
     calls: HashMap<u32, ProxyCall>,
     /// The number of the last step started, to name the next.
     last_step: usize,
+    /// The sequence number of the last call begun here.
+    newest: Option<u32>,
+    /// Received pieces of calls not begun here yet, oldest first.
+    early: VecDeque<Piece>,
+    /// The send FIFO of each observed connection.
+    sends: Vec<SendSide>,
+    /// Launches whose calls have ended here, oldest first, each waiting
+    /// for the sends it published.
+    ending: VecDeque<EndingLaunch>,
 }
 
 /// A collective in progress: its event and its open proxy operations.
@@ -61,6 +78,48 @@ struct ProxyOp {
     open_steps: Vec<(usize, Handle)>,
 }
 
+/// A piece the proxy moved: its call, connection, direction and size.
+#[derive(Clone, Copy)]
+struct Piece {
+    seq: u32,
+    channel: u8,
+    peer: c_int,
+    send: bool,
+    bytes: usize,
+}
+
+/// A connection's send FIFO and how many of its pieces the proxy has sent.
+struct SendSide {
+    fifo: Fifo,
+    sent: u32,
+}
+
+impl SendSide {
+    /// Whether the proxy has sent the first `published` pieces, or never
+    /// will (the connection failed).
+    fn sent_all(&self, published: u32) -> bool {
+        self.fifo.failed() || self.sent.wrapping_sub(published) as i32 >= 0
+    }
+}
+
+/// The events of a launch whose calls ended on this rank.
+struct EndingLaunch {
+    /// Per connection, the pieces published when the calls ended.
+    published: Vec<u32>,
+    /// The sequence numbers of its collectives with proxy events.
+    calls: Vec<u32>,
+    /// Its calls' events, then its group event.
+    handles: Vec<Handle>,
+}
+
+/// Whether call `seq` comes after call `newest` (sequence numbers wrap).
+fn after(seq: u32, newest: Option<u32>) -> bool {
+    match newest {
+        Some(newest) => seq.wrapping_sub(newest) as i32 > 0,
+        None => true,
+    }
+}
+
 impl ProxyEvents {
     fn record(&self, handle: Handle, state: c_int, bytes: usize) {
         let mut args = ProxyStateArgs {
@@ -76,67 +135,121 @@ impl ProxyEvents {
         self.session.profiler.stop(handle);
     }
 
-    /// Reports nothing more: the communicator (and its plug-in context)
-    /// is gone.
+    /// Stops every launch's events still waiting for the proxy, then
+    /// reports nothing more: the communicator (and its plug-in context)
+    /// is going.
     pub(super) fn close(&self) {
-        self.state.lock().closed = true;
+        let mut state = self.state.lock();
+        while let Some(launch) = state.ending.pop_front() {
+            self.stop_launch(&mut state, launch);
+        }
+        state.closed = true;
     }
 
     /// Starts the proxy events of collective `seq` (whose event is
-    /// `parent`) from now until [`ProxyEvents::end_call`].
+    /// `parent`), with those of the pieces that arrived before it.
     pub(super) fn begin_call(&self, seq: u32, parent: Handle) {
-        let mut state = self.state.lock();
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
         let call = ProxyCall {
             parent,
             ops: Vec::new(),
         };
         state.calls.insert(seq, call);
+        state.newest = Some(seq);
+        // Pieces of earlier calls without an event go.
+        let (now, later): (Vec<Piece>, Vec<Piece>) = std::mem::take(&mut state.early)
+            .into_iter()
+            .filter(|piece| piece.seq == seq || after(piece.seq, state.newest))
+            .partition(|piece| piece.seq == seq);
+        state.early = later.into();
+        if state.closed {
+            return;
+        }
+        for piece in now {
+            self.step(state, piece);
+        }
     }
 
-    /// Stops the proxy operations of collective `seq`, their open steps
-    /// first.
-    pub(super) fn end_call(&self, seq: u32) {
+    /// Hands over the events of a launch whose calls have ended here: its
+    /// collectives `calls` (whose proxy operations stop first) and
+    /// `handles`, its calls' events then its group event; they stop once
+    /// the proxy has sent every piece published by now.
+    pub(super) fn end_launch(&self, calls: Vec<u32>, handles: Vec<Handle>) {
         let mut state = self.state.lock();
-        let Some(call) = state.calls.remove(&seq) else {
-            return;
-        };
-        if state.closed {
-            return;
-        }
-        for op in call.ops {
-            for (_, step) in op.open_steps {
-                self.stop(step);
+        let published = state
+            .sends
+            .iter()
+            .map(|side| side.fifo.published())
+            .collect();
+        state.ending.push_back(EndingLaunch {
+            published,
+            calls,
+            handles,
+        });
+        self.stop_sent_launches(&mut state);
+    }
+
+    /// Stops, oldest first, the events of the launches whose sends have
+    /// all been sent.
+    fn stop_sent_launches(&self, state: &mut ProxyState) {
+        while let Some(launch) = state.ending.front() {
+            let sent = (state.sends.iter().zip(&launch.published))
+                .all(|(side, &published)| side.sent_all(published));
+            if !sent {
+                return;
             }
-            if self.session.profiler.library.version < 4 {
-                let done = if op.send {
-                    PROXY_OP_SEND_DONE
-                } else {
-                    PROXY_OP_RECV_DONE
-                };
-                self.record(op.handle, done, 0);
+            if let Some(launch) = state.ending.pop_front() {
+                self.stop_launch(state, launch);
             }
-            self.stop(op.handle);
         }
     }
 
-    /// Starts a step of `bytes` of call `tag` on `channel` to or from
-    /// `peer`, in its proxy operation (started with its first step): a
-    /// send's step stays open and its number comes back, a receive's is
-    /// stopped at once; `None` when the call is not in progress here.
-    fn start_step(
-        &self,
-        tag: Tag,
-        channel: u8,
-        peer: c_int,
-        send: bool,
-        bytes: usize,
-    ) -> Option<usize> {
-        let mut guard = self.state.lock();
-        let state = &mut *guard;
-        if state.closed {
-            return None;
+    /// Stops the proxy operations of a launch's collectives, their open
+    /// steps first, then the launch's events.
+    fn stop_launch(&self, state: &mut ProxyState, launch: EndingLaunch) {
+        for seq in launch.calls {
+            let Some(call) = state.calls.remove(&seq) else {
+                continue;
+            };
+            if state.closed {
+                continue;
+            }
+            for op in call.ops {
+                for (_, step) in op.open_steps {
+                    self.stop(step);
+                }
+                if self.session.profiler.library.version < 4 {
+                    let done = if op.send {
+                        PROXY_OP_SEND_DONE
+                    } else {
+                        PROXY_OP_RECV_DONE
+                    };
+                    self.record(op.handle, done, 0);
+                }
+                self.stop(op.handle);
+            }
         }
-        let call = state.calls.get_mut(&tag.seq)?;
+        if !state.closed {
+            for handle in launch.handles {
+                self.stop(handle);
+            }
+        }
+    }
+
+    /// Starts a step of `piece` in its proxy operation (started with its
+    /// first step): a send's step stays open and its number comes back, a
+    /// receive's is stopped at once; `None` when its call has no events
+    /// here.
+    fn step(&self, state: &mut ProxyState, piece: Piece) -> Option<usize> {
+        let Piece {
+            seq,
+            channel,
+            peer,
+            send,
+            bytes,
+        } = piece;
+        let call = state.calls.get_mut(&seq)?;
         let index = match call
             .ops
             .iter()
@@ -193,66 +306,124 @@ impl ProxyEvents {
         Some(id)
     }
 
-    /// Stops send step `id` if its operation is still open.
-    fn stop_send_step(&self, id: usize) {
+    /// Reports a send posted; the number of its step, 0 for none.
+    fn send_posted(&self, piece: Piece) -> usize {
+        let mut state = self.state.lock();
+        if state.closed {
+            return 0;
+        }
+        self.step(&mut state, piece).unwrap_or(0)
+    }
+
+    /// Reports a piece received: at once when its call has begun here,
+    /// when it begins if it has not yet.
+    fn received(&self, piece: Piece, call: u32) {
         let mut state = self.state.lock();
         if state.closed {
             return;
         }
-        for op in state
+        if call != P2P_CALL
+            && !state.calls.contains_key(&piece.seq)
+            && after(piece.seq, state.newest)
+        {
+            if state.early.len() == MAX_EARLY_PIECES {
+                state.early.pop_front();
+            }
+            state.early.push_back(piece);
+            return;
+        }
+        self.step(&mut state, piece);
+    }
+
+    /// Counts a send of connection `side` sent and stops its step (0: none)
+    /// if its operation is still open; then stops the launches whose sends
+    /// are all sent.
+    fn sent(&self, side: usize, step: usize) {
+        let mut state = self.state.lock();
+        if state.closed {
+            return;
+        }
+        if let Some(side) = state.sends.get_mut(side) {
+            side.sent = side.sent.wrapping_add(1);
+        }
+        // Step numbers start at 1.
+        let open = state
             .calls
             .values_mut()
             .flat_map(|call| call.ops.iter_mut())
-        {
-            if let Some(at) = op.open_steps.iter().position(|&(step, _)| step == id) {
-                let (_, handle) = op.open_steps.swap_remove(at);
-                self.stop(handle);
-                return;
-            }
+            .find_map(|op| {
+                let at = op.open_steps.iter().position(|&(id, _)| id == step)?;
+                Some(op.open_steps.swap_remove(at).1)
+            });
+        if let Some(handle) = open {
+            self.stop(handle);
         }
+        self.stop_sent_launches(&mut state);
+    }
+
+    /// Watches the send FIFO `fifo` of a new connection; its index.
+    fn watch(&self, fifo: &Fifo) -> usize {
+        let mut state = self.state.lock();
+        state.sends.push(SendSide {
+            fifo: fifo.clone(),
+            sent: fifo.published(),
+        });
+        state.sends.len() - 1
     }
 }
 
 /// What the network proxy reports of one connection: the channel and
-/// peer of its proxy operations.
+/// peer of its proxy operations, and its send FIFO's index among the
+/// watched.
 struct ConnectionSteps {
     events: Arc<ProxyEvents>,
     channel: u8,
     peer: c_int,
+    side: usize,
+}
+
+impl ConnectionSteps {
+    fn piece(&self, tag: Tag, send: bool, bytes: usize) -> Piece {
+        Piece {
+            seq: tag.seq,
+            channel: self.channel,
+            peer: self.peer,
+            send,
+            bytes,
+        }
+    }
 }
 
 impl StepObserver for ConnectionSteps {
     fn send_posted(&self, tag: Tag, bytes: usize) -> usize {
-        self.events
-            .start_step(tag, self.channel, self.peer, true, bytes)
-            .unwrap_or(0)
+        self.events.send_posted(self.piece(tag, true, bytes))
     }
 
     fn sent(&self, step: usize) {
-        if step != 0 {
-            self.events.stop_send_step(step);
-        }
+        self.events.sent(self.side, step);
     }
 
     fn received(&self, tag: Tag, bytes: usize) {
         self.events
-            .start_step(tag, self.channel, self.peer, false, bytes);
+            .received(self.piece(tag, false, bytes), tag.call);
     }
 }
 
 impl CProfiler {
-    /// The observer of a network connection on `channel` to `peer`, when
-    /// the mask asks for proxy events.
+    /// The observer of a network connection on `channel` to `peer` whose
+    /// proxy drains `send_fifo`, when the mask asks for proxy events.
     pub(crate) fn step_observer(
         &self,
         channel: usize,
         peer: usize,
+        send_fifo: &Fifo,
     ) -> Option<Arc<dyn StepObserver>> {
         (self.mask & PROXY_EVENTS != 0).then(|| {
             Arc::new(ConnectionSteps {
                 events: self.proxy.clone(),
                 channel: channel.min(u8::MAX as usize) as u8,
                 peer: peer as c_int,
+                side: self.proxy.watch(send_fifo),
             }) as Arc<dyn StepObserver>
         })
     }
