@@ -62,7 +62,10 @@ fn child_rank() {
         return device_suite_rank();
     }
     if mode == "device-exit" {
-        return device_all_reduces_until_a_rank_exits();
+        return device_all_reduces_until_a_rank_exits(Duration::ZERO);
+    }
+    if mode == "device-exit-linger" {
+        return device_all_reduces_until_a_rank_exits(LINGER);
     }
     if mode == "device-cut" {
         return device_all_reduces_until_the_link_is_cut();
@@ -130,19 +133,34 @@ fn device_suite_rank() {
     run_cases_then_close(&cases, comm, stream, nranks, rank);
 }
 
-/// The rank that leaves in `device-exit`: on the second host.
-const LEAVER: usize = 3;
+/// The rank that leaves in the `device-exit` modes: the second of the
+/// second host, whose ring neighbours are of its own host when the hosts
+/// hold more than 2 ranks.
+fn leaver(nranks: usize) -> usize {
+    nranks / 2 + 1
+}
+
+/// How long a rank whose call failed keeps its process before it aborts
+/// in `device-exit-linger`, as a program that logs or saves its state
+/// after an error does.
+const LINGER: Duration = Duration::from_secs(10);
+
+/// The process watch's grace for a peer process on this host that is gone
+/// (it may have finished its part while this rank drains its FIFOs).
+const DEAD_PEER_GRACE: Duration = Duration::from_secs(2);
 
 /// All-reduces of 64 Ki floats on device memory, the stream synchronized
-/// after each; rank [`LEAVER`] leaves its process after 3 of them (and
-/// 300 ms) without a word (`_exit`). Every other rank must see its call fail within 20 s
-/// naming a rank (the leaver, or a peer that failed because of it), print
-/// `FAILED AFTER <ms> ms: <error>`, and abort; none may hang or succeed
-/// for 60 s.
-fn device_all_reduces_until_a_rank_exits() {
+/// after each; rank [`leaver`] leaves its process after 3 of them (and
+/// 300 ms) without a word (`_exit`). Every other rank must see its call
+/// fail within the grace and 1 s of the leaver's exit, naming a rank (the
+/// leaver, or a peer that failed because of it; the leaver when the
+/// failed ranks linger), print `FAILED AFTER <ms> ms: <error>`, then keep
+/// its process for `linger` and abort; none may hang or succeed for 60 s.
+fn device_all_reduces_until_a_rank_exits(linger: Duration) {
     use device_cases::{all_reduce_succeeds, last_error, to_device};
     use rcclrs::*;
-    let (comm, stream, rank, _) = join_from_env();
+    let (comm, stream, rank, nranks) = join_from_env();
+    let leaver = leaver(nranks);
     let count = 1 << 16;
     let send = to_device(&vec![0u8; count * 4]);
     let recv = to_device(&vec![0u8; count * 4]);
@@ -154,7 +172,7 @@ fn device_all_reduces_until_a_rank_exits() {
             "rank {rank}: no failure in 60 s"
         );
         if round == 3 {
-            if rank == LEAVER {
+            if rank == leaver {
                 // Its last pieces leave first: the call ends on a rank
                 // once its work has handed them to the network proxy.
                 std::thread::sleep(Duration::from_millis(300));
@@ -180,8 +198,19 @@ fn device_all_reduces_until_a_rank_exits() {
                 round >= 3,
                 "rank {rank} failed before any rank left: {error}"
             );
-            assert!(waited < 20_000, "rank {rank}: {waited} ms");
+            // From the start of the round, 300 ms before the exit.
+            let bound =
+                (Duration::from_millis(300) + DEAD_PEER_GRACE + Duration::from_secs(1)).as_millis();
+            assert!(waited < bound, "rank {rank}: {waited} ms: {error}");
             assert!(error.contains("rank "), "rank {rank}: {error}");
+            // A rank that aborts at once may close its connections before
+            // its note is read: its peers then name it. One that lingers
+            // lets every word arrive.
+            assert!(
+                linger.is_zero() || error.contains(&format!("rank {leaver} ")),
+                "rank {rank} does not name rank {leaver}: {error}"
+            );
+            std::thread::sleep(linger);
             // SAFETY: a live communicator, ended once.
             unsafe { ncclCommAbort(comm) };
             return;
@@ -431,14 +460,22 @@ fn gpudirect_rdma_off_keeps_device_work_slots_in_host_memory() {
 /// naming a rank, and nobody hangs (over Socket, and over the IB model with
 /// GPUDirect RDMA).
 fn device_work_survives_a_rank_leaving(net: &[(&str, &str)]) {
-    let Some(stderrs) = run_ranks(2, 2, 1, "device-exit", |cmd| {
-        for (key, value) in net {
+    ranks_fail_naming_the_rank_that_left("device-exit", 2, net);
+}
+
+/// Runs 2 hosts x `per_host` ranks in `mode` (one of the `device-exit`
+/// modes) with `env` (the network, the algorithm), each rank asserting
+/// its own failure; prints what they said.
+fn ranks_fail_naming_the_rank_that_left(mode: &str, per_host: usize, env: &[(&str, &str)]) {
+    let Some(stderrs) = run_ranks(2, per_host, 1, mode, |cmd| {
+        for (key, value) in env {
             cmd.env(key, value);
         }
     }) else {
         return;
     };
-    for (rank, text) in stderrs.iter().enumerate().filter(|&(r, _)| r != LEAVER) {
+    let leaver = leaver(2 * per_host);
+    for (rank, text) in stderrs.iter().enumerate().filter(|&(r, _)| r != leaver) {
         let line = text
             .lines()
             .find(|l| l.starts_with("FAILED AFTER"))
@@ -455,6 +492,22 @@ fn device_work_across_hosts_fails_naming_a_rank_that_left() {
 #[test]
 fn device_work_by_gpudirect_rdma_fails_naming_a_rank_that_left() {
     device_work_survives_a_rank_leaving(&IB_MODEL_GDR);
+}
+
+/// As [`device_work_across_hosts_fails_naming_a_rank_that_left`] on 2
+/// hosts x 3 ranks in one ring (`0 -> 1 -> ... -> 5 -> 0`), but a rank
+/// whose call failed keeps its process for [`LINGER`]: rank 1, which no
+/// connection joins to the second host, waits only on ranks of its host
+/// that failed; it must learn of their failure from their word, not from
+/// their processes ending long after.
+#[test]
+fn device_work_fails_naming_a_rank_that_left_while_failed_peers_linger() {
+    let one_ring = [
+        ("NCCL_ALGO", "allreduce:ring"),
+        ("NCCL_MIN_NCHANNELS", "1"),
+        ("NCCL_MAX_NCHANNELS", "1"),
+    ];
+    ranks_fail_naming_the_rank_that_left("device-exit-linger", 3, &one_ring);
 }
 
 /// Device work across 2 hosts x 2 ranks when the link between the hosts

@@ -223,18 +223,60 @@ impl Finish {
                 Some((conn, failure_note(&comm, why)))
             })
             .collect();
-        if notes.is_empty() {
+        // A failure that came from a peer (its death, its failure, its
+        // connection) goes in words to the peers of other processes the
+        // launch exchanges with: one waiting on this rank through device
+        // memory has no connection to be closed, and this process may live
+        // on long after (that peer's process watch waits for its end). A
+        // deadline or an abort of this rank is its own: the peers see
+        // theirs.
+        let words: Vec<(Arc<CommInner>, Vec<usize>, String)> = self
+            .comms
+            .iter()
+            .filter_map(|comm| {
+                let why = comm.poisoned.get()?;
+                if !matches!(why, Error::Remote(_)) {
+                    return None;
+                }
+                let peers = self.peers_elsewhere(comm);
+                (!peers.is_empty()).then(|| (comm.clone(), peers, failure_note(comm, why)))
+            })
+            .collect();
+        if notes.is_empty() && words.is_empty() {
             return;
         }
-        // Closing waits (boundedly) for slots in flight: not on the
-        // device's callback.
+        // Telling and closing wait (boundedly) for peers and slots in
+        // flight: not on the device's callback.
         let _ = std::thread::Builder::new()
             .name("rccl-close".into())
             .spawn(move || {
+                for (comm, peers, note) in words {
+                    let mut notices = Notices::new(&*comm);
+                    peers.iter().for_each(|&peer| notices.tell_at_end(peer));
+                    // Dropped: each peer gets the failure.
+                    notices.fail(&note);
+                }
                 for (conn, note) in notes {
                     conn.close_with(&note);
                 }
             });
+    }
+
+    /// The ranks of other processes that `comm`'s blocks of this launch
+    /// receive from or send to.
+    fn peers_elsewhere(&self, comm: &Arc<CommInner>) -> Vec<usize> {
+        let mut peers: Vec<usize> = self
+            .blocks
+            .iter()
+            .flatten()
+            .filter(|block| Arc::ptr_eq(&block.comm, comm))
+            .flat_map(|block| &block.channels)
+            .flat_map(|(from, to)| from.iter().map(|(peer, _)| *peer).chain(to.iter().copied()))
+            .filter(|&peer| comm.in_other_process(peer))
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        peers
     }
 }
 
