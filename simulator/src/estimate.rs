@@ -141,7 +141,7 @@ impl Figures {
         let loops = (block / self.chunk).ceil().max(1.0);
         let s = (block / loops).max(1.0);
         let kept = if keeps { self.kept(s, across) } else { 0.0 };
-        self.lead() + steps * loops * (self.pace(s, across, rate, true) + kept)
+        self.lead() + steps * loops * (self.pace(s, across, rate) + kept)
     }
 
     /// What a forwarding pipeline pays before its first message is on its
@@ -193,29 +193,43 @@ impl Figures {
         }
     }
 
-    /// The time each step of a pipeline whose hops cross hosts a share
-    /// `across` of the time takes: the fixed cost, the hop and the pass
-    /// over the message at `rate`, unless a link cannot carry a message
-    /// per step that fast. A message crosses hosts whole before the next
-    /// step can forward it. Where a rank's transfer within a host is its
-    /// own copy, the message comes piece by piece: a rank that `forwards`
-    /// what it receives (a ring's step) pays its fixed cost while the
-    /// message is on its way, and its pass over a piece is the next
-    /// piece's transfer; one that exchanges (halving-doubling) sends
-    /// before it takes in its partner's message, and passes over each
-    /// piece once it is in. A host's switch moves a message while the
-    /// rank pays its step.
-    fn pace(&self, s: f64, across: f64, rate: f64, forwards: bool) -> f64 {
+    /// One step of `messages` messages of `s` bytes each way between two
+    /// ranks (a share `across` of them between hosts), the rank passing
+    /// over what comes in at `rate`: the step's fixed cost and the hop's
+    /// latency once, since its messages progress together, then each
+    /// message at the pace of the slowest of the rank's pass, the
+    /// channel's share of the NIC and its port. Where a rank's transfer
+    /// within a host is its own copy, its own message's copy and its pass
+    /// over the partner's take turns on its one core.
+    fn exchange(&self, messages: f64, s: f64, across: f64, rate: f64) -> f64 {
+        let latency = across * self.nic_latency + (1.0 - across) * self.port_latency;
+        let own_copy = if self.sender_copies {
+            (1.0 - across) * s / (self.port / self.channels)
+        } else {
+            0.0
+        };
+        let nic = across * s / (self.nic / self.per_nic());
+        let port = (1.0 - across) * s / (self.port / self.channels);
+        let each = (s / rate + own_copy + nic).max(nic).max(port);
+        self.step + latency + messages * each
+    }
+
+    /// The time each step of a forwarding pipeline (a ring's) whose hops
+    /// cross hosts a share `across` of the time takes: the fixed cost,
+    /// the hop and the pass over the message at `rate`, unless a link
+    /// cannot carry a message per step that fast. A message crosses hosts
+    /// whole before the next step can forward it. Where a rank's transfer
+    /// within a host is its own copy, the message comes piece by piece:
+    /// the rank pays its fixed cost while the message is on its way, and
+    /// its pass over a piece is the next piece's transfer. A host's switch
+    /// moves a message while the rank pays its step.
+    fn pace(&self, s: f64, across: f64, rate: f64) -> f64 {
         let latency = across * self.nic_latency + (1.0 - across) * self.port_latency;
         let (fixed, pass) = if !self.sender_copies {
             (self.step + latency, s / rate)
         } else {
             let within = (1.0 - across) * s.min(self.piece) / (self.port / self.channels);
-            if forwards {
-                (self.step.max(latency), (s / rate).max(within))
-            } else {
-                (self.step + latency, s / rate + within)
-            }
+            (self.step.max(latency), (s / rate).max(within))
         };
         let chain = fixed + pass + across * s / (self.nic / self.per_nic());
         let nic = if across > 0.0 {
@@ -263,17 +277,17 @@ pub fn estimate_us(
             f.lead()
                 + (n - 1.0)
                     * loops
-                    * (f.pace(s, ring_across, f.reduce, true)
-                        + f.pace(s, ring_across, f.copy, true)
+                    * (f.pace(s, ring_across, f.reduce)
+                        + f.pace(s, ring_across, f.copy)
                         + f.kept(s, ring_across))
         }
         ("ring", CollKind::AllGather | CollKind::ReduceScatter) => {
             let loops = (per_channel / f.chunk).ceil().max(1.0);
             let s = (per_channel / loops).max(1.0);
             let step = if kind == CollKind::ReduceScatter {
-                f.pace(s, ring_across, f.reduce, true)
+                f.pace(s, ring_across, f.reduce)
             } else {
-                f.pace(s, ring_across, f.copy, true) + f.kept(s, ring_across)
+                f.pace(s, ring_across, f.copy) + f.kept(s, ring_across)
             };
             f.lead() + (n - 1.0) * loops * step
         }
@@ -458,10 +472,9 @@ pub fn estimate_us(
                     0.0
                 };
                 // Halving reduces what comes in, doubling only copies it.
-                chain += messages
-                    * (f.pace(s, share, f.reduce, false)
-                        + f.pace(s, share, f.copy, false)
-                        + 2.0 * queued);
+                chain += f.exchange(messages, s, share, f.reduce)
+                    + f.exchange(messages, s, share, f.copy)
+                    + 2.0 * messages * queued;
                 if across {
                     crossing += 2.0 * held;
                 }
@@ -479,9 +492,14 @@ pub fn estimate_us(
             let out_port = (n - 1.0) * s / (f.port / f.channels);
             // Each of the n inputs joins the accumulator in a step of its
             // own; a rank whose transfers are its own copies makes them
-            // on the same core, before its reductions.
+            // on the same core, before its reductions. Across hosts the
+            // inputs join in one order on every rank while each rank sends
+            // in its own, so some rank's first input is the last its
+            // sender's NICs carry: its reductions start once they drain.
             let step = n * f.step + (n - 1.0) * s / f.reduce;
-            let step = if f.sender_copies && f.hosts <= 1.0 {
+            let step = if f.hosts > 1.0 {
+                step + out_nic
+            } else if f.sender_copies {
                 step + out_port
             } else {
                 step

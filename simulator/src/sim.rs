@@ -109,6 +109,8 @@ struct Net {
     local: Vec<usize>,
     /// Link bandwidths, bytes per microsecond.
     bw: Vec<f64>,
+    /// Whether a rank's transfers within a host are its own copies.
+    sender_copies: bool,
     intra_tx: usize,
     intra_rx: usize,
     nic_tx: usize,
@@ -288,6 +290,7 @@ impl Net {
             host_of,
             local,
             bw,
+            sender_copies: c.intra.is_some_and(|i| i.sender_copies),
             intra_tx,
             intra_rx,
             nic_tx,
@@ -1007,6 +1010,11 @@ fn replay(
     let mut prims: u64 = 0;
     let mut mask: Vec<Vec<bool>> = vec![Vec::new(); nthreads];
     let mut step_end = vec![0.0f64; nthreads];
+    // A rank whose transfers within a host are its own copies (a CPU
+    // rank) makes every primitive of a step on its one core, one after
+    // the other: the core time its step's primitives took so far.
+    let one_core = net.sender_copies;
+    let mut step_core = vec![0.0f64; nthreads];
     let mut blocked_recv: Vec<u32> = Vec::new();
     let mut blocked_send: Vec<u32> = Vec::new();
 
@@ -1066,6 +1074,8 @@ fn replay(
                 copy_bw
             };
             let mut op_end = s0;
+            // The core time of this primitive's passes.
+            let mut core = 0.0;
             let mut input: Option<Msg> = None;
             // The rate of the pass over the input, which its path sets.
             let mut proc_in = proc_bw;
@@ -1078,10 +1088,12 @@ fn replay(
                 let start = s0.max(m.head);
                 proc_in = proc_bw * m.receive_scale;
                 op_end = op_end.max((start + bytes / proc_in).max(m.tail + piece / proc_in));
+                core = bytes / proc_in;
                 input = Some(m);
             }
             if op.flags & LOCAL != 0 {
                 op_end = op_end.max(s0 + bytes / proc_bw);
+                core = bytes / proc_bw;
             }
             if op.flags & SEND != 0 {
                 let dst = op.to as usize;
@@ -1130,6 +1142,11 @@ fn replay(
                     depart = depart.max(src_ready + transfer + (bytes - piece) / copy_bw);
                     op_end = op_end.max(src_ready + transfer + bytes / copy_bw);
                 }
+                if path.sender_copies {
+                    // The pass over the input writes into the transfer.
+                    core = bytes / proc_in.min(min_bw)
+                        + if serial_copy { bytes / copy_bw } else { 0.0 };
+                }
                 let msg = Msg {
                     head: last_start + piece / min_bw + path.latency,
                     tail: depart + path.latency,
@@ -1151,6 +1168,10 @@ fn replay(
                 });
             }
             end = end.max(op_end);
+            if one_core {
+                step_core[th] += core;
+                end = end.max(s0 + step_core[th]);
+            }
         }
         if !complete {
             step_end[th] = end;
@@ -1158,6 +1179,7 @@ fn replay(
         }
         mask[th].clear();
         step_end[th] = 0.0;
+        step_core[th] = 0.0;
         cursor[th] += 1;
         ready[th] = end;
         heap.push(Reverse((Time(end), th)));

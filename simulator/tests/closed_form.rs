@@ -1,23 +1,30 @@
 //! The tuner's closed forms against the replay they stand for: over a grid
 //! of shapes, what `tune::engine_choice` picks replays within 5% of the
-//! fastest candidate's replay in at least 98% of the shapes, and within
-//! 1.5x of it in every one. (Not yet 5% everywhere: the misses are listed
-//! when the test fails, and `cargo test ... -- --nocapture` prints them
-//! when it passes.)
+//! fastest candidate's replay in every shape but those of
+//! [`KNOWN_MISSES`], which stay within 1.5x of it (the misses are listed
+//! when the test fails; `cargo test ... -- --nocapture` prints them).
 //!
 //! The grid: all-reduce, broadcast, all-gather and reduce-scatter (the
 //! collectives with more than one built-in algorithm; the others have a
 //! single candidate); sizes 8 B to 1 GiB by factors of 16; on the engine's
-//! own cluster (`engine_cluster` with the measured link figures) 1 to 16
-//! hosts of 1 or 8 ranks on 1, 2 or 8 rails, and on the `h100` preset 1 to
-//! 16 hosts of 8 ranks and 8 rails. Shapes whose replays would move more
-//! than 1 GiB in all (past 128 MiB on 8 ranks, 8 MiB on 128) are left out
-//! so that the test runs in seconds; the closed forms themselves are cheap at
-//! any scale (`benches/tuner.rs`).
+//! own cluster (`engine_cluster` with the measured link figures) 1, 2, 4,
+//! 16, 64, 256 and 1024 hosts of one rank on one rail, and up to 64 hosts
+//! of 8 ranks on 1, 2 or 8 rails; on the `h100` preset 1 to 64 hosts of 8
+//! ranks and 8 rails. Left out, so that the test runs in seconds (the
+//! closed forms themselves are cheap at any scale, `benches/tuner.rs`):
+//! shapes whose replays would move more than 1 GiB in all (past 128 MiB on
+//! 8 ranks, 1 MiB on 1024), and all-reduce on more than 256 ranks, where
+//! the one-shot candidate's replay (every rank a step of `n - 1` sends,
+//! each revisited while it waits) grows as the cube of the ranks.
 
 use rccl_algorithms::{builtins, CollKind, CollSpec, Params, Topology};
 use rccl_simulator::tune::{engine_choice, engine_cluster, params_for, EngineLinks};
 use rccl_simulator::{cluster, default_params, simulate, ClusterSpec, Protocol};
+
+/// Shapes where the pick replays more than 5% slower than the fastest:
+/// on two hosts of the `h100` preset the ring's all-gather form expects
+/// about 25% more than its replay at 512 KiB, so it picks hier, 10% slower.
+const KNOWN_MISSES: &[&str] = &["h100-nvswitch-ib400 2 hosts x 8 (8 rails), AllGather 524288 B"];
 
 /// The engine's measured link figures (`LinkModel::MEASURED`).
 fn engine(hosts: usize, ranks_per_host: usize, rails: usize) -> ClusterSpec {
@@ -37,7 +44,7 @@ fn engine(hosts: usize, ranks_per_host: usize, rails: usize) -> ClusterSpec {
 /// `None` where the shape is too large to replay here.
 fn loss(c: &ClusterSpec, kind: CollKind, bytes: usize) -> Option<(f64, String)> {
     let n = c.nranks();
-    if bytes.saturating_mul(n) > 1 << 30 {
+    if bytes.saturating_mul(n) > 1 << 30 || (kind == CollKind::AllReduce && n > 256) {
         return None;
     }
     let count = match kind {
@@ -102,11 +109,14 @@ fn loss(c: &ClusterSpec, kind: CollKind, bytes: usize) -> Option<(f64, String)> 
 #[test]
 fn the_closed_forms_pick_near_the_fastest_replay() {
     let mut clusters = Vec::new();
-    for hosts in [1, 2, 4, 8, 16] {
-        for (ranks_per_host, rails) in [(1, 1), (8, 1), (8, 2), (8, 8)] {
-            clusters.push(engine(hosts, ranks_per_host, rails));
+    for hosts in [1, 2, 4, 16, 64, 256, 1024] {
+        clusters.push(engine(hosts, 1, 1));
+        if hosts <= 64 {
+            for rails in [1, 2, 8] {
+                clusters.push(engine(hosts, 8, rails));
+            }
+            clusters.push(cluster::h100(hosts));
         }
-        clusters.push(cluster::h100(hosts));
     }
     let kinds = [
         CollKind::AllReduce,
@@ -124,16 +134,19 @@ fn the_closed_forms_pick_near_the_fastest_replay() {
                 if let Some((loss, what)) = loss(c, kind, bytes) {
                     shapes += 1;
                     worst = worst.max(loss);
-                    if loss > 0.05 {
-                        misses.push(format!(
-                            "{} {} hosts x {} ({} rails), {} {bytes} B: {what} (+{:.1}%)",
-                            c.name,
-                            c.hosts,
-                            c.ranks_per_host,
-                            c.rails(),
-                            kind.name(),
-                            loss * 100.0
-                        ));
+                    let shape = format!(
+                        "{} {} hosts x {} ({} rails), {} {bytes} B",
+                        c.name,
+                        c.hosts,
+                        c.ranks_per_host,
+                        c.rails(),
+                        kind.name(),
+                    );
+                    let known = KNOWN_MISSES.contains(&shape.as_str());
+                    if loss > 0.05 && !(known && loss <= 0.5) {
+                        misses.push(format!("{shape}: {what} (+{:.1}%)", loss * 100.0));
+                    } else if known {
+                        println!("known: {shape}: {what} (+{:.1}%)", loss * 100.0);
                     }
                 }
             }
@@ -146,7 +159,6 @@ fn the_closed_forms_pick_near_the_fastest_replay() {
         misses.join("\n")
     );
     println!("{report}");
-    assert!(shapes > 300, "{shapes} shapes replayed");
-    assert!(misses.len() * 50 <= shapes, "{report}");
-    assert!(worst <= 0.5, "{report}");
+    assert!(shapes > 500, "{shapes} shapes replayed");
+    assert!(misses.is_empty(), "{report}");
 }
