@@ -83,11 +83,13 @@ RCCL_HD int common_width(uintptr_t a, uintptr_t b) {
   return differ % 16 == 0 ? 16 : differ % 8 == 0 ? 8 : differ % 4 == 0 ? 4 : 1;
 }
 
-// Bytes [from, to) one at a time, this thread's share: the unaligned
-// ends of a range.
-RCCL_NARROW void copy_edge(unsigned char* D, const unsigned char* S, uint64_t from, uint64_t to,
-                           uint64_t thread, uint64_t threads) {
-  for (uint64_t i = from + thread; i < to; i += threads) D[i] = S[i];
+// Bytes [0, head) and [tail, bytes) one at a time, this thread's share:
+// the unaligned ends of a range, both in one call after the body, so no
+// value of the caller lives across it.
+RCCL_NARROW void copy_edge(unsigned char* D, const unsigned char* S, uint64_t head, uint64_t tail,
+                           uint64_t bytes, uint64_t thread, uint64_t threads) {
+  for (uint64_t i = thread; i < head; i += threads) D[i] = S[i];
+  for (uint64_t i = tail + thread; i < bytes; i += threads) D[i] = S[i];
 }
 
 // A range whose ends disagree modulo 16: the head up to their common
@@ -122,9 +124,8 @@ RCCL_HD void copy_bytes(void* dst, const void* src, uint64_t bytes, uint64_t thr
   uint64_t head = (16 - uintptr_t(D) % 16) % 16;
   head = head < bytes ? head : bytes;
   const uint64_t body = (bytes - head) / 16 * 16;
-  copy_edge(D, S, 0, head, thread, threads);
   copy_aligned<16>(D + head, S + head, body, thread, threads);
-  copy_edge(D, S, head + body, bytes, thread, threads);
+  copy_edge(D, S, head, head + body, bytes, thread, threads);
 }
 
 }  // namespace rccl

@@ -483,25 +483,35 @@ RCCL_HD void store_elem(unsigned char* p, T v) {
   __builtin_memcpy(p, &v, sizeof(T));
 }
 
-// Elements [from, to) of the reduction, one at a time: the unaligned ends.
+// Element i of the reduction alone.
+template <class Ops, int kCombine, bool kAcc>
+RCCL_HD void reduce_one(const unsigned char* A, const unsigned char* B, unsigned char* O,
+                        uint64_t i, bool pre, typename Ops::Scale s, bool post, uint64_t div) {
+  typedef typename Ops::Elem T;
+  const T a = kAcc ? load_elem<T>(A + i * sizeof(T)) : T(0);
+  const T b = load_elem<T>(B + i * sizeof(T));
+  store_elem<T>(O + i * sizeof(T), reduce_elem<Ops, kCombine, kAcc>(a, b, pre, s, post, div));
+}
+
+// Elements [0, head) and [tail, n) of the reduction, one at a time: the
+// unaligned ends, both in one call after the body, so no value of the
+// caller lives across it.
 template <class Ops, int kCombine, bool kAcc>
 RCCL_NARROW void reduce_edge(const unsigned char* A, const unsigned char* B, unsigned char* O,
-                             uint64_t from, uint64_t to, bool pre, typename Ops::Scale s,
-                             bool post, uint64_t div, uint64_t thread, uint64_t threads) {
-  typedef typename Ops::Elem T;
-  for (uint64_t i = from + thread; i < to; i += threads) {
-    const T a = kAcc ? load_elem<T>(A + i * sizeof(T)) : T(0);
-    const T b = load_elem<T>(B + i * sizeof(T));
-    store_elem<T>(O + i * sizeof(T), reduce_elem<Ops, kCombine, kAcc>(a, b, pre, s, post, div));
-  }
+                             uint64_t head, uint64_t tail, uint64_t n, bool pre,
+                             typename Ops::Scale s, bool post, uint64_t div, uint64_t thread,
+                             uint64_t threads) {
+  for (uint64_t i = thread; i < head; i += threads)
+    reduce_one<Ops, kCombine, kAcc>(A, B, O, i, pre, s, post, div);
+  for (uint64_t i = tail + thread; i < n; i += threads)
+    reduce_one<Ops, kCombine, kAcc>(A, B, O, i, pre, s, post, div);
 }
 
 // This thread's share of the reduction: when every end shares its address
-// modulo 16 (and elements fit that alignment), the elements before the
-// first 16-byte boundary one at a time, then 16-byte packs (kUnroll per
-// round, loads before stores, for memory-level parallelism), then the
-// elements after the last boundary; otherwise every element one at a
-// time. Output identical to an input is fine: each element is read before
+// modulo 16 (and elements fit that alignment), 16-byte packs from the
+// first 16-byte boundary to the last (kUnroll per round, loads before
+// stores, for memory-level parallelism), then the elements before and
+// after them one at a time; otherwise every element one at a time. Output identical to an input is fine: each element is read before
 // it is written, by the same thread.
 template <class Ops, int kCombine, bool kAcc>
 RCCL_HD void reduce_threads(const ReduceArgs& args, const Prepared& p, uint64_t thread,
@@ -522,7 +532,6 @@ RCCL_HD void reduce_threads(const ReduceArgs& args, const Prepared& p, uint64_t 
   uint64_t head = n;
   if (differ % 16 == 0 && skew % sizeof(T) == 0) head = skew / sizeof(T) < n ? skew / sizeof(T) : n;
   const uint64_t packs = (n - head) / E;
-  reduce_edge<Ops, kCombine, kAcc>(A, B, O, 0, head, pre, s, post, div, thread, threads);
   const unsigned char* VA = kAcc ? A + head * sizeof(T) : nullptr;
   const unsigned char* VB = B + head * sizeof(T);
   unsigned char* VO = O + head * sizeof(T);
@@ -552,7 +561,7 @@ RCCL_UNROLL
       b.e[k] = reduce_elem<Ops, kCombine, kAcc>(kAcc ? a.e[k] : T(0), b.e[k], pre, s, post, div);
     store16<T>(VO + i * 16, b);
   }
-  reduce_edge<Ops, kCombine, kAcc>(A, B, O, head + packs * E, n, pre, s, post, div, thread,
+  reduce_edge<Ops, kCombine, kAcc>(A, B, O, head, head + packs * E, n, pre, s, post, div, thread,
                                    threads);
 }
 
