@@ -56,6 +56,23 @@ RCCL_HD void store_word(unsigned char* p, const typename Word<W>::T& v) {
 #endif
 }
 
+// A 16-byte load kept whole where only some of its bytes are used (a
+// slot's header, which the peer wrote: the compiler would otherwise load
+// just those bytes, in narrower accesses): volatile, so it is neither
+// narrowed nor moved among the thread's other memory accesses.
+RCCL_HD Vec16 load_whole16(const unsigned char* p) {
+#if RCCL_ON_DEVICE
+  Vec16 r;
+  asm volatile("ld.volatile.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.v.x), "=r"(r.v.y), "=r"(r.v.z), "=r"(r.v.w)
+               : "l"(p)
+               : "memory");
+  return r;
+#else
+  return load_word<16>(p);
+#endif
+}
+
 // Vectors of W bytes each thread keeps in flight per round of a copy.
 constexpr int kUnroll = 4;
 
@@ -88,8 +105,12 @@ RCCL_HD int common_width(uintptr_t a, uintptr_t b) {
 // value of the caller lives across it.
 RCCL_NARROW void copy_edge(unsigned char* D, const unsigned char* S, uint64_t head, uint64_t tail,
                            uint64_t bytes, uint64_t thread, uint64_t threads) {
-  for (uint64_t i = thread; i < head; i += threads) D[i] = S[i];
-  for (uint64_t i = tail + thread; i < bytes; i += threads) D[i] = S[i];
+  const uint64_t count = head + (bytes - tail);
+  RCCL_NO_UNROLL
+  for (uint64_t k = thread; k < count; k += threads) {
+    const uint64_t i = k < head ? k : tail + (k - head);
+    D[i] = S[i];
+  }
 }
 
 // A range whose ends disagree modulo 16: the head up to their common

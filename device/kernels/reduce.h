@@ -256,21 +256,27 @@ struct IntOps {
   RCCL_HD static T scale(T x, T s) { return mul(x, s); }
 };
 
+// x / n (n >= 1) truncated toward zero, for x of at most 32 bits: in
+// 32-bit arithmetic, which the GPU divides inline (64-bit division is a
+// called routine, and the values live across its calls would spill).
+RCCL_HD int32_t div_i32(int32_t x, uint64_t n) {
+  // |x| <= 2^31 <= n: only -2^31 / 2^31 is not zero.
+  if (n >= (1ull << 31)) return (x == INT32_MIN && n == (1ull << 31)) ? -1 : 0;
+  return x / int32_t(n);
+}
+RCCL_HD uint32_t div_u32(uint32_t x, uint64_t n) { return n > UINT32_MAX ? 0 : x / uint32_t(n); }
+
 struct I8Ops : IntOps<int8_t, uint32_t> {
-  RCCL_HD static int8_t div(int8_t x, uint64_t n) {
-    return int8_t(int64_t(x) / int64_t(n < (1ull << 40) ? n : (1ull << 40)));
-  }
+  RCCL_HD static int8_t div(int8_t x, uint64_t n) { return int8_t(div_i32(x, n)); }
 };
 struct U8Ops : IntOps<uint8_t, uint32_t> {
-  RCCL_HD static uint8_t div(uint8_t x, uint64_t n) { return uint8_t(uint64_t(x) / n); }
+  RCCL_HD static uint8_t div(uint8_t x, uint64_t n) { return uint8_t(div_u32(x, n)); }
 };
 struct I32Ops : IntOps<int32_t, uint32_t> {
-  RCCL_HD static int32_t div(int32_t x, uint64_t n) {
-    return int32_t(int64_t(x) / int64_t(n < (1ull << 40) ? n : (1ull << 40)));
-  }
+  RCCL_HD static int32_t div(int32_t x, uint64_t n) { return div_i32(x, n); }
 };
 struct U32Ops : IntOps<uint32_t, uint32_t> {
-  RCCL_HD static uint32_t div(uint32_t x, uint64_t n) { return uint32_t(uint64_t(x) / n); }
+  RCCL_HD static uint32_t div(uint32_t x, uint64_t n) { return div_u32(x, n); }
 };
 struct I64Ops : IntOps<int64_t, uint64_t> {
   RCCL_HD static int64_t div(int64_t x, uint64_t n) {
@@ -483,16 +489,6 @@ RCCL_HD void store_elem(unsigned char* p, T v) {
   __builtin_memcpy(p, &v, sizeof(T));
 }
 
-// Element i of the reduction alone.
-template <class Ops, int kCombine, bool kAcc>
-RCCL_HD void reduce_one(const unsigned char* A, const unsigned char* B, unsigned char* O,
-                        uint64_t i, bool pre, typename Ops::Scale s, bool post, uint64_t div) {
-  typedef typename Ops::Elem T;
-  const T a = kAcc ? load_elem<T>(A + i * sizeof(T)) : T(0);
-  const T b = load_elem<T>(B + i * sizeof(T));
-  store_elem<T>(O + i * sizeof(T), reduce_elem<Ops, kCombine, kAcc>(a, b, pre, s, post, div));
-}
-
 // Elements [0, head) and [tail, n) of the reduction, one at a time: the
 // unaligned ends, both in one call after the body, so no value of the
 // caller lives across it.
@@ -501,10 +497,15 @@ RCCL_NARROW void reduce_edge(const unsigned char* A, const unsigned char* B, uns
                              uint64_t head, uint64_t tail, uint64_t n, bool pre,
                              typename Ops::Scale s, bool post, uint64_t div, uint64_t thread,
                              uint64_t threads) {
-  for (uint64_t i = thread; i < head; i += threads)
-    reduce_one<Ops, kCombine, kAcc>(A, B, O, i, pre, s, post, div);
-  for (uint64_t i = tail + thread; i < n; i += threads)
-    reduce_one<Ops, kCombine, kAcc>(A, B, O, i, pre, s, post, div);
+  typedef typename Ops::Elem T;
+  const uint64_t count = head + (n - tail);
+  RCCL_NO_UNROLL
+  for (uint64_t k = thread; k < count; k += threads) {
+    const uint64_t i = k < head ? k : tail + (k - head);
+    const T a = kAcc ? load_elem<T>(A + i * sizeof(T)) : T(0);
+    const T b = load_elem<T>(B + i * sizeof(T));
+    store_elem<T>(O + i * sizeof(T), reduce_elem<Ops, kCombine, kAcc>(a, b, pre, s, post, div));
+  }
 }
 
 // This thread's share of the reduction: when every end shares its address

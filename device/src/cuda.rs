@@ -14,7 +14,7 @@ use rccl_algorithms::Protocol;
 
 use crate::abi::{LoopbackArgs, ReduceArgs};
 use crate::cuda_api as api;
-use crate::work::PEER_ENDS_BYTES;
+use crate::work::{WorkBlock, PEER_ENDS_BYTES, WORK_LOCAL_BYTES};
 use crate::KERNELS_FATBIN;
 
 pub use crate::cuda_api::ENTRY_POINTS;
@@ -671,11 +671,11 @@ impl Kernels {
         stream: CUstream,
     ) -> Result<()> {
         let shared = peers * PEER_ENDS_BYTES;
-        if shared > MAX_STATIC_SHARED {
+        if shared + WORK_LOCAL_BYTES + size_of::<WorkBlock>() > MAX_STATIC_SHARED {
             return Err(CudaError::Invalid(format!(
-                "device work has a channel of {peers} peers; a block keeps the FIFO ends of at \
-                 most {} in shared memory",
-                MAX_STATIC_SHARED / PEER_ENDS_BYTES
+                "device work has a channel of {peers} peers; a block keeps the descriptors and \
+                 FIFO ends of at most {} in shared memory",
+                (MAX_STATIC_SHARED - WORK_LOCAL_BYTES - size_of::<WorkBlock>()) / PEER_ENDS_BYTES
             )));
         }
         let (mut b, mut t) = (blocks, timeout_ns);
