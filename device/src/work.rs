@@ -115,12 +115,12 @@ pub struct WorkHeader {
 
 // The kernels load every descriptor in 16-byte words.
 const _: () = assert!(
-    size_of::<WorkHeader>() % 16 == 0
-        && size_of::<WorkChannel>() % 16 == 0
-        && size_of::<WorkPeer>() % 16 == 0
-        && size_of::<WorkStep>() % 16 == 0
-        && size_of::<WorkPrim>() % 16 == 0
-        && size_of::<WorkBlock>() % 16 == 0
+    size_of::<WorkHeader>().is_multiple_of(16)
+        && size_of::<WorkChannel>().is_multiple_of(16)
+        && size_of::<WorkPeer>().is_multiple_of(16)
+        && size_of::<WorkStep>().is_multiple_of(16)
+        && size_of::<WorkPrim>().is_multiple_of(16)
+        && size_of::<WorkBlock>().is_multiple_of(16)
 );
 
 /// What the encoder needs besides the schedule: the call (buffers, the
