@@ -8,7 +8,7 @@ use cudarc::driver::sys::CUresult;
 use parking_lot::{Condvar, Mutex};
 use rccl_device::abi::ReduceArgs;
 use rccl_device::twin::{self, ChannelEnd};
-use rccl_device::work::{WorkBlock, WorkHeader, MAX_STEP_PRIMS, PEER_ENDS_BYTES};
+use rccl_device::work::{WorkBlock, WorkHeader, PEER_ENDS_BYTES, WORK_LOCAL_BYTES};
 
 use crate::state::{lock, notify, wait_until};
 use crate::work::{Kernel, Node, Work};
@@ -53,8 +53,12 @@ const KERNELS: [KernelSpec; 15] = [
     kernel("rccl_copy", &[8, 8, 8], 0),
     // One FIFO end.
     kernel("rccl_fifo_loopback", &[LOOPBACK_ARGS], PEER_ENDS_BYTES / 2),
-    // A word per primitive of a step.
-    kernel("rccl_run_work", &[8, 8], 8 * MAX_STEP_PRIMS),
+    // The block's descriptors (`WorkLocal` and its `WorkBlock`).
+    kernel(
+        "rccl_run_work",
+        &[8, 8],
+        WORK_LOCAL_BYTES + size_of::<WorkBlock>(),
+    ),
 ];
 
 /// The fatbin's kernel named `name`.

@@ -116,7 +116,7 @@ RCCL_HD void scatter_word(unsigned char* dst, uint64_t w, uint64_t n) {
 
 // The four header words of a slot, as one 16-byte access.
 RCCL_HD void read_meta(const unsigned char* slot, uint32_t meta[4]) {
-  const Vec16 v = load_word<16>(slot);
+  const Vec16 v = load_whole16(slot);
   __builtin_memcpy(meta, &v, 16);
 }
 RCCL_HD void write_meta(unsigned char* slot, const uint32_t meta[4]) {
@@ -175,7 +175,7 @@ RCCL_HD bool ll_decode(const unsigned char* slot, unsigned char* out, uint32_t c
   }
   if (!first_thread_says(header, thread)) return false;
   uint64_t head_words[4];
-  const Vec16 first = load_word<16>(slot), second = load_word<16>(slot + 16);
+  const Vec16 first = load_whole16(slot), second = load_whole16(slot + 16);
   __builtin_memcpy(head_words, &first, 16);
   __builtin_memcpy(head_words + 2, &second, 16);
   for (int k = 0; k < 4; ++k) meta[k] = uint32_t(head_words[k]);

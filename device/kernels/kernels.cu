@@ -102,14 +102,17 @@ __device__ __forceinline__ uint32_t dynamic_shared_bytes() {
 // `blocks[b].channel` of `*blocks[b].work` with all its threads and writes
 // the channel's end (0 done, 1 aborted, 2 still waiting `timeout_ns` after
 // it started, 3 too large) to `*blocks[b].status`. The launch gives each
-// block dynamic shared memory for the FIFO ends of its channel's peers.
+// block dynamic shared memory for its channel's peers (PeerEnds).
 extern "C" __global__ void __launch_bounds__(512)
     rccl_run_work(const rccl::WorkBlock* blocks, uint64_t timeout_ns) {
   extern __shared__ rccl::PeerEnds ends[];
-  __shared__ uint64_t done[rccl::kMaxStepPrims];
-  const rccl::WorkBlock b = blocks[blockIdx.x];
+  __shared__ rccl::WorkLocal local;
+  __shared__ rccl::WorkBlock b;
+  rccl::load_descriptors(&b, blocks + blockIdx.x, sizeof(b), threadIdx.x, blockDim.x);
+  __syncthreads();
   const uint32_t max_ends = dynamic_shared_bytes() / sizeof(rccl::PeerEnds);
-  const int r = rccl::work_run_channel(*b.work, b.channel, timeout_ns, ends, max_ends, done,
+  const int r = rccl::work_run_channel(b.work, b.channel, timeout_ns, local, ends, max_ends,
                                        threadIdx.x, blockDim.x);
-  if (threadIdx.x == 0) *b.status = r;
+  // The end as one ordered word, after every store of the channel.
+  if (threadIdx.x == 0) rccl::store_release_u32(reinterpret_cast<uint32_t*>(b.status), uint32_t(r));
 }

@@ -56,6 +56,23 @@ RCCL_HD void store_word(unsigned char* p, const typename Word<W>::T& v) {
 #endif
 }
 
+// A 16-byte load kept whole where only some of its bytes are used (a
+// slot's header, which the peer wrote: the compiler would otherwise load
+// just those bytes, in narrower accesses): volatile, so it is neither
+// narrowed nor moved among the thread's other memory accesses.
+RCCL_HD Vec16 load_whole16(const unsigned char* p) {
+#if RCCL_ON_DEVICE
+  Vec16 r;
+  asm volatile("ld.volatile.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.v.x), "=r"(r.v.y), "=r"(r.v.z), "=r"(r.v.w)
+               : "l"(p)
+               : "memory");
+  return r;
+#else
+  return load_word<16>(p);
+#endif
+}
+
 // Vectors of W bytes each thread keeps in flight per round of a copy.
 constexpr int kUnroll = 4;
 
@@ -83,11 +100,17 @@ RCCL_HD int common_width(uintptr_t a, uintptr_t b) {
   return differ % 16 == 0 ? 16 : differ % 8 == 0 ? 8 : differ % 4 == 0 ? 4 : 1;
 }
 
-// Bytes [from, to) one at a time, this thread's share: the unaligned
-// ends of a range.
-RCCL_NARROW void copy_edge(unsigned char* D, const unsigned char* S, uint64_t from, uint64_t to,
-                           uint64_t thread, uint64_t threads) {
-  for (uint64_t i = from + thread; i < to; i += threads) D[i] = S[i];
+// Bytes [0, head) and [tail, bytes) one at a time, this thread's share:
+// the unaligned ends of a range, both in one call after the body, so no
+// value of the caller lives across it.
+RCCL_NARROW void copy_edge(unsigned char* D, const unsigned char* S, uint64_t head, uint64_t tail,
+                           uint64_t bytes, uint64_t thread, uint64_t threads) {
+  const uint64_t count = head + (bytes - tail);
+  RCCL_NO_UNROLL
+  for (uint64_t k = thread; k < count; k += threads) {
+    const uint64_t i = k < head ? k : tail + (k - head);
+    D[i] = S[i];
+  }
 }
 
 // A range whose ends disagree modulo 16: the head up to their common
@@ -122,9 +145,8 @@ RCCL_HD void copy_bytes(void* dst, const void* src, uint64_t bytes, uint64_t thr
   uint64_t head = (16 - uintptr_t(D) % 16) % 16;
   head = head < bytes ? head : bytes;
   const uint64_t body = (bytes - head) / 16 * 16;
-  copy_edge(D, S, 0, head, thread, threads);
   copy_aligned<16>(D + head, S + head, body, thread, threads);
-  copy_edge(D, S, head + body, bytes, thread, threads);
+  copy_edge(D, S, head, head + body, bytes, thread, threads);
 }
 
 }  // namespace rccl

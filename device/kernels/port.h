@@ -39,6 +39,14 @@
 #define RCCL_UNROLL _Pragma("GCC unroll 16")
 #endif
 
+// Keeps the loop that follows rolled (the edges: at most a few elements
+// per thread, where unrolled copies would only add code).
+#if defined(__CUDACC__)
+#define RCCL_NO_UNROLL _Pragma("unroll 1")
+#else
+#define RCCL_NO_UNROLL
+#endif
+
 // True while compiling device code (nvcc's device pass).
 #if defined(__CUDA_ARCH__)
 #define RCCL_ON_DEVICE 1

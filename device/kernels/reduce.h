@@ -256,21 +256,27 @@ struct IntOps {
   RCCL_HD static T scale(T x, T s) { return mul(x, s); }
 };
 
+// x / n (n >= 1) truncated toward zero, for x of at most 32 bits: in
+// 32-bit arithmetic, which the GPU divides inline (64-bit division is a
+// called routine, and the values live across its calls would spill).
+RCCL_HD int32_t div_i32(int32_t x, uint64_t n) {
+  // |x| <= 2^31 <= n: only -2^31 / 2^31 is not zero.
+  if (n >= (1ull << 31)) return (x == INT32_MIN && n == (1ull << 31)) ? -1 : 0;
+  return x / int32_t(n);
+}
+RCCL_HD uint32_t div_u32(uint32_t x, uint64_t n) { return n > UINT32_MAX ? 0 : x / uint32_t(n); }
+
 struct I8Ops : IntOps<int8_t, uint32_t> {
-  RCCL_HD static int8_t div(int8_t x, uint64_t n) {
-    return int8_t(int64_t(x) / int64_t(n < (1ull << 40) ? n : (1ull << 40)));
-  }
+  RCCL_HD static int8_t div(int8_t x, uint64_t n) { return int8_t(div_i32(x, n)); }
 };
 struct U8Ops : IntOps<uint8_t, uint32_t> {
-  RCCL_HD static uint8_t div(uint8_t x, uint64_t n) { return uint8_t(uint64_t(x) / n); }
+  RCCL_HD static uint8_t div(uint8_t x, uint64_t n) { return uint8_t(div_u32(x, n)); }
 };
 struct I32Ops : IntOps<int32_t, uint32_t> {
-  RCCL_HD static int32_t div(int32_t x, uint64_t n) {
-    return int32_t(int64_t(x) / int64_t(n < (1ull << 40) ? n : (1ull << 40)));
-  }
+  RCCL_HD static int32_t div(int32_t x, uint64_t n) { return div_i32(x, n); }
 };
 struct U32Ops : IntOps<uint32_t, uint32_t> {
-  RCCL_HD static uint32_t div(uint32_t x, uint64_t n) { return uint32_t(uint64_t(x) / n); }
+  RCCL_HD static uint32_t div(uint32_t x, uint64_t n) { return div_u32(x, n); }
 };
 struct I64Ops : IntOps<int64_t, uint64_t> {
   RCCL_HD static int64_t div(int64_t x, uint64_t n) {
@@ -483,13 +489,19 @@ RCCL_HD void store_elem(unsigned char* p, T v) {
   __builtin_memcpy(p, &v, sizeof(T));
 }
 
-// Elements [from, to) of the reduction, one at a time: the unaligned ends.
+// Elements [0, head) and [tail, n) of the reduction, one at a time: the
+// unaligned ends, both in one call after the body, so no value of the
+// caller lives across it.
 template <class Ops, int kCombine, bool kAcc>
 RCCL_NARROW void reduce_edge(const unsigned char* A, const unsigned char* B, unsigned char* O,
-                             uint64_t from, uint64_t to, bool pre, typename Ops::Scale s,
-                             bool post, uint64_t div, uint64_t thread, uint64_t threads) {
+                             uint64_t head, uint64_t tail, uint64_t n, bool pre,
+                             typename Ops::Scale s, bool post, uint64_t div, uint64_t thread,
+                             uint64_t threads) {
   typedef typename Ops::Elem T;
-  for (uint64_t i = from + thread; i < to; i += threads) {
+  const uint64_t count = head + (n - tail);
+  RCCL_NO_UNROLL
+  for (uint64_t k = thread; k < count; k += threads) {
+    const uint64_t i = k < head ? k : tail + (k - head);
     const T a = kAcc ? load_elem<T>(A + i * sizeof(T)) : T(0);
     const T b = load_elem<T>(B + i * sizeof(T));
     store_elem<T>(O + i * sizeof(T), reduce_elem<Ops, kCombine, kAcc>(a, b, pre, s, post, div));
@@ -497,11 +509,10 @@ RCCL_NARROW void reduce_edge(const unsigned char* A, const unsigned char* B, uns
 }
 
 // This thread's share of the reduction: when every end shares its address
-// modulo 16 (and elements fit that alignment), the elements before the
-// first 16-byte boundary one at a time, then 16-byte packs (kUnroll per
-// round, loads before stores, for memory-level parallelism), then the
-// elements after the last boundary; otherwise every element one at a
-// time. Output identical to an input is fine: each element is read before
+// modulo 16 (and elements fit that alignment), 16-byte packs from the
+// first 16-byte boundary to the last (kUnroll per round, loads before
+// stores, for memory-level parallelism), then the elements before and
+// after them one at a time; otherwise every element one at a time. Output identical to an input is fine: each element is read before
 // it is written, by the same thread.
 template <class Ops, int kCombine, bool kAcc>
 RCCL_HD void reduce_threads(const ReduceArgs& args, const Prepared& p, uint64_t thread,
@@ -522,7 +533,6 @@ RCCL_HD void reduce_threads(const ReduceArgs& args, const Prepared& p, uint64_t 
   uint64_t head = n;
   if (differ % 16 == 0 && skew % sizeof(T) == 0) head = skew / sizeof(T) < n ? skew / sizeof(T) : n;
   const uint64_t packs = (n - head) / E;
-  reduce_edge<Ops, kCombine, kAcc>(A, B, O, 0, head, pre, s, post, div, thread, threads);
   const unsigned char* VA = kAcc ? A + head * sizeof(T) : nullptr;
   const unsigned char* VB = B + head * sizeof(T);
   unsigned char* VO = O + head * sizeof(T);
@@ -552,7 +562,7 @@ RCCL_UNROLL
       b.e[k] = reduce_elem<Ops, kCombine, kAcc>(kAcc ? a.e[k] : T(0), b.e[k], pre, s, post, div);
     store16<T>(VO + i * 16, b);
   }
-  reduce_edge<Ops, kCombine, kAcc>(A, B, O, head + packs * E, n, pre, s, post, div, thread,
+  reduce_edge<Ops, kCombine, kAcc>(A, B, O, head, head + packs * E, n, pre, s, post, div, thread,
                                    threads);
 }
 

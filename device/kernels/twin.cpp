@@ -32,14 +32,21 @@ int rccl_twin_fifo_recv(const rccl::FifoView* fifo, unsigned char* out, uint32_t
 int rccl_twin_run_channel(const rccl::WorkHeader* work, uint32_t channel, uint64_t timeout_ns) {
   const rccl::WorkChannel& ch =
       rccl::work_array<rccl::WorkChannel>(*work, work->channels_at)[channel];
-  // Each end is filled in by the channel's start.
+  // Each peer is filled in by the channel's start.
   auto* ends = static_cast<rccl::PeerEnds*>(calloc(ch.npeers ? ch.npeers : 1, sizeof(rccl::PeerEnds)));
+  auto* local = static_cast<rccl::WorkLocal*>(calloc(1, sizeof(rccl::WorkLocal)));
   // Without memory for them the channel cannot start: "too large".
-  if (ends == nullptr) return 3;
-  uint64_t done[rccl::kMaxStepPrims];
-  const int end = rccl::work_run_channel(*work, channel, timeout_ns, ends, ch.npeers, done, 0, 1);
+  int end = 3;
+  if (ends != nullptr && local != nullptr)
+    end = rccl::work_run_channel(work, channel, timeout_ns, *local, ends, ch.npeers, 0, 1);
+  free(local);
   free(ends);
   return end;
+}
+
+void rccl_twin_block_memory(uint64_t* peer_ends, uint64_t* work_local) {
+  *peer_ends = sizeof(rccl::PeerEnds);
+  *work_local = sizeof(rccl::WorkLocal);
 }
 
 }  // extern "C"

@@ -8,7 +8,8 @@
 //
 // Layout: a WorkHeader, then its channels, peers, steps and primitives,
 // found at byte offsets from the header, so the block can be copied to the
-// device as is.
+// device as is. Every struct is a multiple of 16 bytes at a 16-byte aligned
+// offset: a block reads its descriptors in 16-byte loads only.
 #pragma once
 
 #include "fifo.h"
@@ -48,14 +49,14 @@ struct WorkPrim {
   uint64_t len;       // elements
 };
 
-struct WorkStep {
+struct alignas(16) WorkStep {
   uint32_t first_prim;
   uint32_t nprims;
 };
 
 // A peer of a channel: the FIFO this rank sends into and the one it
 // receives from.
-struct WorkPeer {
+struct alignas(16) WorkPeer {
   int32_t rank;
   uint32_t pad;
   FifoView send;
@@ -111,39 +112,79 @@ RCCL_HD unsigned char* work_addr(const WorkHeader& w, uint32_t buf, uint64_t ele
 
 // One block of a device-work launch: the channel it runs and the word
 // that gets the channel's end. Mirrored by `WorkBlock` in Rust.
-struct WorkBlock {
+struct alignas(16) WorkBlock {
   const WorkHeader* work;
   int32_t* status;
   uint32_t channel;
   uint32_t pad;
 };
 
-// The running block's ends of the FIFOs with one peer of its channel.
-struct PeerEnds {
+// One peer of the running block's channel: its descriptor, copied in
+// when the channel starts, and the block's ends of the FIFOs with it.
+struct alignas(16) PeerEnds {
+  WorkPeer peer;
   FifoEnd send;
   FifoEnd recv;
 };
 
+// What a block keeps while it runs a channel, in the block's memory (the
+// GPU's shared memory): the descriptors, copied in by 16-byte loads of
+// many threads (the header and channel when the channel starts, each step
+// and its primitives when the step starts), each primitive's progress
+// (elements moved so far) and the channel's deadline. The loop reads them
+// here after each call instead of keeping them in registers across it
+// (where the calls' register convention would spill them); indexed at run
+// time, the primitives and their progress would otherwise live on each
+// thread's stack.
+struct alignas(16) WorkLocal {
+  WorkHeader header;
+  WorkChannel channel;
+  WorkStep step;
+  WorkPrim prims[kMaxStepPrims];
+  uint64_t done[kMaxStepPrims];
+  uint64_t deadline;
+  uint64_t pad;
+};
+
+// `bytes` (a multiple of 16) of descriptors from `src` to `dst`, both
+// 16-byte aligned, this thread's share; the block meets at a barrier
+// before reading them.
+RCCL_HD void load_descriptors(void* dst, const void* src, uint64_t bytes, uint32_t thread,
+                              uint32_t threads) {
+  copy_aligned<16>(static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), bytes,
+                   thread, threads);
+}
+
+
 // out = acc op input over n elements (acc null: the input transform
 // alone); `partial`: the input is a partial result, which takes no input
-// transform.
-RCCL_HD_OUTLINE void work_reduce(const WorkHeader& w, const void* acc, const void* input, void* out,
-                         uint64_t n, bool finish, bool partial, uint32_t thread,
-                                 uint32_t threads) {
+// transform. The call's reduction comes by value: this function is out of
+// line, and a reference would read the caller's shared-memory header
+// through generic loads.
+RCCL_HD_OUTLINE void work_reduce_call(uint64_t nranks, uint64_t scalar, const void* scalar_ptr,
+                                      int32_t dtype, int32_t op, const void* acc,
+                                      const void* input, void* out, uint64_t n, bool finish,
+                                      bool partial, uint32_t thread, uint32_t threads) {
   ReduceArgs a;
   a.acc = acc;
   a.input = input;
   a.out = out;
   a.count = n;
-  a.nranks = w.nranks;
-  a.scalar = w.scalar;
-  a.scalar_ptr = w.scalar_ptr;
-  a.dtype = w.dtype;
-  a.op = w.op;
+  a.nranks = nranks;
+  a.scalar = scalar;
+  a.scalar_ptr = scalar_ptr;
+  a.dtype = dtype;
+  a.op = op;
   a.finish = finish ? 1 : 0;
   a.partial = partial ? 1 : 0;
   reduce_any(a, thread, threads);
   block_sync();
+}
+RCCL_HD void work_reduce(const WorkHeader& w, const void* acc, const void* input, void* out,
+                         uint64_t n, bool finish, bool partial, uint32_t thread,
+                         uint32_t threads) {
+  work_reduce_call(w.nranks, w.scalar, w.scalar_ptr, w.dtype, w.op, acc, input, out, n, finish,
+                   partial, thread, threads);
 }
 
 // out = src, through the input transform when src is the user's send
@@ -160,16 +201,16 @@ RCCL_HD void work_load(const WorkHeader& w, uint32_t src_buf, const unsigned cha
 
 // Moves one piece of `p` (done elements of it so far); the elements moved,
 // 0 when its FIFOs are not ready.
-RCCL_HD uint64_t work_advance(const WorkHeader& w, const WorkChannel& ch, const WorkPeer* peers,
-                              PeerEnds* ends, const WorkPrim& p, uint64_t done, uint32_t thread,
+RCCL_HD uint64_t work_advance(const WorkHeader& w, const WorkChannel& ch, PeerEnds* ends,
+                              const WorkPrim& p, uint64_t done, uint32_t thread,
                               uint32_t threads) {
   const uint64_t es = w.elem_size;
   const unsigned char* src = work_addr(w, p.src_buf, p.src_off + done);
   unsigned char* dst = work_addr(w, p.dst_buf, p.dst_off + done);
   unsigned char* scratch = ch.scratch;
   const uint32_t meta_tail[3] = {w.tag_seq, w.tag_call, w.tag_count};
-  const FifoView* to = p.send_peer >= 0 ? &peers[p.send_peer].send : nullptr;
-  const FifoView* from = p.recv_peer >= 0 ? &peers[p.recv_peer].recv : nullptr;
+  const FifoView* to = p.send_peer >= 0 ? &ends[p.send_peer].peer.send : nullptr;
+  const FifoView* from = p.recv_peer >= 0 ? &ends[p.recv_peer].peer.recv : nullptr;
   FifoEnd* to_end = p.send_peer >= 0 ? &ends[p.send_peer].send : nullptr;
   FifoEnd* from_end = p.recv_peer >= 0 ? &ends[p.recv_peer].recv : nullptr;
   uint64_t n = p.len - done;
@@ -248,45 +289,61 @@ RCCL_HD bool work_blocked(const WorkPrim* prims, const uint64_t* done, uint32_t 
   return false;
 }
 
-// Runs channel `c` of `w` to the end: 0 done, 1 aborted, 2 still waiting
-// `timeout_ns` after it started (clock_ns; a deadline past the clock's
-// range is none), 3 too large (a step holds too many primitives, or the
-// channel more peers than `ends` holds: `max_ends`). `ends` and `done`
-// (kMaxStepPrims elements moved so far, per primitive of the step) are the
-// running block's memory (the GPU's shared memory: indexed at run time,
-// they would otherwise live on each thread's stack).
-RCCL_HD int work_run_channel(const WorkHeader& w, uint32_t c, uint64_t timeout_ns, PeerEnds* ends,
-                             uint32_t max_ends, uint64_t* done, uint32_t thread,
+// Runs channel `c` of `work` to the end: 0 done, 1 aborted, 2 still
+// waiting `timeout_ns` after it started (clock_ns; a deadline past the
+// clock's range is none), 3 too large (a step holds too many primitives,
+// or the channel more peers than `ends` holds: `max_ends`). `local` and
+// `ends` are the running block's memory.
+RCCL_HD int work_run_channel(const WorkHeader* work, uint32_t c, uint64_t timeout_ns,
+                             WorkLocal& local, PeerEnds* ends, uint32_t max_ends, uint32_t thread,
                              uint32_t threads) {
-  const WorkChannel& ch = work_array<WorkChannel>(w, w.channels_at)[c];
-  const WorkPeer* peers = work_array<WorkPeer>(w, w.peers_at) + ch.first_peer;
-  const WorkStep* steps = work_array<WorkStep>(w, w.steps_at) + ch.first_step;
-  const WorkPrim* all_prims = work_array<WorkPrim>(w, w.prims_at);
+  load_descriptors(&local.header, work, sizeof(WorkHeader), thread, threads);
+  block_sync();
+  const WorkHeader& w = local.header;
+  load_descriptors(&local.channel, work_array<WorkChannel>(*work, w.channels_at) + c,
+                   sizeof(WorkChannel), thread, threads);
+  block_sync();
+  const WorkChannel& ch = local.channel;
   if (ch.npeers > max_ends) return 3;
-  if (thread == 0) {
-    for (uint32_t k = 0; k < ch.npeers; ++k) {
-      ends[k].send = producer_end(peers[k].send);
-      ends[k].recv = consumer_end(peers[k].recv);
-    }
+  // The peers' descriptors lie apart in `ends`: one 16-byte word at a time.
+  const WorkPeer* peers = work_array<WorkPeer>(*work, w.peers_at) + ch.first_peer;
+  constexpr uint32_t kPeerWords = sizeof(WorkPeer) / 16;
+  for (uint32_t i = thread; i < ch.npeers * kPeerWords; i += threads) {
+    const uint32_t k = i / kPeerWords, word = i % kPeerWords;
+    store_word<16>(reinterpret_cast<unsigned char*>(&ends[k].peer) + 16 * word,
+                   load_word<16>(reinterpret_cast<const unsigned char*>(peers + k) + 16 * word));
   }
   block_sync();
-  const uint64_t start = clock_ns();
-  const uint64_t deadline = start > UINT64_MAX - timeout_ns ? UINT64_MAX : start + timeout_ns;
+  if (thread == 0) {
+    for (uint32_t k = 0; k < ch.npeers; ++k) {
+      ends[k].send = producer_end(ends[k].peer.send);
+      ends[k].recv = consumer_end(ends[k].peer.recv);
+    }
+    const uint64_t start = clock_ns();
+    local.deadline = start > UINT64_MAX - timeout_ns ? UINT64_MAX : start + timeout_ns;
+  }
+  const WorkPrim* prims = local.prims;
+  uint64_t* done = local.done;
   for (uint32_t s = 0; s < ch.nsteps; ++s) {
-    const WorkPrim* prims = all_prims + steps[s].first_prim;
-    const uint32_t nprims = steps[s].nprims;
-    if (nprims > kMaxStepPrims) return 3;
+    // Every thread is done with the last step.
+    block_sync();
+    load_descriptors(&local.step, work_array<WorkStep>(*work, w.steps_at) + ch.first_step + s,
+                     sizeof(WorkStep), thread, threads);
+    block_sync();
+    if (local.step.nprims > kMaxStepPrims) return 3;
+    load_descriptors(local.prims, work_array<WorkPrim>(*work, w.prims_at) + local.step.first_prim,
+                     local.step.nprims * sizeof(WorkPrim), thread, threads);
     if (thread == 0) {
-      for (uint32_t k = 0; k < nprims; ++k) done[k] = 0;
+      for (uint32_t k = 0; k < local.step.nprims; ++k) done[k] = 0;
     }
     block_sync();
     for (;;) {
       bool finished = true, moved = false;
-      for (uint32_t k = 0; k < nprims; ++k) {
+      for (uint32_t k = 0; k < local.step.nprims; ++k) {
         if (done[k] == prims[k].len) continue;
         finished = false;
         if (work_blocked(prims, done, k)) continue;
-        const uint64_t n = work_advance(w, ch, peers, ends, prims[k], done[k], thread, threads);
+        const uint64_t n = work_advance(w, ch, ends, prims[k], done[k], thread, threads);
         // Every thread has read done[k]; thread 0 alone updates it.
         block_sync();
         if (thread == 0) done[k] += n;
@@ -297,7 +354,7 @@ RCCL_HD int work_run_channel(const WorkHeader& w, uint32_t c, uint64_t timeout_n
       if (!moved) {
         const bool aborted = thread == 0 && w.abort != nullptr && load_relaxed_u32(w.abort) != 0;
         if (first_thread_says(aborted, thread)) return 1;
-        if (first_thread_says(clock_ns() >= deadline, thread)) return 2;
+        if (first_thread_says(clock_ns() >= local.deadline, thread)) return 2;
         idle_pause();
       }
     }

@@ -16,7 +16,7 @@ use rccl_algorithms::Protocol;
 
 use crate::abi::{LoopbackArgs, ReduceArgs};
 use crate::cuda_api as api;
-use crate::work::PEER_ENDS_BYTES;
+use crate::work::{WorkBlock, PEER_ENDS_BYTES, WORK_LOCAL_BYTES};
 use crate::KERNELS_FATBIN;
 
 pub use crate::cuda_api::ENTRY_POINTS;
@@ -769,13 +769,17 @@ impl Kernels {
 
 /// Dynamic shared memory of a block of device work whose channels have
 /// at most `peers` peers: their FIFO ends.
+/// The block's descriptors (`WORK_LOCAL_BYTES` and its `WorkBlock`) sit
+/// in its static shared memory, so the two together stay within the
+/// 48 KiB a kernel takes without opting in.
 fn work_shared_bytes(peers: usize) -> Result<u32> {
     let shared = peers * PEER_ENDS_BYTES;
-    if shared > MAX_STATIC_SHARED {
+    let fixed = WORK_LOCAL_BYTES + size_of::<WorkBlock>();
+    if shared + fixed > MAX_STATIC_SHARED {
         return Err(CudaError::Invalid(format!(
-            "device work has a channel of {peers} peers; a block keeps the FIFO ends of at most {} \
-             in shared memory",
-            MAX_STATIC_SHARED / PEER_ENDS_BYTES
+            "device work has a channel of {peers} peers; a block keeps the descriptors and \
+             FIFO ends of at most {} in shared memory",
+            (MAX_STATIC_SHARED - fixed) / PEER_ENDS_BYTES
         )));
     }
     Ok(shared as u32)

@@ -14,6 +14,17 @@ extern "C" {
     fn rccl_twin_fifo_send(fifo: *const FifoView, meta: *const u32, data: *const u8) -> i32;
     fn rccl_twin_fifo_recv(fifo: *const FifoView, out: *mut u8, cap: u32, meta: *mut u32) -> i32;
     fn rccl_twin_run_channel(work: *const WorkHeader, channel: u32, timeout_ns: u64) -> i32;
+    fn rccl_twin_block_memory(peer_ends: *mut u64, work_local: *mut u64);
+}
+
+/// Bytes of the kernels' `PeerEnds` and `WorkLocal` as the C++ compiler
+/// lays them out (what [`crate::work::PEER_ENDS_BYTES`] and
+/// [`crate::work::WORK_LOCAL_BYTES`] mirror).
+pub fn block_memory() -> (usize, usize) {
+    let (mut peer_ends, mut work_local) = (0u64, 0u64);
+    // SAFETY: the twin writes one word through each pointer.
+    unsafe { rccl_twin_block_memory(&mut peer_ends, &mut work_local) };
+    (peer_ends as usize, work_local as usize)
 }
 
 /// How a channel of device work ended.

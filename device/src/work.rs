@@ -2,7 +2,8 @@
 //! for the kernels' interpreter (`kernels/work.h`), as one
 //! position-independent block: a header, then channels, peers, steps and
 //! primitives at byte offsets from it, so the block can be copied to
-//! device memory as is.
+//! device memory as is. Each struct is a multiple of 16 bytes at a 16-byte
+//! aligned offset: the kernels read them in 16-byte loads.
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -31,7 +32,7 @@ pub struct WorkPrim {
 }
 
 /// One step: a run of primitives (`rccl::WorkStep`).
-#[repr(C)]
+#[repr(C, align(16))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WorkStep {
     pub first_prim: u32,
@@ -39,7 +40,7 @@ pub struct WorkStep {
 }
 
 /// A peer of a channel and the FIFOs to and from it (`rccl::WorkPeer`).
-#[repr(C)]
+#[repr(C, align(16))]
 #[derive(Clone, Copy, Debug)]
 pub struct WorkPeer {
     pub rank: i32,
@@ -62,7 +63,7 @@ pub struct WorkChannel {
 
 /// One block of a device-work launch (`rccl::WorkBlock`): the channel it
 /// runs and the word that gets the channel's end.
-#[repr(C)]
+#[repr(C, align(16))]
 #[derive(Clone, Copy, Debug)]
 pub struct WorkBlock {
     pub work: *const WorkHeader,
@@ -71,10 +72,20 @@ pub struct WorkBlock {
     pub pad: u32,
 }
 
-/// The FIFO ends a block keeps for one peer of its channel
-/// (`rccl::PeerEnds`: each end's own counter and the peer's as last
-/// read), in the block's shared memory.
-pub const PEER_ENDS_BYTES: usize = 16;
+/// What a block keeps for one peer of its channel in its dynamic shared
+/// memory (`rccl::PeerEnds`: the peer's descriptor, then each FIFO end's
+/// own counter and the peer's as last read).
+pub const PEER_ENDS_BYTES: usize = size_of::<WorkPeer>() + 16;
+
+/// The static shared memory of a block running device work
+/// (`rccl::WorkLocal`: the header, the channel, one step and its
+/// primitives, their progress, the deadline and a pad word), besides its
+/// own `WorkBlock`.
+pub const WORK_LOCAL_BYTES: usize = size_of::<WorkHeader>()
+    + size_of::<WorkChannel>()
+    + size_of::<WorkStep>()
+    + MAX_STEP_PRIMS * (size_of::<WorkPrim>() + 8)
+    + 16;
 
 /// The call and where its parts are (`rccl::WorkHeader`).
 #[repr(C)]
@@ -101,6 +112,16 @@ pub struct WorkHeader {
     pub steps_at: u64,
     pub prims_at: u64,
 }
+
+// The kernels load every descriptor in 16-byte words.
+const _: () = assert!(
+    size_of::<WorkHeader>().is_multiple_of(16)
+        && size_of::<WorkChannel>().is_multiple_of(16)
+        && size_of::<WorkPeer>().is_multiple_of(16)
+        && size_of::<WorkStep>().is_multiple_of(16)
+        && size_of::<WorkPrim>().is_multiple_of(16)
+        && size_of::<WorkBlock>().is_multiple_of(16)
+);
 
 /// What the encoder needs besides the schedule: the call (buffers, the
 /// reduction, the tag) as the device sees it.
@@ -198,7 +219,10 @@ impl Work {
                 .as_ptr()
                 .cast::<u8>()
                 .add(header.peers_at as usize);
-            *at.cast::<WorkPeer>().add(channel.first_peer as usize)
+            // The block is only 8-byte aligned in host memory.
+            at.cast::<WorkPeer>()
+                .add(channel.first_peer as usize)
+                .read_unaligned()
         };
         Some(peer.send.proto)
     }
@@ -227,9 +251,9 @@ fn buf_code(b: Buf) -> u32 {
     }
 }
 
-/// Appends `items` to `block` (8-byte aligned), returning their offset.
+/// Appends `items` to `block` (16-byte aligned), returning their offset.
 fn push<T: Copy>(block: &mut Vec<u8>, items: &[T]) -> u64 {
-    while !block.len().is_multiple_of(8) {
+    while !block.len().is_multiple_of(16) {
         block.push(0);
     }
     let at = block.len() as u64;
