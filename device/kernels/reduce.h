@@ -279,10 +279,13 @@ struct U32Ops : IntOps<uint32_t, uint32_t> {
   RCCL_HD static uint32_t div(uint32_t x, uint64_t n) { return div_u32(x, n); }
 };
 struct I64Ops : IntOps<int64_t, uint64_t> {
+  // The magnitude divided unsigned, negated back: the same truncation
+  // toward zero (|-2^63| fits the unsigned type), and the GPU's 64-bit
+  // unsigned routine needs fewer values kept across its call than the
+  // signed one (which spilled).
   RCCL_HD static int64_t div(int64_t x, uint64_t n) {
-    if (n <= uint64_t(INT64_MAX)) return x / int64_t(n);
-    // |x| <= 2^63 <= n: only -2^63 / 2^63 is not zero.
-    return (x == INT64_MIN && n == (1ull << 63)) ? -1 : 0;
+    uint64_t q = (x < 0 ? 0ull - uint64_t(x) : uint64_t(x)) / n;
+    return int64_t(x < 0 ? 0ull - q : q);
   }
 };
 struct U64Ops : IntOps<uint64_t, uint64_t> {
