@@ -568,11 +568,14 @@ pub(crate) fn launch(
         )
         .map_err(|e| match Error::from(e) {
             // Work the device cannot run as configured: which ranks made it.
-            Error::InvalidUsage(why) => Error::InvalidUsage(format!(
-                "ranks {:?} on {}: {why}",
-                comms.iter().map(|c| c.rank).collect::<Vec<_>>(),
-                crate::net::hostname()
-            )),
+            Error::InvalidUsage(why) => {
+                let mut ranks: Vec<usize> = comms.iter().map(|c| c.rank).collect();
+                ranks.sort_unstable();
+                Error::InvalidUsage(format!(
+                    "ranks {ranks:?} on {}: {why}",
+                    crate::net::hostname()
+                ))
+            }
             other => other,
         })?;
     if captured {
