@@ -888,20 +888,28 @@ fn launches(name: &std::ffi::CStr) -> u64 {
     count
 }
 
-/// Makes `calls` all-reduces on each of `comms` (ranks of this process,
-/// a stream each) in one group from this thread and waits for them;
-/// returns how many `rccl_run_work` kernels they launched.
-fn run_work_launches(comms: &[ncclComm_t], calls: usize) -> u64 {
+/// For each of `ranks` ranks: a send and a receive buffer of `count`
+/// floats on the device, and a stream.
+fn float_buffers(
+    ranks: usize,
+    count: usize,
+) -> Vec<(*mut u8, *mut u8, std::sync::Arc<dyn device::Stream>)> {
     let device = cuda();
-    let count = 1024;
-    let buffers: Vec<_> = comms
-        .iter()
+    (0..ranks)
         .map(|_| {
             let send = device.alloc(4 * count).unwrap();
             let recv = device.alloc(4 * count).unwrap();
             (send, recv, device.create_stream().unwrap())
         })
-        .collect();
+        .collect()
+}
+
+/// Makes `calls` all-reduces on each of `comms` (ranks of this process,
+/// a stream each) in one group from this thread and waits for them;
+/// returns how many `rccl_run_work` kernels they launched.
+fn run_work_launches(comms: &[ncclComm_t], calls: usize) -> u64 {
+    let count = 1024;
+    let buffers = float_buffers(comms.len(), count);
     let before = launches(c"rccl_run_work");
     // SAFETY: a group around calls on live communicators and streams,
     // with device buffers of `count` floats.
@@ -991,7 +999,6 @@ fn a_grid_too_large_to_be_resident_is_refused_at_once() {
             ("RCCL_CUDA_MODEL_DEADLINE_MS", "60000"),
         ],
         || {
-            let device = cuda();
             let config = rccl::Config {
                 min_channels: 4,
                 max_channels: 4,
@@ -1002,14 +1009,7 @@ fn a_grid_too_large_to_be_resident_is_refused_at_once() {
                 .map(|comm| comm as ncclComm_t)
                 .collect();
             let count = 1024;
-            let buffers: Vec<_> = comms
-                .iter()
-                .map(|_| {
-                    let send = device.alloc(4 * count).unwrap();
-                    let recv = device.alloc(4 * count).unwrap();
-                    (send, recv, device.create_stream().unwrap())
-                })
-                .collect();
+            let buffers = float_buffers(comms.len(), count);
             let started = Instant::now();
             // SAFETY: a group around calls on live communicators and
             // streams, with device buffers of `count` floats.
