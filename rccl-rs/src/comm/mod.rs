@@ -376,28 +376,31 @@ impl Drop for CommInner {
                     .map(|conn| &**conn),
             )
             .collect();
-        // A network connection may wait a while for its last pieces and its
-        // note to be taken by a slow peer; those wait side by side, so
-        // destroy takes one such wait, not one per connection. The others
-        // close at once.
-        let (net, local): (Vec<_>, Vec<_>) = conns
-            .into_iter()
-            .partition(|conn| conn.transport().starts_with("NET/"));
-        for conn in local {
-            conn.close_with(&note);
-        }
-        std::thread::scope(|scope| {
-            for conn in net {
-                let note = &note;
-                let closing = std::thread::Builder::new()
-                    .name("rccl-close".into())
-                    .spawn_scoped(scope, move || conn.close_with(note));
-                if closing.is_err() {
-                    conn.close_with(note);
-                }
-            }
-        });
+        close_all(conns, &note);
     }
+}
+
+/// Closes `conns` with `note`. A network connection may wait a while for
+/// its last pieces and its note to be taken by a slow or dead peer; those
+/// wait side by side, so the caller pays one such wait, not one per
+/// connection, and the other peers hear at once. The others close at once.
+fn close_all(conns: Vec<&dyn Connection>, note: &str) {
+    let (net, local): (Vec<_>, Vec<_>) = conns
+        .into_iter()
+        .partition(|conn| conn.transport().starts_with("NET/"));
+    for conn in local {
+        conn.close_with(note);
+    }
+    std::thread::scope(|scope| {
+        for conn in net {
+            let closing = std::thread::Builder::new()
+                .name("rccl-close".into())
+                .spawn_scoped(scope, move || conn.close_with(note));
+            if closing.is_err() {
+                conn.close_with(note);
+            }
+        }
+    });
 }
 
 /// Closes every connection of a failed communicator, telling each peer
@@ -411,9 +414,7 @@ pub(crate) fn close_links(comm: &CommInner, state: &ExecState, error: &Error) ->
         .find_map(|link| link.conn.peer_note())
         .or_else(|| state.board.as_ref().and_then(|link| link.board.note()))
         .unwrap_or_else(|| failure_note(comm, error));
-    for link in links() {
-        link.conn.close_with(&note);
-    }
+    close_all(links().map(|link| &*link.conn).collect(), &note);
     if let Some(link) = &state.board {
         link.board.close_with(&note);
     }
