@@ -13,8 +13,13 @@ __device__ __forceinline__ uint64_t grid_threads() { return uint64_t(gridDim.x) 
 
 }  // namespace
 
+// One block per SM is asked for (the launch bound's second figure): at the
+// default, the compiler holds these kernels to 64 registers to fit two
+// blocks and spills around their loops instead. One block of 16 warps, each
+// thread with kUnroll 16-byte loads in flight per input, keeps enough
+// bytes in flight per SM (docs/PERF.md, "GPU kernels: throughput model").
 #define RCCL_REDUCE_KERNEL(name, Ops)                                              \
-  extern "C" __global__ void __launch_bounds__(512) rccl_reduce_##name(rccl::ReduceArgs args) { \
+  extern "C" __global__ void __launch_bounds__(512, 1) rccl_reduce_##name(rccl::ReduceArgs args) { \
     rccl::reduce_for<rccl::Ops>(args, grid_thread(), grid_threads());                  \
   }
 

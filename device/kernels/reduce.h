@@ -243,12 +243,14 @@ RCCL_HD uint8_t f32_to_e5m2(float x) {
 // ---- element arithmetic per storage type ----
 //
 // Each type: T (storage), S (the input transform's scalar), add, mul, max,
-// min (the accumulator `a` on ties), div (integer Avg), scale.
+// min (the accumulator `a` on ties), div (integer Avg; kDivides says
+// whether it does anything), scale.
 
 template <class T, class U>
 struct IntOps {
   typedef T Elem;
   typedef T Scale;
+  static constexpr bool kDivides = true;
   RCCL_HD static T add(T a, T b) { return T(U(U(a) + U(b))); }
   RCCL_HD static T mul(T a, T b) { return T(U(U(a) * U(b))); }
   RCCL_HD static T max(T a, T b) { return a < b ? b : a; }
@@ -295,6 +297,7 @@ struct U64Ops : IntOps<uint64_t, uint64_t> {
 struct F32Ops {
   typedef float Elem;
   typedef float Scale;
+  static constexpr bool kDivides = false;
   RCCL_HD static float add(float a, float b) { return f32_add(a, b); }
   RCCL_HD static float mul(float a, float b) { return f32_mul(a, b); }
   RCCL_HD static float max(float a, float b) { return (a != a || a > b) ? a : b; }
@@ -306,6 +309,7 @@ struct F32Ops {
 struct F64Ops {
   typedef double Elem;
   typedef double Scale;
+  static constexpr bool kDivides = false;
   RCCL_HD static double add(double a, double b) { return f64_add(a, b); }
   RCCL_HD static double mul(double a, double b) { return f64_mul(a, b); }
   RCCL_HD static double max(double a, double b) { return (a != a || a > b) ? a : b; }
@@ -321,6 +325,7 @@ template <class T, float (*Dec)(T), T (*Enc)(float), bool kEncodeExtrema>
 struct NarrowOps {
   typedef T Elem;
   typedef float Scale;
+  static constexpr bool kDivides = false;
   RCCL_HD static T add(T a, T b) { return Enc(f32_add(Dec(a), Dec(b))); }
   RCCL_HD static T mul(T a, T b) { return Enc(f32_mul(Dec(a), Dec(b))); }
   RCCL_HD static T max(T a, T b) {
@@ -435,15 +440,15 @@ RCCL_HD typename Ops::Scale scale_of(const Prepared& p) {
 }
 
 // One element: the combine, with the input transform first and the output
-// transform (when asked) last.
-template <class Ops, int kCombine, bool kAcc>
+// transform (integer Avg's division, kPost) last.
+template <class Ops, int kCombine, bool kAcc, bool kPost>
 RCCL_HD typename Ops::Elem reduce_elem(typename Ops::Elem a, typename Ops::Elem b, bool pre,
-                                       typename Ops::Scale s, bool post, uint64_t n) {
+                                       typename Ops::Scale s, uint64_t n) {
   typedef typename Ops::Elem T;
   if (kCombine == kSum) {
     if (pre) b = Ops::scale(b, s);
     T r = kAcc ? Ops::add(a, b) : b;
-    return post ? Ops::div(r, n) : r;
+    return kPost ? Ops::div(r, n) : r;
   }
   if (kCombine == kProd) return Ops::mul(a, b);
   if (kCombine == kMax) return Ops::max(a, b);
@@ -492,32 +497,46 @@ RCCL_HD void store_elem(unsigned char* p, T v) {
   __builtin_memcpy(p, &v, sizeof(T));
 }
 
-// Elements [0, head) and [tail, n) of the reduction, one at a time: the
-// unaligned ends, both in one call after the body, so no value of the
-// caller lives across it.
-template <class Ops, int kCombine, bool kAcc>
+// Where the 16-byte body of a reduction of n elements starts: at the
+// output's first 16-byte boundary when every end shares its address
+// modulo 16 and elements fit that alignment; otherwise there is no body
+// (n). The body loop and the edge call both work it out from the
+// pointers, so the split is not passed to the call.
+template <class T, bool kAcc>
+RCCL_HD uint64_t body_head(const unsigned char* A, const unsigned char* B, const unsigned char* O,
+                           uint64_t n) {
+  const uintptr_t differ =
+      (uintptr_t(B) ^ uintptr_t(O)) | (kAcc ? uintptr_t(A) ^ uintptr_t(O) : 0);
+  const uint64_t skew = (16 - uintptr_t(O) % 16) % 16;
+  if (differ % 16 != 0 || skew % sizeof(T) != 0) return n;
+  return skew / sizeof(T) < n ? skew / sizeof(T) : n;
+}
+
+// The elements around the body, one at a time: the unaligned ends, both
+// in one call after the body, so no value of the caller lives across it.
+template <class Ops, int kCombine, bool kAcc, bool kPost>
 RCCL_NARROW void reduce_edge(const unsigned char* A, const unsigned char* B, unsigned char* O,
-                             uint64_t head, uint64_t tail, uint64_t n, bool pre,
-                             typename Ops::Scale s, bool post, uint64_t div, uint64_t thread,
-                             uint64_t threads) {
+                             uint64_t n, bool pre, typename Ops::Scale s, uint64_t div,
+                             uint64_t thread, uint64_t threads) {
   typedef typename Ops::Elem T;
+  constexpr uint64_t E = 16 / sizeof(T);
+  const uint64_t head = body_head<T, kAcc>(A, B, O, n);
+  const uint64_t tail = head + (n - head) / E * E;
   const uint64_t count = head + (n - tail);
   RCCL_NO_UNROLL
   for (uint64_t k = thread; k < count; k += threads) {
     const uint64_t i = k < head ? k : tail + (k - head);
     const T a = kAcc ? load_elem<T>(A + i * sizeof(T)) : T(0);
     const T b = load_elem<T>(B + i * sizeof(T));
-    store_elem<T>(O + i * sizeof(T), reduce_elem<Ops, kCombine, kAcc>(a, b, pre, s, post, div));
+    store_elem<T>(O + i * sizeof(T), reduce_elem<Ops, kCombine, kAcc, kPost>(a, b, pre, s, div));
   }
 }
 
-// This thread's share of the reduction: when every end shares its address
-// modulo 16 (and elements fit that alignment), 16-byte packs from the
-// first 16-byte boundary to the last (kUnroll per round, loads before
-// stores, for memory-level parallelism), then the elements before and
-// after them one at a time; otherwise every element one at a time. Output identical to an input is fine: each element is read before
-// it is written, by the same thread.
-template <class Ops, int kCombine, bool kAcc>
+// This thread's share of the reduction: the body's 16-byte packs (kUnroll
+// per round, loads before stores, for memory-level parallelism), then the
+// edges. Output identical to an input is fine: each element is read
+// before it is written, by the same thread.
+template <class Ops, int kCombine, bool kAcc, bool kPost>
 RCCL_HD void reduce_threads(const ReduceArgs& args, const Prepared& p, uint64_t thread,
                             uint64_t threads) {
   typedef typename Ops::Elem T;
@@ -528,13 +547,8 @@ RCCL_HD void reduce_threads(const ReduceArgs& args, const Prepared& p, uint64_t 
   const uint64_t n = args.count;
   const typename Ops::Scale s = scale_of<Ops>(p);
   const bool pre = p.has_pre;
-  const bool post = p.has_post && args.finish;
   const uint64_t div = p.post_div;
-  const uintptr_t differ =
-      (uintptr_t(B) ^ uintptr_t(O)) | (kAcc ? uintptr_t(A) ^ uintptr_t(O) : 0);
-  const uint64_t skew = (16 - uintptr_t(O) % 16) % 16;
-  uint64_t head = n;
-  if (differ % 16 == 0 && skew % sizeof(T) == 0) head = skew / sizeof(T) < n ? skew / sizeof(T) : n;
+  const uint64_t head = body_head<T, kAcc>(A, B, O, n);
   const uint64_t packs = (n - head) / E;
   const unsigned char* VA = kAcc ? A + head * sizeof(T) : nullptr;
   const unsigned char* VB = B + head * sizeof(T);
@@ -551,8 +565,8 @@ RCCL_UNROLL
     for (int u = 0; u < kUnroll; ++u) {
 RCCL_UNROLL
       for (uint64_t k = 0; k < E; ++k)
-        b[u].e[k] = reduce_elem<Ops, kCombine, kAcc>(kAcc ? a[u].e[k] : T(0), b[u].e[k], pre, s,
-                                                    post, div);
+        b[u].e[k] = reduce_elem<Ops, kCombine, kAcc, kPost>(kAcc ? a[u].e[k] : T(0), b[u].e[k],
+                                                            pre, s, div);
       store16<T>(VO + (i + u * threads) * 16, b[u]);
     }
   }
@@ -562,11 +576,21 @@ RCCL_UNROLL
     if (kAcc) a = load16<T>(VA + i * 16);
 RCCL_UNROLL
     for (uint64_t k = 0; k < E; ++k)
-      b.e[k] = reduce_elem<Ops, kCombine, kAcc>(kAcc ? a.e[k] : T(0), b.e[k], pre, s, post, div);
+      b.e[k] = reduce_elem<Ops, kCombine, kAcc, kPost>(kAcc ? a.e[k] : T(0), b.e[k], pre, s, div);
     store16<T>(VO + i * 16, b);
   }
-  reduce_edge<Ops, kCombine, kAcc>(A, B, O, head, head + packs * E, n, pre, s, post, div, thread,
-                                   threads);
+  reduce_edge<Ops, kCombine, kAcc, kPost>(A, B, O, n, pre, s, div, thread, threads);
+}
+
+// A sum, with integer Avg's division in a loop of its own, so that the
+// other sums do not carry the division's registers.
+template <class Ops, bool kAcc>
+RCCL_HD void reduce_sum(const ReduceArgs& args, const Prepared& p, uint64_t thread,
+                        uint64_t threads) {
+  if (Ops::kDivides && p.has_post && args.finish)
+    reduce_threads<Ops, kSum, kAcc, Ops::kDivides>(args, p, thread, threads);
+  else
+    reduce_threads<Ops, kSum, kAcc, false>(args, p, thread, threads);
 }
 
 // The reduction of `args` for datatype Ops, this thread's share of it.
@@ -582,14 +606,14 @@ RCCL_HD void reduce_typed(const ReduceArgs& args, const Prepared& p, uint64_t th
   if (!acc) {
     // Without an accumulator only Sum's transforms apply (Prod, Max and
     // Min carry none, so they were the copy above).
-    reduce_threads<Ops, kSum, false>(args, p, thread, threads);
+    reduce_sum<Ops, false>(args, p, thread, threads);
     return;
   }
   switch (p.combine) {
-    case kSum: reduce_threads<Ops, kSum, true>(args, p, thread, threads); break;
-    case kProd: reduce_threads<Ops, kProd, true>(args, p, thread, threads); break;
-    case kMax: reduce_threads<Ops, kMax, true>(args, p, thread, threads); break;
-    default: reduce_threads<Ops, kMin, true>(args, p, thread, threads); break;
+    case kSum: reduce_sum<Ops, true>(args, p, thread, threads); break;
+    case kProd: reduce_threads<Ops, kProd, true, false>(args, p, thread, threads); break;
+    case kMax: reduce_threads<Ops, kMax, true, false>(args, p, thread, threads); break;
+    default: reduce_threads<Ops, kMin, true, false>(args, p, thread, threads); break;
   }
 }
 
