@@ -46,6 +46,12 @@ pub trait Connection: Send + Sync {
     fn close_with(&self, note: &str);
     /// What the peer said when it gave up on the connection, if it did.
     fn peer_note(&self) -> Option<String>;
+    /// Whether [`Connection::close_with`] may wait on the peer (for its
+    /// last pieces and the note to be taken), so that a rank closing many
+    /// connections closes these side by side and pays one such wait.
+    fn close_may_wait(&self) -> bool {
+        false
+    }
     /// Whether the peer is known to be gone, with the reason: a check for
     /// waits that have been blocked a while (it may make a system call),
     /// never for the fast path.

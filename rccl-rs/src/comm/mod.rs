@@ -380,19 +380,19 @@ impl Drop for CommInner {
     }
 }
 
-/// Closes `conns` with `note`. A network connection may wait a while for
-/// its last pieces and its note to be taken by a slow or dead peer; those
-/// wait side by side, so the caller pays one such wait, not one per
-/// connection, and the other peers hear at once. The others close at once.
+/// Closes `conns` with `note`. A connection that may wait on a slow or
+/// dead peer to close (a network one: its last pieces and its note) closes
+/// beside the others of its kind, so the caller pays one such wait, not
+/// one per connection, and the other peers hear at once. The rest close
+/// at once.
 fn close_all(conns: Vec<&dyn Connection>, note: &str) {
-    let (net, local): (Vec<_>, Vec<_>) = conns
-        .into_iter()
-        .partition(|conn| conn.transport().starts_with("NET/"));
-    for conn in local {
+    let (waiting, prompt): (Vec<_>, Vec<_>) =
+        conns.into_iter().partition(|conn| conn.close_may_wait());
+    for conn in prompt {
         conn.close_with(note);
     }
     std::thread::scope(|scope| {
-        for conn in net {
+        for conn in waiting {
             let closing = std::thread::Builder::new()
                 .name("rccl-close".into())
                 .spawn_scoped(scope, move || conn.close_with(note));

@@ -390,6 +390,9 @@ impl Connection for NetConnection {
     fn transport(&self) -> &'static str {
         self.transport
     }
+    fn close_may_wait(&self) -> bool {
+        true
+    }
     fn close_with(&self, note: &str) {
         NetConnection::close_with(self, note)
     }
