@@ -546,6 +546,43 @@ fn a_kernel_fault_poisons_the_communicator() {
     );
 }
 
+/// Rank 1's launch faults before rank 0 calls: rank 0's call cannot reach
+/// the failed context, and rank 1 waits for its part, so its communicator
+/// fails too (the order a loaded machine may give [`two_ranks_fault`]).
+fn a_call_after_the_fault() {
+    let device = cuda();
+    let comms: Vec<ncclComm_t> = Communicator::init_all_config(2, test_config())
+        .unwrap()
+        .into_iter()
+        .map(|comm| {
+            let entry = Entry::new(Slot::Ready(comm), true, 0, None);
+            registry::insert(entry.clone());
+            entry.handle()
+        })
+        .collect();
+    // Made before the fault, which fails every later call of the context.
+    let ranks: Vec<_> = comms
+        .iter()
+        .map(|_| {
+            let (send, recv) = (device.alloc(4096).unwrap(), device.alloc(4096).unwrap());
+            (send, recv, device.create_stream().unwrap())
+        })
+        .collect();
+    for rank in [1, 0] {
+        let (send, recv, stream) = &ranks[rank];
+        faulting_all_reduce(rank, comms[rank], stream.as_ref(), *send, *recv, 1024);
+    }
+}
+
+#[test]
+fn a_call_after_a_kernel_fault_fails_its_communicator() {
+    over_the_model(
+        "a_call_after_a_kernel_fault_fails_its_communicator",
+        &[("RCCL_CUDA_MODEL_FAULT", "rccl_run_work")],
+        a_call_after_the_fault,
+    );
+}
+
 /// The process loads one driver library, `libcuda.so.1`, even where
 /// `libcuda.so` is another file (as the toolkit's stub is).
 #[test]

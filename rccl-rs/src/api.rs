@@ -9,7 +9,8 @@ use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::group as enqueue;
 use crate::op::RawOp;
-use crate::stream::placement;
+use crate::queue::StreamRef;
+use crate::stream::{placement, Buffer, CallName};
 use crate::types::OpKind;
 use crate::types::{DataType, RedOp};
 
@@ -88,6 +89,23 @@ fn per_rank(what: &str, len: usize, nranks: usize) -> Result<usize> {
 }
 
 impl Communicator {
+    /// [`placement`] of a call of this communicator. A device that cannot
+    /// tell where the buffers are (its context failed) fails the
+    /// communicator, as a launch that fails on its way to the device does:
+    /// the peers would wait for this rank's part.
+    fn placement(
+        &self,
+        call: CallName<'_>,
+        buffers: [Buffer<'_>; 2],
+        stream: Option<usize>,
+    ) -> Result<Option<StreamRef>> {
+        placement(call, buffers, stream).inspect_err(|err| {
+            if matches!(err, Error::System(_)) {
+                self.inner.poison(err);
+            }
+        })
+    }
+
     /// Builds a validated raw collective (the checks every entry point
     /// shares, typed or C). `stream`: the raw `cudaStream_t` of a call
     /// that may take device memory, `None` for host memory only.
@@ -138,7 +156,7 @@ impl Communicator {
             )));
         }
         let (send_bytes, recv_bytes) = (send_len * dtype.size(), recv_len * dtype.size());
-        let stream = placement(
+        let stream = self.placement(
             (kind.name(), count),
             [
                 ("sendbuff", send, send_bytes),
@@ -189,7 +207,7 @@ impl Communicator {
         }
         let name = if sending { "sendbuff" } else { "recvbuff" };
         let bytes = count * dtype.size();
-        let stream = placement((what, count), [(name, buf, bytes), ("", buf, 0)], stream)?;
+        let stream = self.placement((what, count), [(name, buf, bytes), ("", buf, 0)], stream)?;
         Ok(RawOp {
             comm: self.inner.clone(),
             kind: if sending {

@@ -20,9 +20,10 @@ use crate::comm::CommInner;
 use crate::device_links::DeviceMem;
 use crate::error::Error;
 
-/// How long a launch may go on after a peer's process was seen gone: a
-/// peer may finish its part and exit while this rank still drains what it
-/// wrote (the FIFOs stay mapped here).
+/// How long a launch may go on after a peer's process was first seen gone
+/// (by any launch of this process): a peer may finish its part and exit
+/// while this rank still drains what it wrote (the FIFOs stay mapped
+/// here).
 const DEAD_PEER_GRACE: Duration = Duration::from_secs(2);
 
 /// How often a peer whose process file descriptor could not be opened
@@ -144,6 +145,11 @@ impl Drop for Watch {
 /// The launches the thread watches.
 static LAUNCHES: Mutex<Vec<Arc<Watched>>> = Mutex::new(Vec::new());
 
+/// Each peer process seen gone, and when first: a launch that begins after
+/// a peer died (the launch running then finished, the peer having done its
+/// part) has what is left of the grace, not a grace of its own.
+static SEEN_GONE: Mutex<Vec<(ProcessId, Instant)>> = Mutex::new(Vec::new());
+
 /// The eventfd that wakes the thread when [`LAUNCHES`] changes, with the
 /// process that started the thread (a child forked from it has no such
 /// thread, and starts its own). No descriptor when it or the thread could
@@ -159,6 +165,7 @@ fn wake_fd() -> Option<RawFd> {
     if wake.as_ref().is_none_or(|(owner, _)| *owner != pid) {
         // Those of the process this one was forked from are not its own.
         LAUNCHES.lock().clear();
+        SEEN_GONE.lock().clear();
         *wake = Some((pid, start_watcher()));
     }
     wake.as_ref()?.1.as_ref().map(AsRawFd::as_raw_fd)
@@ -282,16 +289,26 @@ fn watch_forever(wake: RawFd) {
     }
 }
 
-/// Records the first peer of `watched` that `ended` finds gone (with why),
-/// unless one already was.
+/// Records the first peer of `watched` that `ended` finds gone (with why,
+/// and when it was first seen gone), unless one already was.
 fn note_gone(watched: &Watched, now: Instant, ended: impl Fn(&Peer) -> Option<String>) {
     let mut gone = watched.gone.lock();
     if gone.is_none() {
-        *gone = watched
-            .peers
-            .iter()
-            .find_map(|peer| Some((now, peer.rank, ended(peer)?)));
+        *gone = watched.peers.iter().find_map(|peer| {
+            let why = ended(peer)?;
+            Some((first_seen_gone(peer.process, now), peer.rank, why))
+        });
     }
+}
+
+/// When `process`, gone, was first seen gone: `now` if this is the first.
+fn first_seen_gone(process: ProcessId, now: Instant) -> Instant {
+    let mut seen = SEEN_GONE.lock();
+    if let Some(&(_, at)) = seen.iter().find(|(p, _)| *p == process) {
+        return at;
+    }
+    seen.push((process, now));
+    now
 }
 
 /// Stops every launch still watched whose first gone peer was seen
@@ -367,6 +384,34 @@ mod tests {
         assert!(told_ended.try_recv().is_err());
         // Once only.
         assert!(told.recv_timeout(Duration::from_millis(200)).is_err());
+    }
+
+    #[test]
+    fn a_launch_begun_after_a_peer_died_has_what_is_left_of_the_grace() {
+        let (mut child, process) = sleeper();
+        let (first, told_first) = watch(3, process);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let killed = Instant::now();
+        // The first launch finishes (the peer had done its part), the next
+        // begins while the grace runs.
+        std::thread::sleep(Duration::from_secs(1));
+        drop(first);
+        let started = Instant::now();
+        let (_next, told) = watch(3, process);
+        let (at, peer, _) = told
+            .recv_timeout(DEAD_PEER_GRACE + Duration::from_secs(1))
+            .expect("the watch stopped the launch");
+        assert_eq!(peer, 3);
+        // At the grace from the death (which the first launch saw), not
+        // a grace after the second launch began.
+        assert!(
+            at.duration_since(started) < DEAD_PEER_GRACE,
+            "stopped {:?} after the death, {:?} after the launch began",
+            at.duration_since(killed),
+            at.duration_since(started)
+        );
+        assert!(told_first.try_recv().is_err());
     }
 
     #[test]

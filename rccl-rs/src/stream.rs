@@ -111,9 +111,14 @@ fn placement_on(
     for (at, buffer) in buffers.into_iter().enumerate() {
         let (name, ptr, len) = buffer;
         if len > 0 && !ptr.is_null() {
-            let memory = device
-                .classify(ptr)
-                .map_err(|e| Error::InvalidArgument(format!("{call_name}: {name} {ptr:p}: {e}")))?;
+            let memory = device.classify(ptr).map_err(|e| {
+                let why = format!("{call_name}: {name} {ptr:p}: {e}");
+                // A driver that cannot answer failed; the pointer may be fine.
+                match e {
+                    rccl_device::Error::System(_) => Error::System(why),
+                    _ => Error::InvalidArgument(why),
+                }
+            })?;
             classified[at] = Some((buffer, memory));
         }
     }
