@@ -489,9 +489,11 @@ pub fn estimate_us(
             let rounds = n.log2().floor();
             let p = 2f64.powf(rounds);
             // Extra ranks fold their whole input in first and take the
-            // result back last.
+            // result back last, over a NIC where their partner is on
+            // another host.
             let mut chain = if p < n {
-                2.0 * f.pipeline(1.0, ring_across, per_channel, f.reduce, 0.0, 0.0)
+                let nic_bytes = if f.hosts > 1.0 { bytes } else { 0.0 };
+                2.0 * f.pipeline(1.0, ring_across, per_channel, f.reduce, nic_bytes, bytes)
             } else {
                 0.0
             };
