@@ -300,9 +300,15 @@ pub fn estimate_us(
     }
     let bytes = (spec.count * elem_size) as f64;
     let per_channel = bytes / f.channels;
-    // The share of a ring's hops that cross hosts: each host entered and
-    // left once per channel.
-    let ring_across = if f.hosts > 1.0 { f.hosts / n } else { 0.0 };
+    // The share of a ring's hops on its critical path that cross hosts:
+    // a block's `n - 1` hops enter and leave every host once per channel,
+    // its own host's entry too unless the block starts at the host's
+    // first rank.
+    let ring_across = if f.hosts > 1.0 {
+        (f.hosts / (n - 1.0)).min(1.0)
+    } else {
+        0.0
+    };
     let kind = spec.kind;
     let time = match (algorithm, kind) {
         ("ring", CollKind::AllReduce) => {
