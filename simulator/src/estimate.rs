@@ -2,9 +2,9 @@
 //! predicts for the built-in algorithms, on the same cluster figures, so
 //! that a decision takes microseconds at any scale. Each form follows the
 //! algorithm's pipeline: the steps on its critical path, each paying the
-//! step's fixed cost, the hop's latency and its message over the
-//! channel's share of the link, and the bytes the busiest link (a rank's
-//! port, a rail's NIC) or a rank's reduction must carry. The replay
+//! step's fixed cost, the hop's latency and its first piece at the link's
+//! rate, and the bytes the busiest link (a rank's port, a rail's NIC, on
+//! the channel's share) or a rank's reduction must carry. The replay
 //! stays the reference: `tests/closed_form.rs` ranks a grid of shapes
 //! both ways.
 //!
