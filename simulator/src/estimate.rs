@@ -2,9 +2,9 @@
 //! predicts for the built-in algorithms, on the same cluster figures, so
 //! that a decision takes microseconds at any scale. Each form follows the
 //! algorithm's pipeline: the steps on its critical path, each paying the
-//! step's fixed cost, the hop's latency and its message over the
-//! channel's share of the link, and the bytes the busiest link (a rank's
-//! port, a rail's NIC) or a rank's reduction must carry. The replay
+//! step's fixed cost, the hop's latency and its first piece at the link's
+//! rate, and the bytes the busiest link (a rank's port, a rail's NIC, on
+//! the channel's share) or a rank's reduction must carry. The replay
 //! stays the reference: `tests/closed_form.rs` ranks a grid of shapes
 //! both ways.
 //!
@@ -141,18 +141,19 @@ impl Figures {
         let loops = (block / self.chunk).ceil().max(1.0);
         let s = (block / loops).max(1.0);
         let kept = if keeps { self.kept(s, across) } else { 0.0 };
-        self.lead() + steps * loops * (self.pace(s, across, rate) + kept)
+        let pace = self.pace(s, across, rate);
+        Pace {
+            hop: pace.hop + kept,
+            ..pace
+        }
+        .run(loops, steps, self.lead())
     }
 
     /// What a forwarding pipeline pays before its first message is on its
     /// way: where [`pace`](Self::pace) hides each later step's fixed cost
     /// behind the wait for a message, the first step's own.
     fn lead(&self) -> f64 {
-        if self.sender_copies {
-            self.step
-        } else {
-            0.0
-        }
+        self.step
     }
 
     /// What a forwarding rank spends keeping a message of `s` bytes in its
@@ -177,19 +178,27 @@ impl Figures {
         }
     }
 
+    /// Rail rings whose NICs carry `bytes` per channel, every rank of a
+    /// host sending at once: the NICs' time, after the first step's fixed
+    /// cost and before the last message's latency, which a queue of
+    /// messages on a NIC does not hide.
+    fn rail_rings(&self, bytes: f64) -> f64 {
+        self.lead() + bytes * self.channels / self.nic_total() + self.nic_latency
+    }
+
     /// Channels sharing one NIC.
     fn per_nic(&self) -> f64 {
         (self.channels / self.rails).ceil()
     }
 
     /// One hop of a message of `s` bytes: latency, then the message over
-    /// the channel's share of the link (its first piece when it is
-    /// forwarded piece by piece).
+    /// the link (its first piece when it is forwarded piece by piece): a
+    /// link carries one channel's message at a time at its full rate.
     fn hop(&self, s: f64, across: bool) -> f64 {
         if across {
-            self.nic_latency + s.min(self.piece) / (self.nic / self.per_nic())
+            self.nic_latency + s.min(self.piece) / self.nic
         } else {
-            self.port_latency + s.min(self.piece) / (self.port / self.channels)
+            self.port_latency + s.min(self.piece) / self.port
         }
     }
 
@@ -214,35 +223,62 @@ impl Figures {
         self.step + latency + messages * each
     }
 
-    /// The time each step of a forwarding pipeline (a ring's) whose hops
-    /// cross hosts a share `across` of the time takes: the fixed cost,
-    /// the hop and the pass over the message at `rate`, unless a link
-    /// cannot carry a message per step that fast. A message crosses hosts
-    /// whole before the next step can forward it. Where a rank's transfer
-    /// within a host is its own copy, the message comes piece by piece:
-    /// the rank pays its fixed cost while the message is on its way, and
-    /// its pass over a piece is the next piece's transfer. A host's switch
-    /// moves a message while the rank pays its step.
-    fn pace(&self, s: f64, across: f64, rate: f64) -> f64 {
+    /// The pace of a forwarding pipeline (a ring's) whose hops cross
+    /// hosts a share `across` of the time, passing messages of `s` bytes
+    /// over at `rate`: see [`Pace`]. Each hop pays the step's fixed cost,
+    /// the hop and the pass over the message, unless a link cannot carry
+    /// a message per step that fast. A message crosses hosts whole before
+    /// the next step can forward it. Where a rank's transfer within a
+    /// host is its own copy, the message comes piece by piece: the rank
+    /// pays its fixed cost while the message is on its way, and its pass
+    /// over a piece is the next piece's transfer. A host's switch moves a
+    /// message while the rank pays its step.
+    fn pace(&self, s: f64, across: f64, rate: f64) -> Pace {
         let latency = across * self.nic_latency + (1.0 - across) * self.port_latency;
-        let (fixed, pass) = if !self.sender_copies {
-            (self.step + latency, s / rate)
-        } else {
-            let within = (1.0 - across) * s.min(self.piece) / (self.port / self.channels);
-            (self.step.max(latency), (s / rate).max(within))
-        };
-        let chain = fixed + pass + across * s / (self.nic / self.per_nic());
-        let nic = if across > 0.0 {
-            s / (self.nic / self.per_nic())
-        } else {
-            0.0
-        };
-        let port = if across < 1.0 {
-            s / (self.port / self.channels)
-        } else {
-            0.0
-        };
-        chain.max(nic).max(port)
+        let nic_share = self.nic / self.per_nic();
+        let port_share = self.port / self.channels;
+        let nic = if across > 0.0 { s / nic_share } else { 0.0 };
+        let port = if across < 1.0 { s / port_share } else { 0.0 };
+        if self.sender_copies {
+            let within = (1.0 - across) * s.min(self.piece) / port_share;
+            let chain = self.step.max(latency) + (s / rate).max(within) + across * s / nic_share;
+            return Pace {
+                hop: chain.max(nic).max(port),
+                turn: 0.0,
+            };
+        }
+        // A DMA sender forwards each message as its first piece comes in,
+        // while the next step's fixed cost runs: the messages go down the
+        // ring at a hop (latency, a piece's pass and its transfer at the
+        // link's rate) per step. A rank starts a step once the last piece
+        // of the step before is in, so the fixed cost, the hop's latency
+        // and the whole message's transfer also bound every second step
+        // of a rank.
+        let piece = s.min(self.piece);
+        let moved = |bytes: f64| across * bytes / self.nic + (1.0 - across) * bytes / self.port;
+        let cut_through = latency + piece / rate + moved(piece);
+        Pace {
+            hop: cut_through.max(self.step + s / rate).max(nic).max(port),
+            turn: (self.step + latency + 2.0 * piece / rate + moved(s)) / 2.0,
+        }
+    }
+}
+
+/// How fast a forwarding pipeline (a ring's) runs: the time per message
+/// down the ring, and per step of a rank, which takes one more step than
+/// the messages it passes on for each pass around the ring (the step
+/// that starts it, or the one that ends it).
+#[derive(Clone, Copy)]
+struct Pace {
+    hop: f64,
+    turn: f64,
+}
+
+impl Pace {
+    /// `loops` passes of `messages` messages each, every rank taking one
+    /// step more per pass, after `lead`.
+    fn run(self, loops: f64, messages: f64, lead: f64) -> f64 {
+        (lead + loops * messages * self.hop).max(loops * (messages + 1.0) * self.turn)
     }
 }
 
@@ -264,32 +300,45 @@ pub fn estimate_us(
     }
     let bytes = (spec.count * elem_size) as f64;
     let per_channel = bytes / f.channels;
-    // The share of a ring's hops that cross hosts: each host entered and
-    // left once per channel.
-    let ring_across = if f.hosts > 1.0 { f.hosts / n } else { 0.0 };
+    // The share of a ring's hops on its critical path that cross hosts:
+    // a block's `n - 1` hops enter and leave every host once per channel,
+    // its own host's entry too unless the block starts at the host's
+    // first rank.
+    let ring_across = if f.hosts > 1.0 {
+        (f.hosts / (n - 1.0)).min(1.0)
+    } else {
+        0.0
+    };
     let kind = spec.kind;
     let time = match (algorithm, kind) {
         ("ring", CollKind::AllReduce) => {
             let loops = (per_channel / (n * f.chunk)).ceil().max(1.0);
             let s = (per_channel / (n * loops)).max(1.0);
             // Reduce-scatter steps, then all-gather steps that also keep
-            // what passes.
-            f.lead()
-                + (n - 1.0)
-                    * loops
-                    * (f.pace(s, ring_across, f.reduce)
-                        + f.pace(s, ring_across, f.copy)
-                        + f.kept(s, ring_across))
+            // what passes, as one pass around the ring per loop.
+            let (reduce, copy) = (
+                f.pace(s, ring_across, f.reduce),
+                f.pace(s, ring_across, f.copy),
+            );
+            Pace {
+                hop: (reduce.hop + copy.hop + f.kept(s, ring_across)) / 2.0,
+                turn: (reduce.turn + copy.turn) / 2.0,
+            }
+            .run(loops, 2.0 * (n - 1.0), f.lead())
         }
         ("ring", CollKind::AllGather | CollKind::ReduceScatter) => {
             let loops = (per_channel / f.chunk).ceil().max(1.0);
             let s = (per_channel / loops).max(1.0);
-            let step = if kind == CollKind::ReduceScatter {
+            let pace = if kind == CollKind::ReduceScatter {
                 f.pace(s, ring_across, f.reduce)
             } else {
-                f.pace(s, ring_across, f.copy) + f.kept(s, ring_across)
+                let copy = f.pace(s, ring_across, f.copy);
+                Pace {
+                    hop: copy.hop + f.kept(s, ring_across),
+                    ..copy
+                }
             };
-            f.lead() + (n - 1.0) * loops * step
+            pace.run(loops, n - 1.0, f.lead())
         }
         ("ring", CollKind::Broadcast | CollKind::Reduce) => {
             let rate = if kind == CollKind::Reduce {
@@ -407,7 +456,7 @@ pub fn estimate_us(
             let outer = if h > 1.0 {
                 let block = per_channel / (m * h);
                 let chain = f.ring_steps(2.0 * (h - 1.0), block, 1.0, f.reduce, false);
-                chain.max(2.0 * (h - 1.0) * block * m * f.channels / f.nic_total())
+                chain.max(f.rail_rings(2.0 * (h - 1.0) * block * m))
             } else {
                 0.0
             };
@@ -430,7 +479,7 @@ pub fn estimate_us(
             };
             let outer = if h > 1.0 {
                 let chain = f.ring_steps(h - 1.0, per_channel, 1.0, rate, false);
-                chain.max((h - 1.0) * per_channel * m * f.channels / f.nic_total())
+                chain.max(f.rail_rings((h - 1.0) * per_channel * m))
             } else {
                 0.0
             };
@@ -446,9 +495,11 @@ pub fn estimate_us(
             let rounds = n.log2().floor();
             let p = 2f64.powf(rounds);
             // Extra ranks fold their whole input in first and take the
-            // result back last.
+            // result back last, over a NIC where their partner is on
+            // another host.
             let mut chain = if p < n {
-                2.0 * f.pipeline(1.0, ring_across, per_channel, f.reduce, 0.0, 0.0)
+                let nic_bytes = if f.hosts > 1.0 { bytes } else { 0.0 };
+                2.0 * f.pipeline(1.0, ring_across, per_channel, f.reduce, nic_bytes, bytes)
             } else {
                 0.0
             };

@@ -558,7 +558,10 @@ fn compact(prim: &Prim, elem: usize, fold: usize) -> Op {
     }
 }
 
-/// The busy intervals of one link, in time order, none overlapping.
+/// The busy intervals of one link, in time order, none overlapping; a
+/// booking that starts where another ends (or ends where one starts)
+/// joins it, so that a link booked back to back, as a rank sending to
+/// every other books its port, holds one interval, not one per message.
 #[derive(Clone, Default)]
 struct Busy(Vec<(f64, f64)>);
 
@@ -568,10 +571,11 @@ impl Busy {
     /// ended before `now` (the replay's clock only moves forward); returns
     /// the start.
     fn reserve(&mut self, at: f64, len: f64, now: f64) -> f64 {
-        let past = self.0.iter().take_while(|&&(_, end)| end <= now).count();
+        let past = self.0.partition_point(|&(_, end)| end <= now);
         self.0.drain(..past);
+        // An interval ending before `at` cannot delay the booking.
+        let mut i = self.0.partition_point(|&(_, end)| end < at);
         let mut start = at;
-        let mut i = 0;
         while let Some(&(s, e)) = self.0.get(i) {
             if start + len <= s {
                 break;
@@ -579,7 +583,18 @@ impl Busy {
             start = start.max(e);
             i += 1;
         }
-        self.0.insert(i, (start, start + len));
+        let end = start + len;
+        let joins_before = len > 0.0 && i > 0 && self.0[i - 1].1 == start;
+        let joins_after = len > 0.0 && self.0.get(i).is_some_and(|&(s, _)| s == end);
+        match (joins_before, joins_after) {
+            (true, true) => {
+                self.0[i - 1].1 = self.0[i].1;
+                self.0.remove(i);
+            }
+            (true, false) => self.0[i - 1].1 = end,
+            (false, true) => self.0[i].0 = start,
+            (false, false) => self.0.insert(i, (start, end)),
+        }
         start
     }
 }
