@@ -428,9 +428,12 @@ pub fn estimate_us(
                 + (levels - crossing) * f.hop(piece, false)
                 + (levels - 1.0) * f.step;
             // A host's NICs carry what its ranks send to their children on
-            // other hosts; of two hosts, the second's only receive.
+            // other hosts. With hosts of m ranks (m a power of two), rank
+            // 2m is the first whose two children both live elsewhere
+            // (2m - m and 2m + m), which needs a fourth host; below that
+            // every host sends the data out once at most.
             let nic_bytes = match f.hosts {
-                h if h > 2.0 => 2.0 * bytes,
+                h if h > 3.0 => 2.0 * bytes,
                 h if h > 1.0 => bytes,
                 _ => 0.0,
             };
