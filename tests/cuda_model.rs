@@ -513,15 +513,7 @@ fn faulting_all_reduce(
 /// Two ranks whose launches fault: each must see an asynchronous error.
 fn two_ranks_fault() {
     let device = cuda();
-    let comms: Vec<usize> = Communicator::init_all_config(2, test_config())
-        .unwrap()
-        .into_iter()
-        .map(|comm| {
-            let entry = Entry::new(Slot::Ready(comm), true, 0, None);
-            registry::insert(entry.clone());
-            entry.handle() as usize
-        })
-        .collect();
+    let comms = c_communicators(2, test_config());
     // Every rank's buffers and stream are made before the first launch
     // faults (the fault fails every later call of the context).
     let ready = &std::sync::Barrier::new(2);
@@ -551,15 +543,7 @@ fn a_kernel_fault_poisons_the_communicator() {
 /// fails too (the order a loaded machine may give [`two_ranks_fault`]).
 fn a_call_after_the_fault() {
     let device = cuda();
-    let comms: Vec<ncclComm_t> = Communicator::init_all_config(2, test_config())
-        .unwrap()
-        .into_iter()
-        .map(|comm| {
-            let entry = Entry::new(Slot::Ready(comm), true, 0, None);
-            registry::insert(entry.clone());
-            entry.handle()
-        })
-        .collect();
+    let comms = c_communicators(2, test_config());
     // Made before the fault, which fails every later call of the context.
     let ranks: Vec<_> = comms
         .iter()
@@ -570,7 +554,14 @@ fn a_call_after_the_fault() {
         .collect();
     for rank in [1, 0] {
         let (send, recv, stream) = &ranks[rank];
-        faulting_all_reduce(rank, comms[rank], stream.as_ref(), *send, *recv, 1024);
+        faulting_all_reduce(
+            rank,
+            comms[rank] as ncclComm_t,
+            stream.as_ref(),
+            *send,
+            *recv,
+            1024,
+        );
     }
 }
 
