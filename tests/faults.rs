@@ -970,8 +970,13 @@ fn running_out_of_file_descriptors_at_the_root_is_reported_to_the_ranks() {
 /// namespace hosts (`RCCL_IB_MODEL_FAULT` on one rank, after its NIC sent
 /// 2000 frames): the port going down, a corrupted key, a stall past the
 /// retries (`NCCL_IB_TIMEOUT=14`, `NCCL_IB_RETRY_CNT=2`: about 200 ms).
-/// Both ranks fail, each naming the other, well before the engine's
-/// timeout (3 s).
+/// Both ranks fail, each naming the other, within 2 s of each other; a
+/// dropped port or a corrupted key before the engine's timeout (3 s). A
+/// stalled NIC is seen by the retries of a rank with frames in flight to
+/// it; when the stall comes while the other rank only waits to receive
+/// (its frames all answered, the stalled NIC holding back its own), there
+/// is nothing to retry, and both see the engine's timeout, which names
+/// the peer as well.
 #[test]
 fn ib_model_faults_fail_both_ranks_naming_each_other() {
     let root = std::fs::read_to_string("/proc/self/status")
@@ -1041,7 +1046,8 @@ fn ib_model_faults_fail_both_ranks_naming_each_other() {
                 "rank {rank} does not name rank {peer}: {text}"
             );
             assert!(
-                !text.contains("timed out") && !text.contains("timeout"),
+                fault.starts_with("stall")
+                    || !text.contains("timed out") && !text.contains("timeout"),
                 "rank {rank} waited for the engine's timeout: {text}"
             );
         }
