@@ -100,38 +100,71 @@ impl Figures {
 
     /// A pipeline of `depth` hops (a share `across` of them between
     /// hosts) through which `per_channel` bytes flow chunk by chunk: the
-    /// first piece's way down the pipeline, then one chunk per the
-    /// slowest stage: a rank's step over a chunk at `rate`, the channel's
-    /// share of a link, or a host's NICs carrying `nic_bytes` and a
-    /// rank's port `port_bytes` for the whole call.
+    /// first piece's way down the pipeline ([`fill`](Self::fill)), then
+    /// the [`stream`](Self::stream) of chunks.
+    #[allow(clippy::too_many_arguments)]
     fn pipeline(
         &self,
         depth: f64,
         across: f64,
         per_channel: f64,
+        steps: f64,
         rate: f64,
         nic_bytes: f64,
         port_bytes: f64,
     ) -> f64 {
+        let piece = self.chunk_of(per_channel).1.min(self.piece);
+        self.fill(depth, across, piece, rate)
+            + self.stream(per_channel, across, steps, rate, nic_bytes, port_bytes)
+    }
+
+    /// How `per_channel` bytes split into chunks: their count and size.
+    fn chunk_of(&self, per_channel: f64) -> (f64, f64) {
         let chunks = (per_channel / self.chunk).ceil().max(1.0);
-        let s = (per_channel / chunks).max(1.0);
-        let piece = s.min(self.piece);
-        // A forwarding rank passes each piece on as it comes in: its step's
-        // fixed cost overlaps the wait.
-        let fill = self.step
+        (chunks, (per_channel / chunks).max(1.0))
+    }
+
+    /// The first `piece`'s way down `depth` hops, a share `across` of them
+    /// between hosts, each rank passing it on at `rate`. A forwarding rank
+    /// passes each piece on as it comes in: its step's fixed cost overlaps
+    /// the wait.
+    fn fill(&self, depth: f64, across: f64, piece: f64, rate: f64) -> f64 {
+        self.step
             + depth
                 * (piece / rate
                     + across * self.hop(piece, true)
-                    + (1.0 - across) * self.hop(piece, false));
-        let stage = chunks * (self.step + s / rate);
-        let nic = nic_bytes / self.nic_total();
-        // The first piece's way over a rank's port is in the fill.
+                    + (1.0 - across) * self.hop(piece, false))
+    }
+
+    /// `per_channel` bytes through a pipeline, a chunk per its slowest
+    /// stage: the busiest rank's `steps` steps over a chunk at `rate`, or
+    /// a host's NICs carrying `nic_bytes` and a rank's port `port_bytes`
+    /// for the whole call (the first piece's way over a port, when any
+    /// hop stays in a host, `across < 1`, is in the fill).
+    fn stream(
+        &self,
+        per_channel: f64,
+        across: f64,
+        steps: f64,
+        rate: f64,
+        nic_bytes: f64,
+        port_bytes: f64,
+    ) -> f64 {
+        let (chunks, s) = self.chunk_of(per_channel);
+        let piece = s.min(self.piece);
+        let stage = chunks * (steps * self.step + s / rate);
+        // Likewise the first piece's way over a NIC, when any hop crosses.
+        let nic = if across > 0.0 {
+            (nic_bytes / self.nic_total() - piece / self.nic).max(0.0)
+        } else {
+            nic_bytes / self.nic_total()
+        };
         let port = if across < 1.0 {
             (port_bytes / self.port - piece / (self.port / self.channels)).max(0.0)
         } else {
             0.0
         };
-        fill + stage.max(nic).max(port)
+        stage.max(nic).max(port)
     }
 
     /// `steps` ring steps, each moving `block` bytes per channel in
@@ -243,8 +276,9 @@ impl Figures {
             let within = (1.0 - across) * s.min(self.piece) / port_share;
             let chain = self.step.max(latency) + (s / rate).max(within) + across * s / nic_share;
             return Pace {
-                hop: chain.max(nic).max(port),
+                hop: chain,
                 turn: 0.0,
+                ..self.link_bound(nic, port)
             };
         }
         // A DMA sender forwards each message as its first piece comes in,
@@ -258,8 +292,26 @@ impl Figures {
         let moved = |bytes: f64| across * bytes / self.nic + (1.0 - across) * bytes / self.port;
         let cut_through = latency + piece / rate + moved(piece);
         Pace {
-            hop: cut_through.max(self.step + s / rate).max(nic).max(port),
+            hop: cut_through.max(self.step + s / rate),
             turn: (self.step + latency + 2.0 * piece / rate + moved(s)) / 2.0,
+            ..self.link_bound(nic, port)
+        }
+    }
+
+    /// A pace set by the busier of a channel's NIC (`nic` per message)
+    /// and port (`port`): a message per link time, then the last one's
+    /// latency past that link.
+    fn link_bound(&self, nic: f64, port: f64) -> Pace {
+        let tail = if nic >= port {
+            self.nic_latency
+        } else {
+            self.port_latency
+        };
+        Pace {
+            hop: 0.0,
+            turn: 0.0,
+            link: nic.max(port),
+            tail,
         }
     }
 }
@@ -272,15 +324,25 @@ impl Figures {
 struct Pace {
     hop: f64,
     turn: f64,
+    /// Where a link cannot carry a message per hop that fast: its time per
+    /// message, and the latency of the last message past it.
+    link: f64,
+    tail: f64,
 }
 
 impl Pace {
     /// `loops` passes of `messages` messages each, every rank taking one
     /// step more per pass, after `lead`.
     fn run(self, loops: f64, messages: f64, lead: f64) -> f64 {
-        (lead + loops * messages * self.hop).max(loops * (messages + 1.0) * self.turn)
+        (lead + loops * messages * self.hop)
+            .max(lead + loops * messages * self.link + self.tail)
+            .max(loops * (messages + 1.0) * self.turn)
     }
 }
+
+/// Above this many ranks taking part, halving-doubling's form reads which
+/// rounds cross hosts off the distance alone rather than rank by rank.
+const RHD_WALKED_RANKS: usize = 1024;
 
 /// The closed-form time in microseconds of `algorithm` (a built-in's
 /// name) running `spec` with `protocol` and `params` on `cluster`, or
@@ -295,10 +357,11 @@ pub fn estimate_us(
 ) -> Option<f64> {
     let f = Figures::new(cluster, spec, elem_size, protocol, params);
     let n = f.n;
-    if spec.nranks <= 1 {
-        return Some(f.launch);
-    }
     let bytes = (spec.count * elem_size) as f64;
+    if spec.nranks <= 1 {
+        // A rank alone copies its input to its output.
+        return Some(f.launch + f.step + bytes / f.copy);
+    }
     let per_channel = bytes / f.channels;
     // The share of a ring's hops on its critical path that cross hosts:
     // a block's `n - 1` hops enter and leave every host once per channel,
@@ -323,6 +386,8 @@ pub fn estimate_us(
             Pace {
                 hop: (reduce.hop + copy.hop + f.kept(s, ring_across)) / 2.0,
                 turn: (reduce.turn + copy.turn) / 2.0,
+                link: (reduce.link + copy.link) / 2.0,
+                tail: reduce.tail,
             }
             .run(loops, 2.0 * (n - 1.0), f.lead())
         }
@@ -349,7 +414,7 @@ pub fn estimate_us(
             let nic_bytes = if f.hosts > 1.0 { bytes } else { 0.0 };
             // A chain from the root: it crosses into each other host once.
             let across = (f.hosts - 1.0) / (n - 1.0);
-            f.pipeline(n - 1.0, across, per_channel, rate, nic_bytes, bytes)
+            f.pipeline(n - 1.0, across, per_channel, 1.0, rate, nic_bytes, bytes)
         }
         ("tree", CollKind::AllReduce) => {
             // A chain of each host's ranks under a binary tree of hosts
@@ -366,35 +431,89 @@ pub fn estimate_us(
             };
             let depth = across_depth + chain_depth;
             let across = across_depth / depth;
-            // Each host's NICs carry the ring's bytes each way (a host
-            // interior in one tree is a leaf in the other), half of it
-            // over two hosts, where each is the other's leaf.
-            let nic_bytes = match f.hosts {
-                h if h > 2.0 => 2.0 * bytes,
-                h if h > 1.0 => bytes,
+            // A host's head takes in and sends out a channel's bytes once
+            // per edge of the tree of hosts at it: its parent and up to
+            // two children (two from 4 hosts on, one on 3, and over two
+            // hosts each is the other's only neighbour). Where a NIC
+            // carries channels of both trees (channels `c` and `c + k` on
+            // one rail), a host interior in one is a leaf in the other:
+            // two channels' bytes each way per pair.
+            let edges: f64 = match f.hosts {
+                h if h > 3.0 => 3.0,
+                h if h > 2.0 => 2.0,
+                h if h > 1.0 => 1.0,
                 _ => 0.0,
             };
+            let per_nic = if f.per_nic() >= 2.0 {
+                edges.min(2.0) * f.per_nic()
+            } else {
+                edges
+            };
+            let nic_bytes = per_nic * per_channel * f.rails.min(f.channels);
             // A rank reduces each chunk going up and copies it coming down,
-            // once per child: within a host the binary tree's inner ranks
-            // have two (from 3 ranks on), across hosts a chain's ranks one.
-            let children = if f.hosts > 1.0 || n < 3.0 { 1.0 } else { 2.0 };
+            // once per child, a step each, and the busiest rank sets the
+            // pace: within a
+            // host the binary tree's inner ranks have two (from 3 ranks
+            // on); across hosts a host's head has the next rank of its
+            // chain and, in the tree of hosts, up to two heads of other
+            // hosts (two from 4 hosts on: below that no host has two).
+            let children = if f.hosts > 1.0 {
+                let chain = if f.local > 1.0 { 1.0 } else { 0.0 };
+                let across = if f.hosts > 3.0 { 2.0 } else { 1.0 };
+                chain + across
+            } else if n < 3.0 {
+                1.0
+            } else {
+                2.0
+            };
             let rate = 1.0 / (children / f.reduce + children / f.copy);
             if f.channels < 2.0 {
                 // One channel runs both trees on half the data each, every
-                // phase after the other: up tree 0, up tree 1, down both.
-                4.0 * f.pipeline(
-                    depth,
-                    across,
-                    per_channel / 2.0,
-                    rate,
-                    nic_bytes / 4.0,
-                    bytes / 2.0,
-                )
+                // phase after the other at each rank: up tree 0, up tree 1,
+                // down tree 0, down tree 1. The chains within hosts are
+                // the same in both trees, so a chain's phases follow each
+                // other a step apart; across hosts a tree's root is a leaf
+                // of the other, deepest where the first tree is shallow:
+                // the last result leaves a root one tree's depth after
+                // the first tree's way up and back, three crossings of
+                // the tree of hosts in all.
+                // Within one host the two trees differ rank by rank: three
+                // times their depth.
+                let (fill_depth, fill_across) = if f.hosts > 1.0 {
+                    (2.0 * chain_depth + 3.0 * across_depth, 3.0 * across_depth)
+                } else {
+                    (3.0 * depth, 0.0)
+                };
+                let half = per_channel / 2.0;
+                let piece = f.chunk_of(half).1.min(f.piece);
+                let fill = f.fill(fill_depth, fill_across / fill_depth, piece, rate);
+                // Each phase runs at the pace of its busiest rank, which
+                // another phase leaves idle: a host with two children in
+                // a tree of hosts takes in both halves' worth on its NICs
+                // going up and sends it going down.
+                let phase_nic = match f.hosts {
+                    h if h > 3.0 => bytes,
+                    h if h > 1.0 => bytes / 2.0,
+                    _ => 0.0,
+                };
+                // Within one host an inner rank takes in both children's
+                // halves over its port, across hosts a chain's rank one.
+                let phase_port = if f.hosts > 1.0 {
+                    bytes / 2.0
+                } else {
+                    children * bytes / 2.0
+                };
+                let phase = |steps: f64, rate: f64| {
+                    f.stream(half, across, steps, rate, phase_nic, phase_port)
+                };
+                fill + 2.0 * phase(children, f.reduce / children)
+                    + 2.0 * phase(children.min(2.0), f.copy / children)
             } else {
                 f.pipeline(
                     2.0 * depth,
                     across,
                     per_channel,
+                    children,
                     rate,
                     nic_bytes,
                     2.0 * bytes,
@@ -486,10 +605,19 @@ pub fn estimate_us(
             } else {
                 0.0
             };
-            // Reduce-scatter reduces inside a host chunk by chunk while the
-            // rail rings carry earlier chunks: its phases overlap.
+            // Reduce-scatter reduces inside a host one host's block at a
+            // time while the rail rings carry the blocks reduced before:
+            // a pipeline of two stages over `h` blocks. Where a rank's
+            // transfers are its own copies, the stages share its core: the
+            // first block goes through both, the others at the slower
+            // stage's pace; a DMA engine hides all but the slower stage.
             if kind == CollKind::ReduceScatter {
-                inner.max(outer)
+                let fill = if f.sender_copies {
+                    inner.min(outer) / h
+                } else {
+                    0.0
+                };
+                inner.max(outer) + fill
             } else {
                 inner + outer
             }
@@ -500,42 +628,121 @@ pub fn estimate_us(
             // Extra ranks fold their whole input in first and take the
             // result back last, over a NIC where their partner is on
             // another host.
-            let mut chain = if p < n {
+            let fold = if p < n {
                 let nic_bytes = if f.hosts > 1.0 { bytes } else { 0.0 };
-                2.0 * f.pipeline(1.0, ring_across, per_channel, f.reduce, nic_bytes, bytes)
+                2.0 * f.pipeline(
+                    1.0,
+                    ring_across,
+                    per_channel,
+                    1.0,
+                    f.reduce,
+                    nic_bytes,
+                    bytes,
+                )
             } else {
                 0.0
             };
             // Round i exchanges half of what a rank holds with the rank
-            // `p / 2^(i+1)` away, across hosts while that reaches past a
-            // host; the rounds run again in reverse to gather.
-            let mut crossing = 0.0;
+            // `p / 2^(i+1)` away in the numbering of the ranks taking part,
+            // across hosts where that partner lives on another host (the
+            // extra ranks fold into their neighbours, so the numbering
+            // packs the first hosts' ranks closer); the rounds run again
+            // in reverse to gather.
+            let extra = spec.nranks - p as usize;
+            let real = |v: usize| {
+                if v < extra {
+                    2.0 * v as f64 + 1.0
+                } else {
+                    (v + extra) as f64
+                }
+            };
+            let host = |r: f64| (r / f.local).floor();
+            // Where every rank takes part and hosts hold a power of two of
+            // ranks, a round crosses hosts exactly when its distance
+            // reaches a host's ranks, all of a host's ranks at once (the
+            // pairs left without elements of tiny calls move next to
+            // nothing). Other shapes are walked rank by rank, following
+            // the elements of the region each pair splits (a pair whose
+            // region is empty exchanges nothing), up to
+            // `RHD_WALKED_RANKS`, past which the rule above stands for
+            // them too, so that a decision stays within microseconds.
+            let elems = (per_channel / elem_size as f64).floor();
+            let regular = extra == 0 && (f.local as usize).is_power_of_two();
+            let walk = !regular && p as usize <= RHD_WALKED_RANKS;
+            let mut region = if walk {
+                vec![elems; p as usize]
+            } else {
+                Vec::new()
+            };
+            let (mut rounds_chain, mut within) = (0.0, 0.0);
+            // The bytes the busiest host's NICs carry, and whether any
+            // round crosses.
+            let (mut crossing, mut crosses) = (0.0, false);
+            let mut crossing_rounds: f64 = 0.0;
             let mut held = per_channel;
-            let mut distance = p / 2.0;
+            let mut mask = p as usize / 2;
             for _ in 0..rounds as usize {
-                held /= 2.0;
-                let across = f.hosts > 1.0 && distance >= f.local;
-                let messages = (held / f.chunk).ceil().max(1.0);
-                let s = held / messages;
-                let share = if across { 1.0 } else { 0.0 };
-                // Every rank of a host crosses in the same round: a message
-                // waits behind the others on the host's NICs.
-                let queued = if across {
-                    (f.local - 1.0) * s * f.channels / f.nic_total()
+                held = (held / 2.0).max(elem_size as f64);
+                // The most ranks of one host that cross in this round.
+                let crossers = if f.hosts > 1.0 && walk {
+                    let (mut most, mut on_host, mut current) = (0.0f64, 0.0, -1.0);
+                    for (v, len) in region.iter_mut().enumerate() {
+                        let (a, b) = (real(v), real(v ^ mask));
+                        if host(a) != current {
+                            current = host(a);
+                            on_host = 0.0;
+                        }
+                        if *len >= 1.0 && host(a) != host(b) {
+                            on_host += 1.0;
+                            most = most.max(on_host);
+                        }
+                        let half = (*len / 2.0).floor();
+                        *len = if v & mask == 0 { half } else { *len - half };
+                    }
+                    most
+                } else if f.hosts > 1.0 && mask as f64 >= f.local {
+                    f.local
                 } else {
                     0.0
                 };
+                let across = crossers > 0.0;
+                let messages = (held / f.chunk).ceil().max(1.0);
+                let s = held / messages;
+                let share = if across { 1.0 } else { 0.0 };
                 // Halving reduces what comes in, doubling only copies it.
-                chain += f.exchange(messages, s, share, f.reduce)
-                    + f.exchange(messages, s, share, f.copy)
-                    + 2.0 * messages * queued;
+                let round = f.exchange(messages, s, share, f.reduce)
+                    + f.exchange(messages, s, share, f.copy);
+                rounds_chain += round;
                 if across {
-                    crossing += 2.0 * held;
+                    // The halving's first crossing round: every crossing
+                    // rank of a host sends at once, the last message
+                    // behind the others on the host's NICs. Later rounds
+                    // find the ranks staggered by it.
+                    if !crosses {
+                        rounds_chain += (crossers - 1.0) * held * f.channels / f.nic_total();
+                    }
+                    crossing += 2.0 * held * crossers;
+                    crossing_rounds += 1.0;
+                    crosses = true;
+                } else {
+                    within += round;
                 }
-                distance /= 2.0;
+                mask /= 2;
             }
-            // Every rank of a host crosses at once on the host's NICs.
-            chain.max(f.local * crossing * f.channels / f.nic_total())
+            // Every crossing rank of a host sends at once on the host's
+            // NICs, which carry the crossing rounds' bytes back to back
+            // but for the rounds' latencies: a round cannot send before
+            // its partner's message of the round before is in. The
+            // rounds within hosts, the last message's latency each way,
+            // and the fold come on top.
+            let nic = if crosses {
+                crossing * f.channels / f.nic_total()
+                    + within
+                    + (crossing_rounds + 1.0) * f.nic_latency
+            } else {
+                0.0
+            };
+            fold + rounds_chain.max(nic)
         }
         ("oneshot", CollKind::AllReduce) => {
             // Every rank sends its input to every other and reduces all n.
@@ -545,18 +752,18 @@ pub fn estimate_us(
                 f.local * (n - f.local) * s / (f.nic * f.rails.min(f.channels) / f.channels);
             let out_port = (n - 1.0) * s / (f.port / f.channels);
             // Each of the n inputs joins the accumulator in a step of its
-            // own; a rank whose transfers are its own copies makes them
-            // on the same core, before its reductions. Across hosts the
+            // own, in one order on every rank, after the inputs are in:
+            // within a host a rank's port takes them in one after the
+            // other (a rank whose transfers are its own copies makes them
+            // on the same core, before its reductions). Across hosts the
             // inputs join in one order on every rank while each rank sends
             // in its own, so some rank's first input is the last its
             // sender's NICs carry: its reductions start once they drain.
             let step = n * f.step + (n - 1.0) * s / f.reduce;
             let step = if f.hosts > 1.0 {
                 step + out_nic
-            } else if f.sender_copies {
-                step + out_port
             } else {
-                step
+                step + out_port
             };
             chunks * step.max(out_nic).max(out_port) + f.arrival(s, f.hosts > 1.0)
         }
