@@ -444,23 +444,23 @@ pub fn estimate_us(
                 h if h > 1.0 => 1.0,
                 _ => 0.0,
             };
-            let per_nic = if f.per_nic() >= 2.0 {
+            let channel_loads = if f.per_nic() >= 2.0 {
                 edges.min(2.0) * f.per_nic()
             } else {
                 edges
             };
-            let nic_bytes = per_nic * per_channel * f.rails.min(f.channels);
+            let nic_bytes = channel_loads * per_channel * f.rails.min(f.channels);
             // A rank reduces each chunk going up and copies it coming down,
             // once per child, a step each, and the busiest rank sets the
-            // pace: within a
-            // host the binary tree's inner ranks have two (from 3 ranks
-            // on); across hosts a host's head has the next rank of its
-            // chain and, in the tree of hosts, up to two heads of other
-            // hosts (two from 4 hosts on: below that no host has two).
+            // pace: within a host the binary tree's inner ranks have two
+            // (from 3 ranks on); across hosts a host's head has the next
+            // rank of its chain and, in the tree of hosts, up to two heads
+            // of other hosts (two from 4 hosts on: below that no host has
+            // two).
+            let host_children = if f.hosts > 3.0 { 2.0 } else { 1.0 };
             let children = if f.hosts > 1.0 {
                 let chain = if f.local > 1.0 { 1.0 } else { 0.0 };
-                let across = if f.hosts > 3.0 { 2.0 } else { 1.0 };
-                chain + across
+                chain + host_children
             } else if n < 3.0 {
                 1.0
             } else {
@@ -476,9 +476,8 @@ pub fn estimate_us(
                 // of the other, deepest where the first tree is shallow:
                 // the last result leaves a root one tree's depth after
                 // the first tree's way up and back, three crossings of
-                // the tree of hosts in all.
-                // Within one host the two trees differ rank by rank: three
-                // times their depth.
+                // the tree of hosts in all. Within one host the two trees
+                // differ rank by rank: three times their depth.
                 let (fill_depth, fill_across) = if f.hosts > 1.0 {
                     (2.0 * chain_depth + 3.0 * across_depth, 3.0 * across_depth)
                 } else {
@@ -488,13 +487,13 @@ pub fn estimate_us(
                 let piece = f.chunk_of(half).1.min(f.piece);
                 let fill = f.fill(fill_depth, fill_across / fill_depth, piece, rate);
                 // Each phase runs at the pace of its busiest rank, which
-                // another phase leaves idle: a host with two children in
-                // a tree of hosts takes in both halves' worth on its NICs
-                // going up and sends it going down.
-                let phase_nic = match f.hosts {
-                    h if h > 3.0 => bytes,
-                    h if h > 1.0 => bytes / 2.0,
-                    _ => 0.0,
+                // another phase leaves idle: a host's head takes in a half
+                // per child host on its NICs going up and sends it going
+                // down.
+                let phase_nic = if f.hosts > 1.0 {
+                    host_children * bytes / 2.0
+                } else {
+                    0.0
                 };
                 // Within one host an inner rank takes in both children's
                 // halves over its port, across hosts a chain's rank one.
@@ -668,23 +667,21 @@ pub fn estimate_us(
             // them too, so that a decision stays within microseconds.
             let elems = (per_channel / elem_size as f64).floor();
             let regular = extra == 0 && (f.local as usize).is_power_of_two();
-            let walk = !regular && p as usize <= RHD_WALKED_RANKS;
+            let walk = f.hosts > 1.0 && !regular && p as usize <= RHD_WALKED_RANKS;
             let mut region = if walk {
                 vec![elems; p as usize]
             } else {
                 Vec::new()
             };
             let (mut rounds_chain, mut within) = (0.0, 0.0);
-            // The bytes the busiest host's NICs carry, and whether any
-            // round crosses.
-            let (mut crossing, mut crosses) = (0.0, false);
-            let mut crossing_rounds: f64 = 0.0;
+            // The bytes the busiest host's NICs carry, over how many rounds.
+            let (mut crossing, mut crossing_rounds) = (0.0, 0.0);
             let mut held = per_channel;
             let mut mask = p as usize / 2;
             for _ in 0..rounds as usize {
                 held = (held / 2.0).max(elem_size as f64);
                 // The most ranks of one host that cross in this round.
-                let crossers = if f.hosts > 1.0 && walk {
+                let crossers = if walk {
                     let (mut most, mut on_host, mut current) = (0.0f64, 0.0, -1.0);
                     for (v, len) in region.iter_mut().enumerate() {
                         let (a, b) = (real(v), real(v ^ mask));
@@ -718,12 +715,11 @@ pub fn estimate_us(
                     // rank of a host sends at once, the last message
                     // behind the others on the host's NICs. Later rounds
                     // find the ranks staggered by it.
-                    if !crosses {
+                    if crossing_rounds == 0.0 {
                         rounds_chain += (crossers - 1.0) * held * f.channels / f.nic_total();
                     }
                     crossing += 2.0 * held * crossers;
                     crossing_rounds += 1.0;
-                    crosses = true;
                 } else {
                     within += round;
                 }
@@ -735,7 +731,7 @@ pub fn estimate_us(
             // its partner's message of the round before is in. The
             // rounds within hosts, the last message's latency each way,
             // and the fold come on top.
-            let nic = if crosses {
+            let nic = if crossing_rounds > 0.0 {
                 crossing * f.channels / f.nic_total()
                     + within
                     + (crossing_rounds + 1.0) * f.nic_latency
