@@ -467,44 +467,67 @@ pub fn estimate_us(
                 2.0
             };
             let rate = 1.0 / (children / f.reduce + children / f.copy);
-            if f.channels < 2.0 {
+            if f.channels < 2.0 && f.hosts > 1.0 {
                 // One channel runs both trees on half the data each, every
                 // phase after the other at each rank: up tree 0, up tree 1,
-                // down tree 0, down tree 1. The chains within hosts are
-                // the same in both trees, so a chain's phases follow each
-                // other a step apart; across hosts a tree's root is a leaf
-                // of the other, deepest where the first tree is shallow:
-                // the last result leaves a root one tree's depth after
-                // the first tree's way up and back, three crossings of
-                // the tree of hosts in all. Within one host the two trees
-                // differ rank by rank: three times their depth.
-                let (fill_depth, fill_across) = if f.hosts > 1.0 {
-                    (2.0 * chain_depth + 3.0 * across_depth, 3.0 * across_depth)
-                } else {
-                    (3.0 * depth, 0.0)
-                };
+                // down tree 0, down tree 1. A tree's root is a leaf of the
+                // other, deepest where the first tree is shallow: the last
+                // result leaves the root of tree 1 once tree 0's way up
+                // and down has reached it, three crossings of the tree of
+                // hosts in all, after the chain's way up (the chains are
+                // the same in both trees) and before its way down.
                 let half = per_channel / 2.0;
-                let piece = f.chunk_of(half).1.min(f.piece);
-                let fill = f.fill(fill_depth, fill_across / fill_depth, piece, rate);
-                // Each phase runs at the pace of its busiest rank, which
-                // another phase leaves idle: a host's head takes in a half
-                // per child host on its NICs going up and sends it going
-                // down.
-                let phase_nic = if f.hosts > 1.0 {
-                    host_children * bytes / 2.0
+                let (chunks, s) = f.chunk_of(half);
+                let piece = s.min(f.piece);
+                // A chain's rank passes a piece on as its transfer when it
+                // makes its transfers itself.
+                let pass = |rate: f64| if f.sender_copies { 0.0 } else { piece / rate };
+                let chain =
+                    chain_depth * (2.0 * f.hop(piece, false) + pass(f.reduce) + pass(f.copy));
+                // A crossing reduces the piece going up, copies it coming
+                // down. Below the root, which has one child host, a head
+                // takes in its child hosts' pieces a step each going up,
+                // the second behind the first on its NIC; going down it
+                // passes the piece to its chain in one step, then to its
+                // child hosts in the next, one after the other on its NIC.
+                let below_root = (across_depth - 1.0).max(0.0);
+                let second = if host_children > 1.0 {
+                    piece / f.nic
                 } else {
                     0.0
                 };
-                // Within one host an inner rank takes in both children's
-                // halves over its port, across hosts a chain's rank one.
-                let phase_port = if f.hosts > 1.0 {
-                    bytes / 2.0
-                } else {
-                    children * bytes / 2.0
-                };
-                let phase = |steps: f64, rate: f64| {
-                    f.stream(half, across, steps, rate, phase_nic, phase_port)
-                };
+                let crossings = 3.0 * across_depth * f.hop(piece, true)
+                    + across_depth * piece / f.reduce
+                    + 2.0 * across_depth * piece / f.copy
+                    + below_root * (f.step.max(second) + 2.0 * (f.step + second));
+                // The other chunks follow at the pace of the busiest rank
+                // or link. The head's steps over a chunk: up tree 0, then
+                // down tree 0 and down tree 1 on the way to the last
+                // result (tree 1's way up runs beside tree 0's). A head's
+                // NIC, in each direction, carries a chunk per child host
+                // in the phases where it is interior, and the other
+                // tree's chunk before its next phase can start (tree 0's
+                // root sends tree 1's way up before tree 0's way down): a
+                // chunk per child host in each of the four phases. A
+                // chain's rank takes a chunk in over its port per phase.
+                let up = children * f.step + s / (f.reduce / children);
+                let down = children.min(2.0) * f.step + s / (f.copy / children);
+                let phases = (chunks - 1.0)
+                    * (up + 2.0 * down)
+                        .max(4.0 * host_children * s / f.nic)
+                        .max(4.0 * s / f.port);
+                f.step + chain + crossings + phases
+            } else if f.channels < 2.0 {
+                // Within one host the two trees differ rank by rank: the
+                // first piece crosses three times their depth, then each
+                // phase runs at the pace of its busiest rank, an inner rank
+                // taking in both children's halves over its port.
+                let half = per_channel / 2.0;
+                let piece = f.chunk_of(half).1.min(f.piece);
+                let fill = f.fill(3.0 * depth, 0.0, piece, rate);
+                let phase_port = children * bytes / 2.0;
+                let phase =
+                    |steps: f64, rate: f64| f.stream(half, across, steps, rate, 0.0, phase_port);
                 fill + 2.0 * phase(children, f.reduce / children)
                     + 2.0 * phase(children.min(2.0), f.copy / children)
             } else {
@@ -674,8 +697,11 @@ pub fn estimate_us(
                 Vec::new()
             };
             let (mut rounds_chain, mut within) = (0.0, 0.0);
-            // The bytes the busiest host's NICs carry, over how many rounds.
-            let (mut crossing, mut crossing_rounds) = (0.0, 0.0);
+            // The crossing rounds in the halving's order: how long the
+            // busiest host's NICs take over each, and over its first message
+            // (at most one round per bit of a rank's number).
+            let mut crossing = [(0.0, 0.0); usize::BITS as usize];
+            let mut crossed = 0;
             let mut held = per_channel;
             let mut mask = p as usize / 2;
             for _ in 0..rounds as usize {
@@ -715,28 +741,43 @@ pub fn estimate_us(
                     // rank of a host sends at once, the last message
                     // behind the others on the host's NICs. Later rounds
                     // find the ranks staggered by it.
-                    if crossing_rounds == 0.0 {
+                    if crossed == 0 {
                         rounds_chain += (crossers - 1.0) * held * f.channels / f.nic_total();
                     }
-                    crossing += 2.0 * held * crossers;
-                    crossing_rounds += 1.0;
+                    crossing[crossed] = (held * crossers * f.channels / f.nic_total(), s / f.nic);
+                    crossed += 1;
                 } else {
                     within += round;
                 }
                 mask /= 2;
             }
             // Every crossing rank of a host sends at once on the host's
-            // NICs, which carry the crossing rounds' bytes back to back
-            // but for the rounds' latencies: a round cannot send before
-            // its partner's message of the round before is in. The
-            // rounds within hosts, the last message's latency each way,
-            // and the fold come on top.
-            let nic = if crossing_rounds > 0.0 {
-                crossing * f.channels / f.nic_total()
-                    + within
-                    + (crossing_rounds + 1.0) * f.nic_latency
-            } else {
+            // NICs, which carry a round's bytes back to back. A round
+            // starts on them once the round before has drained, or, if
+            // the NICs drain faster, once the first pair's messages of
+            // the round before are in and its next step has begun. The
+            // doubling runs the crossing rounds in reverse; the rounds
+            // within hosts, the last message's latency each way, and the
+            // fold come on top.
+            let drain = |rounds: &mut dyn Iterator<Item = &(f64, f64)>| {
+                let (mut start, mut end, mut first) = (0.0f64, 0.0f64, None);
+                for &(time, message) in rounds {
+                    if let Some(before) = first {
+                        start = end.max(start + before + f.nic_latency + f.step);
+                    }
+                    end = start + time;
+                    first = Some(message);
+                }
+                end
+            };
+            let crossing = &crossing[..crossed];
+            let nic = if crossing.is_empty() {
                 0.0
+            } else {
+                drain(&mut crossing.iter())
+                    + drain(&mut crossing.iter().rev())
+                    + within
+                    + 2.0 * f.nic_latency
             };
             fold + rounds_chain.max(nic)
         }
