@@ -363,6 +363,24 @@ fn recv_timeout_and_abort() {
 }
 
 #[test]
+fn a_root_past_its_deadline_does_not_stop_the_others() {
+    // The process's one root service thread polls every root: `a` coming
+    // to its deadline while a handshake at `b` is under way (a client
+    // that says nothing) must leave `b` served.
+    let a: Vec<UniqueId> = (0..3)
+        .map(|_| UniqueId::new_on(LOCALHOST).unwrap())
+        .collect();
+    let b = UniqueId::new_on(LOCALHOST).unwrap();
+    let silent = TcpStream::connect(b.root_addr().unwrap()).unwrap();
+    for a in &a {
+        let e = Bootstrap::init(a, 0, 2, Duration::from_millis(100), no_abort()).unwrap_err();
+        assert!(e.to_string().contains("timed out"), "{e}");
+    }
+    run_ranks(b, 2, Duration::from_secs(5), |bs| exercise(&bs));
+    drop(silent);
+}
+
+#[test]
 fn huge_timeout_does_not_overflow() {
     let id = UniqueId::new_on(LOCALHOST).unwrap();
     run_ranks(id, 2, Duration::MAX, |b| exercise(&b));

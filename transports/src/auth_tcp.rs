@@ -811,14 +811,18 @@ impl AuthListener {
             .chain(self.pending.iter().map(|h| h.stream.as_raw_fd()))
     }
 
-    /// `limit`, shortened to the next handshake deadline: how long a poll
-    /// over [`AuthListener::poll_fds`] may wait before
-    /// [`AuthListener::progress`] has a handshake to expire.
+    /// `limit`, shortened to the next handshake deadline (but not below
+    /// 1 ms, unless `limit` is): how long a poll over
+    /// [`AuthListener::poll_fds`] may wait before
+    /// [`AuthListener::progress`] has a handshake to expire. A caller
+    /// serving several listeners passes what the others left, which may
+    /// be nothing.
     pub fn poll_timeout(&self, limit: Duration) -> Duration {
         match self.pending.iter().map(|h| h.deadline).min() {
             Some(d) => d
                 .saturating_duration_since(Instant::now())
-                .clamp(Duration::from_millis(1), limit),
+                .max(Duration::from_millis(1))
+                .min(limit),
             None => limit,
         }
     }
@@ -1114,6 +1118,28 @@ mod tests {
         // One at a time, the silent ones would cost 60 handshake timeouts.
         assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
         c.join().unwrap();
+        drop(silent);
+    }
+
+    #[test]
+    fn poll_timeout_never_exceeds_the_limit_given() {
+        let mut l = listener(Secret::random());
+        l.set_handshake_timeout(Duration::from_secs(30));
+        let silent = TcpStream::connect(l.local_addr()).unwrap();
+        while l.pending.is_empty() {
+            l.progress().unwrap();
+        }
+        // What another listener's expired deadline leaves of a poll.
+        assert_eq!(l.poll_timeout(Duration::ZERO), Duration::ZERO);
+        assert_eq!(
+            l.poll_timeout(Duration::from_millis(5)),
+            Duration::from_millis(5)
+        );
+        let waits = l.poll_timeout(Duration::from_secs(60));
+        assert!(
+            waits > Duration::from_secs(25) && waits <= Duration::from_secs(30),
+            "{waits:?}"
+        );
         drop(silent);
     }
 

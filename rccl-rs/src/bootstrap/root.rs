@@ -45,26 +45,46 @@ pub(super) fn spawn_root(root: Root) -> Result<()> {
         let _ = (&*wake).write(&[1]);
         return Ok(());
     }
-    let started = UnixStream::pair().and_then(|(wake, wake_rx)| {
-        wake.set_nonblocking(true)?;
-        wake_rx.set_nonblocking(true)?;
-        thread::Builder::new()
-            .name("rccl-boot-root".into())
-            .spawn(move || serve_roots(wake_rx))?;
-        Ok(wake)
-    });
-    match started {
-        Ok(wake) => {
-            queue.wake = Some(wake);
-            queue.pid = std::process::id();
-            Ok(())
+    start_service(&mut queue).map_err(|e| {
+        queue.incoming.pop();
+        Error::io(
+            format!("bootstrap: starting the root service for {addr}"),
+            e,
+        )
+    })
+}
+
+/// Starts the thread that serves `queue`'s roots.
+fn start_service(queue: &mut RootQueue) -> io::Result<()> {
+    let (wake, wake_rx) = UnixStream::pair()?;
+    wake.set_nonblocking(true)?;
+    wake_rx.set_nonblocking(true)?;
+    thread::Builder::new()
+        .name("rccl-boot-root".into())
+        .spawn(move || serve_roots(wake_rx))?;
+    queue.wake = Some(wake);
+    queue.pid = std::process::id();
+    Ok(())
+}
+
+/// Should the service thread panic, its roots close (their ranks hear
+/// the root hang up instead of waiting out their timeouts) and a new
+/// thread serves the roots queued since.
+struct ServiceGuard;
+
+impl Drop for ServiceGuard {
+    fn drop(&mut self) {
+        if !thread::panicking() {
+            return;
         }
-        Err(e) => {
-            queue.incoming.pop();
-            Err(Error::io(
-                format!("bootstrap: starting the root service for {addr}"),
-                e,
-            ))
+        let mut queue = ROOT_QUEUE.lock().unwrap_or_else(|e| e.into_inner());
+        queue.wake = None;
+        tracing::error!("bootstrap: the root service failed; its rendezvous are closed");
+        if !queue.incoming.is_empty() {
+            if let Err(e) = start_service(&mut queue) {
+                tracing::error!("bootstrap: restarting the root service: {e}");
+                queue.incoming.clear();
+            }
         }
     }
 }
@@ -72,6 +92,7 @@ pub(super) fn spawn_root(root: Root) -> Result<()> {
 /// The root service: drives every root's listener and rendezvous from one
 /// poll loop.
 pub(super) fn serve_roots(wake: UnixStream) {
+    let _guard = ServiceGuard;
     let mut roots: Vec<Root> = Vec::new();
     let mut pfds: Vec<libc::pollfd> = Vec::new();
     loop {
