@@ -59,8 +59,19 @@ impl Figures {
             most,
         } = c.occupancy();
         let rails = c.rails();
-        let (reduce, copy) = Regime::of(c, footprint(spec, elem_size, 0), most).rates(c);
-        let (reduce, copy) = (reduce * 1e3, copy * 1e3);
+        // Every rank is on a pipeline's way, so the slowest sets its pace:
+        // the root's footprint differs from the others' (a broadcast's
+        // root reads what the others only write), and with it the cache
+        // level or memory regime their rates come from.
+        let rates = |rank: usize| Regime::of(c, footprint(spec, elem_size, rank), most).rates(c);
+        let ((root_reduce, root_copy), (other_reduce, other_copy)) = (
+            rates(spec.root),
+            rates((spec.root + 1) % spec.nranks.max(1)),
+        );
+        let (reduce, copy) = (
+            root_reduce.min(other_reduce) * 1e3,
+            root_copy.min(other_copy) * 1e3,
+        );
         let port = c.intra.map_or(f64::INFINITY, |i| {
             let p = i.port_gbs * 1e3;
             if i.sender_copies {
@@ -127,13 +138,17 @@ impl Figures {
     /// The first `piece`'s way down `depth` hops, a share `across` of them
     /// between hosts, each rank passing it on at `rate`. A forwarding rank
     /// passes each piece on as it comes in: its step's fixed cost overlaps
-    /// the wait.
+    /// the wait. Where its transfers within a host are its own copies,
+    /// its pass over a piece is the piece's transfer, at the slower of the
+    /// two rates.
     fn fill(&self, depth: f64, across: f64, piece: f64, rate: f64) -> f64 {
+        let within = if self.sender_copies {
+            self.port_latency + piece / rate.min(self.port)
+        } else {
+            piece / rate + self.hop(piece, false)
+        };
         self.step
-            + depth
-                * (piece / rate
-                    + across * self.hop(piece, true)
-                    + (1.0 - across) * self.hop(piece, false))
+            + depth * (across * (piece / rate + self.hop(piece, true)) + (1.0 - across) * within)
     }
 
     /// `per_channel` bytes through a pipeline, a chunk per its slowest
@@ -414,7 +429,24 @@ pub fn estimate_us(
             let nic_bytes = if f.hosts > 1.0 { bytes } else { 0.0 };
             // A chain from the root: it crosses into each other host once.
             let across = (f.hosts - 1.0) / (n - 1.0);
-            f.pipeline(n - 1.0, across, per_channel, 1.0, rate, nic_bytes, bytes)
+            // A broadcast's rank keeps what it passes on: where its
+            // transfers within a host are its own copies, the copy into
+            // its own buffer follows each transfer on the same core, as
+            // many bytes again at the copy rate.
+            let kept = if kind == CollKind::Broadcast {
+                f.kept(bytes, across) * f.port
+            } else {
+                0.0
+            };
+            f.pipeline(
+                n - 1.0,
+                across,
+                per_channel,
+                1.0,
+                rate,
+                nic_bytes,
+                bytes + kept,
+            )
         }
         ("tree", CollKind::AllReduce) => {
             // A chain of each host's ranks under a binary tree of hosts
@@ -579,11 +611,14 @@ pub fn estimate_us(
                 _ => 0.0,
             };
             let stage = chunks * (f.step + s / f.copy);
+            // A rank sends to two children over its port, and keeps what
+            // it passes on: on the same core where its transfers are its
+            // own copies.
             f.step
                 + fill
                 + stage
                     .max(nic_bytes / f.nic_total())
-                    .max(2.0 * bytes / f.port)
+                    .max(2.0 * bytes / f.port + f.kept(bytes, 0.0))
         }
         ("hier", CollKind::AllReduce) => {
             // Reduce-scatter rings inside each host, all-reduce rings across
