@@ -171,9 +171,19 @@ fn intruders_do_not_disturb_init() {
 
 static INTRUDE: std::sync::Mutex<Vec<SocketAddr>> = std::sync::Mutex::new(Vec::new());
 
+/// A port free now, below the kernel's ephemeral range (32768 and up by
+/// default): between this check and the root's bind, no socket bound to
+/// port 0 (this process's or another's) can be handed it.
 fn free_port() -> u16 {
-    TcpListener::bind((LOCALHOST, 0))
-        .unwrap()
+    let seed = std::process::id() as usize
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos() as usize;
+    (0..12_000)
+        .map(|i| 20_000 + (seed + i) % 12_000)
+        .find_map(|p| TcpListener::bind((LOCALHOST, p as u16)).ok())
+        .expect("a free port below 32000")
         .local_addr()
         .unwrap()
         .port()
@@ -448,6 +458,36 @@ fn root_service_threads() -> usize {
         .count()
 }
 
+/// The TCP sockets this process listens on, by port: its sockets'
+/// inodes (`/proc/self/fd`) among the listening ones of
+/// `/proc/self/net/tcp`.
+fn listening_sockets() -> std::collections::HashMap<u16, String> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().into_owned();
+            Some(
+                link.strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_string(),
+            )
+        })
+        .collect();
+    let table = std::fs::read_to_string("/proc/self/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let port = u16::from_str_radix(f.get(1)?.split(':').nth(1)?, 16).ok()?;
+            let inode = f.get(9)?.to_string();
+            (f.get(3) == Some(&"0A") && inodes.contains(&inode)).then_some((port, inode))
+        })
+        .collect()
+}
+
 /// Set in the child process that runs the test below alone.
 const ALONE: &str = "RCCL_BOOTSTRAP_TEST_ALONE";
 
@@ -468,23 +508,28 @@ fn unused_unique_ids_share_one_thread_and_the_oldest_release_their_ports() {
         assert!(status.success(), "{status}");
         return;
     }
-    let ids: Vec<UniqueId> = (0..100)
-        .map(|_| UniqueId::new_on(LOCALHOST).unwrap())
+    // Each id with the listening socket its root was given: once the
+    // root is released, its port may go to a later id's root (or another
+    // process's socket), so a port still open says nothing.
+    let ids: Vec<(UniqueId, String)> = (0..100)
+        .map(|_| {
+            let id = UniqueId::new_on(LOCALHOST).unwrap();
+            let port = id.root_addr().unwrap().port();
+            (id, listening_sockets()[&port].clone())
+        })
         .collect();
     assert!(root_service_threads() <= 1, "{}", root_service_threads());
     // At most 64 unused ids keep their port: the oldest 36 are released.
-    let released = |id: &UniqueId| {
-        TcpStream::connect(id.root_addr().unwrap())
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
-    };
+    let released =
+        |(_, socket): &(UniqueId, String)| !listening_sockets().values().any(|s| s == socket);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !ids[..36].iter().all(released) && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(20));
     }
     assert!(ids[..36].iter().all(released));
-    assert!(!released(&ids[99]));
+    assert!(!ids[36..].iter().any(released));
     // The newest still serves, and so does a fresh one.
-    run_ranks(ids[99], 2, Duration::from_secs(20), |b| exercise(&b));
+    run_ranks(ids[99].0, 2, Duration::from_secs(20), |b| exercise(&b));
     run_ranks(
         UniqueId::new_on(LOCALHOST).unwrap(),
         2,
