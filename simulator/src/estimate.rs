@@ -138,17 +138,23 @@ impl Figures {
     /// The first `piece`'s way down `depth` hops, a share `across` of them
     /// between hosts, each rank passing it on at `rate`. A forwarding rank
     /// passes each piece on as it comes in: its step's fixed cost overlaps
-    /// the wait. Where its transfers within a host are its own copies,
-    /// its pass over a piece is the piece's transfer, at the slower of the
-    /// two rates.
+    /// the wait.
     fn fill(&self, depth: f64, across: f64, piece: f64, rate: f64) -> f64 {
-        let within = if self.sender_copies {
+        self.step
+            + depth
+                * (across * (piece / rate + self.hop(piece, true))
+                    + (1.0 - across) * self.within_hop(piece, rate))
+    }
+
+    /// A `piece` passed on at `rate` to a rank of the same host. Where a
+    /// rank's transfers within a host are its own copies, its pass over the
+    /// piece is the piece's transfer, at the slower of the two rates.
+    fn within_hop(&self, piece: f64, rate: f64) -> f64 {
+        if self.sender_copies {
             self.port_latency + piece / rate.min(self.port)
         } else {
             piece / rate + self.hop(piece, false)
-        };
-        self.step
-            + depth * (across * (piece / rate + self.hop(piece, true)) + (1.0 - across) * within)
+        }
     }
 
     /// `per_channel` bytes through a pipeline, a chunk per its slowest
@@ -511,11 +517,10 @@ pub fn estimate_us(
                 let half = per_channel / 2.0;
                 let (chunks, s) = f.chunk_of(half);
                 let piece = s.min(f.piece);
-                // A chain's rank passes a piece on as its transfer when it
-                // makes its transfers itself.
-                let pass = |rate: f64| if f.sender_copies { 0.0 } else { piece / rate };
+                // A chain's rank reduces a piece going up, copies it coming
+                // down.
                 let chain =
-                    chain_depth * (2.0 * f.hop(piece, false) + pass(f.reduce) + pass(f.copy));
+                    chain_depth * (f.within_hop(piece, f.reduce) + f.within_hop(piece, f.copy));
                 // A crossing reduces the piece going up, copies it coming
                 // down. Below the root, which has one child host, a head
                 // takes in its child hosts' pieces a step each going up,
