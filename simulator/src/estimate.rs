@@ -568,15 +568,26 @@ pub fn estimate_us(
                 fill + 2.0 * phase(children, f.reduce / children)
                     + 2.0 * phase(children.min(2.0), f.copy / children)
             } else {
-                f.pipeline(
-                    2.0 * depth,
-                    across,
-                    per_channel,
-                    children,
-                    rate,
-                    nic_bytes,
-                    2.0 * bytes,
-                )
+                // One tree per channel runs the way down a lag behind the
+                // way up, two chunks more per level: a rank passes chunk
+                // `j` down in the steps where it reduces chunk `j + 1 + 2d`
+                // at depth `d`. A chunk a head sends up at the start of a
+                // step crosses the `k` levels of the tree of hosts to the
+                // root and back, each level a crossing each way and the
+                // head's steps over a chunk (one per child), before the
+                // head can end the step that passes it on, `2k + 2` chunks
+                // later: each chunk takes at least that round trip's
+                // share.
+                let (chunks, s) = f.chunk_of(per_channel);
+                let round_trip = if f.hosts > 1.0 {
+                    across_depth * (2.0 * f.hop(s, true) + children * (f.step + s / f.reduce))
+                        / (2.0 * across_depth + 2.0)
+                } else {
+                    0.0
+                };
+                f.fill(2.0 * depth, across, s.min(f.piece), rate)
+                    + f.stream(per_channel, across, children, rate, nic_bytes, 2.0 * bytes)
+                        .max(chunks * round_trip)
             }
         }
         ("tree", CollKind::Broadcast) => {
