@@ -361,6 +361,77 @@ impl Pace {
     }
 }
 
+/// The rounds of halving-doubling along one rank's way: the chain of its
+/// exchanges, and what the host's NICs see of them: the crossing rounds
+/// in the halving's order (how long the busiest host's NICs take over
+/// each, and over its first message) and the time of the rounds within
+/// hosts.
+struct Way {
+    chain: f64,
+    within: f64,
+    crossing: [(f64, f64); usize::BITS as usize],
+    crossed: usize,
+}
+
+impl Way {
+    fn new() -> Way {
+        Way {
+            chain: 0.0,
+            within: 0.0,
+            crossing: [(0.0, 0.0); usize::BITS as usize],
+            crossed: 0,
+        }
+    }
+
+    /// A round of `time` on the chain; where it crosses hosts, the NICs'
+    /// `(drain, stagger)`: their time over the round and its first
+    /// message, and the wait of the last message behind the others, which
+    /// the first crossing round adds to the chain.
+    fn round(&mut self, time: f64, crossing: Option<((f64, f64), f64)>) {
+        self.chain += time;
+        match crossing {
+            Some((drain, stagger)) => {
+                if self.crossed == 0 {
+                    self.chain += stagger;
+                }
+                self.crossing[self.crossed] = drain;
+                self.crossed += 1;
+            }
+            None => self.within += time,
+        }
+    }
+
+    /// The way's time: its chain, or the host's NICs carrying the
+    /// crossing rounds back to back, whichever is longer. A round starts
+    /// on the NICs once the round before has drained, or, if the NICs
+    /// drain faster, once the first pair's messages of the round before
+    /// are in and its next step has begun. The doubling runs the crossing
+    /// rounds in reverse; the rounds within hosts and the last message's
+    /// latency each way come on top.
+    fn time(&self, f: &Figures) -> f64 {
+        let crossing = &self.crossing[..self.crossed];
+        if crossing.is_empty() {
+            return self.chain;
+        }
+        let drain = |rounds: &mut dyn Iterator<Item = &(f64, f64)>| {
+            let (mut start, mut end, mut first) = (0.0f64, 0.0f64, None);
+            for &(time, message) in rounds {
+                if let Some(before) = first {
+                    start = end.max(start + before + f.nic_latency + f.step);
+                }
+                end = start + time;
+                first = Some(message);
+            }
+            end
+        };
+        let nic = drain(&mut crossing.iter())
+            + drain(&mut crossing.iter().rev())
+            + self.within
+            + 2.0 * f.nic_latency;
+        self.chain.max(nic)
+    }
+}
+
 /// Above this many ranks taking part, halving-doubling's form reads which
 /// rounds cross hosts off the distance alone rather than rank by rank.
 const RHD_WALKED_RANKS: usize = 1024;
@@ -747,19 +818,20 @@ pub fn estimate_us(
             } else {
                 Vec::new()
             };
-            let (mut rounds_chain, mut within) = (0.0, 0.0);
-            // The crossing rounds in the halving's order: how long the
-            // busiest host's NICs take over each, and over its first message
-            // (at most one round per bit of a rank's number).
-            let mut crossing = [(0.0, 0.0); usize::BITS as usize];
-            let mut crossed = 0;
+            // The rounds along the way of a rank with an extra rank folded
+            // in, and of one without.
+            let (mut folded, mut other) = (Way::new(), Way::new());
+            let mut first_latency = 0.0;
             let mut held = per_channel;
             let mut mask = p as usize / 2;
             for _ in 0..rounds as usize {
                 held = (held / 2.0).max(elem_size as f64);
-                // The most ranks of one host that cross in this round.
-                let crossers = if walk {
+                // The most ranks of one host that cross in this round, and
+                // whether a rank with an extra rank folded in crosses, and
+                // one without.
+                let (crossers, folded_cross, other_cross) = if walk {
                     let (mut most, mut on_host, mut current) = (0.0f64, 0.0, -1.0);
+                    let (mut folded_cross, mut other_cross) = (false, false);
                     for (v, len) in region.iter_mut().enumerate() {
                         let (a, b) = (real(v), real(v ^ mask));
                         if host(a) != current {
@@ -769,68 +841,61 @@ pub fn estimate_us(
                         if *len >= 1.0 && host(a) != host(b) {
                             on_host += 1.0;
                             most = most.max(on_host);
+                            if v < extra {
+                                folded_cross = true;
+                            } else {
+                                other_cross = true;
+                            }
                         }
                         let half = (*len / 2.0).floor();
                         *len = if v & mask == 0 { half } else { *len - half };
                     }
-                    most
+                    (most, folded_cross, other_cross)
                 } else if f.hosts > 1.0 && mask as f64 >= f.local {
-                    f.local
+                    (f.local, true, true)
                 } else {
-                    0.0
+                    (0.0, false, false)
                 };
-                let across = crossers > 0.0;
                 let messages = (held / f.chunk).ceil().max(1.0);
                 let s = held / messages;
-                let share = if across { 1.0 } else { 0.0 };
                 // Halving reduces what comes in, doubling only copies it.
-                let round = f.exchange(messages, s, share, f.reduce)
-                    + f.exchange(messages, s, share, f.copy);
-                rounds_chain += round;
-                if across {
-                    // The halving's first crossing round: every crossing
-                    // rank of a host sends at once, the last message
-                    // behind the others on the host's NICs. Later rounds
-                    // find the ranks staggered by it.
-                    if crossed == 0 {
-                        rounds_chain += (crossers - 1.0) * held * f.channels / f.nic_total();
-                    }
-                    crossing[crossed] = (held * crossers * f.channels / f.nic_total(), s / f.nic);
-                    crossed += 1;
-                } else {
-                    within += round;
+                let round = |crosses: bool| {
+                    let share = if crosses { 1.0 } else { 0.0 };
+                    f.exchange(messages, s, share, f.reduce)
+                        + f.exchange(messages, s, share, f.copy)
+                };
+                // Every crossing rank of a host sends at once: the busiest
+                // host's NICs take this long over the round, and over its
+                // first message. In the halving's first crossing round the
+                // last message waits behind the others; later rounds find
+                // the ranks staggered by it.
+                let drain = (held * crossers * f.channels / f.nic_total(), s / f.nic);
+                let stagger = (crossers - 1.0).max(0.0) * held * f.channels / f.nic_total();
+                if mask == p as usize / 2 {
+                    first_latency = if folded_cross {
+                        f.nic_latency
+                    } else {
+                        f.port_latency
+                    };
+                }
+                for (way, crosses) in [(&mut folded, folded_cross), (&mut other, other_cross)] {
+                    way.round(round(crosses), crosses.then_some((drain, stagger)));
                 }
                 mask /= 2;
             }
-            // Every crossing rank of a host sends at once on the host's
-            // NICs, which carry a round's bytes back to back. A round
-            // starts on them once the round before has drained, or, if
-            // the NICs drain faster, once the first pair's messages of
-            // the round before are in and its next step has begun. The
-            // doubling runs the crossing rounds in reverse; the rounds
-            // within hosts, the last message's latency each way, and the
-            // fold come on top.
-            let drain = |rounds: &mut dyn Iterator<Item = &(f64, f64)>| {
-                let (mut start, mut end, mut first) = (0.0f64, 0.0f64, None);
-                for &(time, message) in rounds {
-                    if let Some(before) = first {
-                        start = end.max(start + before + f.nic_latency + f.step);
-                    }
-                    end = start + time;
-                    first = Some(message);
-                }
-                end
-            };
-            let crossing = &crossing[..crossed];
-            let nic = if crossing.is_empty() {
-                0.0
+            // Every rank waits for the fold, through its partners. A rank
+            // with an extra rank folded in takes its first round's message
+            // in while it folds (its partner sends at once), and likewise
+            // its last round's while the result goes back: each pass of
+            // the fold, beyond its step's fixed cost, hides up to that
+            // round's latency on its way only.
+            let rounds = if p < n {
+                let hidden = 2.0 * (fold / 2.0 - f.step).max(0.0).min(first_latency);
+                other.time(&f).max(folded.time(&f) - hidden)
             } else {
-                drain(&mut crossing.iter())
-                    + drain(&mut crossing.iter().rev())
-                    + within
-                    + 2.0 * f.nic_latency
+                other.time(&f)
             };
-            fold + rounds_chain.max(nic)
+            fold + rounds
         }
         ("oneshot", CollKind::AllReduce) => {
             // Every rank sends its input to every other and reduces all n.
