@@ -761,7 +761,20 @@ pub fn estimate_us(
                 } else {
                     0.0
                 };
-                inner.max(outer) + fill
+                // With one channel of such ranks, the stages also wait
+                // on each other: the host's ring for the next block needs
+                // every rank's rail message, which the host's NIC
+                // delivers one after another, and the NIC's next round
+                // waits for the host's ring. Each round takes the ring
+                // and all but one of the host's messages on the NIC.
+                // (With more channels, one channel's ring runs while
+                // another's messages wait.)
+                let lockstep = if f.sender_copies && f.channels < 2.0 && h > 1.0 && m > 1.0 {
+                    inner + (m - 1.0) * (h - 1.0) * per_channel / f.nic_total()
+                } else {
+                    0.0
+                };
+                (inner.max(outer) + fill).max(lockstep)
             } else {
                 inner + outer
             }
