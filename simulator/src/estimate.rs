@@ -831,9 +831,10 @@ pub fn estimate_us(
             } else {
                 Vec::new()
             };
-            // The rounds along the way of a rank with an extra rank folded
-            // in, and of one without.
-            let (mut folded, mut other) = (Way::new(), Way::new());
+            // The rounds along the way of a rank without an extra rank
+            // folded in, and, where there are extra ranks, of one with.
+            let mut other = Way::new();
+            let mut folded = (p < n).then(Way::new);
             let mut first_latency = 0.0;
             let mut held = per_channel;
             let mut mask = p as usize / 2;
@@ -891,8 +892,12 @@ pub fn estimate_us(
                         f.port_latency
                     };
                 }
-                for (way, crosses) in [(&mut folded, folded_cross), (&mut other, other_cross)] {
-                    way.round(round(crosses), crosses.then_some((drain, stagger)));
+                other.round(round(other_cross), other_cross.then_some((drain, stagger)));
+                if let Some(folded) = &mut folded {
+                    folded.round(
+                        round(folded_cross),
+                        folded_cross.then_some((drain, stagger)),
+                    );
                 }
                 mask /= 2;
             }
@@ -902,11 +907,12 @@ pub fn estimate_us(
             // its last round's while the result goes back: each pass of
             // the fold, beyond its step's fixed cost, hides up to that
             // round's latency on its way only.
-            let rounds = if p < n {
-                let hidden = 2.0 * (fold / 2.0 - f.step).max(0.0).min(first_latency);
-                other.time(&f).max(folded.time(&f) - hidden)
-            } else {
-                other.time(&f)
+            let rounds = match folded {
+                Some(folded) => {
+                    let hidden = 2.0 * (fold / 2.0 - f.step).max(0.0).min(first_latency);
+                    other.time(&f).max(folded.time(&f) - hidden)
+                }
+                None => other.time(&f),
             };
             fold + rounds
         }
