@@ -30,7 +30,7 @@ use load::{Kind, Library, Subsystem};
 
 /// The NCCL API level rccl-rs implements (ffi's `NCCL_VERSION_CODE`),
 /// which the environment plug-in's `init` is told.
-const NCCL_VERSION: (u8, u8, u8) = (2, 32, 3);
+const NCCL_VERSION: (u8, u8, u8) = (2, 32, 6);
 
 /// `ncclDebugLogLevel`: `NCCL_LOG_WARN`.
 pub const LOG_WARN: c_int = 2;

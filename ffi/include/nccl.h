@@ -1,6 +1,6 @@
 /*
  * nccl.h for rccl-rs (librcclrs): the NCCL C API, ABI-compatible with
- * NCCL 2.32 (NCCL_VERSION_CODE 23203), implemented on host memory.
+ * NCCL 2.32 (NCCL_VERSION_CODE 23206), implemented on host memory.
  *
  * Written for rccl-rs from the API's published facts: function names and
  * signatures, enum values, and struct layouts. Buffers passed to rccl-rs
@@ -22,13 +22,13 @@
 
 #define NCCL_MAJOR 2
 #define NCCL_MINOR 32
-#define NCCL_PATCH 3
+#define NCCL_PATCH 6
 #define NCCL_SUFFIX ""
 
 /* Versions up to 2.8 were encoded X*1000+Y*100+Z, later ones X*10000+Y*100+Z. */
 #define NCCL_VERSION(X, Y, Z) \
   (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
-#define NCCL_VERSION_CODE 23203
+#define NCCL_VERSION_CODE 23206
 
 /* Marks the rccl-rs implementation of this header. */
 #define RCCLRS_NCCL_H 1

@@ -27,7 +27,7 @@ pub const ncclScalarDevice: c_int = 0;
 pub const ncclScalarHostImmediate: c_int = 1;
 
 /// `NCCL_VERSION_CODE` of the API level implemented.
-pub const NCCL_VERSION_CODE: c_int = 23203;
+pub const NCCL_VERSION_CODE: c_int = 23206;
 pub const NCCL_API_MAGIC: c_uint = 0xcafe_beef;
 pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;

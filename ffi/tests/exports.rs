@@ -3,7 +3,7 @@
 //! loads against ours. Compared with the dynamic symbols of NVIDIA's
 //! library when `RCCLRS_NVIDIA_NCCL_INCLUDE` leads to it (`.ci/run`
 //! downloads it beside the headers, in `nccl/lib`), else with the list
-//! committed beside this test (taken from NVIDIA's 2.32.3 library).
+//! committed beside this test (taken from NVIDIA's 2.32.6 library).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -60,7 +60,7 @@ fn nvidia_library() -> Option<(PathBuf, String)> {
 }
 
 fn committed() -> BTreeSet<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nccl-2.32.3-exports.txt");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nccl-2.32.6-exports.txt");
     std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .lines()
@@ -81,8 +81,8 @@ fn assert_same(ours: &BTreeSet<String>, theirs: &BTreeSet<String>, what: &str) {
 fn exports_equal_nvidia_libnccl() {
     let ours = nccl_exports(&cdylib());
     let list = committed();
-    assert_eq!(list.len(), 193, "the committed list is NCCL 2.32.3's");
-    assert_same(&ours, &list, "the committed list of NCCL 2.32.3");
+    assert_eq!(list.len(), 193, "the committed list is NCCL 2.32.6's");
+    assert_same(&ours, &list, "the committed list of NCCL 2.32.6");
     match nvidia_library() {
         Some((lib, version)) if version == "2.32" => {
             let theirs = nccl_exports(&lib);

@@ -66,6 +66,7 @@ static int team_is(ncclTeam_t t, int nRanks, int rank, int stride) {
 
 #define SIZE(t) printf("sizeof(%s) = %zu\n", #t, sizeof(t))
 #define OFF(t, f) printf("offsetof(%s, %s) = %zu\n", #t, #f, offsetof(t, f))
+#define VAL(e) printf("%s = %d\n", #e, (int)(e))
 
 static void layout(void) {
   SIZE(ncclTeam_t); OFF(ncclTeam_t, nRanks); OFF(ncclTeam_t, rank); OFF(ncclTeam_t, stride);
@@ -81,9 +82,11 @@ static void layout(void) {
   OFF(ncclCommProperties_t, cftMulticastSupport); OFF(ncclCommProperties_t, cftCountedSupport);
   SIZE(ncclDevResourceRequirements_t); SIZE(ncclMultimemHandle_t); SIZE(ncclLsaBarrierHandle_t);
   SIZE(ncclGinBarrierHandle_t); SIZE(ncclLLA2AHandle_t); SIZE(ncclCftLeId);
-  printf("NCCL_GIN_TYPE_NONE = %d\n", (int)NCCL_GIN_TYPE_NONE);
-  printf("NCCL_GIN_CONNECTION_NONE = %d\n", (int)NCCL_GIN_CONNECTION_NONE);
-  printf("NCCL_CFT_TEAM_FLAT = %d\n", (int)NCCL_CFT_TEAM_FLAT);
+  VAL(NCCL_GIN_TYPE_NONE); VAL(NCCL_GIN_TYPE_PROXY); VAL(NCCL_GIN_TYPE_GDAKI);
+  VAL(NCCL_GIN_TYPE_GPI); VAL(NCCL_GIN_TYPE_EFA_GDA); VAL(NCCL_GIN_MAX_TYPES);
+  VAL(NCCL_GIN_CONNECTION_NONE); VAL(NCCL_GIN_CONNECTION_FULL); VAL(NCCL_GIN_CONNECTION_RAIL);
+  VAL(NCCL_GIN_CONNECTION_CUSTOM_STRIDE); VAL(NCCL_GIN_CONNECTION_CUSTOM_ARRAY);
+  VAL(NCCL_CFT_TEAM_FLAT); VAL(NCCL_CFT_TEAM_HIER_MULTIMEM); VAL(NCCL_CFT_TEAM_HIER_LSA);
   ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
   printf("initializer: size %zu magic %#x version %u\n", props.size, props.magic, props.version);
 }
