@@ -123,9 +123,44 @@ fn own_include() -> Vec<PathBuf> {
     vec![repo().join("ffi/include")]
 }
 
+/// NVIDIA's include folders, once their nccl.h is known to be the API level
+/// ffi/include/nccl.h implements: the ABI comparisons hold at one version
+/// only, so another version fails here, saying so, rather than as a
+/// difference somewhere in the output.
 fn nvidia_include() -> Option<Vec<PathBuf>> {
     let dirs = std::env::var_os("RCCLRS_NVIDIA_NCCL_INCLUDE")?;
-    Some(std::env::split_paths(&dirs).collect())
+    let dirs: Vec<PathBuf> = std::env::split_paths(&dirs).collect();
+    let theirs = dirs
+        .iter()
+        .map(|dir| dir.join("nccl.h"))
+        .find(|header| header.exists())
+        .expect("RCCLRS_NVIDIA_NCCL_INCLUDE names no folder with nccl.h");
+    let ours = repo().join("ffi/include/nccl.h");
+    let (theirs_code, ours_code) = (version_code(&theirs), version_code(&ours));
+    assert_eq!(
+        theirs_code,
+        ours_code,
+        "{} is NCCL_VERSION_CODE {theirs_code}, {} implements {ours_code}: move \
+         ffi/include/nccl.h (and its tests) to that version, or pin the one it \
+         implements (.ci/run's nvidia_pins)",
+        theirs.display(),
+        ours.display()
+    );
+    Some(dirs)
+}
+
+/// The `NCCL_VERSION_CODE` a nccl.h defines.
+fn version_code(header: &Path) -> u32 {
+    let text =
+        std::fs::read_to_string(header).unwrap_or_else(|e| panic!("{}: {e}", header.display()));
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix("#define NCCL_VERSION_CODE")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("{} defines no NCCL_VERSION_CODE", header.display()))
 }
 
 #[test]
