@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod nvidia;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -128,15 +130,16 @@ fn own_include() -> Vec<PathBuf> {
 /// only, so another version fails here, saying so, rather than as a
 /// difference somewhere in the output.
 fn nvidia_include() -> Option<Vec<PathBuf>> {
-    let dirs = std::env::var_os("RCCLRS_NVIDIA_NCCL_INCLUDE")?;
-    let dirs: Vec<PathBuf> = std::env::split_paths(&dirs).collect();
-    let theirs = dirs
-        .iter()
-        .map(|dir| dir.join("nccl.h"))
-        .find(|header| header.exists())
-        .expect("RCCLRS_NVIDIA_NCCL_INCLUDE names no folder with nccl.h");
+    let dirs = nvidia::include_dirs()?;
+    let theirs =
+        nvidia::nccl_h(&dirs).expect("RCCLRS_NVIDIA_NCCL_INCLUDE names no folder with nccl.h");
     let ours = repo().join("ffi/include/nccl.h");
-    let (theirs_code, ours_code) = (version_code(&theirs), version_code(&ours));
+    let (theirs_text, ours_text) = (read(&theirs), read(&ours));
+    let code = |text, header: &Path| {
+        nvidia::define(text, "NCCL_VERSION_CODE")
+            .unwrap_or_else(|| panic!("{} defines no NCCL_VERSION_CODE", header.display()))
+    };
+    let (theirs_code, ours_code) = (code(&theirs_text, &theirs), code(&ours_text, &ours));
     assert_eq!(
         theirs_code,
         ours_code,
@@ -149,18 +152,8 @@ fn nvidia_include() -> Option<Vec<PathBuf>> {
     Some(dirs)
 }
 
-/// The `NCCL_VERSION_CODE` a nccl.h defines.
-fn version_code(header: &Path) -> u32 {
-    let text =
-        std::fs::read_to_string(header).unwrap_or_else(|e| panic!("{}: {e}", header.display()));
-    text.lines()
-        .find_map(|line| {
-            line.strip_prefix("#define NCCL_VERSION_CODE")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("{} defines no NCCL_VERSION_CODE", header.display()))
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 #[test]

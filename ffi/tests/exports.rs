@@ -9,6 +9,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod nvidia;
+
 /// librcclrs.so of this build (cargo builds the cdylib with the rlib).
 fn cdylib() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -45,17 +47,11 @@ fn nccl_exports(library: &Path) -> BTreeSet<String> {
 /// NVIDIA's libnccl.so.2 next to the include folders the CI names, and
 /// its `major.minor` from the nccl.h beside it.
 fn nvidia_library() -> Option<(PathBuf, String)> {
-    let dirs = std::env::var_os("RCCLRS_NVIDIA_NCCL_INCLUDE")?;
-    let include = std::env::split_paths(&dirs).find(|dir| dir.join("nccl.h").exists())?;
-    let lib = include.join("../lib/libnccl.so.2");
-    let header = std::fs::read_to_string(include.join("nccl.h")).ok()?;
-    let define = |name: &str| {
-        header.lines().find_map(|line| {
-            let rest = line.strip_prefix("#define ")?.strip_prefix(name)?;
-            Some(rest.trim().to_string())
-        })
-    };
-    let version = format!("{}.{}", define("NCCL_MAJOR ")?, define("NCCL_MINOR ")?);
+    let header = nvidia::nccl_h(&nvidia::include_dirs()?)?;
+    let lib = header.parent()?.join("../lib/libnccl.so.2");
+    let text = std::fs::read_to_string(&header).ok()?;
+    let define = |name| nvidia::define(&text, name);
+    let version = format!("{}.{}", define("NCCL_MAJOR")?, define("NCCL_MINOR")?);
     lib.exists().then_some((lib, version))
 }
 
