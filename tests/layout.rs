@@ -6,6 +6,13 @@
 //!   `super::B` (in a `use`, grouped or not, or in code); a circle of
 //!   such dependencies fails, named with a line that makes each step.
 //!   A module and its own parent or child may name each other freely.
+//!   Names a `use` brings into a module (`pub use comm::hang_report` at
+//!   the crate root, say) are followed to what they stand for, so a
+//!   re-export cannot hide a step;
+//! - the engine is built in layers ([`ENGINE_LAYERS`]): a module of the
+//!   engine's crate root names modules of its own layer or below, but for
+//!   at most [`MAX_UPWARD`] pairs of modules, each listed when the check
+//!   fails; every module of the root is placed in a layer.
 //!
 //! The scanner reads tokens, not syntax: comments and string literals are
 //! skipped, paths are followed through `use` trees, and `#[path]` is not
@@ -16,7 +23,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The most lines a source file may have.
-const MAX_LINES: usize = 1500;
+const MAX_LINES: usize = 1200;
 
 /// A module's path from its crate root (`[]` for the root).
 type ModPath = Vec<String>;
@@ -171,13 +178,35 @@ fn tokens(src: &str) -> Vec<(Tok, usize)> {
     out
 }
 
+/// A path a file names, as written, with the module it is named in and
+/// its line; `alias` is the name a `use` brings it in under.
+#[derive(Debug, Clone)]
+struct Named {
+    path: Vec<String>,
+    module: ModPath,
+    line: usize,
+    alias: Option<String>,
+}
+
 /// The paths a `use` tree starting at `toks[*at]` names, each with the
-/// prefix it is grouped under; stops after the tree.
-fn use_tree(toks: &[(Tok, usize)], at: &mut usize, prefix: &[String], out: &mut Vec<Vec<String>>) {
+/// prefix it is grouped under and the name it is brought in as (none for
+/// a glob or `as _`); stops after the tree.
+fn use_tree(
+    toks: &[(Tok, usize)],
+    at: &mut usize,
+    prefix: &[String],
+    out: &mut Vec<(Vec<String>, Option<String>)>,
+) {
     let mut path = prefix.to_vec();
+    let mut alias = None;
+    let mut glob = false;
     loop {
         match toks.get(*at).map(|t| &t.0) {
             Some(Tok::Ident(name)) if name == "as" => {
+                if let Some(Tok::Ident(name)) = toks.get(*at + 1).map(|t| &t.0) {
+                    alias = Some(name.clone()).filter(|n| n != "_");
+                    glob = alias.is_none();
+                }
                 *at += 2;
                 break;
             }
@@ -189,6 +218,10 @@ fn use_tree(toks: &[(Tok, usize)], at: &mut usize, prefix: &[String], out: &mut 
                 *at += 1;
             }
             Some(Tok::Punct("::")) => *at += 1,
+            Some(Tok::Punct("*")) => {
+                glob = true;
+                *at += 1;
+            }
             Some(Tok::Punct("{")) => {
                 *at += 1;
                 while !matches!(toks.get(*at).map(|t| &t.0), Some(Tok::Punct("}")) | None) {
@@ -203,14 +236,19 @@ fn use_tree(toks: &[(Tok, usize)], at: &mut usize, prefix: &[String], out: &mut 
             _ => break,
         }
     }
-    out.push(path);
+    let name = if glob {
+        None
+    } else {
+        alias.or_else(|| path.last().cloned())
+    };
+    out.push((path, name));
 }
 
 /// Every path that starts at `crate`, `$crate`, `super` or `self` in the
-/// source of the module at `module`, resolved from the crate root, with
-/// the line naming it. Inline modules (`mod tests { … }`) count as part of
+/// source of the module at `module`, and every path of a `use`, with the
+/// line naming it. Inline modules (`mod tests { … }`) count as part of
 /// `module`'s subtree.
-fn named_paths(src: &str, module: &[String]) -> Vec<(ModPath, usize)> {
+fn named_paths(src: &str, module: &[String]) -> Vec<Named> {
     let toks = tokens(src);
     let mut found = Vec::new();
     // Inline modules open around the current token, with the brace depth
@@ -259,41 +297,101 @@ fn named_paths(src: &str, module: &[String]) -> Vec<(ModPath, usize)> {
                     path.push(segment.clone());
                     next += 2;
                 }
-                paths.push(path);
+                paths.push((path, None));
             }
             _ => {}
         }
         let line = toks[i].1;
-        found.extend(
-            paths
-                .iter()
-                .filter_map(|p| resolve(p, &current))
-                .map(|p| (p, line)),
-        );
+        found.extend(paths.into_iter().map(|(path, alias)| Named {
+            path,
+            module: current.clone(),
+            line,
+            alias,
+        }));
         i = next;
     }
     found
 }
 
-/// `path` from the crate root, as named in module `current`; `None` for
-/// paths that start elsewhere (other crates, names in scope).
-fn resolve(path: &[String], current: &[String]) -> Option<ModPath> {
-    let mut resolved = match path.first()?.as_str() {
-        "crate" | "$crate" => return Some(path[1..].to_vec()),
-        "self" => current.to_vec(),
-        "super" => current.to_vec(),
-        _ => return None,
-    };
-    let mut rest = &path[1..];
-    if path[0] == "super" {
-        resolved.pop()?;
-        while rest.first().is_some_and(|s| s == "super") {
-            resolved.pop()?;
-            rest = &rest[1..];
+/// Resolves the paths of one crate from its root: through `crate`,
+/// `self` and `super`, through a module's own children (a `use` of
+/// `child::x` in the 2018 editions' way), and through the names `use`
+/// declarations bring into modules.
+struct Resolver {
+    modules: BTreeSet<ModPath>,
+    /// `module::name` -> what a `use` in `module` brought in as `name`.
+    aliases: BTreeMap<ModPath, ModPath>,
+}
+
+impl Resolver {
+    fn new(modules: BTreeSet<ModPath>, named: &[Named]) -> Resolver {
+        let mut resolver = Resolver {
+            modules,
+            aliases: BTreeMap::new(),
+        };
+        for n in named {
+            let Some(name) = &n.alias else { continue };
+            if let Some(target) = resolver.written(&n.path, &n.module) {
+                let mut at = n.module.clone();
+                at.push(name.clone());
+                if target != at {
+                    resolver.aliases.insert(at, target);
+                }
+            }
         }
+        resolver
     }
-    resolved.extend(rest.iter().cloned());
-    Some(resolved)
+
+    /// `path` from the crate root as written in module `current`, before
+    /// aliases; `None` for paths that start elsewhere (other crates,
+    /// names in scope).
+    fn written(&self, path: &[String], current: &[String]) -> Option<ModPath> {
+        let first = path.first()?.as_str();
+        let mut resolved = match first {
+            "crate" | "$crate" => return Some(path[1..].to_vec()),
+            "self" | "super" => current.to_vec(),
+            _ => {
+                let mut child = current.to_vec();
+                child.push(first.to_string());
+                if !self.modules.contains(&child) && !self.aliases.contains_key(&child) {
+                    return None;
+                }
+                let mut relative = current.to_vec();
+                relative.extend(path.iter().cloned());
+                return Some(relative);
+            }
+        };
+        let mut rest = &path[1..];
+        if first == "super" {
+            resolved.pop()?;
+            while rest.first().is_some_and(|s| s == "super") {
+                resolved.pop()?;
+                rest = &rest[1..];
+            }
+        }
+        resolved.extend(rest.iter().cloned());
+        Some(resolved)
+    }
+
+    /// `path` from the crate root, every alias among its prefixes replaced
+    /// by what it stands for.
+    fn resolve(&self, path: &[String], current: &[String]) -> Option<ModPath> {
+        let mut resolved = self.written(path, current)?;
+        // Aliases of aliases are followed; a bound keeps a loop of `use`s
+        // (which rustc refuses anyway) from spinning.
+        for _ in 0..16 {
+            let Some(k) = (1..=resolved.len())
+                .rev()
+                .find(|&k| self.aliases.contains_key(&resolved[..k]))
+            else {
+                break;
+            };
+            let mut expanded = self.aliases[&resolved[..k]].clone();
+            expanded.extend(resolved[k..].iter().cloned());
+            resolved = expanded;
+        }
+        Some(resolved)
+    }
 }
 
 /// A crate's module tree: its root file and the directory its modules'
@@ -337,23 +435,41 @@ fn sibling_edge(from: &[String], target: &[String], modules: &BTreeSet<ModPath>)
     })
 }
 
+/// Every dependency between sibling modules of a tree, with the first
+/// line (`file:line`) that makes it.
+fn sibling_edges(tree: &Tree) -> BTreeMap<Edge, String> {
+    let modules: BTreeSet<ModPath> = tree.files.iter().map(|f| tree.module_of(f)).collect();
+    let named: Vec<(&PathBuf, Named)> = tree
+        .files
+        .iter()
+        .flat_map(|file| {
+            let src = fs::read_to_string(file).unwrap();
+            named_paths(&src, &tree.module_of(file))
+                .into_iter()
+                .map(move |n| (file, n))
+        })
+        .collect();
+    let all: Vec<Named> = named.iter().map(|(_, n)| n.clone()).collect();
+    let resolver = Resolver::new(modules, &all);
+    let mut edges: BTreeMap<Edge, String> = BTreeMap::new();
+    for (file, n) in &named {
+        let Some(target) = resolver.resolve(&n.path, &n.module) else {
+            continue;
+        };
+        if let Some(edge) = sibling_edge(&tree.module_of(file), &target, &resolver.modules) {
+            let shown = file.strip_prefix(workspace_root()).unwrap_or(file);
+            edges
+                .entry(edge)
+                .or_insert_with(|| format!("{}:{}", shown.display(), n.line));
+        }
+    }
+    edges
+}
+
 /// Circles among the sibling modules of a tree, each as
 /// "in parent: a -> b -> a" with the line that makes each step.
 fn circles(tree: &Tree) -> Vec<String> {
-    let modules: BTreeSet<ModPath> = tree.files.iter().map(|f| tree.module_of(f)).collect();
-    let mut edges: BTreeMap<Edge, String> = BTreeMap::new();
-    for file in &tree.files {
-        let module = tree.module_of(file);
-        let src = fs::read_to_string(file).unwrap();
-        for (target, line) in named_paths(&src, &module) {
-            if let Some(edge) = sibling_edge(&module, &target, &modules) {
-                let shown = file.strip_prefix(workspace_root()).unwrap_or(file);
-                edges
-                    .entry(edge)
-                    .or_insert_with(|| format!("{}:{line}", shown.display()));
-            }
-        }
-    }
+    let edges = sibling_edges(tree);
     let mut found = Vec::new();
     let mut reported: BTreeSet<BTreeSet<(ModPath, String)>> = BTreeSet::new();
     for start in edges.keys() {
@@ -489,15 +605,92 @@ fn no_module_depends_on_a_sibling_that_depends_back() {
     );
 }
 
+/// The engine's (`rccl-rs/`) modules of its crate root in layers, bottom
+/// up: what every part stands on, the setup a communicator needs, the
+/// communicator, one call planned and connected, the two executors, the
+/// seam that hands a planned call to one of them, the typed API.
+const ENGINE_LAYERS: &[&[&str]] = &[
+    &[
+        "error",
+        "types",
+        "debug",
+        "net",
+        "selection",
+        "config",
+        "kernels",
+        "fault",
+    ],
+    &["bootstrap", "launcher", "tuning", "plugins"],
+    &["comm", "state", "signal", "queue"],
+    &["op", "plan", "connect", "table_view"],
+    &[
+        "host_work",
+        "device_work",
+        "device_links",
+        "host_staging",
+        "process_watch",
+    ],
+    &["launch", "stream", "group"],
+    &["api"],
+];
+
+/// How many pairs of the engine's modules may name a module of a higher
+/// layer.
+const MAX_UPWARD: usize = 6;
+
+/// The pairs of `tree`'s root modules where a module of a lower layer
+/// names one of a higher layer, each as "from (layer) -> to (layer),
+/// file:line"; and the root modules in no layer.
+fn upward(tree: &Tree, layers: &[&[&str]]) -> (Vec<String>, Vec<String>) {
+    let layer_of = |m: &str| layers.iter().position(|l| l.contains(&m));
+    let root_modules: BTreeSet<String> = tree
+        .files
+        .iter()
+        .filter_map(|f| tree.module_of(f).first().cloned())
+        .collect();
+    let unplaced = root_modules
+        .into_iter()
+        .filter(|m| layer_of(m).is_none())
+        .collect();
+    let up = sibling_edges(tree)
+        .into_iter()
+        .filter(|(e, _)| e.parent.is_empty())
+        .filter_map(|(e, at)| {
+            let (from, to) = (layer_of(&e.from)?, layer_of(&e.to)?);
+            (from < to).then(|| format!("{} (L{from}) -> {} (L{to}), {at}", e.from, e.to))
+        })
+        .collect();
+    (up, unplaced)
+}
+
+#[test]
+fn the_engine_names_higher_layers_only_where_listed() {
+    let engine = workspace_root().join("rccl-rs");
+    let tree = source_trees(&engine).remove(0);
+    let (up, unplaced) = upward(&tree, ENGINE_LAYERS);
+    assert!(
+        unplaced.is_empty(),
+        "modules of rccl-rs/src in no layer of ENGINE_LAYERS (place each): {unplaced:?}"
+    );
+    assert!(
+        up.len() <= MAX_UPWARD,
+        "{} pairs of the engine's modules name a higher layer (at most {MAX_UPWARD}):\n{}",
+        up.len(),
+        up.join("\n")
+    );
+}
+
 #[cfg(test)]
 mod scanner {
     use super::*;
 
     fn names(src: &str, module: &[&str]) -> Vec<String> {
         let module: ModPath = module.iter().map(|m| m.to_string()).collect();
+        let resolver = Resolver::new(BTreeSet::new(), &[]);
         named_paths(src, &module)
             .into_iter()
-            .map(|(p, _)| p.join("::"))
+            .filter_map(|n| resolver.resolve(&n.path, &n.module))
+            .map(|p| p.join("::"))
             .collect()
     }
 
@@ -522,16 +715,10 @@ mod scanner {
         );
     }
 
-    #[test]
-    fn a_circle_of_siblings_is_named_and_parent_and_child_are_not_one() {
-        let dir = std::env::temp_dir().join(format!("layout-{}", std::process::id()));
-        let files = [
-            ("lib.rs", "mod a; mod b; mod c; use crate::a::X;"),
-            ("a/mod.rs", "mod inner; use crate::b::f; pub struct X;"),
-            ("a/inner.rs", "use super::X; use crate::a::X as Y;"),
-            ("b.rs", "pub fn f() { crate::c::g() }"),
-            ("c.rs", "pub fn g() { super::a::X; }"),
-        ];
+    /// A tree of `files` (name, source) in a fresh directory, handed to
+    /// `check`, removed after.
+    fn with_tree<T>(tag: &str, files: &[(&str, &str)], check: impl FnOnce(&Tree) -> T) -> T {
+        let dir = std::env::temp_dir().join(format!("layout-{tag}-{}", std::process::id()));
         for (name, src) in files {
             let path = dir.join(name);
             fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -542,8 +729,21 @@ mod scanner {
             dir: dir.clone(),
             files: files.iter().map(|(name, _)| dir.join(name)).collect(),
         };
-        let found = circles(&tree);
+        let result = check(&tree);
         fs::remove_dir_all(&dir).unwrap();
+        result
+    }
+
+    #[test]
+    fn a_circle_of_siblings_is_named_and_parent_and_child_are_not_one() {
+        let files = [
+            ("lib.rs", "mod a; mod b; mod c; use crate::a::X;"),
+            ("a/mod.rs", "mod inner; use crate::b::f; pub struct X;"),
+            ("a/inner.rs", "use super::X; use crate::a::X as Y;"),
+            ("b.rs", "pub fn f() { crate::c::g() }"),
+            ("c.rs", "pub fn g() { super::a::X; }"),
+        ];
+        let found = with_tree("circle", &files, circles);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(
             found[0].starts_with("in crate: a -> b -> c -> a\n"),
@@ -551,5 +751,56 @@ mod scanner {
             found[0]
         );
         assert!(found[0].contains("c.rs:1"), "{}", found[0]);
+    }
+
+    #[test]
+    fn a_circle_through_a_re_export_at_the_root_is_named() {
+        // `b` names `a` only through the root's `pub use a::report` and
+        // `c` through the root's private alias of `a::deep`.
+        let files = [
+            (
+                "lib.rs",
+                "mod a; mod b; mod c; pub use a::report; use a::deep as d;",
+            ),
+            (
+                "a/mod.rs",
+                "pub mod deep; use crate::b::watch; pub fn report() {}",
+            ),
+            ("a/deep.rs", "pub fn f() {}"),
+            ("b.rs", "pub fn watch() { crate::report(); }"),
+            ("c.rs", "use crate::d::f;"),
+        ];
+        let found = with_tree("reexport", &files, |tree| {
+            (circles(tree), sibling_edges(tree))
+        });
+        assert_eq!(found.0.len(), 1, "{:?}", found.0);
+        assert!(
+            found.0[0].starts_with("in crate: a -> b -> a\n"),
+            "{}",
+            found.0[0]
+        );
+        assert!(found.0[0].contains("b.rs:1"), "{}", found.0[0]);
+        let c_to_a = Edge {
+            parent: vec![],
+            from: "c".into(),
+            to: "a".into(),
+        };
+        assert!(found.1.contains_key(&c_to_a), "{:?}", found.1);
+    }
+
+    #[test]
+    fn names_of_higher_layers_are_counted_once_a_pair_and_unplaced_modules_named() {
+        let files = [
+            ("lib.rs", "mod low; mod high; mod stray;"),
+            ("low.rs", "use crate::high::A; fn f() { crate::high::b(); }"),
+            ("high.rs", "use crate::low::C; pub struct A; pub fn b() {}"),
+            ("stray.rs", ""),
+        ];
+        let (up, unplaced) = with_tree("layers", &files, |tree| {
+            upward(tree, &[&["low"], &["high"]])
+        });
+        assert_eq!(up.len(), 1, "{up:?}");
+        assert!(up[0].starts_with("low (L0) -> high (L1), "), "{}", up[0]);
+        assert_eq!(unplaced, ["stray"]);
     }
 }
