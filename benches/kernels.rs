@@ -14,6 +14,8 @@
 //!
 //! Run with `cargo bench --bench kernels`.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use std::hint::black_box;
 use std::time::Duration;
 

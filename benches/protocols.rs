@@ -5,6 +5,8 @@
 //!
 //! Run with `cargo bench --bench protocols`.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -5,6 +5,8 @@
 //!
 //! Run with `cargo bench --bench tuner`.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rccl::tuning::{choose, LinkModel, Placement};
 use rccl::Config;

@@ -6,6 +6,8 @@
 //! cargo run --release --example data_parallel
 //! ```
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use rccl::{Communicator, RedOp};
 
 /// Fits y = w * x by gradient descent on this rank's shard.

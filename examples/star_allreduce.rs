@@ -8,6 +8,8 @@
 //! NCCL_ALGO=allreduce:star cargo run --release --example star_allreduce -- -b 8 -e 1M -f 4 -g 4
 //! ```
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use rccl::tuning::register_algorithm;
 use rccl_algorithms::{
     split_even, Algorithm, CollKind, CollSpec, Params, Prim, Rank, Schedule, Slice, Step, Topology,

@@ -43,6 +43,7 @@
 //! ```
 
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod direct;
 pub mod file;

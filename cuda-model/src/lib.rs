@@ -53,6 +53,7 @@
 //! module depends on one that depends on it.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 mod api;
 mod exec;

@@ -18,6 +18,7 @@
 //! by the host's C++ compiler, is [`twin`].
 
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 use std::any::Any;
 use std::fmt;

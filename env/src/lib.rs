@@ -18,6 +18,7 @@
 //! text of the error of the plug-in call that logged it.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_ulong, CStr, CString};

@@ -32,6 +32,7 @@
 // docs/C-API.md describes, and their names are NCCL's.
 #![allow(clippy::missing_safety_doc, non_snake_case, non_upper_case_globals)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 /// Defines a C entry point `ncclX` and its profiling alias `pncclX`.
 macro_rules! nccl_api {

@@ -1,5 +1,7 @@
 //! `all_reduce_perf`: nccl-tests' all_reduce_perf over rccl-rs.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 fn main() -> std::process::ExitCode {
     rccl_tests::perf::main(rccl_tests::perf::Coll::AllReduce)
 }

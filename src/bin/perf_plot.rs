@@ -5,6 +5,8 @@
 //! perf_plot -o busbw.png shm.json=shm sockets.json=sockets
 //! ```
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

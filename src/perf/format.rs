@@ -98,14 +98,24 @@ pub fn float_str(value: f64, width: usize) -> String {
     }
 }
 
-/// The three column-header lines (after a `#` line).
-pub fn result_header(report_cputime: bool, report_timestamps: bool) -> String {
+/// The headers' label of the time columns (-C), and the label, width and
+/// unit line of the timestamp column (-S; empty without it).
+fn header_labels(
+    report_cputime: bool,
+    report_timestamps: bool,
+) -> (&'static str, &'static str, usize, &'static str) {
     let time = if report_cputime { "cputime" } else { "time" };
     let (ts_lbl, ts_pad, ts_fmt) = if report_timestamps {
         ("timestamp", 19, "%Y-%m-%d %H:%M:%S")
     } else {
         ("", 0, "")
     };
+    (time, ts_lbl, ts_pad, ts_fmt)
+}
+
+/// The three column-header lines (after a `#` line).
+pub fn result_header(report_cputime: bool, report_timestamps: bool) -> String {
+    let (time, ts_lbl, ts_pad, ts_fmt) = header_labels(report_cputime, report_timestamps);
     let mut out = String::from("#\n");
     out += &format!(
         "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          \n",
@@ -125,12 +135,7 @@ pub fn result_header(report_cputime: bool, report_timestamps: bool) -> String {
 /// The column headers with -I 1: each half gains i_min, i_max, i_p99
 /// and i_cv% columns.
 pub fn result_header_per_iter(report_cputime: bool, report_timestamps: bool) -> String {
-    let time = if report_cputime { "cputime" } else { "time" };
-    let (ts_lbl, ts_pad, ts_fmt) = if report_timestamps {
-        ("timestamp", 19, "%Y-%m-%d %H:%M:%S")
-    } else {
-        ("", 0, "")
-    };
+    let (time, ts_lbl, ts_pad, ts_fmt) = header_labels(report_cputime, report_timestamps);
     let mut out = String::from("#\n");
     out += &format!(
         "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}              out-of-place (+ per-iteration)                                in-place (+ per-iteration)\n",

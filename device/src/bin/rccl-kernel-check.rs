@@ -12,6 +12,8 @@
 //! GPU could be used. The last line is a summary for scripts:
 //! `RESULT wrong=.. fifo_wrong=.. copy_GBps=.. reduce_GBps=.. ratio=..`.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use std::ffi::c_void;
 use std::process::ExitCode;
 

@@ -1,0 +1,96 @@
+//! One rank's side of a run: its measured and bookkeeping communicators,
+//! its stream, and its send and receive buffers in host or device memory.
+
+use std::sync::Arc;
+
+use rccl::device::{Device, Stream};
+use rccl::Communicator;
+
+use super::Res;
+use crate::perf::format::hostname;
+
+/// One buffer, 64-byte aligned: host memory, or device memory (page
+/// aligned).
+pub(super) enum Buffer {
+    Host {
+        mem: Vec<u64>,
+        offset: usize,
+    },
+    Device {
+        ptr: *mut u8,
+        device: &'static dyn Device,
+    },
+}
+
+// SAFETY: the device allocation belongs to this buffer alone, as the
+// host one does.
+unsafe impl Send for Buffer {}
+
+impl Buffer {
+    pub(super) fn new(bytes: usize, device: Option<&'static dyn Device>) -> Res<Buffer> {
+        let Some(device) = device else {
+            let mem = vec![0u64; bytes.div_ceil(8) + 16];
+            let offset = (64 - (mem.as_ptr() as usize % 64)) % 64;
+            return Ok(Buffer::Host { mem, offset });
+        };
+        let ptr = device
+            .alloc(bytes)
+            .map_err(|e| format!("{}: cannot allocate device memory: {e}", hostname()))?;
+        Ok(Buffer::Device { ptr, device })
+    }
+
+    pub(super) fn ptr(&mut self) -> *mut u8 {
+        match self {
+            // SAFETY: offset < 64 bytes lies inside the 16-word slack.
+            Buffer::Host { mem, offset } => unsafe { mem.as_mut_ptr().cast::<u8>().add(*offset) },
+            Buffer::Device { ptr, .. } => *ptr,
+        }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Buffer::Device { ptr, device } = self {
+            // SAFETY: the rank's stream was synchronized before its buffers
+            // drop (Rank's Drop).
+            let _ = unsafe { device.free(*ptr) };
+        }
+    }
+}
+
+pub(super) struct Rank {
+    /// What is measured.
+    pub(super) comm: Communicator,
+    /// The harness's own collectives ([`bookkeeping_config`]).
+    pub(super) books: Communicator,
+    /// The stream its calls on device memory are ordered on.
+    pub(super) stream: Option<Arc<dyn Stream>>,
+    pub(super) send: Buffer,
+    pub(super) recv: Buffer,
+}
+
+impl Rank {
+    /// Waits for the work queued on the rank's stream; reports a failure
+    /// of the stream or of the work (the communicator's async error).
+    pub(super) fn complete(&self) -> rccl::Result<()> {
+        if let Some(stream) = &self.stream {
+            stream.synchronize(std::time::Instant::now() + self.comm.config().timeout)?;
+            if let Some(err) = self.comm.async_error() {
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        // The buffers drop after this: nothing queued may still use them.
+        if let Some(stream) = self.stream.take() {
+            let _ = stream.synchronize(std::time::Instant::now() + self.comm.config().timeout);
+            if let Some(device) = rccl::device::active() {
+                let _ = device.destroy_stream(stream.raw());
+            }
+        }
+    }
+}
