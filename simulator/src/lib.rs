@@ -33,6 +33,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod builtin;
 pub mod cluster;
 pub mod estimate;
 pub mod probe;
