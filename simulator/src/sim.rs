@@ -22,6 +22,7 @@ use rccl_algorithms::{
     Schedule, Topology,
 };
 
+use crate::builtin::Builtin;
 use crate::cluster::{ClusterSpec, IntraLink, LinkKind, ProtoSpec, Protocol, SimError};
 
 /// What a compacted primitive does: takes a message in,
@@ -430,14 +431,14 @@ pub const MAX_PRIMS: u64 = 400_000_000;
 /// Algorithms whose schedule of rank `r + p` is that of rank `r` shifted
 /// by `p` (ring-shaped): replaying one period of ranks is exact when the
 /// cluster has the same symmetry.
-fn shift_symmetric(name: &str) -> bool {
-    matches!(name, "ring" | "hier")
+fn shift_symmetric(algorithm: Option<Builtin>) -> bool {
+    matches!(algorithm, Some(Builtin::Ring | Builtin::Hierarchical))
 }
 
 /// Algorithms whose channels run in lockstep and saturate their links
 /// together, so one channel at 1/nchannels of the bandwidth is exact.
-fn channel_lockstep(name: &str) -> bool {
-    name == "ring"
+fn channel_lockstep(algorithm: Option<Builtin>) -> bool {
+    algorithm == Some(Builtin::Ring)
 }
 
 /// The channels after which the ring's channels repeat: across hosts a
@@ -467,7 +468,7 @@ fn channel_period(topo: &Topology, nics: usize) -> usize {
 /// symmetry) and its count splits evenly over the ranks of every channel
 /// (an uneven split leaves some ranks empty messages, which they skip,
 /// and others not), or every rank.
-fn fold_period(c: &ClusterSpec, algo: &str, spec: &CollSpec, nchannels: usize) -> usize {
+fn fold_period(c: &ClusterSpec, algo: Option<Builtin>, spec: &CollSpec, nchannels: usize) -> usize {
     let n = spec.nranks;
     let uniform = c.placement.is_none()
         && c.faults.slow_ranks.is_empty()
@@ -693,8 +694,9 @@ pub fn simulate_with(
             algorithm.name()
         )));
     }
+    let builtin = Builtin::named(algorithm.name());
     let fold = if options.fold_ranks {
-        fold_period(cluster, algorithm.name(), spec, params.nchannels.max(1))
+        fold_period(cluster, builtin, spec, params.nchannels.max(1))
     } else {
         n
     };
@@ -712,7 +714,7 @@ pub fn simulate_with(
     let fold_ch = options.fold_channels
         && real_nch > period
         && real_nch % period == 0
-        && channel_lockstep(algorithm.name())
+        && channel_lockstep(builtin)
         && cluster.faults.slow_ranks.is_empty()
         && cluster.faults.degraded_links.is_empty();
     // With channels folded: `period` channels with the largest share of
