@@ -32,6 +32,7 @@
 //! ```
 
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 mod builtin;
 pub mod cluster;
