@@ -152,9 +152,9 @@ fn all_reduce(call: &Call) -> f64 {
     let rounds = match folded {
         Some(folded) => {
             let hidden = 2.0 * (fold / 2.0 - f.step).max(0.0).min(first_latency);
-            other.time(&f).max(folded.time(&f) - hidden)
+            other.time(f).max(folded.time(f) - hidden)
         }
-        None => other.time(&f),
+        None => other.time(f),
     };
     fold + rounds
 }
