@@ -32,7 +32,9 @@
 //! ```
 
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
+mod builtin;
 pub mod cluster;
 pub mod estimate;
 pub mod probe;

@@ -1,6 +1,8 @@
 //! `rccl-sim`: replay a collective on a modeled cluster and print
 //! nccl-tests' table (and optionally JSON).
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

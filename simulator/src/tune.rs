@@ -9,6 +9,7 @@
 
 use rccl_algorithms::{tree::dtree, Algorithm, CollSpec, Params, Topology};
 
+use crate::builtin::Builtin;
 use crate::cluster::{self, ClusterSpec, Fabric, IntraLink, Nic, Protocol};
 use crate::estimate::estimate_us;
 use crate::sim::simulate;
@@ -211,7 +212,7 @@ pub fn params_for(
     elem_size: usize,
     base: Params,
 ) -> Params {
-    if algorithm.name() != "tree" || topo.nranks() < 2 {
+    if Builtin::named(algorithm.name()) != Some(Builtin::Tree) || topo.nranks() < 2 {
         return base;
     }
     let depth = tree_depth(topo);
