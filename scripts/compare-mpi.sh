@@ -13,8 +13,14 @@
 #     unless MPICH_OVERSUBSCRIBE=1: Debian's MPICH polls without yielding,
 #     and 4 processes on 2 cores took 20-40 ms per 8-byte operation, so
 #     its sweeps would not finish in the time limit;
+#   - Intel MPI MPI_Allreduce, default settings over its shared-memory
+#     fabric (I_MPI_FABRICS=shm), 2 and 4 processes (COMPARE_IMPI=0 skips
+#     it): the runtime and headers of PyPI's impi-rt and impi-devel
+#     ($IMPI_VERSION), fetched with pip download and unpacked into the
+#     ignored target/impi/ when missing; when it cannot be had or does not
+#     run, the report says why;
 #   - the 8-byte latency on its own, runs of LAT_ITERS iterations:
-#     rccl-rs, OpenMPI (both settings) and MPICH (as above), LAT_SAMPLES
+#     rccl-rs, OpenMPI (both settings), MPICH and Intel MPI (as above), LAT_SAMPLES
 #     runs each per round, interleaved (one of each, then again), and
 #     rccl-rs with NCCL_PROTO=LL, LL128 and Simple with the board off
 #     (RCCL_BOARD_BYTES=0: the protocols shape FIFO traffic only; the
@@ -40,7 +46,7 @@
 # machine: the load average is recorded at the start and the end.
 #
 # Environment knobs: ROUNDS, SMALL_ITERS, MID_ITERS, LARGE_ITERS, LAT_ITERS, LAT_SAMPLES, MAXBYTES,
-# COMPARE_MPICH (1/0), MPICH_OVERSUBSCRIBE (1/0), RUN_TIMEOUT (seconds per run), REPORT_ONLY=1 (only
+# COMPARE_MPICH (1/0), MPICH_OVERSUBSCRIBE (1/0), COMPARE_IMPI (1/0), IMPI_VERSION, RUN_TIMEOUT (seconds per run), REPORT_ONLY=1 (only
 # rebuild the report from the raw outputs of the last run).
 set -euo pipefail
 
@@ -58,10 +64,21 @@ LARGE_ITERS=${LARGE_ITERS:-10}
 MAXBYTES=${MAXBYTES:-256M}
 COMPARE_MPICH=${COMPARE_MPICH:-1}
 MPICH_OVERSUBSCRIBE=${MPICH_OVERSUBSCRIBE:-0}
+COMPARE_IMPI=${COMPARE_IMPI:-1}
+IMPI_VERSION=${IMPI_VERSION:-2021.19.0}
+IMPI_DIR="$ROOT/target/impi"
+# Why Intel MPI has no column, when it has none.
+IMPI_REASON=""
+[ "$COMPARE_IMPI" = 1 ] || IMPI_REASON="skipped (COMPARE_IMPI=0)"
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
 REPORT_ONLY=${REPORT_ONLY:-0}
 
 log() { echo "== $*" >&2; }
+
+# mpich_runs NPROCS: whether MPICH is compared at this process count.
+mpich_runs() {
+    [ "$COMPARE_MPICH" = 1 ] && { [ "$1" -le "$(nproc)" ] || [ "$MPICH_OVERSUBSCRIBE" = 1 ]; }
+}
 
 if [ "$REPORT_ONLY" != 1 ]; then
 # ---------------------------------------------------------------- packages
@@ -84,6 +101,32 @@ fi
 if [ "$COMPARE_MPICH" = 1 ] && ! command -v mpirun.mpich >/dev/null; then
     COMPARE_MPICH=0
 fi
+# impi_fetch: Intel MPI's runtime and headers unpacked into
+# $IMPI_DIR/prefix (bin, lib, include: the wheels' data folders merged).
+impi_fetch() {
+    [ -r "$IMPI_DIR/prefix/lib/libmpi.so.12" ] && [ -r "$IMPI_DIR/prefix/include/mpi.h" ] && return 0
+    command -v python3 >/dev/null || { IMPI_REASON="python3 (for pip) not found"; return 1; }
+    log "fetching Intel MPI $IMPI_VERSION (impi-rt, impi-devel) into $IMPI_DIR"
+    rm -rf "$IMPI_DIR/wheels" "$IMPI_DIR/unpacked" "$IMPI_DIR/prefix"
+    if ! python3 -m pip download --no-deps -q -d "$IMPI_DIR/wheels" \
+        "impi-rt==$IMPI_VERSION" "impi-devel==$IMPI_VERSION" >&2; then
+        IMPI_REASON="pip download of impi-rt/impi-devel $IMPI_VERSION failed"
+        return 1
+    fi
+    local w
+    for w in "$IMPI_DIR"/wheels/*.whl; do
+        python3 -m zipfile -e "$w" "$IMPI_DIR/unpacked" || { IMPI_REASON="unpacking $w failed"; return 1; }
+    done
+    mkdir -p "$IMPI_DIR/prefix"
+    for w in "$IMPI_DIR"/unpacked/*.data/data; do cp -a "$w/." "$IMPI_DIR/prefix/"; done
+    chmod +x "$IMPI_DIR"/prefix/bin/*
+    rm -rf "$IMPI_DIR/wheels" "$IMPI_DIR/unpacked"
+    [ -r "$IMPI_DIR/prefix/lib/libmpi.so.12" ] || { IMPI_REASON="the wheels hold no lib/libmpi.so.12"; return 1; }
+}
+if [ "$COMPARE_IMPI" = 1 ] && ! impi_fetch; then
+    log "Intel MPI not measured: $IMPI_REASON"
+    COMPARE_IMPI=0
+fi
 if ! command -v cargo >/dev/null; then
     echo "cargo not found" >&2
     exit 1
@@ -99,6 +142,22 @@ log "building allreduce_mpi"
 mpicc.openmpi -O2 -Wall -o "$OUT_DIR/allreduce_openmpi" benches/mpi/allreduce_mpi.c
 if [ "$COMPARE_MPICH" = 1 ]; then
     mpicc.mpich -O2 -Wall -o "$OUT_DIR/allreduce_mpich" benches/mpi/allreduce_mpi.c
+fi
+IMPI_RUN=(env I_MPI_ROOT="$IMPI_DIR/prefix" I_MPI_FABRICS=shm "$IMPI_DIR/prefix/bin/mpiexec.hydra")
+if [ "$COMPARE_IMPI" = 1 ]; then
+    # Compiled directly, not through Intel's mpicc wrapper, which expects
+    # its install tree; the rpath finds the runtime without LD_LIBRARY_PATH.
+    if ! cc -O2 -Wall -I"$IMPI_DIR/prefix/include" -o "$OUT_DIR/allreduce_impi" benches/mpi/allreduce_mpi.c \
+        -L"$IMPI_DIR/prefix/lib" -lmpi -Wl,-rpath,"$IMPI_DIR/prefix/lib" >&2; then
+        IMPI_REASON="building allreduce_mpi.c against its mpi.h failed"
+    elif ! smoke=$(timeout 60 "${IMPI_RUN[@]}" -n 2 "$OUT_DIR/allreduce_impi" -b 8 -e 8 -n 10 -w 1 2>&1) ||
+        ! grep -q '^ *8 ' <<<"$smoke"; then
+        IMPI_REASON="mpiexec.hydra -n 2 did not run it: $(tail -1 <<<"$smoke")"
+    fi
+    if [ -n "$IMPI_REASON" ]; then
+        log "Intel MPI not measured: $IMPI_REASON"
+        COMPARE_IMPI=0
+    fi
 fi
 
 # OpenMPI refuses to run as root without these.
@@ -158,16 +217,18 @@ ompi() {
         "$OUT_DIR/allreduce_openmpi" "$@" >"$logf" 2>&1 || log "OpenMPI run exited $? (see $logf)"
 }
 
-# mpich_runs NPROCS: whether MPICH is compared at this process count.
-mpich_runs() {
-    [ "$COMPARE_MPICH" = 1 ] && { [ "$1" -le "$(nproc)" ] || [ "$MPICH_OVERSUBSCRIBE" = 1 ]; }
-}
-
 mpich() {
     local n=$1 logf=$2
     shift 2
     timeout "$RUN_TIMEOUT" mpirun.mpich -np "$n" "$OUT_DIR/allreduce_mpich" "$@" >"$logf" 2>&1 \
         || log "MPICH run exited $? (see $logf)"
+}
+
+impi() {
+    local n=$1 logf=$2
+    shift 2
+    timeout "$RUN_TIMEOUT" "${IMPI_RUN[@]}" -n "$n" "$OUT_DIR/allreduce_impi" "$@" >"$logf" 2>&1 \
+        || log "Intel MPI run exited $? (see $logf)"
 }
 
 SWEEPS=(
@@ -199,9 +260,13 @@ for ((round = 1; round <= ROUNDS; round++)); do
                 log "np=$np $name: MPICH default"
                 mpich "$np" "$RUN/mpich-$np-$name.txt" "${a[@]}"
             fi
+            if [ "$COMPARE_IMPI" = 1 ]; then
+                log "np=$np $name: Intel MPI default"
+                impi "$np" "$RUN/impi-$np-$name.txt" "${a[@]}"
+            fi
         done
         lat=(-b 8 -e 8 -n "$LAT_ITERS" -w 1000)
-        log "np=$np 8 B latency: rccl-rs, OpenMPI default and ring, $LAT_SAMPLES samples each, interleaved"
+        log "np=$np 8 B latency: rccl-rs and the MPIs, $LAT_SAMPLES samples each, interleaved"
         rm -f "$RUN"/*-"$np"-lat.txt
         for ((sample = 1; sample <= LAT_SAMPLES; sample++)); do
             # Each sample is a run of its own; its rows are appended to the
@@ -216,6 +281,10 @@ for ((round = 1; round <= ROUNDS; round++)); do
                 mpich "$np" "$RUN/sample.txt" "${lat[@]}"
                 cat "$RUN/sample.txt" >>"$RUN/mpich-$np-lat.txt"
             fi
+            if [ "$COMPARE_IMPI" = 1 ]; then
+                impi "$np" "$RUN/sample.txt" "${lat[@]}"
+                cat "$RUN/sample.txt" >>"$RUN/impi-$np-lat.txt"
+            fi
         done
         rm -f "$RUN/sample.txt"
         for proto in LL LL128 Simple; do
@@ -229,8 +298,8 @@ done
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 ELAPSED=$(($(date +%s) - START))
 log "load average at end: $LOAD_END ($ELAPSED s of runs)"
-printf 'LOAD_START="%s"\nLOAD_END="%s"\nELAPSED=%s\nCOMPARE_MPICH=%s\nROUNDS=%s\nLAT_ITERS=%s\nLAT_SAMPLES=%s\n' \
-    "$LOAD_START" "$LOAD_END" "$ELAPSED" "$COMPARE_MPICH" "$ROUNDS" "$LAT_ITERS" "$LAT_SAMPLES" >"$OUT_DIR/meta.env"
+printf 'LOAD_START=%q\nLOAD_END=%q\nELAPSED=%q\nCOMPARE_MPICH=%q\nMPICH_OVERSUBSCRIBE=%q\nCOMPARE_IMPI=%q\nIMPI_REASON=%q\nROUNDS=%q\nLAT_ITERS=%q\nLAT_SAMPLES=%q\n' \
+    "$LOAD_START" "$LOAD_END" "$ELAPSED" "$COMPARE_MPICH" "$MPICH_OVERSUBSCRIBE" "$COMPARE_IMPI" "$IMPI_REASON" "$ROUNDS" "$LAT_ITERS" "$LAT_SAMPLES" >"$OUT_DIR/meta.env"
 
 else
     # shellcheck disable=SC1091
@@ -298,8 +367,9 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
 {
     echo "### All-reduce float32 sum, busbw (GB/s, out-of-place)"
     echo
-    echo "Revision $(git rev-parse --short=12 HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo '+changes'), $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')),"
-    echo "$(mpirun.openmpi --version 2>/dev/null | head -1)$( [ "$COMPARE_MPICH" = 1 ] && echo ", MPICH $(mpichversion 2>/dev/null | awk '/Version:/ {print $3}')")."
+    echo "Revision $(git rev-parse --short=12 HEAD)$(git diff --quiet HEAD -- . ':!docs' ':!README.md' 2>/dev/null || echo '+changes'), $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')),"
+    echo "$(mpirun.openmpi --version 2>/dev/null | head -1)$( [ "$COMPARE_MPICH" = 1 ] && echo ", MPICH $(mpichversion 2>/dev/null | awk '/Version:/ {print $3}')")$( [ "$COMPARE_IMPI" = 1 ] && echo ", Intel MPI $("$IMPI_DIR/prefix/bin/mpiexec.hydra" --version 2>/dev/null | sed -n 's/.*Version \([^ ]*\).*/\1/p' | head -1) (I_MPI_FABRICS=shm)")."
+    [ -n "$IMPI_REASON" ] && echo "Intel MPI: not measured here: $IMPI_REASON."
     echo "Load average (1/5/15 min) at start: $LOAD_START; at end: $LOAD_END; runs took ${ELAPSED} s."
     echo "Iterations: $SMALL_ITERS (8 B-64 KiB), $MID_ITERS (128 KiB-4 MiB), $LARGE_ITERS (8 MiB and up)."
     echo "Rounds: ${ROUNDS:-1}, one after another; every figure is its library's fastest round at that size."
@@ -307,9 +377,10 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
     for np in 2 4; do
         hdr="| size | rccl-rs ${np}p | OpenMPI default ${np}p | OpenMPI ring ${np}p |"
         sep="|---:|---:|---:|---:|"
-        [ "$COMPARE_MPICH" = 1 ] && { hdr+=" MPICH ${np}p |"; sep+="---:|"; }
-        hdr+=" rccl-rs / best OpenMPI |"
-        sep+="---:|"
+        mpich_runs "$np" && { hdr+=" MPICH ${np}p |"; sep+="---:|"; }
+        [ "$COMPARE_IMPI" = 1 ] && { hdr+=" Intel MPI ${np}p |"; sep+="---:|"; }
+        hdr+=" rccl-rs / best OpenMPI | rccl-rs / best peer |"
+        sep+="---:|---:|"
         echo "$hdr"
         echo "$sep"
         below=()
@@ -318,12 +389,20 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
             d=$(field "$size" 6 ompi-$np-{small,mid,large}.txt)
             r=$(field "$size" 6 ompiring-$np-{small,mid,large}.txt)
             row="| $(human "$size") | $(bus "$size" "$o" "$np") | $(bus "$size" "$d" "$np") | $(bus "$size" "$r" "$np") |"
-            if [ "$COMPARE_MPICH" = 1 ]; then
-                row+=" $(bus "$size" "$(field "$size" 6 mpich-$np-{small,mid,large}.txt)" "$np") |"
+            peer=$(lowest "$d" "$r")
+            if mpich_runs "$np"; then
+                m=$(field "$size" 6 mpich-$np-{small,mid,large}.txt)
+                row+=" $(bus "$size" "$m" "$np") |"
+                peer=$(lowest "$peer" "$m")
+            fi
+            if [ "$COMPARE_IMPI" = 1 ]; then
+                i=$(field "$size" 6 impi-$np-{small,mid,large}.txt)
+                row+=" $(bus "$size" "$i" "$np") |"
+                peer=$(lowest "$peer" "$i")
             fi
             # Same size, same factor: the busbw ratio is the inverse time ratio.
             q=$(ratio "$(lowest "$d" "$r")" "$o")
-            row+=" $q |"
+            row+=" $q | $(ratio "$peer" "$o") |"
             echo "$row"
             RATIO[$np:$size]=$q
         done
@@ -354,6 +433,18 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
     if [ "$COMPARE_MPICH" = 1 ]; then
         echo "| MPICH default | $(field 8 6 "mpich-2-lat.txt") | $(median_at 8 6 "mpich-2-lat.txt") | $(field 8 6 "mpich-4-lat.txt") | $(median_at 8 6 "mpich-4-lat.txt") |"
     fi
+    if [ "$COMPARE_IMPI" = 1 ]; then
+        echo "| Intel MPI default | $(field 8 6 "impi-2-lat.txt") | $(median_at 8 6 "impi-2-lat.txt") | $(field 8 6 "impi-4-lat.txt") | $(median_at 8 6 "impi-4-lat.txt") |"
+    fi
+    echo
+    # peer_lat NP: the fastest 8-byte sample of every MPI measured at NP.
+    peer_lat() {
+        local v f
+        v=$(lowest "$(field 8 6 "ompi-$1-lat.txt")" "$(field 8 6 "ompiring-$1-lat.txt")")
+        for f in mpich impi; do v=$(lowest "$v" "$(field 8 6 "$f-$1-lat.txt")"); done
+        echo "$v"
+    }
+    echo "Latency ratio rccl-rs default / best peer: 2p $(ratio "$(field 8 6 "ours-2-lat.txt")" "$(peer_lat 2)"), 4p $(ratio "$(field 8 6 "ours-4-lat.txt")" "$(peer_lat 4)") (below 1 is better)."
     echo
     echo "Latency ratio rccl-rs default / best OpenMPI: 2p $(ratio "$(field 8 6 "ours-2-lat.txt")" "$(lowest "$(field 8 6 "ompi-2-lat.txt")" "$(field 8 6 "ompiring-2-lat.txt")")"), 4p $(ratio "$(field 8 6 "ours-4-lat.txt")" "$(lowest "$(field 8 6 "ompi-4-lat.txt")" "$(field 8 6 "ompiring-4-lat.txt")")") (below 1 is better)."
     echo
@@ -386,7 +477,7 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
     done
     echo "* 4 processes, busbw at or above the better OpenMPI setting: $n_ok of $n_all sizes$( [ "${#short[@]}" -gt 0 ] && printf '; below at: %s' "$(IFS=,; echo "${short[*]}" | sed 's/,/, /g')")"
     echo
-    echo "Data checks: rccl-rs $(wrong_total "$OUT_DIR"/r*/ours-*.txt); OpenMPI $(wrong_total "$OUT_DIR"/r*/ompi*.txt)$( [ "$COMPARE_MPICH" = 1 ] && echo "; MPICH $(wrong_total "$OUT_DIR"/r*/mpich-*.txt)")."
+    echo "Data checks: rccl-rs $(wrong_total "$OUT_DIR"/r*/ours-*.txt); OpenMPI $(wrong_total "$OUT_DIR"/r*/ompi*.txt)$( [ "$COMPARE_MPICH" = 1 ] && echo "; MPICH $(wrong_total "$OUT_DIR"/r*/mpich-*.txt)")$( [ "$COMPARE_IMPI" = 1 ] && echo "; Intel MPI $(wrong_total "$OUT_DIR"/r*/impi-*.txt)")."
     echo
 } | tee "$REPORT"
 log "report: $REPORT; raw outputs: $OUT_DIR/"
