@@ -3,26 +3,27 @@
 //! first entry that can connect a pair (for host work, or for device work:
 //! [`connect_for_device`]) sets up each side, the sides trade what the
 //! other needs through the bootstrap, then connect. Waits for a peer's
-//! side run in slices with the checks of [`crate::stuck`] between them.
+//! side run in slices with the checks of [`crate::agreement::stuck`] between them.
 //! The board, one segment for every rank of a host, is made here too.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rccl_transports::process::ProcessId;
 use rccl_transports::table;
 use rccl_transports::transport::{
     Context, DeviceLink, Endpoint, FifoPlacement, Pending, Setup, Transport,
 };
 use rccl_transports::{Connection, Protocol};
 
-use crate::call::describe_call;
-use crate::comm::{failure_note, Activity, CommInner, PeerWatch};
+use crate::agreement::call::describe_call;
+use crate::agreement::stuck::{self, Calls, Notices, STALL_CHECK_EVERY};
+use crate::comm::{failure_note, Activity, CommInner, ExecState, PeerWatch};
+use crate::device_executor::fifo_placement::slots_in;
 use crate::error::{Error, Result};
-use crate::executor::{self, BoardLink, Link, OpWork};
+use crate::host_executor::executor::{BoardLink, Link, OpWork};
 use crate::plan::CommLaunch;
-use crate::stuck::{self, Calls, Notices};
-use crate::table_view::{device_context, endpoints};
 
 /// Makes sure every connection the planned work needs exists: the boards
 /// first, then every missing connection of every communicator is set up
@@ -30,7 +31,7 @@ use crate::table_view::{device_context, endpoints};
 /// thread can set up several communicators of one process.
 pub(crate) fn connect(
     launches: &[CommLaunch],
-    guards: &mut [parking_lot::MutexGuard<'_, crate::state::ExecState>],
+    guards: &mut [parking_lot::MutexGuard<'_, ExecState>],
     started: Instant,
 ) -> Result<()> {
     // Checked without allocating: a launch over existing connections (the
@@ -38,8 +39,7 @@ pub(crate) fn connect(
     let nothing_to_open = launches.iter().zip(guards.iter()).all(|(launch, guard)| {
         (launch.board.is_empty() || guard.board.is_some())
             && launch.channels.iter().enumerate().all(|(channel, work)| {
-                peers_in(work)
-                    .all(|peer| guard.links_for(launch.on_device)[channel][peer].is_some())
+                peers_in(work).all(|peer| guard.links_for(launch.executor)[channel][peer].is_some())
             })
     });
     if nothing_to_open {
@@ -62,7 +62,7 @@ pub(crate) fn connect(
     let contexts: Vec<Context<'_>> = launches
         .iter()
         .zip(&endpoints)
-        .map(|(launch, endpoints)| context(launch, endpoints))
+        .map(|(launch, endpoints)| context(&launch.comm, endpoints, None))
         .collect();
     let mut pending = Vec::new();
     for (index, ((launch, guard), cx)) in launches
@@ -73,7 +73,7 @@ pub(crate) fn connect(
     {
         for (channel, work) in launch.channels.iter().enumerate() {
             for peer in peers_of(work) {
-                if guard.links_for(launch.on_device)[channel][peer].is_none() {
+                if guard.links_for(launch.executor)[channel][peer].is_none() {
                     let comm = &launch.comm;
                     let chosen = table::choose(cx, peer).ok_or_else(|| {
                         Error::InvalidUsage(format!(
@@ -101,7 +101,7 @@ pub(crate) fn connect(
                 Ok(Some(conn)) => {
                     let (index, link) = pending.swap_remove(i);
                     log_host_connection(comm, &contexts[index], &link);
-                    let on_device = launches[index].on_device;
+                    let executor = launches[index].executor;
                     let profiler = launches[index].comm.profiler.as_ref();
                     let send_fifo = conn.send_fifo(Protocol::Simple);
                     if let Some(observer) =
@@ -109,7 +109,7 @@ pub(crate) fn connect(
                     {
                         conn.observe_steps(observer);
                     }
-                    guards[index].links_for_mut(on_device)[link.channel][link.peer] = Some(Link {
+                    guards[index].links_for_mut(executor)[link.channel][link.peer] = Some(Link {
                         conn,
                         peer_name: comm.describe(link.peer),
                     });
@@ -244,7 +244,7 @@ fn log_device_link(comm: &CommInner, cx: &Context<'_>, made: &DeviceConnection) 
              in {})",
             conn.transport(),
             cx.endpoints[peer].data_addr.ip(),
-            crate::device_work::placement::slots_in(&**conn)
+            slots_in(&**conn)
         ),
     }
 }
@@ -369,7 +369,7 @@ pub(crate) fn connect_for_device(
     placement: &dyn FifoPlacement,
 ) -> Result<Vec<DeviceConnection>> {
     let endpoints = endpoints(comm);
-    let cx = device_context(comm, &endpoints, placement);
+    let cx = context(comm, &endpoints, Some(placement));
     let deadline = Instant::now() + comm.config.timeout;
     let mut pending = wanted
         .iter()
@@ -434,8 +434,29 @@ pub(crate) fn connect_for_device(
     Ok(made)
 }
 
-fn context<'a>(launch: &'a CommLaunch, endpoints: &'a [Endpoint]) -> Context<'a> {
-    let comm = &launch.comm;
+/// What the transports see of every rank of `comm`.
+pub(crate) fn endpoints(comm: &CommInner) -> Vec<Endpoint> {
+    comm.peers
+        .iter()
+        .map(|p| Endpoint {
+            host_id: p.host_id.clone(),
+            process: ProcessId {
+                pid: p.pid,
+                start: p.start,
+            },
+            data_addr: p.data_addr,
+        })
+        .collect()
+}
+
+/// The transports' view of `comm`, for host work (`device_fifos`:
+/// `None`) or for device work, whose FIFOs `device_fifos` puts where the
+/// device's work reaches them.
+pub(crate) fn context<'a>(
+    comm: &'a CommInner,
+    endpoints: &'a [Endpoint],
+    device_fifos: Option<&'a dyn FifoPlacement>,
+) -> Context<'a> {
     Context {
         rank: comm.rank,
         secret: comm.bootstrap.secret().0,
@@ -443,7 +464,7 @@ fn context<'a>(launch: &'a CommLaunch, endpoints: &'a [Endpoint]) -> Context<'a>
         fifo: comm.config.fifo_shape(),
         shm_disable: comm.config.shm_disable,
         p2p_disable: comm.config.p2p_disable,
-        device_fifos: None,
+        device_fifos,
         net: &comm.net,
         abort: &comm.abort,
     }
@@ -514,7 +535,7 @@ impl<'l> Waits<'l> {
         }
         self.watch.check(comm, peers)?;
         let waited = self.start.elapsed();
-        if waited >= executor::STALL_CHECK_EVERY {
+        if waited >= STALL_CHECK_EVERY {
             self.publish(peers, &what, waited);
         }
         if Instant::now() >= self.deadline {
@@ -596,9 +617,7 @@ impl<'l> Waits<'l> {
         mut attempt: impl FnMut(Instant) -> Result<Option<T>>,
     ) -> Result<T> {
         loop {
-            let until = self
-                .deadline
-                .min(Instant::now() + executor::STALL_CHECK_EVERY);
+            let until = self.deadline.min(Instant::now() + STALL_CHECK_EVERY);
             match attempt(until) {
                 Ok(Some(got)) => return Ok(got),
                 Ok(None) => self.check(&[peer], &what)?,

@@ -1,7 +1,7 @@
 //! Launching device work: a planned launch whose communicators' ranks
-//! all reach each other's device memory is encoded, operation by operation, over
-//! each communicator's device links (`links.rs`) and handed to the
-//! device as one launch on the calls' streams.
+//! all reach each other's device memory is encoded, operation by
+//! operation, over each communicator's device links (`links.rs`) and
+//! handed to the device as one launch on the calls' streams.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -15,14 +15,14 @@ use rccl_transports::fifo::FifoMemory;
 use rccl_transports::network::keep_polling;
 use rccl_transports::{Connection, Fifo, Protocol};
 
-use super::Planned;
+use super::fifo_placement::DeviceFifoPlacement;
+use super::links::{DeviceLinks, DeviceMem};
+use super::process_watch::Watch;
+use crate::agreement::stuck::Notices;
 use crate::comm::{failure_note, CommInner, PeerWatch, LEFT_IN_ORDER};
-use crate::device_links::{DeviceLinks, DeviceMem};
-use crate::device_work::placement::Placement;
 use crate::error::{Error, Result};
-use crate::process_watch::Watch;
+use crate::plan::Planned;
 use crate::queue::StreamRef;
-use crate::stuck::Notices;
 
 /// One operation's view of its communicator's links, for the encoder.
 struct OpLinks<'a> {
@@ -317,7 +317,7 @@ fn connect_all(
             let error = if comm.abort.load(Ordering::Relaxed) {
                 comm.ended_error()
             } else {
-                crate::stuck::peer_failure(comm).unwrap_or(error)
+                crate::agreement::stuck::peer_failure(comm).unwrap_or(error)
             };
             comm.poison(&error);
             let mut notices = Notices::new(comm);
@@ -344,7 +344,7 @@ fn connect(
     if missing.is_empty() {
         return Ok(());
     }
-    let placement = Placement::for_comm(comm, device);
+    let placement = DeviceFifoPlacement::for_comm(comm, device);
     for made in crate::connect::connect_for_device(comm, &missing, protocol, &placement)? {
         links.insert(made.channel, made.peer, protocol, made.link);
     }
@@ -390,8 +390,8 @@ pub(crate) fn launch(
     let comms: Vec<Arc<CommInner>> = launches.iter().map(|l| l.comm.clone()).collect();
     let mut guards: Vec<_> = comms.iter().map(|comm| comm.exec.lock()).collect();
     for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
-        if guard.device_work.is_none() {
-            guard.device_work = Some(DeviceLinks::new(launch.comm.config.max_channels, device)?);
+        if guard.device_links.is_none() {
+            guard.device_links = Some(DeviceLinks::new(launch.comm.config.max_channels, device)?);
         }
     }
     // Every communicator's links are made before any operation is encoded.
@@ -408,7 +408,7 @@ pub(crate) fn launch(
                 .iter()
                 .map(|op| (&op.schedule, op.protocol))
                 .collect();
-            let links = guard.device_work.as_mut().expect("made above");
+            let links = guard.device_links.as_mut().expect("made above");
             (&*launch.comm, links, ops)
         })
         .collect();
@@ -446,7 +446,7 @@ pub(crate) fn launch(
     let mut watches: Vec<Watch> = Vec::new();
     for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
         let comm = &launch.comm;
-        let links = guard.device_work.as_mut().expect("made above");
+        let links = guard.device_links.as_mut().expect("made above");
         watches.extend(Watch::new(comm, &links.abort));
         let shape = comm.config.fifo_shape();
         let mut staged = 0;
@@ -584,7 +584,7 @@ pub(crate) fn launch(
     let done = device.create_event().map_err(Error::from)?;
     first.record(done.as_ref()).map_err(Error::from)?;
     for guard in &mut guards {
-        guard.device_work.as_mut().expect("made above").last = Some(done.clone());
+        guard.device_links.as_mut().expect("made above").last = Some(done.clone());
     }
     Ok(())
 }
