@@ -2,9 +2,14 @@
 //! runs, through the transport table ([`rccl_transports::table`]): the
 //! first entry that can connect a pair (for host work, or for device work:
 //! [`connect_for_device`]) sets up each side, the sides trade what the
-//! other needs through the bootstrap, then connect. Waits for a peer's
-//! side run in slices with the checks of [`crate::agreement::stuck`] between them.
-//! The board, one segment for every rank of a host, is made here too.
+//! other needs through the bootstrap, then connect. Both kinds of work
+//! share one context builder ([`context`]), one setup ([`set_up`]) and one
+//! loop ([`finish`]); they differ in the entries that may serve
+//! (`table::choose` or `table::choose_for_device`), what a link carries,
+//! and, told through [`Setups`], where a link goes once made and what a
+//! wait checks. Waits for a peer's side run in slices
+//! with the checks of [`crate::agreement::stuck`] between them. The board,
+//! one segment for every rank of a host, is made here too.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -20,7 +25,6 @@ use rccl_transports::{Connection, Protocol};
 use crate::agreement::call::describe_call;
 use crate::agreement::stuck::{self, Calls, Notices, STALL_CHECK_EVERY};
 use crate::comm::{failure_note, Activity, CommInner, ExecState, PeerWatch};
-use crate::device_executor::fifo_placement::slots_in;
 use crate::error::{Error, Result};
 use crate::host_executor::executor::{BoardLink, Link, OpWork};
 use crate::plan::CommLaunch;
@@ -91,38 +95,59 @@ pub(crate) fn connect(
             }
         }
     }
-    while !pending.is_empty() {
-        let mut moved = false;
-        let mut i = 0;
-        while i < pending.len() {
-            let (index, link) = &mut pending[i];
-            let comm = &launches[*index].comm;
-            match link.advance(comm, &contexts[*index]) {
-                Ok(Some(conn)) => {
-                    let (index, link) = pending.swap_remove(i);
-                    log_host_connection(comm, &contexts[index], &link);
-                    let executor = launches[index].executor;
-                    let profiler = launches[index].comm.profiler.as_ref();
-                    let send_fifo = conn.send_fifo(Protocol::Simple);
-                    if let Some(observer) =
-                        profiler.and_then(|p| p.step_observer(link.channel, link.peer, send_fifo))
-                    {
-                        conn.observe_steps(observer);
-                    }
-                    guards[index].links_for_mut(executor)[link.channel][link.peer] = Some(Link {
-                        conn,
-                        peer_name: comm.describe(link.peer),
-                    });
-                    moved = true;
-                }
-                Ok(None) => i += 1,
-                Err(err) => return Err(waits[*index].fail(err)),
-            }
+    let mut host = HostSetups {
+        launches,
+        contexts: &contexts,
+        guards,
+        waits: &mut waits,
+    };
+    finish(&mut pending, &mut host)
+}
+
+/// The connections of a launch's host work under way, for [`finish`]:
+/// per communicator of the launch (the index of a pending link), its
+/// context, its executor state that takes each connection made, and its
+/// waits.
+struct HostSetups<'s, 'l, 'g, 'c> {
+    launches: &'l [CommLaunch],
+    contexts: &'s [Context<'c>],
+    guards: &'s mut [parking_lot::MutexGuard<'g, ExecState>],
+    waits: &'s mut [Waits<'l>],
+}
+
+impl Setups<Box<dyn Connection>> for HostSetups<'_, '_, '_, '_> {
+    fn comm(&self, index: usize) -> &CommInner {
+        &self.launches[index].comm
+    }
+
+    fn context(&self, index: usize) -> &Context<'_> {
+        &self.contexts[index]
+    }
+
+    fn made(&mut self, index: usize, link: PendingLink, conn: Box<dyn Connection>) {
+        let comm = &self.launches[index].comm;
+        log_host_connection(comm, &self.contexts[index], &link);
+        let send_fifo = conn.send_fifo(Protocol::Simple);
+        if let Some(observer) = comm
+            .profiler
+            .as_ref()
+            .and_then(|p| p.step_observer(link.channel, link.peer, send_fifo))
+        {
+            conn.observe_steps(observer);
         }
-        if moved || pending.is_empty() {
-            continue;
-        }
-        for (index, waits) in waits.iter_mut().enumerate() {
+        let executor = self.launches[index].executor;
+        self.guards[index].links_for_mut(executor)[link.channel][link.peer] = Some(Link {
+            conn,
+            peer_name: comm.describe(link.peer),
+        });
+    }
+
+    fn fail(&mut self, index: usize, error: Error) -> Error {
+        self.waits[index].fail(error)
+    }
+
+    fn stalled(&mut self, pending: &[(usize, PendingLink)]) -> Result<()> {
+        for (index, waits) in self.waits.iter_mut().enumerate() {
             let mine: Vec<&PendingLink> = pending
                 .iter()
                 .filter(|(i, _)| *i == index)
@@ -135,11 +160,65 @@ pub(crate) fn connect(
             let peers: Vec<usize> = mine.iter().map(|link| link.peer).collect();
             waits.check(&peers, what)?;
         }
+        Ok(())
+    }
+
+    fn poll_until(&self, now: Instant) -> Instant {
+        now + SETUP_POLL
+    }
+}
+
+/// What [`finish`] needs of the connections it drives to the end: the
+/// communicator and context of each (by the index a pending link carries),
+/// where a link goes once made, and the checks of a setup that waits.
+trait Setups<Made> {
+    fn comm(&self, index: usize) -> &CommInner;
+    fn context(&self, index: usize) -> &Context<'_>;
+    /// Takes `link`, connected as `made`.
+    fn made(&mut self, index: usize, link: PendingLink<Made>, made: Made);
+    /// The error a failed link of communicator `index` ends the setup with.
+    fn fail(&mut self, index: usize, error: Error) -> Error;
+    /// Called while nothing moved: fails at a deadline, or with a peer's
+    /// failure, naming what is still `pending`.
+    fn stalled(&mut self, pending: &[(usize, PendingLink<Made>)]) -> Result<()>;
+    /// Until when a link that awaits its peer's setup waits for it at once.
+    fn poll_until(&self, now: Instant) -> Instant;
+}
+
+/// The one connect loop of host and device work: advances every pending
+/// link (each sent its setup to the peer already) until all are made,
+/// checking the waits whenever nothing moved.
+fn finish<Made>(
+    pending: &mut Vec<(usize, PendingLink<Made>)>,
+    setups: &mut impl Setups<Made>,
+) -> Result<()> {
+    while !pending.is_empty() {
+        let mut moved = false;
+        let mut i = 0;
+        while i < pending.len() {
+            let (index, link) = &mut pending[i];
+            let index = *index;
+            match link.advance(setups.comm(index), setups.context(index)) {
+                Ok(Some(made)) => {
+                    let (index, link) = pending.swap_remove(i);
+                    setups.made(index, link, made);
+                    moved = true;
+                }
+                Ok(None) => i += 1,
+                Err(err) => return Err(setups.fail(index, err)),
+            }
+        }
+        if moved || pending.is_empty() {
+            continue;
+        }
+        setups.stalled(pending)?;
         // Nothing moved: wait for the peers' setup a little.
         let (index, link) = &mut pending[0];
+        let index = *index;
         if link.pending.awaits_peer_info() && link.info.is_none() {
-            link.take_info(&launches[*index].comm, Instant::now() + SETUP_POLL)
-                .map_err(|err| waits[*index].fail(err))?;
+            let until = setups.poll_until(Instant::now());
+            link.take_info(setups.comm(index), until)
+                .map_err(|err| setups.fail(index, err))?;
         } else {
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -225,27 +304,6 @@ fn log_host_connection(comm: &CommInner, cx: &Context<'_>, link: &PendingLink) {
             target: crate::debug::INIT_SHM,
             "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via}"
         );
-    }
-}
-
-/// Logs a link of device work: device memory under `P2P`, a network
-/// connection under `NET`, naming what carries it and where its slots lie.
-fn log_device_link(comm: &CommInner, cx: &Context<'_>, made: &DeviceConnection) {
-    let (rank, channel, peer) = (comm.rank, made.channel, made.peer);
-    match &made.link {
-        DeviceLink::Direct { .. } => tracing::info!(
-            target: crate::debug::INIT_P2P,
-            "[{rank}] Channel {channel:02} : {rank} -> {peer} via {} (device work)",
-            made.transport
-        ),
-        DeviceLink::Proxied(conn) => tracing::info!(
-            target: crate::debug::INIT_NET,
-            "[{rank}] Channel {channel:02} : {rank} -> {peer} via {} ({}) (device work, slots \
-             in {})",
-            conn.transport(),
-            cx.endpoints[peer].data_addr.ip(),
-            slots_in(&**conn)
-        ),
     }
 }
 
@@ -371,7 +429,7 @@ pub(crate) fn connect_for_device(
     let endpoints = endpoints(comm);
     let cx = context(comm, &endpoints, Some(placement));
     let deadline = Instant::now() + comm.config.timeout;
-    let mut pending = wanted
+    let pending = wanted
         .iter()
         .map(|&(channel, peer)| {
             let chosen = table::choose_for_device(&cx, peer).ok_or_else(|| {
@@ -386,35 +444,57 @@ pub(crate) fn connect_for_device(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let mut made = Vec::with_capacity(pending.len());
-    let mut watch = PeerWatch::default();
-    while !pending.is_empty() {
-        let mut moved = false;
-        let mut i = 0;
-        while i < pending.len() {
-            match pending[i].advance(comm, &cx)? {
-                Some(link) => {
-                    let pending = pending.swap_remove(i);
-                    let link = DeviceConnection {
-                        channel: pending.channel,
-                        peer: pending.peer,
-                        transport: pending.transport,
-                        link,
-                    };
-                    log_device_link(comm, &cx, &link);
-                    made.push(link);
-                    moved = true;
-                }
-                None => i += 1,
-            }
-        }
-        if moved || pending.is_empty() {
-            continue;
-        }
-        let peers: Vec<usize> = pending.iter().map(|link| link.peer).collect();
-        watch.check(comm, &peers)?;
-        let link = &mut pending[0];
-        if Instant::now() >= deadline {
+    let mut pending = pending.into_iter().map(|link| (0, link)).collect();
+    let mut device = DeviceSetups {
+        comm,
+        cx,
+        deadline,
+        watch: PeerWatch::default(),
+        made: Vec::with_capacity(wanted.len()),
+    };
+    finish(&mut pending, &mut device)?;
+    Ok(device.made)
+}
+
+/// The links of one communicator's device work under way, for [`finish`].
+struct DeviceSetups<'c> {
+    comm: &'c CommInner,
+    cx: Context<'c>,
+    deadline: Instant,
+    /// Whether the peers waited for are gone.
+    watch: PeerWatch,
+    made: Vec<DeviceConnection>,
+}
+
+impl Setups<DeviceLink> for DeviceSetups<'_> {
+    fn comm(&self, _: usize) -> &CommInner {
+        self.comm
+    }
+
+    fn context(&self, _: usize) -> &Context<'_> {
+        &self.cx
+    }
+
+    fn made(&mut self, _: usize, pending: PendingLink<DeviceLink>, link: DeviceLink) {
+        let link = DeviceConnection {
+            channel: pending.channel,
+            peer: pending.peer,
+            transport: pending.transport,
+            link,
+        };
+        self.made.push(link);
+    }
+
+    fn fail(&mut self, _: usize, error: Error) -> Error {
+        error
+    }
+
+    fn stalled(&mut self, pending: &[(usize, PendingLink<DeviceLink>)]) -> Result<()> {
+        let comm = self.comm;
+        let peers: Vec<usize> = pending.iter().map(|(_, link)| link.peer).collect();
+        self.watch.check(comm, &peers)?;
+        if Instant::now() >= self.deadline {
+            let link = &pending[0].1;
             return Err(Error::System(format!(
                 "rank {} of {}: timed out after {:?} waiting for {} to set up {} for device \
                  work (does it run the same calls?)",
@@ -425,13 +505,12 @@ pub(crate) fn connect_for_device(
                 link.what()
             )));
         }
-        if link.pending.awaits_peer_info() && link.info.is_none() {
-            link.take_info(comm, deadline.min(Instant::now() + SETUP_POLL))?;
-        } else {
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        Ok(())
     }
-    Ok(made)
+
+    fn poll_until(&self, now: Instant) -> Instant {
+        self.deadline.min(now + SETUP_POLL)
+    }
 }
 
 /// What the transports see of every rank of `comm`.

@@ -13,13 +13,15 @@ use rccl_device::work::{encode, Work, WorkCall, WorkLinks};
 use rccl_device::{Device, WorkFailure, WorkLaunch};
 use rccl_transports::fifo::FifoMemory;
 use rccl_transports::network::keep_polling;
+use rccl_transports::transport::DeviceLink;
 use rccl_transports::{Connection, Fifo, Protocol};
 
-use super::fifo_placement::DeviceFifoPlacement;
+use super::fifo_placement::{slots_in, DeviceFifoPlacement};
 use super::links::{DeviceLinks, DeviceMem};
 use super::process_watch::Watch;
 use crate::agreement::stuck::Notices;
 use crate::comm::{failure_note, CommInner, PeerWatch, LEFT_IN_ORDER};
+use crate::connect::{connect_for_device, DeviceConnection};
 use crate::error::{Error, Result};
 use crate::plan::Planned;
 use crate::queue::StreamRef;
@@ -345,10 +347,32 @@ fn connect(
         return Ok(());
     }
     let placement = DeviceFifoPlacement::for_comm(comm, device);
-    for made in crate::connect::connect_for_device(comm, &missing, protocol, &placement)? {
+    for made in connect_for_device(comm, &missing, protocol, &placement)? {
+        log_device_link(comm, &made);
         links.insert(made.channel, made.peer, protocol, made.link);
     }
     Ok(())
+}
+
+/// Logs a link of device work: device memory under `P2P`, a network
+/// connection under `NET`, naming what carries it and where its slots lie.
+fn log_device_link(comm: &CommInner, made: &DeviceConnection) {
+    let (rank, channel, peer) = (comm.rank, made.channel, made.peer);
+    match &made.link {
+        DeviceLink::Direct { .. } => tracing::info!(
+            target: crate::debug::INIT_P2P,
+            "[{rank}] Channel {channel:02} : {rank} -> {peer} via {} (device work)",
+            made.transport
+        ),
+        DeviceLink::Proxied(conn) => tracing::info!(
+            target: crate::debug::INIT_NET,
+            "[{rank}] Channel {channel:02} : {rank} -> {peer} via {} ({}) (device work, slots \
+             in {})",
+            conn.transport(),
+            comm.peers[peer].data_addr.ip(),
+            slots_in(&**conn)
+        ),
+    }
 }
 
 /// Whether the network connection to `peer` failed; if so, poisons `comm`
