@@ -12,6 +12,7 @@
 //! peer, has the host executor run it over host copies).
 
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 mod agreement;
 mod api;
