@@ -6,11 +6,11 @@ use std::marker::PhantomData;
 use rccl_algorithms::CollKind;
 
 use crate::comm::Communicator;
+use crate::device_executor::{stream_for, Buffer, CallName};
 use crate::error::{Error, Result};
 use crate::group as enqueue;
 use crate::op::RawOp;
 use crate::queue::StreamRef;
-use crate::stream::{placement, Buffer, CallName};
 use crate::types::OpKind;
 use crate::types::{DataType, RedOp};
 
@@ -89,17 +89,17 @@ fn per_rank(what: &str, len: usize, nranks: usize) -> Result<usize> {
 }
 
 impl Communicator {
-    /// [`placement`] of a call of this communicator. A device that cannot
+    /// [`stream_for`] of a call of this communicator. A device that cannot
     /// tell where the buffers are (its context failed) fails the
     /// communicator, as a launch that fails on its way to the device does:
     /// the peers would wait for this rank's part.
-    fn placement(
+    fn stream_for(
         &self,
         call: CallName<'_>,
         buffers: [Buffer<'_>; 2],
         stream: Option<usize>,
     ) -> Result<Option<StreamRef>> {
-        placement(call, buffers, stream).inspect_err(|err| {
+        stream_for(call, buffers, stream).inspect_err(|err| {
             if matches!(err, Error::System(_)) {
                 self.inner.poison(err);
             }
@@ -156,7 +156,7 @@ impl Communicator {
             )));
         }
         let (send_bytes, recv_bytes) = (send_len * dtype.size(), recv_len * dtype.size());
-        let stream = self.placement(
+        let stream = self.stream_for(
             (kind.name(), count),
             [
                 ("sendbuff", send, send_bytes),
@@ -207,7 +207,7 @@ impl Communicator {
         }
         let name = if sending { "sendbuff" } else { "recvbuff" };
         let bytes = count * dtype.size();
-        let stream = self.placement((what, count), [(name, buf, bytes), ("", buf, 0)], stream)?;
+        let stream = self.stream_for((what, count), [(name, buf, bytes), ("", buf, 0)], stream)?;
         Ok(RawOp {
             comm: self.inner.clone(),
             kind: if sending {

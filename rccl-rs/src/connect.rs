@@ -2,27 +2,32 @@
 //! runs, through the transport table ([`rccl_transports::table`]): the
 //! first entry that can connect a pair (for host work, or for device work:
 //! [`connect_for_device`]) sets up each side, the sides trade what the
-//! other needs through the bootstrap, then connect. Waits for a peer's
-//! side run in slices with the checks of [`crate::stuck`] between them.
-//! The board, one segment for every rank of a host, is made here too.
+//! other needs through the bootstrap, then connect. Both kinds of work
+//! share one context builder ([`context`]), one setup ([`set_up`]) and one
+//! loop ([`finish`]); they differ in the entries that may serve
+//! (`table::choose` or `table::choose_for_device`), what a link carries,
+//! and, told through [`Setups`], where a link goes once made and what a
+//! wait checks. Waits for a peer's side run in slices
+//! with the checks of [`crate::agreement::stuck`] between them. The board,
+//! one segment for every rank of a host, is made here too.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rccl_transports::process::ProcessId;
 use rccl_transports::table;
 use rccl_transports::transport::{
     Context, DeviceLink, Endpoint, FifoPlacement, Pending, Setup, Transport,
 };
 use rccl_transports::{Connection, Protocol};
 
-use crate::call::describe_call;
-use crate::comm::{failure_note, Activity, CommInner, PeerWatch};
+use crate::agreement::call::describe_call;
+use crate::agreement::stuck::{self, Calls, Notices, STALL_CHECK_EVERY};
+use crate::comm::{failure_note, Activity, CommInner, ExecState, PeerWatch};
 use crate::error::{Error, Result};
-use crate::executor::{self, BoardLink, Link, OpWork};
+use crate::host_executor::executor::{BoardLink, Link, OpWork};
 use crate::plan::CommLaunch;
-use crate::stuck::{self, Calls, Notices};
-use crate::table_view::{device_context, endpoints};
 
 /// Makes sure every connection the planned work needs exists: the boards
 /// first, then every missing connection of every communicator is set up
@@ -30,7 +35,7 @@ use crate::table_view::{device_context, endpoints};
 /// thread can set up several communicators of one process.
 pub(crate) fn connect(
     launches: &[CommLaunch],
-    guards: &mut [parking_lot::MutexGuard<'_, crate::state::ExecState>],
+    guards: &mut [parking_lot::MutexGuard<'_, ExecState>],
     started: Instant,
 ) -> Result<()> {
     // Checked without allocating: a launch over existing connections (the
@@ -38,8 +43,7 @@ pub(crate) fn connect(
     let nothing_to_open = launches.iter().zip(guards.iter()).all(|(launch, guard)| {
         (launch.board.is_empty() || guard.board.is_some())
             && launch.channels.iter().enumerate().all(|(channel, work)| {
-                peers_in(work)
-                    .all(|peer| guard.links_for(launch.on_device)[channel][peer].is_some())
+                peers_in(work).all(|peer| guard.links_for(launch.executor)[channel][peer].is_some())
             })
     });
     if nothing_to_open {
@@ -62,7 +66,7 @@ pub(crate) fn connect(
     let contexts: Vec<Context<'_>> = launches
         .iter()
         .zip(&endpoints)
-        .map(|(launch, endpoints)| context(launch, endpoints))
+        .map(|(launch, endpoints)| context(&launch.comm, endpoints, None))
         .collect();
     let mut pending = Vec::new();
     for (index, ((launch, guard), cx)) in launches
@@ -73,7 +77,7 @@ pub(crate) fn connect(
     {
         for (channel, work) in launch.channels.iter().enumerate() {
             for peer in peers_of(work) {
-                if guard.links_for(launch.on_device)[channel][peer].is_none() {
+                if guard.links_for(launch.executor)[channel][peer].is_none() {
                     let comm = &launch.comm;
                     let chosen = table::choose(cx, peer).ok_or_else(|| {
                         Error::InvalidUsage(format!(
@@ -91,38 +95,59 @@ pub(crate) fn connect(
             }
         }
     }
-    while !pending.is_empty() {
-        let mut moved = false;
-        let mut i = 0;
-        while i < pending.len() {
-            let (index, link) = &mut pending[i];
-            let comm = &launches[*index].comm;
-            match link.advance(comm, &contexts[*index]) {
-                Ok(Some(conn)) => {
-                    let (index, link) = pending.swap_remove(i);
-                    log_host_connection(comm, &contexts[index], &link);
-                    let on_device = launches[index].on_device;
-                    let profiler = launches[index].comm.profiler.as_ref();
-                    let send_fifo = conn.send_fifo(Protocol::Simple);
-                    if let Some(observer) =
-                        profiler.and_then(|p| p.step_observer(link.channel, link.peer, send_fifo))
-                    {
-                        conn.observe_steps(observer);
-                    }
-                    guards[index].links_for_mut(on_device)[link.channel][link.peer] = Some(Link {
-                        conn,
-                        peer_name: comm.describe(link.peer),
-                    });
-                    moved = true;
-                }
-                Ok(None) => i += 1,
-                Err(err) => return Err(waits[*index].fail(err)),
-            }
+    let mut host = HostSetups {
+        launches,
+        contexts: &contexts,
+        guards,
+        waits: &mut waits,
+    };
+    finish(&mut pending, &mut host)
+}
+
+/// The connections of a launch's host work under way, for [`finish`]:
+/// per communicator of the launch (the index of a pending link), its
+/// context, its executor state that takes each connection made, and its
+/// waits.
+struct HostSetups<'s, 'l, 'g, 'c> {
+    launches: &'l [CommLaunch],
+    contexts: &'s [Context<'c>],
+    guards: &'s mut [parking_lot::MutexGuard<'g, ExecState>],
+    waits: &'s mut [Waits<'l>],
+}
+
+impl Setups<Box<dyn Connection>> for HostSetups<'_, '_, '_, '_> {
+    fn comm(&self, index: usize) -> &CommInner {
+        &self.launches[index].comm
+    }
+
+    fn context(&self, index: usize) -> &Context<'_> {
+        &self.contexts[index]
+    }
+
+    fn made(&mut self, index: usize, link: PendingLink, conn: Box<dyn Connection>) {
+        let comm = &self.launches[index].comm;
+        log_host_connection(comm, &self.contexts[index], &link);
+        let send_fifo = conn.send_fifo(Protocol::Simple);
+        if let Some(observer) = comm
+            .profiler
+            .as_ref()
+            .and_then(|p| p.step_observer(link.channel, link.peer, send_fifo))
+        {
+            conn.observe_steps(observer);
         }
-        if moved || pending.is_empty() {
-            continue;
-        }
-        for (index, waits) in waits.iter_mut().enumerate() {
+        let executor = self.launches[index].executor;
+        self.guards[index].links_for_mut(executor)[link.channel][link.peer] = Some(Link {
+            conn,
+            peer_name: comm.describe(link.peer),
+        });
+    }
+
+    fn fail(&mut self, index: usize, error: Error) -> Error {
+        self.waits[index].fail(error)
+    }
+
+    fn stalled(&mut self, pending: &[(usize, PendingLink)]) -> Result<()> {
+        for (index, waits) in self.waits.iter_mut().enumerate() {
             let mine: Vec<&PendingLink> = pending
                 .iter()
                 .filter(|(i, _)| *i == index)
@@ -135,11 +160,65 @@ pub(crate) fn connect(
             let peers: Vec<usize> = mine.iter().map(|link| link.peer).collect();
             waits.check(&peers, what)?;
         }
+        Ok(())
+    }
+
+    fn poll_until(&self, now: Instant) -> Instant {
+        now + SETUP_POLL
+    }
+}
+
+/// What [`finish`] needs of the connections it drives to the end: the
+/// communicator and context of each (by the index a pending link carries),
+/// where a link goes once made, and the checks of a setup that waits.
+trait Setups<Made> {
+    fn comm(&self, index: usize) -> &CommInner;
+    fn context(&self, index: usize) -> &Context<'_>;
+    /// Takes `link`, connected as `made`.
+    fn made(&mut self, index: usize, link: PendingLink<Made>, made: Made);
+    /// The error a failed link of communicator `index` ends the setup with.
+    fn fail(&mut self, index: usize, error: Error) -> Error;
+    /// Called while nothing moved: fails at a deadline, or with a peer's
+    /// failure, naming what is still `pending`.
+    fn stalled(&mut self, pending: &[(usize, PendingLink<Made>)]) -> Result<()>;
+    /// Until when a link that awaits its peer's setup waits for it at once.
+    fn poll_until(&self, now: Instant) -> Instant;
+}
+
+/// The one connect loop of host and device work: advances every pending
+/// link (each sent its setup to the peer already) until all are made,
+/// checking the waits whenever nothing moved.
+fn finish<Made>(
+    pending: &mut Vec<(usize, PendingLink<Made>)>,
+    setups: &mut impl Setups<Made>,
+) -> Result<()> {
+    while !pending.is_empty() {
+        let mut moved = false;
+        let mut i = 0;
+        while i < pending.len() {
+            let (index, link) = &mut pending[i];
+            let index = *index;
+            match link.advance(setups.comm(index), setups.context(index)) {
+                Ok(Some(made)) => {
+                    let (index, link) = pending.swap_remove(i);
+                    setups.made(index, link, made);
+                    moved = true;
+                }
+                Ok(None) => i += 1,
+                Err(err) => return Err(setups.fail(index, err)),
+            }
+        }
+        if moved || pending.is_empty() {
+            continue;
+        }
+        setups.stalled(pending)?;
         // Nothing moved: wait for the peers' setup a little.
         let (index, link) = &mut pending[0];
+        let index = *index;
         if link.pending.awaits_peer_info() && link.info.is_none() {
-            link.take_info(&launches[*index].comm, Instant::now() + SETUP_POLL)
-                .map_err(|err| waits[*index].fail(err))?;
+            let until = setups.poll_until(Instant::now());
+            link.take_info(setups.comm(index), until)
+                .map_err(|err| setups.fail(index, err))?;
         } else {
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -225,27 +304,6 @@ fn log_host_connection(comm: &CommInner, cx: &Context<'_>, link: &PendingLink) {
             target: crate::debug::INIT_SHM,
             "[{rank}] Channel {channel:02} : {rank} -> {peer} via {via}"
         );
-    }
-}
-
-/// Logs a link of device work: device memory under `P2P`, a network
-/// connection under `NET`, naming what carries it and where its slots lie.
-fn log_device_link(comm: &CommInner, cx: &Context<'_>, made: &DeviceConnection) {
-    let (rank, channel, peer) = (comm.rank, made.channel, made.peer);
-    match &made.link {
-        DeviceLink::Direct { .. } => tracing::info!(
-            target: crate::debug::INIT_P2P,
-            "[{rank}] Channel {channel:02} : {rank} -> {peer} via {} (device work)",
-            made.transport
-        ),
-        DeviceLink::Proxied(conn) => tracing::info!(
-            target: crate::debug::INIT_NET,
-            "[{rank}] Channel {channel:02} : {rank} -> {peer} via {} ({}) (device work, slots \
-             in {})",
-            conn.transport(),
-            cx.endpoints[peer].data_addr.ip(),
-            crate::device_work::placement::slots_in(&**conn)
-        ),
     }
 }
 
@@ -369,9 +427,9 @@ pub(crate) fn connect_for_device(
     placement: &dyn FifoPlacement,
 ) -> Result<Vec<DeviceConnection>> {
     let endpoints = endpoints(comm);
-    let cx = device_context(comm, &endpoints, placement);
+    let cx = context(comm, &endpoints, Some(placement));
     let deadline = Instant::now() + comm.config.timeout;
-    let mut pending = wanted
+    let pending = wanted
         .iter()
         .map(|&(channel, peer)| {
             let chosen = table::choose_for_device(&cx, peer).ok_or_else(|| {
@@ -386,35 +444,57 @@ pub(crate) fn connect_for_device(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let mut made = Vec::with_capacity(pending.len());
-    let mut watch = PeerWatch::default();
-    while !pending.is_empty() {
-        let mut moved = false;
-        let mut i = 0;
-        while i < pending.len() {
-            match pending[i].advance(comm, &cx)? {
-                Some(link) => {
-                    let pending = pending.swap_remove(i);
-                    let link = DeviceConnection {
-                        channel: pending.channel,
-                        peer: pending.peer,
-                        transport: pending.transport,
-                        link,
-                    };
-                    log_device_link(comm, &cx, &link);
-                    made.push(link);
-                    moved = true;
-                }
-                None => i += 1,
-            }
-        }
-        if moved || pending.is_empty() {
-            continue;
-        }
-        let peers: Vec<usize> = pending.iter().map(|link| link.peer).collect();
-        watch.check(comm, &peers)?;
-        let link = &mut pending[0];
-        if Instant::now() >= deadline {
+    let mut pending = pending.into_iter().map(|link| (0, link)).collect();
+    let mut device = DeviceSetups {
+        comm,
+        cx,
+        deadline,
+        watch: PeerWatch::default(),
+        made: Vec::with_capacity(wanted.len()),
+    };
+    finish(&mut pending, &mut device)?;
+    Ok(device.made)
+}
+
+/// The links of one communicator's device work under way, for [`finish`].
+struct DeviceSetups<'c> {
+    comm: &'c CommInner,
+    cx: Context<'c>,
+    deadline: Instant,
+    /// Whether the peers waited for are gone.
+    watch: PeerWatch,
+    made: Vec<DeviceConnection>,
+}
+
+impl Setups<DeviceLink> for DeviceSetups<'_> {
+    fn comm(&self, _: usize) -> &CommInner {
+        self.comm
+    }
+
+    fn context(&self, _: usize) -> &Context<'_> {
+        &self.cx
+    }
+
+    fn made(&mut self, _: usize, pending: PendingLink<DeviceLink>, link: DeviceLink) {
+        let link = DeviceConnection {
+            channel: pending.channel,
+            peer: pending.peer,
+            transport: pending.transport,
+            link,
+        };
+        self.made.push(link);
+    }
+
+    fn fail(&mut self, _: usize, error: Error) -> Error {
+        error
+    }
+
+    fn stalled(&mut self, pending: &[(usize, PendingLink<DeviceLink>)]) -> Result<()> {
+        let comm = self.comm;
+        let peers: Vec<usize> = pending.iter().map(|(_, link)| link.peer).collect();
+        self.watch.check(comm, &peers)?;
+        if Instant::now() >= self.deadline {
+            let link = &pending[0].1;
             return Err(Error::System(format!(
                 "rank {} of {}: timed out after {:?} waiting for {} to set up {} for device \
                  work (does it run the same calls?)",
@@ -425,17 +505,37 @@ pub(crate) fn connect_for_device(
                 link.what()
             )));
         }
-        if link.pending.awaits_peer_info() && link.info.is_none() {
-            link.take_info(comm, deadline.min(Instant::now() + SETUP_POLL))?;
-        } else {
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        Ok(())
     }
-    Ok(made)
+
+    fn poll_until(&self, now: Instant) -> Instant {
+        self.deadline.min(now + SETUP_POLL)
+    }
 }
 
-fn context<'a>(launch: &'a CommLaunch, endpoints: &'a [Endpoint]) -> Context<'a> {
-    let comm = &launch.comm;
+/// What the transports see of every rank of `comm`.
+pub(crate) fn endpoints(comm: &CommInner) -> Vec<Endpoint> {
+    comm.peers
+        .iter()
+        .map(|p| Endpoint {
+            host_id: p.host_id.clone(),
+            process: ProcessId {
+                pid: p.pid,
+                start: p.start,
+            },
+            data_addr: p.data_addr,
+        })
+        .collect()
+}
+
+/// The transports' view of `comm`, for host work (`device_fifos`:
+/// `None`) or for device work, whose FIFOs `device_fifos` puts where the
+/// device's work reaches them.
+pub(crate) fn context<'a>(
+    comm: &'a CommInner,
+    endpoints: &'a [Endpoint],
+    device_fifos: Option<&'a dyn FifoPlacement>,
+) -> Context<'a> {
     Context {
         rank: comm.rank,
         secret: comm.bootstrap.secret().0,
@@ -443,7 +543,7 @@ fn context<'a>(launch: &'a CommLaunch, endpoints: &'a [Endpoint]) -> Context<'a>
         fifo: comm.config.fifo_shape(),
         shm_disable: comm.config.shm_disable,
         p2p_disable: comm.config.p2p_disable,
-        device_fifos: None,
+        device_fifos,
         net: &comm.net,
         abort: &comm.abort,
     }
@@ -514,7 +614,7 @@ impl<'l> Waits<'l> {
         }
         self.watch.check(comm, peers)?;
         let waited = self.start.elapsed();
-        if waited >= executor::STALL_CHECK_EVERY {
+        if waited >= STALL_CHECK_EVERY {
             self.publish(peers, &what, waited);
         }
         if Instant::now() >= self.deadline {
@@ -596,9 +696,7 @@ impl<'l> Waits<'l> {
         mut attempt: impl FnMut(Instant) -> Result<Option<T>>,
     ) -> Result<T> {
         loop {
-            let until = self
-                .deadline
-                .min(Instant::now() + executor::STALL_CHECK_EVERY);
+            let until = self.deadline.min(Instant::now() + STALL_CHECK_EVERY);
             match attempt(until) {
                 Ok(Some(got)) => return Ok(got),
                 Ok(None) => self.check(&[peer], &what)?,

@@ -11,7 +11,7 @@ use rccl_algorithms::P2pOp;
 
 use crate::comm::CommInner;
 use crate::error::{Error, Result};
-use crate::launch::{launch, on_board_alone};
+use crate::launch::{launch_alone, launch_group};
 use crate::op::RawOp;
 use crate::plan::{
     choose_collective, log_choice, p2p_calls, p2p_shape, PlannedCollective, PlannedComm, PlannedP2p,
@@ -51,21 +51,9 @@ pub fn group_end() -> Result<()> {
     // The outermost end, run or failed: the group's API event ends with it.
     let _api_event = (group_depth() == 0).then(crate::plugins::profiler::GroupApiEnd::begin);
     match closed? {
-        Some(ops) if ops.iter().any(|op| op.stream.is_some()) => crate::stream::enqueue(ops),
-        Some(ops) => {
-            for op in &ops {
-                after_queued(op)?;
-            }
-            launch(ops)
-        }
+        Some(ops) => launch_group(ops),
         None => Ok(()),
     }
-}
-
-/// A host call on a communicator runs after the launches queued on its
-/// streams (one atomic load when none is).
-fn after_queued(op: &RawOp) -> Result<()> {
-    op.comm.queued.wait_idle(&*op.comm)
 }
 
 /// Closes one level of the group: `None` while an outer level stays open,
@@ -212,12 +200,5 @@ pub(crate) unsafe fn enqueue(mut op: RawOp) -> Result<()> {
         .profiler
         .is_some()
         .then(crate::plugins::profiler::GroupApiEnd::begin);
-    if op.stream.is_some() {
-        return crate::stream::enqueue(vec![op]);
-    }
-    after_queued(&op)?;
-    match on_board_alone(&op) {
-        Some(done) => done,
-        None => launch(std::iter::once(op)),
-    }
+    launch_alone(op)
 }

@@ -4,53 +4,51 @@
 //! environment, or [`Communicator::init_all`] for ranks of one process),
 //! then call NCCL's collectives on it with typed slices, or batch several
 //! operations in a [`Group`].
+//!
+//! A call is planned once (`plan.rs`) and handed, where it is enqueued
+//! (`launch.rs`), to one of two executors: `host_executor/` runs it from
+//! the calling thread on host memory, `device_executor/` enqueues it on
+//! its stream as device work (or, where device work cannot reach every
+//! peer, has the host executor run it over host copies).
 
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
+mod agreement;
 mod api;
 mod bootstrap;
 mod comm;
 mod config;
 mod connect;
 mod debug;
-mod device_links;
-mod device_work;
+mod device_executor;
 mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 mod group;
-mod host_staging;
-mod host_work;
+mod host_executor;
+mod job;
 // Public for the workspace's kernel benchmarks and the simulator's probe
 // of this machine; not part of the API.
 #[doc(hidden)]
 pub mod kernels;
 mod launch;
-mod launcher;
 mod net;
 mod op;
 mod plan;
 mod plugins;
-mod process_watch;
 mod queue;
 mod selection;
-mod signal;
-mod state;
-mod stream;
-mod table_view;
 pub mod tuning;
 mod types;
 
-// The device work files name the host work's modules at the crate root.
-use host_work::{call, executor, stuck};
-
 pub use api::{CollCall, Element, Group, F8E4M3, F8E5M2};
 pub use bootstrap::{Bootstrap, UniqueId};
-pub use comm::{hang_report, Communicator};
+pub use comm::{hang_report, report_hangs_on_signal, Communicator};
 pub use config::{last_level_cache_bytes, Config, MAX_CHANNELS};
 pub use error::{Error, Result};
 pub use group::{group_depth, group_end, group_fail, group_simulate_end, group_start};
-pub use launcher::{launcher_rank_from_env, rank_from_env};
+pub use job::{launcher_rank_from_env, rank_from_env};
 pub use plan::{PlannedCollective, PlannedComm, PlannedP2p};
 pub use rccl_algorithms::CollKind;
 /// GPU memory, streams and events (the `rccl-device` crate): what callers of
@@ -59,5 +57,4 @@ pub use rccl_device as device;
 /// Settings: the one reader of `NCCL_*` / `RCCL_*` variables (and the
 /// environment plug-in).
 pub use rccl_env as env;
-pub use signal::report_hangs_on_signal;
 pub use types::{DataType, RedOp};

@@ -10,16 +10,17 @@ use smallvec::SmallVec;
 use rccl_algorithms::{p2p_schedule, CollKind, CollSpec, P2pOp, Schedule, Topology};
 use rccl_transports::{Protocol, Tag};
 
+use crate::agreement::call::{call_tag, P2P_CALL};
 use crate::comm::CommInner;
 use crate::config::Config;
+use crate::device_executor::work::{self as device_work, DeviceOp};
 use crate::error::{Error, Result};
-use crate::host_work::call::{call_tag, P2P_CALL};
-use crate::host_work::executor::{Binding, BoardOp, Buffers, OpWork, Reduction, Segment};
+use crate::host_executor::executor::{Binding, BoardOp, Buffers, OpWork, Reduction, Segment};
 use crate::kernels::{ReduceKernel, Store};
 use crate::op::RawOp;
 use crate::tuning;
-use crate::types::OpKind;
 use crate::types::{DataType, RedOp};
+use crate::types::{Executor, OpKind};
 
 /// A collective of a simulated group, as the engine would have run it: the
 /// call and the tuner's choice for it on its communicator.
@@ -108,6 +109,79 @@ pub(crate) fn p2p_shape(comm: &CommInner, calls: &[P2pOp]) -> Result<(usize, Pro
     ))
 }
 
+/// Communicators a launch holds without allocating: a lone call, or a
+/// group over two (one thread driving two ranks).
+pub(crate) const INLINE_COMMS: usize = 2;
+
+/// A launch planned and not yet run: per communicator, its work.
+#[derive(Default)]
+pub(crate) struct Planned {
+    launches: SmallVec<[CommLaunch; INLINE_COMMS]>,
+}
+
+impl Planned {
+    /// Plans `ops` for `executor`: the tuner's choices, the schedules,
+    /// the sequence numbers (taken here, so calls keep their order).
+    pub(crate) fn plan(
+        &mut self,
+        ops: impl IntoIterator<Item = RawOp>,
+        executor: Executor,
+    ) -> Result<()> {
+        #[cfg(feature = "fault-injection")]
+        crate::fault::point("launch");
+        let launches = &mut self.launches;
+        for op in ops {
+            let index = match launches.iter().position(|l| Arc::ptr_eq(&l.comm, &op.comm)) {
+                Some(i) => i,
+                None => {
+                    op.comm.check_usable()?;
+                    launches.push(CommLaunch {
+                        events: Default::default(),
+                        comm: op.comm.clone(),
+                        channels: Vec::new(),
+                        board: SmallVec::new(),
+                        p2p: Vec::new(),
+                        executor,
+                        device_ops: Vec::new(),
+                    });
+                    launches.len() - 1
+                }
+            };
+            match op.kind {
+                OpKind::Coll { .. } => plan_collective(&mut launches[index], &op)?,
+                OpKind::Send { .. } | OpKind::Recv { .. } => launches[index].p2p.push(op),
+            }
+        }
+        for launch in launches.iter_mut() {
+            if !launch.p2p.is_empty() {
+                let p2p = std::mem::take(&mut launch.p2p);
+                plan_p2p(launch, &p2p)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether there is nothing to run.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.launches.is_empty()
+    }
+
+    /// The communicators of the launch.
+    pub(crate) fn comms(&self) -> impl Iterator<Item = &Arc<CommInner>> {
+        self.launches.iter().map(|l| &l.comm)
+    }
+
+    /// The communicators' shares of the launch, to run in place.
+    pub(crate) fn launches_mut(&mut self) -> &mut SmallVec<[CommLaunch; INLINE_COMMS]> {
+        &mut self.launches
+    }
+
+    /// The communicators' shares of the launch.
+    pub(crate) fn into_launches(self) -> SmallVec<[CommLaunch; INLINE_COMMS]> {
+        self.launches
+    }
+}
+
 /// One communicator's share of a launch.
 pub(crate) struct CommLaunch {
     /// Its profiler events; first, so they stop before the communicator
@@ -121,11 +195,11 @@ pub(crate) struct CommLaunch {
     pub board: SmallVec<[BoardOp; 1]>,
     /// The sends and receives, planned together once all are known.
     pub p2p: Vec<RawOp>,
-    /// Whether its calls are on device memory (they all are, or none).
-    pub on_device: bool,
+    /// The executor that runs it.
+    pub executor: Executor,
     /// Its operations run as device work, in call order (calls on device
     /// memory of a communicator whose ranks are all in this process).
-    pub device_ops: Vec<crate::device_work::DeviceOp>,
+    pub device_ops: Vec<DeviceOp>,
 }
 
 impl CommLaunch {
@@ -144,18 +218,13 @@ impl CommLaunch {
     }
 }
 
-/// Whether `op` runs as device work (rather than on the host executor).
-fn runs_as_device_work(op: &RawOp) -> bool {
-    op.stream.is_some() && crate::table_view::runs_device_work(&op.comm)
-}
-
 /// Builds the per-channel work of a collective.
 pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()> {
     let comm = &launch.comm;
     let (spec, choice, in_place) = choose_collective(op)?;
-    let as_device_work = runs_as_device_work(op);
+    let as_device_work = launch.executor == Executor::Device;
     let on_board = runs_on_board(op, &choice);
-    let started = start_collective(op, &choice, in_place, on_board)?;
+    let started = start_collective(op, &choice, in_place, on_board, launch.executor)?;
     if let Some(profiler) = &comm.profiler {
         launch
             .events
@@ -178,8 +247,8 @@ pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()>
             // One-shot reads every input after writing the output: in
             // place, the board stages the input; device work does too.
             let staged = on_board && in_place;
-            let protocol = crate::device_work::protocol(comm, choice.protocol);
-            let work = crate::device_work::collective(op, schedule, protocol, tag, staged);
+            let protocol = device_work::protocol(comm, choice.protocol);
+            let work = device_work::collective(op, schedule, protocol, tag, staged);
             launch.device_ops.push(work);
         }
         return Ok(());
@@ -229,12 +298,13 @@ pub(crate) struct Started {
 
 /// Takes a collective call's sequence number, logs the call and the
 /// tuner's choice for it (`NCCL_DEBUG` subsystems COLL and TUNING), and
-/// prepares its reduction.
+/// prepares its reduction when `executor` reduces on the host.
 pub(crate) fn start_collective(
     op: &RawOp,
     choice: &tuning::Choice,
     in_place: bool,
     on_board: bool,
+    executor: Executor,
 ) -> Result<Started> {
     let OpKind::Coll {
         kind,
@@ -248,7 +318,7 @@ pub(crate) fn start_collective(
     let seq = comm.next_seq.fetch_add(1, Ordering::Relaxed);
     log_start(op, seq, choice, in_place, on_board);
     // Device work reduces with the kernels' own code.
-    let reduction = if kind.reduces() && !runs_as_device_work(op) {
+    let reduction = if kind.reduces() && executor != Executor::Device {
         Some(reduction_of(op.dtype, red_op, comm.nranks)?)
     } else {
         None
@@ -471,15 +541,14 @@ pub(crate) fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
         launch.events.p2p(profiler, args, nchannels);
     }
     let schedule = p2p_schedule(comm.rank, &calls, nchannels, chunk_bytes);
-    if launch.on_device && crate::table_view::runs_device_work(comm) {
+    if launch.executor == Executor::Device {
         if schedule.channels.iter().any(|steps| !steps.is_empty()) {
             let stream = ops[0]
                 .stream
                 .clone()
                 .expect("a call on device memory has a stream");
-            let protocol = crate::device_work::protocol(comm, protocol);
-            let work =
-                crate::device_work::p2p(schedule, protocol, stream, comm.nranks, &sends, &recvs);
+            let protocol = device_work::protocol(comm, protocol);
+            let work = device_work::p2p(schedule, protocol, stream, comm.nranks, &sends, &recvs);
             launch.device_ops.push(work);
         }
         return Ok(());

@@ -1,8 +1,8 @@
 //! The stream-ordered path's lower layer: the stream a call on device
 //! memory carries, and each communicator's queue of launches enqueued on
-//! streams. `stream.rs` plans and enqueues on top of it; the queue knows
-//! its communicator only through [`Owner`], so the communicator that holds
-//! it needs nothing from the stream-ordered path.
+//! streams. `device_executor/stream.rs` plans and enqueues on top of it;
+//! the queue knows its communicator only through [`Owner`], so the
+//! communicator that holds it needs nothing from the stream-ordered path.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -186,3 +186,18 @@ pub(crate) struct OpArgs {
     pub count: usize,
     pub dtype: DataType,
 }
+
+/// Which executor runs a launch: decided once, where the launch is
+/// enqueued (`crate::launch` for host memory,
+/// `crate::device_executor::stream` for device memory), recorded on each
+/// communicator's share of the launch and read from then on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Executor {
+    /// The host executor, on host memory.
+    Host,
+    /// The host executor over host copies of device memory
+    /// (`device_executor/host_staging.rs`), on connections of its own.
+    HostOverStaging,
+    /// Device work (`crate::device_executor`).
+    Device,
+}

@@ -78,7 +78,7 @@ impl UniqueId {
         if resolved.port() == 0 {
             return Err(bad("port 0".into()));
         }
-        let derived = crate::launcher::key::address_secret(resolved)?;
+        let derived = crate::job::key::address_secret(resolved)?;
         tracing::info!(
             target: crate::debug::INIT,
             "bootstrap: the communicator at {resolved} belongs to job {}",

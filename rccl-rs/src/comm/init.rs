@@ -18,14 +18,14 @@ use rccl_transports::transport::Transport;
 
 use super::choices::ChoiceCache;
 use super::report::{register, Activity};
+use super::state::ExecState;
 use super::wire::{settings_shape, PeerInfo};
 use super::{hash_of, CommInner, Communicator};
 use crate::bootstrap::{Bootstrap, UniqueId};
 use crate::config::{Config, MAX_CHANNELS};
 use crate::error::{Error, Result};
-use crate::launcher::{rank_from_env, rendezvous_address};
+use crate::job::{rank_from_env, rendezvous_address};
 use crate::net::Nic;
-use crate::state::ExecState;
 
 impl Communicator {
     /// Joins the communicator of `nranks` ranks named by `id` as `rank`
@@ -219,7 +219,7 @@ fn set_up_process(config: &Config) -> Result<()> {
     crate::debug::init();
     crate::tuning::register_schedule_files_from_env()?;
     crate::tuning::check_algorithm_names(&config.algo)?;
-    crate::signal::install_from_env()
+    super::signal::install_from_env()
 }
 
 /// This rank's init information and every rank's, as each sent it;
@@ -315,11 +315,11 @@ fn unconnected(channels: usize, nranks: usize) -> ExecState {
             .collect()
     };
     ExecState {
-        links: no_links(),
-        device_links: no_links(),
+        host_links: no_links(),
+        staged_links: no_links(),
         board: None,
         lone: None,
-        device_work: None,
+        device_links: None,
     }
 }
 

@@ -8,7 +8,9 @@ mod choices;
 mod init;
 mod peers;
 mod report;
+mod signal;
 mod split;
+mod state;
 mod wire;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,15 +23,16 @@ use rccl_transports::process::ProcessId;
 use rccl_transports::transport::Transport;
 use rccl_transports::Connection;
 
+use crate::agreement::stuck::{self, USAGE_NOTE};
 use crate::bootstrap::Bootstrap;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::host_work::executor;
-use crate::state::ExecState;
 use choices::ChoiceCache;
 pub(crate) use peers::PeerWatch;
 pub use report::hang_report;
 pub(crate) use report::Activity;
+pub use signal::report_hangs_on_signal;
+pub(crate) use state::{ExecState, LoneBoardCall};
 use wire::PeerInfo;
 
 /// One rank's communicator, shared by its handles, the calls in flight
@@ -76,7 +79,7 @@ pub(crate) struct CommInner {
     pub exec: Mutex<ExecState>,
     pub activity: Mutex<Activity>,
     /// What peers waiting on this rank said they run.
-    pub heard: Mutex<crate::host_work::stuck::Heard>,
+    pub heard: Mutex<stuck::Heard>,
     splits: AtomicU64,
     /// The cost model's link figures, read once at init.
     pub link_model: crate::tuning::LinkModel,
@@ -342,7 +345,7 @@ impl Communicator {
     /// made no progress, and per stuck channel the step, primitive and the
     /// peer (rank, host, pid) it waits for. Callable from any thread while
     /// another is blocked in the operation; refreshed every 100 ms of
-    /// waiting. [`crate::hang_report`] reports every live communicator.
+    /// waiting. [`hang_report`] reports every live communicator.
     pub fn hang_report(&self) -> String {
         self.inner.report()
     }
@@ -370,7 +373,7 @@ impl Drop for CommInner {
             .map(|link| &*link.conn)
             .chain(
                 state
-                    .device_work
+                    .device_links
                     .iter()
                     .flat_map(|links| links.net.values())
                     .map(|conn| &**conn),
@@ -439,7 +442,7 @@ pub(crate) fn failure_note(comm: &CommInner, error: &Error) -> String {
     let usage = matches!(error, Error::InvalidUsage(_));
     format!(
         "{}{} failed: {error}",
-        if usage { executor::USAGE_NOTE } else { "" },
+        if usage { USAGE_NOTE } else { "" },
         comm.describe(comm.rank)
     )
 }

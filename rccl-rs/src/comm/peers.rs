@@ -7,9 +7,9 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::CommInner;
+use crate::agreement::stuck::{self, note_error, STALL_CHECK_EVERY};
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
-use crate::host_work::{executor, stuck};
 
 /// How long a peer whose process is gone may keep its last words unread
 /// (see [`CommInner::peer_gone`]).
@@ -64,14 +64,14 @@ impl CommInner {
             }
             let note = self.bootstrap.failure_in_process(peer)?;
             let context = format!("rank {}: word from {}", self.rank, self.describe(peer));
-            Some(executor::note_error(&note, &context))
+            Some(note_error(&note, &context))
         })
     }
 }
 
 /// What a wait on peers that no connection joins yet (connection setup)
 /// checks between its attempts: at once whether this rank was aborted or
-/// destroyed, and every [`executor::STALL_CHECK_EVERY`] whether a peer
+/// destroyed, and every [`STALL_CHECK_EVERY`] whether a peer
 /// told it of a failure or one of the peers waited for is gone (a peer
 /// that died or left before setting up its side never will).
 #[derive(Clone, Default)]
@@ -88,7 +88,7 @@ impl PeerWatch {
         if self.next.is_some_and(|next| now < next) {
             return Ok(());
         }
-        self.next = Some(now + executor::STALL_CHECK_EVERY);
+        self.next = Some(now + STALL_CHECK_EVERY);
         let failure = stuck::peer_failure(comm)
             .or_else(|| peers.iter().find_map(|&peer| comm.peer_gone(peer)));
         failure.map_or(Ok(()), Err)

@@ -18,7 +18,7 @@ use super::abi::{
     PROXY_OP_SEND_POSTED, PROXY_STEP, PROXY_STEP_RECV_GPU_WAIT, PROXY_STEP_SEND_WAIT,
 };
 use super::{CProfiler, Session};
-use crate::call::P2P_CALL;
+use crate::agreement::call::P2P_CALL;
 
 /// The most received pieces kept for calls not begun here yet; past it the
 /// oldest go unreported.

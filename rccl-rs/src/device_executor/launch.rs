@@ -1,7 +1,7 @@
 //! Launching device work: a planned launch whose communicators' ranks
-//! all reach each other's device memory is encoded, operation by operation, over
-//! each communicator's device links (`links.rs`) and handed to the
-//! device as one launch on the calls' streams.
+//! all reach each other's device memory is encoded, operation by
+//! operation, over each communicator's device links (`links.rs`) and
+//! handed to the device as one launch on the calls' streams.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -13,16 +13,18 @@ use rccl_device::work::{encode, Work, WorkCall, WorkLinks};
 use rccl_device::{Device, WorkFailure, WorkLaunch};
 use rccl_transports::fifo::FifoMemory;
 use rccl_transports::network::keep_polling;
+use rccl_transports::transport::DeviceLink;
 use rccl_transports::{Connection, Fifo, Protocol};
 
-use super::Planned;
+use super::fifo_placement::{slots_in, DeviceFifoPlacement};
+use super::links::{DeviceLinks, DeviceMem};
+use super::process_watch::Watch;
+use crate::agreement::stuck::Notices;
 use crate::comm::{failure_note, CommInner, PeerWatch, LEFT_IN_ORDER};
-use crate::device_links::{DeviceLinks, DeviceMem};
-use crate::device_work::placement::Placement;
+use crate::connect::{connect_for_device, DeviceConnection};
 use crate::error::{Error, Result};
-use crate::process_watch::Watch;
+use crate::plan::Planned;
 use crate::queue::StreamRef;
-use crate::stuck::Notices;
 
 /// One operation's view of its communicator's links, for the encoder.
 struct OpLinks<'a> {
@@ -317,7 +319,7 @@ fn connect_all(
             let error = if comm.abort.load(Ordering::Relaxed) {
                 comm.ended_error()
             } else {
-                crate::stuck::peer_failure(comm).unwrap_or(error)
+                crate::agreement::stuck::peer_failure(comm).unwrap_or(error)
             };
             comm.poison(&error);
             let mut notices = Notices::new(comm);
@@ -344,11 +346,33 @@ fn connect(
     if missing.is_empty() {
         return Ok(());
     }
-    let placement = Placement::for_comm(comm, device);
-    for made in crate::connect::connect_for_device(comm, &missing, protocol, &placement)? {
+    let placement = DeviceFifoPlacement::for_comm(comm, device);
+    for made in connect_for_device(comm, &missing, protocol, &placement)? {
+        log_device_link(comm, &made);
         links.insert(made.channel, made.peer, protocol, made.link);
     }
     Ok(())
+}
+
+/// Logs a link of device work: device memory under `P2P`, a network
+/// connection under `NET`, naming what carries it and where its slots lie.
+fn log_device_link(comm: &CommInner, made: &DeviceConnection) {
+    let (rank, channel, peer) = (comm.rank, made.channel, made.peer);
+    match &made.link {
+        DeviceLink::Direct { .. } => tracing::info!(
+            target: crate::debug::INIT_P2P,
+            "[{rank}] Channel {channel:02} : {rank} -> {peer} via {} (device work)",
+            made.transport
+        ),
+        DeviceLink::Proxied(conn) => tracing::info!(
+            target: crate::debug::INIT_NET,
+            "[{rank}] Channel {channel:02} : {rank} -> {peer} via {} ({}) (device work, slots \
+             in {})",
+            conn.transport(),
+            comm.peers[peer].data_addr.ip(),
+            slots_in(&**conn)
+        ),
+    }
 }
 
 /// Whether the network connection to `peer` failed; if so, poisons `comm`
@@ -390,8 +414,8 @@ pub(crate) fn launch(
     let comms: Vec<Arc<CommInner>> = launches.iter().map(|l| l.comm.clone()).collect();
     let mut guards: Vec<_> = comms.iter().map(|comm| comm.exec.lock()).collect();
     for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
-        if guard.device_work.is_none() {
-            guard.device_work = Some(DeviceLinks::new(launch.comm.config.max_channels, device)?);
+        if guard.device_links.is_none() {
+            guard.device_links = Some(DeviceLinks::new(launch.comm.config.max_channels, device)?);
         }
     }
     // Every communicator's links are made before any operation is encoded.
@@ -408,7 +432,7 @@ pub(crate) fn launch(
                 .iter()
                 .map(|op| (&op.schedule, op.protocol))
                 .collect();
-            let links = guard.device_work.as_mut().expect("made above");
+            let links = guard.device_links.as_mut().expect("made above");
             (&*launch.comm, links, ops)
         })
         .collect();
@@ -446,7 +470,7 @@ pub(crate) fn launch(
     let mut watches: Vec<Watch> = Vec::new();
     for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
         let comm = &launch.comm;
-        let links = guard.device_work.as_mut().expect("made above");
+        let links = guard.device_links.as_mut().expect("made above");
         watches.extend(Watch::new(comm, &links.abort));
         let shape = comm.config.fifo_shape();
         let mut staged = 0;
@@ -584,7 +608,7 @@ pub(crate) fn launch(
     let done = device.create_event().map_err(Error::from)?;
     first.record(done.as_ref()).map_err(Error::from)?;
     for guard in &mut guards {
-        guard.device_work.as_mut().expect("made above").last = Some(done.clone());
+        guard.device_links.as_mut().expect("made above").last = Some(done.clone());
     }
     Ok(())
 }

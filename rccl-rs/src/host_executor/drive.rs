@@ -1,10 +1,7 @@
-//! Launch and drive: a launch plans its operations, makes sure the
-//! connections they need exist, and drives every channel of every
-//! communicator of the group from the calling thread until all complete;
-//! a lone small all-reduce on an existing board skips the bookkeeping.
-
-pub(crate) mod device;
-mod diagnose;
+//! Driving a launch: makes sure the connections its work needs exist,
+//! then drives every channel of every communicator of the launch from the
+//! calling thread until all complete; a lone small all-reduce on an
+//! existing board skips the bookkeeping.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -14,23 +11,21 @@ use smallvec::SmallVec;
 use rccl_algorithms::CollKind;
 use rccl_transports::Tag;
 
-use crate::comm::{close_links, Activity, CommInner};
-use crate::connect::connect;
-use crate::error::{Error, Result};
-use crate::host_work::executor::{self, BoardOp, BoardRun, ChannelRun, Driven, Reduction, Run};
-use crate::host_work::stuck::{self, Notices};
-use crate::op::RawOp;
-use crate::plan::{
-    board_op, choose_collective, is_in_place, log_start, plan_collective, plan_p2p, runs_on_board,
-    start_collective, CommLaunch, Started,
-};
-use crate::state::LoneBoardCall;
-use crate::tuning;
-use crate::types::OpKind;
-use crate::types::RedOp;
-use diagnose::{
+use super::diagnose::{
     compare_with_waiting_peers, failed_peer_in_process, find_mismatch, hang_report, publish_stall,
 };
+use super::executor::{self, BoardOp, BoardRun, ChannelRun, Driven, Reduction, Run};
+use crate::agreement::stuck::{self, Notices};
+use crate::comm::{close_links, Activity, CommInner, ExecState, LoneBoardCall};
+use crate::connect::connect;
+use crate::error::{Error, Result};
+use crate::op::RawOp;
+use crate::plan::{
+    board_op, choose_collective, is_in_place, log_start, runs_on_board, start_collective,
+    CommLaunch, Planned, Started, INLINE_COMMS,
+};
+use crate::tuning;
+use crate::types::{Executor, OpKind, RedOp};
 
 /// Polls a lone board call inline this many times before it waits the
 /// general way (with stall checks, parking and hang reports): covers a
@@ -156,93 +151,28 @@ fn lone_board_work(
         *memo = remember(None, 0);
         return Ok(None);
     }
-    let started = start_collective(op, &choice, in_place, true)?;
+    let started = start_collective(op, &choice, in_place, true, Executor::Host)?;
     *memo = remember(started.reduction.clone(), started.tag.call);
     Ok(Some(board_op(op, started)))
 }
 
-/// Runs `ops` (a group, or a single call) to completion. Allocates little
-/// for a lone call or a group over two communicators: the smallest calls
-/// cost about as much as this bookkeeping, so the plan is made and run in
-/// place, never moved.
+/// Runs calls on host memory (a group, or a single call) to completion.
+/// Allocates little for a lone call or a group over two communicators:
+/// the smallest calls cost about as much as this bookkeeping, so the plan
+/// is made and run in place, never moved.
 pub(crate) fn launch(ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
     let mut planned = Planned::default();
-    planned.plan(ops)?;
+    planned.plan(ops, Executor::Host)?;
     if planned.is_empty() {
         return Ok(());
     }
     run(&mut planned)
 }
 
-/// Communicators a launch holds without allocating: a lone call, or a
-/// group over two (one thread driving two ranks).
-const INLINE_COMMS: usize = 2;
-
-/// A launch planned and not yet run: per communicator, its work.
-#[derive(Default)]
-pub(crate) struct Planned {
-    launches: SmallVec<[CommLaunch; INLINE_COMMS]>,
-}
-
-impl Planned {
-    /// Plans `ops`: the tuner's choices, the schedules, the sequence
-    /// numbers (taken here, so calls keep their order).
-    pub(crate) fn plan(&mut self, ops: impl IntoIterator<Item = RawOp>) -> Result<()> {
-        #[cfg(feature = "fault-injection")]
-        crate::fault::point("launch");
-        let launches = &mut self.launches;
-        for op in ops {
-            let index = match launches.iter().position(|l| Arc::ptr_eq(&l.comm, &op.comm)) {
-                Some(i) => i,
-                None => {
-                    op.comm.check_usable()?;
-                    launches.push(CommLaunch {
-                        events: Default::default(),
-                        comm: op.comm.clone(),
-                        channels: Vec::new(),
-                        board: SmallVec::new(),
-                        p2p: Vec::new(),
-                        on_device: false,
-                        device_ops: Vec::new(),
-                    });
-                    launches.len() - 1
-                }
-            };
-            launches[index].on_device |= op.stream.is_some();
-            match op.kind {
-                OpKind::Coll { .. } => plan_collective(&mut launches[index], &op)?,
-                OpKind::Send { .. } | OpKind::Recv { .. } => launches[index].p2p.push(op),
-            }
-        }
-        for launch in launches.iter_mut() {
-            if !launch.p2p.is_empty() {
-                let p2p = std::mem::take(&mut launch.p2p);
-                plan_p2p(launch, &p2p)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether there is nothing to run.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.launches.is_empty()
-    }
-
-    /// The communicators of the launch.
-    pub(crate) fn comms(&self) -> impl Iterator<Item = &Arc<CommInner>> {
-        self.launches.iter().map(|l| &l.comm)
-    }
-
-    /// The communicators' shares of the launch.
-    pub(crate) fn into_launches(self) -> SmallVec<[CommLaunch; INLINE_COMMS]> {
-        self.launches
-    }
-}
-
 /// Opens the connections a planned launch needs and drives every channel
 /// of every communicator from the calling thread until all complete.
 pub(crate) fn run(planned: &mut Planned) -> Result<()> {
-    let launches = &mut planned.launches;
+    let launches = planned.launches_mut();
     // Lock communicators in address order so that two threads launching
     // overlapping groups cannot deadlock.
     launches.sort_by_key(|l| Arc::as_ptr(&l.comm) as usize);
@@ -278,7 +208,7 @@ pub(crate) fn run(planned: &mut Planned) -> Result<()> {
             if work.is_empty() {
                 continue;
             }
-            let mut run = ChannelRun::new(channel, &guard.links_for(launch.on_device)[channel]);
+            let mut run = ChannelRun::new(channel, &guard.links_for(launch.executor)[channel]);
             for op in work.drain(..) {
                 run.push(op);
             }
@@ -317,7 +247,7 @@ type Summary = ((u64, &'static str), usize);
 /// telling the peers why.
 fn drive_to_the_end(
     comms: &[Arc<CommInner>],
-    guards: &[parking_lot::MutexGuard<'_, crate::state::ExecState>],
+    guards: &[parking_lot::MutexGuard<'_, ExecState>],
     runs: &mut [Driven<'_, '_>],
     summaries: &[Summary],
     started: std::time::Instant,

@@ -1,7 +1,7 @@
 //! A communicator's device links: the FIFOs (per channel, peer and
 //! protocol), staging buffers and abort word its device work uses, kept
-//! between launches as the host path keeps its connections. The transport
-//! table's entries make the links (`launch.rs` asks it).
+//! between launches as the host executor keeps its connections. The
+//! transport table's entries make the links (`launch.rs` asks for them).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -92,8 +92,8 @@ pub(crate) struct DeviceLinks {
     /// `(channel, peer, protocol index)` -> (FIFO to the peer, FIFO from it).
     pub(crate) fifos: HashMap<(usize, usize, usize), FifoPair>,
     /// `(channel, peer)` -> the network connection to a peer on another
-    /// host (Simple: `device_work::protocol`), whose FIFOs the network
-    /// proxy moves (`placement.rs` places them).
+    /// host (Simple: `work::protocol`), whose FIFOs the network
+    /// proxy moves (`fifo_placement.rs` places them).
     pub(crate) net: HashMap<(usize, usize), Arc<dyn Connection>>,
     /// Per channel, the staging buffer of one piece of any protocol.
     pub(crate) scratch: Vec<Option<Arc<DeviceMem>>>,

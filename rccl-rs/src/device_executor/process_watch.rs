@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rccl_transports::process::ProcessId;
 
+use super::links::DeviceMem;
 use crate::comm::CommInner;
-use crate::device_links::DeviceMem;
 use crate::error::Error;
 
 /// How long a launch may go on after a peer's process was first seen gone

@@ -16,6 +16,7 @@
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Mutex;
 
+use super::report::hang_report;
 use crate::error::{Error, Result};
 
 /// The pipe's write end, for the handler; -1 before installation.
@@ -34,7 +35,7 @@ extern "C" fn on_signal(_: libc::c_int) {
     }
 }
 
-/// Prints [`crate::hang_report`] to standard error whenever the process
+/// Prints [`hang_report`] to standard error whenever the process
 /// receives `signal` (`libc::SIGUSR1`, `libc::SIGUSR2` or a real-time
 /// signal), replacing that signal's previous disposition. Any other signal
 /// is refused with [`Error::InvalidArgument`] naming it. Idempotent.
@@ -95,7 +96,7 @@ fn watch(read_end: i32) {
         eprintln!(
             "rccl hang report (pid {}):\n{}",
             std::process::id(),
-            crate::hang_report()
+            hang_report()
         );
     }
 }

@@ -1,19 +1,9 @@
-//! Device work: a launch on device memory whose ranks the transport
-//! table links for device work runs as device work (`rccl_device::work`),
-//! the kernels' interpreter running each rank's schedule, one block per
-//! channel, over FIFOs the device reaches: on CUDA the fatbin's kernel, on
-//! the emulated GPU the same interpreter compiled for the host. The host
-//! never touches the device memory.
-//!
-//! Here: which communicators run so, and each operation's device work as
-//! planned. `crate::device_links` keeps a communicator's links between
-//! calls, which the table's entries make over FIFOs `placement.rs` places;
-//! `crate::launch::device` encodes a planned launch over them and hands it
-//! to the device, each launch of a communicator after its previous one
-//! (`crate::process_watch` stops it when a peer's process on this host
-//! dies).
-
-pub(crate) mod placement;
+//! Each operation's device work as planned: its schedule and the call as
+//! the device sees it (`rccl_device::work`). The kernels' interpreter runs
+//! each rank's schedule, one block per channel, over FIFOs the device
+//! reaches: on CUDA the fatbin's kernel, on the emulated GPU the same
+//! interpreter compiled for the host. The host never touches the device
+//! memory.
 
 use std::ptr::null;
 
@@ -23,7 +13,7 @@ use rccl_device::work::WorkCall;
 use rccl_transports::{Protocol, Tag};
 
 use crate::comm::CommInner;
-use crate::executor::Segment;
+use crate::host_executor::executor::Segment;
 use crate::op::RawOp;
 use crate::queue::StreamRef;
 use crate::types::OpKind;
@@ -157,7 +147,7 @@ pub(crate) fn p2p(
             scalar: 0,
             scalar_ptr: null(),
             elem_size: 1,
-            tag: [0, crate::call::P2P_CALL, 0],
+            tag: [0, crate::agreement::call::P2P_CALL, 0],
             abort: null(),
         },
     }

@@ -17,6 +17,7 @@ use rccl_algorithms::{Buf, Prim, Slice, Step};
 use rccl_transports::process::ProcessId;
 use rccl_transports::{Backoff, Board, Connection, Fifo, ParkOn, Protocol, Tag, WaitError};
 
+use crate::agreement::stuck::{note_error, STALL_CHECK_EVERY};
 use crate::error::{Error, Result};
 use crate::kernels::{ReduceKernel, Store};
 
@@ -435,7 +436,11 @@ impl<'a> Piece<'_, 'a> {
         match fifo.try_peek() {
             Some((slot, bytes, tag)) => {
                 if tag != self.op.tag {
-                    return Err(super::call::disagreement(self.op.tag, &link.peer_name, tag));
+                    return Err(crate::agreement::call::disagreement(
+                        self.op.tag,
+                        &link.peer_name,
+                        tag,
+                    ));
                 }
                 let elem = self.op.elem_size;
                 if bytes == 0 || bytes % elem != 0 || bytes / elem > remaining {
@@ -799,7 +804,7 @@ impl<'a> BoardRun<'a> {
 
     fn check(&self, op: &BoardOp, peer: usize, tag: Tag, len: usize) -> Result<()> {
         if tag != op.tag {
-            return Err(super::call::disagreement(
+            return Err(crate::agreement::call::disagreement(
                 op.tag,
                 &self.link.names[peer],
                 tag,
@@ -937,29 +942,12 @@ pub struct Driven<'a, 'f> {
     pub comm: usize,
 }
 
-/// Prefix of a closing note that says the sender's failure was a usage
-/// error every rank shares (ranks disagree on the calls), so receivers
-/// report it as one too; other notes become remote errors.
-pub const USAGE_NOTE: &str = "usage|";
-
-/// The error a rank reports when a peer closed a connection with `note`.
-pub(crate) fn note_error(note: &str, context: &str) -> Error {
-    match note.strip_prefix(USAGE_NOTE) {
-        Some(rest) => Error::InvalidUsage(format!("{context}: {rest}")),
-        None => Error::Remote(format!("{context}: {note}")),
-    }
-}
-
 /// Fruitless spinning polls of a drive between readings of the clock for
 /// its stall checks.
 const POLLS_PER_CLOCK_READ: u32 = 64;
 /// Fruitless polls after which a drive is surely yielding or parking
 /// between polls (spinning polls take about 0.1 us each).
 const SPINNING_POLLS: u32 = 4096;
-
-/// How often a wait that has made no progress checks whether the peers it
-/// waits for are still alive, and publishes what it waits for.
-pub const STALL_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl ChannelRun<'_> {
     /// The peer this run last blocked on, if the transport knows it died.

@@ -9,11 +9,11 @@ use smallvec::SmallVec;
 
 use rccl_transports::Protocol;
 
+use super::executor::{self, Driven, Run};
+use crate::agreement::call::{disagreement, P2P_CALL};
+use crate::agreement::stuck::{Calls, Notices};
 use crate::comm::CommInner;
 use crate::error::Error;
-use crate::host_work::call::{disagreement, P2P_CALL};
-use crate::host_work::executor::{self, Driven, Run};
-use crate::host_work::stuck::{Calls, Notices};
 
 /// Records what the stuck channels of a launch wait for, for hang reports
 /// on request.
@@ -49,7 +49,7 @@ pub(crate) fn publish_stall(
 /// FIFOs from the peer hold; a FIFO run looks at the peer's posts.
 pub(crate) fn find_mismatch(
     comms: &[Arc<CommInner>],
-    states: &[parking_lot::MutexGuard<'_, crate::state::ExecState>],
+    states: &[parking_lot::MutexGuard<'_, crate::comm::ExecState>],
     runs: &[Driven<'_, '_>],
 ) -> Option<(usize, Error)> {
     for driven in runs.iter().filter(|d| d.run.busy()) {
@@ -62,9 +62,9 @@ pub(crate) fn find_mismatch(
         let peer = blocked.peer;
         let theirs = match driven.run {
             Run::Board(_) => state
-                .links
+                .host_links
                 .iter()
-                .chain(&state.device_links)
+                .chain(&state.staged_links)
                 .filter_map(|channel| channel[peer].as_ref())
                 .flat_map(|link| Protocol::ALL.map(|p| link.conn.recv_fifo(p).try_peek()))
                 .flatten()

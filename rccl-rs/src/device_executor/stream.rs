@@ -7,9 +7,9 @@
 //! drives several ranks (some sharing a stream) cannot deadlock.
 //!
 //! A launch whose communicators device work reaches runs as device work
-//! (`device_work/`: the kernels' interpreter, on the GPU or compiled for
-//! the host on the emulated one; ranks on other hosts through the
-//! network). Any other communicator (ranks of other processes of this
+//! (`work.rs`, `launch.rs`: the kernels' interpreter, on the GPU or
+//! compiled for the host on the emulated one; ranks on other hosts through
+//! the network). Any other communicator (ranks of other processes of this
 //! host with `NCCL_P2P_DISABLE`) runs the host executor over host copies
 //! of the buffers, made and copied back on the streams
 //! (`host_staging.rs`).
@@ -21,14 +21,18 @@ use std::sync::Arc;
 
 use rccl_device::{Device, Memory};
 
+use super::host_staging::{self, Staged};
+use super::launch;
+use super::reach::runs_device_work;
 use crate::comm::CommInner;
 use crate::error::{Error, Result};
-use crate::host_staging::{self, Staged};
-use crate::launch::{self, Planned};
+use crate::host_executor;
 use crate::op::RawOp;
+use crate::plan::Planned;
 use crate::queue::StreamRef;
+use crate::types::Executor;
 
-/// One buffer of a call, for [`placement`]: its name in messages
+/// One buffer of a call, for [`stream_for`]: its name in messages
 /// (`sendbuff`), address and length in bytes.
 pub(crate) type Buffer<'a> = (&'a str, *const u8, usize);
 
@@ -44,14 +48,14 @@ pub(crate) type CallName<'a> = (&'a str, usize);
 /// device knows it. Costs one lookup per buffer while a device is active,
 /// two atomic loads when none is.
 #[inline]
-pub(crate) fn placement(
+pub(crate) fn stream_for(
     call: CallName<'_>,
     buffers: [Buffer<'_>; 2],
     stream: Option<usize>,
 ) -> Result<Option<StreamRef>> {
     match rccl_device::active() {
         None => Ok(None),
-        Some(device) => placement_on(device, call, buffers, stream),
+        Some(device) => stream_on(device, call, buffers, stream),
     }
 }
 
@@ -98,8 +102,8 @@ fn on_this_device(
     }
 }
 
-/// [`placement`] while `device` is active.
-fn placement_on(
+/// [`stream_for`] while `device` is active.
+fn stream_on(
     device: &dyn Device,
     call: CallName<'_>,
     buffers: [Buffer<'_>; 2],
@@ -173,7 +177,7 @@ impl Task {
                 comm.queued.wait_turn(&**comm, *ticket)?;
                 comm.check_usable()
             })
-            .and_then(|()| launch::run(&mut planned));
+            .and_then(|()| host_executor::run(&mut planned));
         if let Err(err) = result {
             for (comm, _) in &self.comms {
                 comm.poison(&err);
@@ -218,12 +222,15 @@ pub(crate) fn enqueue(mut ops: Vec<RawOp>) -> Result<()> {
             }
         }
     }
-    let interpreted = ops
-        .iter()
-        .filter(|op| crate::table_view::runs_device_work(&op.comm))
-        .count();
-    // The calls device work does not reach run the host executor over
-    // host copies of their buffers.
+    let interpreted = ops.iter().filter(|op| runs_device_work(&op.comm)).count();
+    // The one place that decides which executor runs the launch: device
+    // work where it reaches every communicator of the group; else the
+    // host executor over host copies of the calls' buffers.
+    let executor = if interpreted == 0 {
+        Executor::HostOverStaging
+    } else {
+        Executor::Device
+    };
     let staged = if interpreted == 0 {
         ops.iter_mut()
             .map(|op| host_staging::stage(device, op))
@@ -239,16 +246,16 @@ pub(crate) fn enqueue(mut ops: Vec<RawOp>) -> Result<()> {
         Vec::new()
     };
     let mut planned = Planned::default();
-    planned.plan(ops)?;
+    planned.plan(ops, executor)?;
     if planned.is_empty() {
         return Ok(());
     }
-    if interpreted > 0 {
+    if executor == Executor::Device {
         // A launch that fails on its way to the device (its context
         // faulted, say) leaves its peers waiting for this rank's part:
         // its communicators fail, as they would had it run.
         let comms: Vec<Arc<CommInner>> = planned.comms().cloned().collect();
-        return crate::launch::device::launch(planned, &streams, device).inspect_err(|err| {
+        return launch::launch(planned, &streams, device).inspect_err(|err| {
             for comm in &comms {
                 comm.poison(err);
             }

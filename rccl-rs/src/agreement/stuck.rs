@@ -25,7 +25,6 @@ use rccl_transports::Tag;
 use smallvec::SmallVec;
 
 use super::call::{disagreement, P2P_CALL};
-use super::executor::note_error;
 use crate::bootstrap::Bootstrap;
 use crate::error::Error;
 
@@ -45,6 +44,23 @@ const FAILURE: u8 = 2;
 /// How long telling a peer may take to connect to it: the word is worth
 /// little late, and a peer that cannot be reached is found otherwise.
 const CONNECT_WITHIN: Duration = Duration::from_millis(200);
+
+/// How often a wait that has made no progress checks whether the peers it
+/// waits for are still alive, and publishes what it waits for.
+pub(crate) const STALL_CHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// Prefix of a closing note that says the sender's failure was a usage
+/// error every rank shares (ranks disagree on the calls), so receivers
+/// report it as one too; other notes become remote errors.
+pub(crate) const USAGE_NOTE: &str = "usage|";
+
+/// The error a rank reports when a peer closed a connection with `note`.
+pub(crate) fn note_error(note: &str, context: &str) -> Error {
+    match note.strip_prefix(USAGE_NOTE) {
+        Some(rest) => Error::InvalidUsage(format!("{context}: {rest}")),
+        None => Error::Remote(format!("{context}: {note}")),
+    }
+}
 
 /// The calls a launch runs on one communicator: the tags of its
 /// collectives, and whether it sends or receives.

@@ -27,11 +27,11 @@ use rccl_transports::network::PtrSupport;
 use rccl_transports::transport::FifoPlacement;
 use rccl_transports::{Connection, Protocol};
 
+use super::links::DeviceMem;
 use crate::comm::CommInner;
-use crate::device_links::DeviceMem;
 
 /// Where device work's links put their FIFOs.
-pub(crate) struct Placement {
+pub(crate) struct DeviceFifoPlacement {
     device: &'static dyn Device,
     /// Slots may be device memory: `NCCL_NET_GDR_LEVEL` allows it, and the
     /// device sees a NIC's writes in order without a flush
@@ -41,10 +41,10 @@ pub(crate) struct Placement {
     dmabuf: bool,
 }
 
-impl Placement {
+impl DeviceFifoPlacement {
     /// Where `comm`'s device work on `device` puts its FIFOs.
-    pub(crate) fn for_comm(comm: &CommInner, device: &'static dyn Device) -> Placement {
-        Placement {
+    pub(crate) fn for_comm(comm: &CommInner, device: &'static dyn Device) -> DeviceFifoPlacement {
+        DeviceFifoPlacement {
             device,
             gpu_direct: comm.config.net_gdr && device.rdma_receives_ordered(),
             dmabuf: comm.config.dmabuf,
@@ -57,7 +57,7 @@ fn device_error(e: rccl_device::Error) -> io::Error {
     io::Error::other(e.to_string())
 }
 
-impl FifoPlacement for Placement {
+impl FifoPlacement for DeviceFifoPlacement {
     fn network_fifo(&self, bytes: usize, network: PtrSupport) -> io::Result<Arc<dyn FifoMemory>> {
         let slot_bytes = bytes - control_bytes();
         let slots = if !self.gpu_direct {
@@ -120,7 +120,7 @@ impl FifoPlacement for Placement {
     }
 }
 
-impl Placement {
+impl DeviceFifoPlacement {
     /// Slots in device memory the network registers as such.
     fn device_slots(&self, bytes: usize) -> io::Result<DeviceSlots> {
         let mem =

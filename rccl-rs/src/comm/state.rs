@@ -1,50 +1,53 @@
 //! What a communicator keeps between launches: its connections per channel
 //! and peer, its board, and the last lone all-reduce's plan.
 
-use crate::host_work::executor::{BoardLink, Link, Reduction};
+use crate::device_executor::links::DeviceLinks;
+use crate::host_executor::executor::{BoardLink, Link, Reduction};
 use crate::tuning;
-use crate::types::{DataType, RedOp};
+use crate::types::{DataType, Executor, RedOp};
 
 /// The executor's state of a communicator: its connections, per channel
 /// and peer rank. Locked for the duration of each launch.
 pub(crate) struct ExecState {
     /// The connections of calls on host memory.
-    pub links: Vec<Vec<Option<Link>>>,
+    pub host_links: Vec<Vec<Option<Link>>>,
     /// The connections of calls on device memory that the host executor
-    /// runs over host copies (`host_staging.rs`), made apart.
-    pub device_links: Vec<Vec<Option<Link>>>,
+    /// runs over host copies (`device_executor/host_staging.rs`), made
+    /// apart.
+    pub staged_links: Vec<Vec<Option<Link>>>,
     /// The board, once a call has needed it.
     pub board: Option<BoardLink>,
     /// The last lone all-reduce asked about the board, remembered whole.
     pub lone: Option<LoneBoardCall>,
     /// The FIFOs and state of calls run as device work, once one ran.
-    pub device_work: Option<crate::device_links::DeviceLinks>,
+    pub device_links: Option<DeviceLinks>,
 }
 
 impl ExecState {
-    /// The connections of calls on device memory, or on host memory.
-    pub fn links_for(&self, on_device: bool) -> &[Vec<Option<Link>>] {
-        if on_device {
-            &self.device_links
-        } else {
-            &self.links
+    /// The host executor's connections of launches run by `executor`
+    /// (device work has none here: it keeps [`ExecState::device_links`]).
+    pub fn links_for(&self, executor: Executor) -> &[Vec<Option<Link>>] {
+        match executor {
+            Executor::Host => &self.host_links,
+            Executor::HostOverStaging => &self.staged_links,
+            Executor::Device => &[],
         }
     }
 
     /// The same, to add to.
-    pub fn links_for_mut(&mut self, on_device: bool) -> &mut [Vec<Option<Link>>] {
-        if on_device {
-            &mut self.device_links
-        } else {
-            &mut self.links
+    pub fn links_for_mut(&mut self, executor: Executor) -> &mut [Vec<Option<Link>>] {
+        match executor {
+            Executor::Host => &mut self.host_links,
+            Executor::HostOverStaging => &mut self.staged_links,
+            Executor::Device => &mut [],
         }
     }
 
     /// Every connection, of both kinds of calls.
     pub fn all_links(&self) -> impl Iterator<Item = &Link> + Clone {
-        self.links
+        self.host_links
             .iter()
-            .chain(&self.device_links)
+            .chain(&self.staged_links)
             .flatten()
             .flatten()
     }
