@@ -23,6 +23,7 @@ pub mod process;
 pub mod shm;
 pub mod table;
 pub mod transport;
+pub mod verbs;
 pub mod wait;
 
 pub use board::Board;

@@ -893,8 +893,8 @@ mod ib_faults {
     use super::*;
     use common::ib_on;
     use rccl_transports::auth_tcp::Secret;
-    use rccl_transports::network::ib::model::{Fault, Model};
     use rccl_transports::network::ib::{Ib, IbConfig};
+    use rccl_transports::verbs::{Fault, Model};
     use std::net::Ipv4Addr;
 
     const MSG: usize = 64 << 10;

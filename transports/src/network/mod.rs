@@ -64,7 +64,7 @@ use std::path::PathBuf;
 mod checks;
 mod connection;
 mod entry;
-mod handshake;
+pub(crate) mod handshake;
 pub mod ib;
 pub mod plugin;
 pub mod providers;
