@@ -11,10 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rccl_transports::table;
-use rccl_transports::transport::{
-    Context, DeviceLink, Endpoint, FifoPlacement, Pending, Setup, Transport,
-};
 use rccl_transports::{Connection, Protocol};
+use rccl_transports::{Context, DeviceLink, Endpoint, FifoPlacement, Pending, Setup, Transport};
 
 use crate::call::describe_call;
 use crate::comm::{failure_note, Activity, CommInner, PeerWatch};
@@ -640,7 +638,7 @@ fn open_board(waits: &mut Waits<'_>) -> Result<BoardLink> {
         let board = match rccl_transports::Board::create(nranks, capacity) {
             Ok(board) => board,
             Err(e) => {
-                let why = rccl_transports::shm::explain_no_room(
+                let why = rccl_transports::explain_no_room(
                     e,
                     "a smaller RCCL_BOARD_BYTES (0 turns the board off)",
                 )

@@ -3,9 +3,9 @@
 //! rank's device work with every peer's (which decides whether calls on
 //! device memory run as device work).
 
-use rccl_transports::process::ProcessId;
 use rccl_transports::table;
-use rccl_transports::transport::{Context, Endpoint, FifoPlacement};
+use rccl_transports::ProcessId;
+use rccl_transports::{Context, Endpoint, FifoPlacement};
 
 use crate::comm::CommInner;
 use crate::device_work::placement::Placement;

@@ -11,8 +11,8 @@ use rccl_algorithms::Schedule;
 use rccl_device::abi::FifoView;
 use rccl_device::work::{encode, Work, WorkCall, WorkLinks};
 use rccl_device::{Device, WorkFailure, WorkLaunch};
-use rccl_transports::fifo::FifoMemory;
 use rccl_transports::network::keep_polling;
+use rccl_transports::FifoMemory;
 use rccl_transports::{Connection, Fifo, Protocol};
 
 use super::Planned;

@@ -135,7 +135,9 @@ fn rc_error(call: &'static str, rc: c_int) -> VerbsError {
 /// # Safety
 /// `base + offset` holds a `T` (per verbs.h's layout).
 unsafe fn field<T: Copy>(base: *const c_void, offset: usize) -> T {
-    std::ptr::read_unaligned(base.cast::<u8>().add(offset).cast::<T>())
+    // SAFETY: the caller's contract: the bytes at `base + offset` are a `T`
+    // inside the structure, read without assuming alignment.
+    unsafe { std::ptr::read_unaligned(base.cast::<u8>().add(offset).cast::<T>()) }
 }
 
 /// Port speed in Mbps from the port's width and speed codes (NCCL's

@@ -429,14 +429,17 @@ pub(super) unsafe fn write_ordered(dst: *mut u8, payload: &[u8]) {
     let len = payload.len();
     let last = dst.wrapping_add(len.saturating_sub(8));
     if len >= 8 && (last as usize).is_multiple_of(8) {
-        std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, len - 8);
+        // SAFETY: `dst..dst + len` is valid for writes (the caller's
+        // contract) and cannot overlap the borrowed `payload`.
+        unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, len - 8) };
         fence(Ordering::Release);
         let word = u64::from_ne_bytes(payload[len - 8..].try_into().expect("8 bytes"));
         // SAFETY: `last` is 8-byte aligned and valid for writes (the
         // caller's range); readers of the word load it atomically.
-        AtomicU64::from_ptr(last.cast()).store(word, Ordering::Release);
+        unsafe { AtomicU64::from_ptr(last.cast()) }.store(word, Ordering::Release);
     } else {
-        std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, len);
+        // SAFETY: as above, for the whole payload.
+        unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, len) };
         fence(Ordering::Release);
     }
 }
