@@ -38,9 +38,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::checks::{check_recv, check_unspent, nothing_to_flush, OpState, Registration};
+use super::checks::{check_recv, nothing_to_flush, Registration};
 use super::handshake::{self, Client, Partial, Server, LISTENER_ID};
-use super::requests::{Kind, Posted, Request, Side};
+use super::requests::{Kind, OpState, Posted, Request, Side};
 use super::socket::{handle_bytes, parse_handle};
 use super::{
     CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, Readiness,

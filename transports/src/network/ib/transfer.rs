@@ -110,16 +110,66 @@ impl Registration for IbMr {
 pub struct IbRequest(pub(super) Request<SendState, RecvState>);
 
 impl Side for SendState {
-    fn drop_request(&mut self, id: u64) {
-        self.ops.get_mut(id).state.drop_request();
-        self.retire();
+    type Op = SendOpState;
+
+    fn posted(&self) -> &Posted<SendOpState> {
+        &self.ops
+    }
+
+    fn posted_mut(&mut self) -> &mut Posted<SendOpState> {
+        &mut self.ops
+    }
+
+    fn op_state(op: &mut SendOpState) -> &mut OpState {
+        &mut op.state
+    }
+
+    fn sizes(op: &SendOpState) -> Sizes {
+        Sizes::new(&[op.size])
+    }
+
+    fn progress(&mut self) {
+        SendState::progress(self);
+    }
+
+    fn broken(&self) -> Option<NetError> {
+        self.link.broken()
+    }
+
+    fn retire(&mut self) {
+        SendState::retire(self);
     }
 }
 
 impl Side for RecvState {
-    fn drop_request(&mut self, id: u64) {
-        self.groups.get_mut(id).state.drop_request();
-        self.retire();
+    type Op = RecvGroup;
+
+    fn posted(&self) -> &Posted<RecvGroup> {
+        &self.groups
+    }
+
+    fn posted_mut(&mut self) -> &mut Posted<RecvGroup> {
+        &mut self.groups
+    }
+
+    fn op_state(op: &mut RecvGroup) -> &mut OpState {
+        &mut op.state
+    }
+
+    fn sizes(op: &RecvGroup) -> Sizes {
+        Sizes::new(&op.sizes)
+    }
+
+    fn progress(&mut self) {
+        RecvState::progress(self);
+    }
+
+    fn broken(&self) -> Option<NetError> {
+        self.link.broken()
+    }
+
+    fn retire(&mut self) {
+        RecvState::retire(self);
     }
 }
 
