@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use rccl_transports::shm::{segment_bytes, ShmConnection, ShmSegment};
+use rccl_transports::{segment_bytes, ShmConnection, ShmSegment};
 use rccl_transports::{Connection, FifoShape, Protocol, Tag};
 
 const SHAPE: FifoShape = FifoShape {

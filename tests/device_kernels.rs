@@ -11,7 +11,7 @@ use rccl::kernels::{encode_f64, ReduceKernel};
 use rccl::{DataType, RedOp};
 use rccl_device::abi::{op, FifoView, ReduceArgs};
 use rccl_device::twin;
-use rccl_transports::fifo::{fifo_bytes, FifoMemory, HeapMemory};
+use rccl_transports::{fifo_bytes, FifoMemory, HeapMemory};
 use rccl_transports::{Fifo, Protocol, Tag};
 
 /// A small deterministic generator (xorshift64*).

@@ -13,8 +13,8 @@ use rccl_algorithms::{builtin, CollKind, CollSpec, Params, Topology};
 use rccl_device::abi::{op, FifoView};
 use rccl_device::twin::{self, ChannelEnd};
 use rccl_device::work::{encode, WorkCall, WorkLinks};
-use rccl_transports::fifo::{fifo_bytes, FifoMemory, HeapMemory};
 use rccl_transports::Protocol;
+use rccl_transports::{fifo_bytes, FifoMemory, HeapMemory};
 
 const SLOT_BYTES: usize = 256;
 const NSLOTS: usize = 4;

@@ -20,11 +20,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rccl::{Communicator, Config, RedOp};
-use rccl_transports::direct::P2pDirect;
-use rccl_transports::fifo::{fifo_bytes, HeapMemory};
 use rccl_transports::table;
-use rccl_transports::transport::{Context, DeviceLink, Pending, Setup, Transport};
+use rccl_transports::P2pDirect;
+use rccl_transports::{fifo_bytes, HeapMemory};
 use rccl_transports::{Connection, Fifo, Protocol};
+use rccl_transports::{Context, DeviceLink, Pending, Setup, Transport};
 use rcclrs::registry::{self, Entry, Slot};
 
 const CHILD: &str = "RCCL_TRANSPORT_PLUGIN_CHILD";

@@ -38,12 +38,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use rccl_transports::auth_tcp::Secret;
-use rccl_transports::network::ib::Ib;
-use rccl_transports::network::plugin::abi::{self, NcclResult};
-use rccl_transports::network::socket::{Socket, SocketDevice};
+use rccl_transports::network::abi::{self, NcclResult};
+use rccl_transports::network::Ib;
 use rccl_transports::network::{
     CommRef, ListenHandle, MemoryType, Net, NetError, RecvBuffer, MAX_RECVS, NET_HANDLE_MAXSIZE,
 };
+use rccl_transports::network::{Socket, SocketDevice};
 
 /// The plug-in's name.
 const NAME: &CStr = c"rcclrs";

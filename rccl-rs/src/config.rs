@@ -36,7 +36,7 @@ pub struct Config {
     pub shm_disable: bool,
     /// The network to use, by name, ignoring case (`NCCL_NET`: `Socket`,
     /// or a net plug-in's name); `None`: the first that opens (see
-    /// `rccl_transports::network::providers`).
+    /// `rccl_transports::network::choose`).
     pub net: Option<String>,
     /// Never connect ranks of different processes through device memory
     /// one exports and the other maps (`NCCL_P2P_DISABLE=1`): calls on

@@ -15,12 +15,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rccl_transports::process::ProcessId;
 use rccl_transports::table;
-use rccl_transports::transport::{
-    Context, DeviceLink, Endpoint, FifoPlacement, Pending, Setup, Transport,
-};
-use rccl_transports::{Connection, Protocol};
+use rccl_transports::{Connection, ProcessId, Protocol};
+use rccl_transports::{Context, DeviceLink, Endpoint, FifoPlacement, Pending, Setup, Transport};
 
 use crate::agreement::call::describe_call;
 use crate::agreement::stuck::{self, Calls, Notices, STALL_CHECK_EVERY};
@@ -738,7 +735,7 @@ fn open_board(waits: &mut Waits<'_>) -> Result<BoardLink> {
         let board = match rccl_transports::Board::create(nranks, capacity) {
             Ok(board) => board,
             Err(e) => {
-                let why = rccl_transports::shm::explain_no_room(
+                let why = rccl_transports::explain_no_room(
                     e,
                     "a smaller RCCL_BOARD_BYTES (0 turns the board off)",
                 )

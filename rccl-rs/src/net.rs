@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use rccl_transports::host::{interfaces, select_address, setting, socket_family};
 use rccl_transports::host::{Family, IfNameFilter, Interface};
-use rccl_transports::network::socket::interface_speed;
+use rccl_transports::network::interface_speed;
 
 use crate::error::{Error, Result};
 

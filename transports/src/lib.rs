@@ -1,33 +1,56 @@
 //! Connections between two ranks.
 //!
-//! A connection gives the executor memory: a [`fifo::Fifo`] of slots to
+//! A connection gives the executor memory: a [`Fifo`] of slots to
 //! fill towards the peer and one to drain from it. Transports differ only in
 //! where that memory lives and who moves it: shared memory is the peer's
 //! memory too; the network stages slots in local memory and the process's
 //! network proxy moves them through a [`network::Net`] provider. A
-//! [`transport::Transport`] makes connections; the [`table`] says which
+//! [`Transport`] makes connections; the [`table`] says which
 //! one connects two ranks.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
+mod board;
+mod direct;
+mod fd_pass;
+mod fifo;
+mod futex;
+mod ipc;
+mod process;
+mod shm;
+mod transport;
+mod wait;
+
+// Namespaces whose items read best with their module's name
+// (`auth_tcp::connect`, `host::interfaces`, `network::Net`,
+// `table::choose`, `verbs::Model`).
 pub mod auth_tcp;
-pub mod board;
-pub mod direct;
-pub mod fd_pass;
-pub mod fifo;
-pub mod futex;
 pub mod host;
-pub mod ipc;
 pub mod network;
-pub mod process;
-pub mod shm;
 pub mod table;
-pub mod transport;
-pub mod wait;
+pub mod verbs;
 
+// FIFOs: the memory a connection gives the executor, and what a slot holds.
+pub use fifo::{
+    control_bytes, fifo_bytes, write_slot_header, Doorbell, Fifo, FifoMemory, FifoShape,
+    HeapMemory, Protocol, PtrSupport, Tag, SLOT_HEADER,
+};
+
+// Making connections: the transport interface and the transports within a
+// host (the network's are in [`network`]).
+pub use direct::P2pDirect;
+pub use shm::{explain_no_room, segment_bytes, ShmConnection, ShmSegment};
+pub use transport::{Context, DeviceLink, Endpoint, FifoPlacement, Pending, Setup, Transport};
+
+// The shared board the ranks of a host post small all-reduces on.
 pub use board::Board;
-pub use fifo::{Fifo, FifoShape, Protocol, Tag};
-pub use wait::{Backoff, ParkOn, WaitError};
+
+// Waiting on a peer.
+pub use wait::{spin_before_yielding, spinning, wait_until, Backoff, ParkOn, WaitError};
+
+// Processes: who a peer is and whether it still runs.
+pub use process::{effective_uid, parse_stat, ProcessId};
 
 /// A connection to one peer as the executor sees it: a FIFO each way for
 /// each protocol (a transport may carry every protocol in one FIFO).

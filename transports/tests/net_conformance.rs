@@ -644,7 +644,7 @@ conformance!(
 /// How libnccl-net-rcclrs refuses a network it cannot run.
 mod exported_plugin_only {
     use super::*;
-    use rccl_transports::network::plugin::{abi, Plugin};
+    use rccl_transports::network::{abi, Plugin};
 
     /// `init` under `settings`: its error (`None`: it succeeded).
     fn init_error(copy: &str, settings: &[(&str, &str)]) -> Option<NetError> {
@@ -704,8 +704,8 @@ mod socket_only {
     use super::*;
     use common::{hex, socket, unhex};
     use rccl_transports::auth_tcp::Secret;
-    use rccl_transports::network::socket::Socket;
     use rccl_transports::network::ListenHandle;
+    use rccl_transports::network::Socket;
 
     /// A connecting side with another secret is refused, and the listener
     /// then accepts a member of the communicator.
@@ -843,7 +843,7 @@ mod socket_only {
 /// The IB provider's sends complete with their receive, not before.
 mod ib_only {
     use super::*;
-    use rccl_transports::network::ib::Ib;
+    use rccl_transports::network::Ib;
 
     /// A send of a grouped receive is done only once the whole group's
     /// signal landed: its data alone being written does not make it done,
@@ -893,8 +893,8 @@ mod ib_faults {
     use super::*;
     use common::ib_on;
     use rccl_transports::auth_tcp::Secret;
-    use rccl_transports::network::ib::model::{Fault, Model};
-    use rccl_transports::network::ib::{Ib, IbConfig};
+    use rccl_transports::network::{Ib, IbConfig};
+    use rccl_transports::verbs::{Fault, Model};
     use std::net::Ipv4Addr;
 
     const MSG: usize = 64 << 10;

@@ -13,12 +13,12 @@ use common::{
     connect, hex, net_connection_pair, net_connection_pair_over, socket_pair, unhex, until,
     DEADLINE,
 };
-use rccl_transports::fifo::{
+use rccl_transports::network::{keep_polling, CommRef, MemoryType, Net, NetConnection};
+use rccl_transports::wait_until;
+use rccl_transports::Connection;
+use rccl_transports::{
     control_bytes, fifo_bytes, Fifo, FifoMemory, HeapMemory, Protocol, Tag, SLOT_HEADER,
 };
-use rccl_transports::network::{keep_polling, CommRef, MemoryType, Net, NetConnection};
-use rccl_transports::wait::wait_until;
-use rccl_transports::Connection;
 
 fn tag(i: u32) -> Tag {
     Tag {
@@ -273,7 +273,7 @@ fn malformed_messages_fail_the_connection() {
         let mut bytes = vec![0u64; 256];
         let data = bytes.as_mut_ptr().cast::<u8>();
         // SAFETY: `bytes` outlives the send, which completes below.
-        unsafe { rccl_transports::fifo::write_slot_header(data, header_len, tag(1)) };
+        unsafe { rccl_transports::write_slot_header(data, header_len, tag(1)) };
         // SAFETY: as above.
         let mr =
             unsafe { raw.reg_mr(CommRef::Send(&rogue), data, 2048, MemoryType::Host) }.unwrap();
@@ -327,8 +327,8 @@ const ROUNDS: u32 = 200;
 /// A connection both ways through the C plug-in with the process whose
 /// listener `theirs` names, this side listening on `listen`.
 fn plugin_connection(
-    net: std::sync::Arc<rccl_transports::network::plugin::PluginNet>,
-    mut listen: <rccl_transports::network::plugin::PluginNet as Net>::ListenComm,
+    net: std::sync::Arc<rccl_transports::network::PluginNet>,
+    mut listen: <rccl_transports::network::PluginNet as Net>::ListenComm,
     theirs: &[u8],
 ) -> NetConnection {
     let theirs = rccl_transports::network::ListenHandle::from_bytes(theirs).unwrap();

@@ -8,9 +8,9 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr};
 
 use rccl_transports::auth_tcp::Secret;
-use rccl_transports::network::plugin::Plugin;
-use rccl_transports::network::providers::{choose_from, NetInit, Provider};
-use rccl_transports::network::socket::SocketDevice;
+use rccl_transports::network::Plugin;
+use rccl_transports::network::SocketDevice;
+use rccl_transports::network::{choose_from, NetInit, Provider};
 
 fn init() -> NetInit {
     NetInit {

@@ -9,8 +9,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use common::{net_connection_pair, DEADLINE};
-use rccl_transports::fifo::Tag;
-use rccl_transports::wait::wait_until;
+use rccl_transports::wait_until;
+use rccl_transports::Tag;
 
 /// This process's threads, and how many of them are network proxies.
 fn threads() -> (usize, usize) {

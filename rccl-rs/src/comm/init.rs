@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rccl_algorithms::Topology;
-use rccl_transports::network::providers::{self, NetInit};
-use rccl_transports::network::socket::SocketDevice;
-use rccl_transports::process::ProcessId;
-use rccl_transports::transport::Transport;
+use rccl_transports::network::SocketDevice;
+use rccl_transports::network::{self, NetInit};
+use rccl_transports::ProcessId;
+use rccl_transports::Transport;
 
 use super::choices::ChoiceCache;
 use super::report::{register, Activity};
@@ -119,7 +119,7 @@ impl Communicator {
             .local_ranks(inner.topology.host_of(inner.rank))
             .len();
         if local_ranks > host_cpus() {
-            rccl_transports::wait::spin_before_yielding(std::time::Duration::ZERO);
+            rccl_transports::spin_before_yielding(std::time::Duration::ZERO);
         }
         inner.log_init();
         Ok(Communicator { inner })
@@ -286,7 +286,7 @@ fn network_transport(
         devices,
         secret: bootstrap.secret(),
     };
-    Ok(providers::choose(&init, config.net.as_deref())
+    Ok(network::choose(&init, config.net.as_deref())
         .map_err(|e| Error::InvalidUsage(format!("rank {rank}: {e}")))?
         .transport)
 }

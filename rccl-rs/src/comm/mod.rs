@@ -19,9 +19,9 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use rccl_algorithms::Topology;
-use rccl_transports::process::ProcessId;
-use rccl_transports::transport::Transport;
 use rccl_transports::Connection;
+use rccl_transports::ProcessId;
+use rccl_transports::Transport;
 
 use crate::agreement::stuck::{self, USAGE_NOTE};
 use crate::bootstrap::Bootstrap;

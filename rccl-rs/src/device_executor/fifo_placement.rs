@@ -22,9 +22,9 @@ use std::sync::Arc;
 
 use rccl_algorithms::protocol::FIFO_ALIGN;
 use rccl_device::Device;
-use rccl_transports::fifo::{control_bytes, FifoMemory};
 use rccl_transports::network::PtrSupport;
-use rccl_transports::transport::FifoPlacement;
+use rccl_transports::FifoPlacement;
+use rccl_transports::{control_bytes, FifoMemory};
 use rccl_transports::{Connection, Protocol};
 
 use super::links::DeviceMem;

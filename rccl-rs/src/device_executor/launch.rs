@@ -11,10 +11,8 @@ use rccl_algorithms::Schedule;
 use rccl_device::abi::FifoView;
 use rccl_device::work::{encode, Work, WorkCall, WorkLinks};
 use rccl_device::{Device, WorkFailure, WorkLaunch};
-use rccl_transports::fifo::FifoMemory;
 use rccl_transports::network::keep_polling;
-use rccl_transports::transport::DeviceLink;
-use rccl_transports::{Connection, Fifo, Protocol};
+use rccl_transports::{Connection, DeviceLink, Fifo, FifoMemory, Protocol};
 
 use super::fifo_placement::{slots_in, DeviceFifoPlacement};
 use super::links::{DeviceLinks, DeviceMem};

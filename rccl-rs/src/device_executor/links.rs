@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use rccl_algorithms::Schedule;
 use rccl_device::{Device, Event};
-use rccl_transports::fifo::FifoMemory;
-use rccl_transports::transport::DeviceLink;
+use rccl_transports::DeviceLink;
+use rccl_transports::FifoMemory;
 use rccl_transports::{Connection, FifoShape, Protocol};
 
 use crate::error::{Error, Result};

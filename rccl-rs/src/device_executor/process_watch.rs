@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use rccl_transports::process::ProcessId;
+use rccl_transports::ProcessId;
 
 use super::links::DeviceMem;
 use crate::comm::CommInner;
@@ -344,7 +344,7 @@ mod tests {
         let child = Command::new("sleep").arg("60").spawn().unwrap();
         let pid = child.id();
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let (_, start) = rccl_transports::process::parse_stat(&stat).unwrap();
+        let (_, start) = rccl_transports::parse_stat(&stat).unwrap();
         (child, ProcessId { pid, start })
     }
 

@@ -2,7 +2,7 @@
 //! the one place that asks, answered once per communicator.
 
 use rccl_transports::table;
-use rccl_transports::transport::FifoPlacement;
+use rccl_transports::FifoPlacement;
 
 use super::fifo_placement::DeviceFifoPlacement;
 use crate::comm::CommInner;

@@ -65,7 +65,7 @@ pub(crate) fn on_board_alone(op: &RawOp) -> Option<Result<()>> {
     let link = guards[0].board.as_ref()?;
     let mut run = BoardRun::new(comm.rank, link, smallvec::smallvec![work]);
     // Spinning only pays where the peers have cores of their own.
-    let inline_polls = if rccl_transports::wait::spinning() {
+    let inline_polls = if rccl_transports::spinning() {
         INLINE_POLLS
     } else {
         1

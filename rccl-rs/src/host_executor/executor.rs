@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use rccl_algorithms::{Buf, Prim, Slice, Step};
-use rccl_transports::process::ProcessId;
+use rccl_transports::ProcessId;
 use rccl_transports::{Backoff, Board, Connection, Fifo, ParkOn, Protocol, Tag, WaitError};
 
 use crate::agreement::stuck::{note_error, STALL_CHECK_EVERY};
@@ -645,7 +645,7 @@ impl<'a> Piece<'_, 'a> {
     }
 }
 
-/// One all-reduce run through the board (see `rccl_transports::board`):
+/// One all-reduce run through the board (see `rccl_transports::Board`):
 /// every rank posts its input once and reduces every rank's post in the
 /// order of the one-shot schedule, `x0 op (x1 op (... op x(n-1)))`, so its
 /// results are bitwise those of one-shot over FIFOs, on every rank.

@@ -34,7 +34,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use rccl_transports::auth_tcp::{fill_random, Secret};
-use rccl_transports::process::effective_uid;
+use rccl_transports::effective_uid;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};

@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 use rccl_algorithms::CollKind;
 use rccl_env::load::{Kind, Library, Subsystem};
 use rccl_env::logger;
-use rccl_transports::network::plugin::net_library_names;
+use rccl_transports::network::net_library_names;
 use rccl_transports::Protocol;
 
 use crate::tuning::{TunerCall, TunerHint, TunerPlugin};

@@ -1,6 +1,5 @@
 //! The checks every provider makes the same way: a receive's buffers, a
-//! request tested after it was done, a flush of host memory, and where a
-//! request is.
+//! request tested after it was done, and a flush of host memory.
 
 use super::{Net, NetError, RecvBuffer};
 
@@ -62,49 +61,4 @@ pub(crate) fn check_unspent(spent: bool) -> Result<(), NetError> {
 /// no sizes.
 pub(crate) fn nothing_to_flush<R>(done: R) -> Result<Option<R>, NetError> {
     Ok(Some(done))
-}
-
-/// Where a request is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum OpState {
-    /// Not all moved yet.
-    Pending,
-    /// Moved; `test` has not said so yet.
-    Done,
-    /// `test` said so, or nobody will ask (the request was dropped).
-    Spent,
-    /// Dropped before it was done: spent once done.
-    Abandoned,
-}
-
-impl OpState {
-    /// All of it moved.
-    pub(crate) fn finish(&mut self) {
-        *self = match *self {
-            OpState::Abandoned => OpState::Spent,
-            _ => OpState::Done,
-        };
-    }
-
-    /// Its request was dropped.
-    pub(crate) fn drop_request(&mut self) {
-        *self = match *self {
-            OpState::Pending => OpState::Abandoned,
-            _ => OpState::Spent,
-        };
-    }
-
-    /// What `test` says: `Ok(true)` once done (it is then spent),
-    /// `Ok(false)` while pending, else why the communicator cannot finish
-    /// it (`broken`).
-    pub(crate) fn claim(
-        &mut self,
-        broken: impl FnOnce() -> Option<NetError>,
-    ) -> Result<bool, NetError> {
-        if *self != OpState::Done {
-            return broken().map_or(Ok(false), Err);
-        }
-        *self = OpState::Spent;
-        Ok(true)
-    }
 }

@@ -64,19 +64,23 @@ use std::path::PathBuf;
 mod checks;
 mod connection;
 mod entry;
-mod handshake;
-pub mod ib;
-pub mod plugin;
-pub mod providers;
+pub(crate) mod handshake;
+mod ib;
+mod plugin;
+mod providers;
 mod proxy;
 mod requests;
-pub mod socket;
+mod socket;
 
 pub use crate::fifo::PtrSupport;
 pub(crate) use connection::transport_name;
 pub use connection::NetConnection;
 pub use entry::Network;
+pub use ib::{HcaFilter, Ib, IbConfig};
+pub use plugin::{abi, net_library_names, Plugin, PluginNet};
+pub use providers::{choose, choose_from, register, NetInit, Provider};
 pub use proxy::{keep_polling, Polling};
+pub use socket::{interface_speed, Socket, SocketDevice};
 
 /// Most requests a communicator handles at once (`NCCL_NET_MAX_REQUESTS`).
 pub const NET_MAX_REQUESTS: usize = 32;

@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::checks::{check_recv, check_unspent, nothing_to_flush, OpState, Registration};
+use super::checks::{check_recv, nothing_to_flush, Registration};
 use super::handshake::{self, Client, Server, LISTENER_ID};
-use super::requests::{Kind, Posted, Request, Side};
+use super::requests::{Kind, OpState, Posted, Request, Side};
 use super::{
     CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, Readiness,
     RecvBuffer, Sizes, MAX_RECVS, NET_MAX_REQUESTS,
@@ -253,16 +253,70 @@ impl Endpoint for SocketRecv {
 pub struct SocketRequest(Request<SendState, RecvState>);
 
 impl Side for SendState {
-    fn drop_request(&mut self, id: u64) {
-        self.ops.get_mut(id).state.drop_request();
-        self.retire();
+    type Op = SendOp;
+
+    fn posted(&self) -> &Posted<SendOp> {
+        &self.ops
+    }
+
+    fn posted_mut(&mut self) -> &mut Posted<SendOp> {
+        &mut self.ops
+    }
+
+    fn op_state(op: &mut SendOp) -> &mut OpState {
+        &mut op.state
+    }
+
+    fn sizes(op: &SendOp) -> Sizes {
+        Sizes::new(&[op.size])
+    }
+
+    fn progress(&mut self) {
+        SendState::progress(self);
+    }
+
+    fn broken(&self) -> Option<NetError> {
+        self.wire.broken()
+    }
+
+    fn retire(&mut self) {
+        SendState::retire(self);
     }
 }
 
 impl Side for RecvState {
-    fn drop_request(&mut self, id: u64) {
-        self.groups.get_mut(id).state.drop_request();
-        self.retire();
+    type Op = RecvGroup;
+
+    fn posted(&self) -> &Posted<RecvGroup> {
+        &self.groups
+    }
+
+    fn posted_mut(&mut self) -> &mut Posted<RecvGroup> {
+        &mut self.groups
+    }
+
+    fn op_state(group: &mut RecvGroup) -> &mut OpState {
+        &mut group.state
+    }
+
+    fn sizes(group: &RecvGroup) -> Sizes {
+        let mut sizes = [0usize; MAX_RECVS];
+        for (size, buf) in sizes.iter_mut().zip(&group.bufs) {
+            *size = buf.size.unwrap_or(0);
+        }
+        Sizes::new(&sizes[..group.bufs.len()])
+    }
+
+    fn progress(&mut self) {
+        RecvState::progress(self);
+    }
+
+    fn broken(&self) -> Option<NetError> {
+        self.wire.broken()
+    }
+
+    fn retire(&mut self) {
+        RecvState::retire(self);
     }
 }
 
@@ -722,13 +776,7 @@ impl Net for Socket {
             )));
         }
         let mut state = comm.state.lock();
-        if let Some(broken) = state.wire.broken() {
-            return Err(broken);
-        }
-        let limit = NET_MAX_REQUESTS * MAX_RECVS;
-        if state.ops.len() >= limit {
-            return Err(NetError::TooManyRequests { limit });
-        }
+        state.admit(NET_MAX_REQUESTS * MAX_RECVS)?;
         let mut header = [0u8; MESSAGE_HEADER];
         header[..8].copy_from_slice(&(size as u64).to_le_bytes());
         header[8..12].copy_from_slice(&tag.to_le_bytes());
@@ -757,14 +805,7 @@ impl Net for Socket {
     ) -> Result<Option<SocketRequest>, NetError> {
         check_recv(buffers, comm.max_recvs)?;
         let mut state = comm.state.lock();
-        if let Some(broken) = state.wire.broken() {
-            return Err(broken);
-        }
-        if state.groups.len() >= NET_MAX_REQUESTS {
-            return Err(NetError::TooManyRequests {
-                limit: NET_MAX_REQUESTS,
-            });
-        }
+        state.admit(NET_MAX_REQUESTS)?;
         let id = state.groups.push(RecvGroup {
             bufs: buffers
                 .iter()
@@ -794,41 +835,7 @@ impl Net for Socket {
     }
 
     fn test(&self, request: &mut SocketRequest) -> Result<Option<Sizes>, NetError> {
-        let request = &mut request.0;
-        check_unspent(request.spent)?;
-        let sizes = match &request.kind {
-            Kind::Send(state, id) => {
-                let mut state = state.lock();
-                state.progress();
-                let state = &mut *state;
-                let (op, wire) = (state.ops.get_mut(*id), &state.wire);
-                if !op.state.claim(|| wire.broken())? {
-                    return Ok(None);
-                }
-                let sizes = Sizes::new(&[op.size]);
-                state.retire();
-                sizes
-            }
-            Kind::Recv(state, id) => {
-                let mut state = state.lock();
-                state.progress();
-                let state = &mut *state;
-                let (group, wire) = (state.groups.get_mut(*id), &state.wire);
-                if !group.state.claim(|| wire.broken())? {
-                    return Ok(None);
-                }
-                let mut sizes = [0usize; MAX_RECVS];
-                for (size, buf) in sizes.iter_mut().zip(&group.bufs) {
-                    *size = buf.size.unwrap_or(0);
-                }
-                let sizes = Sizes::new(&sizes[..group.bufs.len()]);
-                state.retire();
-                sizes
-            }
-            Kind::Flush => Sizes::new(&[]),
-        };
-        request.spent = true;
-        Ok(Some(sizes))
+        request.0.test()
     }
 
     fn close_send(&self, comm: SocketSend) -> Result<(), NetError> {

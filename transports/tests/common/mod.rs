@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rccl_transports::auth_tcp::Secret;
-use rccl_transports::network::ib::model::Model;
-use rccl_transports::network::ib::{Ib, IbConfig};
-use rccl_transports::network::plugin::{Plugin, PluginNet};
-use rccl_transports::network::socket::{Socket, SocketDevice};
+use rccl_transports::network::{Ib, IbConfig};
 use rccl_transports::network::{Net, NetConnection};
+use rccl_transports::network::{Plugin, PluginNet};
+use rccl_transports::network::{Socket, SocketDevice};
+use rccl_transports::verbs::Model;
 
 /// Longest any step of a test may wait.
 pub const DEADLINE: Duration = Duration::from_secs(10);

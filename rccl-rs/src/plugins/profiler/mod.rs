@@ -71,7 +71,7 @@ use parking_lot::Mutex;
 use rccl_algorithms::CollKind;
 use rccl_env::load::{Kind, Library, Subsystem};
 use rccl_env::logger;
-use rccl_transports::network::plugin::net_library_names;
+use rccl_transports::network::net_library_names;
 
 use abi::{Context, Descr, Handle, InitV1, InitV4, InitV5, NoData, Payload, StartFn, Table, GROUP};
 use proxy::{ProxyEvents, ProxyState};

@@ -199,13 +199,7 @@ impl Net for Ib {
             )));
         }
         let mut state = comm.state.lock();
-        if let Some(broken) = state.link.broken() {
-            return Err(broken);
-        }
-        let limit = NET_MAX_REQUESTS * MAX_RECVS;
-        if state.ops.len() >= limit {
-            return Err(NetError::TooManyRequests { limit });
-        }
+        state.admit(NET_MAX_REQUESTS * MAX_RECVS)?;
         let id = state.ops.push(SendOpState {
             data: data as u64,
             size,
@@ -230,14 +224,7 @@ impl Net for Ib {
     ) -> Result<Option<IbRequest>, NetError> {
         let mut state = comm.state.lock();
         check_recv(buffers, state.max_recvs)?;
-        if let Some(broken) = state.link.broken() {
-            return Err(broken);
-        }
-        if state.groups.len() >= NET_MAX_REQUESTS {
-            return Err(NetError::TooManyRequests {
-                limit: NET_MAX_REQUESTS,
-            });
-        }
+        state.admit(NET_MAX_REQUESTS)?;
         let id = state.groups.next_id();
         let nqps = state.link.qps.len();
         for qp in 0..nqps {
@@ -309,37 +296,7 @@ impl Net for Ib {
     }
 
     fn test(&self, request: &mut IbRequest) -> Result<Option<Sizes>, NetError> {
-        let request = &mut request.0;
-        check_unspent(request.spent)?;
-        let sizes = match &request.kind {
-            Kind::Send(state, id) => {
-                let mut state = state.lock();
-                state.progress();
-                let state = &mut *state;
-                let (op, link) = (state.ops.get_mut(*id), &state.link);
-                if !op.state.claim(|| link.broken())? {
-                    return Ok(None);
-                }
-                let sizes = Sizes::new(&[op.size]);
-                state.retire();
-                sizes
-            }
-            Kind::Recv(state, id) => {
-                let mut state = state.lock();
-                state.progress();
-                let state = &mut *state;
-                let (group, link) = (state.groups.get_mut(*id), &state.link);
-                if !group.state.claim(|| link.broken())? {
-                    return Ok(None);
-                }
-                let sizes = Sizes::new(&group.sizes);
-                state.retire();
-                sizes
-            }
-            Kind::Flush => Sizes::new(&[]),
-        };
-        request.spent = true;
-        Ok(Some(sizes))
+        request.0.test()
     }
 
     fn close_send(&self, comm: IbSend) -> Result<(), NetError> {

@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use super::super::verbs::{MemoryRegion, VerbsError};
+use super::super::{MemoryRegion, VerbsError};
 use super::Nic;
 
 /// A registered region: peers address it from `addr` (its iova), the

@@ -1,7 +1,7 @@
-//! The verbs the IB provider uses, behind one interface with two
-//! implementations: [`super::sys`] (libibverbs, opened at run time) and
-//! [`super::model`] (a model of reliable-connected verbs for machines
-//! without an RDMA device).
+//! The verbs the IB network drives, behind one interface with two
+//! implementations: [`libibverbs`] (rdma-core's library, opened at run
+//! time) and [`Model`] (a model of reliable-connected verbs for machines
+//! without an RDMA device, which the provider's tests run over).
 //!
 //! Only what the provider needs: devices, ports and GID tables, one
 //! protection domain per opened device, memory regions, completion queues,
@@ -12,6 +12,11 @@ use std::fmt;
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
+
+pub(crate) mod libibverbs;
+pub(crate) mod model;
+
+pub use model::{Fault, Model};
 
 /// A GID: the address of a port on the fabric.
 pub type Gid = [u8; 16];
