@@ -19,6 +19,7 @@ mod futex;
 mod ipc;
 mod process;
 mod shm;
+mod tcp_connect;
 mod transport;
 mod wait;
 

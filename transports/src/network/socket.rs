@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::checks::{check_recv, nothing_to_flush, Registration};
-use super::handshake::{self, Client, Server, LISTENER_ID};
+use super::handshake::{Client, Server, LISTENER_ID};
 use super::requests::{Kind, OpState, Posted, Request, Side};
 use super::{
     CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, Readiness,
@@ -627,7 +627,7 @@ impl Net for Socket {
         let local = self.device(dev)?.ip;
         if stage.client.is_none() {
             let (addr, id) = parse_handle(handle)?;
-            let stream = handshake::start_connect(Some(local), addr)
+            let stream = crate::tcp_connect::start_connect(Some(local), addr)
                 .map_err(|e| NetError::io(NET, "connecting to", addr, &e))?;
             stage.client = Some((Client::new(stream, id), addr));
         }

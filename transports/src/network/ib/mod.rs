@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::checks::{check_recv, nothing_to_flush, Registration};
-use super::handshake::{self, Client, Partial, Server, LISTENER_ID};
+use super::handshake::{Client, Partial, Server, LISTENER_ID};
 use super::requests::{Kind, OpState, Posted, Request, Side};
 use super::socket::{handle_bytes, parse_handle};
 use super::{

@@ -73,7 +73,7 @@ impl Net for Ib {
         self.port(dev)?;
         if stage.step.is_none() {
             let (addr, id) = parse_handle(handle)?;
-            let stream = handshake::start_connect(None, addr)
+            let stream = crate::tcp_connect::start_connect(None, addr)
                 .map_err(|e| NetError::io(NET, "connecting to", addr, &e))?;
             stage.step = Some(ConnectStep::Handshake(Client::new(stream, id), addr));
         }

@@ -61,7 +61,7 @@ use super::{
     QpCaps, QueuePair, RecvWr, RemoteQp, SendOp, SendWr, Verbs, VerbsError, Wc, WcOpcode, WcStatus,
     ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE,
 };
-use crate::network::handshake::start_connect;
+use crate::tcp_connect::start_connect;
 use wire::{
     Frame, Wire, ACK, FRAME_HEADER, HAS_IMM, HELLO, MAX_FRAME_PAYLOAD, NAK, NAK_ACCESS,
     NAK_INVALID, NAK_RNR, SEND, WRITE,
