@@ -1,7 +1,7 @@
 //! Connection setup: every connection a launch's work needs, made before it
 //! runs, through the transport table ([`rccl_transports::table`]): the
-//! first entry that can connect a pair (for host work, or for device work:
-//! [`connect_for_device`]) sets up each side, the sides trade what the
+//! first entry that can connect a pair (for host work here, for device
+//! work in `crate::device_executor`) sets up each side, the sides trade what the
 //! other needs through the bootstrap, then connect. Both kinds of work
 //! share one context builder ([`context`]), one setup ([`set_up`]) and one
 //! loop ([`finish`]); they differ in the entries that may serve
@@ -17,14 +17,15 @@ use std::time::{Duration, Instant};
 
 use rccl_transports::table;
 use rccl_transports::{Connection, ProcessId, Protocol};
-use rccl_transports::{Context, DeviceLink, Endpoint, FifoPlacement, Pending, Setup, Transport};
+use rccl_transports::{Context, Endpoint, FifoPlacement, Pending, Setup, Transport};
 
 use crate::agreement::call::describe_call;
 use crate::agreement::stuck::{self, Calls, Notices, STALL_CHECK_EVERY};
 use crate::comm::{failure_note, Activity, CommInner, ExecState, PeerWatch};
+use crate::comm::{BoardLink, Link};
 use crate::error::{Error, Result};
-use crate::host_executor::executor::{BoardLink, Link, OpWork};
 use crate::plan::CommLaunch;
+use crate::plan::OpWork;
 
 /// Makes sure every connection the planned work needs exists: the boards
 /// first, then every missing connection of every communicator is set up
@@ -168,7 +169,7 @@ impl Setups<Box<dyn Connection>> for HostSetups<'_, '_, '_, '_> {
 /// What [`finish`] needs of the connections it drives to the end: the
 /// communicator and context of each (by the index a pending link carries),
 /// where a link goes once made, and the checks of a setup that waits.
-trait Setups<Made> {
+pub(crate) trait Setups<Made> {
     fn comm(&self, index: usize) -> &CommInner;
     fn context(&self, index: usize) -> &Context<'_>;
     /// Takes `link`, connected as `made`.
@@ -185,7 +186,7 @@ trait Setups<Made> {
 /// The one connect loop of host and device work: advances every pending
 /// link (each sent its setup to the peer already) until all are made,
 /// checking the waits whenever nothing moved.
-fn finish<Made>(
+pub(crate) fn finish<Made>(
     pending: &mut Vec<(usize, PendingLink<Made>)>,
     setups: &mut impl Setups<Made>,
 ) -> Result<()> {
@@ -224,7 +225,7 @@ fn finish<Made>(
 }
 
 /// How long a setup with nothing to do waits for a peer's word at once.
-const SETUP_POLL: Duration = Duration::from_millis(10);
+pub(crate) const SETUP_POLL: Duration = Duration::from_millis(10);
 
 /// Bootstrap tags of the setup a transport sends the peer, per channel.
 const CONNECT_TAG_BASE: u64 = 2 << 40;
@@ -234,20 +235,20 @@ const SETUP_OK: u8 = 0;
 const SETUP_FAILED: u8 = 1;
 
 /// A connection under way (a [`Connection`] for host work, a
-/// [`DeviceLink`] for device work): this side's transport, its pending
+/// `DeviceLink` for device work): this side's transport, its pending
 /// work, and the peer's setup once it came.
-struct PendingLink<Made = Box<dyn Connection>> {
-    peer: usize,
-    channel: usize,
+pub(crate) struct PendingLink<Made = Box<dyn Connection>> {
+    pub peer: usize,
+    pub channel: usize,
     /// The bootstrap tag both sides' setups travel under.
     tag: u64,
-    transport: &'static str,
+    pub transport: &'static str,
     pending: Box<dyn Pending<Made>>,
     info: Option<Vec<u8>>,
 }
 
 impl<Made> PendingLink<Made> {
-    fn what(&self) -> String {
+    pub fn what(&self) -> String {
         format!(
             "the {} connection on channel {}",
             self.transport, self.channel
@@ -334,7 +335,7 @@ impl<Made> PendingLink<Made> {
 /// `transport` (the first of the table that can make it) through `setup`,
 /// and sends the peer what it needs under `tag_base` + `channel` (or, if
 /// this side cannot, why, so that the peer fails at once with the cause).
-fn set_up<Made>(
+pub(crate) fn set_up<Made>(
     comm: &CommInner,
     peer: usize,
     channel: usize,
@@ -400,115 +401,7 @@ fn left_setup(comm: &CommInner, peer: usize, failed: &Error) -> Error {
 }
 
 /// Bootstrap tags of the links of device work, per channel.
-const DEVICE_CONNECT_TAG_BASE: u64 = 6 << 40;
-
-/// A link of device work to `peer` on `channel`, made by `transport`.
-pub(crate) struct DeviceConnection {
-    pub channel: usize,
-    pub peer: usize,
-    pub transport: &'static str,
-    pub link: DeviceLink,
-}
-
-/// Makes the links `wanted` (`(channel, peer)`) of device work for
-/// `protocol`, each through the first entry of the transport table that
-/// carries device work between the pair, its FIFOs where `placement`
-/// says (the device reaches them). Every peer makes the same call (the
-/// links of a schedule come in pairs), and all links are set up before
-/// any is waited for; fails at once with a peer's setup failure, or at
-/// the communicator's timeout.
-pub(crate) fn connect_for_device(
-    comm: &CommInner,
-    wanted: &[(usize, usize)],
-    protocol: Protocol,
-    placement: &dyn FifoPlacement,
-) -> Result<Vec<DeviceConnection>> {
-    let endpoints = endpoints(comm);
-    let cx = context(comm, &endpoints, Some(placement));
-    let deadline = Instant::now() + comm.config.timeout;
-    let pending = wanted
-        .iter()
-        .map(|&(channel, peer)| {
-            let chosen = table::choose_for_device(&cx, peer).ok_or_else(|| {
-                Error::InvalidUsage(format!(
-                    "rank {}: no transport carries device work to {}",
-                    comm.rank,
-                    comm.describe(peer)
-                ))
-            });
-            set_up(comm, peer, channel, DEVICE_CONNECT_TAG_BASE, chosen, |t| {
-                t.setup_device(&cx, peer, channel, protocol)
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut pending = pending.into_iter().map(|link| (0, link)).collect();
-    let mut device = DeviceSetups {
-        comm,
-        cx,
-        deadline,
-        watch: PeerWatch::default(),
-        made: Vec::with_capacity(wanted.len()),
-    };
-    finish(&mut pending, &mut device)?;
-    Ok(device.made)
-}
-
-/// The links of one communicator's device work under way, for [`finish`].
-struct DeviceSetups<'c> {
-    comm: &'c CommInner,
-    cx: Context<'c>,
-    deadline: Instant,
-    /// Whether the peers waited for are gone.
-    watch: PeerWatch,
-    made: Vec<DeviceConnection>,
-}
-
-impl Setups<DeviceLink> for DeviceSetups<'_> {
-    fn comm(&self, _: usize) -> &CommInner {
-        self.comm
-    }
-
-    fn context(&self, _: usize) -> &Context<'_> {
-        &self.cx
-    }
-
-    fn made(&mut self, _: usize, pending: PendingLink<DeviceLink>, link: DeviceLink) {
-        let link = DeviceConnection {
-            channel: pending.channel,
-            peer: pending.peer,
-            transport: pending.transport,
-            link,
-        };
-        self.made.push(link);
-    }
-
-    fn fail(&mut self, _: usize, error: Error) -> Error {
-        error
-    }
-
-    fn stalled(&mut self, pending: &[(usize, PendingLink<DeviceLink>)]) -> Result<()> {
-        let comm = self.comm;
-        let peers: Vec<usize> = pending.iter().map(|(_, link)| link.peer).collect();
-        self.watch.check(comm, &peers)?;
-        if Instant::now() >= self.deadline {
-            let link = &pending[0].1;
-            return Err(Error::System(format!(
-                "rank {} of {}: timed out after {:?} waiting for {} to set up {} for device \
-                 work (does it run the same calls?)",
-                comm.rank,
-                comm.nranks,
-                comm.config.timeout,
-                comm.describe(link.peer),
-                link.what()
-            )));
-        }
-        Ok(())
-    }
-
-    fn poll_until(&self, now: Instant) -> Instant {
-        self.deadline.min(now + SETUP_POLL)
-    }
-}
+pub(crate) const DEVICE_CONNECT_TAG_BASE: u64 = 6 << 40;
 
 /// What the transports see of every rank of `comm`.
 pub(crate) fn endpoints(comm: &CommInner) -> Vec<Endpoint> {

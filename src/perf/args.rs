@@ -60,26 +60,26 @@ fn parse_i32(text: &str) -> Result<i32, String> {
 
 /// Where the buffers live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Placement {
+pub enum BufferMemory {
     /// Memory of the active device, calls ordered on streams.
     Device,
     /// Host memory.
     Host,
 }
 
-/// `-M/--memory`: a placement, or nccl-tests' memory report switch.
+/// `-M/--memory`: where the buffers live, or nccl-tests' memory report switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemoryFlag {
     /// `device` or `host`.
-    Place(Placement),
+    Place(BufferMemory),
     /// nccl-tests' `-M 0|1`.
     Report(i32),
 }
 
 fn parse_memory(text: &str) -> Result<MemoryFlag, String> {
     match text.trim() {
-        "device" => Ok(MemoryFlag::Place(Placement::Device)),
-        "host" => Ok(MemoryFlag::Place(Placement::Host)),
+        "device" => Ok(MemoryFlag::Place(BufferMemory::Device)),
+        "host" => Ok(MemoryFlag::Place(BufferMemory::Host)),
         other => parse_i32(other)
             .map(MemoryFlag::Report)
             .map_err(|_| format!("--memory takes device, host or a number, not {text:?}")),

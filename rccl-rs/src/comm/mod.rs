@@ -32,7 +32,7 @@ pub(crate) use peers::PeerWatch;
 pub use report::hang_report;
 pub(crate) use report::Activity;
 pub use signal::report_hangs_on_signal;
-pub(crate) use state::{ExecState, LoneBoardCall};
+pub(crate) use state::{BoardLink, ExecState, KeptLinks, Link, LoneBoardCall};
 use wire::PeerInfo;
 
 /// One rank's communicator, shared by its handles, the calls in flight
@@ -375,8 +375,7 @@ impl Drop for CommInner {
                 state
                     .device_links
                     .iter()
-                    .flat_map(|links| links.net.values())
-                    .map(|conn| &**conn),
+                    .flat_map(|links| links.connections()),
             )
             .collect();
         close_all(conns, &note);

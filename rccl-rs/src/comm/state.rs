@@ -1,10 +1,31 @@
 //! What a communicator keeps between launches: its connections per channel
 //! and peer, its board, and the last lone all-reduce's plan.
 
-use crate::device_executor::links::DeviceLinks;
-use crate::host_executor::executor::{BoardLink, Link, Reduction};
+use std::any::Any;
+
+use rccl_transports::{Board, Connection, ProcessId};
+
+use crate::kernels::Reduction;
 use crate::tuning;
 use crate::types::{DataType, Executor, RedOp};
+
+/// A connection to one peer on one channel, with what logs call it.
+pub struct Link {
+    /// The connection's FIFOs.
+    pub conn: Box<dyn Connection>,
+    /// "rank 3 (10.0.0.2)" style name of the peer.
+    pub peer_name: String,
+}
+
+/// A communicator's board with what a wait on it needs.
+pub struct BoardLink {
+    /// The board.
+    pub board: Board,
+    /// The process of each rank, where its death can be seen from here.
+    pub watch: Vec<Option<ProcessId>>,
+    /// What logs call each rank.
+    pub names: Vec<String>,
+}
 
 /// The executor's state of a communicator: its connections, per channel
 /// and peer rank. Locked for the duration of each launch.
@@ -19,8 +40,17 @@ pub(crate) struct ExecState {
     pub board: Option<BoardLink>,
     /// The last lone all-reduce asked about the board, remembered whole.
     pub lone: Option<LoneBoardCall>,
-    /// The FIFOs and state of calls run as device work, once one ran.
-    pub device_links: Option<DeviceLinks>,
+    /// The FIFOs and state of calls run as device work, once one ran
+    /// (the device executor's own type: `device_executor/links.rs`).
+    pub device_links: Option<Box<dyn KeptLinks>>,
+}
+
+/// State an executor keeps on a communicator between launches besides the
+/// host links above. The communicator only closes its connections when it
+/// goes; the executor that made it reads it back as its own type.
+pub(crate) trait KeptLinks: Any + Send {
+    /// Its connections to peers, closed when the communicator goes.
+    fn connections(&self) -> Vec<&dyn Connection>;
 }
 
 impl ExecState {

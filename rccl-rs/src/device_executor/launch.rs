@@ -14,12 +14,13 @@ use rccl_device::{Device, WorkFailure, WorkLaunch};
 use rccl_transports::network::keep_polling;
 use rccl_transports::{Connection, DeviceLink, Fifo, FifoMemory, Protocol};
 
+use super::connect::{connect_for_device, DeviceConnection};
 use super::fifo_placement::{slots_in, DeviceFifoPlacement};
 use super::links::{DeviceLinks, DeviceMem};
 use super::process_watch::Watch;
+use super::work::{self, DeviceOp};
 use crate::agreement::stuck::Notices;
 use crate::comm::{failure_note, CommInner, PeerWatch, LEFT_IN_ORDER};
-use crate::connect::{connect_for_device, DeviceConnection};
 use crate::error::{Error, Result};
 use crate::plan::Planned;
 use crate::queue::StreamRef;
@@ -412,10 +413,19 @@ pub(crate) fn launch(
     let comms: Vec<Arc<CommInner>> = launches.iter().map(|l| l.comm.clone()).collect();
     let mut guards: Vec<_> = comms.iter().map(|comm| comm.exec.lock()).collect();
     for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
-        if guard.device_links.is_none() {
-            guard.device_links = Some(DeviceLinks::new(launch.comm.config.max_channels, device)?);
-        }
+        DeviceLinks::kept(guard, launch.comm.config.max_channels, device)?;
     }
+    // Each operation encoded for the device, in call order.
+    let device_ops: Vec<Vec<DeviceOp>> = launches
+        .iter_mut()
+        .map(|launch| {
+            let comm = launch.comm.clone();
+            std::mem::take(&mut launch.device_calls)
+                .into_iter()
+                .map(|call| work::encode_call(&comm, call))
+                .collect()
+        })
+        .collect();
     // Every communicator's links are made before any operation is encoded.
     // A link waits for the peer's side: with several communicators (or
     // ranks of one communicator driven by this thread) in the launch, each
@@ -424,13 +434,13 @@ pub(crate) fn launch(
     let jobs: Vec<_> = launches
         .iter()
         .zip(guards.iter_mut())
-        .map(|(launch, guard)| {
-            let ops: Vec<_> = launch
-                .device_ops
+        .zip(&device_ops)
+        .map(|((launch, guard), device_ops)| {
+            let ops: Vec<_> = device_ops
                 .iter()
                 .map(|op| (&op.schedule, op.protocol))
                 .collect();
-            let links = guard.device_links.as_mut().expect("made above");
+            let links = DeviceLinks::made(guard);
             (&*launch.comm, links, ops)
         })
         .collect();
@@ -466,13 +476,13 @@ pub(crate) fn launch(
     let mut net: Vec<NetLink> = Vec::new();
     // The processes of peers on this host, watched until the launch ends.
     let mut watches: Vec<Watch> = Vec::new();
-    for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
+    for ((launch, guard), device_ops) in launches.iter().zip(guards.iter_mut()).zip(&device_ops) {
         let comm = &launch.comm;
-        let links = guard.device_links.as_mut().expect("made above");
+        let links = DeviceLinks::made(guard);
         watches.extend(Watch::new(comm, &links.abort));
         let shape = comm.config.fifo_shape();
         let mut staged = 0;
-        for (round, op) in launch.device_ops.iter().enumerate() {
+        for (round, op) in device_ops.iter().enumerate() {
             // After the communicator's previous launch, whatever stream
             // that one was on.
             if let Some(last) = &links.last {
@@ -606,7 +616,7 @@ pub(crate) fn launch(
     let done = device.create_event().map_err(Error::from)?;
     first.record(done.as_ref()).map_err(Error::from)?;
     for guard in &mut guards {
-        guard.device_links.as_mut().expect("made above").last = Some(done.clone());
+        DeviceLinks::made(guard).last = Some(done.clone());
     }
     Ok(())
 }

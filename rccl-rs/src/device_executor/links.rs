@@ -12,6 +12,7 @@ use rccl_transports::DeviceLink;
 use rccl_transports::FifoMemory;
 use rccl_transports::{Connection, FifoShape, Protocol};
 
+use crate::comm::{ExecState, KeptLinks};
 use crate::error::{Error, Result};
 
 /// Device memory, freed when the last holder lets go.
@@ -107,7 +108,36 @@ pub(crate) struct DeviceLinks {
     pub(crate) last: Option<Arc<dyn Event>>,
 }
 
+impl KeptLinks for DeviceLinks {
+    fn connections(&self) -> Vec<&dyn Connection> {
+        self.net.values().map(|conn| &**conn).collect()
+    }
+}
+
 impl DeviceLinks {
+    /// The device links `state` keeps, made on the first launch of its
+    /// communicator's device work.
+    pub(crate) fn kept<'s>(
+        state: &'s mut ExecState,
+        max_channels: usize,
+        device: &'static dyn Device,
+    ) -> Result<&'s mut DeviceLinks> {
+        if state.device_links.is_none() {
+            state.device_links = Some(Box::new(DeviceLinks::new(max_channels, device)?));
+        }
+        Ok(Self::made(state))
+    }
+
+    /// The device links `state` keeps, once [`DeviceLinks::kept`] made them.
+    pub(crate) fn made(state: &mut ExecState) -> &mut DeviceLinks {
+        let kept: &mut dyn std::any::Any = state
+            .device_links
+            .as_deref_mut()
+            .expect("the device links are made before they are used");
+        kept.downcast_mut()
+            .expect("only the device executor keeps device links")
+    }
+
     pub(crate) fn new(max_channels: usize, device: &'static dyn Device) -> Result<DeviceLinks> {
         Ok(DeviceLinks {
             fifos: HashMap::new(),

@@ -7,18 +7,20 @@
 //!
 //! Device work: each operation's work as planned (`work.rs`), the links a
 //! communicator keeps between launches (`links.rs`) over FIFOs placed
-//! where the device reaches them (`fifo_placement.rs`), the launch that
+//! where the device reaches them (`fifo_placement.rs`), made through the
+//! shared connect loop (`connect.rs`), the launch that
 //! encodes a planned launch over them and hands it to the device
 //! (`launch.rs`), and the watch that stops it when a peer's process on
 //! this host dies (`process_watch.rs`).
 
-pub(crate) mod fifo_placement;
+mod connect;
+mod fifo_placement;
 mod host_staging;
 mod launch;
-pub(crate) mod links;
+mod links;
 mod process_watch;
 mod reach;
 mod stream;
-pub(crate) mod work;
+mod work;
 
 pub(crate) use stream::{enqueue, stream_for, Buffer, CallName};

@@ -156,7 +156,7 @@ fn stream_on(
 /// A launch enqueued on streams, from plan to completion. Dropped without
 /// running (its streams gone), it still poisons its communicators: their
 /// sequence numbers moved on without it.
-struct Task {
+struct StreamLaunch {
     planned: Option<Planned>,
     /// Its communicators, each with the task's place in its line.
     comms: Vec<(Arc<CommInner>, u64)>,
@@ -165,9 +165,9 @@ struct Task {
 // SAFETY: a planned launch holds raw pointers into the callers' buffers,
 // which the callers promised stay valid (and untouched by anyone else)
 // until the stream work completes; everything else in it is Send.
-unsafe impl Send for Task {}
+unsafe impl Send for StreamLaunch {}
 
-impl Task {
+impl StreamLaunch {
     fn run(mut self) {
         let mut planned = self.planned.take().expect("a task runs once");
         let result = self
@@ -186,7 +186,7 @@ impl Task {
     }
 }
 
-impl Drop for Task {
+impl Drop for StreamLaunch {
     fn drop(&mut self) {
         if self.planned.take().is_some() {
             let err = Error::System(
@@ -265,7 +265,7 @@ pub(crate) fn enqueue(mut ops: Vec<RawOp>) -> Result<()> {
         .comms()
         .map(|comm| (comm.clone(), comm.queued.issue()))
         .collect();
-    let task = Task {
+    let task = StreamLaunch {
         planned: Some(planned),
         comms,
     };

@@ -13,16 +13,46 @@ use rccl_device::work::WorkCall;
 use rccl_transports::{Protocol, Tag};
 
 use crate::comm::CommInner;
-use crate::host_executor::executor::Segment;
-use crate::op::RawOp;
+use crate::plan::{DeviceCall, Segment};
 use crate::queue::StreamRef;
-use crate::types::OpKind;
 use crate::types::RedOp;
+use crate::types::{OpArgs, OpKind};
+
+/// `call` encoded for the device, on `comm`.
+pub(crate) fn encode_call(comm: &CommInner, call: DeviceCall) -> DeviceOp {
+    match call {
+        DeviceCall::Collective {
+            args,
+            stream,
+            schedule,
+            protocol: chosen,
+            tag,
+            staged,
+        } => {
+            let protocol = protocol(comm, chosen);
+            collective(args, stream, comm.nranks, schedule, protocol, tag, staged)
+        }
+        DeviceCall::P2p {
+            schedule,
+            protocol: chosen,
+            stream,
+            sends,
+            recvs,
+        } => p2p(
+            schedule,
+            protocol(comm, chosen),
+            stream,
+            comm.nranks,
+            &sends,
+            &recvs,
+        ),
+    }
+}
 
 /// The protocol of a communicator's device work, given the tuner's: Simple
 /// when it crosses hosts, since a network connection's FIFOs carry Simple
 /// pieces (as NCCL's Simple protocol carries large calls between hosts).
-pub(crate) fn protocol(comm: &CommInner, chosen: Protocol) -> Protocol {
+fn protocol(comm: &CommInner, chosen: Protocol) -> Protocol {
     if comm.topology.nhosts() > 1 {
         Protocol::Simple
     } else {
@@ -63,8 +93,10 @@ fn tag_words(tag: Tag) -> [u32; 3] {
 
 /// The device work of a collective; `staged`: its input is copied aside
 /// first.
-pub(crate) fn collective(
-    op: &RawOp,
+fn collective(
+    op: OpArgs,
+    stream: StreamRef,
+    nranks: usize,
     schedule: Schedule,
     protocol: Protocol,
     tag: Tag,
@@ -81,17 +113,14 @@ pub(crate) fn collective(
     DeviceOp {
         schedule,
         protocol,
-        stream: op
-            .stream
-            .clone()
-            .expect("a call on device memory has a stream"),
+        stream,
         staged: staged.then(|| op.count * op.dtype.size()),
         call: WorkCall {
             sendbuf: op.send,
             recvbuf: op.recv,
             dtype: op.dtype as i32,
             op: code,
-            nranks: op.comm.nranks as u64,
+            nranks: nranks as u64,
             scalar,
             scalar_ptr,
             elem_size: op.dtype.size() as u32,
@@ -106,7 +135,7 @@ pub(crate) fn collective(
 /// receive base, so every slice is rebased onto the lowest buffer of its
 /// kind (each slice lies within one call's buffer, as the host executor
 /// also assumes).
-pub(crate) fn p2p(
+fn p2p(
     mut schedule: Schedule,
     protocol: Protocol,
     stream: StreamRef,

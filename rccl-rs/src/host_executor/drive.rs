@@ -14,12 +14,14 @@ use rccl_transports::Tag;
 use super::diagnose::{
     compare_with_waiting_peers, failed_peer_in_process, find_mismatch, hang_report, publish_stall,
 };
-use super::executor::{self, BoardOp, BoardRun, ChannelRun, Driven, Reduction, Run};
+use super::executor::{self, BoardRun, ChannelRun, Driven, Run};
 use crate::agreement::stuck::{self, Notices};
 use crate::comm::{close_links, Activity, CommInner, ExecState, LoneBoardCall};
 use crate::connect::connect;
 use crate::error::{Error, Result};
+use crate::kernels::Reduction;
 use crate::op::RawOp;
+use crate::plan::BoardOp;
 use crate::plan::{
     board_op, choose_collective, is_in_place, log_start, runs_on_board, start_collective,
     CommLaunch, Planned, Started, INLINE_COMMS,

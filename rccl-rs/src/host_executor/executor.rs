@@ -13,13 +13,14 @@ use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use rccl_algorithms::{Buf, Prim, Slice, Step};
-use rccl_transports::ProcessId;
-use rccl_transports::{Backoff, Board, Connection, Fifo, ParkOn, Protocol, Tag, WaitError};
+use rccl_algorithms::{Buf, Prim, Slice};
+use rccl_transports::{Backoff, Fifo, ParkOn, Tag, WaitError};
 
 use crate::agreement::stuck::{note_error, STALL_CHECK_EVERY};
+use crate::comm::{BoardLink, Link};
 use crate::error::{Error, Result};
-use crate::kernels::{ReduceKernel, Store};
+use crate::kernels::Store;
+use crate::plan::{BoardOp, OpWork};
 
 /// Most pieces one primitive moves per poll, so that channels and
 /// primitives sharing a thread take turns.
@@ -30,108 +31,6 @@ const PIECES_PER_POLL: usize = 16;
 const SINGLE_WAIT_PARK_MAX: std::time::Duration = std::time::Duration::from_millis(5);
 /// Longest park while several runs are blocked (only one FIFO wakes us).
 const MULTI_WAIT_PARK_MAX: std::time::Duration = std::time::Duration::from_micros(200);
-
-/// The user's buffers of one operation, as raw host pointers.
-#[derive(Clone, Copy, Debug)]
-pub struct Buffers {
-    /// Start of the send buffer.
-    pub send: *const u8,
-    /// Start of the receive buffer.
-    pub recv: *mut u8,
-}
-
-/// A connection to one peer on one channel, with what logs call it.
-pub struct Link {
-    /// The connection's FIFOs.
-    pub conn: Box<dyn Connection>,
-    /// "rank 3 (10.0.0.2)" style name of the peer.
-    pub peer_name: String,
-}
-
-/// The reduction of a reducing collective.
-#[derive(Clone)]
-pub struct Reduction {
-    /// Applied when a primitive reads the user's send buffer: includes the
-    /// op's input transform (PreMulSum's scalar, Avg's 1/n for floats).
-    pub input: ReduceKernel,
-    /// Applied to data already transformed (a peer's partial result or the
-    /// receive buffer).
-    pub partial: ReduceKernel,
-}
-
-/// One call's buffer within a batch laid end to end.
-#[derive(Clone, Copy, Debug)]
-pub struct Segment {
-    /// Where the call's bytes start in the batch's layout.
-    pub start: usize,
-    /// The call's buffer.
-    pub base: *mut u8,
-}
-
-/// Where the schedule's send and receive slices point.
-pub enum Binding {
-    /// The collective's two buffers.
-    Shared(Buffers),
-    /// A batch of sends and receives, each with its own buffer: the
-    /// schedule addresses them laid end to end, in `start` order; a slice
-    /// never spans two calls.
-    Segments {
-        /// The send calls' buffers.
-        send: Vec<Segment>,
-        /// The receive calls' buffers.
-        recv: Vec<Segment>,
-    },
-}
-
-impl Binding {
-    /// The address of element `index` of `buf`.
-    fn address(&self, buf: Buf, index: usize, elem_size: usize) -> *mut u8 {
-        match self {
-            Binding::Shared(b) => {
-                let base = match buf {
-                    Buf::Send => b.send as *mut u8,
-                    Buf::Recv => b.recv,
-                };
-                base.wrapping_add(index * elem_size)
-            }
-            Binding::Segments { send, recv } => {
-                let segments = match buf {
-                    Buf::Send => send,
-                    Buf::Recv => recv,
-                };
-                let at = segments.partition_point(|s| s.start <= index) - 1;
-                let segment = segments[at];
-                segment
-                    .base
-                    .wrapping_add((index - segment.start) * elem_size)
-            }
-        }
-    }
-}
-
-/// One operation's work on one channel.
-pub struct OpWork {
-    /// The communicator's sequence number of the operation.
-    pub seq: u64,
-    /// What it is, for reports ("AllReduce", "Send/Recv").
-    pub name: &'static str,
-    /// What every piece of it carries; a piece with another tag belongs
-    /// to a different call, so the ranks disagree on what they run.
-    pub tag: Tag,
-    /// How its pieces travel.
-    pub protocol: Protocol,
-    /// The channel's steps.
-    pub steps: Vec<Step>,
-    /// Buffers the primitives read and write.
-    pub binding: Binding,
-    /// Bytes per element of the schedule's slices.
-    pub elem_size: usize,
-    /// The reduction, for reducing collectives.
-    pub reduction: Option<std::sync::Arc<Reduction>>,
-    /// How primitives write the user's buffers (FIFO slots are always
-    /// written with cached stores: a peer reads them at once).
-    pub user_store: Store,
-}
 
 /// What a blocked primitive waits for, for hang reports.
 #[derive(Clone, Debug)]
@@ -643,40 +542,6 @@ impl<'a> Piece<'_, 'a> {
         }
         Ok(PrimPoll::Done)
     }
-}
-
-/// One all-reduce run through the board (see `rccl_transports::Board`):
-/// every rank posts its input once and reduces every rank's post in the
-/// order of the one-shot schedule, `x0 op (x1 op (... op x(n-1)))`, so its
-/// results are bitwise those of one-shot over FIFOs, on every rank.
-pub struct BoardOp {
-    /// The communicator's sequence number of the operation.
-    pub seq: u64,
-    /// What it is, for reports.
-    pub name: &'static str,
-    /// What this rank called; every post must carry the same.
-    pub tag: Tag,
-    /// The send buffer (`count` elements).
-    pub send: *const u8,
-    /// The receive buffer (`count` elements; may be the send buffer: the
-    /// input is staged on the board before the result is written).
-    pub recv: *mut u8,
-    /// Elements per rank.
-    pub count: usize,
-    /// Bytes per element.
-    pub elem_size: usize,
-    /// The reduction.
-    pub reduction: Reduction,
-}
-
-/// A communicator's board with what a wait on it needs.
-pub struct BoardLink {
-    /// The board.
-    pub board: Board,
-    /// The process of each rank, where its death can be seen from here.
-    pub watch: Vec<Option<ProcessId>>,
-    /// What logs call each rank.
-    pub names: Vec<String>,
 }
 
 /// The state machine of a communicator's board operations, run one after

@@ -11,6 +11,6 @@
 
 mod diagnose;
 mod drive;
-pub(crate) mod executor;
+mod executor;
 
 pub(crate) use drive::{launch, on_board_alone, run};

@@ -91,6 +91,18 @@ pub struct ReduceKernel {
     post_div: Option<u64>,
 }
 
+/// The reduction of a reducing collective on the host: the kernel that
+/// reads the user's input and the one that combines partial results.
+#[derive(Clone)]
+pub struct Reduction {
+    /// Applied when a primitive reads the user's send buffer: includes the
+    /// op's input transform (PreMulSum's scalar, Avg's 1/n for floats).
+    pub input: ReduceKernel,
+    /// Applied to data already transformed (a peer's partial result or the
+    /// receive buffer).
+    pub partial: ReduceKernel,
+}
+
 impl ReduceKernel {
     /// Validates the pair; `nranks >= 1` (used by `Avg`).
     ///

@@ -13,14 +13,16 @@ use rccl_transports::{Protocol, Tag};
 use crate::agreement::call::{call_tag, P2P_CALL};
 use crate::comm::CommInner;
 use crate::config::Config;
-use crate::device_executor::work::{self as device_work, DeviceOp};
 use crate::error::{Error, Result};
-use crate::host_executor::executor::{Binding, BoardOp, Buffers, OpWork, Reduction, Segment};
-use crate::kernels::{ReduceKernel, Store};
+use crate::kernels::{ReduceKernel, Reduction, Store};
 use crate::op::RawOp;
 use crate::tuning;
 use crate::types::{DataType, RedOp};
 use crate::types::{Executor, OpKind};
+
+mod work;
+
+pub(crate) use work::{Binding, BoardOp, Buffers, DeviceCall, OpWork, Segment};
 
 /// A collective of a simulated group, as the engine would have run it: the
 /// call and the tuner's choice for it on its communicator.
@@ -142,7 +144,7 @@ impl Planned {
                         board: SmallVec::new(),
                         p2p: Vec::new(),
                         executor,
-                        device_ops: Vec::new(),
+                        device_calls: Vec::new(),
                     });
                     launches.len() - 1
                 }
@@ -199,7 +201,7 @@ pub(crate) struct CommLaunch {
     pub executor: Executor,
     /// Its operations run as device work, in call order (calls on device
     /// memory of a communicator whose ranks are all in this process).
-    pub device_ops: Vec<DeviceOp>,
+    pub device_calls: Vec<DeviceCall>,
 }
 
 impl CommLaunch {
@@ -246,10 +248,17 @@ pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()>
         if schedule.channels.iter().any(|steps| !steps.is_empty()) {
             // One-shot reads every input after writing the output: in
             // place, the board stages the input; device work does too.
-            let staged = on_board && in_place;
-            let protocol = device_work::protocol(comm, choice.protocol);
-            let work = device_work::collective(op, schedule, protocol, tag, staged);
-            launch.device_ops.push(work);
+            launch.device_calls.push(DeviceCall::Collective {
+                args: op.args(),
+                stream: op
+                    .stream
+                    .clone()
+                    .expect("a call on device memory has a stream"),
+                schedule,
+                protocol: choice.protocol,
+                tag,
+                staged: on_board && in_place,
+            });
         }
         return Ok(());
     }
@@ -547,9 +556,13 @@ pub(crate) fn plan_p2p(launch: &mut CommLaunch, ops: &[RawOp]) -> Result<()> {
                 .stream
                 .clone()
                 .expect("a call on device memory has a stream");
-            let protocol = device_work::protocol(comm, protocol);
-            let work = device_work::p2p(schedule, protocol, stream, comm.nranks, &sends, &recvs);
-            launch.device_ops.push(work);
+            launch.device_calls.push(DeviceCall::P2p {
+                schedule,
+                protocol,
+                stream,
+                sends,
+                recvs,
+            });
         }
         return Ok(());
     }

@@ -23,7 +23,7 @@
 //! `getChunkSize` may resize the chunks. Each choice is logged under
 //! `NCCL_DEBUG_SUBSYS=TUNING`.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
@@ -33,11 +33,10 @@ use rccl_env::logger;
 use rccl_transports::network::net_library_names;
 use rccl_transports::Protocol;
 
+use super::{FinalizeFn, NcclResult, PluginContext};
 use crate::tuning::{TunerCall, TunerHint, TunerPlugin};
 
-type NcclResult = c_int;
 type Logger = rccl_env::Logger;
-type Context = *mut c_void;
 
 /// `NCCL_ALGO_PROTO_IGNORE`.
 const IGNORE: f32 = -1.0;
@@ -72,13 +71,12 @@ fn func(kind: CollKind) -> Option<c_int> {
     }
 }
 
-type InitV2 = unsafe extern "C" fn(usize, usize, Logger, *mut Context) -> NcclResult;
-type FinalizeFn = unsafe extern "C" fn(Context) -> NcclResult;
+type TunerInitV2 = unsafe extern "C" fn(usize, usize, Logger, *mut PluginContext) -> NcclResult;
 /// `getCollInfo` of a version: the context, collective and size, the
 /// version's own arguments, then where the channel count goes.
 macro_rules! get_coll_info {
     ($($own:ty),*) => {
-        unsafe extern "C" fn(Context, c_int, usize, $($own,)* *mut c_int) -> NcclResult
+        unsafe extern "C" fn(PluginContext, c_int, usize, $($own,)* *mut c_int) -> NcclResult
     };
 }
 /// v2: CollNet and NVLS support and the pipelined operations; out, the
@@ -89,13 +87,20 @@ type CollInfoV2 = get_coll_info!(c_int, c_int, c_int, *mut c_int, *mut c_int);
 type CollInfoV3 = get_coll_info!(c_int, *mut *mut f32, c_int, c_int);
 /// v4 to v6: v3's with `regBuff`.
 type CollInfoV4 = get_coll_info!(c_int, *mut *mut f32, c_int, c_int, c_int);
-type ChunkSizeFn =
-    unsafe extern "C" fn(Context, c_int, usize, c_int, c_int, c_int, *mut usize) -> NcclResult;
+type ChunkSizeFn = unsafe extern "C" fn(
+    PluginContext,
+    c_int,
+    usize,
+    c_int,
+    c_int,
+    c_int,
+    *mut usize,
+) -> NcclResult;
 
 /// `ncclTuner_v2_t` .. `_v5_t`: `I` and `C` are the version's `init` and
 /// `getCollInfo` (`destroy` is v5's `finalize`).
 #[repr(C)]
-struct Table<I, C> {
+struct TunerTable<I, C> {
     name: *const c_char,
     init: Option<I>,
     get_coll_info: Option<C>,
@@ -105,7 +110,7 @@ struct Table<I, C> {
 /// `ncclTuner_v6_t`: v5's with `getChunkSize`.
 #[repr(C)]
 struct TableV6 {
-    v5: Table<InitV5, CollInfoV4>,
+    v5: TunerTable<TunerInitV5, CollInfoV4>,
     get_chunk_size: Option<ChunkSizeFn>,
 }
 
@@ -128,8 +133,8 @@ struct Constants {
     bandwidths: [[[f64; 3]; 4]; 5],
 }
 
-type InitV5 = unsafe extern "C" fn(
-    *mut Context,
+type TunerInitV5 = unsafe extern "C" fn(
+    *mut PluginContext,
     u64,
     usize,
     usize,
@@ -141,8 +146,8 @@ type InitV5 = unsafe extern "C" fn(
 /// `init` of each version.
 #[derive(Clone, Copy)]
 enum Init {
-    V2(InitV2),
-    V5(InitV5),
+    V2(TunerInitV2),
+    V5(TunerInitV5),
 }
 
 /// `getCollInfo` of each version.
@@ -177,7 +182,7 @@ impl Tuner {
     fn of(library: Library) -> Tuner {
         /// The entry points of a table of v2 to v5.
         fn entries<I: Copy, C: Copy>(
-            table: &Table<I, C>,
+            table: &TunerTable<I, C>,
             init: fn(I) -> Init,
             coll_info: fn(C) -> CollInfo,
         ) -> (Option<Init>, Option<CollInfo>, Option<FinalizeFn>) {
@@ -192,22 +197,22 @@ impl Tuner {
         let (init, get_coll_info, finalize) = unsafe {
             match library.version {
                 2 => entries(
-                    library.table::<Table<InitV2, CollInfoV2>>(),
+                    library.table::<TunerTable<TunerInitV2, CollInfoV2>>(),
                     Init::V2,
                     CollInfo::V2,
                 ),
                 3 => entries(
-                    library.table::<Table<InitV2, CollInfoV3>>(),
+                    library.table::<TunerTable<TunerInitV2, CollInfoV3>>(),
                     Init::V2,
                     CollInfo::V3,
                 ),
                 4 => entries(
-                    library.table::<Table<InitV2, CollInfoV4>>(),
+                    library.table::<TunerTable<TunerInitV2, CollInfoV4>>(),
                     Init::V2,
                     CollInfo::V4,
                 ),
                 5 => entries(
-                    library.table::<Table<InitV5, CollInfoV4>>(),
+                    library.table::<TunerTable<TunerInitV5, CollInfoV4>>(),
                     Init::V5,
                     CollInfo::V4,
                 ),
@@ -251,7 +256,7 @@ fn tuner() -> Option<&'static Tuner> {
 pub(crate) struct CTuner {
     tuner: &'static Tuner,
     /// The plug-in's context; calls on it are serialized.
-    context: Mutex<Context>,
+    context: Mutex<PluginContext>,
 }
 
 // SAFETY: the context is only passed back to the plug-in, one call at a
@@ -265,7 +270,7 @@ unsafe impl Sync for CTuner {}
 /// a plug-in or when its `init` fails (logged: the internal tuner is used).
 pub(crate) fn open(nranks: usize, hosts: &[Vec<usize>], comm_hash: u64) -> Option<CTuner> {
     let tuner = tuner()?;
-    let mut context: Context = std::ptr::null_mut();
+    let mut context: PluginContext = std::ptr::null_mut();
     let nnodes = hosts.len();
     let mut domains = NvlDomainInfo {
         domains: nnodes as c_int,
@@ -315,7 +320,7 @@ impl CTuner {
     /// Returns the channel count it set; `None` when the call failed.
     fn ask(
         &self,
-        context: Context,
+        context: PluginContext,
         func: c_int,
         bytes: usize,
         table: &mut [[f32; NUM_PROTOCOLS]; NUM_ALGORITHMS],

@@ -19,7 +19,7 @@ use rccl::device::Device;
 use rccl::tuning::Selection;
 use rccl::{Communicator, Config};
 
-use super::args::{Args, MemoryFlag, Placement};
+use super::args::{Args, BufferMemory, MemoryFlag};
 use super::coll::Coll;
 use super::format::engine_error;
 use super::json::JsonDoc;
@@ -144,13 +144,15 @@ fn run(coll: Coll, args: &Args, launch: Launch) -> Res<bool> {
 /// for host memory.
 fn memory_device(args: &Args) -> Res<Option<&'static dyn Device>> {
     match args.memory {
-        MemoryFlag::Place(Placement::Host) => Ok(None),
-        MemoryFlag::Place(Placement::Device) => rccl::device::active().map(Some).ok_or_else(|| {
-            format!(
-                "--memory device: {}",
-                rccl::device::selection_problem().unwrap_or("no device backend is active")
-            )
-        }),
+        MemoryFlag::Place(BufferMemory::Host) => Ok(None),
+        MemoryFlag::Place(BufferMemory::Device) => {
+            rccl::device::active().map(Some).ok_or_else(|| {
+                format!(
+                    "--memory device: {}",
+                    rccl::device::selection_problem().unwrap_or("no device backend is active")
+                )
+            })
+        }
         MemoryFlag::Report(_) => Ok(rccl::device::active()),
     }
 }

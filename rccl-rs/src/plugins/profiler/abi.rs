@@ -4,8 +4,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
-pub(super) type NcclResult = c_int;
-pub(super) type Context = *mut c_void;
+pub(super) use crate::plugins::{FinalizeFn, NcclResult, PluginContext};
 pub(super) type Handle = *mut c_void;
 
 /// `ncclProfileGroup` .. `ncclProfileNetPlugin`: the event type bits.
@@ -52,15 +51,15 @@ pub(super) const PROXY_STEP_RECV_GPU_WAIT: c_int = 12;
 pub(super) const GROUP_START_API_STOP: c_int = 23;
 pub(super) const GROUP_END_API_START: c_int = 24;
 
-pub(super) type StartFn = unsafe extern "C" fn(Context, *mut Handle, *mut c_void) -> NcclResult;
+pub(super) type StartFn =
+    unsafe extern "C" fn(PluginContext, *mut Handle, *mut c_void) -> NcclResult;
 pub(super) type StopFn = unsafe extern "C" fn(Handle) -> NcclResult;
-pub(super) type FinalizeFn = unsafe extern "C" fn(Context) -> NcclResult;
 pub(super) type RecordFn = unsafe extern "C" fn(Handle, c_int, *mut c_void) -> NcclResult;
 /// `init` of v1 to v3.
-pub(super) type InitV1 = unsafe extern "C" fn(*mut Context, *mut c_int) -> NcclResult;
+pub(super) type ProfilerInitV1 = unsafe extern "C" fn(*mut PluginContext, *mut c_int) -> NcclResult;
 /// `init` of v4: the mask, then the communicator's name and hash.
-pub(super) type InitV4 = unsafe extern "C" fn(
-    *mut Context,
+pub(super) type ProfilerInitV4 = unsafe extern "C" fn(
+    *mut PluginContext,
     *mut c_int,
     *const c_char,
     u64,
@@ -70,8 +69,8 @@ pub(super) type InitV4 = unsafe extern "C" fn(
     rccl_env::Logger,
 ) -> NcclResult;
 /// `init` of v5 and v6: the hash, then the mask and the name.
-pub(super) type InitV5 = unsafe extern "C" fn(
-    *mut Context,
+pub(super) type ProfilerInitV5 = unsafe extern "C" fn(
+    *mut PluginContext,
     u64,
     *mut c_int,
     *const c_char,
@@ -84,7 +83,7 @@ pub(super) type InitV5 = unsafe extern "C" fn(
 /// `ncclProfiler_v1_t` .. `_v6_t`: every version has this shape; `init`
 /// and the descriptor `startEvent` takes differ by version.
 #[repr(C)]
-pub(super) struct Table {
+pub(super) struct ProfilerTable {
     pub name: *const c_char,
     pub init: Option<unsafe extern "C" fn()>,
     pub start_event: Option<StartFn>,

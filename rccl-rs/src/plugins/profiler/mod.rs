@@ -73,7 +73,10 @@ use rccl_env::load::{Kind, Library, Subsystem};
 use rccl_env::logger;
 use rccl_transports::network::net_library_names;
 
-use abi::{Context, Descr, Handle, InitV1, InitV4, InitV5, NoData, Payload, StartFn, Table, GROUP};
+use abi::{
+    Descr, Handle, NoData, Payload, PluginContext, ProfilerInitV1, ProfilerInitV4, ProfilerInitV5,
+    ProfilerTable, StartFn, GROUP,
+};
 use proxy::{ProxyEvents, ProxyState};
 
 mod abi;
@@ -96,7 +99,7 @@ const PROFILER_PLUGIN: Kind = Kind {
 /// The loaded profiler library and its table.
 struct Profiler {
     library: Library,
-    table: &'static Table,
+    table: &'static ProfilerTable,
 }
 
 // SAFETY: the table is static data of a library that stays loaded; NCCL
@@ -112,8 +115,8 @@ fn profiler() -> Option<&'static Profiler> {
         .get_or_init(|| {
             let var = rccl_env::var("NCCL_PROFILER_PLUGIN");
             let library = PROFILER_PLUGIN.load(var.as_deref(), &net_library_names())?;
-            // SAFETY: every version's table has the shape `Table` declares.
-            let table = unsafe { library.table::<Table>() };
+            // SAFETY: every version's table has the shape `ProfilerTable` declares.
+            let table = unsafe { library.table::<ProfilerTable>() };
             Some(Profiler { library, table })
         })
         .as_ref()
@@ -145,7 +148,7 @@ impl Profiler {
 #[derive(Clone, Copy)]
 struct Session {
     profiler: &'static Profiler,
-    context: Context,
+    context: PluginContext,
     rank: c_int,
 }
 
@@ -269,7 +272,7 @@ unsafe impl Sync for CProfiler {}
 pub(crate) fn open(comm_hash: u64, nnodes: usize, nranks: usize, rank: usize) -> Option<CProfiler> {
     let profiler = profiler()?;
     let table = profiler.table;
-    let mut context: Context = std::ptr::null_mut();
+    let mut context: PluginContext = std::ptr::null_mut();
     let mut mask: c_int = 0;
     let (nnodes, nranks, rank) = (nnodes as c_int, nranks as c_int, rank as c_int);
     let name = std::ptr::null();
@@ -278,10 +281,11 @@ pub(crate) fn open(comm_hash: u64, nnodes: usize, nranks: usize, rank: usize) ->
     // declares, called with valid out-pointers.
     let result = table.init.map(|init| unsafe {
         match profiler.library.version {
-            1..=3 => {
-                std::mem::transmute::<unsafe extern "C" fn(), InitV1>(init)(&mut context, &mut mask)
-            }
-            4 => std::mem::transmute::<unsafe extern "C" fn(), InitV4>(init)(
+            1..=3 => std::mem::transmute::<unsafe extern "C" fn(), ProfilerInitV1>(init)(
+                &mut context,
+                &mut mask,
+            ),
+            4 => std::mem::transmute::<unsafe extern "C" fn(), ProfilerInitV4>(init)(
                 &mut context,
                 &mut mask,
                 name,
@@ -291,7 +295,7 @@ pub(crate) fn open(comm_hash: u64, nnodes: usize, nranks: usize, rank: usize) ->
                 rank,
                 log,
             ),
-            _ => std::mem::transmute::<unsafe extern "C" fn(), InitV5>(init)(
+            _ => std::mem::transmute::<unsafe extern "C" fn(), ProfilerInitV5>(init)(
                 &mut context,
                 comm_hash,
                 &mut mask,

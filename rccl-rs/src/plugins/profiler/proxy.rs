@@ -52,7 +52,7 @@ pub(super) struct ProxyState {
     /// The sequence number of the last call begun here.
     newest: Option<u32>,
     /// Received pieces of calls not begun here yet, oldest first.
-    early: VecDeque<Piece>,
+    early: VecDeque<MovedPiece>,
     /// The send FIFO of each observed connection.
     sends: Vec<SendSide>,
     /// Launches whose calls have ended here, oldest first, each waiting
@@ -80,7 +80,7 @@ struct ProxyOp {
 
 /// A piece the proxy moved: its call, connection, direction and size.
 #[derive(Clone, Copy)]
-struct Piece {
+struct MovedPiece {
     seq: u32,
     channel: u8,
     peer: c_int,
@@ -158,7 +158,7 @@ impl ProxyEvents {
         state.calls.insert(seq, call);
         state.newest = Some(seq);
         // Pieces of earlier calls without an event go.
-        let (now, later): (Vec<Piece>, Vec<Piece>) = std::mem::take(&mut state.early)
+        let (now, later): (Vec<MovedPiece>, Vec<MovedPiece>) = std::mem::take(&mut state.early)
             .into_iter()
             .filter(|piece| piece.seq == seq || after(piece.seq, state.newest))
             .partition(|piece| piece.seq == seq);
@@ -241,8 +241,8 @@ impl ProxyEvents {
     /// first step): a send's step stays open and its number comes back, a
     /// receive's is stopped at once; `None` when its call has no events
     /// here.
-    fn step(&self, state: &mut ProxyState, piece: Piece) -> Option<usize> {
-        let Piece {
+    fn step(&self, state: &mut ProxyState, piece: MovedPiece) -> Option<usize> {
+        let MovedPiece {
             seq,
             channel,
             peer,
@@ -307,7 +307,7 @@ impl ProxyEvents {
     }
 
     /// Reports a send posted; the number of its step, 0 for none.
-    fn send_posted(&self, piece: Piece) -> usize {
+    fn send_posted(&self, piece: MovedPiece) -> usize {
         let mut state = self.state.lock();
         if state.closed {
             return 0;
@@ -317,7 +317,7 @@ impl ProxyEvents {
 
     /// Reports a piece received: at once when its call has begun here,
     /// when it begins if it has not yet.
-    fn received(&self, piece: Piece, call: u32) {
+    fn received(&self, piece: MovedPiece, call: u32) {
         let mut state = self.state.lock();
         if state.closed {
             return;
@@ -383,8 +383,8 @@ struct ConnectionSteps {
 }
 
 impl ConnectionSteps {
-    fn piece(&self, tag: Tag, send: bool, bytes: usize) -> Piece {
-        Piece {
+    fn piece(&self, tag: Tag, send: bool, bytes: usize) -> MovedPiece {
+        MovedPiece {
             seq: tag.seq,
             channel: self.channel,
             peer: self.peer,
