@@ -446,8 +446,6 @@ while [ "$s" -le "$max" ]; do SIZES+=("$s"); s=$((s * 2)); done
     }
     echo "Latency ratio rccl-rs default / best peer: 2p $(ratio "$(field 8 6 "ours-2-lat.txt")" "$(peer_lat 2)"), 4p $(ratio "$(field 8 6 "ours-4-lat.txt")" "$(peer_lat 4)") (below 1 is better)."
     echo
-    echo "Latency ratio rccl-rs default / best OpenMPI: 2p $(ratio "$(field 8 6 "ours-2-lat.txt")" "$(lowest "$(field 8 6 "ompi-2-lat.txt")" "$(field 8 6 "ompiring-2-lat.txt")")"), 4p $(ratio "$(field 8 6 "ours-4-lat.txt")" "$(lowest "$(field 8 6 "ompi-4-lat.txt")" "$(field 8 6 "ompiring-4-lat.txt")")") (below 1 is better)."
-    echo
     echo "### Targets"
     echo
     for size in 65536 1048576 16777216 268435456; do

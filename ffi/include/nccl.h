@@ -1,10 +1,11 @@
 /*
  * nccl.h for rccl-rs (librcclrs): the NCCL C API, ABI-compatible with
- * NCCL 2.32 (NCCL_VERSION_CODE 23206), implemented on host memory.
+ * NCCL 2.32 (NCCL_VERSION_CODE 23206).
  *
  * Written for rccl-rs from the API's published facts: function names and
- * signatures, enum values, and struct layouts. Buffers passed to rccl-rs
- * are host pointers; see docs/C-API.md for what each function does here.
+ * signatures, enum values, and struct layouts. Buffers may be host memory
+ * or CUDA device memory (a call on device memory is enqueued on its
+ * stream); see docs/C-API.md for what each function does here.
  *
  * This header does not need the CUDA headers. When they are included
  * first, their cudaStream_t / cudaEvent_t are used (the definitions agree).
@@ -253,7 +254,7 @@ typedef enum {
 } ncclDataType_t;
 
 typedef enum {
-  ncclScalarDevice = 0,        /* rccl-rs: a host pointer, read at each call */
+  ncclScalarDevice = 0,        /* a host or device pointer, read at each call */
   ncclScalarHostImmediate = 1  /* read once, at creation */
 } ncclScalarResidence_t;
 

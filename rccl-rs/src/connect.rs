@@ -1,8 +1,8 @@
 //! Connection setup: every connection a launch's work needs, made before it
 //! runs, through the transport table ([`rccl_transports::table`]): the
 //! first entry that can connect a pair (for host work here, for device
-//! work in `crate::device_executor`) sets up each side, the sides trade what the
-//! other needs through the bootstrap, then connect. Both kinds of work
+//! work in `crate::device_executor`) sets up each side, the sides trade
+//! what the other needs through the bootstrap, then connect. Both kinds of work
 //! share one context builder ([`context`]), one setup ([`set_up`]) and one
 //! loop ([`finish`]); they differ in the entries that may serve
 //! (`table::choose` or `table::choose_for_device`), what a link carries,

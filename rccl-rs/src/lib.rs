@@ -5,7 +5,7 @@
 //! then call NCCL's collectives on it with typed slices, or batch several
 //! operations in a [`Group`].
 //!
-//! A call is planned once (`plan.rs`) and handed, where it is enqueued
+//! A call is planned once (`plan/`) and handed, where it is enqueued
 //! (`launch.rs`), to one of two executors: `host_executor/` runs it from
 //! the calling thread on host memory, `device_executor/` enqueues it on
 //! its stream as device work (or, where device work cannot reach every
