@@ -16,8 +16,10 @@
 //! [`Hierarchical`] (AllReduce, AllGather, ReduceScatter over hosts, given a
 //! [`Topology`]) and [`OneShot`] (all-pairs AllReduce for tiny messages);
 //! [`builtin`] looks one up by name and [`default_for`] picks one for a
-//! collective. [`load_schedule_file`] loads a researcher's schedule from a
-//! JSON file and proves it before use (`docs/SCHEDULES.md`).
+//! collective. [`OrderedRing`] is the ring with one reduction order per
+//! element ([`reduction_order`]), for deterministic reductions.
+//! [`load_schedule_file`] loads a researcher's schedule from a JSON file
+//! and proves it before use (`docs/SCHEDULES.md`).
 //!
 //! # Example
 //!
@@ -50,6 +52,7 @@ pub mod file;
 pub mod halving_doubling;
 pub mod hierarchical;
 pub mod one_shot;
+pub mod ordered_ring;
 mod pieces;
 pub mod protocol;
 pub mod ring;
@@ -63,6 +66,7 @@ pub use file::{load_schedule_file, parse_schedule, FileError, LoadedAlgorithm};
 pub use halving_doubling::HalvingDoubling;
 pub use hierarchical::Hierarchical;
 pub use one_shot::OneShot;
+pub use ordered_ring::{reduction_order, OrderedRing};
 pub use protocol::Protocol;
 pub use ring::Ring;
 pub use schedule::{
@@ -70,7 +74,7 @@ pub use schedule::{
 };
 pub use topology::Topology;
 pub use tree::Tree;
-pub use verify::{verify, verify_on, verify_schedules, Stats, VerifyError};
+pub use verify::{reduction_orders, verify, verify_on, verify_schedules, Stats, VerifyError};
 
 static BUILTINS: [&dyn Algorithm; 6] = [
     &Ring,

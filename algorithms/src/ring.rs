@@ -92,19 +92,19 @@ impl Algorithm for Ring {
 }
 
 /// A rank's place in the ring.
-struct RingPos {
-    n: usize,
+pub(crate) struct RingPos {
+    pub(crate) n: usize,
     /// The ranks in ring order.
     order: Vec<Rank>,
     /// This rank's position in `order`.
-    pos: usize,
+    pub(crate) pos: usize,
     rank: Rank,
-    next: Rank,
-    prev: Rank,
+    pub(crate) next: Rank,
+    pub(crate) prev: Rank,
 }
 
 impl RingPos {
-    fn new(order: Vec<Rank>, rank: Rank) -> RingPos {
+    pub(crate) fn new(order: Vec<Rank>, rank: Rank) -> RingPos {
         let n = order.len();
         let pos = order
             .iter()
@@ -121,7 +121,7 @@ impl RingPos {
     }
 
     /// The position `k` places before this rank's, for `k` up to `2n`.
-    fn back_pos(&self, k: usize) -> usize {
+    pub(crate) fn back_pos(&self, k: usize) -> usize {
         (self.pos + 2 * self.n - k) % self.n
     }
 
@@ -161,7 +161,6 @@ fn chunks(offset: usize, len: usize, chunk: usize) -> impl Iterator<Item = (usiz
 
 fn all_reduce(out: &mut Steps, ring: &RingPos, offset: usize, len: usize, chunk: usize) {
     let n = ring.n;
-    let (next, prev) = (ring.next, ring.prev);
     for base in (0..len).step_by(n * chunk) {
         let remaining = len - base;
         // As NCCL: the last loop shrinks its chunks to spread the remainder.
@@ -172,53 +171,62 @@ fn all_reduce(out: &mut Steps, ring: &RingPos, offset: usize, len: usize, chunk:
             let end = ((k + 1) * real_chunk).min(remaining);
             (offset + base + start, end - start)
         };
-        let send = |k: usize| {
-            let (o, l) = part(k);
-            Slice::send(o, l)
-        };
-        let recv = |k: usize| {
-            let (o, l) = part(k);
-            Slice::recv(o, l)
-        };
+        all_reduce_loop(out.0, ring, part);
+    }
+}
 
-        // Reduce-scatter phase: at step t the rank at position p handles chunk
-        // p - 1 - t.
-        let k = ring.back_pos(1);
-        out.push(Prim::Send {
-            to: next,
-            src: send(k),
-        });
-        for t in 1..n - 1 {
-            let k = ring.back_pos(1 + t);
-            out.push(Prim::RecvReduceSend {
-                from: prev,
-                src: send(k),
-                to: next,
-            });
-        }
-        // Chunk p is now complete: store the final result and pass it on.
-        let k = ring.pos;
-        out.push(Prim::RecvReduceCopySend {
+/// One pipeline loop of the ring AllReduce over the chunks `part(k)`
+/// (`(offset, len)` in both buffers): the rank at position `p` handles
+/// chunk `p - 1 - t` at step `t`, so chunk `k` is reduced along the ring
+/// from position `k + 1` round to position `k`, which stores it and starts
+/// the gather. Zero-length primitives are left out.
+pub(crate) fn all_reduce_loop(
+    steps: &mut Vec<Step>,
+    ring: &RingPos,
+    part: impl Fn(usize) -> (usize, usize),
+) {
+    let n = ring.n;
+    let (next, prev) = (ring.next, ring.prev);
+    let send = |k: usize| {
+        let (o, l) = part(k);
+        Slice::send(o, l)
+    };
+    let recv = |k: usize| {
+        let (o, l) = part(k);
+        Slice::recv(o, l)
+    };
+    let mut out = Steps(steps);
+    // Reduce-scatter phase.
+    out.push(Prim::Send {
+        to: next,
+        src: send(ring.back_pos(1)),
+    });
+    for t in 1..n - 1 {
+        out.push(Prim::RecvReduceSend {
             from: prev,
-            src: send(k),
-            dst: recv(k),
+            src: send(ring.back_pos(1 + t)),
             to: next,
-        });
-        // All-gather phase.
-        for t in n..2 * n - 2 {
-            let k = ring.back_pos(1 + t);
-            out.push(Prim::RecvCopySend {
-                from: prev,
-                dst: recv(k),
-                to: next,
-            });
-        }
-        let k = ring.back_pos(2 * n - 1);
-        out.push(Prim::Recv {
-            from: prev,
-            dst: recv(k),
         });
     }
+    // Chunk p is now complete: store the final result and pass it on.
+    out.push(Prim::RecvReduceCopySend {
+        from: prev,
+        src: send(ring.pos),
+        dst: recv(ring.pos),
+        to: next,
+    });
+    // All-gather phase.
+    for t in n..2 * n - 2 {
+        out.push(Prim::RecvCopySend {
+            from: prev,
+            dst: recv(ring.back_pos(1 + t)),
+            to: next,
+        });
+    }
+    out.push(Prim::Recv {
+        from: prev,
+        dst: recv(ring.back_pos(2 * n - 1)),
+    });
 }
 
 fn broadcast(out: &mut Steps, ring: &RingPos, root: Rank, offset: usize, len: usize, chunk: usize) {

@@ -55,7 +55,7 @@ mod outcome;
 
 pub use error::{Loc, Stuck, Term, VerifyError, Wait};
 
-use crate::{Algorithm, CollSpec, Params, Schedule, Topology};
+use crate::{Algorithm, CollSpec, Params, Rank, Schedule, Topology};
 use exec::Sim;
 
 /// What a verified set of schedules does.
@@ -104,6 +104,34 @@ pub fn verify_on(
     topo: &Topology,
     in_place: bool,
 ) -> Result<Stats, VerifyError> {
+    let schedules = schedules_for(alg, spec, params, topo, in_place)?;
+    verify_schedules(spec, &schedules, in_place, params.chunk_elems)
+}
+
+/// The order each output element was reduced in, once [`verify_on`]'s
+/// checks pass: `orders[r][i]` lists the ranks whose inputs rank `r`'s
+/// receive element `i` holds, in accumulation order. This is what a
+/// deterministic reduction keeps fixed.
+pub fn reduction_orders(
+    alg: &dyn Algorithm,
+    spec: &CollSpec,
+    params: &Params,
+    topo: &Topology,
+    in_place: bool,
+) -> Result<Vec<Vec<Vec<Rank>>>, VerifyError> {
+    let schedules = schedules_for(alg, spec, params, topo, in_place)?;
+    Ok(checked(spec, &schedules, in_place, params.chunk_elems)?.orders())
+}
+
+/// Every rank's schedule of `alg` for the call, once the call, the cut and
+/// the placement are ones `alg` can be verified on.
+fn schedules_for(
+    alg: &dyn Algorithm,
+    spec: &CollSpec,
+    params: &Params,
+    topo: &Topology,
+    in_place: bool,
+) -> Result<Vec<Schedule>, VerifyError> {
     if !alg.supports(spec.kind) {
         return Err(VerifyError::Unsupported {
             alg: alg.name(),
@@ -136,10 +164,9 @@ pub fn verify_on(
             kind: spec.kind.name(),
         });
     }
-    let schedules: Vec<Schedule> = (0..spec.nranks)
+    Ok((0..spec.nranks)
         .map(|r| alg.schedule(spec, r, params, topo))
-        .collect();
-    verify_schedules(spec, &schedules, in_place, params.chunk_elems)
+        .collect())
 }
 
 fn check_call(spec: &CollSpec) -> Result<(), VerifyError> {
@@ -175,6 +202,16 @@ pub fn verify_schedules(
     in_place: bool,
     fifo_elems: usize,
 ) -> Result<Stats, VerifyError> {
+    Ok(checked(spec, schedules, in_place, fifo_elems)?.stats)
+}
+
+/// The executor after running `schedules` and passing every check.
+fn checked<'a>(
+    spec: &'a CollSpec,
+    schedules: &'a [Schedule],
+    in_place: bool,
+    fifo_elems: usize,
+) -> Result<Sim<'a>, VerifyError> {
     check_call(spec)?;
     if fifo_elems == 0 {
         return Err(VerifyError::InvalidCall("FIFOs of zero elements".into()));
@@ -189,5 +226,5 @@ pub fn verify_schedules(
     sim.check_static()?;
     sim.run()?;
     sim.check_result()?;
-    Ok(sim.stats)
+    Ok(sim)
 }

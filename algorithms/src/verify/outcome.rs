@@ -128,4 +128,22 @@ impl Sim<'_> {
         }
         Ok(())
     }
+
+    /// Each rank's receive elements as the ranks of their inputs, in
+    /// accumulation order.
+    pub(super) fn orders(&self) -> Vec<Vec<Vec<Rank>>> {
+        let mut terms = Vec::new();
+        self.mems
+            .iter()
+            .map(|mem| {
+                (0..mem.recv_len)
+                    .map(|i| {
+                        self.chains
+                            .terms(mem.cells[mem.recv_base + i].chain, &mut terms);
+                        terms.iter().map(|t| t.rank as Rank).collect()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
 }
