@@ -632,7 +632,7 @@ const ENGINE_LAYERS: &[&[&str]] = &[
     &["op", "plan", "connect"],
     &["host_executor", "device_executor"],
     &["launch", "group"],
-    &["api"],
+    &["api", "deterministic"],
 ];
 
 /// The pairs of `tree`'s root modules where a module of a lower layer

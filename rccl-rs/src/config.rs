@@ -66,6 +66,11 @@ pub struct Config {
     /// (`RCCL_NT_STORE_BYTES`, default the last-level cache's size; 0 never
     /// streams).
     pub nt_store_bytes: usize,
+    /// Whether AllReduce, ReduceScatter and Reduce give the same bits
+    /// whatever the algorithm, protocol, channels, chunk and placement
+    /// (`NCCL_DETERMINISTIC=1`): they run the ordered ring, whose order per
+    /// element `rccl::deterministic::reduction_order` states.
+    pub deterministic: bool,
 }
 
 impl Default for Config {
@@ -86,6 +91,7 @@ impl Default for Config {
             algo: Selection::default(),
             board_bytes: 64 << 10,
             nt_store_bytes: last_level_cache_bytes(),
+            deterministic: false,
         }
     }
 }
@@ -176,6 +182,9 @@ impl Config {
         }
         if let Some(flag) = env_usize("NCCL_DMABUF_ENABLE")? {
             config.dmabuf = flag != 0;
+        }
+        if let Some(flag) = env_usize("NCCL_DETERMINISTIC")? {
+            config.deterministic = flag != 0;
         }
         if let Some(level) = rccl_env::var("NCCL_NET_GDR_LEVEL") {
             config.net_gdr = gdr_level(&level)?;

@@ -21,6 +21,7 @@ mod comm;
 mod config;
 mod connect;
 mod debug;
+pub mod deterministic;
 mod device_executor;
 mod error;
 #[cfg(feature = "fault-injection")]

@@ -6,7 +6,7 @@
 //! across hosts alike: one cost model, tested against the simulator's
 //! replay.
 
-use rccl_algorithms::{Algorithm, CollKind, CollSpec, Params, Topology};
+use rccl_algorithms::{Algorithm, CollKind, CollSpec, OrderedRing, Params, Ring, Topology};
 use rccl_simulator::estimate::estimate_us;
 use rccl_simulator::tune::{decide, engine_cluster, params_for, EngineLinks};
 use rccl_transports::Protocol;
@@ -243,6 +243,12 @@ pub(crate) fn has_plugin() -> bool {
 /// Picks algorithm, protocol and parameters for `spec` with
 /// `elem_size`-byte elements: the cheapest allowed pair under the cost
 /// model, unless a tuner plug-in asks otherwise.
+///
+/// With [`Config::deterministic`] a reducing collective runs the
+/// [`OrderedRing`] whatever `NCCL_ALGO` or a plug-in says: its order per
+/// element is fixed by the element and the rank count alone, and it moves
+/// the ring's bytes, so the ring's cost ranks its protocols and cut (which
+/// change its speed, not its bits).
 #[doc(hidden)]
 pub fn choose(
     config: &Config,
@@ -267,7 +273,11 @@ pub fn choose(
         )));
     }
     let on_board = bytes <= placement.board_bytes && kind == CollKind::AllReduce;
+    let deterministic = config.deterministic && OrderedRing.supports(kind);
     let fits = |a: &&'static dyn Algorithm| {
+        if deterministic {
+            return a.name() == Ring.name();
+        }
         a.supports(kind)
             && a.supports_topology(placement.topology)
             && (!placement.in_place
@@ -330,6 +340,7 @@ pub fn choose(
         .tuner
         .into_iter()
         .chain(global.as_deref())
+        .filter(|_| !deterministic)
         .collect();
     let costs: Vec<TunerCost> = if asked.is_empty() {
         Vec::new()
@@ -412,6 +423,9 @@ pub fn choose(
             chunk_elems: (chunk / elem_size).max(1),
         },
     );
+    if deterministic {
+        algorithm = &OrderedRing;
+    }
     Ok(Choice {
         algorithm,
         protocol,

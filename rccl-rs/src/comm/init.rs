@@ -248,8 +248,9 @@ fn exchange_peer_info(
     if let Some((r, p)) = peers.iter().enumerate().find(|(_, p)| p.shape != me.shape) {
         return Err(Error::InvalidUsage(format!(
             "rank {rank} and rank {r} disagree on NCCL_BUFFSIZE, NCCL_LL_BUFFSIZE, NCCL_LL128_BUFFSIZE, \
-             NCCL_MIN_NCHANNELS, NCCL_MAX_NCHANNELS, NCCL_SHM_DISABLE, NCCL_PROTO, \
-             NCCL_ALGO or RCCL_BOARD_BYTES ({:?} against {:?}); set them alike on every rank",
+             NCCL_MIN_NCHANNELS, NCCL_MAX_NCHANNELS, NCCL_SHM_DISABLE, NCCL_P2P_DISABLE, \
+             NCCL_DETERMINISTIC, NCCL_PROTO, NCCL_ALGO or RCCL_BOARD_BYTES ({:?} against {:?}); \
+             set them alike on every rank",
             me.shape, p.shape
         )));
     }

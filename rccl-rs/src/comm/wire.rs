@@ -143,7 +143,9 @@ pub(super) fn settings_shape(config: &Config) -> [u64; SHAPE_WORDS] {
         config.ll128_buffsize as u64,
         config.min_channels as u64,
         config.max_channels as u64,
-        u64::from(config.shm_disable) | u64::from(config.p2p_disable) << 1,
+        u64::from(config.shm_disable)
+            | u64::from(config.p2p_disable) << 1
+            | u64::from(config.deterministic) << 2,
         selections.finish(),
         config.board_bytes as u64,
     ]
