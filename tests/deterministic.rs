@@ -2,7 +2,8 @@
 //! ReduceScatter and Reduce give the bits `rccl::deterministic::reference`
 //! computes, whatever algorithm `NCCL_ALGO` asks for, the protocol, the
 //! channels, the chunk (through the FIFO size) and in place or not; without
-//! the mode the same calls give other bits (so the check can fail).
+//! the mode the same calls give other bits (so the check can fail). Small
+//! all-reduces may take the board, whose fold follows the same order.
 
 mod common;
 
@@ -10,7 +11,7 @@ use common::test_config;
 use half::{bf16, f16};
 use proptest::prelude::*;
 use rccl::tuning::Selection;
-use rccl::{deterministic, CollKind, Communicator, Config, Element, RedOp};
+use rccl::{deterministic, CollKind, Communicator, Config, Element, RedOp, F8E4M3, F8E5M2};
 
 /// One way to run a call: what the user may vary without changing the
 /// deterministic mode's bits.
@@ -21,6 +22,8 @@ struct Cut {
     channels: usize,
     buffsize: usize,
     in_place: bool,
+    /// Whether the board may serve small all-reduces.
+    board: bool,
 }
 
 const ALGOS: [&str; 5] = ["ring", "tree", "rhd", "oneshot", "direct,ring"];
@@ -33,6 +36,11 @@ fn config(cut: &Cut, deterministic: bool) -> Config {
         min_channels: cut.channels,
         max_channels: cut.channels,
         buffsize: cut.buffsize,
+        board_bytes: if cut.board {
+            Config::default().board_bytes
+        } else {
+            0
+        },
         deterministic,
         ..test_config()
     }
@@ -140,6 +148,51 @@ fn inputs<T: Element>(nranks: usize, len: usize, seed: u64, from: fn(f64) -> T) 
         .collect()
 }
 
+/// 8-bit floats of every finite magnitude, as raw bits (`is_finite` tells
+/// the format's NaN and infinity bits apart).
+fn fp8_inputs<T: Element>(
+    nranks: usize,
+    len: usize,
+    seed: u64,
+    from: fn(u8) -> T,
+    is_finite: fn(u8) -> bool,
+) -> Vec<Vec<T>> {
+    inputs(nranks, len, seed, |v| v)
+        .into_iter()
+        .map(|x| {
+            x.into_iter()
+                .map(|v| {
+                    let mut bits = (v.to_bits() >> 29) as u8;
+                    while !is_finite(bits) {
+                        bits = bits.wrapping_add(17);
+                    }
+                    from(bits)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `PreMulSum` by `scalar`, an element of the call's type.
+fn pre_mul_sum<T: Element>(scalar: T) -> RedOp {
+    let mut bytes = [0u8; 8];
+    let scalar = bytemuck::bytes_of(&scalar);
+    bytes[..scalar.len()].copy_from_slice(scalar);
+    RedOp::PreMulSum { scalar: bytes }
+}
+
+/// The op `which` picks (0-4 the plain ops, 5 `PreMulSum` by `scalar`).
+fn op_for<T: Element>(which: usize, scalar: T) -> RedOp {
+    match which {
+        0 => RedOp::Sum,
+        1 => RedOp::Prod,
+        2 => RedOp::Max,
+        3 => RedOp::Min,
+        4 => RedOp::Avg,
+        _ => pre_mul_sum(scalar),
+    }
+}
+
 fn check<T: Element + Send + Sync>(kind: CollKind, inputs: &[Vec<T>], op: RedOp, cut: &Cut) {
     let want = bits(&expected(kind, inputs, op));
     let got = bits(&run(kind, inputs, op, config(cut, true), cut.in_place));
@@ -166,10 +219,9 @@ proptest! {
         channels in 1usize..=4,
         small_fifo in any::<bool>(),
         in_place in any::<bool>(),
-        dtype in 0usize..4,
-        op in prop::sample::select(vec![
-            RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg,
-        ]),
+        dtype in 0usize..6,
+        op in 0usize..6,
+        board in any::<bool>(),
     ) {
         // Sizes not divisible by ranks x channels, and FIFOs small enough
         // that a call takes many chunks.
@@ -180,44 +232,35 @@ proptest! {
             channels,
             buffsize: if small_fifo { 8 * 128 } else { test_config().buffsize },
             in_place: in_place && kind != CollKind::Reduce,
+            board,
         };
+        let e4m3_finite = |b: u8| b & 0x7f != 0x7f;
+        let e5m2_finite = |b: u8| b & 0x7c != 0x7c;
         match dtype {
-            0 => check(kind, &inputs(nranks, len, seed, |v| v as f32), op, &cut),
-            1 => check(kind, &inputs(nranks, len, seed, f16::from_f64), op, &cut),
-            2 => check(kind, &inputs(nranks, len, seed, bf16::from_f64), op, &cut),
-            _ => check(kind, &inputs(nranks, len, seed, |v| v), op, &cut),
+            0 => check(kind, &inputs(nranks, len, seed, |v| v as f32), op_for(op, 0.37f32), &cut),
+            1 => check(kind, &inputs(nranks, len, seed, f16::from_f64), op_for(op, f16::from_f32(0.37)), &cut),
+            2 => check(kind, &inputs(nranks, len, seed, bf16::from_f64), op_for(op, bf16::from_f32(0.37)), &cut),
+            3 => check(kind, &inputs(nranks, len, seed, |v| v), op_for(op, 0.37f64), &cut),
+            // 0x2f and 0x37: 0.46875 and 0.4375.
+            4 => check(kind, &fp8_inputs(nranks, len, seed, F8E4M3, e4m3_finite), op_for(op, F8E4M3(0x2f)), &cut),
+            _ => check(kind, &fp8_inputs(nranks, len, seed, F8E5M2, e5m2_finite), op_for(op, F8E5M2(0x37)), &cut),
         }
     }
 }
 
 #[test]
-fn pre_mul_sum_and_integers_give_the_reference_bits() {
+fn integers_give_the_reference_bits() {
     let cut = Cut {
         algo: "tree",
         proto: "LL",
         channels: 3,
         buffsize: 8 * 128,
         in_place: false,
+        board: false,
     };
-    let scale = RedOp::PreMulSum {
-        scalar: {
-            let mut s = [0u8; 8];
-            s[..4].copy_from_slice(&0.37f32.to_le_bytes());
-            s
-        },
-    };
-    check(
-        CollKind::AllReduce,
-        &inputs(5, 77, 3, |v| v as f32),
-        scale,
-        &cut,
-    );
-    check(
-        CollKind::ReduceScatter,
-        &inputs(4, 64, 9, |v| (v * 1e4) as i32),
-        RedOp::Avg,
-        &cut,
-    );
+    let data = inputs(4, 64, 9, |v| (v * 1e4) as i32);
+    check(CollKind::ReduceScatter, &data, RedOp::Avg, &cut);
+    check(CollKind::AllReduce, &data, RedOp::Sum, &cut);
 }
 
 /// Without the mode the ring and the tree reduce in other orders: the same
@@ -231,6 +274,7 @@ fn without_the_mode_the_algorithm_changes_the_bits() {
         channels: 2,
         buffsize: test_config().buffsize,
         in_place: false,
+        board: true,
     };
     let by = |algo, deterministic| {
         bits(&run(
@@ -247,4 +291,21 @@ fn without_the_mode_the_algorithm_changes_the_bits() {
         by("tree", true),
         bits(&expected(CollKind::AllReduce, &data, RedOp::Sum))
     );
+}
+/// A small all-reduce takes the board (its posts folded in the stated
+/// order), out of place and in place.
+#[test]
+fn the_board_folds_in_the_reference_order() {
+    let data = inputs(8, 100, 5, |v| v as f32);
+    for in_place in [false, true] {
+        let cut = Cut {
+            algo: "ring",
+            proto: "Simple",
+            channels: 2,
+            buffsize: test_config().buffsize,
+            in_place,
+            board: true,
+        };
+        check(CollKind::AllReduce, &data, RedOp::Sum, &cut);
+    }
 }

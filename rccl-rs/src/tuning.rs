@@ -248,7 +248,10 @@ pub(crate) fn has_plugin() -> bool {
 /// [`OrderedRing`] whatever `NCCL_ALGO` or a plug-in says: its order per
 /// element is fixed by the element and the rank count alone, and it moves
 /// the ring's bytes, so the ring's cost ranks its protocols and cut (which
-/// change its speed, not its bits).
+/// change its speed, not its bits). An all-reduce that fits the board may
+/// go there instead when one-shot costs less: the board folds its posts in
+/// the same order ([`for_device_work`] turns it back to the ordered ring
+/// where there is no board).
 #[doc(hidden)]
 pub fn choose(
     config: &Config,
@@ -276,7 +279,7 @@ pub fn choose(
     let deterministic = config.deterministic && OrderedRing.supports(kind);
     let fits = |a: &&'static dyn Algorithm| {
         if deterministic {
-            return a.name() == Ring.name();
+            return a.name() == Ring.name() || (on_board && a.name() == BOARD_ALGORITHM);
         }
         a.supports(kind)
             && a.supports_topology(placement.topology)
@@ -423,7 +426,7 @@ pub fn choose(
             chunk_elems: (chunk / elem_size).max(1),
         },
     );
-    if deterministic {
+    if deterministic && algorithm.name() != BOARD_ALGORITHM {
         algorithm = &OrderedRing;
     }
     Ok(Choice {
@@ -431,6 +434,20 @@ pub fn choose(
         protocol,
         params,
     })
+}
+
+/// `choice` for device work, which has no board: in the deterministic mode
+/// the ordered ring where the host would have folded the board's posts in
+/// its order (one-shot's schedule folds in another).
+pub(crate) fn for_device_work(config: &Config, choice: Choice) -> Choice {
+    if config.deterministic && choice.algorithm.name() == BOARD_ALGORITHM {
+        Choice {
+            algorithm: &OrderedRing,
+            ..choice
+        }
+    } else {
+        choice
+    }
 }
 
 /// Whether `algorithm` is a built-in one, whose time the closed forms
@@ -647,6 +664,44 @@ mod tests {
             BOARD_ALGORITHM,
             "64 bytes do not fit a 32-byte post"
         );
+    }
+
+    #[test]
+    fn the_deterministic_mode_runs_the_ordered_ring_or_the_board() {
+        let config = Config {
+            deterministic: true,
+            algo: Selection::parse("NCCL_ALGO", "tree").unwrap(),
+            ..Config::default()
+        };
+        let topology = Topology::flat(4);
+        let spec = |kind, count| CollSpec {
+            kind,
+            nranks: 4,
+            root: 0,
+            count,
+        };
+        let mut on = placement(&topology, true);
+        on.board_bytes = 64 << 10;
+        let choice = |kind, count, p: &Placement<'_>| choose(&config, &spec(kind, count), 4, p);
+        // A small all-reduce goes to the board, whose fold follows the
+        // stated order; device work, which has no board, takes the ring.
+        let small = choice(CollKind::AllReduce, 2, &on).unwrap();
+        assert_eq!(small.algorithm.name(), BOARD_ALGORITHM);
+        assert_eq!(
+            for_device_work(&config, small).algorithm.name(),
+            OrderedRing.name()
+        );
+        // Everything else takes the ordered ring, whatever NCCL_ALGO says.
+        let off = placement(&topology, true);
+        for (kind, count, p) in [
+            (CollKind::AllReduce, 2, &off),
+            (CollKind::AllReduce, 1 << 20, &on),
+            (CollKind::ReduceScatter, 8, &on),
+            (CollKind::Reduce, 8, &on),
+        ] {
+            let name = choice(kind, count, p).unwrap().algorithm.name();
+            assert_eq!(name, OrderedRing.name(), "{} of {count}", kind.name());
+        }
     }
 
     fn pick(

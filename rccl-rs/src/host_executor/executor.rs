@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use rccl_algorithms::{Buf, Prim, Slice};
+use rccl_algorithms::{split_even, Buf, Prim, Slice};
 use rccl_transports::{Backoff, Fifo, ParkOn, Tag, WaitError};
 
 use crate::agreement::stuck::{note_error, STALL_CHECK_EVERY};
@@ -687,30 +687,51 @@ impl<'a> BoardRun<'a> {
         Ok(())
     }
 
-    /// recv = x0 op (x1 op (... op x(n-1))), every input read from its
-    /// post (inputs were transformed when posted).
+    /// recv = x0 op (x1 op (... op x(n-1))), or with `op.ordered` each
+    /// block of `split_even(count, n)` folded in its stated order; every
+    /// input read from its post (inputs were transformed when posted).
     fn reduce_posts(&self, op: &BoardOp, round: u64) {
         let board = &self.link.board;
-        let last = self.link.names.len() - 1;
-        let post = |rank: usize| board.post_data(rank, round).cast_const();
-        // SAFETY: every post of this round holds `count` transformed
-        // elements (checked above) and stays unchanged until every rank
-        // has finished the round; the receive buffer holds `count`
-        // elements and never aliases board memory. A board serves at
-        // least two ranks, so `last >= 1`.
-        unsafe {
-            // The innermost step reads both posts, sparing a copy.
-            op.reduction.partial.run(
-                Some(post(last)),
-                post(last - 1),
-                op.recv,
-                op.count,
-                last == 1,
-            );
-            for j in (0..last - 1).rev() {
-                op.reduction
-                    .partial
-                    .run(Some(op.recv), post(j), op.recv, op.count, j == 0);
+        let n = self.link.names.len();
+        let post = |rank: usize, offset: usize| {
+            board
+                .post_data(rank, round)
+                .wrapping_add(offset * op.elem_size)
+                .cast_const()
+        };
+        // Folds the posts of `ranks` (at least two) over the `len`
+        // elements at `offset`: the first step reads two posts, sparing a
+        // copy; the last finishes.
+        let fold = |ranks: &mut dyn Iterator<Item = usize>, offset: usize, len: usize| {
+            let out = op.recv.wrapping_add(offset * op.elem_size);
+            let first = ranks.next().expect("a board serves two ranks or more");
+            let mut acc = post(first, offset);
+            let mut ranks = ranks.peekable();
+            while let Some(rank) = ranks.next() {
+                // SAFETY: every post of this round holds `count` transformed
+                // elements (checked when read) and stays unchanged until
+                // every rank has finished the round; `offset + len <=
+                // count`; the receive buffer holds `count` elements and
+                // never aliases board memory.
+                unsafe {
+                    op.reduction.partial.run(
+                        Some(acc),
+                        post(rank, offset),
+                        out,
+                        len,
+                        ranks.peek().is_none(),
+                    )
+                };
+                acc = out.cast_const();
+            }
+        };
+        if !op.ordered {
+            fold(&mut (0..n).rev(), 0, op.count);
+            return;
+        }
+        for (owner, (offset, len)) in split_even(op.count, n).enumerate() {
+            if len > 0 {
+                fold(&mut (1..=n).map(|k| (owner + k) % n), offset, len);
             }
         }
     }

@@ -225,6 +225,11 @@ pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()>
     let comm = &launch.comm;
     let (spec, choice, in_place) = choose_collective(op)?;
     let as_device_work = launch.executor == Executor::Device;
+    let choice = if as_device_work {
+        tuning::for_device_work(&comm.config, choice)
+    } else {
+        choice
+    };
     let on_board = runs_on_board(op, &choice);
     let started = start_collective(op, &choice, in_place, on_board, launch.executor)?;
     if let Some(profiler) = &comm.profiler {
@@ -409,6 +414,7 @@ pub(crate) fn board_op(op: &RawOp, started: Started) -> BoardOp {
         count: op.count,
         elem_size: op.dtype.size(),
         reduction: started.reduction.expect("all-reduce reduces"),
+        ordered: op.comm.config.deterministic,
     }
 }
 

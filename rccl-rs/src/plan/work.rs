@@ -96,9 +96,11 @@ pub struct OpWork {
 }
 
 /// One all-reduce run through the board (see `rccl_transports::Board`):
-/// every rank posts its input once and reduces every rank's post in the
-/// order of the one-shot schedule, `x0 op (x1 op (... op x(n-1)))`, so its
-/// results are bitwise those of one-shot over FIFOs, on every rank.
+/// every rank posts its input once and reduces every rank's post, in the
+/// order of the one-shot schedule, `x0 op (x1 op (... op x(n-1)))` (its
+/// results are bitwise those of one-shot over FIFOs), or with `ordered`
+/// in the order `rccl_algorithms::reduction_order` states (those of the
+/// ordered ring), the same on every rank either way.
 pub struct BoardOp {
     /// The communicator's sequence number of the operation.
     pub seq: u64,
@@ -117,6 +119,8 @@ pub struct BoardOp {
     pub elem_size: usize,
     /// The reduction.
     pub reduction: Reduction,
+    /// Whether posts are folded in the deterministic mode's order.
+    pub ordered: bool,
 }
 
 /// A call the device executor runs, as planned: its schedule, the tuner's
