@@ -2,7 +2,8 @@
 //! streams: every collective x datatype x op (PreMulSum and Avg included)
 //! x count, in place and out of place, for 1, 2, 3, 4 and 8 ranks as
 //! threads. Each rank checks its output against the suite's reference
-//! (tests/common) and against the same call on host buffers, bit for bit.
+//! (tests/common) and against the same call on host buffers, bit for bit;
+//! in the deterministic mode, against the mode's reference.
 //! It runs on the emulated GPU, and with `RCCL_DEVICE=cuda` on the CUDA
 //! backend: over the CUDA driver model in
 //! [`the_suite_over_the_cuda_driver_model`], on a GPU where one is.
@@ -16,10 +17,10 @@ use std::ffi::c_int;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
-use common::{all_cases, test_config};
+use common::{all_cases, check, deterministic, test_config, Case, CaseBuffers};
 use device_cases::{
-    create_stream, destroy_stream, device_under_test, last_error, read_back, run_case, synchronize,
-    to_device,
+    create_stream, destroy_stream, device_under_test, last_error, read_back, run_case_of,
+    synchronize, to_device,
 };
 use parking_lot::Mutex;
 use rccl::tuning::Selection;
@@ -50,20 +51,33 @@ fn suite(nranks: usize) {
 }
 
 fn suite_with(nranks: usize, config: rccl::Config, kinds: &[CollKind], dtypes: &[DataType]) {
+    let cases = all_cases(nranks, kinds, dtypes);
+    cases_with(nranks, config, &cases, CaseBuffers::new, check);
+}
+
+/// Runs `cases` on `nranks` ranks as threads with `config`, each rank's
+/// buffers laid out by `buffers` and its device output checked by `check`.
+fn cases_with(
+    nranks: usize,
+    config: rccl::Config,
+    cases: &[Case],
+    buffers: fn(&Case, usize, usize) -> CaseBuffers,
+    check: fn(&Case, usize, usize, &[u8]) -> Result<(), String>,
+) {
     device_under_test();
     let comms = c_comms_with(nranks, config);
-    let cases = all_cases(nranks, kinds, dtypes);
     let failures = Mutex::new(Vec::<String>::new());
     std::thread::scope(|s| {
         for (rank, &comm) in comms.iter().enumerate() {
-            let (cases, failures) = (&cases, &failures);
+            let failures = &failures;
             // Handles cross into the rank's thread as integers.
             let comm = comm as usize;
             s.spawn(move || {
                 let comm = comm as ncclComm_t;
                 let stream = create_stream();
                 for case in cases {
-                    if let Err(msg) = run_case(case, comm, stream, nranks, rank) {
+                    let at = (nranks, rank);
+                    if let Err(msg) = run_case_of(case, comm, stream, at, buffers, check) {
                         failures.lock().push(msg);
                         // SAFETY: this rank stops: its peers' waits end.
                         unsafe { ncclCommAbort(comm) };
@@ -132,6 +146,37 @@ fn ll_and_ll128_forced() {
             };
             suite_with(3, config, &kinds, &dtypes);
         }
+    }
+}
+
+/// The deterministic mode on device memory: its calls give the
+/// reference's bits (and the host path's) whatever algorithm, protocol,
+/// channel count and rank count (the bits of a fixed rank count fixed).
+#[test]
+fn deterministic_calls_give_the_reference_bits() {
+    let runs = [
+        (4, "ring", "Simple", 2),
+        (4, "tree", "LL", 3),
+        (3, "rhd", "LL128", 1),
+        (8, "oneshot", "Simple", 2),
+    ];
+    for (nranks, algo, proto, channels) in runs {
+        let config = rccl::Config {
+            deterministic: true,
+            algo: Selection::parse("NCCL_ALGO", algo).unwrap(),
+            proto: Selection::parse("NCCL_PROTO", proto).unwrap(),
+            min_channels: channels,
+            max_channels: channels,
+            ..test_config()
+        };
+        let cases = deterministic::cases(nranks);
+        cases_with(
+            nranks,
+            config,
+            &cases,
+            deterministic::buffers,
+            deterministic::check,
+        );
     }
 }
 
@@ -440,13 +485,17 @@ fn the_suite_over_the_cuda_driver_model() {
         "the_suite_over_the_cuda_driver_model",
         &[("RCCL_CUDA_MODEL_SMS", "132")],
         || {
-            let parts: [(&str, fn()); 11] = [
+            let parts: [(&str, fn()); 12] = [
                 ("one_rank", one_rank),
                 ("two_ranks", two_ranks),
                 ("three_ranks", three_ranks),
                 ("four_ranks", four_ranks),
                 ("eight_ranks", eight_ranks),
                 ("ll_and_ll128_forced", ll_and_ll128_forced),
+                (
+                    "deterministic_calls_give_the_reference_bits",
+                    deterministic_calls_give_the_reference_bits,
+                ),
                 (
                     "a_call_returns_before_its_peer_arrives_and_completes_at_synchronize",
                     a_call_returns_before_its_peer_arrives_and_completes_at_synchronize,

@@ -1,8 +1,8 @@
 //! Ranks in separate processes of one host on device memory of the
 //! emulated GPU, run as device work over FIFOs in device memory one
 //! process exports and the other maps (the handle a file descriptor passed
-//! over a Unix socket, as `P2P/IPC`'s): the correctness suite over 4
-//! processes, the links made (and `NCCL_P2P_DISABLE`: the host executor
+//! over a Unix socket, as `P2P/IPC`'s): the correctness suite and the
+//! deterministic mode's calls over 4 processes, the links made (and `NCCL_P2P_DISABLE`: the host executor
 //! through shared memory, over host copies of the buffers), and a process
 //! killed mid all-reduce.
 
@@ -19,9 +19,10 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use children::{free_port, Ranks};
-use common::{all_cases, TEST_BUFFSIZE};
+use common::{all_cases, deterministic, TEST_BUFFSIZE};
 use device_cases::{
-    all_reduce_succeeds, emu, join_from_env, last_error, read_back, run_cases_then_close, to_device,
+    all_reduce_succeeds, emu, join_from_env, last_error, read_back, run_case_of,
+    run_cases_then_close, to_device,
 };
 use rccl::{CollKind, Communicator, DataType};
 use rcclrs::registry::{self, Entry, Slot};
@@ -36,6 +37,7 @@ const ROLE: &str = "RCCL_TEST_IPC_ROLE";
 fn child() {
     match std::env::var(ROLE).as_deref() {
         Ok("suite") => suite_rank(),
+        Ok("deterministic") => deterministic_rank(),
         Ok("loop") => all_reduce_until_killed(),
         Ok("pair") => two_ranks_from_one_thread(),
         Ok("idle") => all_reduce_once_beside_an_idle_rank(),
@@ -132,6 +134,31 @@ fn suite_rank() {
         "host staging buffers: {}",
         rccl_device::emu::host_allocations()
     );
+}
+
+/// The deterministic mode's calls on device memory: each output the
+/// reference's bits and the host path's.
+fn deterministic_rank() {
+    let (comm, stream, rank, nranks) = join_from_env();
+    let cases = deterministic::cases(nranks);
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|case| {
+            let at = (nranks, rank);
+            run_case_of(
+                case,
+                comm,
+                stream,
+                at,
+                deterministic::buffers,
+                deterministic::check,
+            )
+            .err()
+        })
+        .collect();
+    deterministic::assert_expected(rank, cases.len(), &failures);
+    // SAFETY: a live handle, destroyed once.
+    assert_eq!(unsafe { ncclCommDestroy(comm) }, ncclSuccess);
 }
 
 /// All-reduces of 64 Ki floats on device memory until one fails: prints
@@ -339,6 +366,27 @@ fn the_suite_over_four_processes_through_p2p_ipc() {
         blocks.len() == 4 && blocks.iter().all(|&n| n > 0),
         "{blocks:?}"
     );
+}
+
+/// The deterministic mode across 4 processes on device memory through
+/// P2P/IPC, under two algorithms asked for: every output is the
+/// reference's bits; without the mode, the tree's are not.
+#[test]
+fn deterministic_calls_over_p2p_ipc_give_the_reference_bits() {
+    for (mode, algo, expect) in [
+        ("1", "ring", "reference"),
+        ("1", "tree", "reference"),
+        ("0", "allreduce:tree", "other"),
+    ] {
+        let env = [
+            ("NCCL_DETERMINISTIC", mode),
+            ("NCCL_ALGO", algo),
+            (deterministic::EXPECT, expect),
+        ];
+        let (ok, text) = finish(spawn(4, "deterministic", &env));
+        assert!(ok.iter().all(|&ok| ok), "{env:?}: {ok:?}\n{text}");
+        assert_device_work(&text);
+    }
 }
 
 /// Asserts that the ranks' device calls connected as device work through

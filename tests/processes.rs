@@ -1,7 +1,7 @@
-//! The correctness suite with 4 separate processes on loopback, each
-//! joining through the torchrun environment variables; and what such
-//! launches let in: strangers without the key, and other jobs on the same
-//! port.
+//! The correctness suite and the deterministic mode's calls with 4
+//! separate processes on loopback, each joining through the torchrun
+//! environment variables; and what such launches let in: strangers without
+//! the key, and other jobs on the same port.
 
 #[path = "common/children.rs"]
 mod children;
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use children::free_port;
-use common::{all_cases, check, CaseBuffers, TEST_BUFFSIZE};
+use common::{all_cases, check, deterministic, CaseBuffers, TEST_BUFFSIZE};
 use rccl::{Bootstrap, CollKind, Communicator, DataType, Error, RedOp, UniqueId};
 
 const CHILD_MARKER: &str = "RCCL_TEST_CHILD";
@@ -46,20 +46,47 @@ fn child_rank() {
     );
 }
 
+/// Runs as one rank of `deterministic_processes`: the deterministic mode's
+/// calls on host memory, each checked against the reference.
+#[test]
+fn deterministic_child_rank() {
+    if std::env::var_os(DETERMINISTIC_CHILD).is_none() {
+        return;
+    }
+    let comm = Communicator::from_env().expect("init from the environment");
+    let (rank, nranks) = (comm.rank(), comm.count());
+    let cases = deterministic::cases(nranks);
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|case| {
+            let mut bufs = deterministic::buffers(case, nranks, rank);
+            bufs.run(&comm, case)
+                .unwrap_or_else(|e| panic!("{case:?} on rank {rank}: {e}"));
+            deterministic::check(case, nranks, rank, bufs.output(case, nranks, rank)).err()
+        })
+        .collect();
+    deterministic::assert_expected(rank, cases.len(), &failures);
+}
+
+const DETERMINISTIC_CHILD: &str = "RCCL_TEST_DETERMINISTIC_CHILD";
+
 fn run_processes(nranks: usize, shm_disable: bool) {
+    run_children(nranks, "child_rank", CHILD_MARKER, |_, cmd| {
+        cmd.env("NCCL_SHM_DISABLE", if shm_disable { "1" } else { "0" });
+    });
+}
+
+/// Runs `nranks` processes of the test `child` on loopback (`marker` set,
+/// the suite's settings, then what `more` sets on each rank's command),
+/// and asserts that each succeeds.
+fn run_children(nranks: usize, child: &str, marker: &str, more: impl Fn(usize, &mut Command)) {
     let port = free_port().to_string();
     let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..nranks)
         .map(|rank| {
-            Command::new(&exe)
-                .args([
-                    "--exact",
-                    "child_rank",
-                    "--nocapture",
-                    "--test-threads",
-                    "1",
-                ])
-                .env(CHILD_MARKER, "1")
+            let mut cmd = Command::new(&exe);
+            cmd.args(["--exact", child, "--nocapture", "--test-threads", "1"])
+                .env(marker, "1")
                 .env("RANK", rank.to_string())
                 .env("WORLD_SIZE", nranks.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
@@ -67,10 +94,9 @@ fn run_processes(nranks: usize, shm_disable: bool) {
                 .env("NCCL_BUFFSIZE", TEST_BUFFSIZE.to_string())
                 .env("NCCL_MIN_NCHANNELS", "2")
                 .env("NCCL_MAX_NCHANNELS", "2")
-                .env("RCCL_TIMEOUT_MS", "60000")
-                .env("NCCL_SHM_DISABLE", if shm_disable { "1" } else { "0" })
-                .spawn()
-                .unwrap()
+                .env("RCCL_TIMEOUT_MS", "60000");
+            more(rank, &mut cmd);
+            cmd.spawn().unwrap()
         })
         .collect();
     let statuses: Vec<_> = children
@@ -88,6 +114,68 @@ fn four_processes_shm() {
 #[test]
 fn four_processes_tcp() {
     run_processes(4, true);
+}
+
+/// The deterministic mode across 4 processes: every output is the
+/// reference's bits over shared memory, over TCP sockets, over the IB
+/// model, and with ranks on two hosts (`NCCL_HOSTID`) one after the other
+/// or interleaved, each under another algorithm, protocol and channel
+/// count asked for; without the mode the tree's outputs are not.
+#[test]
+fn deterministic_processes() {
+    // (NCCL_DETERMINISTIC, the other settings, each rank's host)
+    type Run = (
+        &'static str,
+        &'static [(&'static str, &'static str)],
+        fn(usize) -> usize,
+    );
+    let runs: [Run; 5] = [
+        ("1", &[("NCCL_ALGO", "ring")], |_| 0),
+        (
+            "1",
+            &[
+                ("NCCL_ALGO", "tree"),
+                ("NCCL_PROTO", "LL"),
+                ("NCCL_SHM_DISABLE", "1"),
+            ],
+            |_| 0,
+        ),
+        (
+            "1",
+            &[("NCCL_ALGO", "rhd"), ("NCCL_NET", "Socket")],
+            |rank| rank % 2,
+        ),
+        (
+            "1",
+            &[
+                ("NCCL_ALGO", "tree"),
+                ("NCCL_NET", "IB"),
+                ("RCCL_IB_MODEL", "1"),
+                ("NCCL_MAX_NCHANNELS", "3"),
+                ("NCCL_MIN_NCHANNELS", "3"),
+            ],
+            |rank| rank / 2,
+        ),
+        (
+            "0",
+            &[("NCCL_ALGO", "allreduce:tree"), ("NCCL_SHM_DISABLE", "1")],
+            |_| 0,
+        ),
+    ];
+    for (mode, env, host) in runs {
+        let expect = if mode == "1" { "reference" } else { "other" };
+        run_children(
+            4,
+            "deterministic_child_rank",
+            DETERMINISTIC_CHILD,
+            |rank, cmd| {
+                cmd.env("NCCL_DETERMINISTIC", mode)
+                    .env(deterministic::EXPECT, expect)
+                    .env("NCCL_HOSTID", format!("host-{}", host(rank)))
+                    .envs(env.iter().copied());
+            },
+        );
+    }
 }
 
 /// Names a launch role for `child_role`.

@@ -14,7 +14,7 @@ use rccl_algorithms::{CollKind, CollSpec};
 use crate::api::Element;
 use crate::error::{Error, Result};
 use crate::kernels::ReduceKernel;
-use crate::types::RedOp;
+use crate::types::{DataType, RedOp};
 
 /// What `rank` receives from a deterministic `kind` (AllReduce,
 /// ReduceScatter, or Reduce with `rank` its root) over `inputs`, one send
@@ -28,15 +28,38 @@ pub fn reference<T: Element>(
     op: RedOp,
     rank: usize,
 ) -> Result<Vec<T>> {
+    let bytes: Vec<&[u8]> = inputs.iter().map(|x| bytemuck::cast_slice(x)).collect();
+    let out = reference_bytes(kind, T::DATATYPE, &bytes, op, rank)?;
+    Ok(out
+        .chunks_exact(T::DATATYPE.size())
+        .map(bytemuck::pod_read_unaligned)
+        .collect())
+}
+
+/// [`reference`] over buffers of `dtype` elements as bytes, for callers
+/// that know the datatype only at run time (as the C ABI's callers do).
+pub fn reference_bytes(
+    kind: CollKind,
+    dtype: DataType,
+    inputs: &[&[u8]],
+    op: RedOp,
+    rank: usize,
+) -> Result<Vec<u8>> {
     let nranks = inputs.len();
-    let len = inputs.first().map_or(0, |x| x.len());
-    if nranks == 0 || rank >= nranks || inputs.iter().any(|x| x.len() != len) {
+    let size = dtype.size();
+    let bytes = inputs.first().map_or(0, |x| x.len());
+    if nranks == 0
+        || rank >= nranks
+        || !bytes.is_multiple_of(size)
+        || inputs.iter().any(|x| x.len() != bytes)
+    {
         return Err(Error::InvalidArgument(format!(
-            "a reference reduction takes one input of the same length per rank and a rank \
-             among them: {nranks} inputs of lengths {:?}, rank {rank}",
+            "a reference reduction takes one input of the same whole number of {size}-byte \
+             elements per rank and a rank among them: {nranks} inputs of {:?} bytes, rank {rank}",
             inputs.iter().map(|x| x.len()).collect::<Vec<_>>()
         )));
     }
+    let len = bytes / size;
     let count = match kind {
         CollKind::AllReduce | CollKind::Reduce => len,
         CollKind::ReduceScatter if len.is_multiple_of(nranks) => len / nranks,
@@ -58,35 +81,27 @@ pub fn reference<T: Element>(
         root: rank,
         count,
     };
-    let kernel = ReduceKernel::new(T::DATATYPE, op, nranks)?;
+    let kernel = ReduceKernel::new(dtype, op, nranks)?;
     let first = if kind == CollKind::ReduceScatter {
         rank * count
     } else {
         0
     };
-    Ok((0..count)
-        .map(|i| {
-            let order = reduction_order(&spec, rank, i).expect("an element of the call");
-            let mut acc: Option<T> = None;
-            for (step, &from) in order.iter().enumerate() {
-                let x = inputs[from][first + i];
-                let mut out = x;
-                let last = step + 1 == order.len();
-                let acc_ptr = acc.as_ref().map(|a| a as *const T as *const u8);
-                // SAFETY: `acc`, `x` and `out` are each one element of the
-                // kernel's datatype (`T::DATATYPE`), live for the call.
-                unsafe {
-                    kernel.run(
-                        acc_ptr,
-                        &x as *const T as *const u8,
-                        &mut out as *mut T as *mut u8,
-                        1,
-                        last,
-                    )
-                };
-                acc = Some(out);
-            }
-            acc.expect("at least one rank")
-        })
-        .collect())
+    let mut out = vec![0u8; count * size];
+    let mut acc = vec![0u8; size];
+    for (i, result) in out.chunks_exact_mut(size).enumerate() {
+        let order = reduction_order(&spec, rank, i).expect("an element of the call");
+        for (step, &from) in order.iter().enumerate() {
+            let at = (first + i) * size;
+            let x = &inputs[from][at..at + size];
+            let last = step + 1 == order.len();
+            let acc_ptr = (step > 0).then_some(acc.as_ptr());
+            // SAFETY: `acc`, `x` and `result` are each one element of the
+            // kernel's datatype, live for the call; the kernel reads its
+            // inputs before it writes its output.
+            unsafe { kernel.run(acc_ptr, x.as_ptr(), result.as_mut_ptr(), 1, last) };
+            acc.copy_from_slice(result);
+        }
+    }
+    Ok(out)
 }

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod deterministic;
+
 use rccl::{CollKind, Communicator, Config, DataType, RedOp};
 
 /// FIFO bytes per connection in tests: small, so that modest counts span
@@ -239,16 +241,22 @@ impl CaseBuffers {
     pub fn new(case: &Case, nranks: usize, rank: usize) -> CaseBuffers {
         let size = case.dtype.size();
         let send_len = case.kind.send_len(case.count, nranks, rank, case.root);
+        let mut input_bytes = vec![0u8; send_len * size];
+        for (i, element) in input_bytes.chunks_exact_mut(size).enumerate() {
+            encode(case.dtype, input(case.dtype, case.op, rank, i), element);
+        }
+        CaseBuffers::with_input(case, nranks, rank, &input_bytes)
+    }
+
+    /// As [`CaseBuffers::new`], the send region holding `input` (the
+    /// rank's send length of the case's datatype).
+    pub fn with_input(case: &Case, nranks: usize, rank: usize, input: &[u8]) -> CaseBuffers {
+        let size = case.dtype.size();
+        let send_len = case.kind.send_len(case.count, nranks, rank, case.root);
         let recv_len = case.kind.recv_len(case.count, nranks, rank, case.root);
+        assert_eq!(input.len(), send_len * size, "{case:?} on rank {rank}");
         let fill = |buf: &mut [u8], offset: usize| {
-            for i in 0..send_len {
-                let v = input(case.dtype, case.op, rank, i);
-                encode(
-                    case.dtype,
-                    v,
-                    &mut buf[(offset + i) * size..(offset + i + 1) * size],
-                );
-            }
+            buf[offset * size..(offset + send_len) * size].copy_from_slice(input);
         };
         if case.in_place {
             let total = send_len.max(recv_len);

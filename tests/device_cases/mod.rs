@@ -205,8 +205,7 @@ pub fn gate(stream: cudaStream_t) -> Arc<AtomicBool> {
 }
 
 /// Runs `case` on device buffers (enqueued on `stream`, then
-/// synchronized) and on host buffers; returns the device output or the
-/// first failure.
+/// synchronized) and on host buffers; returns the first failure.
 pub fn run_case(
     case: &Case,
     comm: ncclComm_t,
@@ -214,8 +213,21 @@ pub fn run_case(
     nranks: usize,
     rank: usize,
 ) -> Result<(), String> {
+    run_case_of(case, comm, stream, (nranks, rank), CaseBuffers::new, check)
+}
+
+/// As [`run_case`], with the buffers `buffers` lays out and the device
+/// output checked by `check` (and against the host path's, bit for bit).
+pub fn run_case_of(
+    case: &Case,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    (nranks, rank): (usize, usize),
+    buffers: fn(&Case, usize, usize) -> CaseBuffers,
+    check: fn(&Case, usize, usize, &[u8]) -> Result<(), String>,
+) -> Result<(), String> {
     let op = c_op(comm, case.op, case.dtype);
-    let mut on_device = CaseBuffers::new(case, nranks, rank);
+    let mut on_device = buffers(case, nranks, rank);
     let (dev_send, dev_recv) = (to_device(&on_device.send), to_device(&on_device.recv));
     let (send, recv) = on_device.pointers_at(case, dev_send, dev_recv);
     // The stream is held while the call is made: the call must only
@@ -256,7 +268,7 @@ pub fn run_case(
         device.free(dev_send).unwrap();
         device.free(dev_recv).unwrap();
     }
-    let mut on_host = CaseBuffers::new(case, nranks, rank);
+    let mut on_host = buffers(case, nranks, rank);
     let bases = (on_host.send.as_mut_ptr(), on_host.recv.as_mut_ptr());
     let (send, recv) = on_host.pointers_at(case, bases.0, bases.1);
     // SAFETY: host buffers laid out for the case, alive for the call,
