@@ -40,16 +40,22 @@ fn run(bin: &str, args: &[&str], env: &[(&str, &str)]) -> (Output, String, Durat
     (out, text, started.elapsed())
 }
 
-/// Runs all_reduce_perf over the sweep with `env` on two ranks (`launch`:
-/// `-g 2` or `--procs 2`); checks it exits 0 with 0 wrong, and returns
-/// every row's (algorithm, protocol) from the JSON file, out of place and
-/// in place.
-fn forced_choices(env: &[(&str, &str)], launch: &str) -> Vec<(String, String)> {
-    let path = json_path(&format!("{}-{launch}", env[0].1.replace(':', "_")));
+/// Runs all_reduce_perf over the sweep with `env` and `flags` on two ranks
+/// (`launch`: `-g 2` or `--procs 2`); checks it exits 0 with 0 wrong, and
+/// returns its output, its JSON file and every row's (algorithm,
+/// protocol) from that file, out of place and in place.
+fn sweep(
+    name: &str,
+    env: &[(&str, &str)],
+    flags: &[&str],
+    launch: &str,
+) -> (String, Value, Vec<(String, String)>) {
+    let path = json_path(&format!("{}-{launch}", name.replace(':', "_")));
     let mut args = vec![launch, "2", "-J", path.to_str().unwrap()];
     args.extend_from_slice(SWEEP);
+    args.extend_from_slice(flags);
     let (out, text, _) = run(env!("CARGO_BIN_EXE_all_reduce_perf"), &args, env);
-    assert!(out.status.success(), "{env:?} {launch}:\n{text}");
+    assert!(out.status.success(), "{env:?} {flags:?} {launch}:\n{text}");
     assert!(text.contains("# Out of bounds values : 0 OK"), "{text}");
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let _ = std::fs::remove_file(&path);
@@ -69,7 +75,12 @@ fn forced_choices(env: &[(&str, &str)], launch: &str) -> Vec<(String, String)> {
             ));
         }
     }
-    choices
+    (text, doc, choices)
+}
+
+/// [`sweep`]'s choices with `env` alone.
+fn forced_choices(env: &[(&str, &str)], launch: &str) -> Vec<(String, String)> {
+    sweep(env[0].1, env, &[], launch).2
 }
 
 #[test]
@@ -117,4 +128,85 @@ fn a_selection_that_leaves_the_measured_collective_nothing_fails_at_once() {
     assert_eq!(out.status.code(), Some(2), "{text}");
     assert!(text.contains("unknown algorithm \"bogus\""), "{text}");
     assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+/// `--deterministic` (passed on to the rank processes of `--procs`) and
+/// `NCCL_DETERMINISTIC=1` reach the measured communicators: the header and
+/// the JSON file say the mode is on, and though `NCCL_ALGO=Tree` asks for
+/// the tree, which the test above shows it gets otherwise, the tuner picks
+/// the ordered ring, or one-shot on the board for the smallest sizes (it
+/// folds in the same order). `--deterministic 0` turns the variable's mode
+/// off.
+#[test]
+fn the_deterministic_mode_reaches_the_measured_collective() {
+    struct Case {
+        env: &'static [(&'static str, &'static str)],
+        flags: &'static [&'static str],
+        launch: &'static str,
+        /// What the header says after `# Deterministic: `.
+        header: &'static str,
+    }
+    const TREE: (&str, &str) = ("NCCL_ALGO", "Tree");
+    const ON: (&str, &str) = ("NCCL_DETERMINISTIC", "1");
+    let cases = [
+        Case {
+            env: &[TREE],
+            flags: &["--deterministic"],
+            launch: "-g",
+            header: "on (--deterministic)",
+        },
+        Case {
+            env: &[TREE],
+            flags: &["--deterministic"],
+            launch: "--procs",
+            header: "on (--deterministic)",
+        },
+        Case {
+            env: &[TREE, ON],
+            flags: &[],
+            launch: "-g",
+            header: "on (NCCL_DETERMINISTIC=1)",
+        },
+        Case {
+            env: &[TREE, ON],
+            flags: &["--deterministic", "0"],
+            launch: "--procs",
+            header: "off (--deterministic 0)",
+        },
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let Case {
+            env,
+            flags,
+            launch,
+            header,
+        } = case;
+        let (text, doc, choices) = sweep(&format!("deterministic-{i}"), env, flags, launch);
+        let what = format!("{env:?} {flags:?} {launch}");
+        assert!(
+            text.contains(&format!("\n# Deterministic: {header}\n")),
+            "{what}:\n{text}"
+        );
+        let deterministic = header.starts_with("on");
+        assert_eq!(
+            doc["config"]["rccl"]["deterministic"],
+            Value::Bool(deterministic),
+            "{what}"
+        );
+        let algorithms: Vec<&str> = choices.iter().map(|(a, _)| a.as_str()).collect();
+        if deterministic {
+            assert!(
+                algorithms
+                    .iter()
+                    .all(|a| ["ordered_ring", "oneshot"].contains(a))
+                    && algorithms.contains(&"ordered_ring"),
+                "{what}: {algorithms:?}"
+            );
+        } else {
+            assert!(
+                algorithms.iter().all(|&a| a == "tree"),
+                "{what}: {algorithms:?}"
+            );
+        }
+    }
 }

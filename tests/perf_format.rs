@@ -18,6 +18,7 @@ fn run(bin: &str, args: &[&str], corrupt: bool) -> (Output, String) {
         "PMI_RANK",
         "SLURM_PROCID",
         "NCCL_TESTS_MIN_BW",
+        "NCCL_DETERMINISTIC",
     ] {
         cmd.env_remove(var);
     }
@@ -140,6 +141,7 @@ fn all_reduce_output_matches_nccl_tests_format() {
     assert!(text.contains(
         "# nThread 1 nGpus 4 minBytes 8 maxBytes 65536 step: 4(factor) warmup iters: 1 iters: 2 agg iters: 1 validation: 1 graph: 0 unalign: 0\n"
     ));
+    assert!(text.contains("# Deterministic: off\n"), "{text}");
     assert!(text.contains("# Using devices\n"));
     let pid = out.status.code().map(|_| ()).and(Some(()));
     assert!(pid.is_some());

@@ -58,6 +58,12 @@ fn parse_i32(text: &str) -> Result<i32, String> {
     i32::try_from(parse_int(text)?).map_err(|_| format!("{text:?} is out of range"))
 }
 
+/// A switch's value: a number, 0 for off, anything else for on (as the
+/// engine reads its `NCCL_*` switches).
+fn parse_switch(text: &str) -> Result<bool, String> {
+    Ok(parse_int(text)? != 0)
+}
+
 /// Where the buffers live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BufferMemory {
@@ -307,6 +313,18 @@ pub struct Args {
     /// the iteration count, hence the long name.
     #[arg(long = "procs", default_value = "0", value_parser = parse_count)]
     pub procs: usize,
+    /// (rccl-tests) Deterministic reductions for the measured
+    /// communicators: alone or with 1, AllReduce, ReduceScatter and Reduce
+    /// give the same bits whatever the algorithm, protocol and channels
+    /// (as `NCCL_DETERMINISTIC=1`); 0 turns the mode off whatever the
+    /// variable says. Without the flag, `NCCL_DETERMINISTIC` decides.
+    #[arg(
+        long = "deterministic",
+        num_args = 0..=1,
+        default_missing_value = "1",
+        value_parser = parse_switch
+    )]
+    pub deterministic: Option<bool>,
 }
 
 impl Args {
@@ -373,5 +391,37 @@ mod tests {
             (8, 128 << 20, 2, 8, -1)
         );
         assert_eq!((a.datatype.0, a.op.0), (None, None));
+    }
+
+    #[test]
+    fn deterministic_alone_or_with_a_value() {
+        let parse = |argv: &[&str]| {
+            Args::try_parse_from(argv)
+                .ok()
+                .map(|a| (a.deterministic, a.minbytes))
+        };
+        assert_eq!(parse(&["x"]), Some((None, 32 << 20)));
+        assert_eq!(
+            parse(&["x", "--deterministic"]),
+            Some((Some(true), 32 << 20))
+        );
+        // A flag after it is the next flag, not its value.
+        assert_eq!(
+            parse(&["x", "--deterministic", "-b", "8"]),
+            Some((Some(true), 8))
+        );
+        assert_eq!(
+            parse(&["x", "--deterministic", "1"]),
+            Some((Some(true), 32 << 20))
+        );
+        assert_eq!(
+            parse(&["x", "--deterministic", "0", "-b", "8"]),
+            Some((Some(false), 8))
+        );
+        assert_eq!(
+            parse(&["x", "--deterministic=0"]),
+            Some((Some(false), 32 << 20))
+        );
+        assert_eq!(parse(&["x", "--deterministic", "yes"]), None);
     }
 }

@@ -6,7 +6,7 @@
 use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use rccl::Communicator;
+use rccl::{Communicator, Config};
 
 /// How ranks are laid out.
 pub enum Launch {
@@ -113,16 +113,16 @@ pub struct MpiSession {
 }
 
 /// Joins this process's communicator for a [`Launch::Env`] or
-/// [`Launch::Mpi`] launch.
-pub fn join(launch: &Launch) -> Result<(Communicator, Option<MpiSession>), String> {
+/// [`Launch::Mpi`] launch, with the settings `config`.
+pub fn join(launch: &Launch, config: Config) -> Result<(Communicator, Option<MpiSession>), String> {
     let engine = |what: &'static str| super::format::engine_error(what);
     match *launch {
         Launch::Threads => Err("join: not a process launch".into()),
         Launch::Env { .. } => Ok((
-            Communicator::from_env().map_err(engine("ncclCommInitRank"))?,
+            Communicator::from_env_config(config).map_err(engine("ncclCommInitRank"))?,
             None,
         )),
-        Launch::Mpi { rank, nranks, .. } => join_mpi(rank, nranks),
+        Launch::Mpi { rank, nranks, .. } => join_mpi(rank, nranks, config),
     }
 }
 
@@ -130,6 +130,7 @@ pub fn join(launch: &Launch) -> Result<(Communicator, Option<MpiSession>), Strin
 fn join_mpi(
     env_rank: usize,
     env_nranks: usize,
+    config: Config,
 ) -> Result<(Communicator, Option<MpiSession>), String> {
     use mpi::traits::{Communicator as _, Root as _};
     let universe = mpi::initialize().ok_or("MPI_Init failed (was MPI already initialized?)")?;
@@ -156,7 +157,7 @@ fn join_mpi(
     if bytes.iter().all(|&b| b == 0) {
         return Err("rank 0 could not create the unique id".into());
     }
-    let comm = Communicator::init_rank(nranks, &rccl::UniqueId(bytes), rank)
+    let comm = Communicator::init_rank_config(nranks, &rccl::UniqueId(bytes), rank, config)
         .map_err(super::format::engine_error("ncclCommInitRank"))?;
     Ok((
         comm,
@@ -167,7 +168,11 @@ fn join_mpi(
 }
 
 #[cfg(not(feature = "mpi"))]
-fn join_mpi(_rank: usize, _nranks: usize) -> Result<(Communicator, Option<MpiSession>), String> {
+fn join_mpi(
+    _rank: usize,
+    _nranks: usize,
+    _config: Config,
+) -> Result<(Communicator, Option<MpiSession>), String> {
     // Launch::detect only picks Mpi with the feature.
     Err("this build has no MPI support (build with --features mpi)".into())
 }

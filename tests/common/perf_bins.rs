@@ -43,6 +43,7 @@ pub const INHERITED_VARS: &[&str] = &[
     "SLURM_LOCALID",
     "NCCL_ALGO",
     "NCCL_PROTO",
+    "NCCL_DETERMINISTIC",
     "NCCL_TESTS_MIN_BW",
     "RCCL_PERF_CORRUPT",
     "RCCL_DEVICE",

@@ -191,12 +191,19 @@ impl Communicator {
     /// user's key file and the launcher's job name
     /// ([`UniqueId::from_address`]).
     pub fn from_env() -> Result<Communicator> {
+        Communicator::from_env_config(Config::from_env()?)
+    }
+
+    /// As [`Communicator::from_env`], with explicit settings: the launch
+    /// still comes from the environment, the communicator's settings from
+    /// `config` (a program's own switches over the `NCCL_*` variables).
+    pub fn from_env_config(config: Config) -> Result<Communicator> {
         let (rank, nranks) = rank_from_env()?;
         let id = UniqueId::from_address(&rendezvous_address()?)?;
         if rank == 0 {
             id.serve_root()?;
         }
-        Communicator::init_rank(nranks, &id, rank)
+        Communicator::init_rank_config(nranks, &id, rank, config)
     }
 }
 

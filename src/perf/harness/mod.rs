@@ -140,6 +140,35 @@ fn run(coll: Coll, args: &Args, launch: Launch) -> Res<bool> {
     result
 }
 
+/// The settings of the measured communicators: the environment's, with
+/// `--deterministic`, where given, over `NCCL_DETERMINISTIC`. Every rank
+/// process parses the same command line (`--procs` passes it on), so the
+/// ranks agree on the mode as the engine requires.
+fn measured_config(args: &Args, launch: &Launch) -> Res<Config> {
+    let init = match launch {
+        Launch::Threads => "ncclCommInitAll",
+        Launch::Env { .. } | Launch::Mpi { .. } => "ncclCommInitRank",
+    };
+    let mut config = Config::from_env().map_err(engine_error(init))?;
+    if let Some(on) = args.deterministic {
+        config.deterministic = on;
+    }
+    Ok(config)
+}
+
+/// The header's line on the deterministic mode: on or off, and what set
+/// it, as a run's bits depend on it.
+fn deterministic_line(args: &Args, config: &Config) -> String {
+    let state = if config.deterministic { "on" } else { "off" };
+    let by = match (args.deterministic, rccl::env::var("NCCL_DETERMINISTIC")) {
+        (Some(true), _) => " (--deterministic)".to_string(),
+        (Some(false), _) => " (--deterministic 0)".to_string(),
+        (None, Some(value)) => format!(" (NCCL_DETERMINISTIC={value})"),
+        (None, None) => String::new(),
+    };
+    format!("# Deterministic: {state}{by}\n")
+}
+
 /// The device whose memory the buffers live in (`--memory`), or `None`
 /// for host memory.
 fn memory_device(args: &Args) -> Res<Option<&'static dyn Device>> {
@@ -166,8 +195,10 @@ fn run_ranks(
     per_iter: (bool, usize),
     device: Option<&'static dyn Device>,
 ) -> Res<bool> {
+    // Read after -T, which sets the timeout through the environment.
+    let config = measured_config(args, launch)?;
     if is_main_proc {
-        print!("{}", run_header(coll, args, per_iter, device));
+        print!("{}", run_header(coll, args, &config, per_iter, device));
     }
     // Per thread, each rank's measured and bookkeeping communicators.
     let mut comms: Vec<Vec<(Communicator, Communicator)>> = Vec::new();
@@ -178,7 +209,8 @@ fn run_ranks(
     match launch {
         Launch::Threads => {
             let nranks = args.nthreads * args.ngpus;
-            let all = Communicator::init_all(nranks).map_err(engine_error("ncclCommInitAll"))?;
+            let all = Communicator::init_all_config(nranks, config)
+                .map_err(engine_error("ncclCommInitAll"))?;
             let books = Communicator::init_all_config(nranks, bookkeeping_config(all[0].config()))
                 .map_err(engine_error("ncclCommInitAll (bookkeeping)"))?;
             let mut it = all.into_iter().zip(books);
@@ -197,7 +229,7 @@ fn run_ranks(
                     "with one process per rank ({nranks} ranks from the environment), -t and -g must be 1"
                 ));
             }
-            let (comm, session) = launch::join(launch)?;
+            let (comm, session) = launch::join(launch, config)?;
             _mpi = session;
             let books = comm
                 .split_config(
@@ -310,6 +342,7 @@ fn memory_name(device: Option<&'static dyn Device>) -> String {
 fn run_header(
     coll: Coll,
     args: &Args,
+    config: &Config,
     per_iter: (bool, usize),
     device: Option<&'static dyn Device>,
 ) -> String {
@@ -347,6 +380,7 @@ fn run_header(
     if args.parallel_init != 0 {
         out += "# Parallel Init Enabled: threads call into NcclInitRank concurrently \n";
     }
+    out += &deterministic_line(args, config);
     out += "#\n";
     out
 }

@@ -123,6 +123,9 @@ impl Worker<'_> {
                 "ranks_per_process": self.setup.ranks_per_proc,
                 "min_channels": config.map(|c| c.min_channels),
                 "max_channels": config.map(|c| c.max_channels),
+                // The measured communicator's own setting, whichever of
+                // --deterministic and NCCL_DETERMINISTIC set it.
+                "deterministic": config.map(|c| c.deterministic),
                 "ranks": all_ranks,
             }),
         );
