@@ -13,8 +13,9 @@
 //! * [`report`] prints nccl-tests' table and a JSON form.
 //! * [`estimate`] gives each built-in algorithm's time in closed form,
 //!   and [`tune`] picks with it what the engine's tuner runs
-//!   ([`tune::decide`], [`tune::engine_choice`]) and ranks candidates by
-//!   replay ([`tune::fastest`]), the reference the forms are tested
+//!   ([`tune::decide`], [`tune::engine_choice`]; in the engine's
+//!   deterministic mode [`tune::engine_choice_with`]) and ranks candidates
+//!   by replay ([`tune::fastest`]), the reference the forms are tested
 //!   against.
 //!
 //! # Example
@@ -48,3 +49,10 @@ pub use sim::{
     bus_factor, default_p2p_params, default_params, default_protocol, footprint, simulate,
     simulate_p2p, simulate_with, size_bytes, Footprint, Regime, SimOptions, SimResult, MAX_PRIMS,
 };
+
+/// The algorithm called `name` (case-insensitive) that the forms and the
+/// replay's symmetry rules know: a built-in of `rccl-algorithms`, or the
+/// ordered ring of the engine's deterministic mode.
+pub fn algorithm(name: &str) -> Option<&'static dyn rccl_algorithms::Algorithm> {
+    builtin::Builtin::algorithm_named(name)
+}

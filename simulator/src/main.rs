@@ -6,12 +6,12 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use rccl_algorithms::{builtin, CollKind, CollSpec, Params, Topology};
+use rccl_algorithms::{CollKind, CollSpec, Params, Topology};
 use rccl_simulator::cluster::{self, DegradedLink, LinkKind, SlowRank};
 use rccl_simulator::probe::Probe;
 use rccl_simulator::report::{self, Row};
-use rccl_simulator::tune::{engine_choice, params_for};
-use rccl_simulator::{default_params, simulate, size_bytes, ClusterSpec, Protocol};
+use rccl_simulator::tune::{engine_candidates, engine_choice_with, params_for, EngineConfig};
+use rccl_simulator::{algorithm, default_params, simulate, size_bytes, ClusterSpec, Protocol};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -32,10 +32,15 @@ struct Args {
     /// reduce, alltoall, gather, scatter.
     #[arg(long, default_value = "all_reduce")]
     coll: String,
-    /// Algorithm (ring, tree, rhd, hier, oneshot, direct); default: the
-    /// engine's tuner's choice for this cluster.
+    /// Algorithm (ring, tree, rhd, hier, oneshot, direct, ordered_ring);
+    /// default: the engine's tuner's choice for this cluster.
     #[arg(long)]
     algo: Option<String>,
+    /// As the engine's deterministic mode (NCCL_DETERMINISTIC=1): reducing
+    /// collectives pick among the ordered ring and, for all-reduces that
+    /// fit the board, one-shot; --algo must name one of those.
+    #[arg(long)]
+    deterministic: bool,
     /// Protocol (LL, LL128, Simple); default as the engine's tuner.
     #[arg(long)]
     proto: Option<String>,
@@ -205,7 +210,7 @@ fn run(a: Args) -> Result<(), String> {
     let algo = a
         .algo
         .as_deref()
-        .map(|name| builtin(name).ok_or_else(|| format!("unknown algorithm {name}")))
+        .map(|name| algorithm(name).ok_or_else(|| format!("unknown algorithm {name}")))
         .transpose()?;
     let proto = a
         .proto
@@ -236,13 +241,32 @@ fn run(a: Args) -> Result<(), String> {
         }
         bytes *= a.stepfactor;
     }
+    let config = EngineConfig {
+        deterministic: a.deterministic,
+        ..EngineConfig::default()
+    };
     // What each size runs: the engine's tuner's choice for this cluster,
-    // with what the flags name instead.
+    // with what the flags name instead. In the deterministic mode a named
+    // algorithm must be one the engine would run there, or the numbers
+    // would be those of a schedule whose bits change with the cut.
     let runs = specs
         .iter()
         .map(|spec| {
-            let engine = engine_choice(&c, spec, elem)
+            let engine = engine_choice_with(&c, spec, elem, &config)
                 .ok_or_else(|| format!("no algorithm implements {} here", kind.name()))?;
+            if let Some(named) = algo.filter(|_| a.deterministic && kind.reduces()) {
+                let allowed = engine_candidates(&c, spec, elem, &config);
+                if !allowed.iter().any(|x| x.name() == named.name()) {
+                    let names: Vec<&str> = allowed.iter().map(|x| x.name()).collect();
+                    return Err(format!(
+                        "--deterministic: {} of {} B runs {}, not {}",
+                        kind.name(),
+                        size_bytes(spec, elem),
+                        names.join(" or "),
+                        named.name()
+                    ));
+                }
+            }
             let algorithm = algo.unwrap_or(engine.algorithm);
             let protocol = proto.unwrap_or(engine.protocol);
             let mut params = if algo.is_some() || proto.is_some() {
@@ -270,12 +294,17 @@ fn run(a: Args) -> Result<(), String> {
         })
         .collect::<Result<Vec<_>, String>>()?;
     println!(
-        "# rccl-sim: {} on {} ({} hosts, {} ranks, {} rails); per size, the engine's choice{}:",
+        "# rccl-sim: {} on {} ({} hosts, {} ranks, {} rails); per size, the engine's choice{}{}:",
         kind.name(),
         c.name,
         c.hosts,
         n,
         c.rails(),
+        if a.deterministic {
+            " in the deterministic mode"
+        } else {
+            ""
+        },
         if a.algo.is_some() || a.proto.is_some() || a.nchannels.is_some() || a.chunk_bytes.is_some()
         {
             " as the flags override it"

@@ -5,9 +5,13 @@
 //! its own link figures ([`engine_cluster`]) and `rccl-sim` about the
 //! cluster it replays, so both pick with one model. [`fastest`] ranks the
 //! same candidates by replaying them: the reference the closed forms are
-//! tested against (`tests/closed_form.rs`).
+//! tested against (`tests/closed_form.rs`). [`EngineConfig`] carries the
+//! engine's settings that narrow the candidates: its deterministic mode
+//! and its board.
 
-use rccl_algorithms::{tree::dtree, Algorithm, CollSpec, Params, Topology};
+use rccl_algorithms::{
+    tree::dtree, Algorithm, CollKind, CollSpec, OneShot, OrderedRing, Params, Topology,
+};
 
 use crate::builtin::Builtin;
 use crate::cluster::{self, ClusterSpec, Fabric, IntraLink, Nic, Protocol};
@@ -71,20 +75,63 @@ pub fn decide<'a>(
     best
 }
 
-/// What the engine's tuner would run for `spec` on `cluster` by default:
-/// of the built-in algorithms that implement the call on its placement
-/// (the collective's default first, so it wins ties), with any protocol
-/// within a host and Simple across hosts (every protocol crosses hosts
-/// as Simple), on [`channels`] by the cluster's `tuning` and a chunk of
-/// half a FIFO, the one [`decide`] picks.
-pub fn engine_choice(
+/// The engine's settings that change which schedules its tuner may pick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// The deterministic mode (`NCCL_DETERMINISTIC=1`): AllReduce,
+    /// ReduceScatter and Reduce run the ordered ring, whose order per
+    /// element is fixed by the element and the rank count alone, or, for
+    /// an all-reduce that fits the board, one-shot through the board,
+    /// which folds its posts in the same order. The other collectives are
+    /// picked as without it.
+    pub deterministic: bool,
+    /// Bytes each rank can post on the board (`RCCL_BOARD_BYTES`; 0: no
+    /// board). The engine has one only where every rank shares a host,
+    /// and device work never has one.
+    pub board_bytes: usize,
+}
+
+impl EngineConfig {
+    /// The engine's board by default, 64 KiB a rank.
+    pub const BOARD_BYTES: usize = 64 << 10;
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            deterministic: false,
+            board_bytes: EngineConfig::BOARD_BYTES,
+        }
+    }
+}
+
+/// The algorithms the engine's tuner ranks for `spec` on `cluster` as
+/// `config` says, the collective's default first (it wins ties): in the
+/// deterministic mode, for a reducing collective, the ordered ring, and
+/// one-shot where the all-reduce fits the board (every rank on one host,
+/// more than one, at most `board_bytes` a rank); otherwise every built-in
+/// that implements the call on its placement (one-shot at any size, as
+/// out of place).
+pub fn engine_candidates(
     cluster: &ClusterSpec,
     spec: &CollSpec,
     elem_size: usize,
-) -> Option<Decision<'static>> {
+    config: &EngineConfig,
+) -> Vec<&'static dyn Algorithm> {
+    if config.deterministic && OrderedRing.supports(spec.kind) {
+        let on_board = spec.kind == CollKind::AllReduce
+            && cluster.all_intra()
+            && spec.nranks > 1
+            && spec.count * elem_size <= config.board_bytes;
+        let mut algorithms: Vec<&'static dyn Algorithm> = vec![&OrderedRing];
+        if on_board {
+            algorithms.push(&OneShot);
+        }
+        return algorithms;
+    }
     let topo = Topology::from_hosts(cluster.host_of());
     let default = rccl_algorithms::default_for(spec.kind);
-    let algorithms: Vec<&'static dyn Algorithm> = std::iter::once(default)
+    std::iter::once(default)
         .chain(
             rccl_algorithms::builtins()
                 .iter()
@@ -92,7 +139,33 @@ pub fn engine_choice(
                 .filter(|a| !std::ptr::eq(*a, default)),
         )
         .filter(|a| a.supports(spec.kind) && a.supports_topology(&topo))
-        .collect();
+        .collect()
+}
+
+/// What the engine's tuner would run for `spec` on `cluster` by default:
+/// [`engine_choice_with`] the default [`EngineConfig`].
+pub fn engine_choice(
+    cluster: &ClusterSpec,
+    spec: &CollSpec,
+    elem_size: usize,
+) -> Option<Decision<'static>> {
+    engine_choice_with(cluster, spec, elem_size, &EngineConfig::default())
+}
+
+/// What the engine's tuner would run for `spec` on `cluster` as `config`
+/// says: of [`engine_candidates`], with any protocol within a host and
+/// Simple across hosts (every protocol crosses hosts as Simple), on
+/// [`channels`] by the cluster's `tuning` and a chunk of half a FIFO, the
+/// one [`decide`] picks. In the deterministic mode the ordered ring is
+/// ranked by the ring's form, as the engine ranks it.
+pub fn engine_choice_with(
+    cluster: &ClusterSpec,
+    spec: &CollSpec,
+    elem_size: usize,
+    config: &EngineConfig,
+) -> Option<Decision<'static>> {
+    let topo = Topology::from_hosts(cluster.host_of());
+    let algorithms = engine_candidates(cluster, spec, elem_size, config);
     let all_intra = cluster.all_intra();
     let protocols: &[Protocol] = if all_intra {
         &Protocol::ALL

@@ -399,9 +399,18 @@ struct Call {
 type Form = fn(&Call) -> Option<f64>;
 
 /// The table of forms: each built-in algorithm's, in its own file.
+///
+/// The ordered ring takes the ring's: its schedules are the ring's
+/// primitives (the ring's all-reduce loop on pieces cut block first, the
+/// ring's reduce-scatter and reduce as they are) on the ring of ranks in
+/// index order, one ring for every channel. Every rank sends, receives
+/// and reduces the ring's bytes in as many steps; only which block a step
+/// carries differs. On hosts of consecutive ranks the index-order ring
+/// enters and leaves each host once per channel, as the ring does; on an
+/// interleaved placement it crosses hosts more often and the form is low.
 fn form(algorithm: Builtin) -> Form {
     match algorithm {
-        Builtin::Ring => ring::time,
+        Builtin::Ring | Builtin::OrderedRing => ring::time,
         Builtin::Direct => direct::time,
         Builtin::Tree => tree::time,
         Builtin::HalvingDoubling => halving_doubling::time,

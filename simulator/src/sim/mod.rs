@@ -102,15 +102,23 @@ pub const MAX_PRIMS: u64 = 400_000_000;
 
 /// Algorithms whose schedule of rank `r + p` is that of rank `r` shifted
 /// by `p` (ring-shaped): replaying one period of ranks is exact when the
-/// cluster has the same symmetry.
+/// cluster has the same symmetry. The ordered ring's is: its ring is the
+/// ranks in index order, and with the count even over ranks and channels
+/// its blocks are alike.
 fn shift_symmetric(algorithm: Option<Builtin>) -> bool {
-    matches!(algorithm, Some(Builtin::Ring | Builtin::Hierarchical))
+    matches!(
+        algorithm,
+        Some(Builtin::Ring | Builtin::OrderedRing | Builtin::Hierarchical)
+    )
 }
 
 /// Algorithms whose channels run in lockstep and saturate their links
-/// together, so one channel at 1/nchannels of the bandwidth is exact.
+/// together, so one channel at 1/nchannels of the bandwidth is exact. The
+/// ordered ring runs one ring on every channel, each block split evenly
+/// over them: channels `c` and `c + rails` are alike, and the ring's
+/// period of channels is a multiple of the rails.
 fn channel_lockstep(algorithm: Option<Builtin>) -> bool {
-    algorithm == Some(Builtin::Ring)
+    matches!(algorithm, Some(Builtin::Ring | Builtin::OrderedRing))
 }
 
 /// The channels after which the ring's channels repeat: across hosts a
