@@ -248,10 +248,11 @@ pub(crate) fn has_plugin() -> bool {
 /// [`OrderedRing`] whatever `NCCL_ALGO` or a plug-in says: its order per
 /// element is fixed by the element and the rank count alone, and it moves
 /// the ring's bytes, so the ring's cost ranks its protocols and cut (which
-/// change its speed, not its bits). An all-reduce that fits the board may
-/// go there instead when one-shot costs less: the board folds its posts in
-/// the same order ([`for_device_work`] turns it back to the ordered ring
-/// where there is no board).
+/// change its speed, not its bits). An all-reduce that fits the board goes
+/// there: the board folds its posts in the same order, in one round or (from
+/// 8 KiB) two, in less time than the ring's 2(n-1) steps
+/// ([`for_device_work`] turns it back to the ordered ring where there is no
+/// board).
 #[doc(hidden)]
 pub fn choose(
     config: &Config,
@@ -279,7 +280,12 @@ pub fn choose(
     let deterministic = config.deterministic && OrderedRing.supports(kind);
     let fits = |a: &&'static dyn Algorithm| {
         if deterministic {
-            return a.name() == Ring.name() || (on_board && a.name() == BOARD_ALGORITHM);
+            let serves = if on_board {
+                BOARD_ALGORITHM
+            } else {
+                Ring.name()
+            };
+            return a.name() == serves;
         }
         a.supports(kind)
             && a.supports_topology(placement.topology)
@@ -683,8 +689,10 @@ mod tests {
         let mut on = placement(&topology, true);
         on.board_bytes = 64 << 10;
         let choice = |kind, count, p: &Placement<'_>| choose(&config, &spec(kind, count), 4, p);
-        // A small all-reduce goes to the board, whose fold follows the
-        // stated order; device work, which has no board, takes the ring.
+        // An all-reduce that fits the board goes there, whose fold follows
+        // the stated order; device work, which has no board, takes the ring.
+        let largest = choice(CollKind::AllReduce, 16 << 10, &on).unwrap();
+        assert_eq!(largest.algorithm.name(), BOARD_ALGORITHM);
         let small = choice(CollKind::AllReduce, 2, &on).unwrap();
         assert_eq!(small.algorithm.name(), BOARD_ALGORITHM);
         assert_eq!(

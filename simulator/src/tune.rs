@@ -81,9 +81,9 @@ pub struct EngineConfig {
     /// The deterministic mode (`NCCL_DETERMINISTIC=1`): AllReduce,
     /// ReduceScatter and Reduce run the ordered ring, whose order per
     /// element is fixed by the element and the rank count alone, or, for
-    /// an all-reduce that fits the board, one-shot through the board,
-    /// which folds its posts in the same order. The other collectives are
-    /// picked as without it.
+    /// an all-reduce that fits the board, the board, which folds its posts
+    /// in the same order (costed as one-shot, though from 8 KiB the engine
+    /// folds in two shots). The other collectives are picked as without it.
     pub deterministic: bool,
     /// Bytes each rank can post on the board (`RCCL_BOARD_BYTES`; 0: no
     /// board). The engine has one only where every rank shares a host,
@@ -107,7 +107,7 @@ impl Default for EngineConfig {
 
 /// The algorithms the engine's tuner ranks for `spec` on `cluster` as
 /// `config` says, the collective's default first (it wins ties): in the
-/// deterministic mode, for a reducing collective, the ordered ring, and
+/// deterministic mode, for a reducing collective, the ordered ring, or
 /// one-shot where the all-reduce fits the board (every rank on one host,
 /// more than one, at most `board_bytes` a rank); otherwise every built-in
 /// that implements the call on its placement (one-shot at any size, as
@@ -123,11 +123,7 @@ pub fn engine_candidates(
             && cluster.all_intra()
             && spec.nranks > 1
             && spec.count * elem_size <= config.board_bytes;
-        let mut algorithms: Vec<&'static dyn Algorithm> = vec![&OrderedRing];
-        if on_board {
-            algorithms.push(&OneShot);
-        }
-        return algorithms;
+        return vec![if on_board { &OneShot } else { &OrderedRing }];
     }
     let topo = Topology::from_hosts(cluster.host_of());
     let default = rccl_algorithms::default_for(spec.kind);

@@ -20,7 +20,7 @@ use crate::agreement::stuck::{note_error, STALL_CHECK_EVERY};
 use crate::comm::{BoardLink, Link};
 use crate::error::{Error, Result};
 use crate::kernels::Store;
-use crate::plan::{BoardOp, OpWork};
+use crate::plan::{BoardFold, BoardOp, OpWork};
 
 /// Most pieces one primitive moves per poll, so that channels and
 /// primitives sharing a thread take turns.
@@ -546,7 +546,8 @@ impl<'a> Piece<'_, 'a> {
 
 /// The state machine of a communicator's board operations, run one after
 /// another: post this rank's input, then collect every peer's post, then
-/// reduce.
+/// reduce (in two shots: reduce this rank's block, post it, collect every
+/// peer's block).
 pub struct BoardRun<'a> {
     link: &'a BoardLink,
     rank: usize,
@@ -556,6 +557,8 @@ pub struct BoardRun<'a> {
     done: usize,
     /// The round of the front operation once it is posted.
     round: Option<u64>,
+    /// Whether that round posts reduced blocks (a two-shot fold's second).
+    gathering: bool,
     /// The next rank whose post the front operation waits for.
     next_peer: usize,
     /// Whether peers parked on this rank's post of the front operation
@@ -577,6 +580,7 @@ impl<'a> BoardRun<'a> {
             ops,
             done: 0,
             round: None,
+            gathering: false,
             next_peer: 0,
             woken: false,
             blocked: None,
@@ -650,7 +654,11 @@ impl<'a> BoardRun<'a> {
                     op: op.name,
                     tag: op.tag,
                     step: 0,
-                    prim: "readPosts",
+                    prim: if self.gathering {
+                        "readBlocks"
+                    } else {
+                        "readPosts"
+                    },
                     peer,
                     receiving: true,
                 });
@@ -660,10 +668,61 @@ impl<'a> BoardRun<'a> {
                     Poll::Blocked(park)
                 });
             }
-            self.reduce_posts(op, round);
+            if self.gathering {
+                self.copy_blocks(op, round);
+            } else if op.fold == BoardFold::OrderedTwoShot {
+                self.reduce_posts(op, round);
+                let (offset, len) = self.block(op, self.rank);
+                let next = board.next_round();
+                // SAFETY: as for the input's post; the block lies in the
+                // receive buffer, which never aliases board memory.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        op.recv.add(offset).cast_const(),
+                        board.post_data(self.rank, next),
+                        len,
+                    )
+                };
+                board.publish(self.rank, next, op.tag, len);
+                self.round = Some(next);
+                self.gathering = true;
+                self.next_peer = 0;
+                self.woken = false;
+                progressed = true;
+                continue;
+            } else {
+                self.reduce_posts(op, round);
+            }
             self.done += 1;
             self.round = None;
+            self.gathering = false;
             progressed = true;
+        }
+    }
+
+    /// Rank `owner`'s block of a two-shot fold: (byte offset, bytes).
+    fn block(&self, op: &BoardOp, owner: usize) -> (usize, usize) {
+        let (offset, len) = split_even(op.count, self.link.names.len())
+            .nth(owner)
+            .expect("a block per rank");
+        (offset * op.elem_size, len * op.elem_size)
+    }
+
+    /// Copies every peer's reduced block from its post of `round`.
+    fn copy_blocks(&self, op: &BoardOp, round: u64) {
+        for peer in (0..self.link.names.len()).filter(|&p| p != self.rank) {
+            let (offset, len) = self.block(op, peer);
+            // SAFETY: the peer's post of `round` holds its block (checked
+            // when read) and stays unchanged until every rank has finished
+            // the round; the block lies in the receive buffer, which never
+            // aliases board memory.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.link.board.post_data(peer, round).cast_const(),
+                    op.recv.add(offset),
+                    len,
+                )
+            };
         }
     }
 
@@ -675,20 +734,23 @@ impl<'a> BoardRun<'a> {
                 tag,
             ));
         }
-        if len != op.count * op.elem_size {
+        let expected = if self.gathering {
+            self.block(op, peer).1
+        } else {
+            op.count * op.elem_size
+        };
+        if len != expected {
             return Err(Error::Remote(format!(
                 "{} #{}: {} posted {len} bytes where {} were expected",
-                op.name,
-                op.seq,
-                self.link.names[peer],
-                op.count * op.elem_size
+                op.name, op.seq, self.link.names[peer], expected
             )));
         }
         Ok(())
     }
 
-    /// recv = x0 op (x1 op (... op x(n-1))), or with `op.ordered` each
-    /// block of `split_even(count, n)` folded in its stated order; every
+    /// recv = x0 op (x1 op (... op x(n-1))) ([`BoardFold::OneShot`]), or
+    /// each block of `split_even(count, n)` folded in its stated order
+    /// (only this rank's block for [`BoardFold::OrderedTwoShot`]); every
     /// input read from its post (inputs were transformed when posted).
     fn reduce_posts(&self, op: &BoardOp, round: u64) {
         let board = &self.link.board;
@@ -725,12 +787,13 @@ impl<'a> BoardRun<'a> {
                 acc = out.cast_const();
             }
         };
-        if !op.ordered {
+        if op.fold == BoardFold::OneShot {
             fold(&mut (0..n).rev(), 0, op.count);
             return;
         }
         for (owner, (offset, len)) in split_even(op.count, n).enumerate() {
-            if len > 0 {
+            let mine = owner == self.rank || op.fold == BoardFold::Ordered;
+            if len > 0 && mine {
                 fold(&mut (1..=n).map(|k| (owner + k) % n), offset, len);
             }
         }

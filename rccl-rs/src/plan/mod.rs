@@ -22,7 +22,7 @@ use crate::types::{Executor, OpKind};
 
 mod work;
 
-pub(crate) use work::{Binding, BoardOp, Buffers, DeviceCall, OpWork, Segment};
+pub(crate) use work::{Binding, BoardFold, BoardOp, Buffers, DeviceCall, OpWork, Segment};
 
 /// A collective of a simulated group, as the engine would have run it: the
 /// call and the tuner's choice for it on its communicator.
@@ -403,8 +403,18 @@ pub(crate) fn log_choice(op: &RawOp, choice: &tuning::Choice, in_place: bool, ho
     );
 }
 
+/// From this many bytes a deterministic board all-reduce folds in two
+/// shots: below it the second round costs more than the reads it saves.
+const BOARD_TWO_SHOT_BYTES: usize = 8 << 10;
+
 /// The board operation of an all-reduce that [`runs_on_board`].
 pub(crate) fn board_op(op: &RawOp, started: Started) -> BoardOp {
+    let bytes = op.count * op.dtype.size();
+    let fold = match (op.comm.config.deterministic, bytes >= BOARD_TWO_SHOT_BYTES) {
+        (false, _) => BoardFold::OneShot,
+        (true, false) => BoardFold::Ordered,
+        (true, true) => BoardFold::OrderedTwoShot,
+    };
     BoardOp {
         seq: started.seq,
         name: CollKind::AllReduce.name(),
@@ -414,7 +424,7 @@ pub(crate) fn board_op(op: &RawOp, started: Started) -> BoardOp {
         count: op.count,
         elem_size: op.dtype.size(),
         reduction: started.reduction.expect("all-reduce reduces"),
-        ordered: op.comm.config.deterministic,
+        fold,
     }
 }
 

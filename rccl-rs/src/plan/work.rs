@@ -96,11 +96,8 @@ pub struct OpWork {
 }
 
 /// One all-reduce run through the board (see `rccl_transports::Board`):
-/// every rank posts its input once and reduces every rank's post, in the
-/// order of the one-shot schedule, `x0 op (x1 op (... op x(n-1)))` (its
-/// results are bitwise those of one-shot over FIFOs), or with `ordered`
-/// in the order `rccl_algorithms::reduction_order` states (those of the
-/// ordered ring), the same on every rank either way.
+/// every rank posts its input and the posts become the result as `fold`
+/// says, the same on every rank.
 pub struct BoardOp {
     /// The communicator's sequence number of the operation.
     pub seq: u64,
@@ -119,8 +116,24 @@ pub struct BoardOp {
     pub elem_size: usize,
     /// The reduction.
     pub reduction: Reduction,
-    /// Whether posts are folded in the deterministic mode's order.
-    pub ordered: bool,
+    pub fold: BoardFold,
+}
+
+/// How a board operation's posts become its result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BoardFold {
+    /// Every rank folds every post in the one-shot schedule's order,
+    /// `x0 op (x1 op (... op x(n-1)))`: bitwise one-shot over FIFOs.
+    OneShot,
+    /// Every rank folds each block of `split_even(count, n)` in the order
+    /// `rccl_algorithms::reduction_order` states: bitwise the ordered
+    /// ring (the deterministic mode's small calls).
+    Ordered,
+    /// Each rank folds only its own block in that order and posts it in a
+    /// second round, from which every rank copies the others' blocks: the
+    /// same bits for n times fewer reads of posts, at the cost of a round
+    /// (the deterministic mode's larger calls).
+    OrderedTwoShot,
 }
 
 /// A call the device executor runs, as planned: its schedule, the tuner's
