@@ -25,7 +25,7 @@ mod netns;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{all_cases, check, test_config, CaseBuffers};
+use common::{all_cases, check, run_on_host, test_config, CaseBuffers};
 use device_cases::{join_from_env, run_cases_then_close};
 use netns::TestBed;
 use rccl::{CollKind, Communicator, DataType, RedOp};
@@ -74,7 +74,7 @@ fn child_rank() {
         return device_receive_after_the_sender_left();
     }
     let comm = Communicator::from_env().expect("init from the environment");
-    let (rank, nranks) = (comm.rank(), comm.count());
+    let nranks = comm.count();
     if mode == "debug" {
         let send = vec![1.0f32; 1 << 16];
         let mut recv = vec![0f32; 1 << 16];
@@ -102,15 +102,8 @@ fn child_rank() {
         // The tuner's choices, every collective.
         None => all_cases(nranks, &CollKind::ALL, &DTYPES),
     };
-    let mut failures = Vec::new();
-    for case in &cases {
-        let mut bufs = CaseBuffers::new(case, nranks, rank);
-        bufs.run(&comm, case)
-            .unwrap_or_else(|e| panic!("{mode}: {case:?} on rank {rank}: {e}"));
-        if let Err(msg) = check(case, nranks, rank, bufs.output(case, nranks, rank)) {
-            failures.push(msg);
-        }
-    }
+    let failures = run_on_host(&comm, &cases, CaseBuffers::new, check)
+        .unwrap_or_else(|e| panic!("{mode}: {e}"));
     assert!(
         failures.is_empty(),
         "{mode}: {} failures:\n{}",

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use children::free_port;
-use common::{all_cases, check, deterministic, CaseBuffers, TEST_BUFFSIZE};
+use common::{all_cases, check, deterministic, run_on_host, CaseBuffers, TEST_BUFFSIZE};
 use rccl::{Bootstrap, CollKind, Communicator, DataType, Error, RedOp, UniqueId};
 
 const CHILD_MARKER: &str = "RCCL_TEST_CHILD";
@@ -29,16 +29,9 @@ fn child_rank() {
         return;
     }
     let comm = Communicator::from_env().expect("init from the environment");
-    let (rank, nranks) = (comm.rank(), comm.count());
-    let mut failures = Vec::new();
-    for case in all_cases(nranks, &CollKind::ALL, &DataType::ALL) {
-        let mut bufs = CaseBuffers::new(&case, nranks, rank);
-        bufs.run(&comm, &case)
-            .unwrap_or_else(|e| panic!("{case:?} on rank {rank}: {e}"));
-        if let Err(msg) = check(&case, nranks, rank, bufs.output(&case, nranks, rank)) {
-            failures.push(msg);
-        }
-    }
+    let cases = all_cases(comm.count(), &CollKind::ALL, &DataType::ALL);
+    let failures =
+        run_on_host(&comm, &cases, CaseBuffers::new, check).unwrap_or_else(|e| panic!("{e}"));
     assert!(
         failures.is_empty(),
         "{}",
@@ -56,15 +49,8 @@ fn deterministic_child_rank() {
     let comm = Communicator::from_env().expect("init from the environment");
     let (rank, nranks) = (comm.rank(), comm.count());
     let cases = deterministic::cases(nranks);
-    let failures: Vec<String> = cases
-        .iter()
-        .filter_map(|case| {
-            let mut bufs = deterministic::buffers(case, nranks, rank);
-            bufs.run(&comm, case)
-                .unwrap_or_else(|e| panic!("{case:?} on rank {rank}: {e}"));
-            deterministic::check(case, nranks, rank, bufs.output(case, nranks, rank)).err()
-        })
-        .collect();
+    let failures = run_on_host(&comm, &cases, deterministic::buffers, deterministic::check)
+        .unwrap_or_else(|e| panic!("{e}"));
     deterministic::assert_expected(rank, cases.len(), &failures);
 }
 

@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 
 use children::free_port;
-use common::{all_cases, check, suite_on_threads, test_config, CaseBuffers};
+use common::{all_cases, check, run_on_host, suite_on_threads, test_config, CaseBuffers};
 use rccl::tuning::Selection;
 use rccl::{CollKind, Communicator, Config, DataType};
 
@@ -60,15 +60,10 @@ fn child_rank() {
         return;
     }
     let comm = Communicator::from_env().expect("init from the environment");
-    let (rank, nranks) = (comm.rank(), comm.count());
-    for case in all_cases(nranks, &CollKind::ALL, &DataType::ALL) {
-        let mut bufs = CaseBuffers::new(&case, nranks, rank);
-        bufs.run(&comm, &case)
-            .unwrap_or_else(|e| panic!("{case:?} on rank {rank}: {e}"));
-        if let Err(msg) = check(&case, nranks, rank, bufs.output(&case, nranks, rank)) {
-            panic!("{msg}");
-        }
-    }
+    let cases = all_cases(comm.count(), &CollKind::ALL, &DataType::ALL);
+    let failures =
+        run_on_host(&comm, &cases, CaseBuffers::new, check).unwrap_or_else(|e| panic!("{e}"));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]

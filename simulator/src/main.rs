@@ -37,8 +37,8 @@ struct Args {
     #[arg(long)]
     algo: Option<String>,
     /// As the engine's deterministic mode (NCCL_DETERMINISTIC=1): reducing
-    /// collectives pick among the ordered ring and, for all-reduces that
-    /// fit the board, one-shot; --algo must name one of those.
+    /// collectives run the ordered ring or, for all-reduces that fit the
+    /// board, one-shot; --algo must name that one.
     #[arg(long)]
     deterministic: bool,
     /// Protocol (LL, LL128, Simple); default as the engine's tuner.

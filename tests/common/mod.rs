@@ -405,20 +405,7 @@ pub fn suite_on_threads(nranks: usize, config: Config, cases: &[Case]) -> Vec<St
             .iter()
             .map(|comm| {
                 s.spawn(move || {
-                    let rank = comm.rank();
-                    let mut failures = Vec::new();
-                    for case in cases {
-                        let mut bufs = CaseBuffers::new(case, nranks, rank);
-                        if let Err(err) = bufs.run(comm, case) {
-                            failures.push(format!("{case:?} on rank {rank}: {err}"));
-                            break;
-                        }
-                        if let Err(msg) = check(case, nranks, rank, bufs.output(case, nranks, rank))
-                        {
-                            failures.push(msg);
-                        }
-                    }
-                    failures
+                    run_on_host(comm, cases, CaseBuffers::new, check).unwrap_or_else(|e| vec![e])
                 })
             })
             .collect();
@@ -427,4 +414,26 @@ pub fn suite_on_threads(nranks: usize, config: Config, cases: &[Case]) -> Vec<St
             .flat_map(|h| h.join().unwrap())
             .collect()
     })
+}
+
+/// Runs `cases` on `comm` over host buffers that `buffers` lays out, each
+/// output checked by `check`: every check's failure, or the first call's
+/// error (after it the ranks' calls no longer pair up, so the run stops).
+pub fn run_on_host(
+    comm: &Communicator,
+    cases: &[Case],
+    buffers: fn(&Case, usize, usize) -> CaseBuffers,
+    check: fn(&Case, usize, usize, &[u8]) -> Result<(), String>,
+) -> Result<Vec<String>, String> {
+    let (rank, nranks) = (comm.rank(), comm.count());
+    let mut failures = Vec::new();
+    for case in cases {
+        let mut bufs = buffers(case, nranks, rank);
+        bufs.run(comm, case)
+            .map_err(|e| format!("{case:?} on rank {rank}: {e}"))?;
+        if let Err(msg) = check(case, nranks, rank, bufs.output(case, nranks, rank)) {
+            failures.push(msg);
+        }
+    }
+    Ok(failures)
 }
