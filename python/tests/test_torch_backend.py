@@ -173,3 +173,52 @@ def test_ddp_example_same_loss_as_gloo(tmp_path):
     assert float.fromhex(ours["losses"][-1]) < float.fromhex(ours["losses"][0]), "the model did not train"
     assert ours["losses"] == gloo["losses"]
     assert ours["params_hex"] == gloo["params_hex"]
+
+
+def _deterministic_run(tmp_path: pathlib.Path, name: str, world: int, env: dict) -> list[dict]:
+    workdir = tmp_path / name
+    workdir.mkdir()
+    return run_ranks("_deterministic.py", world, workdir, timeout=150, env=env)
+
+
+def test_deterministic_mode_gives_the_same_parameters_whatever_the_algorithm(tmp_path):
+    """NCCL_DETERMINISTIC=1, 2 ranks: three SGD steps run twice under the
+    tuner's choice, once under NCCL_ALGO=ring and once under tree, end in
+    the same parameters bit for bit, and every summed gradient equals the
+    documented reference order (each rank checks it against every rank's
+    gradients gathered over gloo)."""
+    runs = {}
+    for name, algo in [("default", None), ("again", None), ("ring", "ring"), ("tree", "tree")]:
+        env = {"NCCL_DETERMINISTIC": "1"}
+        if algo:
+            env["NCCL_ALGO"] = algo
+        runs[name] = _deterministic_run(tmp_path, name, 2, env)
+    for name, results in runs.items():
+        for rank, r in enumerate(results):
+            assert r["grads_match_reference"] and all(r["grads_match_reference"]), (name, rank, r)
+            assert r["shard_matches_reference"], (name, rank, r)
+    hashes = {(name, rank): r["params_sha256"] for name, results in runs.items() for rank, r in enumerate(results)}
+    assert len(set(hashes.values())) == 1, hashes
+    grads = {(name, rank): r["grads_sha256"] for name, results in runs.items() for rank, r in enumerate(results)}
+    assert len(set(grads.values())) == 1, grads
+
+
+def test_deterministic_mode_at_four_ranks_and_without_it(tmp_path):
+    """4 ranks, where the order of a sum can change its bits: with the mode,
+    ring and tree agree with each other and with the reference; without
+    it, the same steps under ring and under tree give different gradient
+    sums (so the test above could fail)."""
+    world = 4
+    on = {algo: _deterministic_run(tmp_path, f"on-{algo}", world, {"NCCL_DETERMINISTIC": "1", "NCCL_ALGO": algo})
+          for algo in ("ring", "tree")}
+    for algo, results in on.items():
+        for rank, r in enumerate(results):
+            assert all(r["grads_match_reference"]) and r["shard_matches_reference"], (algo, rank, r)
+    assert len({r["params_sha256"] for results in on.values() for r in results}) == 1, on
+    # Without the mode "tree" would refuse the reduce-scatter (no tree
+    # implements it), so the all-reduces alone are sent to the tree.
+    off = {algo: _deterministic_run(tmp_path, f"off-{algo}", world, {"NCCL_DETERMINISTIC": "0", "NCCL_ALGO": algo})
+           for algo in ("ring", "allreduce:tree")}
+    assert off["ring"][0]["grads_sha256"] != off["allreduce:tree"][0]["grads_sha256"], off
+    for results in off.values():
+        assert len({r["grads_sha256"] for r in results}) == 1, results  # bitwise equal on every rank all the same
