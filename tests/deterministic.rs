@@ -26,7 +26,7 @@ struct Cut {
     board: bool,
 }
 
-const ALGOS: [&str; 5] = ["ring", "tree", "rhd", "oneshot", "direct,ring"];
+const ALGOS: [&str; 6] = ["ring", "tree", "rhd", "hier", "oneshot", "direct,ring"];
 const PROTOS: [&str; 3] = ["Simple", "LL", "LL128"];
 
 fn config(cut: &Cut, deterministic: bool) -> Config {
@@ -206,7 +206,7 @@ fn check<T: Element + Send + Sync>(kind: CollKind, inputs: &[Vec<T>], op: RedOp,
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
     fn every_cut_gives_the_reference_bits(
