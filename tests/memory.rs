@@ -165,9 +165,15 @@ fn device_all_reduce(comms: &[Communicator], count: usize) {
 #[test]
 fn device_work_on_the_emulated_gpu_enters_device_fifos_staging_and_its_work_word() {
     let _serial = serial();
+    for nranks in [2, 4] {
+        device_ledger_matches_the_emulated_gpu(nranks);
+    }
+}
+
+fn device_ledger_matches_the_emulated_gpu(nranks: usize) {
     let emu_device = rccl::device::emu::device();
     let before = emu_device.bytes_in_use();
-    let comms = Communicator::init_all_config(2, test_config()).unwrap();
+    let comms = Communicator::init_all_config(nranks, test_config()).unwrap();
     for count in SWEEP {
         device_all_reduce(&comms, count);
     }
@@ -193,7 +199,7 @@ fn device_work_on_the_emulated_gpu_enters_device_fifos_staging_and_its_work_word
             .map(|u| u.bytes)
             .sum::<u64>();
     }
-    eprintln!("emulated device: ledger {device_held} bytes, in use {in_use} bytes");
+    eprintln!("emulated device, {nranks} ranks: ledger {device_held} bytes, in use {in_use} bytes");
     assert_eq!(device_held, in_use);
     on_threads(&comms, |c| c.suspend().unwrap());
     assert!(comms.iter().all(|c| c.mem_stats().total == 0));
