@@ -321,6 +321,12 @@ fn memory_child_rank() {
         return;
     }
     let comm = Communicator::from_env().expect("init from the environment");
+    if let Some(limit) = std::env::var_os("NCCL_MAX_MEM_BYTES") {
+        let err = all_reduce(&comm, 4096).unwrap_err().to_string();
+        let allows = format!("and NCCL_MAX_MEM_BYTES allows {}", limit.to_string_lossy());
+        assert!(err.ends_with(&allows), "{err}");
+        return;
+    }
     sweep(&comm);
     assert!(!host_breakdown(&comm).is_empty());
     let held = comm.mem_stats();
@@ -353,8 +359,14 @@ fn memory_child_rank() {
 fn processes_over_shm_and_tcp_count_suspend_and_resume() {
     let _serial = serial();
     let exe = std::env::current_exe().unwrap();
-    for nranks in [2, 4] {
-        for shm_disable in ["0", "1"] {
+    let runs = [
+        (2, "0", None),
+        (2, "1", None),
+        (4, "0", None),
+        (4, "1", None),
+    ];
+    for (nranks, shm_disable, limit) in runs.into_iter().chain([(2, "0", Some("1000"))]) {
+        {
             let port = children::free_port().to_string();
             let ranks = (0..nranks).map(|rank| {
                 std::process::Command::new(&exe)
@@ -369,6 +381,7 @@ fn processes_over_shm_and_tcp_count_suspend_and_resume() {
                     .env("NCCL_MAX_NCHANNELS", "2")
                     .env("NCCL_SHM_DISABLE", shm_disable)
                     .env("RCCL_TIMEOUT_MS", "30000")
+                    .envs(limit.map(|bytes| ("NCCL_MAX_MEM_BYTES", bytes)))
                     .spawn()
                     .unwrap()
             });
