@@ -95,7 +95,10 @@ fn collectives_on_threads_over_shm_enter_every_connection_and_the_board() {
             .all(|u| u.peer.is_some_and(|p| p != comm.rank())));
         for fifo in &fifos {
             assert_eq!(fifo.executor, Some(Executor::Host));
-            assert!(fifo.bytes > 0 && fifo.bytes % segment == 0, "{fifo:?}");
+            assert!(
+                fifo.bytes > 0 && fifo.bytes.is_multiple_of(segment),
+                "{fifo:?}"
+            );
         }
     }
 }
@@ -261,7 +264,7 @@ fn a_thousand_suspend_resume_cycles_leave_the_ledger_and_rss_where_they_were() {
     let _serial = serial();
     let comms = Communicator::init_all_config(2, test_config()).unwrap();
     let cycle = |comm: &Communicator, i: usize| {
-        if i % 10 == 0 {
+        if i.is_multiple_of(10) {
             sweep(comm);
         }
         comm.suspend().unwrap();
