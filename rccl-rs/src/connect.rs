@@ -641,20 +641,23 @@ fn open_board(waits: &mut Waits<'_>) -> Result<BoardLink> {
         .memory
         .hold(MemUse::new(Purpose::Board, Place::Host, bytes));
     let board = if comm.rank == 0 {
+        // On failure: the error, and why as the peers are told.
         let made = match &held {
             Ok(_) => rccl_transports::Board::create(nranks, capacity).map_err(|e| {
                 let why = rccl_transports::explain_no_room(
                     e,
                     "a smaller RCCL_BOARD_BYTES (0 turns the board off)",
-                );
-                Error::System(format!("rank {}: creating the board: {why}", comm.rank))
+                )
+                .to_string();
+                let err = Error::System(format!("rank {}: creating the board: {why}", comm.rank));
+                (err, why)
             }),
-            Err(refused) => Err(refused.clone()),
+            Err(refused) => Err((refused.clone(), refused.to_string())),
         };
         let board = match made {
             Ok(board) => board,
-            Err(err) => {
-                let note = [NO_SEGMENT, err.to_string().as_bytes()].concat();
+            Err((err, why)) => {
+                let note = [NO_SEGMENT, why.as_bytes()].concat();
                 for peer in 1..nranks {
                     let _ = comm.bootstrap.send(peer, BOARD_TAG, &note);
                 }
