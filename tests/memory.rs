@@ -8,6 +8,7 @@
 mod children;
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -207,6 +208,76 @@ fn device_ledger_matches_the_emulated_gpu(nranks: usize) {
     on_threads(&comms, |c| c.suspend().unwrap());
     assert!(comms.iter().all(|c| c.mem_stats().total == 0));
     assert_eq!(emu_device.bytes_in_use(), before);
+    on_threads(&comms, |c| c.resume().unwrap());
+    device_all_reduce(&comms, 4096);
+}
+
+/// Holds `stream` until the returned flag is raised (at most 20 s).
+fn gate(stream: &dyn Stream) -> Arc<AtomicBool> {
+    let open = Arc::new(AtomicBool::new(false));
+    let theirs = open.clone();
+    stream
+        .enqueue(Box::new(move || {
+            let until = Instant::now() + Duration::from_secs(20);
+            while !theirs.load(Ordering::Acquire) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }))
+        .unwrap();
+    open
+}
+
+#[test]
+fn suspend_waits_for_work_queued_on_streams_before_releasing() {
+    let _serial = serial();
+    let comms = Communicator::init_all_config(2, test_config()).unwrap();
+    device_all_reduce(&comms, 4096);
+    let count = 4096;
+    let bytes = count * 4;
+    let call = CollCall {
+        kind: CollKind::AllReduce,
+        count,
+        dtype: DataType::Float32,
+        op: RedOp::Sum,
+        root: 0,
+    };
+    let streams: Vec<Arc<dyn Stream>> = (0..2).map(|_| emu().create_stream().unwrap()).collect();
+    // Rank 0's stream is held until 200 ms after both ranks called
+    // suspend: each suspend waits for its rank's queued call.
+    let open = gate(streams[0].as_ref());
+    let mut buffers = Vec::new();
+    for (rank, comm) in comms.iter().enumerate() {
+        let buffer = emu().alloc(bytes).unwrap();
+        let values = vec![rank as f32 + 1.0; count];
+        // SAFETY: the range holds `count` floats.
+        unsafe { emu().copy(buffer, values.as_ptr().cast(), bytes) }.unwrap();
+        // SAFETY: the buffer holds `count` floats until the streams are
+        // synchronized below.
+        unsafe { comm.collective_raw_on_stream(call, buffer, buffer, streams[rank].raw()) }
+            .unwrap();
+        buffers.push(buffer);
+    }
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            open.store(true, Ordering::Release);
+        });
+        on_threads(&comms, |comm| comm.suspend().unwrap());
+    });
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert!(comms.iter().all(|c| c.mem_stats().suspended));
+    for (stream, buffer) in streams.iter().zip(buffers) {
+        stream
+            .synchronize(Instant::now() + Duration::from_secs(30))
+            .unwrap();
+        let mut out = vec![0f32; count];
+        // SAFETY: both ranges hold `count` floats.
+        unsafe { emu().copy(out.as_mut_ptr().cast(), buffer, bytes) }.unwrap();
+        assert!(out.iter().all(|&x| x == 3.0));
+        // SAFETY: the stream ran everything that used it.
+        unsafe { emu().free(buffer) }.unwrap();
+    }
     on_threads(&comms, |c| c.resume().unwrap());
     device_all_reduce(&comms, 4096);
 }
