@@ -594,40 +594,55 @@ nccl_api! {
         })
     }
 
-    /// Host memory has nothing to release: accepted, no effect.
+    /// Collective: gives back every allocation a suspend may release
+    /// (`NCCL_SUSPEND_MEM`, the one flag); calls fail until the resume.
     fn ncclCommSuspend / pncclCommSuspend(comm: ncclComm_t, flags: c_int) -> ncclResult_t {
         guard("ncclCommSuspend", comm, || {
-            comm_of(comm)?;
-            if flags & !1 != 0 {
+            let (_, c) = comm_of(comm)?;
+            if flags & !NCCL_SUSPEND_MEM != 0 {
                 return Err(invalid(format!("unknown suspend flags {flags:#x}")));
+            }
+            if flags & NCCL_SUSPEND_MEM != 0 {
+                c.suspend()?;
             }
             Ok(ncclSuccess)
         })
     }
 
+    /// Collective: the next calls connect again.
     fn ncclCommResume / pncclCommResume(comm: ncclComm_t) -> ncclResult_t {
         guard("ncclCommResume", comm, || {
-            comm_of(comm)?;
+            let (_, c) = comm_of(comm)?;
+            c.resume()?;
             Ok(ncclSuccess)
         })
     }
 
-    /// No GPU memory is allocated: every statistic is 0.
+    /// The communicator's ledger: bytes held (host allocations too, for a
+    /// communicator on host memory), and whether it is suspended (0 or 1).
     fn ncclCommMemStats / pncclCommMemStats(
         comm: ncclComm_t, stat: ncclCommMemStat_t, value: *mut u64
     ) -> ncclResult_t {
         guard("ncclCommMemStats", comm, || {
             non_null(value, "value")?;
-            comm_of(comm)?;
-            if !(0..=3).contains(&stat) {
-                return Err(invalid(format!("unknown ncclCommMemStat_t {stat}")));
-            }
+            let (_, c) = comm_of(comm)?;
+            let stats = c.mem_stats();
+            let figure = match stat {
+                0 => stats.suspendable,
+                1 => u64::from(stats.suspended),
+                2 => stats.persistent,
+                3 => stats.total,
+                _ => return Err(invalid(format!("unknown ncclCommMemStat_t {stat}"))),
+            };
             // SAFETY: the caller vouches for `value` as an out-argument.
-            unsafe { write_out(value, 0, "value")? };
+            unsafe { write_out(value, figure, "value")? };
             Ok(ncclSuccess)
         })
     }
 }
+
+/// `ncclCommSuspend`'s flag: release the communicator's memory.
+const NCCL_SUSPEND_MEM: c_int = 0x01;
 
 /// The survivors' new communicator: the first survivor makes its id and
 /// sends it to the others.

@@ -283,3 +283,18 @@ fn c_program_on_the_emulated_gpu() {
     let out = run_with(&binary, &dir, "", &[("RCCL_DEVICE", "emu")]);
     assert!(out.contains("emu: ok"), "{out}");
 }
+
+/// tests/c/memory.c: ncclCommMemStats, ncclCommSuspend and ncclCommResume
+/// on 2 and 4 ranks as threads and as processes over host memory, and as
+/// threads on the emulated GPU, results checked, and the misuses' errors.
+#[test]
+fn memory_statistics_suspend_and_resume_from_c() {
+    let dir = dropin_dir("memory");
+    let binary = dir.join("memory");
+    compile("memory.c", &binary, &own_include(), &[], &dropin_link(&dir));
+    for mode in ["threads", "processes", "emu"] {
+        let out = run_with(&binary, &dir, mode, &[("RCCL_DEVICE", "emu")]);
+        assert!(out.contains(&format!("memory {mode}: ok")), "{out}");
+        eprintln!("{}", out.trim());
+    }
+}

@@ -71,6 +71,10 @@ pub struct Config {
     /// (`NCCL_DETERMINISTIC=1`): they run the ordered ring, whose order per
     /// element `rccl::deterministic::reduction_order` states.
     pub deterministic: bool,
+    /// The most bytes the communicator may hold (FIFOs, board, staging,
+    /// windows: `rccl::Ledger`); an allocation past it fails naming what
+    /// asked (`NCCL_MAX_MEM_BYTES`; `None`, the default: no limit).
+    pub max_mem_bytes: Option<u64>,
 }
 
 impl Default for Config {
@@ -92,6 +96,7 @@ impl Default for Config {
             board_bytes: 64 << 10,
             nt_store_bytes: last_level_cache_bytes(),
             deterministic: false,
+            max_mem_bytes: None,
         }
     }
 }
@@ -185,6 +190,9 @@ impl Config {
         }
         if let Some(flag) = env_usize("NCCL_DETERMINISTIC")? {
             config.deterministic = flag != 0;
+        }
+        if let Some(bytes) = env_usize("NCCL_MAX_MEM_BYTES")? {
+            config.max_mem_bytes = Some(bytes as u64);
         }
         if let Some(level) = rccl_env::var("NCCL_NET_GDR_LEVEL") {
             config.net_gdr = gdr_level(&level)?;

@@ -24,6 +24,7 @@ use crate::agreement::stuck::{self, Calls, Notices, STALL_CHECK_EVERY};
 use crate::comm::{failure_note, Activity, CommInner, ExecState, PeerWatch};
 use crate::comm::{BoardLink, Link};
 use crate::error::{Error, Result};
+use crate::memory::{MemUse, Place, Purpose};
 use crate::plan::CommLaunch;
 use crate::plan::OpWork;
 
@@ -122,7 +123,7 @@ impl Setups<Box<dyn Connection>> for HostSetups<'_, '_, '_, '_> {
         &self.contexts[index]
     }
 
-    fn made(&mut self, index: usize, link: PendingLink, conn: Box<dyn Connection>) {
+    fn made(&mut self, index: usize, link: PendingLink, conn: Box<dyn Connection>) -> Result<()> {
         let comm = &self.launches[index].comm;
         log_host_connection(comm, &self.contexts[index], &link);
         let send_fifo = conn.send_fifo(Protocol::Simple);
@@ -134,10 +135,18 @@ impl Setups<Box<dyn Connection>> for HostSetups<'_, '_, '_, '_> {
             conn.observe_steps(observer);
         }
         let executor = self.launches[index].executor;
+        let bytes = conn.held_bytes() as u64;
+        let held = comm.memory.hold(
+            MemUse::new(Purpose::Fifo, Place::Host, bytes)
+                .peer(link.peer)
+                .executor(executor),
+        )?;
         self.guards[index].links_for_mut(executor)[link.channel][link.peer] = Some(Link {
             conn,
             peer_name: comm.describe(link.peer),
+            _held: held,
         });
+        Ok(())
     }
 
     fn fail(&mut self, index: usize, error: Error) -> Error {
@@ -172,8 +181,9 @@ impl Setups<Box<dyn Connection>> for HostSetups<'_, '_, '_, '_> {
 pub(crate) trait Setups<Made> {
     fn comm(&self, index: usize) -> &CommInner;
     fn context(&self, index: usize) -> &Context<'_>;
-    /// Takes `link`, connected as `made`.
-    fn made(&mut self, index: usize, link: PendingLink<Made>, made: Made);
+    /// Takes `link`, connected as `made`, entering its memory in the
+    /// communicator's ledger (which may refuse it: over its limit).
+    fn made(&mut self, index: usize, link: PendingLink<Made>, made: Made) -> Result<()>;
     /// The error a failed link of communicator `index` ends the setup with.
     fn fail(&mut self, index: usize, error: Error) -> Error;
     /// Called while nothing moved: fails at a deadline, or with a peer's
@@ -199,7 +209,9 @@ pub(crate) fn finish<Made>(
             match link.advance(setups.comm(index), setups.context(index)) {
                 Ok(Some(made)) => {
                     let (index, link) = pending.swap_remove(i);
-                    setups.made(index, link, made);
+                    setups
+                        .made(index, link, made)
+                        .map_err(|err| setups.fail(index, err))?;
                     moved = true;
                 }
                 Ok(None) => i += 1,
@@ -428,7 +440,7 @@ pub(crate) fn context<'a>(
 ) -> Context<'a> {
     Context {
         rank: comm.rank,
-        secret: comm.bootstrap.secret().0,
+        secret: comm.connection_secret(),
         endpoints,
         fifo: comm.config.fifo_shape(),
         shm_disable: comm.config.shm_disable,
@@ -624,23 +636,32 @@ fn open_board(waits: &mut Waits<'_>) -> Result<BoardLink> {
     let failed = |what: &str, e: std::io::Error| {
         Error::Remote(format!("rank {}: {what} the board: {e}", comm.rank))
     };
+    let bytes = rccl_transports::Board::segment_bytes(nranks, capacity) as u64;
+    let held = comm
+        .memory
+        .hold(MemUse::new(Purpose::Board, Place::Host, bytes));
     let board = if comm.rank == 0 {
-        let board = match rccl_transports::Board::create(nranks, capacity) {
-            Ok(board) => board,
-            Err(e) => {
+        // On failure: the error, and why as the peers are told.
+        let made = match &held {
+            Ok(_) => rccl_transports::Board::create(nranks, capacity).map_err(|e| {
                 let why = rccl_transports::explain_no_room(
                     e,
                     "a smaller RCCL_BOARD_BYTES (0 turns the board off)",
                 )
                 .to_string();
+                let err = Error::System(format!("rank {}: creating the board: {why}", comm.rank));
+                (err, why)
+            }),
+            Err(refused) => Err((refused.clone(), refused.to_string())),
+        };
+        let board = match made {
+            Ok(board) => board,
+            Err((err, why)) => {
                 let note = [NO_SEGMENT, why.as_bytes()].concat();
                 for peer in 1..nranks {
                     let _ = comm.bootstrap.send(peer, BOARD_TAG, &note);
                 }
-                return Err(Error::System(format!(
-                    "rank {}: creating the board: {why}",
-                    comm.rank
-                )));
+                return Err(err);
             }
         };
         for peer in 1..nranks {
@@ -649,6 +670,9 @@ fn open_board(waits: &mut Waits<'_>) -> Result<BoardLink> {
         }
         board
     } else {
+        if let Err(refused) = &held {
+            return Err(refused.clone());
+        }
         let name = waits.wait_for(
             0,
             || "the board".to_string(),
@@ -684,6 +708,7 @@ fn open_board(waits: &mut Waits<'_>) -> Result<BoardLink> {
         board,
         watch: comm.processes.clone(),
         names: (0..nranks).map(|r| comm.describe(r)).collect(),
+        _held: held?,
     })
 }
 

@@ -1,6 +1,6 @@
 //! Logging with NCCL's switches: `NCCL_DEBUG=WARN|INFO|TRACE` sets the
 //! level, `NCCL_DEBUG_SUBSYS` (`INIT,GRAPH,TUNING,COLL,NET,SHM,P2P,
-//! BOOTSTRAP,ENV`, `ALL`, or `^` to exclude) the subsystems, and every line
+//! BOOTSTRAP,ENV,ALLOC`, `ALL`, or `^` to exclude) the subsystems, and every line
 //! reads `host:pid:tid [rank] NCCL INFO ...` as NCCL users expect.
 //!
 //! Events are `tracing` events whose target names the subsystem, or
@@ -28,6 +28,8 @@ pub const TUNING: &str = "TUNING";
 pub const COLL: &str = "COLL";
 /// Network connections.
 pub const NET: &str = "NET";
+/// What a communicator allocates and frees (`crate::memory`).
+pub const ALLOC: &str = "ALLOC";
 /// Connection lines (`Channel 00 : 0 -> 1 via ...`) print, as NCCL's,
 /// under INIT and their transport's subsystem: these targets.
 pub const INIT_NET: &str = "INIT|NET";

@@ -34,6 +34,7 @@ mod job;
 #[doc(hidden)]
 pub mod kernels;
 mod launch;
+mod memory;
 mod net;
 mod op;
 mod plan;
@@ -50,6 +51,7 @@ pub use config::{last_level_cache_bytes, Config, MAX_CHANNELS};
 pub use error::{Error, Result};
 pub use group::{group_depth, group_end, group_fail, group_simulate_end, group_start};
 pub use job::{launcher_rank_from_env, rank_from_env};
+pub use memory::{Hold, Ledger, MemStats, MemUse, Place, Purpose};
 pub use plan::{PlannedCollective, PlannedComm, PlannedP2p};
 pub use rccl_algorithms::CollKind;
 /// GPU memory, streams and events (the `rccl-device` crate): what callers of
@@ -58,4 +60,4 @@ pub use rccl_device as device;
 /// Settings: the one reader of `NCCL_*` / `RCCL_*` variables (and the
 /// environment plug-in).
 pub use rccl_env as env;
-pub use types::{DataType, RedOp};
+pub use types::{DataType, Executor, RedOp};

@@ -191,8 +191,8 @@ pub(crate) struct OpArgs {
 /// enqueued (`crate::launch` for host memory,
 /// `crate::device_executor::stream` for device memory), recorded on each
 /// communicator's share of the launch and read from then on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Executor {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Executor {
     /// The host executor, on host memory.
     Host,
     /// The host executor over host copies of device memory

@@ -765,9 +765,7 @@ static void case_misc(void) {
 
   uint64_t value = 99;
   CHECK(ncclCommMemStats(c0, ncclStatGpuMemTotal, &value));
-  EXPECT(value == 0);
-  CHECK(ncclCommSuspend(c0, NCCL_SUSPEND_MEM));
-  CHECK(ncclCommResume(c0));
+  EXPECT(value == 0); /* nothing connected yet; suspend and resume: memory.c */
   ncclResult_t async;
   CHECK(ncclCommGetAsyncError(c0, &async));
   EXPECT(async == ncclSuccess);

@@ -86,6 +86,24 @@ pub trait Connection: Send + Sync {
     /// `observer` (a profiler's proxy events); transports without a proxy
     /// have nothing to report.
     fn observe_steps(&self, _observer: std::sync::Arc<dyn StepObserver>) {}
+    /// Bytes of memory this side maps for the connection: its FIFOs each
+    /// way, each counted once however many protocols share it. A
+    /// transport whose FIFOs lie in a larger mapping says so.
+    fn held_bytes(&self) -> usize {
+        let mut seen: Vec<*const u8> = Vec::new();
+        let mut bytes = 0;
+        for proto in Protocol::ALL {
+            for fifo in [self.send_fifo(proto), self.recv_fifo(proto)] {
+                let memory = fifo.memory();
+                let at = memory.base().cast_const();
+                if !seen.contains(&at) {
+                    seen.push(at);
+                    bytes += memory.len();
+                }
+            }
+        }
+        bytes
+    }
 }
 
 /// Sees the network steps a connection's proxy moves, each a piece of the

@@ -420,6 +420,10 @@ impl Connection for ShmConnection {
     fn failure(&self) -> Option<String> {
         None
     }
+    /// The whole segment: both FIFOs and the notes, mapped at each side.
+    fn held_bytes(&self) -> usize {
+        self.segment.len()
+    }
     fn transport(&self) -> &'static str {
         self.transport
     }

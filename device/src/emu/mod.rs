@@ -82,6 +82,12 @@ pub fn device() -> &'static Emu {
 }
 
 impl Emu {
+    /// Bytes of device memory allocated now (shareable and imported
+    /// mappings included).
+    pub fn bytes_in_use(&self) -> usize {
+        self.allocations.read().values().sum()
+    }
+
     fn memory(&self) -> Memory {
         Memory::Device {
             backend: BACKEND,

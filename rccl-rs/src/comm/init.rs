@@ -85,8 +85,12 @@ impl Communicator {
         );
         let exec = unconnected(config.max_channels, nranks);
         let processes = visible_processes(&peers, &me);
+        let memory = crate::memory::Ledger::new(rank, config.max_mem_bytes);
         let inner = Arc::new(CommInner {
             rank,
+            memory,
+            suspended: AtomicBool::new(false),
+            resumes: AtomicU64::new(0),
             nranks,
             config,
             bootstrap,

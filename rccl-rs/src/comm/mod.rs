@@ -11,6 +11,7 @@ mod report;
 mod signal;
 mod split;
 mod state;
+mod suspend;
 mod wire;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -39,6 +40,13 @@ use wire::PeerInfo;
 /// and the work queued on streams.
 pub(crate) struct CommInner {
     pub rank: usize,
+    /// What the communicator holds in memory.
+    pub memory: Arc<crate::memory::Ledger>,
+    /// Set between `ncclCommSuspend` and `ncclCommResume` (`suspend.rs`).
+    pub suspended: AtomicBool,
+    /// How many times the communicator was resumed: connections made
+    /// after a resume are keyed apart from those made before.
+    pub resumes: AtomicU64,
     pub nranks: usize,
     pub config: Config,
     pub bootstrap: Bootstrap,
@@ -148,6 +156,9 @@ impl CommInner {
         }
         if let Some(err) = self.poisoned.get() {
             return Err(err.clone());
+        }
+        if self.suspended.load(Ordering::Acquire) {
+            return Err(suspend::suspended_error(self.rank));
         }
         Ok(())
     }

@@ -6,6 +6,7 @@ use std::any::Any;
 use rccl_transports::{Board, Connection, ProcessId};
 
 use crate::kernels::Reduction;
+use crate::memory::Hold;
 use crate::tuning;
 use crate::types::{DataType, Executor, RedOp};
 
@@ -15,6 +16,8 @@ pub struct Link {
     pub conn: Box<dyn Connection>,
     /// "rank 3 (10.0.0.2)" style name of the peer.
     pub peer_name: String,
+    /// Its bytes in the communicator's ledger.
+    pub _held: Hold,
 }
 
 /// A communicator's board with what a wait on it needs.
@@ -25,6 +28,8 @@ pub struct BoardLink {
     pub watch: Vec<Option<ProcessId>>,
     /// What logs call each rank.
     pub names: Vec<String>,
+    /// Its bytes in the communicator's ledger.
+    pub _held: Hold,
 }
 
 /// The executor's state of a communicator: its connections, per channel

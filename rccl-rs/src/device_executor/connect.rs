@@ -84,7 +84,9 @@ impl Setups<DeviceLink> for DeviceSetups<'_> {
         &self.cx
     }
 
-    fn made(&mut self, _: usize, pending: PendingLink<DeviceLink>, link: DeviceLink) {
+    /// The link's memory enters the ledger where the links keep it
+    /// (`DeviceLinks::insert`).
+    fn made(&mut self, _: usize, pending: PendingLink<DeviceLink>, link: DeviceLink) -> Result<()> {
         let link = DeviceConnection {
             channel: pending.channel,
             peer: pending.peer,
@@ -92,6 +94,7 @@ impl Setups<DeviceLink> for DeviceSetups<'_> {
             link,
         };
         self.made.push(link);
+        Ok(())
     }
 
     fn fail(&mut self, _: usize, error: Error) -> Error {

@@ -22,6 +22,7 @@ use super::work::{self, DeviceOp};
 use crate::agreement::stuck::Notices;
 use crate::comm::{failure_note, CommInner, PeerWatch, LEFT_IN_ORDER};
 use crate::error::{Error, Result};
+use crate::memory::Purpose;
 use crate::plan::Planned;
 use crate::queue::StreamRef;
 
@@ -348,7 +349,7 @@ fn connect(
     let placement = DeviceFifoPlacement::for_comm(comm, device);
     for made in connect_for_device(comm, &missing, protocol, &placement)? {
         log_device_link(comm, &made);
-        links.insert(made.channel, made.peer, protocol, made.link);
+        links.insert(made.channel, made.peer, protocol, made.link)?;
     }
     Ok(())
 }
@@ -413,7 +414,8 @@ pub(crate) fn launch(
     let comms: Vec<Arc<CommInner>> = launches.iter().map(|l| l.comm.clone()).collect();
     let mut guards: Vec<_> = comms.iter().map(|comm| comm.exec.lock()).collect();
     for (launch, guard) in launches.iter().zip(guards.iter_mut()) {
-        DeviceLinks::kept(guard, launch.comm.config.max_channels, device)?;
+        let max_channels = launch.comm.config.max_channels;
+        DeviceLinks::kept(guard, max_channels, device, &launch.comm.memory)?;
     }
     // Each operation encoded for the device, in call order.
     let device_ops: Vec<Vec<DeviceOp>> = launches
@@ -495,7 +497,8 @@ pub(crate) fn launch(
             if let Some(bytes) = op.staged {
                 if links.staging.len() == staged {
                     let board = comm.board_bytes();
-                    links.staging.push(DeviceMem::zeroed(device, board)?);
+                    let buffer = links.zeroed(device, Purpose::Staging, board)?;
+                    links.staging.push(buffer);
                 }
                 let staging = links.staging[staged].ptr;
                 staged += 1;

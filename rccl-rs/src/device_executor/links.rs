@@ -14,6 +14,8 @@ use rccl_transports::{Connection, FifoShape, Protocol};
 
 use crate::comm::{ExecState, KeptLinks};
 use crate::error::{Error, Result};
+use crate::memory::{Hold, Ledger, MemUse, Place, Purpose};
+use crate::types::Executor;
 
 /// Device memory, freed when the last holder lets go.
 pub(crate) struct DeviceMem {
@@ -106,6 +108,9 @@ pub(crate) struct DeviceLinks {
     pub(crate) abort: Arc<DeviceMem>,
     /// Recorded after the last launch: the next one waits for it.
     pub(crate) last: Option<Arc<dyn Event>>,
+    /// The ledger the memory above is entered in, and its entries.
+    ledger: Arc<Ledger>,
+    held: Vec<Hold>,
 }
 
 impl KeptLinks for DeviceLinks {
@@ -121,9 +126,11 @@ impl DeviceLinks {
         state: &'s mut ExecState,
         max_channels: usize,
         device: &'static dyn Device,
+        ledger: &Arc<Ledger>,
     ) -> Result<&'s mut DeviceLinks> {
         if state.device_links.is_none() {
-            state.device_links = Some(Box::new(DeviceLinks::new(max_channels, device)?));
+            let links = DeviceLinks::new(max_channels, device, ledger.clone())?;
+            state.device_links = Some(Box::new(links));
         }
         Ok(Self::made(state))
     }
@@ -138,7 +145,13 @@ impl DeviceLinks {
             .expect("only the device executor keeps device links")
     }
 
-    pub(crate) fn new(max_channels: usize, device: &'static dyn Device) -> Result<DeviceLinks> {
+    pub(crate) fn new(
+        max_channels: usize,
+        device: &'static dyn Device,
+        ledger: Arc<Ledger>,
+    ) -> Result<DeviceLinks> {
+        let word = std::mem::size_of::<u32>() as u64;
+        let held = vec![ledger.hold(device_use(Purpose::WorkTable, word))?];
         Ok(DeviceLinks {
             fifos: HashMap::new(),
             net: HashMap::new(),
@@ -146,7 +159,23 @@ impl DeviceLinks {
             staging: Vec::new(),
             abort: DeviceMem::abort_word(device)?,
             last: None,
+            ledger,
+            held,
         })
+    }
+
+    /// `bytes` of device memory for `purpose`, entered in the ledger before
+    /// they are allocated.
+    pub(crate) fn zeroed(
+        &mut self,
+        device: &'static dyn Device,
+        purpose: Purpose,
+        bytes: usize,
+    ) -> Result<Arc<DeviceMem>> {
+        let held = self.ledger.hold(device_use(purpose, bytes as u64))?;
+        let mem = DeviceMem::zeroed(device, bytes)?;
+        self.held.push(held);
+        Ok(mem)
     }
 
     /// The `(channel, peer)` links `schedule` needs with `protocol` that
@@ -162,7 +191,7 @@ impl DeviceLinks {
         for (channel, steps) in schedule.channels.iter().enumerate() {
             if !steps.is_empty() && self.scratch[channel].is_none() {
                 let largest = shape.slot_bytes.iter().copied().max().unwrap_or(0);
-                self.scratch[channel] = Some(DeviceMem::zeroed(device, largest)?);
+                self.scratch[channel] = Some(self.zeroed(device, Purpose::Staging, largest)?);
             }
         }
         let mut missing = Vec::new();
@@ -186,14 +215,31 @@ impl DeviceLinks {
             || self.net.contains_key(&(channel, peer))
     }
 
-    /// Adds the link to `peer` on `channel` for `protocol`.
+    /// Adds the link to `peer` on `channel` for `protocol`, entering its
+    /// memory in the ledger: of FIFOs both ranks reach, the one this rank
+    /// drains (its receiver allocates it); of a network connection, its
+    /// private FIFOs.
     pub(crate) fn insert(
         &mut self,
         channel: usize,
         peer: usize,
         protocol: Protocol,
         link: DeviceLink,
-    ) {
+    ) -> Result<()> {
+        let what = match &link {
+            DeviceLink::Direct { recv, .. } => device_use(Purpose::Fifo, recv.len() as u64),
+            DeviceLink::Proxied(conn) => {
+                let slots_on_device = conn.recv_fifo(Protocol::Simple).memory().slots_on_device();
+                let place = if slots_on_device {
+                    Place::Device
+                } else {
+                    Place::Host
+                };
+                MemUse::new(Purpose::Fifo, place, conn.held_bytes() as u64)
+                    .executor(Executor::Device)
+            }
+        };
+        self.held.push(self.ledger.hold(what.peer(peer))?);
         match link {
             DeviceLink::Direct { send, recv } => {
                 self.fifos
@@ -203,6 +249,7 @@ impl DeviceLinks {
                 self.net.insert((channel, peer), Arc::from(conn));
             }
         }
+        Ok(())
     }
 
     /// Every FIFO the communicator's work may use.
@@ -228,6 +275,11 @@ impl DeviceLinks {
             .chain(self.staging.iter().cloned())
             .chain([self.abort.clone()])
     }
+}
+
+/// `bytes` of device memory for `purpose`, used by device work.
+fn device_use(purpose: Purpose, bytes: u64) -> MemUse {
+    MemUse::new(purpose, Place::Device, bytes).executor(Executor::Device)
 }
 
 /// Every `(channel, peer)` that `schedule` links, repeats included.
