@@ -30,7 +30,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use rccl_transports::auth_tcp::{self, AuthListener, Secret};
+use rccl_transports::auth_tcp::{self, AuthListener, AuthStream, Secret};
 
 use crate::error::{Error, Result};
 use rccl_transports::host::host_address;
@@ -174,7 +174,7 @@ pub struct Bootstrap {
     timeout: Duration,
     abort: Arc<AtomicBool>,
     peers: Vec<SocketAddr>,
-    out: Vec<Mutex<Option<TcpStream>>>,
+    out: Vec<Mutex<Option<AuthStream>>>,
     seq: AtomicU64,
     shared: Arc<Shared>,
     wake: UnixStream,
@@ -437,7 +437,8 @@ impl Bootstrap {
         }
         // A sender holds the connection only while it writes.
         let slot = self.out.get(peer)?.try_lock()?;
-        let stream = slot.as_ref()?;
+        // The listener sends nothing after the handshake, encrypted or not.
+        let stream = slot.as_ref()?.tcp();
         stream.set_nonblocking(true).ok()?;
         let ended = match stream.peek(&mut [0u8; 1]) {
             Ok(0) => Some("closed its bootstrap connection".to_string()),
@@ -558,6 +559,7 @@ impl Bootstrap {
                 }
             })?;
             stream
+                .tcp()
                 .set_write_timeout(Some(self.timeout.max(Duration::from_millis(1))))
                 .map_err(|e| Error::io("bootstrap: setting a write timeout", e))?;
             *slot = Some(stream);
@@ -711,7 +713,7 @@ impl Drop for Bootstrap {
 
 /// One incoming connection from another rank.
 struct Conn {
-    stream: TcpStream,
+    stream: AuthStream,
     from: usize,
     buf: Vec<u8>,
 }
@@ -809,7 +811,7 @@ impl Receiver {
     }
 
     /// Takes an authenticated connection from another rank.
-    fn admit(&mut self, stream: TcpStream, hello: &[u8]) {
+    fn admit(&mut self, stream: AuthStream, hello: &[u8]) {
         let from_addr = stream.peer_addr().ok();
         let ok = hello.len() == 12
             && hello[..4] == PEER_MAGIC
@@ -824,7 +826,7 @@ impl Receiver {
             return;
         }
         let from = read_u32(hello, 4) as usize;
-        if let Err(e) = stream.set_nonblocking(true) {
+        if let Err(e) = stream.tcp().set_nonblocking(true) {
             tracing::warn!(
                 rank = self.rank,
                 "bootstrap: cannot use the connection from rank {from}: {e}"

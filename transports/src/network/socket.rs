@@ -1,5 +1,6 @@
 //! The Socket network: TCP sockets that never block, opened with the
-//! communicator's HMAC handshake ([`crate::auth_tcp`]).
+//! communicator's handshake and encrypted when the process holds a PSK
+//! ([`crate::auth_tcp`]).
 //!
 //! Every listen opens its own listening socket; its handle carries the
 //! address and a random listener id that the connecting side presents as
@@ -10,16 +11,17 @@
 //! [`MESSAGE_MAGIC`]), then the bytes. A receiver reads a header only when a
 //! receive is posted, checks it against that receive's buffers before
 //! reading a byte of the body, and reads the body straight into the
-//! buffer. Nothing is allocated from a length the peer sent.
+//! buffer (encrypted: copied out of the opened records). Nothing is
+//! allocated from a length the peer sent.
 //!
 //! Progress is made by `test` (and nothing else): sends are written with
 //! `sendmsg` (gathering the pending messages, `MSG_NOSIGNAL` so that a peer
-//! that went away is an error and not a signal), receives read as far as
-//! the socket has data. There are no threads; the caller (the network
+//! that went away is an error and not a signal; encrypted, sealed into
+//! records first), receives read as far as the socket has data. There are no threads; the caller (the network
 //! proxy) tests requests and sleeps on [`Net::readiness`] between tests.
 
-use std::io::{self, Read};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::io::{self, IoSlice, Read};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,7 +35,7 @@ use super::{
     CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, Readiness,
     RecvBuffer, Sizes, MAX_RECVS, NET_MAX_REQUESTS,
 };
-use crate::auth_tcp::{fill_random, Secret, DEFAULT_HANDSHAKE_TIMEOUT};
+use crate::auth_tcp::{encryption, fill_random, AuthStream, Psk, Secret, DEFAULT_HANDSHAKE_TIMEOUT};
 
 /// The last word of every message header.
 pub const MESSAGE_MAGIC: u32 = 0x524e_4d31; // "RNM1"
@@ -79,12 +81,15 @@ impl SocketDevice {
 pub struct Socket {
     devices: Vec<SocketDevice>,
     secret: Secret,
+    /// The key of encrypted connections; `None`: plaintext.
+    psk: Option<Psk>,
     handshake_timeout: Duration,
 }
 
 impl Socket {
     /// A Socket network over `devices` (at least one), whose connections
-    /// authenticate with `secret`.
+    /// authenticate with `secret`, encrypted when the process holds a PSK
+    /// ([`crate::auth_tcp::encryption`]).
     pub fn new(devices: Vec<SocketDevice>, secret: Secret) -> Result<Socket, NetError> {
         if devices.is_empty() {
             return Err(NetError::InvalidArgument(
@@ -94,8 +99,15 @@ impl Socket {
         Ok(Socket {
             devices,
             secret,
+            psk: encryption(),
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
         })
+    }
+
+    /// Encrypts the connections made from now on with `psk` (plaintext
+    /// with `None`) rather than with the process's key.
+    pub fn set_psk(&mut self, psk: Option<Psk>) {
+        self.psk = psk;
     }
 
     /// Sets how long a connecting peer may take over its handshake before
@@ -154,7 +166,7 @@ impl Registration for SocketMr {
 /// The descriptor, peer, and failure shared by both directions' states.
 struct Wire {
     /// `None` once the communicator is closed.
-    stream: Option<TcpStream>,
+    stream: Option<AuthStream>,
     peer: SocketAddr,
     /// Why the communicator failed: every pending request fails so.
     failed: Option<NetError>,
@@ -187,6 +199,9 @@ struct SendState {
     ops: Posted<SendOp>,
     /// The first op not yet written whole.
     next_io: usize,
+    /// The first op not yet done: written whole, its encrypted bytes may
+    /// still wait in the stream.
+    next_done: usize,
 }
 
 // SAFETY: the raw pointers in `ops` point into registered memory that the
@@ -377,64 +392,65 @@ impl SendState {
         if self.wire.failed.is_some() {
             return;
         }
-        let Some(stream) = &self.wire.stream else {
+        let peer = self.wire.peer;
+        let Some(stream) = self.wire.stream.as_mut() else {
             return;
         };
-        let fd = stream.as_raw_fd();
         while self.next_io < self.ops.len() {
-            let mut iov = [libc::iovec {
-                iov_base: std::ptr::null_mut(),
-                iov_len: 0,
-            }; 2 * GATHER];
+            let mut iov = [IoSlice::new(&[]); 2 * GATHER];
             let mut count = 0;
             for op in self.ops.range(self.next_io..).take(GATHER) {
                 let header_left = MESSAGE_HEADER.saturating_sub(op.written);
                 if header_left > 0 {
-                    iov[count] = libc::iovec {
-                        iov_base: op.header[MESSAGE_HEADER - header_left..].as_ptr() as *mut _,
-                        iov_len: header_left,
-                    };
+                    iov[count] = IoSlice::new(&op.header[MESSAGE_HEADER - header_left..]);
                     count += 1;
                 }
                 let data_done = op.written.saturating_sub(MESSAGE_HEADER);
                 if op.size > data_done {
-                    iov[count] = libc::iovec {
-                        iov_base: op.data.wrapping_add(data_done) as *mut _,
-                        iov_len: op.size - data_done,
+                    // SAFETY: the bytes are registered memory of a pending
+                    // send, valid and untouched while it is pending (reg_mr's
+                    // contract); they are only read.
+                    let data = unsafe {
+                        std::slice::from_raw_parts(op.data.add(data_done), op.size - data_done)
                     };
+                    iov[count] = IoSlice::new(data);
                     count += 1;
                 }
             }
-            // SAFETY: msghdr is plain data; all-zero is valid.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_iov = iov.as_mut_ptr();
-            msg.msg_iovlen = count as _;
-            // SAFETY: every iovec points at a header inside `ops` or at
-            // registered bytes of a pending send (valid by reg_mr's
-            // contract); sendmsg only reads them.
-            let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
-            if n < 0 {
-                let err = io::Error::last_os_error();
-                match err.kind() {
+            let mut n = match stream.write_gather(&iov[..count]) {
+                Ok(n) => n,
+                Err(err) => match err.kind() {
                     io::ErrorKind::Interrupted => continue,
-                    io::ErrorKind::WouldBlock => return,
+                    io::ErrorKind::WouldBlock => break,
                     _ => {
-                        self.wire.failed =
-                            Some(NetError::io(NET, "sending to", self.wire.peer, &err));
+                        self.wire.failed = Some(NetError::io(NET, "sending to", peer, &err));
                         return;
                     }
-                }
-            }
-            let mut n = n as usize;
+                },
+            };
             while n > 0 {
                 let op = &mut self.ops[self.next_io];
                 let step = n.min(MESSAGE_HEADER + op.size - op.written);
                 op.written += step;
                 n -= step;
                 if op.written == MESSAGE_HEADER + op.size {
-                    op.state.finish();
                     self.next_io += 1;
                 }
+            }
+        }
+        // A send is done once its bytes are in the kernel: encrypted bytes
+        // may still wait in the stream.
+        match stream.flush_output() {
+            Ok(true) => {
+                while self.next_done < self.next_io {
+                    self.ops[self.next_done].state.finish();
+                    self.next_done += 1;
+                }
+            }
+            Ok(false) => {}
+            Err(err) => {
+                self.wire.failed = Some(NetError::io(NET, "sending to", peer, &err));
+                return;
             }
         }
         self.retire();
@@ -444,6 +460,7 @@ impl SendState {
     fn retire(&mut self) {
         let retired = self.ops.retire(|op| op.state == OpState::Spent);
         self.next_io = self.next_io.saturating_sub(retired);
+        self.next_done = self.next_done.saturating_sub(retired);
     }
 }
 
@@ -461,10 +478,9 @@ impl RecvState {
 
     fn read_messages(&mut self) -> Result<(), NetError> {
         let peer = self.wire.peer;
-        let Some(stream) = &self.wire.stream else {
+        let Some(stream) = self.wire.stream.as_mut() else {
             return Ok(());
         };
-        let mut stream: &TcpStream = stream;
         while self.next_io < self.groups.len() {
             let group = &mut self.groups[self.next_io];
             let Some(at) = self.current else {
@@ -629,7 +645,7 @@ impl Net for Socket {
             let (addr, id) = parse_handle(handle)?;
             let stream = crate::tcp_connect::start_connect(Some(local), addr)
                 .map_err(|e| NetError::io(NET, "connecting to", addr, &e))?;
-            stage.client = Some((Client::new(stream, id), addr));
+            stage.client = Some((Client::new(stream, id, self.psk.clone()), addr));
         }
         let (client, addr) = stage.client.as_mut().expect("just set");
         let addr = *addr;
@@ -646,6 +662,7 @@ impl Net for Socket {
                         },
                         ops: Posted::new(),
                         next_io: 0,
+                        next_done: 0,
                     })),
                     peer: addr,
                 }))
@@ -673,7 +690,7 @@ impl Net for Socket {
             match listen.listener.accept() {
                 Ok((stream, peer)) => {
                     let deadline = Instant::now() + self.handshake_timeout;
-                    match Server::new(stream, peer, deadline) {
+                    match Server::new(stream, peer, deadline, &self.secret, self.psk.as_ref()) {
                         Ok(server) => listen.handshakes.push(server),
                         Err(e) => {
                             tracing::warn!(remote = %peer, "dropped a connection to {}: {e}", listen.local)
@@ -856,7 +873,15 @@ impl Net for Socket {
     fn readiness(&self, request: &SocketRequest) -> Option<Readiness> {
         let (stream, readable) = match &request.0.kind {
             Kind::Send(state, _) => (state.lock().wire.stream.as_ref()?.as_raw_fd(), false),
-            Kind::Recv(state, _) => (state.lock().wire.stream.as_ref()?.as_raw_fd(), true),
+            Kind::Recv(state, _) => {
+                let state = state.lock();
+                let stream = state.wire.stream.as_ref()?;
+                // Opened plaintext waiting in the stream: test again soon.
+                if stream.buffered() {
+                    return None;
+                }
+                (stream.as_raw_fd(), true)
+            }
             Kind::Flush => return None,
         };
         Some(Readiness {
