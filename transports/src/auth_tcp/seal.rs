@@ -197,8 +197,9 @@ fn open_into(
 /// An encrypted connection's cipher state and buffers.
 pub struct Seal {
     transport: snow::TransportState,
-    /// Ciphertext received, not yet opened.
+    /// Ciphertext received, not yet opened, from `inbox_at`.
     inbox: Vec<u8>,
+    inbox_at: usize,
     /// Plaintext opened, not yet read, from `plain_at`.
     plain: Vec<u8>,
     plain_at: usize,
@@ -215,6 +216,7 @@ impl Seal {
         Ok(Seal {
             transport,
             inbox: Vec::new(),
+            inbox_at: 0,
             plain: Vec::new(),
             plain_at: 0,
             out: Vec::new(),
@@ -249,28 +251,15 @@ impl Seal {
         Ok(plain)
     }
 
-    /// Opens the complete records in the inbox into the plaintext buffer.
-    fn open_inbox(&mut self) -> io::Result<()> {
-        let mut at = 0;
-        while self.inbox.len() - at >= RECORD_HEADER {
-            let len = record_len([self.inbox[at], self.inbox[at + 1]])?;
-            if self.inbox.len() - at - RECORD_HEADER < len {
-                break;
-            }
-            let body = at + RECORD_HEADER..at + RECORD_HEADER + len;
-            let start = self.plain.len();
-            self.plain.resize(start + len, 0);
-            let opened = open_into(
-                &mut self.transport,
-                &self.inbox[body],
-                &mut self.plain[start..],
-            );
-            self.plain.truncate(start + *opened.as_ref().unwrap_or(&0));
-            opened?;
-            at += RECORD_HEADER + len;
+    /// The ciphertext length of the complete record at the inbox's front,
+    /// if one is there.
+    fn front_record(&self) -> io::Result<Option<usize>> {
+        let inbox = &self.inbox[self.inbox_at..];
+        if inbox.len() < RECORD_HEADER {
+            return Ok(None);
         }
-        self.inbox.drain(..at);
-        Ok(())
+        let len = record_len([inbox[0], inbox[1]])?;
+        Ok((inbox.len() - RECORD_HEADER >= len).then_some(len))
     }
 
     fn read(&mut self, mut stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
@@ -288,19 +277,34 @@ impl Seal {
             if buf.is_empty() {
                 return Ok(0);
             }
+            if let Some(len) = self.front_record()? {
+                let body = self.inbox_at + RECORD_HEADER..self.inbox_at + RECORD_HEADER + len;
+                self.inbox_at = body.end;
+                if len - TAG_LEN <= buf.len() {
+                    // Straight into the reader's buffer: one copy fewer.
+                    return open_into(&mut self.transport, &self.inbox[body], buf);
+                }
+                self.plain.resize(len, 0);
+                let n = open_into(&mut self.transport, &self.inbox[body], &mut self.plain)?;
+                self.plain.truncate(n);
+                continue;
+            }
+            self.inbox.drain(..self.inbox_at);
+            self.inbox_at = 0;
             let have = self.inbox.len();
             self.inbox.resize(have + 4 * (RECORD_HEADER + MAX_RECORD), 0);
             let got = stream.read(&mut self.inbox[have..]);
             self.inbox.truncate(have + *got.as_ref().unwrap_or(&0));
-            match got? {
-                0 if have == 0 => return Ok(0),
-                0 => {
-                    return Err(err(
-                        io::ErrorKind::UnexpectedEof,
-                        format!("connection closed in the middle of an encrypted record ({have} bytes of it received)"),
-                    ))
+            if got? == 0 {
+                if have == 0 {
+                    return Ok(0);
                 }
-                _ => self.open_inbox()?,
+                return Err(err(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "connection closed in the middle of an encrypted record ({have} bytes of it received)"
+                    ),
+                ));
             }
         }
     }
@@ -335,6 +339,13 @@ impl Seal {
             let mut rest: &[u8] = buf;
             while !rest.is_empty() && taken < WRITE_BATCH {
                 let n = rest.len().min(MAX_PLAIN - staged.len()).min(WRITE_BATCH - taken);
+                if staged.is_empty() && n == MAX_PLAIN {
+                    // A whole record from the caller's bytes: no staging copy.
+                    self.seal_into(&rest[..n], &mut out)?;
+                    rest = &rest[n..];
+                    taken += n;
+                    continue;
+                }
                 staged.extend_from_slice(&rest[..n]);
                 rest = &rest[n..];
                 taken += n;

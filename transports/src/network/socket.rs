@@ -495,6 +495,13 @@ impl RecvState {
                     Ok(n) => self.header_got += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    // The peer closed in the middle of an encrypted record.
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        return Err(NetError::Closed {
+                            peer: peer.to_string(),
+                            mid_message: true,
+                        })
+                    }
                     Err(e) => return Err(NetError::io(NET, "receiving from", peer, &e)),
                 }
                 if self.header_got < MESSAGE_HEADER {
@@ -550,6 +557,13 @@ impl RecvState {
                     Ok(n) => buf.got += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    // The peer closed in the middle of an encrypted record.
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        return Err(NetError::Closed {
+                            peer: peer.to_string(),
+                            mid_message: true,
+                        })
+                    }
                     Err(e) => return Err(NetError::io(NET, "receiving from", peer, &e)),
                 }
             }
