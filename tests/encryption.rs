@@ -28,7 +28,10 @@ fn encrypted_child_rank() {
     assert!(rccl::encrypted());
     let comm = Communicator::from_env();
     if std::env::var_os(REFUSED).is_some() {
-        let text = comm.err().expect("a rank with another key must be refused").to_string();
+        let text = comm
+            .err()
+            .expect("a rank with another key must be refused")
+            .to_string();
         let port = std::env::var("MASTER_PORT").unwrap();
         assert!(
             text.contains("different encryption key") && text.contains(&port),
@@ -91,7 +94,11 @@ fn two_processes_with_one_key_all_reduce_over_tcp() {
 
 #[test]
 fn a_process_with_another_key_is_refused_at_bootstrap() {
-    let (ok, took) = run([KEY, "another-key-for-an-intruder-987654321"], Some(1), 3_000);
+    let (ok, took) = run(
+        [KEY, "another-key-for-an-intruder-987654321"],
+        Some(1),
+        3_000,
+    );
     // Rank 1 checks its refusal and passes; rank 0 waits for it in vain
     // and fails at its timeout rather than hanging.
     assert_eq!(ok, [false, true]);

@@ -21,9 +21,9 @@ mod comm;
 mod config;
 mod connect;
 mod debug;
-mod encryption;
 pub mod deterministic;
 mod device_executor;
+mod encryption;
 mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;

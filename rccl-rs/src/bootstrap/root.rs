@@ -170,7 +170,9 @@ pub(super) fn root_answer(stream: &mut AuthStream, status: u8, body: &[u8]) -> i
     let mut msg = Vec::with_capacity(1 + body.len());
     msg.push(status);
     msg.extend_from_slice(body);
-    stream.tcp().set_write_timeout(Some(Duration::from_secs(5)))?;
+    stream
+        .tcp()
+        .set_write_timeout(Some(Duration::from_secs(5)))?;
     auth_tcp::write_frame(stream, &msg)
 }
 

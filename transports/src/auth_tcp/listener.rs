@@ -108,16 +108,14 @@ impl Handshake {
                     self.step = Step::HelloLength;
                     self.need = self.side.hello_header_len();
                 }
-                Step::HelloLength => {
-                    match self.side.hello_len(&self.buf, MAX_HELLO) {
-                        Ok(0) => return self.finish(Vec::new()),
-                        Ok(len) => {
-                            self.step = Step::Hello;
-                            self.need = len;
-                        }
-                        Err(e) => return Advance::Failed(e),
+                Step::HelloLength => match self.side.hello_len(&self.buf, MAX_HELLO) {
+                    Ok(0) => return self.finish(Vec::new()),
+                    Ok(len) => {
+                        self.step = Step::Hello;
+                        self.need = len;
                     }
-                }
+                    Err(e) => return Advance::Failed(e),
+                },
                 Step::Hello => {
                     let hello = std::mem::take(&mut self.buf);
                     return self.finish(hello);

@@ -44,9 +44,9 @@ pub(crate) mod sides;
 mod tests;
 
 pub use client::{connect, connect_until, connect_with};
-pub use seal::{encryption, set_encryption, AuthStream, Psk, MIN_PSK_BYTES};
 pub use frame::{read_exact_until, read_frame, read_frame_until, write_frame, TimedRead};
 pub use listener::{AuthListener, Refusals, MAX_PENDING, MAX_PENDING_PER_SOURCE};
+pub use seal::{encryption, set_encryption, AuthStream, Psk, MIN_PSK_BYTES};
 
 /// The first bytes of both handshake messages.
 pub(crate) const MAGIC: [u8; 8] = *b"RCCLAUTH";

@@ -151,11 +151,7 @@ impl NoiseListener {
 
 /// The client's side: answers message 1 with message 2, or says that the
 /// listener holds another key.
-pub(crate) fn noise_answer(
-    psk: &Psk,
-    secret: &Secret,
-    msg: &[u8],
-) -> io::Result<(Seal, Vec<u8>)> {
+pub(crate) fn noise_answer(psk: &Psk, secret: &Secret, msg: &[u8]) -> io::Result<(Seal, Vec<u8>)> {
     let mut state = noise(false, psk, secret)?;
     let mut payload = [0u8; NOISE_MSG_LEN];
     state
@@ -292,7 +288,8 @@ impl Seal {
             self.inbox.drain(..self.inbox_at);
             self.inbox_at = 0;
             let have = self.inbox.len();
-            self.inbox.resize(have + 4 * (RECORD_HEADER + MAX_RECORD), 0);
+            self.inbox
+                .resize(have + 4 * (RECORD_HEADER + MAX_RECORD), 0);
             let got = stream.read(&mut self.inbox[have..]);
             self.inbox.truncate(have + *got.as_ref().unwrap_or(&0));
             if got? == 0 {
@@ -338,7 +335,10 @@ impl Seal {
         for buf in bufs {
             let mut rest: &[u8] = buf;
             while !rest.is_empty() && taken < WRITE_BATCH {
-                let n = rest.len().min(MAX_PLAIN - staged.len()).min(WRITE_BATCH - taken);
+                let n = rest
+                    .len()
+                    .min(MAX_PLAIN - staged.len())
+                    .min(WRITE_BATCH - taken);
                 if staged.is_empty() && n == MAX_PLAIN {
                     // A whole record from the caller's bytes: no staging copy.
                     self.seal_into(&rest[..n], &mut out)?;

@@ -136,14 +136,24 @@ fn another_key_is_refused_at_once_naming_the_listener() {
         let addr = listener.local_addr();
         let serve = thread::spawn(move || listener.accept(soon(1500), &NEVER).map(|_| ()));
         let start = Instant::now();
-        let e = connect_with(addr, &secret, Some(&client_key), HELLO, soon(5000), &NEVER)
-            .unwrap_err();
-        assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
+        let e =
+            connect_with(addr, &secret, Some(&client_key), HELLO, soon(5000), &NEVER).unwrap_err();
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            start.elapsed()
+        );
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
         let text = e.to_string();
-        assert!(text.contains(&addr.to_string()) && text.contains("different encryption key"), "{text}");
+        assert!(
+            text.contains(&addr.to_string()) && text.contains("different encryption key"),
+            "{text}"
+        );
         // The listener never hands out the connection.
-        assert_eq!(serve.join().unwrap().unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert_eq!(
+            serve.join().unwrap().unwrap_err().kind(),
+            io::ErrorKind::TimedOut
+        );
     }
 }
 
@@ -152,14 +162,25 @@ fn plaintext_and_encrypted_sides_refuse_each_other() {
     let secret = Secret::random();
     for (listener_key, client_key, says) in [
         (None, Some(key(3)), "does not encrypt"),
-        (Some(key(3)), None, "encrypts its connections and this process does not"),
+        (
+            Some(key(3)),
+            None,
+            "encrypts its connections and this process does not",
+        ),
     ] {
         let mut listener = AuthListener::bind_with(loopback(), secret, listener_key).unwrap();
         listener.set_handshake_timeout(Duration::from_millis(300));
         let addr = listener.local_addr();
         let serve = thread::spawn(move || listener.accept(soon(800), &NEVER).map(|_| ()));
-        let e = connect_with(addr, &secret, client_key.as_ref(), HELLO, soon(3000), &NEVER)
-            .unwrap_err();
+        let e = connect_with(
+            addr,
+            &secret,
+            client_key.as_ref(),
+            HELLO,
+            soon(3000),
+            &NEVER,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains(says), "{e}");
         assert!(serve.join().unwrap().is_err());
     }

@@ -95,7 +95,9 @@ impl ServerSide {
     /// Bytes of the hello that `header` announces, checked.
     pub(crate) fn hello_len(&self, header: &[u8], max_hello: usize) -> io::Result<usize> {
         match self {
-            ServerSide::Mac { .. } => frame::check_len(header.try_into().expect("4 bytes"), max_hello),
+            ServerSide::Mac { .. } => {
+                frame::check_len(header.try_into().expect("4 bytes"), max_hello)
+            }
             _ => {
                 let len = record_len(header.try_into().expect("2 bytes"))?;
                 frame::check_len((len as u32).to_le_bytes(), max_hello + ACCEPT_LEN)

@@ -35,7 +35,9 @@ use super::{
     CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, Readiness,
     RecvBuffer, Sizes, MAX_RECVS, NET_MAX_REQUESTS,
 };
-use crate::auth_tcp::{encryption, fill_random, AuthStream, Psk, Secret, DEFAULT_HANDSHAKE_TIMEOUT};
+use crate::auth_tcp::{
+    encryption, fill_random, AuthStream, Psk, Secret, DEFAULT_HANDSHAKE_TIMEOUT,
+};
 
 /// The last word of every message header.
 pub const MESSAGE_MAGIC: u32 = 0x524e_4d31; // "RNM1"
