@@ -123,7 +123,7 @@ fn wrong_key(peer: &str) -> io::Error {
 }
 
 /// The listener's side of an encrypted handshake.
-pub(crate) struct NoiseListener(snow::HandshakeState);
+pub(crate) struct NoiseListener(Box<snow::HandshakeState>);
 
 impl NoiseListener {
     /// Starts a handshake: the state and message 1.
@@ -134,7 +134,7 @@ impl NoiseListener {
             .write_message(&[], &mut msg)
             .map_err(|e| err(io::ErrorKind::Other, format!("Noise message 1: {e}")))?;
         debug_assert_eq!(n, NOISE_MSG_LEN);
-        Ok((NoiseListener(state), msg))
+        Ok((NoiseListener(Box::new(state)), msg))
     }
 
     /// Checks message 2; the channel and the acceptance record.
@@ -143,7 +143,7 @@ impl NoiseListener {
         self.0
             .read_message(msg, &mut payload)
             .map_err(|_| wrong_key("client"))?;
-        let mut seal = Seal::new(self.0)?;
+        let mut seal = Seal::new(*self.0)?;
         let accept = seal.record(&[])?;
         Ok((seal, accept))
     }
@@ -386,11 +386,8 @@ impl fmt::Debug for AuthStream {
 }
 
 impl AuthStream {
-    pub(crate) fn new(stream: TcpStream, seal: Option<Seal>) -> AuthStream {
-        AuthStream {
-            stream,
-            seal: seal.map(Box::new),
-        }
+    pub(crate) fn new(stream: TcpStream, seal: Option<Box<Seal>>) -> AuthStream {
+        AuthStream { stream, seal }
     }
 
     /// The TCP stream (for its options and address; bytes written to it

@@ -127,17 +127,25 @@ fn encrypted_data_crosses_intact_both_ways() {
     client.join().unwrap();
 }
 
+/// Another PSK, or the same PSK with another communicator's secret.
 #[test]
 fn another_key_is_refused_at_once_naming_the_listener() {
-    for (listener_key, client_key) in [(key(1), key(2))] {
-        let secret = Secret::random();
-        let mut listener = AuthListener::bind_with(loopback(), secret, Some(listener_key)).unwrap();
+    let secret = Secret::random();
+    for (client_key, client_secret) in [(key(2), secret), (key(1), Secret::random())] {
+        let mut listener = AuthListener::bind_with(loopback(), secret, Some(key(1))).unwrap();
         listener.set_handshake_timeout(Duration::from_millis(500));
         let addr = listener.local_addr();
         let serve = thread::spawn(move || listener.accept(soon(1500), &NEVER).map(|_| ()));
         let start = Instant::now();
-        let e =
-            connect_with(addr, &secret, Some(&client_key), HELLO, soon(5000), &NEVER).unwrap_err();
+        let e = connect_with(
+            addr,
+            &client_secret,
+            Some(&client_key),
+            HELLO,
+            soon(5000),
+            &NEVER,
+        )
+        .unwrap_err();
         assert!(
             start.elapsed() < Duration::from_secs(1),
             "{:?}",

@@ -12,7 +12,7 @@ use super::*;
 pub(crate) enum ServerSide {
     Mac { nonce: [u8; NONCE_LEN] },
     Noise(Option<NoiseListener>),
-    Sealed(Seal),
+    Sealed(Box<Seal>),
 }
 
 /// Why a listener refuses a client, and what it tells the client.
@@ -77,7 +77,7 @@ impl ServerSide {
             ServerSide::Noise(noise) => {
                 let noise = noise.take().expect("one response per handshake");
                 let (seal, accept) = noise.finish(response).map_err(refuse)?;
-                *self = ServerSide::Sealed(seal);
+                *self = ServerSide::Sealed(Box::new(seal));
                 Ok(accept)
             }
             ServerSide::Sealed(_) => unreachable!("one response per handshake"),
@@ -129,7 +129,7 @@ pub(crate) enum ClientSide {
         client_nonce: [u8; NONCE_LEN],
     },
     Noise(Psk),
-    Sealed(Seal),
+    Sealed(Box<Seal>),
 }
 
 impl ClientSide {
@@ -180,7 +180,7 @@ impl ClientSide {
             }
             ClientSide::Noise(psk) => {
                 let (seal, answer) = noise_answer(psk, secret, greeting)?;
-                *self = ClientSide::Sealed(seal);
+                *self = ClientSide::Sealed(Box::new(seal));
                 Ok(answer)
             }
             ClientSide::Sealed(_) => unreachable!("one greeting per handshake"),
