@@ -619,6 +619,7 @@ const ENGINE_LAYERS: &[&[&str]] = &[
         "config",
         "kernels",
         "fault",
+        "encryption",
     ],
     &[
         "bootstrap",
