@@ -38,7 +38,7 @@ mod frame;
 mod listener;
 pub mod seal;
 #[cfg(test)]
-mod seal_tests;
+pub(crate) mod seal_tests;
 pub(crate) mod sides;
 #[cfg(test)]
 mod tests;

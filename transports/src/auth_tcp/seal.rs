@@ -277,8 +277,13 @@ impl Seal {
                 let body = self.inbox_at + RECORD_HEADER..self.inbox_at + RECORD_HEADER + len;
                 self.inbox_at = body.end;
                 if len - TAG_LEN <= buf.len() {
-                    // Straight into the reader's buffer: one copy fewer.
-                    return open_into(&mut self.transport, &self.inbox[body], buf);
+                    // Straight into the reader's buffer: one copy fewer. An
+                    // empty record is no end of the stream: read on.
+                    let n = open_into(&mut self.transport, &self.inbox[body], buf)?;
+                    if n > 0 {
+                        return Ok(n);
+                    }
+                    continue;
                 }
                 self.plain.resize(len, 0);
                 let n = open_into(&mut self.transport, &self.inbox[body], &mut self.plain)?;

@@ -35,7 +35,7 @@ fn pattern(len: usize) -> Vec<u8> {
 
 /// Relays one connection to `target`, recording what the client sent and
 /// flipping its byte at `flip` (if any).
-fn relay(target: SocketAddr, flip: Option<usize>) -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
+pub(crate) fn relay(target: SocketAddr, flip: Option<usize>) -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
     let front = TcpListener::bind(loopback()).unwrap();
     let addr = front.local_addr().unwrap();
     let wire = Arc::new(Mutex::new(Vec::new()));

@@ -957,6 +957,68 @@ mod tests {
         drop(silent);
     }
 
+    /// A byte flipped on the wire of an encrypted connection fails the
+    /// receive, naming the sender's address; nothing corrupt arrives.
+    #[test]
+    fn a_tampered_encrypted_message_fails_the_receive_naming_the_peer() {
+        let mut net = Socket::new(vec![SocketDevice::loopback()], Secret::random()).unwrap();
+        net.set_psk(Some(
+            Psk::new(&[5; crate::auth_tcp::MIN_PSK_BYTES]).unwrap(),
+        ));
+        let (handle, mut listen) = net.listen(0).unwrap();
+        let (addr, id) = parse_handle(&handle).unwrap();
+        // Past the handshake and the first message header, in its body.
+        let (relay, _) = crate::auth_tcp::seal_tests::relay(addr, Some(4_000));
+        let handle = ListenHandle::from_bytes(&handle_bytes(relay, &id)).unwrap();
+        let start = Instant::now();
+        let (mut stage, mut send, mut recv) = (Default::default(), None, None);
+        while send.is_none() || recv.is_none() {
+            assert!(start.elapsed() < Duration::from_secs(2), "no connection");
+            if send.is_none() {
+                send = net.connect(0, &handle, &mut stage).unwrap();
+            }
+            if recv.is_none() {
+                recv = net.accept(&mut listen).unwrap();
+            }
+        }
+        let (mut send, mut recv) = (send.unwrap(), recv.unwrap());
+        let out = vec![7u8; 64 << 10];
+        let mut into = vec![0u8; 64 << 10];
+        let send_mr = SocketMr {
+            start: out.as_ptr() as usize,
+            len: out.len(),
+        };
+        let recv_mr = SocketMr {
+            start: into.as_mut_ptr() as usize,
+            len: into.len(),
+        };
+        let mut s = net
+            .isend(&mut send, out.as_ptr(), out.len(), 0, &send_mr)
+            .unwrap()
+            .unwrap();
+        let buffer = RecvBuffer {
+            data: into.as_mut_ptr(),
+            size: into.len(),
+            tag: 0,
+            mhandle: &recv_mr,
+        };
+        let mut r = net.irecv(&mut recv, &[buffer]).unwrap().unwrap();
+        let err = loop {
+            assert!(start.elapsed() < Duration::from_secs(5), "no failure");
+            let _ = net.test(&mut s);
+            match net.test(&mut r) {
+                Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+                Ok(Some(sizes)) => panic!("a tampered message arrived: {sizes:?}"),
+                Err(e) => break e,
+            }
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains(&recv.peer()) && text.contains("failed authentication"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn registrations_bound_the_buffers() {
         let mr = SocketMr {
