@@ -30,7 +30,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use rccl_transports::auth_tcp::{self, AuthListener, AuthStream, Secret};
+use rccl_transports::auth_tcp::{self, AuthListener, AuthStream, Psk, Secret};
 
 use crate::error::{Error, Result};
 use rccl_transports::host::host_address;
@@ -171,6 +171,9 @@ pub struct Bootstrap {
     rank: usize,
     nranks: usize,
     secret: Secret,
+    /// The process's encryption key when this rank joined: every
+    /// connection of the bootstrap network uses it.
+    psk: Option<Psk>,
     timeout: Duration,
     abort: Arc<AtomicBool>,
     peers: Vec<SocketAddr>,
@@ -245,12 +248,14 @@ impl Bootstrap {
         } else {
             host_address()?
         };
-        let mut listener = AuthListener::bind(SocketAddr::new(ip, 0), secret).map_err(|e| {
-            Error::io(
-                format!("bootstrap: rank {rank} binding its listener on {ip}"),
-                e,
-            )
-        })?;
+        let psk = auth_tcp::encryption();
+        let mut listener = AuthListener::bind_with(SocketAddr::new(ip, 0), secret, psk.clone())
+            .map_err(|e| {
+                Error::io(
+                    format!("bootstrap: rank {rank} binding its listener on {ip}"),
+                    e,
+                )
+            })?;
         listener
             .set_handshake_timeout(timeout.clamp(Duration::from_millis(100), HANDSHAKE_TIMEOUT));
         let me = listener.local_addr();
@@ -264,32 +269,33 @@ impl Bootstrap {
             host: crate::net::hostname(),
         }
         .encode();
-        let mut stream = auth_tcp::connect_until(root, &secret, &hello, deadline, &abort).map_err(
-            |e| match e.kind() {
-                io::ErrorKind::Interrupted => {
-                    aborted(rank, format_args!("connecting to the root at {root}"))
-                }
-                io::ErrorKind::TimedOut => Error::System(format!(
+        let mut stream =
+            auth_tcp::connect_with(root, &secret, psk.as_ref(), &hello, deadline, &abort).map_err(
+                |e| match e.kind() {
+                    io::ErrorKind::Interrupted => {
+                        aborted(rank, format_args!("connecting to the root at {root}"))
+                    }
+                    io::ErrorKind::TimedOut => Error::System(format!(
                 "bootstrap: timed out after {} connecting rank {rank} to the root at {root}: {e}",
                 secs(timeout)
             )),
-                io::ErrorKind::PermissionDenied if id.flags() & FLAG_FROM_ADDRESS != 0 => {
-                    Error::InvalidUsage(format!(
+                    io::ErrorKind::PermissionDenied if id.flags() & FLAG_FROM_ADDRESS != 0 => {
+                        Error::InvalidUsage(format!(
                         "bootstrap: rank {rank}: the root at {root} refused this rank's secret: \
                          another job is using this address, or the ranks of this job derived \
                          different secrets (they must share NCCL_COMM_SECRET, or the key file \
                          RCCL_KEY_FILE / ~/.rccl/key and the launcher's job name): {e}"
                     ))
-                }
-                io::ErrorKind::PermissionDenied => Error::InvalidUsage(format!(
-                    "bootstrap: rank {rank}: the root at {root} refused this rank's secret: \
+                    }
+                    io::ErrorKind::PermissionDenied => Error::InvalidUsage(format!(
+                        "bootstrap: rank {rank}: the root at {root} refused this rank's secret: \
                      it serves another unique id: {e}"
-                )),
-                _ => Error::Remote(format!(
-                    "bootstrap: rank {rank} cannot register at the root at {root}: {e}"
-                )),
-            },
-        )?;
+                    )),
+                    _ => Error::Remote(format!(
+                        "bootstrap: rank {rank} cannot register at the root at {root}: {e}"
+                    )),
+                },
+            )?;
         // The root answers when the earliest rank's timeout passes: give it
         // a little longer than ours to say who is missing.
         let grace = (timeout / 2).clamp(Duration::from_millis(200), Duration::from_secs(2));
@@ -335,6 +341,7 @@ impl Bootstrap {
             rank,
             nranks,
             secret,
+            psk,
             timeout,
             abort,
             out: (0..nranks).map(|_| Mutex::new(None)).collect(),
@@ -541,9 +548,10 @@ impl Bootstrap {
             hello.extend_from_slice(&PEER_MAGIC);
             hello.extend_from_slice(&(self.rank as u32).to_le_bytes());
             hello.extend_from_slice(&(self.nranks as u32).to_le_bytes());
-            let stream = auth_tcp::connect_until(
+            let stream = auth_tcp::connect_with(
                 addr,
                 &self.secret,
+                self.psk.as_ref(),
                 &hello,
                 after(Instant::now(), connect_within),
                 &self.abort,
