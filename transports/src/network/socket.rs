@@ -957,18 +957,19 @@ mod tests {
         drop(silent);
     }
 
-    /// A byte flipped on the wire of an encrypted connection fails the
-    /// receive, naming the sender's address; nothing corrupt arrives.
-    #[test]
-    fn a_tampered_encrypted_message_fails_the_receive_naming_the_peer() {
+    /// Sends one 64 KiB message of a known pattern over a Socket network
+    /// encrypted with `psk` (plaintext with `None`), through a relay that
+    /// records the sender's bytes and flips the one at `flip`: what the
+    /// receive came to (its error's text, or the data) and the wire.
+    fn relayed_message(
+        psk: Option<Psk>,
+        flip: Option<usize>,
+    ) -> (Result<Vec<u8>, String>, Vec<u8>, String) {
         let mut net = Socket::new(vec![SocketDevice::loopback()], Secret::random()).unwrap();
-        net.set_psk(Some(
-            Psk::new(&[5; crate::auth_tcp::MIN_PSK_BYTES]).unwrap(),
-        ));
+        net.set_psk(psk);
         let (handle, mut listen) = net.listen(0).unwrap();
         let (addr, id) = parse_handle(&handle).unwrap();
-        // Past the handshake and the first message header, in its body.
-        let (relay, _) = crate::auth_tcp::seal_tests::relay(addr, Some(4_000));
+        let (relay, wire) = crate::auth_tcp::seal_tests::relay(addr, flip);
         let handle = ListenHandle::from_bytes(&handle_bytes(relay, &id)).unwrap();
         let start = Instant::now();
         let (mut stage, mut send, mut recv) = (Default::default(), None, None);
@@ -982,8 +983,13 @@ mod tests {
             }
         }
         let (mut send, mut recv) = (send.unwrap(), recv.unwrap());
-        let out = vec![7u8; 64 << 10];
-        let mut into = vec![0u8; 64 << 10];
+        let out: Vec<u8> = b"SECRET-PAYLOAD-"
+            .iter()
+            .copied()
+            .cycle()
+            .take(64 << 10)
+            .collect();
+        let mut into = vec![0u8; out.len()];
         let send_mr = SocketMr {
             start: out.as_ptr() as usize,
             len: out.len(),
@@ -1003,18 +1009,49 @@ mod tests {
             mhandle: &recv_mr,
         };
         let mut r = net.irecv(&mut recv, &[buffer]).unwrap().unwrap();
-        let err = loop {
-            assert!(start.elapsed() < Duration::from_secs(5), "no failure");
+        let outcome = loop {
+            assert!(start.elapsed() < Duration::from_secs(5), "no outcome");
             let _ = net.test(&mut s);
             match net.test(&mut r) {
                 Ok(None) => std::thread::sleep(Duration::from_millis(1)),
-                Ok(Some(sizes)) => panic!("a tampered message arrived: {sizes:?}"),
-                Err(e) => break e,
+                Ok(Some(_)) => break Ok(()),
+                Err(e) => break Err(e.to_string()),
             }
         };
-        let text = err.to_string();
+        let wire = wire.lock().clone();
+        let got = outcome.map(|()| {
+            assert_eq!(into, out);
+            into
+        });
+        (got, wire, recv.peer())
+    }
+
+    fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+        haystack.windows(needle.len()).any(|w| w == needle)
+    }
+
+    /// The payload crosses the wire in the clear without a PSK and never
+    /// with one.
+    #[test]
+    fn encrypted_messages_cross_the_wire_unreadable() {
+        let psk = || Some(Psk::new(&[5; crate::auth_tcp::MIN_PSK_BYTES]).unwrap());
+        let (got, wire, _) = relayed_message(None, None);
+        assert!(got.is_ok() && contains(&wire, b"SECRET-PAYLOAD-"));
+        let (got, wire, _) = relayed_message(psk(), None);
+        assert!(got.is_ok(), "{got:?}");
+        assert!(wire.len() > 64 << 10 && !contains(&wire, b"SECRET-PAYLOAD-"));
+    }
+
+    /// A byte flipped on the wire of an encrypted connection fails the
+    /// receive, naming the sender's address; nothing corrupt arrives.
+    #[test]
+    fn a_tampered_encrypted_message_fails_the_receive_naming_the_peer() {
+        let psk = Psk::new(&[5; crate::auth_tcp::MIN_PSK_BYTES]).unwrap();
+        // Past the handshake and the first message header, in its body.
+        let (got, _, peer) = relayed_message(Some(psk), Some(4_000));
+        let text = got.unwrap_err();
         assert!(
-            text.contains(&recv.peer()) && text.contains("failed authentication"),
+            text.contains(&peer) && text.contains("failed authentication"),
             "{text}"
         );
     }
