@@ -620,6 +620,7 @@ const ENGINE_LAYERS: &[&[&str]] = &[
         "kernels",
         "fault",
         "memory",
+        "encryption",
     ],
     &[
         "bootstrap",

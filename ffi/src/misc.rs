@@ -204,27 +204,53 @@ nccl_api! {
         })
     }
 
-    /// Plaintext (NCCL_ENCRYPTION_MODE_NONE) is what rccl-rs does; a PSK
-    /// cannot be honoured.
+    /// Sets the process's encryption of its TCP connections (bootstrap and
+    /// the Socket network): `NCCL_ENCRYPTION_MODE_PSK` with a key of at
+    /// least 32 bytes, or `NCCL_ENCRYPTION_MODE_NONE` (as a NULL config)
+    /// for plaintext. Connections made from then on use it.
     fn ncclSetEncryption / pncclSetEncryption(config: *const ncclEncryptionConfig_t) -> ncclResult_t {
         guard("ncclSetEncryption", std::ptr::null_mut(), || {
-            non_null(config, "config")?;
-            // SAFETY: the caller vouches that `config` (checked non-NULL)
-            // is an initialized ncclEncryptionConfig_t.
-            let (magic, mode) = unsafe { ((*config).magic, (*config).mode) };
-            if magic != NCCL_API_MAGIC {
+            if config.is_null() {
+                rccl::set_encryption(None)?;
+                return Ok(ncclSuccess);
+            }
+            // SAFETY: the caller vouches that `config` (non-NULL) is an
+            // initialized ncclEncryptionConfig_t.
+            let config = unsafe { &*config };
+            if config.magic != NCCL_API_MAGIC {
                 return Err(invalid(format!(
-                    "config->magic is {magic:#x}: initialize it with NCCL_ENCRYPTION_CONFIG_INITIALIZER"
+                    "config->magic is {:#x}: initialize it with NCCL_ENCRYPTION_CONFIG_INITIALIZER",
+                    config.magic
                 )));
             }
-            match mode {
-                0 => Ok(ncclSuccess),
-                1 => Err(usage(
-                    "not supported: rccl-rs authenticates its connections (HMAC with the \
-                     communicator's secret) but does not encrypt them",
-                )),
-                other => Err(invalid(format!("unknown encryption mode {other}"))),
+            match config.mode {
+                0 => rccl::set_encryption(None)?,
+                1 => {
+                    if config.psk.is_null() {
+                        return Err(invalid(
+                            "NCCL_ENCRYPTION_MODE_PSK needs config->psk, a NUL-terminated key",
+                        ));
+                    }
+                    // SAFETY: the caller vouches that a non-NULL psk is a
+                    // NUL-terminated string.
+                    let psk = unsafe { std::ffi::CStr::from_ptr(config.psk) }.to_bytes();
+                    if psk.len() < rccl::MIN_PSK_BYTES {
+                        return Err(invalid(format!(
+                            "config->psk has {} bytes: a PSK needs at least {}",
+                            psk.len(),
+                            rccl::MIN_PSK_BYTES
+                        )));
+                    }
+                    rccl::set_encryption(Some(psk))?;
+                }
+                other => {
+                    return Err(invalid(format!(
+                        "config->mode is {other}: use NCCL_ENCRYPTION_MODE_NONE (0) or \
+                         NCCL_ENCRYPTION_MODE_PSK (1)"
+                    )))
+                }
             }
+            Ok(ncclSuccess)
         })
     }
 }

@@ -23,6 +23,7 @@ mod connect;
 mod debug;
 pub mod deterministic;
 mod device_executor;
+mod encryption;
 mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
@@ -48,6 +49,7 @@ pub use api::{CollCall, Element, Group, F8E4M3, F8E5M2};
 pub use bootstrap::{Bootstrap, UniqueId};
 pub use comm::{hang_report, report_hangs_on_signal, Communicator};
 pub use config::{last_level_cache_bytes, Config, MAX_CHANNELS};
+pub use encryption::{encrypted, set_encryption, MIN_PSK_BYTES};
 pub use error::{Error, Result};
 pub use group::{group_depth, group_end, group_fail, group_simulate_end, group_start};
 pub use job::{launcher_rank_from_env, rank_from_env};

@@ -313,6 +313,11 @@ pub struct Args {
     /// the iteration count, hence the long name.
     #[arg(long = "procs", default_value = "0", value_parser = parse_count)]
     pub procs: usize,
+    /// (rccl-tests) Encrypt the TCP connections (bootstrap and the Socket
+    /// network) with the pre-shared key in this file (its first line, at
+    /// least 32 bytes), as `ncclSetEncryption` does.
+    #[arg(long = "psk-file")]
+    pub psk_file: Option<std::path::PathBuf>,
     /// (rccl-tests) Deterministic reductions for the measured
     /// communicators: alone or with 1, AllReduce, ReduceScatter and Reduce
     /// give the same bits whatever the algorithm, protocol and channels

@@ -773,7 +773,7 @@ static void case_misc(void) {
   ncclEncryptionConfig_t enc_config = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
   CHECK(ncclSetEncryption(&enc_config));
   enc_config.mode = NCCL_ENCRYPTION_MODE_PSK;
-  EXPECT_RC(ncclSetEncryption(&enc_config), ncclInvalidUsage, NULL);
+  EXPECT_RC(ncclSetEncryption(&enc_config), ncclInvalidArgument, NULL);
 
   ncclParamHandle_t h;
   int64_t buffsize = 0;
@@ -857,6 +857,65 @@ static void case_processes(void) {
   }
 }
 
+/* Encryption: the misuses, then two processes over TCP with one PSK. */
+static void case_encryption(void) {
+  ncclEncryptionConfig_t bad = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+  bad.magic = 0;
+  EXPECT_RC(ncclSetEncryption(&bad), ncclInvalidArgument, NULL);
+  ncclEncryptionConfig_t config = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+  config.mode = NCCL_ENCRYPTION_MODE_PSK;
+  EXPECT_RC(ncclSetEncryption(&config), ncclInvalidArgument, NULL); /* no psk */
+  config.psk = "";
+  EXPECT_RC(ncclSetEncryption(&config), ncclInvalidArgument, NULL);
+  config.psk = "a-key-that-is-too-short-by-one!"; /* 31 bytes */
+  EXPECT_RC(ncclSetEncryption(&config), ncclInvalidArgument, NULL);
+  config.mode = 7;
+  EXPECT_RC(ncclSetEncryption(&config), ncclInvalidArgument, NULL);
+  config.mode = NCCL_ENCRYPTION_MODE_NONE;
+  CHECK(ncclSetEncryption(&config));
+  CHECK(ncclSetEncryption(NULL));
+
+  enum { P = 2, LEN = 1 << 16 };
+  int fds[2];
+  pid_t pids[P];
+  if (pipe(fds)) abort();
+  fflush(stdout);
+  for (int r = 0; r < P; r++) {
+    pids[r] = fork();
+    if (pids[r] != 0) continue;
+    setenv("NCCL_SHM_DISABLE", "1", 1);
+    ncclEncryptionConfig_t psk = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+    psk.mode = NCCL_ENCRYPTION_MODE_PSK;
+    psk.psk = "a-job-wide-key-of-at-least-32-bytes!";
+    CHECK(ncclSetEncryption(&psk));
+    ncclUniqueId id;
+    if (r == 0) {
+      CHECK(ncclGetUniqueId(&id));
+      if (write(fds[1], &id, sizeof id) != sizeof id) abort();
+    } else if (read(fds[0], &id, sizeof id) != sizeof id) {
+      abort();
+    }
+    ncclComm_t comm;
+    CHECK(ncclCommInitRank(&comm, P, id, r));
+    static int32_t in[LEN], out[LEN];
+    for (int i = 0; i < LEN; i++) in[i] = r * 100000 + i;
+    CHECK(ncclAllReduce(in, out, LEN, ncclInt32, ncclSum, comm, NULL));
+    for (int i = 0; i < LEN; i++) EXPECT(out[i] == 100000 + 2 * i);
+    CHECK(ncclCommDestroy(comm));
+    if (r == 0) printf("2 processes over TCP with a PSK: %d elements checked\n", LEN);
+    fflush(stdout);
+    _exit(failures ? 1 : 0);
+  }
+  for (int r = 0; r < P; r++) {
+    int status;
+    waitpid(pids[r], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      fprintf(stderr, "rank %d (pid %d) failed: status %d\n", r, (int)pids[r], status);
+      failures++;
+    }
+  }
+}
+
 /* Grow: two ranks become three; the third joins with the id. */
 struct grow_arg {
   ncclComm_t parent, out;
@@ -918,6 +977,7 @@ static const struct {
     {"errors", case_errors},
     {"misc", case_misc},
     {"processes", case_processes},
+    {"encryption", case_encryption},
 };
 
 int main(int argc, char **argv) {

@@ -613,6 +613,11 @@ macro_rules! conformance {
 }
 
 conformance!(socket, common::socket_pair(), Errors::Typed);
+conformance!(
+    socket_encrypted,
+    common::encrypted_socket_pair(),
+    Errors::Typed
+);
 conformance!(ib_model, common::ib_pair(1), Errors::Typed);
 conformance!(ib_model_four_qps, common::ib_pair(4), Errors::Typed);
 conformance!(

@@ -30,7 +30,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use rccl_transports::auth_tcp::{self, AuthListener, Secret};
+use rccl_transports::auth_tcp::{self, AuthListener, AuthStream, Psk, Secret};
 
 use crate::error::{Error, Result};
 use rccl_transports::host::host_address;
@@ -171,10 +171,13 @@ pub struct Bootstrap {
     rank: usize,
     nranks: usize,
     secret: Secret,
+    /// The process's encryption key when this rank joined: every
+    /// connection of the bootstrap network uses it.
+    psk: Option<Psk>,
     timeout: Duration,
     abort: Arc<AtomicBool>,
     peers: Vec<SocketAddr>,
-    out: Vec<Mutex<Option<TcpStream>>>,
+    out: Vec<Mutex<Option<AuthStream>>>,
     seq: AtomicU64,
     shared: Arc<Shared>,
     wake: UnixStream,
@@ -245,12 +248,14 @@ impl Bootstrap {
         } else {
             host_address()?
         };
-        let mut listener = AuthListener::bind(SocketAddr::new(ip, 0), secret).map_err(|e| {
-            Error::io(
-                format!("bootstrap: rank {rank} binding its listener on {ip}"),
-                e,
-            )
-        })?;
+        let psk = auth_tcp::encryption();
+        let mut listener = AuthListener::bind_with(SocketAddr::new(ip, 0), secret, psk.clone())
+            .map_err(|e| {
+                Error::io(
+                    format!("bootstrap: rank {rank} binding its listener on {ip}"),
+                    e,
+                )
+            })?;
         listener
             .set_handshake_timeout(timeout.clamp(Duration::from_millis(100), HANDSHAKE_TIMEOUT));
         let me = listener.local_addr();
@@ -264,32 +269,33 @@ impl Bootstrap {
             host: crate::net::hostname(),
         }
         .encode();
-        let mut stream = auth_tcp::connect_until(root, &secret, &hello, deadline, &abort).map_err(
-            |e| match e.kind() {
-                io::ErrorKind::Interrupted => {
-                    aborted(rank, format_args!("connecting to the root at {root}"))
-                }
-                io::ErrorKind::TimedOut => Error::System(format!(
+        let mut stream =
+            auth_tcp::connect_with(root, &secret, psk.as_ref(), &hello, deadline, &abort).map_err(
+                |e| match e.kind() {
+                    io::ErrorKind::Interrupted => {
+                        aborted(rank, format_args!("connecting to the root at {root}"))
+                    }
+                    io::ErrorKind::TimedOut => Error::System(format!(
                 "bootstrap: timed out after {} connecting rank {rank} to the root at {root}: {e}",
                 secs(timeout)
             )),
-                io::ErrorKind::PermissionDenied if id.flags() & FLAG_FROM_ADDRESS != 0 => {
-                    Error::InvalidUsage(format!(
+                    io::ErrorKind::PermissionDenied if id.flags() & FLAG_FROM_ADDRESS != 0 => {
+                        Error::InvalidUsage(format!(
                         "bootstrap: rank {rank}: the root at {root} refused this rank's secret: \
                          another job is using this address, or the ranks of this job derived \
                          different secrets (they must share NCCL_COMM_SECRET, or the key file \
                          RCCL_KEY_FILE / ~/.rccl/key and the launcher's job name): {e}"
                     ))
-                }
-                io::ErrorKind::PermissionDenied => Error::InvalidUsage(format!(
-                    "bootstrap: rank {rank}: the root at {root} refused this rank's secret: \
+                    }
+                    io::ErrorKind::PermissionDenied => Error::InvalidUsage(format!(
+                        "bootstrap: rank {rank}: the root at {root} refused this rank's secret: \
                      it serves another unique id: {e}"
-                )),
-                _ => Error::Remote(format!(
-                    "bootstrap: rank {rank} cannot register at the root at {root}: {e}"
-                )),
-            },
-        )?;
+                    )),
+                    _ => Error::Remote(format!(
+                        "bootstrap: rank {rank} cannot register at the root at {root}: {e}"
+                    )),
+                },
+            )?;
         // The root answers when the earliest rank's timeout passes: give it
         // a little longer than ours to say who is missing.
         let grace = (timeout / 2).clamp(Duration::from_millis(200), Duration::from_secs(2));
@@ -335,6 +341,7 @@ impl Bootstrap {
             rank,
             nranks,
             secret,
+            psk,
             timeout,
             abort,
             out: (0..nranks).map(|_| Mutex::new(None)).collect(),
@@ -437,7 +444,8 @@ impl Bootstrap {
         }
         // A sender holds the connection only while it writes.
         let slot = self.out.get(peer)?.try_lock()?;
-        let stream = slot.as_ref()?;
+        // The listener sends nothing after the handshake, encrypted or not.
+        let stream = slot.as_ref()?.tcp();
         stream.set_nonblocking(true).ok()?;
         let ended = match stream.peek(&mut [0u8; 1]) {
             Ok(0) => Some("closed its bootstrap connection".to_string()),
@@ -540,9 +548,10 @@ impl Bootstrap {
             hello.extend_from_slice(&PEER_MAGIC);
             hello.extend_from_slice(&(self.rank as u32).to_le_bytes());
             hello.extend_from_slice(&(self.nranks as u32).to_le_bytes());
-            let stream = auth_tcp::connect_until(
+            let stream = auth_tcp::connect_with(
                 addr,
                 &self.secret,
+                self.psk.as_ref(),
                 &hello,
                 after(Instant::now(), connect_within),
                 &self.abort,
@@ -558,6 +567,7 @@ impl Bootstrap {
                 }
             })?;
             stream
+                .tcp()
                 .set_write_timeout(Some(self.timeout.max(Duration::from_millis(1))))
                 .map_err(|e| Error::io("bootstrap: setting a write timeout", e))?;
             *slot = Some(stream);
@@ -711,7 +721,7 @@ impl Drop for Bootstrap {
 
 /// One incoming connection from another rank.
 struct Conn {
-    stream: TcpStream,
+    stream: AuthStream,
     from: usize,
     buf: Vec<u8>,
 }
@@ -809,7 +819,7 @@ impl Receiver {
     }
 
     /// Takes an authenticated connection from another rank.
-    fn admit(&mut self, stream: TcpStream, hello: &[u8]) {
+    fn admit(&mut self, stream: AuthStream, hello: &[u8]) {
         let from_addr = stream.peer_addr().ok();
         let ok = hello.len() == 12
             && hello[..4] == PEER_MAGIC
@@ -824,7 +834,7 @@ impl Receiver {
             return;
         }
         let from = read_u32(hello, 4) as usize;
-        if let Err(e) = stream.set_nonblocking(true) {
+        if let Err(e) = stream.tcp().set_nonblocking(true) {
             tracing::warn!(
                 rank = self.rank,
                 "bootstrap: cannot use the connection from rank {from}: {e}"

@@ -151,7 +151,7 @@ pub(super) fn serve_roots(wake: UnixStream) {
 
 /// A rank registered at the root.
 pub(super) struct Registrant {
-    stream: TcpStream,
+    stream: AuthStream,
     nranks: usize,
     listen: SocketAddr,
     /// Its host, pid and address, for messages.
@@ -166,11 +166,13 @@ pub(super) fn root_timeout() -> Duration {
         .unwrap_or(DEFAULT_ROOT_TIMEOUT)
 }
 
-pub(super) fn root_answer(stream: &mut TcpStream, status: u8, body: &[u8]) -> io::Result<()> {
+pub(super) fn root_answer(stream: &mut AuthStream, status: u8, body: &[u8]) -> io::Result<()> {
     let mut msg = Vec::with_capacity(1 + body.len());
     msg.push(status);
     msg.extend_from_slice(body);
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    stream
+        .tcp()
+        .set_write_timeout(Some(Duration::from_secs(5)))?;
     auth_tcp::write_frame(stream, &msg)
 }
 
@@ -306,7 +308,7 @@ impl Root {
         }
     }
 
-    fn register(&mut self, mut stream: TcpStream, hello: &[u8]) {
+    fn register(&mut self, mut stream: AuthStream, hello: &[u8]) {
         let root = self.addr;
         let from = stream.peer_addr().unwrap_or(root);
         // Registration: magic, rank, nranks, timeout (ms), listener
@@ -339,7 +341,7 @@ impl Root {
                 "bootstrap: rank {rank} ({who}) is out of range for nranks={nranks}"
             ))
         } else if let Some(old) = self.ranks.get(&rank) {
-            if self.answer_at.is_none() && is_closed(&old.stream) {
+            if self.answer_at.is_none() && is_closed(old.stream.tcp()) {
                 // The earlier registration gave up; this is its retry.
                 self.ranks.remove(&rank);
                 None

@@ -32,22 +32,36 @@ pub const CORRUPT_ENV: &str = "RCCL_PERF_CORRUPT";
 
 type Res<T> = Result<T, String>;
 
+/// `--psk-file`: the process's encryption key, before any connection.
+fn set_psk(args: &Args) -> Res<()> {
+    let Some(path) = &args.psk_file else {
+        return Ok(());
+    };
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("--psk-file {}: {e}", path.display()))?;
+    let key = text.lines().next().unwrap_or("");
+    rccl::set_encryption(Some(key.as_bytes()))
+        .map_err(|e| format!("--psk-file {}: {e}", path.display()))
+}
+
 /// Runs the perf test `coll` with this process's command line; the exit
 /// status follows nccl-tests (non-zero on wrong data or failures).
 pub fn main(coll: Coll) -> ExitCode {
     let args = Args::parse();
-    let outcome = Launch::detect().and_then(|launch| {
-        if args.procs > 1 && matches!(launch, Launch::Threads) {
-            return Ok(launch::spawn_local(args.procs));
-        }
-        run(coll, &args, launch).map(|ok| {
-            if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
+    let outcome = set_psk(&args)
+        .and_then(|()| Launch::detect())
+        .and_then(|launch| {
+            if args.procs > 1 && matches!(launch, Launch::Threads) {
+                return Ok(launch::spawn_local(args.procs));
             }
-        })
-    });
+            run(coll, &args, launch).map(|ok| {
+                if ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            })
+        });
     outcome.unwrap_or_else(|msg| {
         println!("{msg}");
         let _ = std::io::stdout().flush();

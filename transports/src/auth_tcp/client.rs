@@ -2,6 +2,7 @@
 //! that shed the handshake), proving the secret, checking the listener's
 //! proof, and sending the hello.
 
+use super::sides::ClientSide;
 use super::*;
 
 pub(super) fn set_write_deadline(stream: &TcpStream, deadline: Instant) -> io::Result<()> {
@@ -13,20 +14,21 @@ pub(super) fn set_write_deadline(stream: &TcpStream, deadline: Instant) -> io::R
 
 /// Connects to `addr`, proves knowledge of `secret` (and checks that the
 /// listener knows it too), then sends `hello` (an opaque purpose payload,
-/// at most [`MAX_HELLO`] bytes).
+/// at most [`MAX_HELLO`] bytes). The connection is encrypted when the
+/// process holds a PSK ([`super::encryption`]).
 ///
 /// A refused connection is retried with a short backoff until `deadline`
 /// (the listener may not be up yet), and so is one the listener drops
 /// after its greeting without refusing our proof (a busy listener sheds
 /// its oldest unauthenticated handshakes); other failures, a refused proof
-/// among them, are returned at once. The stream comes back blocking,
-/// without timeouts, with `TCP_NODELAY`.
+/// or another key among them, are returned at once. The stream comes back
+/// blocking, without timeouts, with `TCP_NODELAY`.
 pub fn connect(
     addr: SocketAddr,
     secret: &Secret,
     hello: &[u8],
     deadline: Instant,
-) -> io::Result<TcpStream> {
+) -> io::Result<AuthStream> {
     connect_until(addr, secret, hello, deadline, &NEVER)
 }
 
@@ -38,7 +40,20 @@ pub fn connect_until(
     hello: &[u8],
     deadline: Instant,
     stop: &AtomicBool,
-) -> io::Result<TcpStream> {
+) -> io::Result<AuthStream> {
+    connect_with(addr, secret, encryption().as_ref(), hello, deadline, stop)
+}
+
+/// [`connect_until`] encrypting with `psk` (plaintext with `None`) rather
+/// than with the process's key.
+pub fn connect_with(
+    addr: SocketAddr,
+    secret: &Secret,
+    psk: Option<&Psk>,
+    hello: &[u8],
+    deadline: Instant,
+    stop: &AtomicBool,
+) -> io::Result<AuthStream> {
     if hello.len() > MAX_HELLO {
         return Err(err(
             io::ErrorKind::InvalidInput,
@@ -48,8 +63,9 @@ pub fn connect_until(
     let mut backoff = Duration::from_millis(5);
     loop {
         let mut stream = connect_tcp(addr, deadline, stop, &mut backoff)?;
-        match client_handshake(&mut stream, secret, hello, deadline, stop) {
-            Ok(()) => return Ok(stream),
+        let mut side = ClientSide::new(psk.cloned());
+        match client_handshake(&mut stream, &mut side, secret, hello, deadline, stop) {
+            Ok(()) => return Ok(side.into_stream(stream)),
             Err(Attempt::Final(e)) => {
                 return Err(context(e, format_args!("handshake with {addr}")))
             }
@@ -115,6 +131,7 @@ impl From<io::Error> for Attempt {
 
 pub(super) fn client_handshake(
     stream: &mut TcpStream,
+    side: &mut ClientSide,
     secret: &Secret,
     hello: &[u8],
     deadline: Instant,
@@ -124,19 +141,17 @@ pub(super) fn client_handshake(
     set_write_deadline(stream, deadline)?;
     // A listener greets as soon as it accepts; on a loaded host that may
     // take a while, so wait until the deadline.
-    let mut greeting = [0u8; GREETING_LEN];
+    let mut greeting = vec![0u8; ClientSide::GREETING_PROBE];
     read_exact_until(stream, &mut greeting, deadline, stop)?;
-    check_header(&greeting, "listener")?;
-    let server_nonce = &greeting[12..];
-    let client_nonce = nonce()?;
-    let tag = mac(secret, CLIENT_LABEL, server_nonce, &client_nonce)
-        .finalize()
-        .into_bytes();
-    let mut response = [0u8; RESPONSE_LEN];
-    response[..8].copy_from_slice(&MAGIC);
-    response[8..12].copy_from_slice(&VERSION.to_le_bytes());
-    response[12..12 + NONCE_LEN].copy_from_slice(&client_nonce);
-    response[12 + NONCE_LEN..].copy_from_slice(&tag);
+    let rest = side.greeting_rest(&greeting)?;
+    greeting.resize(ClientSide::GREETING_PROBE + rest, 0);
+    read_exact_until(
+        stream,
+        &mut greeting[ClientSide::GREETING_PROBE..],
+        deadline,
+        stop,
+    )?;
+    let response = side.respond(secret, &greeting)?;
     let dropped = |e: io::Error| {
         if matches!(
             e.kind(),
@@ -155,23 +170,10 @@ pub(super) fn client_handshake(
     };
     stream.write_all(&response).map_err(dropped)?;
     let proof_deadline = deadline.min(Instant::now() + DEFAULT_HANDSHAKE_TIMEOUT);
-    let mut proof = [0u8; MAC_LEN];
+    let mut proof = vec![0u8; side.proof_len()];
     read_exact_until(stream, &mut proof, proof_deadline, stop).map_err(dropped)?;
-    if proof == DENIED {
-        return Err(Attempt::Final(err(
-            io::ErrorKind::PermissionDenied,
-            "the listener refused this connection's proof: it serves a different secret",
-        )));
-    }
-    mac(secret, SERVER_LABEL, server_nonce, &client_nonce)
-        .verify_slice(&proof)
-        .map_err(|_| {
-            err(
-                io::ErrorKind::PermissionDenied,
-                "the listener failed to prove it knows the secret",
-            )
-        })?;
-    write_frame(stream, hello)?;
+    side.check_proof(secret, &proof)?;
+    stream.write_all(&side.hello_message(hello)?)?;
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
     Ok(())

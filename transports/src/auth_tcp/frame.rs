@@ -3,11 +3,30 @@
 
 use super::*;
 
+/// A stream whose reads can time out: a TCP stream or an
+/// [`AuthStream`].
+pub trait TimedRead: Read {
+    /// The stream's read timeout (`None`: block).
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+}
+
+impl TimedRead for TcpStream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, timeout)
+    }
+}
+
+impl TimedRead for AuthStream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.tcp().set_read_timeout(timeout)
+    }
+}
+
 /// Reads exactly `buf.len()` bytes, giving up with `TimedOut` at `deadline`
 /// and with `Interrupted` soon after `stop` becomes true. The stream's read
 /// timeout is changed; partial reads are never lost.
 pub fn read_exact_until(
-    stream: &mut TcpStream,
+    stream: &mut impl TimedRead,
     buf: &mut [u8],
     deadline: Instant,
     stop: &AtomicBool,
@@ -50,7 +69,7 @@ pub fn read_exact_until(
 
 /// [`read_frame`] with a deadline and a stop flag, as [`read_exact_until`].
 pub fn read_frame_until(
-    stream: &mut TcpStream,
+    stream: &mut impl TimedRead,
     max_len: usize,
     deadline: Instant,
     stop: &AtomicBool,

@@ -2,7 +2,7 @@
 //! each against its own deadline, with caps per source and in all that shed
 //! the oldest unauthenticated ones.
 
-use super::frame::check_len;
+use super::sides::ServerSide;
 use super::*;
 
 /// Unauthenticated handshakes a listener holds at once from one source
@@ -32,7 +32,7 @@ pub(super) struct Handshake {
     pub(super) stream: TcpStream,
     pub(super) peer: SocketAddr,
     pub(super) deadline: Instant,
-    pub(super) nonce: [u8; NONCE_LEN],
+    pub(super) side: ServerSide,
     pub(super) step: Step,
     /// Bytes of the current step so far, and how many it needs.
     pub(super) buf: Vec<u8>,
@@ -52,23 +52,22 @@ impl Handshake {
         stream: TcpStream,
         peer: SocketAddr,
         deadline: Instant,
+        secret: &Secret,
+        psk: Option<&Psk>,
     ) -> io::Result<Handshake> {
         stream.set_nonblocking(true)?;
         stream.set_nodelay(true)?;
-        let nonce = nonce()?;
-        let mut greeting = [0u8; GREETING_LEN];
-        greeting[..8].copy_from_slice(&MAGIC);
-        greeting[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        greeting[12..].copy_from_slice(&nonce);
+        let (side, greeting) = ServerSide::start(secret, psk)?;
         write_whole(&stream, &greeting)?;
+        let need = side.response_len();
         Ok(Handshake {
             stream,
             peer,
             deadline,
-            nonce,
+            side,
             step: Step::Response,
-            buf: Vec::with_capacity(RESPONSE_LEN),
-            need: RESPONSE_LEN,
+            buf: Vec::with_capacity(need),
+            need,
         })
     }
 
@@ -107,19 +106,16 @@ impl Handshake {
                         return Advance::Failed(e);
                     }
                     self.step = Step::HelloLength;
-                    self.need = 4;
+                    self.need = self.side.hello_header_len();
                 }
-                Step::HelloLength => {
-                    let header: [u8; 4] = self.buf[..4].try_into().expect("4 bytes read");
-                    match check_len(header, MAX_HELLO) {
-                        Ok(0) => return self.finish(Vec::new()),
-                        Ok(len) => {
-                            self.step = Step::Hello;
-                            self.need = len;
-                        }
-                        Err(e) => return Advance::Failed(e),
+                Step::HelloLength => match self.side.hello_len(&self.buf, MAX_HELLO) {
+                    Ok(0) => return self.finish(Vec::new()),
+                    Ok(len) => {
+                        self.step = Step::Hello;
+                        self.need = len;
                     }
-                }
+                    Err(e) => return Advance::Failed(e),
+                },
                 Step::Hello => {
                     let hello = std::mem::take(&mut self.buf);
                     return self.finish(hello);
@@ -130,32 +126,33 @@ impl Handshake {
     }
 
     /// Checks the client's response; answers with our proof, or with
-    /// [`DENIED`] when the client's fails.
-    pub(super) fn check_response(&self, secret: &Secret) -> io::Result<()> {
-        let response = &self.buf;
-        check_header(response, "client")?;
-        let client_nonce = &response[12..12 + NONCE_LEN];
-        if mac(secret, CLIENT_LABEL, &self.nonce, client_nonce)
-            .verify_slice(&response[12 + NONCE_LEN..])
-            .is_err()
-        {
-            let _ = write_whole(&self.stream, &DENIED);
-            return Err(err(
-                io::ErrorKind::PermissionDenied,
-                "authentication failed (wrong secret)",
-            ));
+    /// [`DENIED`] when the client's fails the plaintext exchange.
+    pub(super) fn check_response(&mut self, secret: &Secret) -> io::Result<()> {
+        match self.side.check_response(secret, &self.buf) {
+            Ok(proof) => write_whole(&self.stream, &proof),
+            Err(refusal) => {
+                if let Some(answer) = refusal.answer {
+                    let _ = write_whole(&self.stream, answer);
+                }
+                Err(refusal.error)
+            }
         }
-        let proof = mac(secret, SERVER_LABEL, &self.nonce, client_nonce)
-            .finalize()
-            .into_bytes();
-        write_whole(&self.stream, &proof)
     }
 
     pub(super) fn finish(&mut self, hello: Vec<u8>) -> Advance {
-        match self.stream.set_nonblocking(false) {
-            Ok(()) => Advance::Done(hello),
+        match self
+            .side
+            .open_hello(hello)
+            .and_then(|hello| self.stream.set_nonblocking(false).map(|()| hello))
+        {
+            Ok(hello) => Advance::Done(hello),
             Err(e) => Advance::Failed(e),
         }
+    }
+
+    /// The connection, once [`Handshake::advance`] is done.
+    pub(super) fn into_stream(self) -> AuthStream {
+        self.side.into_stream(self.stream)
     }
 }
 
@@ -236,12 +233,14 @@ pub(super) fn is_pending_connection_error(e: &io::Error) -> bool {
 pub struct AuthListener {
     pub(super) listener: TcpListener,
     pub(super) secret: Secret,
+    /// The key of encrypted connections; `None`: plaintext.
+    pub(super) psk: Option<Psk>,
     pub(super) local: SocketAddr,
     pub(super) handshake_timeout: Duration,
     /// Handshakes under way, oldest first.
     pub(super) pending: Vec<Handshake>,
     /// Authenticated connections not yet taken.
-    pub(super) ready: VecDeque<(TcpStream, Vec<u8>)>,
+    pub(super) ready: VecDeque<(AuthStream, Vec<u8>)>,
     pub(super) refusals: Refusals,
 }
 
@@ -256,8 +255,19 @@ impl fmt::Debug for AuthListener {
 }
 
 impl AuthListener {
-    /// Binds `addr` (port 0: any free port).
+    /// Binds `addr` (port 0: any free port); its connections are encrypted
+    /// when the process holds a PSK ([`super::encryption`]).
     pub fn bind(addr: SocketAddr, secret: Secret) -> io::Result<AuthListener> {
+        AuthListener::bind_with(addr, secret, encryption())
+    }
+
+    /// [`AuthListener::bind`] encrypting with `psk` (plaintext with
+    /// `None`) rather than with the process's key.
+    pub fn bind_with(
+        addr: SocketAddr,
+        secret: Secret,
+        psk: Option<Psk>,
+    ) -> io::Result<AuthListener> {
         let listener =
             TcpListener::bind(addr).map_err(|e| context(e, format_args!("binding {addr}")))?;
         listener.set_nonblocking(true)?;
@@ -265,6 +275,7 @@ impl AuthListener {
         Ok(AuthListener {
             listener,
             secret,
+            psk,
             local,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             pending: Vec::new(),
@@ -303,7 +314,7 @@ impl AuthListener {
         &mut self,
         deadline: Instant,
         stop: &AtomicBool,
-    ) -> io::Result<(TcpStream, Vec<u8>)> {
+    ) -> io::Result<(AuthStream, Vec<u8>)> {
         let mut fds = Vec::new();
         loop {
             if let Some(accepted) = self.accept_pending()? {
@@ -326,7 +337,7 @@ impl AuthListener {
 
     /// Drives the handshakes ([`AuthListener::progress`]) and returns an
     /// authenticated connection, if one is ready. Never blocks.
-    pub fn accept_pending(&mut self) -> io::Result<Option<(TcpStream, Vec<u8>)>> {
+    pub fn accept_pending(&mut self) -> io::Result<Option<(AuthStream, Vec<u8>)>> {
         if self.ready.is_empty() {
             self.progress()?;
         }
@@ -380,7 +391,7 @@ impl AuthListener {
                 Advance::Waiting => i += 1,
                 Advance::Done(hello) => {
                     let h = self.pending.remove(i);
-                    self.ready.push_back((h.stream, hello));
+                    self.ready.push_back((h.into_stream(), hello));
                 }
                 Advance::Failed(e) => {
                     let h = self.pending.remove(i);
@@ -406,10 +417,10 @@ impl AuthListener {
             };
             self.make_room(peer);
             let deadline = after(Instant::now(), self.handshake_timeout);
-            match Handshake::start(stream, peer, deadline) {
+            match Handshake::start(stream, peer, deadline, &self.secret, self.psk.as_ref()) {
                 Ok(mut h) => match h.advance(&self.secret) {
                     Advance::Waiting => self.pending.push(h),
-                    Advance::Done(hello) => self.ready.push_back((h.stream, hello)),
+                    Advance::Done(hello) => self.ready.push_back((h.into_stream(), hello)),
                     Advance::Failed(e) => self.refuse(h, e.to_string()),
                 },
                 Err(e) => self.note_refusal(peer, format!("greeting failed: {e}")),

@@ -14,6 +14,11 @@
 //!    most [`MAX_HELLO`] bytes) as one frame.
 //!
 //! Frames are a little-endian `u32` length followed by that many bytes.
+//!
+//! When the process holds a pre-shared key ([`set_encryption`]), the
+//! handshake is a Noise exchange keyed by the PSK and the secret instead,
+//! and everything after it is encrypted ([`seal`]). Either way a connection
+//! is an [`AuthStream`].
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -31,12 +36,17 @@ type HmacSha256 = Hmac<Sha256>;
 mod client;
 mod frame;
 mod listener;
+pub mod seal;
+#[cfg(test)]
+pub(crate) mod seal_tests;
+pub(crate) mod sides;
 #[cfg(test)]
 mod tests;
 
-pub use client::{connect, connect_until};
-pub use frame::{read_exact_until, read_frame, read_frame_until, write_frame};
+pub use client::{connect, connect_until, connect_with};
+pub use frame::{read_exact_until, read_frame, read_frame_until, write_frame, TimedRead};
 pub use listener::{AuthListener, Refusals, MAX_PENDING, MAX_PENDING_PER_SOURCE};
+pub use seal::{encryption, set_encryption, AuthStream, Psk, MIN_PSK_BYTES};
 
 /// The first bytes of both handshake messages.
 pub(crate) const MAGIC: [u8; 8] = *b"RCCLAUTH";
@@ -161,7 +171,11 @@ pub(crate) fn check_header(buf: &[u8], peer: &str) -> io::Result<()> {
     if buf[..8] != MAGIC {
         return Err(err(
             io::ErrorKind::InvalidData,
-            format!("bad handshake magic (the {peer} is not rccl-rs)"),
+            format!(
+                "bad handshake magic (the {peer} is not rccl-rs, or it encrypts its \
+                 connections and this process does not: every process must make the \
+                 same ncclSetEncryption call)"
+            ),
         ));
     }
     let version = u32::from_le_bytes(buf[8..12].try_into().unwrap());

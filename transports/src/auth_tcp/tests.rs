@@ -34,7 +34,7 @@ fn serve_good(l: &mut AuthListener, hello: &[u8]) {
     let stop = AtomicBool::new(false);
     let (mut s, got) = l.accept(soon(5000), &stop).unwrap();
     assert_eq!(got, hello);
-    assert!(s.nodelay().unwrap());
+    assert!(s.tcp().nodelay().unwrap());
     assert_eq!(read_frame(&mut s, 16).unwrap(), b"ping");
     write_frame(&mut s, b"pong").unwrap();
 }

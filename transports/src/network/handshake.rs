@@ -1,6 +1,7 @@
-//! The mutual HMAC-SHA256 handshake of [`crate::auth_tcp`], as state machines
-//! that never block: each `progress` call moves as far as the socket allows
-//! and says whether the handshake is done.
+//! The handshake of [`crate::auth_tcp`] (HMAC-SHA256, or Noise when the
+//! connection is encrypted), as state machines that never block: each
+//! `progress` call moves as far as the socket allows and says whether the
+//! handshake is done.
 //!
 //! The messages and their order are those of [`crate::auth_tcp`] (greeting,
 //! response, proof, hello), so the secret never crosses the wire and
@@ -12,19 +13,12 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 
-use hmac::Mac;
-
-use crate::auth_tcp::{
-    check_header, mac, nonce, write_frame, Secret, CLIENT_LABEL, GREETING_LEN, MAC_LEN, MAGIC,
-    NONCE_LEN, RESPONSE_LEN, SERVER_LABEL, VERSION,
-};
+use crate::auth_tcp::sides::{ClientSide, ServerSide};
+use crate::auth_tcp::{AuthStream, Psk, Secret};
 use crate::tcp_connect::connected;
 
 /// Bytes of a listener's id: the hello a connecting side sends.
 pub(crate) const LISTENER_ID: usize = 16;
-
-/// Bytes of the hello frame: its length, then the id.
-const HELLO_FRAME: usize = 4 + LISTENER_ID;
 
 /// Bytes moved so far of a message of known length.
 pub(crate) struct Partial {
@@ -38,6 +32,11 @@ impl Partial {
             bytes: vec![0; len],
             done: 0,
         }
+    }
+
+    /// Reads the rest of `bytes`, of which `done` are in.
+    pub(crate) fn resume_read(bytes: Vec<u8>, done: usize) -> Partial {
+        Partial { bytes, done }
     }
 
     pub(crate) fn to_write(bytes: Vec<u8>) -> Partial {
@@ -90,6 +89,7 @@ fn refused(why: &str) -> io::Error {
 enum ClientStep {
     Connecting,
     Greeting,
+    GreetingRest,
     Response,
     Proof,
     Hello,
@@ -100,21 +100,19 @@ pub(crate) struct Client {
     stream: TcpStream,
     step: ClientStep,
     io: Partial,
-    server_nonce: [u8; NONCE_LEN],
-    client_nonce: [u8; NONCE_LEN],
+    side: ClientSide,
     id: [u8; LISTENER_ID],
 }
 
 impl Client {
     /// A handshake on a connection being established, that will present
-    /// listener `id`.
-    pub(crate) fn new(stream: TcpStream, id: [u8; LISTENER_ID]) -> Client {
+    /// listener `id`, encrypted with `psk` (plaintext with `None`).
+    pub(crate) fn new(stream: TcpStream, id: [u8; LISTENER_ID], psk: Option<Psk>) -> Client {
         Client {
             stream,
             step: ClientStep::Connecting,
             io: Partial::to_read(0),
-            server_nonce: [0; NONCE_LEN],
-            client_nonce: [0; NONCE_LEN],
+            side: ClientSide::new(psk),
             id,
         }
     }
@@ -129,23 +127,23 @@ impl Client {
                         return Ok(false);
                     }
                     self.step = ClientStep::Greeting;
-                    self.io = Partial::to_read(GREETING_LEN);
+                    self.io = Partial::to_read(ClientSide::GREETING_PROBE);
                 }
                 ClientStep::Greeting => {
                     if !self.io.read(&self.stream)? {
                         return Ok(false);
                     }
-                    check_header(&self.io.bytes, "listener")?;
-                    self.server_nonce.copy_from_slice(&self.io.bytes[12..]);
-                    self.client_nonce = nonce()?;
-                    let tag = mac(secret, CLIENT_LABEL, &self.server_nonce, &self.client_nonce)
-                        .finalize()
-                        .into_bytes();
-                    let mut response = Vec::with_capacity(RESPONSE_LEN);
-                    response.extend_from_slice(&MAGIC);
-                    response.extend_from_slice(&VERSION.to_le_bytes());
-                    response.extend_from_slice(&self.client_nonce);
-                    response.extend_from_slice(&tag);
+                    let rest = self.side.greeting_rest(&self.io.bytes)?;
+                    let mut greeting = std::mem::take(&mut self.io.bytes);
+                    greeting.resize(ClientSide::GREETING_PROBE + rest, 0);
+                    self.io = Partial::resume_read(greeting, ClientSide::GREETING_PROBE);
+                    self.step = ClientStep::GreetingRest;
+                }
+                ClientStep::GreetingRest => {
+                    if !self.io.read(&self.stream)? {
+                        return Ok(false);
+                    }
+                    let response = self.side.respond(secret, &self.io.bytes)?;
                     self.io = Partial::to_write(response);
                     self.step = ClientStep::Response;
                 }
@@ -153,7 +151,7 @@ impl Client {
                     if !self.io.write(&self.stream)? {
                         return Ok(false);
                     }
-                    self.io = Partial::to_read(MAC_LEN);
+                    self.io = Partial::to_read(self.side.proof_len());
                     self.step = ClientStep::Proof;
                 }
                 ClientStep::Proof => {
@@ -172,12 +170,10 @@ impl Client {
                         }
                         Err(e) => return Err(e),
                     }
-                    mac(secret, SERVER_LABEL, &self.server_nonce, &self.client_nonce)
-                        .verify_slice(&self.io.bytes)
-                        .map_err(|_| refused("the listener failed to prove it knows the secret"))?;
-                    let mut hello = Vec::with_capacity(HELLO_FRAME);
-                    write_frame(&mut hello, &self.id)?;
-                    self.io = Partial::to_write(hello);
+                    self.side
+                        .check_proof(secret, &self.io.bytes)
+                        .map_err(|e| refused(&e.to_string()))?;
+                    self.io = Partial::to_write(self.side.hello_message(&self.id)?);
                     self.step = ClientStep::Hello;
                 }
                 ClientStep::Hello => return self.io.write(&self.stream),
@@ -186,8 +182,8 @@ impl Client {
     }
 
     /// The connection, once [`Client::progress`] said done.
-    pub(crate) fn into_stream(self) -> TcpStream {
-        self.stream
+    pub(crate) fn into_stream(self) -> AuthStream {
+        self.side.into_stream(self.stream)
     }
 }
 
@@ -195,6 +191,7 @@ enum ServerStep {
     Greeting,
     Response,
     Proof,
+    HelloLength,
     Hello,
 }
 
@@ -204,32 +201,30 @@ pub(crate) struct Server {
     peer: SocketAddr,
     step: ServerStep,
     io: Partial,
-    server_nonce: [u8; NONCE_LEN],
+    side: ServerSide,
     /// When the client must have finished.
     pub(crate) deadline: Instant,
 }
 
 impl Server {
-    /// A handshake with `stream`, just accepted from `peer`: the greeting
-    /// goes out first.
+    /// A handshake with `stream`, just accepted from `peer`, encrypted with
+    /// `psk` (plaintext with `None`): the greeting goes out first.
     pub(crate) fn new(
         stream: TcpStream,
         peer: SocketAddr,
         deadline: Instant,
+        secret: &Secret,
+        psk: Option<&Psk>,
     ) -> io::Result<Server> {
         stream.set_nonblocking(true)?;
         stream.set_nodelay(true)?;
-        let server_nonce = nonce()?;
-        let mut greeting = Vec::with_capacity(GREETING_LEN);
-        greeting.extend_from_slice(&MAGIC);
-        greeting.extend_from_slice(&VERSION.to_le_bytes());
-        greeting.extend_from_slice(&server_nonce);
+        let (side, greeting) = ServerSide::start(secret, psk)?;
         Ok(Server {
             stream,
             peer,
             step: ServerStep::Greeting,
             io: Partial::to_write(greeting),
-            server_nonce,
+            side,
             deadline,
         })
     }
@@ -248,37 +243,40 @@ impl Server {
                     if !self.io.write(&self.stream)? {
                         return Ok(false);
                     }
-                    self.io = Partial::to_read(RESPONSE_LEN);
+                    self.io = Partial::to_read(self.side.response_len());
                     self.step = ServerStep::Response;
                 }
                 ServerStep::Response => {
                     if !self.io.read(&self.stream)? {
                         return Ok(false);
                     }
-                    let response = &self.io.bytes;
-                    check_header(response, "client")?;
-                    let client_nonce = &response[12..12 + NONCE_LEN];
-                    mac(secret, CLIENT_LABEL, &self.server_nonce, client_nonce)
-                        .verify_slice(&response[12 + NONCE_LEN..])
-                        .map_err(|_| refused("authentication failed (wrong secret)"))?;
-                    let proof = mac(secret, SERVER_LABEL, &self.server_nonce, client_nonce)
-                        .finalize()
-                        .into_bytes();
-                    self.io = Partial::to_write(proof.to_vec());
+                    let proof = self
+                        .side
+                        .check_response(secret, &self.io.bytes)
+                        .map_err(|refusal| refusal.error)?;
+                    self.io = Partial::to_write(proof);
                     self.step = ServerStep::Proof;
                 }
                 ServerStep::Proof => {
                     if !self.io.write(&self.stream)? {
                         return Ok(false);
                     }
-                    self.io = Partial::to_read(HELLO_FRAME);
+                    self.io = Partial::to_read(self.side.hello_header_len());
+                    self.step = ServerStep::HelloLength;
+                }
+                ServerStep::HelloLength => {
+                    if !self.io.read(&self.stream)? {
+                        return Ok(false);
+                    }
+                    let len = self.side.hello_len(&self.io.bytes, LISTENER_ID)?;
+                    self.io = Partial::to_read(len);
                     self.step = ServerStep::Hello;
                 }
                 ServerStep::Hello => {
                     if !self.io.read(&self.stream)? {
                         return Ok(false);
                     }
-                    let hello = crate::auth_tcp::read_frame(&mut &self.io.bytes[..], LISTENER_ID)?;
+                    let hello = self.side.open_hello(std::mem::take(&mut self.io.bytes))?;
                     if hello != id {
                         return Err(refused("the client asked for another listener"));
                     }
@@ -289,7 +287,7 @@ impl Server {
     }
 
     /// The connection, once [`Server::progress`] said done.
-    pub(crate) fn into_stream(self) -> TcpStream {
-        self.stream
+    pub(crate) fn into_stream(self) -> AuthStream {
+        self.side.into_stream(self.stream)
     }
 }

@@ -1,5 +1,6 @@
 //! The Socket network: TCP sockets that never block, opened with the
-//! communicator's HMAC handshake ([`crate::auth_tcp`]).
+//! communicator's handshake and encrypted when the process holds a PSK
+//! ([`crate::auth_tcp`]).
 //!
 //! Every listen opens its own listening socket; its handle carries the
 //! address and a random listener id that the connecting side presents as
@@ -10,16 +11,17 @@
 //! [`MESSAGE_MAGIC`]), then the bytes. A receiver reads a header only when a
 //! receive is posted, checks it against that receive's buffers before
 //! reading a byte of the body, and reads the body straight into the
-//! buffer. Nothing is allocated from a length the peer sent.
+//! buffer (encrypted: copied out of the opened records). Nothing is
+//! allocated from a length the peer sent.
 //!
 //! Progress is made by `test` (and nothing else): sends are written with
 //! `sendmsg` (gathering the pending messages, `MSG_NOSIGNAL` so that a peer
-//! that went away is an error and not a signal), receives read as far as
-//! the socket has data. There are no threads; the caller (the network
+//! that went away is an error and not a signal; encrypted, sealed into
+//! records first), receives read as far as the socket has data. There are no threads; the caller (the network
 //! proxy) tests requests and sleeps on [`Net::readiness`] between tests.
 
-use std::io::{self, Read};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::io::{self, IoSlice, Read};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,7 +35,9 @@ use super::{
     CommRef, Endpoint, ListenHandle, MemoryType, Net, NetError, Properties, PtrSupport, Readiness,
     RecvBuffer, Sizes, MAX_RECVS, NET_MAX_REQUESTS,
 };
-use crate::auth_tcp::{fill_random, Secret, DEFAULT_HANDSHAKE_TIMEOUT};
+use crate::auth_tcp::{
+    encryption, fill_random, AuthStream, Psk, Secret, DEFAULT_HANDSHAKE_TIMEOUT,
+};
 
 /// The last word of every message header.
 pub const MESSAGE_MAGIC: u32 = 0x524e_4d31; // "RNM1"
@@ -79,12 +83,15 @@ impl SocketDevice {
 pub struct Socket {
     devices: Vec<SocketDevice>,
     secret: Secret,
+    /// The key of encrypted connections; `None`: plaintext.
+    psk: Option<Psk>,
     handshake_timeout: Duration,
 }
 
 impl Socket {
     /// A Socket network over `devices` (at least one), whose connections
-    /// authenticate with `secret`.
+    /// authenticate with `secret`, encrypted when the process holds a PSK
+    /// ([`crate::auth_tcp::encryption`]).
     pub fn new(devices: Vec<SocketDevice>, secret: Secret) -> Result<Socket, NetError> {
         if devices.is_empty() {
             return Err(NetError::InvalidArgument(
@@ -94,8 +101,15 @@ impl Socket {
         Ok(Socket {
             devices,
             secret,
+            psk: encryption(),
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
         })
+    }
+
+    /// Encrypts the connections made from now on with `psk` (plaintext
+    /// with `None`) rather than with the process's key.
+    pub fn set_psk(&mut self, psk: Option<Psk>) {
+        self.psk = psk;
     }
 
     /// Sets how long a connecting peer may take over its handshake before
@@ -154,7 +168,7 @@ impl Registration for SocketMr {
 /// The descriptor, peer, and failure shared by both directions' states.
 struct Wire {
     /// `None` once the communicator is closed.
-    stream: Option<TcpStream>,
+    stream: Option<AuthStream>,
     peer: SocketAddr,
     /// Why the communicator failed: every pending request fails so.
     failed: Option<NetError>,
@@ -187,6 +201,9 @@ struct SendState {
     ops: Posted<SendOp>,
     /// The first op not yet written whole.
     next_io: usize,
+    /// The first op not yet done: written whole, its encrypted bytes may
+    /// still wait in the stream.
+    next_done: usize,
 }
 
 // SAFETY: the raw pointers in `ops` point into registered memory that the
@@ -377,64 +394,65 @@ impl SendState {
         if self.wire.failed.is_some() {
             return;
         }
-        let Some(stream) = &self.wire.stream else {
+        let peer = self.wire.peer;
+        let Some(stream) = self.wire.stream.as_mut() else {
             return;
         };
-        let fd = stream.as_raw_fd();
         while self.next_io < self.ops.len() {
-            let mut iov = [libc::iovec {
-                iov_base: std::ptr::null_mut(),
-                iov_len: 0,
-            }; 2 * GATHER];
+            let mut iov = [IoSlice::new(&[]); 2 * GATHER];
             let mut count = 0;
             for op in self.ops.range(self.next_io..).take(GATHER) {
                 let header_left = MESSAGE_HEADER.saturating_sub(op.written);
                 if header_left > 0 {
-                    iov[count] = libc::iovec {
-                        iov_base: op.header[MESSAGE_HEADER - header_left..].as_ptr() as *mut _,
-                        iov_len: header_left,
-                    };
+                    iov[count] = IoSlice::new(&op.header[MESSAGE_HEADER - header_left..]);
                     count += 1;
                 }
                 let data_done = op.written.saturating_sub(MESSAGE_HEADER);
                 if op.size > data_done {
-                    iov[count] = libc::iovec {
-                        iov_base: op.data.wrapping_add(data_done) as *mut _,
-                        iov_len: op.size - data_done,
+                    // SAFETY: the bytes are registered memory of a pending
+                    // send, valid and untouched while it is pending (reg_mr's
+                    // contract); they are only read.
+                    let data = unsafe {
+                        std::slice::from_raw_parts(op.data.add(data_done), op.size - data_done)
                     };
+                    iov[count] = IoSlice::new(data);
                     count += 1;
                 }
             }
-            // SAFETY: msghdr is plain data; all-zero is valid.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_iov = iov.as_mut_ptr();
-            msg.msg_iovlen = count as _;
-            // SAFETY: every iovec points at a header inside `ops` or at
-            // registered bytes of a pending send (valid by reg_mr's
-            // contract); sendmsg only reads them.
-            let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
-            if n < 0 {
-                let err = io::Error::last_os_error();
-                match err.kind() {
+            let mut n = match stream.write_gather(&iov[..count]) {
+                Ok(n) => n,
+                Err(err) => match err.kind() {
                     io::ErrorKind::Interrupted => continue,
-                    io::ErrorKind::WouldBlock => return,
+                    io::ErrorKind::WouldBlock => break,
                     _ => {
-                        self.wire.failed =
-                            Some(NetError::io(NET, "sending to", self.wire.peer, &err));
+                        self.wire.failed = Some(NetError::io(NET, "sending to", peer, &err));
                         return;
                     }
-                }
-            }
-            let mut n = n as usize;
+                },
+            };
             while n > 0 {
                 let op = &mut self.ops[self.next_io];
                 let step = n.min(MESSAGE_HEADER + op.size - op.written);
                 op.written += step;
                 n -= step;
                 if op.written == MESSAGE_HEADER + op.size {
-                    op.state.finish();
                     self.next_io += 1;
                 }
+            }
+        }
+        // A send is done once its bytes are in the kernel: encrypted bytes
+        // may still wait in the stream.
+        match stream.flush_output() {
+            Ok(true) => {
+                while self.next_done < self.next_io {
+                    self.ops[self.next_done].state.finish();
+                    self.next_done += 1;
+                }
+            }
+            Ok(false) => {}
+            Err(err) => {
+                self.wire.failed = Some(NetError::io(NET, "sending to", peer, &err));
+                return;
             }
         }
         self.retire();
@@ -444,6 +462,7 @@ impl SendState {
     fn retire(&mut self) {
         let retired = self.ops.retire(|op| op.state == OpState::Spent);
         self.next_io = self.next_io.saturating_sub(retired);
+        self.next_done = self.next_done.saturating_sub(retired);
     }
 }
 
@@ -461,10 +480,9 @@ impl RecvState {
 
     fn read_messages(&mut self) -> Result<(), NetError> {
         let peer = self.wire.peer;
-        let Some(stream) = &self.wire.stream else {
+        let Some(stream) = self.wire.stream.as_mut() else {
             return Ok(());
         };
-        let mut stream: &TcpStream = stream;
         while self.next_io < self.groups.len() {
             let group = &mut self.groups[self.next_io];
             let Some(at) = self.current else {
@@ -479,6 +497,13 @@ impl RecvState {
                     Ok(n) => self.header_got += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    // The peer closed in the middle of an encrypted record.
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        return Err(NetError::Closed {
+                            peer: peer.to_string(),
+                            mid_message: true,
+                        })
+                    }
                     Err(e) => return Err(NetError::io(NET, "receiving from", peer, &e)),
                 }
                 if self.header_got < MESSAGE_HEADER {
@@ -534,6 +559,13 @@ impl RecvState {
                     Ok(n) => buf.got += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    // The peer closed in the middle of an encrypted record.
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        return Err(NetError::Closed {
+                            peer: peer.to_string(),
+                            mid_message: true,
+                        })
+                    }
                     Err(e) => return Err(NetError::io(NET, "receiving from", peer, &e)),
                 }
             }
@@ -629,7 +661,7 @@ impl Net for Socket {
             let (addr, id) = parse_handle(handle)?;
             let stream = crate::tcp_connect::start_connect(Some(local), addr)
                 .map_err(|e| NetError::io(NET, "connecting to", addr, &e))?;
-            stage.client = Some((Client::new(stream, id), addr));
+            stage.client = Some((Client::new(stream, id, self.psk.clone()), addr));
         }
         let (client, addr) = stage.client.as_mut().expect("just set");
         let addr = *addr;
@@ -646,6 +678,7 @@ impl Net for Socket {
                         },
                         ops: Posted::new(),
                         next_io: 0,
+                        next_done: 0,
                     })),
                     peer: addr,
                 }))
@@ -673,7 +706,7 @@ impl Net for Socket {
             match listen.listener.accept() {
                 Ok((stream, peer)) => {
                     let deadline = Instant::now() + self.handshake_timeout;
-                    match Server::new(stream, peer, deadline) {
+                    match Server::new(stream, peer, deadline, &self.secret, self.psk.as_ref()) {
                         Ok(server) => listen.handshakes.push(server),
                         Err(e) => {
                             tracing::warn!(remote = %peer, "dropped a connection to {}: {e}", listen.local)
@@ -856,7 +889,15 @@ impl Net for Socket {
     fn readiness(&self, request: &SocketRequest) -> Option<Readiness> {
         let (stream, readable) = match &request.0.kind {
             Kind::Send(state, _) => (state.lock().wire.stream.as_ref()?.as_raw_fd(), false),
-            Kind::Recv(state, _) => (state.lock().wire.stream.as_ref()?.as_raw_fd(), true),
+            Kind::Recv(state, _) => {
+                let state = state.lock();
+                let stream = state.wire.stream.as_ref()?;
+                // Opened plaintext waiting in the stream: test again soon.
+                if stream.buffered() {
+                    return None;
+                }
+                (stream.as_raw_fd(), true)
+            }
             Kind::Flush => return None,
         };
         Some(Readiness {
@@ -914,6 +955,105 @@ mod tests {
             start.elapsed()
         );
         drop(silent);
+    }
+
+    /// Sends one 64 KiB message of a known pattern over a Socket network
+    /// encrypted with `psk` (plaintext with `None`), through a relay that
+    /// records the sender's bytes and flips the one at `flip`: what the
+    /// receive came to (its error's text, or the data) and the wire.
+    fn relayed_message(
+        psk: Option<Psk>,
+        flip: Option<usize>,
+    ) -> (Result<Vec<u8>, String>, Vec<u8>, String) {
+        let mut net = Socket::new(vec![SocketDevice::loopback()], Secret::random()).unwrap();
+        net.set_psk(psk);
+        let (handle, mut listen) = net.listen(0).unwrap();
+        let (addr, id) = parse_handle(&handle).unwrap();
+        let (relay, wire) = crate::auth_tcp::seal_tests::relay(addr, flip);
+        let handle = ListenHandle::from_bytes(&handle_bytes(relay, &id)).unwrap();
+        let start = Instant::now();
+        let (mut stage, mut send, mut recv) = (Default::default(), None, None);
+        while send.is_none() || recv.is_none() {
+            assert!(start.elapsed() < Duration::from_secs(2), "no connection");
+            if send.is_none() {
+                send = net.connect(0, &handle, &mut stage).unwrap();
+            }
+            if recv.is_none() {
+                recv = net.accept(&mut listen).unwrap();
+            }
+        }
+        let (mut send, mut recv) = (send.unwrap(), recv.unwrap());
+        let out: Vec<u8> = b"SECRET-PAYLOAD-"
+            .iter()
+            .copied()
+            .cycle()
+            .take(64 << 10)
+            .collect();
+        let mut into = vec![0u8; out.len()];
+        let send_mr = SocketMr {
+            start: out.as_ptr() as usize,
+            len: out.len(),
+        };
+        let recv_mr = SocketMr {
+            start: into.as_mut_ptr() as usize,
+            len: into.len(),
+        };
+        let mut s = net
+            .isend(&mut send, out.as_ptr(), out.len(), 0, &send_mr)
+            .unwrap()
+            .unwrap();
+        let buffer = RecvBuffer {
+            data: into.as_mut_ptr(),
+            size: into.len(),
+            tag: 0,
+            mhandle: &recv_mr,
+        };
+        let mut r = net.irecv(&mut recv, &[buffer]).unwrap().unwrap();
+        let outcome = loop {
+            assert!(start.elapsed() < Duration::from_secs(5), "no outcome");
+            let _ = net.test(&mut s);
+            match net.test(&mut r) {
+                Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+                Ok(Some(_)) => break Ok(()),
+                Err(e) => break Err(e.to_string()),
+            }
+        };
+        let wire = wire.lock().clone();
+        let got = outcome.map(|()| {
+            assert_eq!(into, out);
+            into
+        });
+        (got, wire, recv.peer())
+    }
+
+    fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+        haystack.windows(needle.len()).any(|w| w == needle)
+    }
+
+    /// The payload crosses the wire in the clear without a PSK and never
+    /// with one.
+    #[test]
+    fn encrypted_messages_cross_the_wire_unreadable() {
+        let psk = || Some(Psk::new(&[5; crate::auth_tcp::MIN_PSK_BYTES]).unwrap());
+        let (got, wire, _) = relayed_message(None, None);
+        assert!(got.is_ok() && contains(&wire, b"SECRET-PAYLOAD-"));
+        let (got, wire, _) = relayed_message(psk(), None);
+        assert!(got.is_ok(), "{got:?}");
+        assert!(wire.len() > 64 << 10 && !contains(&wire, b"SECRET-PAYLOAD-"));
+    }
+
+    /// A byte flipped on the wire of an encrypted connection fails the
+    /// receive, naming the sender's address; nothing corrupt arrives.
+    #[test]
+    fn a_tampered_encrypted_message_fails_the_receive_naming_the_peer() {
+        let psk = Psk::new(&[5; crate::auth_tcp::MIN_PSK_BYTES]).unwrap();
+        // Past the handshake and the first message header, in its body.
+        let (got, _, peer) = relayed_message(Some(psk), Some(4_000));
+        let text = got.unwrap_err();
+        assert!(
+            text.contains(&peer) && text.contains("failed authentication"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -24,6 +24,19 @@ pub fn socket_pair() -> (Arc<Socket>, Arc<Socket>) {
     (socket(secret), socket(secret))
 }
 
+/// Two Socket contexts of one communicator whose connections are
+/// encrypted with one PSK.
+pub fn encrypted_socket_pair() -> (Arc<Socket>, Arc<Socket>) {
+    let secret = Secret::random();
+    let psk = rccl_transports::auth_tcp::Psk::new(b"conformance-key-of-at-least-32-bytes").unwrap();
+    let encrypted = || {
+        let mut net = Socket::new(vec![SocketDevice::loopback()], secret).unwrap();
+        net.set_psk(Some(psk.clone()));
+        Arc::new(net)
+    };
+    (encrypted(), encrypted())
+}
+
 /// A Socket context on loopback with `secret`.
 pub fn socket(secret: Secret) -> Arc<Socket> {
     Arc::new(Socket::new(vec![SocketDevice::loopback()], secret).unwrap())

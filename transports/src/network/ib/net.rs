@@ -75,7 +75,7 @@ impl Net for Ib {
             let (addr, id) = parse_handle(handle)?;
             let stream = crate::tcp_connect::start_connect(None, addr)
                 .map_err(|e| NetError::io(NET, "connecting to", addr, &e))?;
-            stage.step = Some(ConnectStep::Handshake(Client::new(stream, id), addr));
+            stage.step = Some(ConnectStep::Handshake(Client::new(stream, id, None), addr));
         }
         let result = self.connect_step(dev, stage);
         if result.is_err() {
@@ -89,7 +89,7 @@ impl Net for Ib {
             match listen.listener.accept() {
                 Ok((stream, peer)) => {
                     let deadline = Instant::now() + self.handshake_timeout;
-                    match Server::new(stream, peer, deadline) {
+                    match Server::new(stream, peer, deadline, &self.secret, None) {
                         Ok(server) => listen.accepting.push(Accepting {
                             peer,
                             deadline,

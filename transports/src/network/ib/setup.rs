@@ -92,7 +92,7 @@ impl Ib {
                     link.peer = addr.to_string();
                     let ours = Partial::to_write(Info::of(&link).encode());
                     stage.step = Some(ConnectStep::Details {
-                        stream: client.into_stream(),
+                        stream: client.into_stream().into_tcp(),
                         peer: addr,
                         link: Box::new(link),
                         ours,
@@ -187,7 +187,7 @@ impl Ib {
                         return Ok(None);
                     }
                     Ok(true) => AcceptStep::Details {
-                        stream: server.into_stream(),
+                        stream: server.into_stream().into_tcp(),
                         theirs: Partial::to_read(INFO_LEN),
                     },
                     Err(e) => return Err(format!("the handshake failed: {e}")),

@@ -1,0 +1,106 @@
+//! Encrypted TCP (a process PSK, `rccl::set_encryption`): two processes
+//! with one key run all-reduces over the Socket network with checked data;
+//! a process with another key is refused at bootstrap, naming the root,
+//! within the timeout.
+
+#[path = "common/children.rs"]
+mod children;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use children::{free_port, Ranks};
+use rccl::{Communicator, RedOp};
+
+const CHILD: &str = "RCCL_TEST_ENCRYPTED_CHILD";
+const PSK: &str = "RCCL_TEST_PSK";
+const REFUSED: &str = "RCCL_TEST_EXPECT_REFUSAL";
+
+/// One rank, when started by a test below: sets the key, joins, and
+/// all-reduces 8 B and 1 MiB checking the sums (or checks its refusal).
+#[test]
+fn encrypted_child_rank() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let psk = std::env::var(PSK).unwrap();
+    rccl::set_encryption(Some(psk.as_bytes())).unwrap();
+    assert!(rccl::encrypted());
+    let comm = Communicator::from_env();
+    if std::env::var_os(REFUSED).is_some() {
+        let Err(e) = comm else {
+            panic!("a rank with another key must be refused");
+        };
+        let text = e.to_string();
+        let port = std::env::var("MASTER_PORT").unwrap();
+        assert!(
+            text.contains("different encryption key") && text.contains(&port),
+            "{text}"
+        );
+        eprintln!("refused as expected: {text}");
+        return;
+    }
+    let comm = comm.unwrap();
+    let (rank, n) = (comm.rank(), comm.count());
+    for count in [2usize, 1 << 18] {
+        let send: Vec<f32> = (0..count).map(|i| (rank * 1000 + i % 997) as f32).collect();
+        let mut recv = vec![0f32; count];
+        comm.all_reduce(&send, &mut recv, RedOp::Sum).unwrap();
+        for (i, got) in recv.iter().enumerate() {
+            let want: f32 = (0..n).map(|r| (r * 1000 + i % 997) as f32).sum();
+            assert_eq!(*got, want, "rank {rank}, element {i} of {count}");
+        }
+    }
+}
+
+/// Runs two ranks over TCP, rank `r` with key `keys[r]`; whether each
+/// succeeded, and how long they took.
+fn run(keys: [&str; 2], refused: Option<usize>, timeout_ms: u64) -> (Vec<bool>, Duration) {
+    let port = free_port().to_string();
+    let exe = std::env::current_exe().unwrap();
+    let start = Instant::now();
+    let mut ranks = Ranks(
+        (0..2)
+            .map(|rank| {
+                let mut cmd = Command::new(&exe);
+                cmd.args(["--exact", "encrypted_child_rank", "--nocapture"])
+                    .env(CHILD, "1")
+                    .env(PSK, keys[rank])
+                    .env("RANK", rank.to_string())
+                    .env("WORLD_SIZE", "2")
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", &port)
+                    .env("NCCL_SHM_DISABLE", "1")
+                    .env("RCCL_TIMEOUT_MS", timeout_ms.to_string())
+                    .stdout(Stdio::inherit());
+                if refused == Some(rank) {
+                    cmd.env(REFUSED, "1");
+                }
+                cmd.spawn().unwrap()
+            })
+            .collect(),
+    );
+    let ok = ranks.wait_all(Duration::from_secs(60));
+    (ok, start.elapsed())
+}
+
+const KEY: &str = "one-key-for-the-whole-job-0123456789";
+
+#[test]
+fn two_processes_with_one_key_all_reduce_over_tcp() {
+    let (ok, _) = run([KEY, KEY], None, 30_000);
+    assert_eq!(ok, [true, true]);
+}
+
+#[test]
+fn a_process_with_another_key_is_refused_at_bootstrap() {
+    let (ok, took) = run(
+        [KEY, "another-key-for-an-intruder-987654321"],
+        Some(1),
+        3_000,
+    );
+    // Rank 1 checks its refusal and passes; rank 0 waits for it in vain
+    // and fails at its timeout rather than hanging.
+    assert_eq!(ok, [false, true]);
+    assert!(took < Duration::from_secs(20), "{took:?}");
+}
