@@ -71,6 +71,14 @@ pub struct Config {
     /// (`NCCL_DETERMINISTIC=1`): they run the ordered ring, whose order per
     /// element `rccl::deterministic::reduction_order` states.
     pub deterministic: bool,
+    /// One-sided contexts: the `ctx` of ncclPutSignal, ncclSignal and
+    /// ncclWaitSignal lies in `0..rma_contexts` (`NCCL_NUM_RMA_CTX`,
+    /// `ncclConfig_t.numRmaCtx`, default 1).
+    pub rma_contexts: usize,
+    /// Signal indices per one-sided context: `sigIdx` lies in
+    /// `0..rma_signals` (`NCCL_NUM_RMA_SIG`, `ncclConfig_t.numRmaSig`,
+    /// default 1).
+    pub rma_signals: usize,
 }
 
 impl Default for Config {
@@ -92,6 +100,8 @@ impl Default for Config {
             board_bytes: 64 << 10,
             nt_store_bytes: last_level_cache_bytes(),
             deterministic: false,
+            rma_contexts: 1,
+            rma_signals: 1,
         }
     }
 }
@@ -185,6 +195,12 @@ impl Config {
         }
         if let Some(flag) = env_usize("NCCL_DETERMINISTIC")? {
             config.deterministic = flag != 0;
+        }
+        if let Some(n) = env_usize("NCCL_NUM_RMA_CTX")? {
+            config.rma_contexts = n;
+        }
+        if let Some(n) = env_usize("NCCL_NUM_RMA_SIG")? {
+            config.rma_signals = n;
         }
         if let Some(level) = rccl_env::var("NCCL_NET_GDR_LEVEL") {
             config.net_gdr = gdr_level(&level)?;
