@@ -397,7 +397,7 @@ fn decode(bytes: &[u8]) -> Option<Published> {
         base,
         size,
         flags: u32::try_from(flags).ok()?,
-        export: (!name.is_empty()).then(|| Export {
+        export: (!name.is_empty()).then_some(Export {
             name,
             segment_len: len as usize,
             offset: offset as usize,
