@@ -425,3 +425,31 @@ fn a_dead_peer_ends_a_wait_naming_it() {
 fn plain_memory_is_refused_for_peers_in_other_processes() {
     processes(2, "plain");
 }
+
+/// The perf binary runs both methods side by side, as threads and as
+/// processes.
+#[test]
+fn putsignal_perf_reports_both_methods() {
+    for mode in [&[][..], &["--procs"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_putsignal_perf"))
+            .args(["-g", "2", "-b", "8,64K", "-n", "20", "-r", "2"])
+            .args(mode)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for size in ["8", "65536"] {
+            for method in ["send/recv", "put/signal"] {
+                assert!(
+                    text.lines()
+                        .any(|l| l.split_whitespace().take(2).eq([size, method])),
+                    "{mode:?}: no {method} line for {size} bytes:\n{text}"
+                );
+            }
+        }
+    }
+}
