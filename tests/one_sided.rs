@@ -339,6 +339,8 @@ fn child_rank() {
     let comm = Communicator::from_env_config(config(2, Duration::from_secs(60))).unwrap();
     match role.to_str().unwrap() {
         "ring" => ring(&comm, 300, 4096),
+        // Beyond one message's piece across hosts.
+        "ring-big" => ring(&comm, 3, 5 << 20),
         "dies" => {
             let buf = Buffer::new(PAGE);
             let window = register(&comm, &buf, 0).unwrap();
@@ -383,6 +385,12 @@ fn child_rank() {
 }
 
 fn processes(n: usize, role: &str) {
+    processes_on_hosts(n, role, |_| 0);
+}
+
+/// `n` processes in `role`, rank `r` on the host `host_of(r)` names
+/// (`NCCL_HOSTID`).
+fn processes_on_hosts(n: usize, role: &str, host_of: fn(usize) -> usize) {
     let port = free_port().to_string();
     let exe = std::env::current_exe().unwrap();
     let mut ranks = Ranks(
@@ -401,6 +409,7 @@ fn processes(n: usize, role: &str) {
                     .env("WORLD_SIZE", n.to_string())
                     .env("MASTER_ADDR", "127.0.0.1")
                     .env("MASTER_PORT", &port)
+                    .env("NCCL_HOSTID", format!("host{}", host_of(rank)))
                     .spawn()
                     .unwrap()
             })
@@ -414,6 +423,15 @@ fn processes(n: usize, role: &str) {
 fn a_ring_of_puts_between_processes_at_2_and_4_ranks() {
     processes(2, "ring");
     processes(4, "ring");
+}
+
+/// Ranks on two hosts (`NCCL_HOSTID`) alternating around the ring: puts
+/// to the other host travel as messages, to the same host as writes.
+#[test]
+fn a_ring_of_puts_across_hosts() {
+    processes_on_hosts(2, "ring", |r| r);
+    processes_on_hosts(4, "ring", |r| r % 2);
+    processes_on_hosts(2, "ring-big", |r| r);
 }
 
 #[test]

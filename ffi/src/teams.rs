@@ -196,8 +196,7 @@ nccl_api! {
                 multimemSupport: false,
                 ginType: NCCL_GIN_TYPE_NONE,
                 nLsaTeams: (c.count() / lsa_size(&c)) as c_int,
-                // One-sided calls reach the ranks of this host.
-                hostRmaSupport: c.hosts().len() == 1,
+                hostRmaSupport: true,
                 railedGinType: NCCL_GIN_TYPE_NONE,
                 commHash: c.hash(),
                 ginMinStride: 0,

@@ -10,9 +10,13 @@
 //!   window, the signal raised after it.
 //! - `wait.rs`: waits for signal counts, with the communicator's deadline,
 //!   its abort flag and the peer's fate watched.
+//! - `remote.rs`: puts and signals to ranks on other hosts, as messages
+//!   the target applies before it reads its counts.
 //!
-//! How the bytes cross (the peer's own pointer in this process, a mapping
-//! of its shareable memory in another) is `rccl_transports`' business.
+//! How the bytes cross within a host (the peer's own pointer in this
+//! process, a mapping of its shareable memory in another) is
+//! `rccl_transports`' business; across hosts they go over the bootstrap's
+//! authenticated TCP connections.
 //! On host memory every call completes before it returns (the stream is
 //! not used), so puts reach a window in the order they were called, which
 //! is what `NCCL_WIN_STRICT_ORDERING` asks for; inside a group they run
@@ -21,6 +25,7 @@
 
 mod put;
 mod register;
+mod remote;
 mod wait;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -84,8 +89,10 @@ struct WindowEntry {
     /// Whether this rank's buffer is shareable memory counted as in use.
     exported: bool,
     /// Per rank, its window as this rank writes it; `None` for a rank on
-    /// another host.
+    /// another host (reached by messages, `remote.rs`).
     peers: Vec<Option<PeerWindow>>,
+    /// Per rank, its window's size.
+    sizes: Vec<usize>,
 }
 
 /// The signal counters: this rank's block and its peers'.

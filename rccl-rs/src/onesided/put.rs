@@ -2,7 +2,7 @@
 //! the peer's window first, then the signal's counter at the peer rises
 //! with release ordering, so a peer that has seen the count sees the data.
 
-use super::{check_signal, slot, State};
+use super::{check_signal, remote, slot, State};
 use crate::comm::{CommInner, Communicator};
 use crate::error::{Error, Result};
 use crate::onesided::Window;
@@ -46,18 +46,10 @@ fn put(
     let call = if data.is_some() { PUT } else { SIGNAL };
     check_signal(comm, call, peer, sig, ctx)?;
     let signals = state.signals(comm, call)?;
-    let unreachable = || {
-        Error::InvalidUsage(format!(
-            "{call}: rank {}: {} runs on another host: one-sided calls reach ranks of this host \
-             only",
-            comm.rank,
-            comm.describe(peer)
-        ))
-    };
+    let slot = slot(comm, sig, ctx, comm.rank);
     if let Some((bytes, window, offset)) = data {
         let entry = state.window(comm, window, call)?;
-        let target = entry.peers[peer].as_ref().ok_or_else(unreachable)?;
-        target.write(offset, bytes).map_err(|len| {
+        let past_end = |len: usize| {
             Error::InvalidArgument(format!(
                 "{call}: rank {}: {} bytes at offset {offset} run past the end of window #{} of \
                  rank {peer} ({len} bytes)",
@@ -65,9 +57,21 @@ fn put(
                 bytes.len(),
                 entry.seq
             ))
-        })?;
+        };
+        match &entry.peers[peer] {
+            Some(target) => target.write(offset, bytes).map_err(past_end)?,
+            None => {
+                let len = entry.sizes[peer];
+                if offset.checked_add(bytes.len()).is_none_or(|end| end > len) {
+                    return Err(past_end(len));
+                }
+                return remote::send(comm, peer, Some((entry.seq, offset, bytes)), slot);
+            }
+        }
     }
-    let block = signals.blocks[peer].as_ref().ok_or_else(unreachable)?;
-    block.raise(slot(comm, sig, ctx, comm.rank));
+    match &signals.blocks[peer] {
+        Some(block) => block.raise(slot),
+        None => remote::send(comm, peer, None, slot)?,
+    }
     Ok(())
 }

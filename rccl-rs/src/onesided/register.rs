@@ -159,6 +159,7 @@ fn register(
                     flags,
                     exported: export.is_some(),
                     peers,
+                    sizes: published.iter().map(|p| p.size as usize).collect(),
                 },
             );
             Ok(Window(handle))
@@ -303,6 +304,8 @@ fn deregister(comm: &CommInner, state: &mut State, window: Window) -> Result<()>
             )));
         }
     }
+    // Puts from other hosts sent before their deregistration land first.
+    super::remote::apply(comm, state)?;
     let entry = state.windows.remove(&window.0).expect("found above");
     if entry.exported {
         rccl_transports::release_window(entry.base as *const u8);

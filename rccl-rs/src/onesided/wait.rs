@@ -52,21 +52,25 @@ fn wait(comm: &CommInner, state: &mut State, descs: &[WaitDesc]) -> Result<()> {
             )));
         }
     }
-    state.signals(comm, WAIT)?;
-    let signals = state.signals.as_mut().expect("checked above");
+    let signals = state.signals(comm, WAIT)?;
+    // Ranks on other hosts signal by messages, applied before each look.
+    let remote = signals.blocks.iter().any(Option::is_none);
     let block = signals.blocks[comm.rank]
         .as_ref()
         .expect("a rank's own signal block is in its table");
     let deadline = Instant::now() + comm.config.timeout;
+    let mut consumed = signals.consumed.clone();
     for d in descs {
         let at = slot(comm, d.sig, d.ctx, d.peer);
         let need = d.count as u32;
-        let consumed = signals.consumed[at];
         let mut backoff = Backoff::new();
         let mut next_check = Instant::now() + PEER_CHECK_EVERY;
         loop {
             let seen = block.bell().load(std::sync::atomic::Ordering::Acquire);
-            let arrived = block.count(at).wrapping_sub(consumed);
+            if remote {
+                super::remote::apply(comm, state)?;
+            }
+            let arrived = block.count(at).wrapping_sub(consumed[at]);
             if arrived >= need {
                 break;
             }
@@ -108,7 +112,10 @@ fn wait(comm: &CommInner, state: &mut State, descs: &[WaitDesc]) -> Result<()> {
                 }
             }
         }
-        signals.consumed[at] = consumed.wrapping_add(need);
+        consumed[at] = consumed[at].wrapping_add(need);
+    }
+    if let Some(signals) = state.signals.as_mut() {
+        signals.consumed = consumed;
     }
     Ok(())
 }
