@@ -58,7 +58,7 @@ nccl_api! {
                     .map_err(|e| rccl::Error::System(format!("cannot allocate {size} bytes: {e}")))?
                     .cast(),
                 // Shareable so that peers in other processes can map
-                // windows of it; plain memory where /dev/shm has no room.
+                // windows of it; plain memory where that cannot be had.
                 None => match rccl::alloc_shareable_host(size) {
                     Ok(out) => out.cast(),
                     Err(_) => aligned_host(size)?,

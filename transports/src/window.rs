@@ -2,14 +2,15 @@
 //! the owner taking part, and the signal counters they raise.
 //!
 //! - **Shareable host memory**: what `ncclMemAlloc` hands out for host
-//!   buffers, one POSIX shared-memory segment (mode 0600) per allocation,
-//!   so that a rank in another process can map a window of it by name.
-//!   The name stays until the allocation is freed (a window may be
-//!   registered again later, with another communicator).
+//!   buffers, one anonymous memory file (`memfd_create`) per allocation.
+//!   A process of this user and host maps it through the owner's
+//!   `/proc/<pid>/fd/<fd>` (the kernel lets only processes that may
+//!   inspect the owner open it); having no name, nothing of it outlives
+//!   its last mapping, even when a process dies.
 //! - **A peer's window** ([`PeerWindow`]): its memory as this rank
 //!   addresses it: the peer's own pointer when it runs in this process,
-//!   a mapping of its segment otherwise; writes are bounds-checked.
-//! - **A signal block** ([`SignalBlock`]): one per rank, a segment of
+//!   a mapping of its memory file otherwise; writes are bounds-checked.
+//! - **A signal block** ([`SignalBlock`]): one per rank, a memory file of
 //!   32-bit counters, one per (context, signal index, source rank), that
 //!   peers raise with release ordering after their data (so a reader that
 //!   acquires the count sees the data), and a bell word a waiter parks on.
@@ -19,15 +20,99 @@ use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
 use crate::futex;
-use crate::shm::ShmSegment;
+use crate::shm::{map, reserve};
+
+/// A mapping of a memory file: this process's own (with its descriptor,
+/// for peers to open) or a peer's.
+struct MemFile {
+    ptr: *mut u8,
+    len: usize,
+    /// The file, open while this process offers it to peers.
+    fd: Option<OwnedFd>,
+}
+
+// SAFETY: the mapping is owned by this value and unmapped only on drop;
+// its bytes are plain memory whose users order their accesses.
+unsafe impl Send for MemFile {}
+// SAFETY: as above.
+unsafe impl Sync for MemFile {}
+
+impl MemFile {
+    /// A new zeroed file of `len` bytes (at least one), its memory
+    /// reserved at once, mapped.
+    fn create(len: usize) -> io::Result<MemFile> {
+        let len = len.max(1);
+        // SAFETY: a valid NUL-terminated name; the flags ask for a
+        // close-on-exec descriptor, checked below.
+        let raw = unsafe { libc::memfd_create(c"rccl-window".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(crate::explain_fd_limit(io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a descriptor this call just opened.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        reserve(fd.as_raw_fd(), "a window's memory file", len)?;
+        let ptr = map(fd.as_raw_fd(), len)?;
+        Ok(MemFile {
+            ptr,
+            len,
+            fd: Some(fd),
+        })
+    }
+
+    /// Maps the memory file `fd` of process `pid`, which must be `len`
+    /// bytes long.
+    fn open(owner: &FileId, len: usize) -> io::Result<MemFile> {
+        let path = format!("/proc/{}/fd/{}", owner.pid, owner.fd);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)?;
+        let size = file.metadata()?.len();
+        if size != len as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{path} is {size} bytes, expected {len}"),
+            ));
+        }
+        Ok(MemFile {
+            ptr: map(file.as_raw_fd(), len)?,
+            len,
+            fd: None,
+        })
+    }
+
+    /// How a peer process finds the file.
+    fn id(&self) -> FileId {
+        FileId {
+            pid: std::process::id(),
+            fd: self.fd.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
+        }
+    }
+}
+
+impl Drop for MemFile {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len describe a mapping this value owns.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// A memory file as a peer process opens it: its owner and descriptor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileId {
+    pub pid: u32,
+    pub fd: i32,
+}
 
 /// Shareable allocations of this process by base address, with how many
 /// registered windows use each.
 static SHAREABLE: Mutex<BTreeMap<usize, Shareable>> = Mutex::new(BTreeMap::new());
 
 struct Shareable {
-    segment: ShmSegment,
+    file: MemFile,
     len: usize,
     windows: usize,
 }
@@ -39,12 +124,12 @@ fn shareable() -> std::sync::MutexGuard<'static, BTreeMap<usize, Shareable>> {
 /// Allocates `len` bytes (at least one page, page-aligned, zeroed) of host
 /// memory that processes of this host can map.
 pub fn alloc_shareable(len: usize) -> io::Result<*mut u8> {
-    let segment = ShmSegment::create(len.max(1))?;
-    let base = segment.base();
+    let file = MemFile::create(len)?;
+    let base = file.ptr;
     shareable().insert(
         base as usize,
         Shareable {
-            segment,
+            file,
             len,
             windows: 0,
         },
@@ -69,12 +154,12 @@ pub fn free_shareable(ptr: *mut u8) -> Result<bool, String> {
     Ok(true)
 }
 
-/// How a peer process finds a window of shareable memory: the segment's
-/// name and length and the window's offset in it.
+/// How a peer process finds a window of shareable memory: its memory
+/// file and that file's length, and the window's offset in it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Export {
-    pub name: String,
-    pub segment_len: usize,
+    pub file: FileId,
+    pub file_len: usize,
     pub offset: usize,
 }
 
@@ -85,14 +170,14 @@ pub fn export(ptr: *const u8, len: usize) -> Option<Export> {
     let addr = ptr as usize;
     let mut all = shareable();
     let (&base, entry) = all.range_mut(..=addr).next_back()?;
-    let segment_len = entry.len.max(1);
-    if addr.checked_add(len)? > base + segment_len {
+    let file_len = entry.file.len;
+    if addr.checked_add(len)? > base + file_len {
         return None;
     }
     entry.windows += 1;
     Some(Export {
-        name: entry.segment.name().to_string(),
-        segment_len,
+        file: entry.file.id(),
+        file_len,
         offset: addr - base,
     })
 }
@@ -110,7 +195,7 @@ pub struct PeerWindow {
     base: *mut u8,
     len: usize,
     /// The mapping of a peer in another process (kept alive).
-    _mapping: Option<ShmSegment>,
+    _mapping: Option<MemFile>,
 }
 
 // SAFETY: the window is plain memory the peer lent for remote writes;
@@ -135,19 +220,19 @@ impl PeerWindow {
         if export
             .offset
             .checked_add(len)
-            .is_none_or(|end| end > export.segment_len)
+            .is_none_or(|end| end > export.file_len)
         {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "a window of {len} bytes at offset {} does not fit segment {} of {} bytes",
-                    export.offset, export.name, export.segment_len
+                    "a window of {len} bytes at offset {} does not fit its memory file of {} bytes",
+                    export.offset, export.file_len
                 ),
             ));
         }
-        let mapping = ShmSegment::open(&export.name, export.segment_len)?;
+        let mapping = MemFile::open(&export.file, export.file_len)?;
         Ok(PeerWindow {
-            base: mapping.base().wrapping_add(export.offset),
+            base: mapping.ptr.wrapping_add(export.offset),
             len,
             _mapping: Some(mapping),
         })
@@ -184,9 +269,9 @@ impl PeerWindow {
 /// cache line.
 const HEADER: usize = 64;
 
-/// A rank's signal counters in a shared segment.
+/// A rank's signal counters in a memory file.
 pub struct SignalBlock {
-    segment: ShmSegment,
+    file: MemFile,
     slots: usize,
 }
 
@@ -198,34 +283,29 @@ impl SignalBlock {
     /// Creates a zeroed block of `slots` counters.
     pub fn create(slots: usize) -> io::Result<SignalBlock> {
         Ok(SignalBlock {
-            segment: ShmSegment::create(Self::bytes(slots))?,
+            file: MemFile::create(Self::bytes(slots))?,
             slots,
         })
     }
 
-    /// Maps a peer's block `name` of `slots` counters.
-    pub fn open(name: &str, slots: usize) -> io::Result<SignalBlock> {
+    /// Maps a peer's block `id` of `slots` counters.
+    pub fn open(id: &FileId, slots: usize) -> io::Result<SignalBlock> {
         Ok(SignalBlock {
-            segment: ShmSegment::open(name, Self::bytes(slots))?,
+            file: MemFile::open(id, Self::bytes(slots))?,
             slots,
         })
     }
 
-    /// The block's name, for peers to open.
-    pub fn name(&self) -> &str {
-        self.segment.name()
-    }
-
-    /// Removes the name once every peer mapped the block.
-    pub fn unlink(&self) -> io::Result<()> {
-        self.segment.unlink()
+    /// How peers open the block.
+    pub fn id(&self) -> FileId {
+        self.file.id()
     }
 
     fn word(&self, at: usize) -> &AtomicU32 {
         // SAFETY: `at` is 4-aligned and inside the mapping (callers pass
         // the header words or `HEADER + 4 * slot` with `slot < slots`);
-        // the segment is page-aligned and lives as long as `self`.
-        unsafe { &*self.segment.base().add(at).cast::<AtomicU32>() }
+        // the mapping is page-aligned and lives as long as `self`.
+        unsafe { &*self.file.ptr.add(at).cast::<AtomicU32>() }
     }
 
     fn counter(&self, slot: usize) -> &AtomicU32 {
@@ -295,7 +375,7 @@ mod tests {
     #[test]
     fn a_raised_signal_counts_in_every_mapping() {
         let mine = SignalBlock::create(4).unwrap();
-        let theirs = SignalBlock::open(mine.name(), 4).unwrap();
+        let theirs = SignalBlock::open(&mine.id(), 4).unwrap();
         theirs.raise(2);
         theirs.raise(2);
         assert_eq!(mine.count(2), 2);

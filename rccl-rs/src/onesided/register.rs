@@ -7,10 +7,9 @@
 //! the second each says whether it could reach every peer's. Any failure
 //! fails the registration on every rank with the same message, so a
 //! window exists everywhere or nowhere. The first registration also
-//! makes the signal blocks; a block's name is removed once every peer
-//! mapped it.
+//! makes the signal blocks.
 
-use rccl_transports::{Export, PeerWindow, SignalBlock};
+use rccl_transports::{Export, FileId, PeerWindow, SignalBlock};
 
 use super::{next_handle, Signals, State, Window, WindowEntry};
 use super::{WIN_COLL_SYMMETRIC, WIN_FLAGS, WIN_REQUIRED_ALIGNMENT};
@@ -28,8 +27,8 @@ struct Published {
     flags: u32,
     /// Where a process of its host maps the window, if it can.
     export: Option<Export>,
-    /// Its signal block's name.
-    signals: String,
+    /// Where a process of its host maps its signal block.
+    signals: Option<FileId>,
 }
 
 impl Communicator {
@@ -80,14 +79,7 @@ fn register(
         None => rccl_transports::export_window(base, size),
         Some(_) => None,
     };
-    let signals_name = match (&own_block, &state.signals) {
-        (Some(block), _) => block.name().to_string(),
-        (None, Some(s)) => s.blocks[me]
-            .as_ref()
-            .map(|b| b.name().to_string())
-            .unwrap_or_default(),
-        (None, None) => String::new(),
-    };
+    let signals_id = own_block.as_ref().map(SignalBlock::id);
     let mine = match &local {
         Some(why) => encode_problem(why),
         None => encode(&Published {
@@ -95,7 +87,7 @@ fn register(
             size: size as u64,
             flags,
             export: export.clone(),
-            signals: signals_name,
+            signals: signals_id,
         }),
     };
     let release = |export: &Option<Export>| {
@@ -134,10 +126,6 @@ fn register(
     });
     match (failed, reached) {
         (Ok(None), Ok((peers, blocks))) => {
-            if let Some(block) = &own_block {
-                // Every peer mapped it: nothing of it stays in /dev/shm.
-                let _ = block.unlink();
-            }
             if let Some(mut blocks) = blocks {
                 blocks[me] = own_block;
                 state.signals = Some(Signals {
@@ -260,7 +248,10 @@ fn reach(
                 None
             } else {
                 let slots = comm.config.rma_contexts * comm.config.rma_signals * comm.nranks;
-                Some(SignalBlock::open(&p.signals, slots).map_err(|e| {
+                let id = p.signals.as_ref().ok_or_else(|| {
+                    format!("rank {rank} published no signal block at the first registration")
+                })?;
+                Some(SignalBlock::open(id, slots).map_err(|e| {
                     format!(
                         "rank {} cannot map the signal block of rank {rank}: {e}",
                         comm.rank
@@ -338,20 +329,25 @@ fn encode_problem(why: &str) -> Vec<u8> {
 }
 
 fn encode(p: &Published) -> Vec<u8> {
+    let file = |id: &FileId| [u64::from(id.pid), id.fd as u64];
+    let mut words = vec![p.base, p.size, u64::from(p.flags)];
+    match &p.export {
+        Some(e) => words.extend([
+            1,
+            file(&e.file)[0],
+            file(&e.file)[1],
+            e.file_len as u64,
+            e.offset as u64,
+        ]),
+        None => words.extend([0; 5]),
+    }
+    match &p.signals {
+        Some(id) => words.extend([1, file(id)[0], file(id)[1]]),
+        None => words.extend([0; 3]),
+    }
     let mut out = vec![OK];
-    for word in [p.base, p.size, u64::from(p.flags)] {
+    for word in words {
         out.extend_from_slice(&word.to_le_bytes());
-    }
-    let (name, len, offset) = match &p.export {
-        Some(e) => (e.name.as_str(), e.segment_len as u64, e.offset as u64),
-        None => ("", 0, 0),
-    };
-    for word in [len, offset] {
-        out.extend_from_slice(&word.to_le_bytes());
-    }
-    for text in [name, p.signals.as_str()] {
-        out.extend_from_slice(&(text.len() as u64).to_le_bytes());
-        out.extend_from_slice(text.as_bytes());
     }
     out
 }
@@ -381,30 +377,37 @@ fn decode_all(all: &[Vec<u8>]) -> Result<Vec<Published>> {
 }
 
 fn decode(bytes: &[u8]) -> Option<Published> {
-    let mut rest = bytes.strip_prefix(&[OK])?;
-    let mut word = || -> Option<u64> {
-        let (head, tail) = rest.split_first_chunk::<8>()?;
-        rest = tail;
-        Some(u64::from_le_bytes(*head))
+    let rest = bytes.strip_prefix(&[OK])?;
+    if rest.len() != 11 * 8 {
+        return None;
+    }
+    let w: Vec<u64> = rest
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    let file = |pid: u64, fd: u64| -> Option<FileId> {
+        Some(FileId {
+            pid: u32::try_from(pid).ok()?,
+            fd: i32::try_from(fd).ok()?,
+        })
     };
-    let (base, size, flags, len, offset) = (word()?, word()?, word()?, word()?, word()?);
-    let mut text = || -> Option<String> {
-        let (head, tail) = rest.split_first_chunk::<8>()?;
-        let n = usize::try_from(u64::from_le_bytes(*head)).ok()?;
-        let (body, tail) = (tail.get(..n)?, tail.get(n..)?);
-        rest = tail;
-        String::from_utf8(body.to_vec()).ok()
-    };
-    let (name, signals) = (text()?, text()?);
-    Some(Published {
-        base,
-        size,
-        flags: u32::try_from(flags).ok()?,
-        export: (!name.is_empty()).then_some(Export {
-            name,
-            segment_len: len as usize,
-            offset: offset as usize,
+    let export = match w[3] {
+        0 => None,
+        _ => Some(Export {
+            file: file(w[4], w[5])?,
+            file_len: usize::try_from(w[6]).ok()?,
+            offset: usize::try_from(w[7]).ok()?,
         }),
+    };
+    let signals = match w[8] {
+        0 => None,
+        _ => Some(file(w[9], w[10])?),
+    };
+    Some(Published {
+        base: w[0],
+        size: w[1],
+        flags: u32::try_from(w[2]).ok()?,
+        export,
         signals,
     })
 }
@@ -420,11 +423,11 @@ mod tests {
             size: 12345,
             flags: 3,
             export: Some(Export {
-                name: "/rccl-1-ab".into(),
-                segment_len: 16384,
+                file: FileId { pid: 42, fd: 7 },
+                file_len: 16384,
                 offset: 4096,
             }),
-            signals: "/rccl-1-cd".into(),
+            signals: Some(FileId { pid: 42, fd: 8 }),
         };
         assert_eq!(decode(&encode(&p)), Some(p));
         let bytes = encode(&Published {
@@ -432,7 +435,7 @@ mod tests {
             size: 2,
             flags: 0,
             export: None,
-            signals: String::new(),
+            signals: None,
         });
         assert!(decode(&bytes).unwrap().export.is_none());
         assert!(decode(&bytes[..bytes.len() - 1]).is_none());
