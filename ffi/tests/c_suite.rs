@@ -286,7 +286,7 @@ fn c_program_on_the_emulated_gpu() {
 
 /// tests/c/one_sided.c: windows, puts, signals and waits through the C ABI
 /// at 2 and 4 ranks, as threads of one process (windows registered by
-/// one thread in a group) and as processes,
+/// one thread in a group) and as processes (on one host and on two),
 /// every misuse with its error text; a wait on a peer that died ends
 /// naming it.
 #[test]
@@ -318,6 +318,16 @@ fn one_sided_c_program() {
         .collect();
     let four: Vec<&[&str]> = four.iter().map(Vec::as_slice).collect();
     run_ranks(&binary, &dir, &four, &[]);
+    // Two hosts, alternating around the ring.
+    let hosts: Vec<[String; 4]> = (0..4)
+        .map(|r| ["rank".into(), r.to_string(), "4".into(), "2".into()])
+        .collect();
+    let hosts: Vec<Vec<&str>> = hosts
+        .iter()
+        .map(|a| a.iter().map(String::as_str).collect())
+        .collect();
+    let hosts: Vec<&[&str]> = hosts.iter().map(Vec::as_slice).collect();
+    run_ranks(&binary, &dir, &hosts, &[]);
     run_ranks(
         &binary,
         &dir,

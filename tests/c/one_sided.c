@@ -9,6 +9,8 @@
    one_sided rank R N      rank R of N processes (rank 0 writes the unique
                            id to the file ONE_SIDED_ID; numRmaSig=2 by
                            ncclConfig_t)
+   one_sided rank R N H    the same, rank R on host R % H (NCCL_HOSTID):
+                           puts to another host travel as messages
    one_sided dies R N      2 processes: rank 1 exits after registering, and
                            rank 0's wait ends naming it */
 #define _POSIX_C_SOURCE 200809L
@@ -250,10 +252,15 @@ static int dies(int rank) {
 int main(int argc, char **argv) {
   int code = 2;
   if (argc == 3 && strcmp(argv[1], "threads") == 0) code = threads(atoi(argv[2]));
-  if (argc == 4 && strcmp(argv[1], "rank") == 0) code = process(atoi(argv[2]), atoi(argv[3]));
+  if (argc == 5 && strcmp(argv[1], "rank") == 0) {
+    char host[32];
+    snprintf(host, sizeof host, "host%d", atoi(argv[2]) % atoi(argv[4]));
+    setenv("NCCL_HOSTID", host, 1);
+  }
+  if ((argc == 4 || argc == 5) && strcmp(argv[1], "rank") == 0) code = process(atoi(argv[2]), atoi(argv[3]));
   if (argc == 4 && strcmp(argv[1], "dies") == 0) code = dies(atoi(argv[2]));
   if (code == 2) {
-    fprintf(stderr, "usage: one_sided threads N | rank R N | dies R N\n");
+    fprintf(stderr, "usage: one_sided threads N | rank R N [H] | dies R N\n");
     return 2;
   }
   if (failures) fprintf(stderr, "%d failure(s)\n", failures);
