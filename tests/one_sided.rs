@@ -380,6 +380,20 @@ fn child_rank() {
                 "{err}"
             );
         }
+        "device" => {
+            // Windows of device memory (the emulated GPU) are refused on
+            // every rank, naming the window.
+            let device = rccl::device::active().expect("RCCL_DEVICE=emu");
+            let mem = device.alloc(PAGE).unwrap();
+            // SAFETY: `mem` holds PAGE bytes until freed below.
+            let err = text(unsafe { comm.register_window(mem, PAGE, 0) });
+            assert!(
+                err.contains("window #0 of rank") && err.contains("windows of device memory"),
+                "{err}"
+            );
+            // SAFETY: nothing uses the memory any more.
+            unsafe { device.free(mem) }.unwrap();
+        }
         other => panic!("unknown role {other}"),
     }
 }
@@ -391,6 +405,10 @@ fn processes(n: usize, role: &str) {
 /// `n` processes in `role`, rank `r` on the host `host_of(r)` names
 /// (`NCCL_HOSTID`).
 fn processes_on_hosts(n: usize, role: &str, host_of: fn(usize) -> usize) {
+    processes_with(n, role, host_of, &[]);
+}
+
+fn processes_with(n: usize, role: &str, host_of: fn(usize) -> usize, env: &[(&str, &str)]) {
     let port = free_port().to_string();
     let exe = std::env::current_exe().unwrap();
     let mut ranks = Ranks(
@@ -410,6 +428,7 @@ fn processes_on_hosts(n: usize, role: &str, host_of: fn(usize) -> usize) {
                     .env("MASTER_ADDR", "127.0.0.1")
                     .env("MASTER_PORT", &port)
                     .env("NCCL_HOSTID", format!("host{}", host_of(rank)))
+                    .envs(env.iter().copied())
                     .spawn()
                     .unwrap()
             })
@@ -437,6 +456,11 @@ fn a_ring_of_puts_across_hosts() {
 #[test]
 fn a_dead_peer_ends_a_wait_naming_it() {
     processes(2, "dies");
+}
+
+#[test]
+fn device_memory_windows_are_refused_on_every_rank() {
+    processes_with(2, "device", |_| 0, &[("RCCL_DEVICE", "emu")]);
 }
 
 #[test]
