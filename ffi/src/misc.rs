@@ -173,7 +173,8 @@ nccl_api! {
         })
     }
 
-    /// Host memory: done before it returns, whatever the stream.
+    /// Host memory: done before it returns, whatever the stream (inside a
+    /// group too).
     fn ncclPutSignal / pncclPutSignal(
         localbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: c_int,
         peerWin: ncclWindow_t, peerWinOffset: usize, sigIdx: c_int, ctx: c_int,
@@ -242,7 +243,9 @@ nccl_api! {
                     })
                 })
                 .collect::<rccl::Result<Vec<_>>>()?;
-            c.wait_signal(&descs)?;
+            // Inside a group the wait runs at its end, after the group's
+            // puts and signals (which never wait) went out.
+            now_or_at_group_end(move || c.wait_signal(&descs))?;
             Ok(ncclSuccess)
         })
     }

@@ -98,6 +98,19 @@ static void exchange(struct rank_ctx *x) {
     CHECK(ncclSignal(prev, 1, 0, 0, x->comm, NULL));
     CHECK(ncclWaitSignal(1, &ack, x->comm, NULL));
   }
+  /* A group that waits before it puts: the wait runs at the group's end. */
+  for (int round = 0; round < ROUNDS / 10; round++) {
+    size_t offset = (size_t)(round % 2) * COUNT * sizeof(float);
+    for (int i = 0; i < COUNT; i++) src[i] = value(rank, round + 7, i);
+    ncclWaitSignalDesc_t data = desc(prev, 0), ack = desc(next, 1);
+    CHECK(ncclGroupStart());
+    CHECK(ncclWaitSignal(1, &data, x->comm, NULL));
+    CHECK(ncclPutSignal(src, COUNT, ncclFloat, next, x->win, offset, 0, 0, 0, x->comm, NULL));
+    CHECK(ncclGroupEnd());
+    EXPECT(x->buf[(round % 2) * COUNT + 5] == value(prev, round + 7, 5));
+    CHECK(ncclSignal(prev, 1, 0, 0, x->comm, NULL));
+    CHECK(ncclWaitSignal(1, &ack, x->comm, NULL));
+  }
   for (int round = 0; round < ROUNDS / 4; round++) {
     ncclWaitSignalDesc_t waits[MAXR], acks[MAXR];
     int k = 0;

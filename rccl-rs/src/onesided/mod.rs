@@ -21,7 +21,8 @@
 //! not used), so puts reach a window in the order they were called, which
 //! is what `NCCL_WIN_STRICT_ORDERING` asks for; inside a group they run
 //! at once too (they never wait for the peer), and a wait waits where it
-//! is called.
+//! is called (the C ABI runs a grouped `ncclWaitSignal` at the group's
+//! end).
 
 mod put;
 mod register;
