@@ -631,7 +631,7 @@ const ENGINE_LAYERS: &[&[&str]] = &[
         "agreement",
     ],
     &["comm"],
-    &["op", "plan", "connect"],
+    &["op", "plan", "connect", "onesided"],
     &["host_executor", "device_executor"],
     &["launch", "group"],
     &["api", "deterministic"],

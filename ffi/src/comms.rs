@@ -22,6 +22,20 @@ pub struct Settings {
     pub name: Option<String>,
     /// `netName`: the network to use, as `NCCL_NET` names it.
     pub net: Option<String>,
+    /// `numRmaCtx` and `numRmaSig`: one-sided contexts and signal indices.
+    pub rma_contexts: Option<usize>,
+    pub rma_signals: Option<usize>,
+}
+
+/// A count of `config->{what}` that must be at least 1 when set.
+fn at_least_one(value: c_int, what: &str) -> Result<Option<usize>> {
+    if value == NCCL_CONFIG_UNDEF_INT {
+        return Ok(None);
+    }
+    match usize::try_from(value) {
+        Ok(n) if n >= 1 => Ok(Some(n)),
+        _ => Err(invalid(format!("config->{what} = {value} is below 1"))),
+    }
 }
 
 fn channels(value: c_int, what: &str) -> Result<Option<usize>> {
@@ -81,6 +95,8 @@ pub unsafe fn read_config(config: *const ncclConfig_t) -> Result<Settings> {
             )));
         }
     }
+    settings.rma_contexts = at_least_one(c.numRmaCtx, "numRmaCtx")?;
+    settings.rma_signals = at_least_one(c.numRmaSig, "numRmaSig")?;
     if !c.commName.is_null() {
         // SAFETY: a non-NULL commName is a C string, per nccl.h.
         settings.name = Some(
@@ -115,11 +131,14 @@ impl Settings {
             base.min_channels = min;
             base.max_channels = base.max_channels.max(min);
         }
+        base.rma_contexts = self.rma_contexts.unwrap_or(base.rma_contexts);
+        base.rma_signals = self.rma_signals.unwrap_or(base.rma_signals);
         base
     }
 }
 
-/// A creation still running when its group ends.
+/// A creation (or another collective setup call) still running when its
+/// group ends.
 enum Waiter {
     Entry(Arc<Entry>),
     Anonymous(JoinHandle<Result<()>>),
@@ -149,7 +168,7 @@ pub fn finish_group_creations() -> Outcome {
             Waiter::Entry(entry) => entry.comm().map(drop),
             Waiter::Anonymous(handle) => handle
                 .join()
-                .unwrap_or_else(|_| Err(Error::Internal("a split thread panicked".into()))),
+                .unwrap_or_else(|_| Err(Error::Internal("a group's setup thread panicked".into()))),
         };
         if let Err(err) = result {
             first_err.get_or_insert(err);
@@ -159,6 +178,18 @@ pub fn finish_group_creations() -> Outcome {
         Some(err) => Err(err),
         None => Ok(code),
     }
+}
+
+/// Runs `work` now, or inside a group on a thread of its own that the
+/// group's end waits for: collective setup calls (window registration)
+/// that one thread makes for several ranks of a process.
+pub fn now_or_at_group_end(work: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
+    if rccl::group_depth() == 0 {
+        return work();
+    }
+    let handle = spawn(work)?;
+    GROUP_CREATIONS.with(|g| g.borrow_mut().push(Waiter::Anonymous(handle)));
+    Ok(())
 }
 
 fn spawn<T: Send + 'static>(

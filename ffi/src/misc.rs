@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::abi::*;
 use crate::check::{invalid, non_null, usage, write_out};
-use crate::comms::comm_of;
+use crate::comms::{comm_of, now_or_at_group_end};
 use crate::error::{self, guard};
 use crate::registry::{self, lock, next_token, Entry, Regions};
 
@@ -45,7 +45,7 @@ nccl_api! {
     /// Device memory of the active device (`RCCL_DEVICE`), shareable
     /// with other processes where the device shares memory (as NCCL's,
     /// a cuMem allocation with an exportable handle), else page-aligned
-    /// host memory.
+    /// host memory that other processes of this host can map (windows).
     fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
         guard("ncclMemAlloc", std::ptr::null_mut(), || {
             non_null(ptr, "ptr")?;
@@ -57,19 +57,12 @@ nccl_api! {
                     }
                     .map_err(|e| rccl::Error::System(format!("cannot allocate {size} bytes: {e}")))?
                     .cast(),
-                None => {
-                    let mut out: *mut c_void = std::ptr::null_mut();
-                    // SAFETY: `out` is a valid place for the pointer, and
-                    // PAGE a power of two multiple of the pointer size.
-                    let rc = unsafe { libc::posix_memalign(&mut out, PAGE, size.max(1)) };
-                    if rc != 0 {
-                        return Err(rccl::Error::System(format!(
-                            "cannot allocate {size} bytes: {}",
-                            std::io::Error::from_raw_os_error(rc)
-                        )));
-                    }
-                    out
-                }
+                // Shareable so that peers in other processes can map
+                // windows of it; plain memory where that cannot be had.
+                None => match rccl::alloc_shareable_host(size) {
+                    Ok(out) => out.cast(),
+                    Err(_) => aligned_host(size)?,
+                },
             };
             // SAFETY: the caller vouches for `ptr` as an out-argument.
             unsafe { write_out(ptr, out, "ptr")? };
@@ -94,9 +87,13 @@ nccl_api! {
                 // its memory.
                 Some(device) => unsafe { device.free(ptr.cast()) }
                     .map_err(|e| invalid(format!("ncclMemFree: {e}")))?,
-                // SAFETY: as above: NULL, or host memory from
-                // ncclMemAlloc's posix_memalign, freed once.
-                None => unsafe { libc::free(ptr) },
+                None => {
+                    if !rccl::free_shareable_host(ptr.cast())? {
+                        // SAFETY: as above: NULL, or host memory from
+                        // ncclMemAlloc's posix_memalign, freed once.
+                        unsafe { libc::free(ptr) }
+                    }
+                }
             }
             Ok(ncclSuccess)
         })
@@ -111,7 +108,7 @@ nccl_api! {
             non_null(buff, "buff")?;
             let entry = registry::lookup(comm)?;
             let token = next_token();
-            regions(&entry, false).insert(token, (buff as usize, size));
+            regions(&entry).insert(token, (buff as usize, size));
             // SAFETY: the caller vouches for `handle` as an out-argument.
             unsafe { write_out(handle, token as *mut c_void, "handle")? };
             Ok(ncclSuccess)
@@ -121,39 +118,44 @@ nccl_api! {
     fn ncclCommDeregister / pncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
         guard("ncclCommDeregister", comm, || {
             let entry = registry::lookup(comm)?;
-            if regions(&entry, false).remove(&(handle as usize)).is_none() {
+            if regions(&entry).remove(&(handle as usize)).is_none() {
                 return Err(invalid(format!("{handle:p} is not a registration of this communicator")));
             }
             Ok(ncclSuccess)
         })
     }
 
-    /// Records the buffer as a window of this rank; windows serve
-    /// ncclWinGetUserPtr (the one-sided operations are not supported).
+    /// Registers a window of every rank, collectively (see
+    /// `rccl::Communicator::register_window`); inside a group, at its end
+    /// (`*win` is set then), so that one thread may register the windows
+    /// of several ranks.
     fn ncclCommWindowRegister / pncclCommWindowRegister(
         comm: ncclComm_t, buff: *mut c_void, size: usize, win: *mut ncclWindow_t, winFlags: c_int
     ) -> ncclResult_t {
         guard("ncclCommWindowRegister", comm, || {
             non_null(win, "win")?;
-            non_null(buff, "buff")?;
-            let (entry, _) = comm_of(comm)?;
-            if winFlags & !0x0f != 0 {
-                return Err(invalid(format!("unknown winFlags {winFlags:#x}")));
-            }
-            let token = next_token();
-            regions(&entry, true).insert(token, (buff as usize, size));
-            // SAFETY: the caller vouches for `win` as an out-argument.
-            unsafe { write_out(win, token as ncclWindow_t, "win")? };
+            let (_, c) = comm_of(comm)?;
+            // Unknown flags are a rank's problem every rank hears of.
+            let flags = c_uint::try_from(winFlags).unwrap_or(c_uint::MAX);
+            let (buff, win) = (buff as usize, win as usize);
+            now_or_at_group_end(move || {
+                // SAFETY: the caller lends `buff` for `size` bytes until
+                // ncclCommWindowDeregister, as nccl.h asks of a window.
+                let window = unsafe { c.register_window(buff as *mut u8, size, flags)? };
+                // SAFETY: the caller vouches for `win` as an out-argument,
+                // valid until the call (or its group) returns.
+                unsafe { write_out(win as *mut ncclWindow_t, window.handle() as ncclWindow_t, "win") }
+            })?;
             Ok(ncclSuccess)
         })
     }
 
+    /// Collective as registration; inside a group, at its end.
     fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
         guard("ncclCommWindowDeregister", comm, || {
-            let entry = registry::lookup(comm)?;
-            if regions(&entry, true).remove(&(win as usize)).is_none() {
-                return Err(invalid(format!("{win:p} is not a window of this communicator")));
-            }
+            let (_, c) = comm_of(comm)?;
+            let window = window_of(win);
+            now_or_at_group_end(move || c.deregister_window(window))?;
             Ok(ncclSuccess)
         })
     }
@@ -163,44 +165,88 @@ nccl_api! {
     ) -> ncclResult_t {
         guard("ncclWinGetUserPtr", comm, || {
             non_null(outUserPtr, "outUserPtr")?;
-            let entry = registry::lookup(comm)?;
-            let Some(&(addr, _)) = regions(&entry, true).get(&(win as usize)) else {
-                return Err(invalid(format!("{win:p} is not a window of this communicator")));
-            };
+            let (_, c) = comm_of(comm)?;
+            let (base, _) = c.window_buffer(window_of(win))?;
             // SAFETY: the caller vouches for `outUserPtr` as an out-argument.
-            unsafe { write_out(outUserPtr, addr as *mut c_void, "outUserPtr")? };
+            unsafe { write_out(outUserPtr, base.cast(), "outUserPtr")? };
             Ok(ncclSuccess)
         })
     }
 
+    /// Host memory: done before it returns, whatever the stream (inside a
+    /// group too).
     fn ncclPutSignal / pncclPutSignal(
-        _localbuff: *const c_void, _count: usize, _datatype: ncclDataType_t, _peer: c_int,
-        _peerWin: ncclWindow_t, _peerWinOffset: usize, _sigIdx: c_int, _ctx: c_int,
-        _flags: c_uint, comm: ncclComm_t, _stream: cudaStream_t,
+        localbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: c_int,
+        peerWin: ncclWindow_t, peerWinOffset: usize, sigIdx: c_int, ctx: c_int,
+        flags: c_uint, comm: ncclComm_t, _stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclPutSignal", comm, || {
-            comm_of(comm)?;
-            Err(one_sided())
+            let (_, c) = comm_of(comm)?;
+            let bytes = rccl::DataType::from_raw(datatype)?
+                .size()
+                .checked_mul(count)
+                .ok_or_else(|| invalid(format!("count {count} overflows")))?;
+            if bytes > 0 {
+                non_null(localbuff, "localbuff")?;
+            }
+            no_flags(flags)?;
+            let data: &[u8] = if bytes == 0 {
+                &[]
+            } else {
+                // SAFETY: the caller vouches that `localbuff` (checked
+                // non-NULL) holds `count` elements of `datatype`.
+                unsafe { std::slice::from_raw_parts(localbuff.cast::<u8>(), bytes) }
+            };
+            c.put_signal(data, index(peer, "peer")?, window_of(peerWin), peerWinOffset,
+                index(sigIdx, "sigIdx")?, index(ctx, "ctx")?)?;
+            Ok(ncclSuccess)
         })
     }
 
     fn ncclSignal / pncclSignal(
-        _peer: c_int, _sigIdx: c_int, _ctx: c_int, _flags: c_uint, comm: ncclComm_t,
+        peer: c_int, sigIdx: c_int, ctx: c_int, flags: c_uint, comm: ncclComm_t,
         _stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclSignal", comm, || {
-            comm_of(comm)?;
-            Err(one_sided())
+            let (_, c) = comm_of(comm)?;
+            no_flags(flags)?;
+            c.signal(index(peer, "peer")?, index(sigIdx, "sigIdx")?, index(ctx, "ctx")?)?;
+            Ok(ncclSuccess)
         })
     }
 
     fn ncclWaitSignal / pncclWaitSignal(
-        _nDesc: c_int, _signalDescs: *mut ncclWaitSignalDesc_t, comm: ncclComm_t,
+        nDesc: c_int, signalDescs: *mut ncclWaitSignalDesc_t, comm: ncclComm_t,
         _stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclWaitSignal", comm, || {
-            comm_of(comm)?;
-            Err(one_sided())
+            let (_, c) = comm_of(comm)?;
+            let n = usize::try_from(nDesc)
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| invalid(format!("nDesc {nDesc} is not positive")))?;
+            non_null(signalDescs, "signalDescs")?;
+            // SAFETY: the caller vouches that `signalDescs` (checked
+            // non-NULL) holds `nDesc` descriptors.
+            let raw = unsafe { std::slice::from_raw_parts(signalDescs, n) };
+            let descs = raw
+                .iter()
+                .enumerate()
+                .map(|(i, d)| {
+                    Ok(rccl::WaitDesc {
+                        peer: index(d.peer, "peer")?,
+                        sig: index(d.sigIdx, "sigIdx")?,
+                        ctx: index(d.ctx, "ctx")?,
+                        count: usize::try_from(d.opCnt).ok().filter(|&n| n > 0).ok_or_else(|| {
+                            invalid(format!("signalDescs[{i}].opCnt {} is not positive", d.opCnt))
+                        })?,
+                    })
+                })
+                .collect::<rccl::Result<Vec<_>>>()?;
+            // Inside a group the wait runs at its end, after the group's
+            // puts and signals (which never wait) went out.
+            now_or_at_group_end(move || c.wait_signal(&descs))?;
+            Ok(ncclSuccess)
         })
     }
 
@@ -255,18 +301,39 @@ nccl_api! {
     }
 }
 
-fn one_sided() -> rccl::Error {
-    usage(
-        "not supported: one-sided operations (ncclPutSignal, ncclSignal, ncclWaitSignal) \
-         need remote memory access, which the host transports of rccl-rs do not have",
-    )
+/// `size` bytes of page-aligned host memory.
+fn aligned_host(size: usize) -> rccl::Result<*mut c_void> {
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `out` is a valid place for the pointer, and PAGE a power of
+    // two multiple of the pointer size.
+    let rc = unsafe { libc::posix_memalign(&mut out, PAGE, size.max(1)) };
+    if rc != 0 {
+        return Err(rccl::Error::System(format!(
+            "cannot allocate {size} bytes: {}",
+            std::io::Error::from_raw_os_error(rc)
+        )));
+    }
+    Ok(out)
 }
 
-/// The buffers (`windows` false) or windows registered with a communicator.
-fn regions(entry: &Entry, windows: bool) -> std::sync::MutexGuard<'_, Regions> {
-    if windows {
-        lock(&entry.windows)
-    } else {
-        lock(&entry.registrations)
+fn window_of(win: ncclWindow_t) -> rccl::Window {
+    rccl::Window::from_handle(win as u64)
+}
+
+/// A non-negative `value` of argument `what`.
+fn index(value: c_int, what: &str) -> rccl::Result<usize> {
+    usize::try_from(value).map_err(|_| invalid(format!("{what} {value} is negative")))
+}
+
+/// The `flags` of one-sided calls: reserved, 0.
+fn no_flags(flags: c_uint) -> rccl::Result<()> {
+    if flags != 0 {
+        return Err(invalid(format!("flags {flags:#x}: must be 0 (reserved)")));
     }
+    Ok(())
+}
+
+/// The buffers registered with a communicator.
+fn regions(entry: &Entry) -> std::sync::MutexGuard<'_, Regions> {
+    lock(&entry.registrations)
 }

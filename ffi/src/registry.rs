@@ -59,7 +59,7 @@ pub struct PreMul {
     pub scalar: Scalar,
 }
 
-/// Registered buffers and windows: handle -> (address, bytes).
+/// Registered buffers: handle -> (address, bytes).
 pub type Regions = HashMap<usize, (usize, usize)>;
 
 /// What the C ABI keeps per communicator handle.
@@ -76,7 +76,6 @@ pub struct Entry {
     /// PreMulSum operators by `ncclRedOp_t` value, and the next value.
     pub ops: Mutex<(c_int, HashMap<c_int, PreMul>)>,
     pub registrations: Mutex<Regions>,
-    pub windows: Mutex<Regions>,
 }
 
 impl Entry {
@@ -90,7 +89,6 @@ impl Entry {
             last_error: Mutex::new(CString::default()),
             ops: Mutex::new((crate::abi::ncclNumOps, HashMap::new())),
             registrations: Mutex::default(),
-            windows: Mutex::default(),
         })
     }
 

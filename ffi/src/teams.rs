@@ -196,7 +196,7 @@ nccl_api! {
                 multimemSupport: false,
                 ginType: NCCL_GIN_TYPE_NONE,
                 nLsaTeams: (c.count() / lsa_size(&c)) as c_int,
-                hostRmaSupport: false,
+                hostRmaSupport: true,
                 railedGinType: NCCL_GIN_TYPE_NONE,
                 commHash: c.hash(),
                 ginMinStride: 0,

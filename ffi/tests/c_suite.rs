@@ -298,3 +298,102 @@ fn memory_statistics_suspend_and_resume_from_c() {
         eprintln!("{}", out.trim());
     }
 }
+
+/// tests/c/one_sided.c: windows, puts, signals and waits through the C ABI
+/// at 2 and 4 ranks, as threads of one process (windows registered by
+/// one thread in a group) and as processes (on one host and on two),
+/// every misuse with its error text; a wait on a peer that died ends
+/// naming it.
+#[test]
+fn one_sided_c_program() {
+    let dir = dropin_dir("one-sided");
+    let binary = dir.join("one_sided");
+    compile(
+        "one_sided.c",
+        &binary,
+        &own_include(),
+        &[],
+        &dropin_link(&dir),
+    );
+    let sig2 = [("NCCL_NUM_RMA_SIG", "2")];
+    run_ranks(&binary, &dir, &[&["threads", "2"]], &sig2);
+    run_ranks(&binary, &dir, &[&["threads", "4"]], &sig2);
+    run_ranks(
+        &binary,
+        &dir,
+        &[&["rank", "0", "2"], &["rank", "1", "2"]],
+        &[],
+    );
+    let four: Vec<[String; 3]> = (0..4)
+        .map(|r| ["rank".into(), r.to_string(), "4".into()])
+        .collect();
+    let four: Vec<Vec<&str>> = four
+        .iter()
+        .map(|a| a.iter().map(String::as_str).collect())
+        .collect();
+    let four: Vec<&[&str]> = four.iter().map(Vec::as_slice).collect();
+    run_ranks(&binary, &dir, &four, &[]);
+    // Two hosts, alternating around the ring.
+    let hosts: Vec<[String; 4]> = (0..4)
+        .map(|r| ["rank".into(), r.to_string(), "4".into(), "2".into()])
+        .collect();
+    let hosts: Vec<Vec<&str>> = hosts
+        .iter()
+        .map(|a| a.iter().map(String::as_str).collect())
+        .collect();
+    let hosts: Vec<&[&str]> = hosts.iter().map(Vec::as_slice).collect();
+    run_ranks(&binary, &dir, &hosts, &[]);
+    run_ranks(
+        &binary,
+        &dir,
+        &[&["dies", "0", "2"], &["dies", "1", "2"]],
+        &[],
+    );
+}
+
+/// Runs one process of `binary` per argument list, rank 0 handing the
+/// unique id over in a fresh file, and asserts that each succeeds within
+/// two minutes.
+fn run_ranks(binary: &Path, dir: &Path, ranks: &[&[&str]], env: &[(&str, &str)]) {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let id_file = dir.join(format!("id-{}-{run}", std::process::id()));
+    let _ = std::fs::remove_file(&id_file);
+    let mut children: Vec<_> = ranks
+        .iter()
+        .map(|args| {
+            Command::new(binary)
+                .args(*args)
+                .envs(env.iter().copied())
+                .env("LD_LIBRARY_PATH", dir)
+                .env("ONE_SIDED_ID", &id_file)
+                .env("RCCL_TIMEOUT_MS", "60000")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let start = Instant::now();
+    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+        if start.elapsed() > Duration::from_secs(120) {
+            for child in &mut children {
+                let _ = child.kill();
+            }
+            panic!("{ranks:?} timed out");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (args, child) in ranks.iter().zip(children) {
+        let out = child.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && text.contains("ok"),
+            "{args:?} failed:\n{text}"
+        );
+    }
+}

@@ -75,6 +75,14 @@ pub struct Config {
     /// windows: `rccl::Ledger`); an allocation past it fails naming what
     /// asked (`NCCL_MAX_MEM_BYTES`; `None`, the default: no limit).
     pub max_mem_bytes: Option<u64>,
+    /// One-sided contexts: the `ctx` of ncclPutSignal, ncclSignal and
+    /// ncclWaitSignal lies in `0..rma_contexts` (`NCCL_NUM_RMA_CTX`,
+    /// `ncclConfig_t.numRmaCtx`, default 1).
+    pub rma_contexts: usize,
+    /// Signal indices per one-sided context: `sigIdx` lies in
+    /// `0..rma_signals` (`NCCL_NUM_RMA_SIG`, `ncclConfig_t.numRmaSig`,
+    /// default 1).
+    pub rma_signals: usize,
 }
 
 impl Default for Config {
@@ -97,6 +105,8 @@ impl Default for Config {
             nt_store_bytes: last_level_cache_bytes(),
             deterministic: false,
             max_mem_bytes: None,
+            rma_contexts: 1,
+            rma_signals: 1,
         }
     }
 }
@@ -193,6 +203,12 @@ impl Config {
         }
         if let Some(bytes) = env_usize("NCCL_MAX_MEM_BYTES")? {
             config.max_mem_bytes = Some(bytes as u64);
+        }
+        if let Some(n) = env_usize("NCCL_NUM_RMA_CTX")? {
+            config.rma_contexts = n;
+        }
+        if let Some(n) = env_usize("NCCL_NUM_RMA_SIG")? {
+            config.rma_signals = n;
         }
         if let Some(level) = rccl_env::var("NCCL_NET_GDR_LEVEL") {
             config.net_gdr = gdr_level(&level)?;

@@ -37,6 +37,7 @@ pub mod kernels;
 mod launch;
 mod memory;
 mod net;
+mod onesided;
 mod op;
 mod plan;
 mod plugins;
@@ -54,6 +55,10 @@ pub use error::{Error, Result};
 pub use group::{group_depth, group_end, group_fail, group_simulate_end, group_start};
 pub use job::{launcher_rank_from_env, rank_from_env};
 pub use memory::{Hold, Ledger, MemStats, MemUse, Place, Purpose};
+pub use onesided::{
+    alloc_shareable_host, free_shareable_host, WaitDesc, Window, WIN_COLL_SYMMETRIC, WIN_FLAGS,
+    WIN_REQUIRED_ALIGNMENT, WIN_STRICT_ORDERING,
+};
 pub use plan::{PlannedCollective, PlannedComm, PlannedP2p};
 pub use rccl_algorithms::CollKind;
 /// GPU memory, streams and events (the `rccl-device` crate): what callers of

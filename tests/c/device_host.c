@@ -145,7 +145,7 @@ static void teams_on(int (*host_of)(int), int want_lsa) {
     EXPECT(props.size == sizeof props && props.magic == NCCL_API_MAGIC);
     EXPECT(props.rank == r && props.nRanks == P && props.cudaDev == 0);
     EXPECT(props.nLsaTeams == P / want_lsa);
-    EXPECT(!props.deviceApiSupport && !props.multimemSupport && !props.hostRmaSupport);
+    EXPECT(!props.deviceApiSupport && !props.multimemSupport && props.hostRmaSupport);
     EXPECT(props.ginType == NCCL_GIN_TYPE_NONE && !props.cftSupport);
     if (write(hashes[1], &props.commHash, sizeof props.commHash) != sizeof props.commHash)
       abort();
@@ -212,9 +212,11 @@ static void case_unsupported(void) {
   expect_message(comm, "NCCL_COMM_PROPERTIES_INITIALIZER");
   EXPECT(ncclCommQueryProperties(comm, NULL) == ncclInvalidArgument);
 
-  int buf[4];
+  /* A window starts on NCCL_WIN_REQUIRED_ALIGNMENT, as ncclMemAlloc's do. */
+  void *buf = NULL;
+  CHECK(ncclMemAlloc(&buf, 4096));
   ncclWindow_t win;
-  CHECK(ncclCommWindowRegister(comm, buf, sizeof buf, &win, NCCL_WIN_DEFAULT));
+  CHECK(ncclCommWindowRegister(comm, buf, 4096, &win, NCCL_WIN_DEFAULT));
   void *ptr = NULL;
   ncclMultimemHandle_t mm = {NULL};
   ncclCftLeId le;
@@ -226,6 +228,7 @@ static void case_unsupported(void) {
   EXPECT_UNSUPPORTED(ncclGetPeerDeviceLeInfo(win, 0, 0, &le, &le_offset), "CFT");
   EXPECT(ptr == NULL);
   CHECK(ncclCommWindowDeregister(comm, win));
+  CHECK(ncclMemFree(buf));
 
   ncclDevResourceRequirements_t req;
   ncclLsaBarrierHandle_t lsa_barrier;

@@ -713,10 +713,10 @@ static void case_errors(void) {
   EXPECT(both.estimatedTime > p2p.estimatedTime);
   EXPECT(out[0] == -7.0f && out[3] == -7.0f);
 
-  /* Not supported on host memory. */
+  /* Signals come with the first window (one_sided.c tests them). */
   EXPECT_RC(ncclSignal(1, 0, 0, 0, c0, NULL), ncclInvalidUsage, c0);
   EXPECT_RC(ncclPutSignal(buf, 1, ncclFloat, 1, NULL, 0, 0, 0, 0, c0, NULL), ncclInvalidUsage, c0);
-  EXPECT_RC(ncclWaitSignal(0, NULL, c0, NULL), ncclInvalidUsage, c0);
+  EXPECT_RC(ncclWaitSignal(0, NULL, c0, NULL), ncclInvalidArgument, c0);
   EXPECT_RC(ncclCommRevoke(c0, 0), ncclInvalidUsage, c0);
   /* NCCL's device-side API (declared by nccl_device/core.h, which programs
      that use it include): exported, since PyTorch imports it, and refused. */
@@ -755,11 +755,16 @@ static void case_misc(void) {
   EXPECT(handle != NULL);
   CHECK(ncclCommDeregister(c0, handle));
   EXPECT_RC(ncclCommDeregister(c0, handle), ncclInvalidArgument, c0);
-  ncclWindow_t win;
-  CHECK(ncclCommWindowRegister(c0, mem, 1 << 20, &win, NCCL_WIN_DEFAULT));
-  CHECK(ncclWinGetUserPtr(c0, win, &user));
+  /* Windows are collective: one thread registers every rank's in a group. */
+  ncclWindow_t win[N];
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < N; r++) CHECK(ncclCommWindowRegister(ctx[r].comm, mem, 1 << 20, &win[r], NCCL_WIN_DEFAULT));
+  CHECK(ncclGroupEnd());
+  CHECK(ncclWinGetUserPtr(c0, win[0], &user));
   EXPECT(user == mem);
-  CHECK(ncclCommWindowDeregister(c0, win));
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < N; r++) CHECK(ncclCommWindowDeregister(ctx[r].comm, win[r]));
+  CHECK(ncclGroupEnd());
   CHECK(ncclMemFree(mem));
   CHECK(ncclMemFree(NULL));
 

@@ -22,6 +22,7 @@ mod shm;
 mod tcp_connect;
 mod transport;
 mod wait;
+mod window;
 
 // Namespaces whose items read best with their module's name
 // (`auth_tcp::connect`, `host::interfaces`, `network::Net`,
@@ -49,6 +50,12 @@ pub use board::Board;
 
 // Waiting on a peer.
 pub use wait::{spin_before_yielding, spinning, wait_until, Backoff, ParkOn, WaitError};
+
+// One-sided access: shareable host memory, peers' windows, signals.
+pub use window::{
+    alloc_shareable, export as export_window, free_shareable, release as release_window, Export,
+    FileId, PeerWindow, SignalBlock,
+};
 
 // Processes: who a peer is and whether it still runs.
 pub use process::{effective_uid, parse_stat, ProcessId};

@@ -151,7 +151,7 @@ impl ShmSegment {
 /// Gives the new segment behind `fd` its `len` bytes, reserving the
 /// memory (tmpfs only allocates pages when they are first touched, and a
 /// touch that finds no room raises SIGBUS).
-fn reserve(fd: libc::c_int, name: &str, len: usize) -> io::Result<()> {
+pub(crate) fn reserve(fd: libc::c_int, name: &str, len: usize) -> io::Result<()> {
     let size = libc::off_t::try_from(len)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment too large"))?;
     loop {
@@ -203,7 +203,7 @@ fn free_space(fd: libc::c_int) -> String {
     )
 }
 
-fn map(fd: libc::c_int, len: usize) -> io::Result<*mut u8> {
+pub(crate) fn map(fd: libc::c_int, len: usize) -> io::Result<*mut u8> {
     // SAFETY: mapping a shared object we hold open, at a kernel-chosen
     // address; the result is checked against MAP_FAILED.
     let ptr = unsafe {

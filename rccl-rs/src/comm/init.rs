@@ -116,6 +116,7 @@ impl Communicator {
             queued: crate::queue::Queued::default(),
             tuner,
             profiler,
+            one_sided: Mutex::default(),
         });
         register(&inner);
         let local_ranks = inner

@@ -101,6 +101,9 @@ pub(crate) struct CommInner {
     /// (`NCCL_PROFILER_PLUGIN`), finalized when the communicator goes;
     /// `None`, the common case, costs a call one test.
     pub profiler: Option<crate::plugins::profiler::CProfiler>,
+    /// The windows and signals of one-sided calls, once a window was
+    /// registered (`onesided/`'s own type, read back as it).
+    pub one_sided: Mutex<Option<Box<dyn std::any::Any + Send>>>,
 }
 
 impl crate::queue::Owner for CommInner {

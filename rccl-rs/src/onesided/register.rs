@@ -1,0 +1,443 @@
+//! Registering a window, collectively (`ncclCommWindowRegister` /
+//! `ncclCommWindowDeregister`).
+//!
+//! Registration takes two all-gathers over the bootstrap. In the first
+//! every rank publishes its window (address, size, flags, where a process
+//! of its host finds the memory, its signal block) or why it cannot; in
+//! the second each says whether it could reach every peer's. Any failure
+//! fails the registration on every rank with the same message, so a
+//! window exists everywhere or nowhere. The first registration also
+//! makes the signal blocks.
+
+use rccl_transports::{Export, FileId, PeerWindow, SignalBlock};
+
+use super::{next_handle, Signals, State, Window, WindowEntry};
+use super::{WIN_COLL_SYMMETRIC, WIN_FLAGS, WIN_REQUIRED_ALIGNMENT};
+use crate::comm::{CommInner, Communicator};
+use crate::error::{Error, Result};
+
+const REGISTER: &str = "ncclCommWindowRegister";
+const DEREGISTER: &str = "ncclCommWindowDeregister";
+
+/// What a rank publishes of a window it registers.
+#[derive(Debug, PartialEq)]
+struct Published {
+    base: u64,
+    size: u64,
+    flags: u32,
+    /// Where a process of its host maps the window, if it can.
+    export: Option<Export>,
+    /// Where a process of its host maps its signal block.
+    signals: Option<FileId>,
+}
+
+impl Communicator {
+    /// Registers `size` bytes at `base` as a window of every rank
+    /// (`ncclCommWindowRegister`): a collective call, every rank with its
+    /// own buffer (sizes may differ unless `flags` has
+    /// [`super::WIN_COLL_SYMMETRIC`]). Afterwards every rank on this host
+    /// can put into every other's window. `base` must be a multiple of
+    /// [`super::WIN_REQUIRED_ALIGNMENT`]; for peers in other processes it
+    /// must be memory from `ncclMemAlloc` (shareable), as NCCL asks.
+    ///
+    /// # Safety
+    /// `[base, base + size)` must stay valid, and be written by peers at
+    /// any time, until the window is deregistered.
+    pub unsafe fn register_window(&self, base: *mut u8, size: usize, flags: u32) -> Result<Window> {
+        self.with_one_sided(|comm, state| register(comm, state, base, size, flags))
+    }
+
+    /// Deregisters `window` (`ncclCommWindowDeregister`), collectively:
+    /// every rank must deregister the same window, or every rank gets an
+    /// error (a rank that is alone in it waits the communicator's timeout).
+    pub fn deregister_window(&self, window: Window) -> Result<()> {
+        self.with_one_sided(|comm, state| deregister(comm, state, window))
+    }
+}
+
+fn register(
+    comm: &CommInner,
+    state: &mut State,
+    base: *mut u8,
+    size: usize,
+    flags: u32,
+) -> Result<Window> {
+    let me = comm.rank;
+    let seq = state.registered;
+    let what = format!("window #{seq} of rank {me} ({base:p}, {size} bytes)");
+    let mut local = local_problem(base, flags).map(|why| format!("{what}: {why}"));
+    let fresh_signals = state.signals.is_none();
+    let mut own_block = None;
+    if fresh_signals && local.is_none() {
+        let slots = comm.config.rma_contexts * comm.config.rma_signals * comm.nranks;
+        match SignalBlock::create(slots) {
+            Ok(block) => own_block = Some(block),
+            Err(e) => local = Some(format!("rank {me}: cannot make its signal block: {e}")),
+        }
+    }
+    let export = match local {
+        None => rccl_transports::export_window(base, size),
+        Some(_) => None,
+    };
+    let signals_id = own_block.as_ref().map(SignalBlock::id);
+    let mine = match &local {
+        Some(why) => encode_problem(why),
+        None => encode(&Published {
+            base: base as u64,
+            size: size as u64,
+            flags,
+            export: export.clone(),
+            signals: signals_id,
+        }),
+    };
+    let release = |export: &Option<Export>| {
+        if export.is_some() {
+            rccl_transports::release_window(base);
+        }
+    };
+    let gathered = match comm.bootstrap.allgather(&mine) {
+        Ok(all) => all,
+        Err(e) => {
+            release(&export);
+            return Err(with_context(REGISTER, &what, e));
+        }
+    };
+    // Every rank reads the same bytes, so every rank fails alike.
+    let published = match decode_all(&gathered) {
+        Ok(p) => p,
+        Err(e) => {
+            release(&export);
+            return Err(e);
+        }
+    };
+    let reached = reach(comm, seq, &published, fresh_signals, own_block.as_ref());
+    let verdict = match &reached {
+        Ok(_) => Vec::new(),
+        Err(why) => why.clone().into_bytes(),
+    };
+    let verdicts = comm
+        .bootstrap
+        .allgather(&verdict)
+        .map_err(|e| with_context(REGISTER, &what, e));
+    let failed = verdicts.map(|all| {
+        all.iter()
+            .find(|v| !v.is_empty())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    });
+    match (failed, reached) {
+        (Ok(None), Ok((peers, blocks))) => {
+            if let Some(mut blocks) = blocks {
+                blocks[me] = own_block;
+                state.signals = Some(Signals {
+                    blocks,
+                    consumed: vec![
+                        0;
+                        comm.config.rma_contexts * comm.config.rma_signals * comm.nranks
+                    ],
+                });
+            }
+            state.registered += 1;
+            let handle = next_handle();
+            state.windows.insert(
+                handle,
+                WindowEntry {
+                    seq,
+                    base: base as usize,
+                    size,
+                    flags,
+                    exported: export.is_some(),
+                    peers,
+                    sizes: published.iter().map(|p| p.size as usize).collect(),
+                },
+            );
+            Ok(Window(handle))
+        }
+        (Ok(Some(why)), _) | (Ok(None), Err(why)) => {
+            release(&export);
+            Err(Error::InvalidUsage(format!("{REGISTER}: {why}")))
+        }
+        (Err(e), _) => {
+            release(&export);
+            Err(e)
+        }
+    }
+}
+
+/// Why this rank's buffer cannot be a window, if it cannot.
+fn local_problem(base: *mut u8, flags: u32) -> Option<String> {
+    if base.is_null() {
+        return Some("the buffer is NULL".into());
+    }
+    if flags & !WIN_FLAGS != 0 {
+        return Some(format!("unknown winFlags {flags:#x}"));
+    }
+    if !(base as usize).is_multiple_of(WIN_REQUIRED_ALIGNMENT) {
+        return Some(format!(
+            "the buffer is {} bytes past a multiple of NCCL_WIN_REQUIRED_ALIGNMENT \
+             ({WIN_REQUIRED_ALIGNMENT} bytes)",
+            base as usize % WIN_REQUIRED_ALIGNMENT
+        ));
+    }
+    if let Some(device) = rccl_device::active() {
+        if device.classify(base).is_ok_and(|m| m.is_device()) {
+            return Some(
+                "device memory: windows of device memory are not supported yet (host memory is)"
+                    .into(),
+            );
+        }
+    }
+    None
+}
+
+/// Peers' windows (and, at the first registration, signal blocks) as this
+/// rank reaches them, or why it cannot.
+#[allow(clippy::type_complexity)]
+fn reach(
+    comm: &CommInner,
+    seq: u64,
+    published: &[Published],
+    fresh_signals: bool,
+    own_block: Option<&SignalBlock>,
+) -> std::result::Result<(Vec<Option<PeerWindow>>, Option<Vec<Option<SignalBlock>>>), String> {
+    let first = &published[0];
+    for (rank, p) in published.iter().enumerate() {
+        if p.flags != first.flags {
+            return Err(format!(
+                "window #{seq}: rank 0 registers it with winFlags {:#x}, rank {rank} with {:#x}: \
+                 every rank must pass the same flags",
+                first.flags, p.flags
+            ));
+        }
+        if first.flags & WIN_COLL_SYMMETRIC != 0 && p.size != first.size {
+            return Err(format!(
+                "window #{seq} is NCCL_WIN_COLL_SYMMETRIC but rank 0 registers {} bytes and rank \
+                 {rank} {} bytes: a symmetric window has one size on every rank",
+                first.size, p.size
+            ));
+        }
+    }
+    let mut peers = Vec::with_capacity(published.len());
+    let mut blocks = fresh_signals.then(Vec::new);
+    for (rank, p) in published.iter().enumerate() {
+        let same_host = comm.peers[rank].host_id == comm.peers[comm.rank].host_id;
+        let window = if !same_host {
+            None
+        } else if !comm.in_other_process(rank) {
+            Some(PeerWindow::in_process(p.base as *mut u8, p.size as usize))
+        } else {
+            let Some(export) = &p.export else {
+                return Err(format!(
+                    "window #{seq} of rank {rank} ({:#x}, {} bytes) is not memory from \
+                     ncclMemAlloc, so {} cannot map it from another process",
+                    p.base,
+                    p.size,
+                    comm.describe(comm.rank)
+                ));
+            };
+            Some(PeerWindow::map(export, p.size as usize).map_err(|e| {
+                format!(
+                    "rank {} cannot map window #{seq} of rank {rank} ({} bytes): {e}",
+                    comm.rank, p.size
+                )
+            })?)
+        };
+        peers.push(window);
+        if let Some(blocks) = &mut blocks {
+            let block = if rank == comm.rank || !same_host {
+                // This rank's own block joins the table once all agree.
+                None
+            } else {
+                let slots = comm.config.rma_contexts * comm.config.rma_signals * comm.nranks;
+                let id = p.signals.as_ref().ok_or_else(|| {
+                    format!("rank {rank} published no signal block at the first registration")
+                })?;
+                Some(SignalBlock::open(id, slots).map_err(|e| {
+                    format!(
+                        "rank {} cannot map the signal block of rank {rank}: {e}",
+                        comm.rank
+                    )
+                })?)
+            };
+            blocks.push(block);
+        }
+    }
+    debug_assert!(!fresh_signals || own_block.is_some());
+    Ok((peers, blocks))
+}
+
+fn deregister(comm: &CommInner, state: &mut State, window: Window) -> Result<()> {
+    let entry = state.window(comm, window, DEREGISTER)?;
+    let seq = entry.seq;
+    let what = format!(
+        "window #{seq} of rank {} ({:#x}, {} bytes)",
+        comm.rank, entry.base, entry.size
+    );
+    let all = comm
+        .bootstrap
+        .allgather(&seq.to_le_bytes())
+        .map_err(|e| with_context(DEREGISTER, &what, e))?;
+    for (rank, bytes) in all.iter().enumerate() {
+        let theirs = bytes
+            .as_slice()
+            .try_into()
+            .map(u64::from_le_bytes)
+            .map_err(|_| {
+                Error::Remote(format!(
+                    "{DEREGISTER}: rank {rank} sent {} bytes",
+                    bytes.len()
+                ))
+            })?;
+        if theirs != seq {
+            return Err(Error::InvalidUsage(format!(
+                "{DEREGISTER}: rank {} deregisters window #{seq}, rank {rank} window #{theirs}: \
+                 every rank must deregister the same window",
+                comm.rank
+            )));
+        }
+    }
+    // Puts from other hosts sent before their deregistration land first.
+    super::remote::apply(comm, state)?;
+    let entry = state.windows.remove(&window.0).expect("found above");
+    if entry.exported {
+        rccl_transports::release_window(entry.base as *const u8);
+    }
+    Ok(())
+}
+
+/// `err` of a bootstrap exchange, said as a failure of `call` on `what`.
+fn with_context(call: &str, what: &str, err: Error) -> Error {
+    let text = format!(
+        "{call} of {what}: {err} (every rank of the communicator must make this call, in the \
+         same order)"
+    );
+    match err {
+        Error::System(_) => Error::System(text),
+        Error::Remote(_) => Error::Remote(text),
+        Error::InvalidArgument(_) => Error::InvalidArgument(text),
+        Error::Internal(_) => Error::Internal(text),
+        Error::InvalidUsage(_) => Error::InvalidUsage(text),
+    }
+}
+
+const OK: u8 = 0;
+const PROBLEM: u8 = 1;
+
+fn encode_problem(why: &str) -> Vec<u8> {
+    let mut out = vec![PROBLEM];
+    out.extend_from_slice(why.as_bytes());
+    out
+}
+
+fn encode(p: &Published) -> Vec<u8> {
+    let file = |id: &FileId| [u64::from(id.pid), id.fd as u64];
+    let mut words = vec![p.base, p.size, u64::from(p.flags)];
+    match &p.export {
+        Some(e) => words.extend([
+            1,
+            file(&e.file)[0],
+            file(&e.file)[1],
+            e.file_len as u64,
+            e.offset as u64,
+        ]),
+        None => words.extend([0; 5]),
+    }
+    match &p.signals {
+        Some(id) => words.extend([1, file(id)[0], file(id)[1]]),
+        None => words.extend([0; 3]),
+    }
+    let mut out = vec![OK];
+    for word in words {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+    out
+}
+
+/// Every rank's window, or the first rank's problem as the error.
+fn decode_all(all: &[Vec<u8>]) -> Result<Vec<Published>> {
+    if let Some(why) = all
+        .iter()
+        .find_map(|b| (b.first() == Some(&PROBLEM)).then(|| &b[1..]))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{REGISTER}: {}",
+            String::from_utf8_lossy(why)
+        )));
+    }
+    all.iter()
+        .enumerate()
+        .map(|(rank, bytes)| {
+            decode(bytes).ok_or_else(|| {
+                Error::Remote(format!(
+                    "{REGISTER}: rank {rank} published {} bad bytes",
+                    bytes.len()
+                ))
+            })
+        })
+        .collect()
+}
+
+fn decode(bytes: &[u8]) -> Option<Published> {
+    let rest = bytes.strip_prefix(&[OK])?;
+    if rest.len() != 11 * 8 {
+        return None;
+    }
+    let w: Vec<u64> = rest
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    let file = |pid: u64, fd: u64| -> Option<FileId> {
+        Some(FileId {
+            pid: u32::try_from(pid).ok()?,
+            fd: i32::try_from(fd).ok()?,
+        })
+    };
+    let export = match w[3] {
+        0 => None,
+        _ => Some(Export {
+            file: file(w[4], w[5])?,
+            file_len: usize::try_from(w[6]).ok()?,
+            offset: usize::try_from(w[7]).ok()?,
+        }),
+    };
+    let signals = match w[8] {
+        0 => None,
+        _ => Some(file(w[9], w[10])?),
+    };
+    Some(Published {
+        base: w[0],
+        size: w[1],
+        flags: u32::try_from(w[2]).ok()?,
+        export,
+        signals,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_published_window_reads_back_whole() {
+        let p = Published {
+            base: 0x7f00_0000_1000,
+            size: 12345,
+            flags: 3,
+            export: Some(Export {
+                file: FileId { pid: 42, fd: 7 },
+                file_len: 16384,
+                offset: 4096,
+            }),
+            signals: Some(FileId { pid: 42, fd: 8 }),
+        };
+        assert_eq!(decode(&encode(&p)), Some(p));
+        let bytes = encode(&Published {
+            base: 1,
+            size: 2,
+            flags: 0,
+            export: None,
+            signals: None,
+        });
+        assert!(decode(&bytes).unwrap().export.is_none());
+        assert!(decode(&bytes[..bytes.len() - 1]).is_none());
+    }
+}

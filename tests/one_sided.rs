@@ -1,0 +1,497 @@
+//! One-sided calls: windows registered collectively, puts and signals
+//! into peers' windows, waits on signal counts; between threads of one
+//! process and between processes of one host, over many rounds, with
+//! every misuse answered by an error that names the window, the rank and
+//! the bytes, and a wait on a dead peer ended naming it.
+
+#[path = "common/children.rs"]
+mod children;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use children::{free_port, Ranks};
+use rccl::{Communicator, Config, Error, WaitDesc, Window, WIN_COLL_SYMMETRIC};
+
+const PAGE: usize = 4096;
+
+/// Shareable host memory of `bytes`, freed on drop.
+struct Buffer {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the memory is plain bytes; the tests order writes and reads
+// by signals.
+unsafe impl Send for Buffer {}
+// SAFETY: as above.
+unsafe impl Sync for Buffer {}
+
+impl Buffer {
+    fn new(len: usize) -> Buffer {
+        Buffer {
+            ptr: rccl::alloc_shareable_host(len).unwrap(),
+            len,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` bytes were allocated; peers write only between
+        // the signals the reader waits for.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let _ = rccl::free_shareable_host(self.ptr);
+    }
+}
+
+fn config(signals: usize, timeout: Duration) -> Config {
+    Config {
+        rma_signals: signals,
+        timeout,
+        ..Config::default()
+    }
+}
+
+fn register(comm: &Communicator, buf: &Buffer, flags: u32) -> rccl::Result<Window> {
+    // SAFETY: the buffer outlives the window (deregistered before drop).
+    unsafe { comm.register_window(buf.ptr, buf.len, flags) }
+}
+
+/// What rank `rank` puts in round `round`: `bytes` bytes.
+fn payload(rank: usize, round: usize, bytes: usize) -> Vec<u8> {
+    (0..bytes)
+        .map(|i| (i * 31 + rank * 7 + round * 13) as u8)
+        .collect()
+}
+
+const DATA: usize = 0;
+const ACK: usize = 1;
+
+/// `rounds` rounds of a ring: each rank puts into the next rank's window
+/// (at an offset that moves with the round), waits for the previous
+/// rank's data and checks it, then acknowledges it. Windows differ in
+/// size per rank. Counts are never reset.
+fn ring(comm: &Communicator, rounds: usize, bytes: usize) {
+    let (rank, n) = (comm.rank(), comm.count());
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let buf = Buffer::new(2 * bytes + rank * PAGE);
+    let window = register(comm, &buf, 0).unwrap();
+    for round in 0..rounds {
+        let offset = (round % 2) * bytes;
+        comm.put_signal(&payload(rank, round, bytes), next, window, offset, DATA, 0)
+            .unwrap();
+        comm.wait_signal(&[WaitDesc {
+            peer: prev,
+            sig: DATA,
+            ctx: 0,
+            count: 1,
+        }])
+        .unwrap();
+        assert!(
+            buf.bytes()[offset..offset + bytes] == payload(prev, round, bytes)[..],
+            "rank {rank} round {round}: wrong data from rank {prev}"
+        );
+        comm.signal(prev, ACK, 0).unwrap();
+        comm.wait_signal(&[WaitDesc {
+            peer: next,
+            sig: ACK,
+            ctx: 0,
+            count: 1,
+        }])
+        .unwrap();
+    }
+    comm.deregister_window(window).unwrap();
+}
+
+fn threads(n: usize, body: impl Fn(&Communicator) + Sync) {
+    let comms = Communicator::init_all_config(n, config(2, Duration::from_secs(30))).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            let body = &body;
+            s.spawn(move || body(comm));
+        }
+    });
+}
+
+#[test]
+fn a_ring_of_puts_between_threads_at_2_and_4_ranks() {
+    for n in [2, 4] {
+        threads(n, |comm| ring(comm, 300, 1000));
+    }
+}
+
+/// Every rank puts into every other's window inside a group, then waits
+/// for all of them in one call.
+#[test]
+fn puts_to_every_peer_in_a_group_and_one_wait_for_all() {
+    threads(4, |comm| {
+        let (rank, n) = (comm.rank(), comm.count());
+        let buf = Buffer::new(n * 64);
+        let window = register(comm, &buf, WIN_COLL_SYMMETRIC).unwrap();
+        for round in 0..50 {
+            rccl::group_start();
+            for peer in (0..n).filter(|&p| p != rank) {
+                comm.put_signal(&payload(rank, round, 64), peer, window, rank * 64, DATA, 0)
+                    .unwrap();
+            }
+            rccl::group_end().unwrap();
+            let descs: Vec<_> = (0..n)
+                .filter(|&p| p != rank)
+                .map(|peer| WaitDesc {
+                    peer,
+                    sig: DATA,
+                    ctx: 0,
+                    count: 1,
+                })
+                .collect();
+            comm.wait_signal(&descs).unwrap();
+            for peer in (0..n).filter(|&p| p != rank) {
+                assert_eq!(buf.bytes()[peer * 64..][..64], payload(peer, round, 64)[..]);
+            }
+            for peer in (0..n).filter(|&p| p != rank) {
+                comm.signal(peer, ACK, 0).unwrap();
+            }
+            let acks: Vec<_> = descs.iter().map(|d| WaitDesc { sig: ACK, ..*d }).collect();
+            comm.wait_signal(&acks).unwrap();
+        }
+        comm.deregister_window(window).unwrap();
+    });
+}
+
+fn text(result: rccl::Result<impl std::fmt::Debug>) -> String {
+    result.expect_err("an error").to_string()
+}
+
+#[test]
+fn misuse_is_an_error_naming_the_window_the_rank_and_the_bytes() {
+    threads(2, |comm| {
+        let rank = comm.rank();
+        let buf = Buffer::new(2 * PAGE);
+        // Signals before any window.
+        let err = text(comm.signal(0, 0, 0));
+        assert!(err.contains("no window was registered"), "{err}");
+        // Rank 1's buffer is misaligned: both ranks fail alike.
+        let base = if rank == 1 {
+            buf.ptr.wrapping_add(8)
+        } else {
+            buf.ptr
+        };
+        // SAFETY: inside the buffer, which outlives the call.
+        let err = text(unsafe { comm.register_window(base, PAGE, 0) });
+        assert!(
+            err.contains("window #0 of rank 1")
+                && err.contains(
+                    "8 bytes past a multiple of NCCL_WIN_REQUIRED_ALIGNMENT (4096 bytes)"
+                ),
+            "{err}"
+        );
+        // Flags differ between ranks.
+        let err = text(register(comm, &buf, rank as u32 * 2));
+        assert!(
+            err.contains("rank 0 registers it with winFlags 0x0, rank 1 with 0x2"),
+            "{err}"
+        );
+        // A symmetric window of two sizes.
+        let size = PAGE * (1 + rank);
+        // SAFETY: inside the buffer.
+        let err = text(unsafe { comm.register_window(buf.ptr, size, WIN_COLL_SYMMETRIC) });
+        assert!(
+            err.contains("rank 0 registers 4096 bytes and rank 1 8192 bytes"),
+            "{err}"
+        );
+        // Sizes differ per rank without the flag: fine.
+        // SAFETY: inside the buffer.
+        let window = unsafe { comm.register_window(buf.ptr, size, 0) }.unwrap();
+        let peer = 1 - rank;
+        let err = text(comm.put_signal(&[0u8; 16], peer, window, PAGE * (1 + peer) - 8, 0, 0));
+        assert!(
+            err.contains(&format!(
+                "16 bytes at offset {} run past the end of window #0 of rank {peer} ({} bytes)",
+                PAGE * (1 + peer) - 8,
+                PAGE * (1 + peer)
+            )),
+            "{err}"
+        );
+        let err = text(comm.signal(peer, 2, 0));
+        assert!(err.contains("sigIdx 2 is outside 0..2"), "{err}");
+        let err = text(comm.signal(peer, 0, 1));
+        assert!(err.contains("ctx 1 is outside 0..1"), "{err}");
+        let err = text(comm.signal(7, 0, 0));
+        assert!(err.contains("peer 7 is outside 0..2"), "{err}");
+        let err = text(comm.wait_signal(&[WaitDesc {
+            peer,
+            sig: 0,
+            ctx: 0,
+            count: 0,
+        }]));
+        assert!(err.contains("opCnt must be positive"), "{err}");
+        let err = text(comm.put_signal(&[0u8; 1], peer, Window::from_handle(u64::MAX), 0, 0, 0));
+        assert!(
+            err.contains("is not a window of this communicator"),
+            "{err}"
+        );
+        // Memory still in a window cannot be freed.
+        let err = text(rccl::free_shareable_host(buf.ptr));
+        assert!(err.contains("still in 1 registered window"), "{err}");
+        comm.deregister_window(window).unwrap();
+        let err = text(comm.deregister_window(window));
+        assert!(
+            err.contains("is not a window of this communicator"),
+            "{err}"
+        );
+    });
+}
+
+/// Ranks that deregister different windows both fail, and neither
+/// window is lost.
+#[test]
+fn deregistering_different_windows_fails_on_every_rank() {
+    threads(2, |comm| {
+        let (a, b) = (Buffer::new(PAGE), Buffer::new(PAGE));
+        let wa = register(comm, &a, 0).unwrap();
+        let wb = register(comm, &b, 0).unwrap();
+        let (mine, other) = if comm.rank() == 0 { (wa, wb) } else { (wb, wa) };
+        let err = text(comm.deregister_window(mine));
+        assert!(
+            err.contains("every rank must deregister the same window"),
+            "{err}"
+        );
+        comm.deregister_window(wa).unwrap();
+        comm.deregister_window(wb).unwrap();
+        let _ = other;
+    });
+}
+
+/// A deregistration that the other rank never makes ends at the
+/// communicator's deadline with an error, not a hang.
+#[test]
+fn a_deregistration_on_one_rank_only_ends_at_the_deadline() {
+    let comms = Communicator::init_all_config(2, config(1, Duration::from_millis(500))).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || {
+                let buf = Buffer::new(PAGE);
+                let window = register(comm, &buf, 0).unwrap();
+                if comm.rank() == 0 {
+                    let started = Instant::now();
+                    let err = text(comm.deregister_window(window));
+                    assert!(started.elapsed() < Duration::from_secs(10));
+                    assert!(
+                        err.contains("ncclCommWindowDeregister of window #0 of rank 0")
+                            && err.contains("every rank of the communicator must make this call"),
+                        "{err}"
+                    );
+                } else {
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+                std::mem::forget(buf);
+            });
+        }
+    });
+}
+
+#[test]
+fn an_abort_ends_a_wait() {
+    let comms = Communicator::init_all_config(2, config(1, Duration::from_secs(60))).unwrap();
+    std::thread::scope(|s| {
+        let bufs = [Buffer::new(PAGE), Buffer::new(PAGE)];
+        let mut windows = Vec::new();
+        std::thread::scope(|t| {
+            let handles: Vec<_> = comms
+                .iter()
+                .zip(&bufs)
+                .map(|(c, b)| t.spawn(move || register(c, b, 0).unwrap()))
+                .collect();
+            windows = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        });
+        let waiter = &comms[0];
+        let started = Instant::now();
+        let wait = s.spawn(move || {
+            waiter.wait_signal(&[WaitDesc {
+                peer: 1,
+                sig: 0,
+                ctx: 0,
+                count: 1,
+            }])
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        comms[0].abort();
+        let err = wait.join().unwrap().unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(err.to_string().contains("aborted"), "{err}");
+        assert!(matches!(err, Error::InvalidUsage(_)));
+        std::mem::forget(bufs);
+    });
+}
+
+const CHILD: &str = "RCCL_ONE_SIDED_CHILD";
+
+/// One rank of the processes' tests; does nothing when run directly.
+#[test]
+fn child_rank() {
+    let Some(role) = std::env::var_os(CHILD) else {
+        return;
+    };
+    let comm = Communicator::from_env_config(config(2, Duration::from_secs(60))).unwrap();
+    match role.to_str().unwrap() {
+        "ring" => ring(&comm, 300, 4096),
+        // Beyond one message's piece across hosts.
+        "ring-big" => ring(&comm, 3, 5 << 20),
+        "dies" => {
+            let buf = Buffer::new(PAGE);
+            let window = register(&comm, &buf, 0).unwrap();
+            if comm.rank() == 1 {
+                std::process::exit(0);
+            }
+            let started = Instant::now();
+            let err = comm
+                .wait_signal(&[WaitDesc {
+                    peer: 1,
+                    sig: 0,
+                    ctx: 0,
+                    count: 1,
+                }])
+                .unwrap_err()
+                .to_string();
+            assert!(started.elapsed() < Duration::from_secs(20), "{err}");
+            assert!(
+                err.contains("from rank 1 (host") && err.contains("0 arrived"),
+                "{err}"
+            );
+            let _ = window;
+            std::mem::forget(buf);
+        }
+        "plain" => {
+            // Memory not from ncclMemAlloc cannot be mapped by a peer
+            // process: every rank hears which rank's window it is.
+            let mut plain = vec![0u8; 3 * PAGE];
+            let at = plain
+                .as_mut_ptr()
+                .wrapping_add(PAGE - plain.as_ptr() as usize % PAGE);
+            // SAFETY: inside `plain`, which outlives the call.
+            let err = text(unsafe { comm.register_window(at, PAGE, 0) });
+            assert!(
+                err.contains("window #0 of rank 1")
+                    && err.contains("is not memory from ncclMemAlloc"),
+                "{err}"
+            );
+        }
+        "device" => {
+            // Windows of device memory (the emulated GPU) are refused on
+            // every rank, naming the window.
+            let device = rccl::device::active().expect("RCCL_DEVICE=emu");
+            let mem = device.alloc(PAGE).unwrap();
+            // SAFETY: `mem` holds PAGE bytes until freed below.
+            let err = text(unsafe { comm.register_window(mem, PAGE, 0) });
+            assert!(
+                err.contains("window #0 of rank") && err.contains("windows of device memory"),
+                "{err}"
+            );
+            // SAFETY: nothing uses the memory any more.
+            unsafe { device.free(mem) }.unwrap();
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn processes(n: usize, role: &str) {
+    processes_on_hosts(n, role, |_| 0);
+}
+
+/// `n` processes in `role`, rank `r` on the host `host_of(r)` names
+/// (`NCCL_HOSTID`).
+fn processes_on_hosts(n: usize, role: &str, host_of: fn(usize) -> usize) {
+    processes_with(n, role, host_of, &[]);
+}
+
+fn processes_with(n: usize, role: &str, host_of: fn(usize) -> usize, env: &[(&str, &str)]) {
+    let port = free_port().to_string();
+    let exe = std::env::current_exe().unwrap();
+    let mut ranks = Ranks(
+        (0..n)
+            .map(|rank| {
+                Command::new(&exe)
+                    .args([
+                        "--exact",
+                        "child_rank",
+                        "--nocapture",
+                        "--test-threads",
+                        "1",
+                    ])
+                    .env(CHILD, role)
+                    .env("RANK", rank.to_string())
+                    .env("WORLD_SIZE", n.to_string())
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", &port)
+                    .env("NCCL_HOSTID", format!("host{}", host_of(rank)))
+                    .envs(env.iter().copied())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
+    let ok = ranks.wait_all(Duration::from_secs(60));
+    assert!(ok.iter().all(|&ok| ok), "{role}: {ok:?}");
+}
+
+#[test]
+fn a_ring_of_puts_between_processes_at_2_and_4_ranks() {
+    processes(2, "ring");
+    processes(4, "ring");
+}
+
+/// Ranks on two hosts (`NCCL_HOSTID`) alternating around the ring: puts
+/// to the other host travel as messages, to the same host as writes.
+#[test]
+fn a_ring_of_puts_across_hosts() {
+    processes_on_hosts(2, "ring", |r| r);
+    processes_on_hosts(4, "ring", |r| r % 2);
+    processes_on_hosts(2, "ring-big", |r| r);
+}
+
+#[test]
+fn a_dead_peer_ends_a_wait_naming_it() {
+    processes(2, "dies");
+}
+
+#[test]
+fn device_memory_windows_are_refused_on_every_rank() {
+    processes_with(2, "device", |_| 0, &[("RCCL_DEVICE", "emu")]);
+}
+
+#[test]
+fn plain_memory_is_refused_for_peers_in_other_processes() {
+    processes(2, "plain");
+}
+
+/// The perf binary runs both methods side by side, as threads and as
+/// processes.
+#[test]
+fn putsignal_perf_reports_both_methods() {
+    for mode in [&[][..], &["--procs"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_putsignal_perf"))
+            .args(["-g", "2", "-b", "8,64K", "-n", "20", "-r", "2"])
+            .args(mode)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for size in ["8", "65536"] {
+            for method in ["send/recv", "put/signal"] {
+                assert!(
+                    text.lines()
+                        .any(|l| l.split_whitespace().take(2).eq([size, method])),
+                    "{mode:?}: no {method} line for {size} bytes:\n{text}"
+                );
+            }
+        }
+    }
+}
