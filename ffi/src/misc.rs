@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::abi::*;
-use crate::check::{invalid, non_null, usage, write_out};
+use crate::check::{invalid, non_null, write_out};
 use crate::comms::{comm_of, now_or_at_group_end};
 use crate::error::{self, guard};
 use crate::registry::{self, lock, next_token, Entry, Regions};
