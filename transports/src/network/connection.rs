@@ -21,7 +21,10 @@
 //! once with the original cause. Dropping a connection waits (at most
 //! [`DRAIN_ON_CLOSE`]) for the slots already published to be sent, so a
 //! rank that returns from its last operation and exits at once does not
-//! take its last sends with it; then the proxy closes the communicators.
+//! take its last sends with it; then the proxy closes the communicators
+//! and drops its handles on the FIFOs, and the drop waits for that (at
+//! most [`RELEASE_MAX`]), so the FIFOs' memory is freed on the dropping
+//! thread before the drop returns (a suspend gives it back at once).
 //! Any error fails both FIFOs with a reason that names the peer.
 
 use std::collections::VecDeque;
@@ -83,7 +86,8 @@ struct Shared {
     note_out: Mutex<Option<String>>,
     note_in: Mutex<Option<String>>,
     failure: Mutex<Option<String>>,
-    /// The proxy let go of the connection (its communicators are closed).
+    /// The proxy let go of the connection: its communicators are closed
+    /// and its handles on the FIFOs dropped ([`Released`]).
     released: Mutex<bool>,
     /// Signalled when the note is sent and when the proxy lets go.
     changed: Condvar,
@@ -277,6 +281,7 @@ impl NetConnection {
             broken: false,
             device_driven,
             note_buf,
+            _released: Released(shared.clone()),
         };
         proxy::adopt(Box::new(link)).map_err(|e| proxy_error(&shared.peer, e))?;
         let name = if gpu_direct {
@@ -374,6 +379,15 @@ impl Drop for NetConnection {
         self.recv.fail();
         self.shared
             .wait_for(Instant::now() + RELEASE_MAX, |_, released| released);
+        if !*self.shared.released.lock() {
+            tracing::warn!(
+                remote = %self.shared.peer,
+                "the network proxy still holds the connection to {} after {RELEASE_MAX:?}: its \
+                 FIFOs ({} bytes) are freed when it lets go",
+                self.shared.peer,
+                Connection::held_bytes(self)
+            );
+        }
     }
 }
 
@@ -436,6 +450,23 @@ struct Link<N: Net> {
     /// Where the closing note is built; after `comms` so requests that
     /// read it are gone first.
     note_buf: Box<[u64]>,
+    /// Last, so it tells the executor's side only once the fields above,
+    /// the proxy's handles on the FIFOs among them, are dropped.
+    _released: Released,
+}
+
+/// Tells the executor's side, when dropped, that the proxy has let go of
+/// the connection: the FIFOs' memory is then the executor's side's alone,
+/// freed on its thread when it drops its handles, so a suspend gives it
+/// back before it returns.
+struct Released(Arc<Shared>);
+
+impl Drop for Released {
+    fn drop(&mut self) {
+        let mut released = self.0.released.lock();
+        *released = true;
+        self.0.changed.notify_all();
+    }
 }
 
 impl<N: Net> Link<N> {
@@ -578,7 +609,8 @@ impl<N: Net> Link<N> {
         }
     }
 
-    /// Closes the communicators and lets the executor's side go.
+    /// Closes the communicators; dropping the link then lets the executor's
+    /// side go ([`Released`]).
     fn release(&mut self) {
         self.sends.clear();
         self.recvs.clear();
@@ -591,9 +623,6 @@ impl<N: Net> Link<N> {
             let _ = net.close_send(comms.send);
             let _ = net.close_recv(comms.recv);
         }
-        let mut released = self.shared.released.lock();
-        *released = true;
-        self.shared.changed.notify_all();
     }
 }
 
