@@ -124,6 +124,48 @@ fn a_ring_of_puts_between_threads_at_2_and_4_ranks() {
     }
 }
 
+/// Between threads a registration maps no window (peers' pointers serve):
+/// the ledger counts the signal blocks the first one makes and maps (its
+/// own, its peer's), kept across registrations; a cap that leaves no room
+/// for its own refuses the registration on every rank.
+#[test]
+fn the_signal_block_is_in_the_ledger_and_under_its_cap() {
+    let block = (64 + 4 * 2 * 2) as u64;
+    threads(2, |comm| {
+        let before = comm.mem_stats().total;
+        let buf = Buffer::new(PAGE);
+        for _ in 0..2 {
+            let window = register(comm, &buf, 0).unwrap();
+            assert_eq!(comm.mem_stats().total - before, 2 * block);
+            comm.deregister_window(window).unwrap();
+        }
+        assert_eq!(comm.mem_stats().persistent, 2 * block);
+    });
+    let capped = Config {
+        board_bytes: 0,
+        max_mem_bytes: Some(block - 1),
+        ..config(2, Duration::from_secs(30))
+    };
+    let comms = Communicator::init_all_config(2, capped).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || {
+                let buf = Buffer::new(PAGE);
+                let err = text(register(comm, &buf, 0));
+                assert!(
+                    err.starts_with("system error: ncclCommWindowRegister: window #0 of rank 0")
+                        && err.contains(&format!(
+                            "its signal block: rank 0: {block} bytes for the window (host \
+                             memory) refused"
+                        )),
+                    "{err}"
+                );
+                assert_eq!(comm.mem_stats().total, 0);
+            });
+        }
+    });
+}
+
 /// Every rank puts into every other's window inside a group, then waits
 /// for all of them in one call.
 #[test]
@@ -336,9 +378,58 @@ fn child_rank() {
     let Some(role) = std::env::var_os(CHILD) else {
         return;
     };
-    let comm = Communicator::from_env_config(config(2, Duration::from_secs(60))).unwrap();
-    match role.to_str().unwrap() {
+    let role = role.to_str().unwrap();
+    let mut cfg = config(2, Duration::from_secs(60));
+    if role == "cap" {
+        // Room for the signal blocks, not for a mapping of a window.
+        cfg.board_bytes = 0;
+        cfg.max_mem_bytes = Some(PAGE as u64 - 1);
+    }
+    let comm = Communicator::from_env_config(cfg).unwrap();
+    match role {
         "ring" => ring(&comm, 300, 4096),
+        "ledger" => {
+            // Each rank maps its peer's memory file and signal block, and
+            // makes its own block; the deregistration gives the mapping
+            // back, the blocks live as long as the communicator.
+            let (rank, peer) = (comm.rank(), 1 - comm.rank());
+            let block = (64 + 4 * 2 * 2) as u64;
+            let before = comm.mem_stats();
+            let buf = Buffer::new((rank + 1) * PAGE);
+            let window = register(&comm, &buf, 0).unwrap();
+            let during = comm.mem_stats();
+            let mapped = ((peer + 1) * PAGE) as u64;
+            assert_eq!(during.total - before.total, 2 * block + mapped);
+            assert_eq!(during.persistent - before.persistent, 2 * block + mapped);
+            let windows: Vec<_> = comm
+                .memory()
+                .breakdown()
+                .into_iter()
+                .filter(|u| u.purpose == rccl::Purpose::Window)
+                .map(|u| (u.peer, u.bytes, u.suspendable))
+                .collect();
+            assert_eq!(
+                windows,
+                [(None, block, false), (Some(peer), block + mapped, false)]
+            );
+            comm.deregister_window(window).unwrap();
+            assert_eq!(comm.mem_stats().total - before.total, 2 * block);
+        }
+        "cap" => {
+            // The mapping of the peer's window passes NCCL_MAX_MEM_BYTES:
+            // every rank fails with the cap's figures, and holds nothing.
+            let buf = Buffer::new(PAGE);
+            let err = text(register(&comm, &buf, 0));
+            assert!(
+                err.starts_with("system error: ncclCommWindowRegister: mapping window #0 of rank")
+                    && err.contains(&format!(
+                        "{PAGE} bytes for the window (host memory, to rank"
+                    ))
+                    && err.contains(&format!("NCCL_MAX_MEM_BYTES allows {}", PAGE - 1)),
+                "{err}"
+            );
+            assert_eq!(comm.mem_stats().total, 0);
+        }
         // Beyond one message's piece across hosts.
         "ring-big" => ring(&comm, 3, 5 << 20),
         "dies" => {
@@ -456,6 +547,14 @@ fn a_ring_of_puts_across_hosts() {
 #[test]
 fn a_dead_peer_ends_a_wait_naming_it() {
     processes(2, "dies");
+}
+
+/// A registration enters the mappings it makes in the ledger, and the
+/// ledger's cap refuses one on every rank.
+#[test]
+fn windows_between_processes_are_in_the_ledger_and_under_its_cap() {
+    processes(2, "ledger");
+    processes(2, "cap");
 }
 
 #[test]

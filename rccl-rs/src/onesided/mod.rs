@@ -35,6 +35,7 @@ use rccl_transports::{PeerWindow, SignalBlock};
 
 use crate::comm::{CommInner, Communicator};
 use crate::error::{Error, Result};
+use crate::memory::Hold;
 
 pub use wait::WaitDesc;
 
@@ -94,6 +95,8 @@ struct WindowEntry {
     peers: Vec<Option<PeerWindow>>,
     /// Per rank, its window's size.
     sizes: Vec<usize>,
+    /// The mappings of peers' windows in the communicator's ledger.
+    _held: Vec<Hold>,
 }
 
 /// The signal counters: this rank's block and its peers'.
@@ -103,6 +106,8 @@ struct Signals {
     blocks: Vec<Option<SignalBlock>>,
     /// Per slot of this rank's block, the count waits have consumed.
     consumed: Vec<u32>,
+    /// The blocks in the communicator's ledger: they live as long as it.
+    _held: Vec<Hold>,
 }
 
 impl State {
