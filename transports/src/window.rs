@@ -254,18 +254,24 @@ impl PeerWindow {
         self.len == 0
     }
 
+    /// The address of `len` bytes at `offset` in the window; `Err` with
+    /// the window's length when they do not fit.
+    pub fn address(&self, offset: usize, len: usize) -> Result<*mut u8, usize> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.base.wrapping_add(offset)),
+            _ => Err(self.len),
+        }
+    }
+
     /// Copies `src` into the window at `offset`; `Err` with the window's
     /// length when it does not fit.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), usize> {
-        match offset.checked_add(src.len()) {
-            Some(end) if end <= self.len => {}
-            _ => return Err(self.len),
-        }
-        // SAFETY: `[offset, offset + src.len())` lies in the window
-        // (checked above), which the peer keeps mapped while it is
-        // registered; `src` is a distinct local buffer.
+        let dst = self.address(offset, src.len())?;
+        // SAFETY: `[dst, dst + src.len())` lies in the window (checked
+        // above), which the peer keeps mapped while it is registered;
+        // `src` is a distinct local buffer.
         unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(offset), src.len());
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
         }
         Ok(())
     }

@@ -9,6 +9,8 @@
 //! window exists everywhere or nowhere. The first registration also
 //! makes the signal blocks.
 
+use std::sync::Arc;
+
 use rccl_transports::{Export, FileId, PeerWindow, SignalBlock};
 
 use super::{next_handle, Signals, State, Window, WindowEntry};
@@ -30,6 +32,8 @@ struct Published {
     export: Option<Export>,
     /// Where a process of its host maps its signal block.
     signals: Option<FileId>,
+    /// Whether the buffer is device memory (the emulated GPU's).
+    device: bool,
 }
 
 impl Communicator {
@@ -101,6 +105,7 @@ fn register(
             flags,
             export: export.clone(),
             signals: signals_id,
+            device: on_device(base),
         }),
     };
     let release = |export: &Option<Export>| {
@@ -142,7 +147,7 @@ fn register(
         (Ok(None), Ok(reached)) => {
             if let Some(mut blocks) = reached.blocks {
                 let (own, own_held) = own_block.expect("made at the first registration");
-                blocks[me] = Some(own);
+                blocks[me] = Some(Arc::new(own));
                 let mut held = reached.blocks_held;
                 held.push(own_held);
                 state.signals = Some(Signals {
@@ -161,6 +166,7 @@ fn register(
                     size,
                     flags,
                     exported: export.is_some(),
+                    device: published.iter().any(|p| p.device),
                     peers: reached.peers,
                     sizes: published.iter().map(|p| p.size as usize).collect(),
                     _held: reached.windows_held,
@@ -207,15 +213,23 @@ fn local_problem(base: *mut u8, flags: u32) -> Option<String> {
             base as usize % WIN_REQUIRED_ALIGNMENT
         ));
     }
-    if let Some(device) = rccl_device::active() {
-        if device.classify(base).is_ok_and(|m| m.is_device()) {
-            return Some(
-                "device memory: windows of device memory are not supported yet (host memory is)"
-                    .into(),
-            );
-        }
+    match rccl_device::active() {
+        Some(device) if on_device(base) && device.backend() != EMULATED => Some(format!(
+            "device memory of the {} backend: windows of device memory are served on the \
+             emulated GPU (RCCL_DEVICE=emu) only",
+            device.backend()
+        )),
+        _ => None,
     }
-    None
+}
+
+/// The emulated GPU's backend: its device memory is plain memory of this
+/// process, which every rank of the process writes directly.
+const EMULATED: &str = "emu";
+
+/// Whether `base` is device memory of the active device.
+fn on_device(base: *mut u8) -> bool {
+    rccl_device::active().is_some_and(|d| d.classify(base).is_ok_and(|m| m.is_device()))
 }
 
 /// What a rank reaches of its peers at a registration.
@@ -226,7 +240,7 @@ struct Reached {
     windows_held: Vec<Hold>,
     /// At the first registration, per rank, its signal block (this rank's
     /// own and those on other hosts `None`).
-    blocks: Option<Vec<Option<SignalBlock>>>,
+    blocks: Option<Vec<Option<Arc<SignalBlock>>>>,
     /// The mapped blocks among `blocks` in the ledger.
     blocks_held: Vec<Hold>,
 }
@@ -259,6 +273,18 @@ fn reach(
         }
     }
     let me = comm.rank;
+    if let Some(owner) = published.iter().position(|p| p.device) {
+        let apart = (0..published.len())
+            .find(|&r| comm.in_other_process(r) || comm.peers[r].host_id != comm.peers[me].host_id);
+        if let Some(apart) = apart {
+            return Err(usage(format!(
+                "window #{seq} of rank {owner} is device memory of the emulated GPU, which \
+                 windows reach between ranks of one process only, and {} is in another \
+                 process than rank {me}",
+                comm.describe(apart)
+            )));
+        }
+    }
     let mut reached = Reached {
         peers: Vec::with_capacity(published.len()),
         windows_held: Vec::new(),
@@ -313,11 +339,15 @@ fn reach(
                     )
                 })?;
                 reached.blocks_held.push(held);
-                Some(SignalBlock::open(id, signal_slots(comm)).map_err(|e| {
-                    usage(format!(
-                        "rank {me} cannot map the signal block of rank {rank}: {e}"
-                    ))
-                })?)
+                Some(
+                    SignalBlock::open(id, signal_slots(comm))
+                        .map(Arc::new)
+                        .map_err(|e| {
+                            usage(format!(
+                                "rank {me} cannot map the signal block of rank {rank}: {e}"
+                            ))
+                        })?,
+                )
             };
             blocks.push(block);
         }
@@ -459,6 +489,7 @@ fn encode(p: &Published) -> Vec<u8> {
         Some(id) => words.extend([1, file(id)[0], file(id)[1]]),
         None => words.extend([0; 3]),
     }
+    words.push(u64::from(p.device));
     let mut out = vec![OK];
     for word in words {
         out.extend_from_slice(&word.to_le_bytes());
@@ -487,7 +518,7 @@ fn decode_all(all: &[Vec<u8>]) -> Result<Vec<Published>> {
 
 fn decode(bytes: &[u8]) -> Option<Published> {
     let rest = bytes.strip_prefix(&[OK])?;
-    if rest.len() != 11 * 8 {
+    if rest.len() != 12 * 8 {
         return None;
     }
     let w: Vec<u64> = rest
@@ -518,6 +549,7 @@ fn decode(bytes: &[u8]) -> Option<Published> {
         flags: u32::try_from(w[2]).ok()?,
         export,
         signals,
+        device: w[11] != 0,
     })
 }
 
@@ -537,6 +569,7 @@ mod tests {
                 offset: 4096,
             }),
             signals: Some(FileId { pid: 42, fd: 8 }),
+            device: true,
         };
         assert_eq!(decode(&encode(&p)), Some(p));
         let bytes = encode(&Published {
@@ -545,6 +578,7 @@ mod tests {
             flags: 0,
             export: None,
             signals: None,
+            device: false,
         });
         assert!(decode(&bytes).unwrap().export.is_none());
         assert!(decode(&bytes[..bytes.len() - 1]).is_none());
