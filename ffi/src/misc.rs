@@ -256,14 +256,15 @@ nccl_api! {
                     })
                 })
                 .collect::<rccl::Result<Vec<_>>>()?;
+            // Inside a group the wait runs (or, with a device window, is
+            // enqueued on the stream) at its end, after the group's puts
+            // and signals (which never wait) went out.
             if c.has_device_window()? {
-                // Enqueued: the stream waits, in order with its puts.
-                c.wait_signal_on_stream(&descs, stream as usize)?;
-                return Ok(ncclSuccess);
+                let stream = stream as usize;
+                now_or_at_group_end(move || c.wait_signal_on_stream(&descs, stream))?;
+            } else {
+                now_or_at_group_end(move || c.wait_signal(&descs))?;
             }
-            // Inside a group the wait runs at its end, after the group's
-            // puts and signals (which never wait) went out.
-            now_or_at_group_end(move || c.wait_signal(&descs))?;
             Ok(ncclSuccess)
         })
     }

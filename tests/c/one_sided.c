@@ -242,6 +242,21 @@ static void *device_ring(void *p) {
     CHECK(ncclSignal(prev, 1, 0, 0, x->comm, stream));
     CHECK(ncclWaitSignal(1, &ack, x->comm, stream));
   }
+  /* A group that waits before it puts: the wait is enqueued at its end. */
+  for (int round = 0; round < ROUNDS / 10; round++) {
+    ncclWaitSignalDesc_t data = desc(prev, 0), ack = desc(next, 1);
+    for (int i = 0; i < COUNT; i++) host[i] = value(rank, round + 7, i);
+    CHECK(rcclrsEmuMemcpyAsync(src, host, bytes, stream));
+    CHECK(ncclGroupStart());
+    CHECK(ncclWaitSignal(1, &data, x->comm, stream));
+    CHECK(ncclPutSignal(src, COUNT, ncclFloat, next, x->win, 0, 0, 0, 0, x->comm, stream));
+    CHECK(ncclGroupEnd());
+    CHECK(rcclrsEmuStreamSynchronize(stream));
+    CHECK(rcclrsEmuMemcpy(host, x->buf, bytes));
+    EXPECT(host[5] == value(prev, round + 7, 5));
+    CHECK(ncclSignal(prev, 1, 0, 0, x->comm, stream));
+    CHECK(ncclWaitSignal(1, &ack, x->comm, stream));
+  }
   CHECK(rcclrsEmuStreamSynchronize(stream));
   ncclResult_t async = ncclSuccess;
   CHECK(ncclCommGetAsyncError(x->comm, &async));
