@@ -124,6 +124,48 @@ fn a_ring_of_puts_between_threads_at_2_and_4_ranks() {
     }
 }
 
+/// Between threads a registration maps no window (peers' pointers serve):
+/// the ledger counts the signal blocks the first one makes and maps (its
+/// own, its peer's), kept across registrations; a cap that leaves no room
+/// for its own refuses the registration on every rank.
+#[test]
+fn the_signal_block_is_in_the_ledger_and_under_its_cap() {
+    let block = (64 + 4 * 2 * 2) as u64;
+    threads(2, |comm| {
+        let before = comm.mem_stats().total;
+        let buf = Buffer::new(PAGE);
+        for _ in 0..2 {
+            let window = register(comm, &buf, 0).unwrap();
+            assert_eq!(comm.mem_stats().total - before, 2 * block);
+            comm.deregister_window(window).unwrap();
+        }
+        assert_eq!(comm.mem_stats().persistent, 2 * block);
+    });
+    let capped = Config {
+        board_bytes: 0,
+        max_mem_bytes: Some(block - 1),
+        ..config(2, Duration::from_secs(30))
+    };
+    let comms = Communicator::init_all_config(2, capped).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || {
+                let buf = Buffer::new(PAGE);
+                let err = text(register(comm, &buf, 0));
+                assert!(
+                    err.starts_with("system error: ncclCommWindowRegister: window #0 of rank 0")
+                        && err.contains(&format!(
+                            "its signal block: rank 0: {block} bytes for the window (host \
+                             memory) refused"
+                        )),
+                    "{err}"
+                );
+                assert_eq!(comm.mem_stats().total, 0);
+            });
+        }
+    });
+}
+
 /// Every rank puts into every other's window inside a group, then waits
 /// for all of them in one call.
 #[test]
@@ -336,9 +378,61 @@ fn child_rank() {
     let Some(role) = std::env::var_os(CHILD) else {
         return;
     };
-    let comm = Communicator::from_env_config(config(2, Duration::from_secs(60))).unwrap();
-    match role.to_str().unwrap() {
+    let role = role.to_str().unwrap();
+    if role == "emu-threads" {
+        return emu_threads();
+    }
+    let mut cfg = config(2, Duration::from_secs(60));
+    if role == "cap" {
+        // Room for the signal blocks, not for a mapping of a window.
+        cfg.board_bytes = 0;
+        cfg.max_mem_bytes = Some(PAGE as u64 - 1);
+    }
+    let comm = Communicator::from_env_config(cfg).unwrap();
+    match role {
         "ring" => ring(&comm, 300, 4096),
+        "ledger" => {
+            // Each rank maps its peer's memory file and signal block, and
+            // makes its own block; the deregistration gives the mapping
+            // back, the blocks live as long as the communicator.
+            let (rank, peer) = (comm.rank(), 1 - comm.rank());
+            let block = (64 + 4 * 2 * 2) as u64;
+            let before = comm.mem_stats();
+            let buf = Buffer::new((rank + 1) * PAGE);
+            let window = register(&comm, &buf, 0).unwrap();
+            let during = comm.mem_stats();
+            let mapped = ((peer + 1) * PAGE) as u64;
+            assert_eq!(during.total - before.total, 2 * block + mapped);
+            assert_eq!(during.persistent - before.persistent, 2 * block + mapped);
+            let windows: Vec<_> = comm
+                .memory()
+                .breakdown()
+                .into_iter()
+                .filter(|u| u.purpose == rccl::Purpose::Window)
+                .map(|u| (u.peer, u.bytes, u.suspendable))
+                .collect();
+            assert_eq!(
+                windows,
+                [(None, block, false), (Some(peer), block + mapped, false)]
+            );
+            comm.deregister_window(window).unwrap();
+            assert_eq!(comm.mem_stats().total - before.total, 2 * block);
+        }
+        "cap" => {
+            // The mapping of the peer's window passes NCCL_MAX_MEM_BYTES:
+            // every rank fails with the cap's figures, and holds nothing.
+            let buf = Buffer::new(PAGE);
+            let err = text(register(&comm, &buf, 0));
+            assert!(
+                err.starts_with("system error: ncclCommWindowRegister: mapping window #0 of rank")
+                    && err.contains(&format!(
+                        "{PAGE} bytes for the window (host memory, to rank"
+                    ))
+                    && err.contains(&format!("NCCL_MAX_MEM_BYTES allows {}", PAGE - 1)),
+                "{err}"
+            );
+            assert_eq!(comm.mem_stats().total, 0);
+        }
         // Beyond one message's piece across hosts.
         "ring-big" => ring(&comm, 3, 5 << 20),
         "dies" => {
@@ -381,14 +475,15 @@ fn child_rank() {
             );
         }
         "device" => {
-            // Windows of device memory (the emulated GPU) are refused on
-            // every rank, naming the window.
+            // Windows of device memory (the emulated GPU) between
+            // processes are refused on every rank, naming the window.
             let device = rccl::device::active().expect("RCCL_DEVICE=emu");
             let mem = device.alloc(PAGE).unwrap();
             // SAFETY: `mem` holds PAGE bytes until freed below.
             let err = text(unsafe { comm.register_window(mem, PAGE, 0) });
             assert!(
-                err.contains("window #0 of rank") && err.contains("windows of device memory"),
+                err.contains("window #0 of rank 0 is device memory of the emulated GPU")
+                    && err.contains("between ranks of one process only"),
                 "{err}"
             );
             // SAFETY: nothing uses the memory any more.
@@ -458,8 +553,188 @@ fn a_dead_peer_ends_a_wait_naming_it() {
     processes(2, "dies");
 }
 
+/// Windows of the emulated GPU's device memory between threads, under
+/// `RCCL_DEVICE=emu` (in a child process, so the device is active there
+/// alone).
 #[test]
-fn device_memory_windows_are_refused_on_every_rank() {
+fn device_windows_between_threads_order_puts_on_streams() {
+    processes_with(1, "emu-threads", |_| 0, &[("RCCL_DEVICE", "emu")]);
+}
+
+fn emu_threads() {
+    for n in [2, 4] {
+        let comms = Communicator::init_all_config(n, config(2, Duration::from_secs(30))).unwrap();
+        std::thread::scope(|s| {
+            for comm in &comms {
+                s.spawn(move || device_ring(comm, 100, 3000));
+            }
+        });
+    }
+    let comms = Communicator::init_all_config(2, config(1, Duration::from_secs(1))).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || gated_put_and_late_wait(comm));
+        }
+    });
+}
+
+/// Device memory of `len` bytes and a stream, freed on drop.
+struct DeviceBuffers {
+    device: &'static dyn rccl::device::Device,
+    window: *mut u8,
+    source: *mut u8,
+    stream: std::sync::Arc<dyn rccl::device::Stream>,
+}
+
+impl DeviceBuffers {
+    fn new(len: usize) -> DeviceBuffers {
+        let device = rccl::device::active().expect("RCCL_DEVICE=emu");
+        DeviceBuffers {
+            device,
+            window: device.alloc_zeroed(len).unwrap(),
+            source: device.alloc(len).unwrap(),
+            stream: device.create_stream().unwrap(),
+        }
+    }
+
+    /// `len` bytes of the window at `offset`, copied to the host once the
+    /// stream has run what was enqueued.
+    fn read(&self, offset: usize, len: usize) -> Vec<u8> {
+        self.sync();
+        let mut out = vec![0u8; len];
+        // SAFETY: the window holds `offset + len` bytes; `out` is a
+        // distinct host buffer of `len`.
+        unsafe {
+            self.device
+                .copy(out.as_mut_ptr(), self.window.add(offset), len)
+        }
+        .unwrap();
+        out
+    }
+
+    fn sync(&self) {
+        self.stream
+            .synchronize(Instant::now() + Duration::from_secs(30))
+            .unwrap();
+    }
+}
+
+impl Drop for DeviceBuffers {
+    fn drop(&mut self) {
+        self.sync();
+        // SAFETY: nothing uses the memory any more (the stream ran all).
+        unsafe {
+            self.device.free(self.window).unwrap();
+            self.device.free(self.source).unwrap();
+        }
+    }
+}
+
+/// The ring of [`ring`] on device memory, every call on the stream: the
+/// host checks each round's data, copied back.
+fn device_ring(comm: &Communicator, rounds: usize, bytes: usize) {
+    let (rank, n) = (comm.rank(), comm.count());
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let mem = DeviceBuffers::new(2 * bytes);
+    // SAFETY: the memory outlives the window (deregistered before drop).
+    let window = unsafe { comm.register_window(mem.window, 2 * bytes, 0) }.unwrap();
+    assert!(comm.window_on_device(window).unwrap());
+    let raw = mem.stream.raw();
+    let wait = |peer, sig| WaitDesc {
+        peer,
+        sig,
+        ctx: 0,
+        count: 1,
+    };
+    for round in 0..rounds {
+        let offset = (round % 2) * bytes;
+        let data = payload(rank, round, bytes);
+        // SAFETY: `source` holds 2 * bytes; the stream ran the last put.
+        unsafe { mem.device.copy(mem.source, data.as_ptr(), bytes) }.unwrap();
+        // SAFETY: the source stays until the stream ran the put (synced
+        // below before it is written again).
+        unsafe { comm.put_signal_on_stream(mem.source, bytes, next, window, offset, DATA, 0, raw) }
+            .unwrap();
+        comm.wait_signal_on_stream(&[wait(prev, DATA)], raw)
+            .unwrap();
+        assert!(
+            mem.read(offset, bytes) == payload(prev, round, bytes),
+            "rank {rank} round {round}: wrong data from rank {prev}"
+        );
+        comm.signal_on_stream(prev, ACK, 0, raw).unwrap();
+        comm.wait_signal_on_stream(&[wait(next, ACK)], raw).unwrap();
+    }
+    mem.sync();
+    assert!(comm.async_error().is_none());
+    comm.deregister_window(window).unwrap();
+}
+
+/// Rank 0 enqueues a put behind a task that holds its stream: the put
+/// lands only once the task ends. Rank 1's stream wait for a signal that
+/// never comes ends at the timeout and fails the communicator, naming
+/// rank 0.
+fn gated_put_and_late_wait(comm: &Communicator) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static GATE: AtomicBool = AtomicBool::new(false);
+    let mem = DeviceBuffers::new(PAGE);
+    // SAFETY: the memory outlives the window (deregistered before drop).
+    let window = unsafe { comm.register_window(mem.window, PAGE, 0) }.unwrap();
+    let raw = mem.stream.raw();
+    let wait = |count| WaitDesc {
+        peer: 0,
+        sig: 0,
+        ctx: 0,
+        count,
+    };
+    let data = vec![7u8; 64];
+    if comm.rank() == 0 {
+        mem.device
+            .enqueue_joint(
+                std::slice::from_ref(&mem.stream),
+                Box::new(|| {
+                    while !GATE.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }),
+            )
+            .unwrap();
+        // SAFETY: `data` outlives the stream's run (synced below).
+        unsafe { comm.put_signal_on_stream(data.as_ptr(), 64, 1, window, 128, 0, 0, raw) }.unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        GATE.store(true, Ordering::Release);
+        mem.sync();
+    } else {
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            mem.read(128, 64),
+            [0u8; 64],
+            "the put landed before the stream got to it"
+        );
+        comm.wait_signal(&[wait(1)]).unwrap();
+        assert!(GATE.load(Ordering::Acquire));
+        assert_eq!(mem.read(128, 64), data);
+        // No second signal comes: the stream wait fails at the deadline.
+        comm.wait_signal_on_stream(&[wait(1)], raw).unwrap();
+        mem.sync();
+        let err = comm.async_error().expect("the wait failed").to_string();
+        assert!(
+            err.contains("ncclWaitSignal: rank 1 waited") && err.contains("from rank 0"),
+            "{err}"
+        );
+    }
+    let _ = comm.deregister_window(window);
+}
+
+/// A registration enters the mappings it makes in the ledger, and the
+/// ledger's cap refuses one on every rank.
+#[test]
+fn windows_between_processes_are_in_the_ledger_and_under_its_cap() {
+    processes(2, "ledger");
+    processes(2, "cap");
+}
+
+#[test]
+fn device_memory_windows_between_processes_are_refused_on_every_rank() {
     processes_with(2, "device", |_| 0, &[("RCCL_DEVICE", "emu")]);
 }
 

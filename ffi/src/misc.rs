@@ -174,11 +174,11 @@ nccl_api! {
     }
 
     /// Host memory: done before it returns, whatever the stream (inside a
-    /// group too).
+    /// group too). A window of device memory: enqueued on the stream.
     fn ncclPutSignal / pncclPutSignal(
         localbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: c_int,
         peerWin: ncclWindow_t, peerWinOffset: usize, sigIdx: c_int, ctx: c_int,
-        flags: c_uint, comm: ncclComm_t, _stream: cudaStream_t,
+        flags: c_uint, comm: ncclComm_t, stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclPutSignal", comm, || {
             let (_, c) = comm_of(comm)?;
@@ -190,6 +190,15 @@ nccl_api! {
                 non_null(localbuff, "localbuff")?;
             }
             no_flags(flags)?;
+            let (peer, sig, ctx) = (index(peer, "peer")?, index(sigIdx, "sigIdx")?, index(ctx, "ctx")?);
+            let window = window_of(peerWin);
+            if c.window_on_device(window)? {
+                // SAFETY: the caller vouches that `localbuff` holds `count`
+                // elements of `datatype` until the stream ran the put.
+                unsafe { c.put_signal_on_stream(localbuff.cast(), bytes, peer, window,
+                    peerWinOffset, sig, ctx, stream as usize)? };
+                return Ok(ncclSuccess);
+            }
             let data: &[u8] = if bytes == 0 {
                 &[]
             } else {
@@ -197,27 +206,31 @@ nccl_api! {
                 // non-NULL) holds `count` elements of `datatype`.
                 unsafe { std::slice::from_raw_parts(localbuff.cast::<u8>(), bytes) }
             };
-            c.put_signal(data, index(peer, "peer")?, window_of(peerWin), peerWinOffset,
-                index(sigIdx, "sigIdx")?, index(ctx, "ctx")?)?;
+            c.put_signal(data, peer, window, peerWinOffset, sig, ctx)?;
             Ok(ncclSuccess)
         })
     }
 
     fn ncclSignal / pncclSignal(
         peer: c_int, sigIdx: c_int, ctx: c_int, flags: c_uint, comm: ncclComm_t,
-        _stream: cudaStream_t,
+        stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclSignal", comm, || {
             let (_, c) = comm_of(comm)?;
             no_flags(flags)?;
-            c.signal(index(peer, "peer")?, index(sigIdx, "sigIdx")?, index(ctx, "ctx")?)?;
+            let (peer, sig, ctx) = (index(peer, "peer")?, index(sigIdx, "sigIdx")?, index(ctx, "ctx")?);
+            if c.has_device_window()? {
+                c.signal_on_stream(peer, sig, ctx, stream as usize)?;
+            } else {
+                c.signal(peer, sig, ctx)?;
+            }
             Ok(ncclSuccess)
         })
     }
 
     fn ncclWaitSignal / pncclWaitSignal(
         nDesc: c_int, signalDescs: *mut ncclWaitSignalDesc_t, comm: ncclComm_t,
-        _stream: cudaStream_t,
+        stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclWaitSignal", comm, || {
             let (_, c) = comm_of(comm)?;
@@ -243,9 +256,15 @@ nccl_api! {
                     })
                 })
                 .collect::<rccl::Result<Vec<_>>>()?;
-            // Inside a group the wait runs at its end, after the group's
-            // puts and signals (which never wait) went out.
-            now_or_at_group_end(move || c.wait_signal(&descs))?;
+            // Inside a group the wait runs (or, with a device window, is
+            // enqueued on the stream) at its end, after the group's puts
+            // and signals (which never wait) went out.
+            if c.has_device_window()? {
+                let stream = stream as usize;
+                now_or_at_group_end(move || c.wait_signal_on_stream(&descs, stream))?;
+            } else {
+                now_or_at_group_end(move || c.wait_signal(&descs))?;
+            }
             Ok(ncclSuccess)
         })
     }

@@ -303,7 +303,7 @@ fn memory_statistics_suspend_and_resume_from_c() {
 /// at 2 and 4 ranks, as threads of one process (windows registered by
 /// one thread in a group) and as processes (on one host and on two),
 /// every misuse with its error text; a wait on a peer that died ends
-/// naming it.
+/// naming it; and on the emulated GPU's device memory, on streams.
 #[test]
 fn one_sided_c_program() {
     let dir = dropin_dir("one-sided");
@@ -318,6 +318,9 @@ fn one_sided_c_program() {
     let sig2 = [("NCCL_NUM_RMA_SIG", "2")];
     run_ranks(&binary, &dir, &[&["threads", "2"]], &sig2);
     run_ranks(&binary, &dir, &[&["threads", "4"]], &sig2);
+    let emu = [("NCCL_NUM_RMA_SIG", "2"), ("RCCL_DEVICE", "emu")];
+    run_ranks(&binary, &dir, &[&["emu", "2"]], &emu);
+    run_ranks(&binary, &dir, &[&["emu", "4"]], &emu);
     run_ranks(
         &binary,
         &dir,

@@ -12,9 +12,14 @@
    one_sided rank R N H    the same, rank R on host R % H (NCCL_HOSTID):
                            puts to another host travel as messages
    one_sided dies R N      2 processes: rank 1 exits after registering, and
-                           rank 0's wait ends naming it */
+                           rank 0's wait ends naming it
+   one_sided emu N         N ranks of one process on the emulated GPU
+                           (RCCL_DEVICE=emu): windows of device memory,
+                           every call on the rank's stream, the data
+                           copied back and checked */
 #define _POSIX_C_SOURCE 200809L
 #include <nccl.h>
+#include <rcclrs_emu.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -209,6 +214,81 @@ static int threads(int n) {
   return 0;
 }
 
+/* The ring of exchange() on device memory: puts, signals and waits are
+   enqueued on the rank's stream; the host syncs it to check the data. */
+static void *device_ring(void *p) {
+  struct rank_ctx *x = p;
+  int rank = x->rank, n = x->n, next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  size_t bytes = COUNT * sizeof(float);
+  float *host = malloc(bytes), *src;
+  cudaStream_t stream;
+  CHECK(rcclrsEmuStreamCreate(&stream));
+  CHECK(ncclMemAlloc((void **)&src, bytes));
+  for (int round = 0; round < ROUNDS; round++) {
+    size_t offset = (size_t)(round % 2) * bytes;
+    for (int i = 0; i < COUNT; i++) host[i] = value(rank, round, i);
+    CHECK(rcclrsEmuMemcpyAsync(src, host, bytes, stream));
+    CHECK(ncclPutSignal(src, COUNT, ncclFloat, next, x->win, offset, 0, 0, 0, x->comm, stream));
+    ncclWaitSignalDesc_t data = desc(prev, 0), ack = desc(next, 1);
+    CHECK(ncclWaitSignal(1, &data, x->comm, stream));
+    CHECK(rcclrsEmuStreamSynchronize(stream));
+    CHECK(rcclrsEmuMemcpy(host, x->buf + (round % 2) * COUNT, bytes));
+    for (int i = 0; i < COUNT; i++) {
+      if (host[i] != value(prev, round, i)) {
+        fprintf(stderr, "rank %d round %d: [%d] = %g from rank %d\n", rank, round, i, host[i], prev);
+        exit(1);
+      }
+    }
+    CHECK(ncclSignal(prev, 1, 0, 0, x->comm, stream));
+    CHECK(ncclWaitSignal(1, &ack, x->comm, stream));
+  }
+  /* A group that waits before it puts: the wait is enqueued at its end. */
+  for (int round = 0; round < ROUNDS / 10; round++) {
+    ncclWaitSignalDesc_t data = desc(prev, 0), ack = desc(next, 1);
+    for (int i = 0; i < COUNT; i++) host[i] = value(rank, round + 7, i);
+    CHECK(rcclrsEmuMemcpyAsync(src, host, bytes, stream));
+    CHECK(ncclGroupStart());
+    CHECK(ncclWaitSignal(1, &data, x->comm, stream));
+    CHECK(ncclPutSignal(src, COUNT, ncclFloat, next, x->win, 0, 0, 0, 0, x->comm, stream));
+    CHECK(ncclGroupEnd());
+    CHECK(rcclrsEmuStreamSynchronize(stream));
+    CHECK(rcclrsEmuMemcpy(host, x->buf, bytes));
+    EXPECT(host[5] == value(prev, round + 7, 5));
+    CHECK(ncclSignal(prev, 1, 0, 0, x->comm, stream));
+    CHECK(ncclWaitSignal(1, &ack, x->comm, stream));
+  }
+  CHECK(rcclrsEmuStreamSynchronize(stream));
+  ncclResult_t async = ncclSuccess;
+  CHECK(ncclCommGetAsyncError(x->comm, &async));
+  EXPECT(async == ncclSuccess);
+  CHECK(rcclrsEmuStreamDestroy(stream));
+  CHECK(ncclMemFree(src));
+  free(host);
+  return NULL;
+}
+
+static int emu(int n) {
+  struct rank_ctx ctx[MAXR];
+  ncclComm_t comms[MAXR];
+  int devs[MAXR] = {0, 1, 2, 3, 4, 5, 6, 7};
+  CHECK(ncclCommInitAll(comms, n, devs));
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < n; r++) {
+    ctx[r] = (struct rank_ctx){comms[r], r, n, NULL, NULL};
+    CHECK(ncclMemAlloc((void **)&ctx[r].buf, window_bytes(r)));
+    CHECK(ncclCommWindowRegister(comms[r], ctx[r].buf, window_bytes(r), &ctx[r].win, NCCL_WIN_DEFAULT));
+  }
+  CHECK(ncclGroupEnd());
+  pthread_t th[MAXR];
+  for (int r = 0; r < n; r++) pthread_create(&th[r], NULL, device_ring, &ctx[r]);
+  for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < n; r++) CHECK(ncclCommWindowDeregister(comms[r], ctx[r].win));
+  CHECK(ncclGroupEnd());
+  for (int r = 0; r < n; r++) finish(&ctx[r]);
+  return 0;
+}
+
 static ncclComm_t join(int rank, int n) {
   ncclUniqueId id;
   ncclComm_t comm;
@@ -272,8 +352,9 @@ int main(int argc, char **argv) {
   }
   if ((argc == 4 || argc == 5) && strcmp(argv[1], "rank") == 0) code = process(atoi(argv[2]), atoi(argv[3]));
   if (argc == 4 && strcmp(argv[1], "dies") == 0) code = dies(atoi(argv[2]));
+  if (argc == 3 && strcmp(argv[1], "emu") == 0) code = emu(atoi(argv[2]));
   if (code == 2) {
-    fprintf(stderr, "usage: one_sided threads N | rank R N [H] | dies R N\n");
+    fprintf(stderr, "usage: one_sided threads N | rank R N [H] | dies R N | emu N\n");
     return 2;
   }
   if (failures) fprintf(stderr, "%d failure(s)\n", failures);

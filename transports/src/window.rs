@@ -195,7 +195,7 @@ pub struct PeerWindow {
     base: *mut u8,
     len: usize,
     /// The mapping of a peer in another process (kept alive).
-    _mapping: Option<MemFile>,
+    mapping: Option<MemFile>,
 }
 
 // SAFETY: the window is plain memory the peer lent for remote writes;
@@ -210,7 +210,7 @@ impl PeerWindow {
         PeerWindow {
             base,
             len,
-            _mapping: None,
+            mapping: None,
         }
     }
 
@@ -234,8 +234,14 @@ impl PeerWindow {
         Ok(PeerWindow {
             base: mapping.ptr.wrapping_add(export.offset),
             len,
-            _mapping: Some(mapping),
+            mapping: Some(mapping),
         })
+    }
+
+    /// Bytes this rank mapped to reach the window (the peer's whole
+    /// memory file), 0 for a peer in this process.
+    pub fn mapped_bytes(&self) -> usize {
+        self.mapping.as_ref().map_or(0, |m| m.len)
     }
 
     /// The window's length in bytes.
@@ -248,18 +254,24 @@ impl PeerWindow {
         self.len == 0
     }
 
+    /// The address of `len` bytes at `offset` in the window; `Err` with
+    /// the window's length when they do not fit.
+    pub fn address(&self, offset: usize, len: usize) -> Result<*mut u8, usize> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.base.wrapping_add(offset)),
+            _ => Err(self.len),
+        }
+    }
+
     /// Copies `src` into the window at `offset`; `Err` with the window's
     /// length when it does not fit.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), usize> {
-        match offset.checked_add(src.len()) {
-            Some(end) if end <= self.len => {}
-            _ => return Err(self.len),
-        }
-        // SAFETY: `[offset, offset + src.len())` lies in the window
-        // (checked above), which the peer keeps mapped while it is
-        // registered; `src` is a distinct local buffer.
+        let dst = self.address(offset, src.len())?;
+        // SAFETY: `[dst, dst + src.len())` lies in the window (checked
+        // above), which the peer keeps mapped while it is registered;
+        // `src` is a distinct local buffer.
         unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(offset), src.len());
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
         }
         Ok(())
     }
@@ -276,7 +288,8 @@ pub struct SignalBlock {
 }
 
 impl SignalBlock {
-    fn bytes(slots: usize) -> usize {
+    /// The bytes a block of `slots` counters takes.
+    pub fn bytes(slots: usize) -> usize {
         HEADER + slots * 4
     }
 
@@ -373,7 +386,7 @@ mod tests {
     }
 
     #[test]
-    fn a_raised_signal_counts_in_every_mapping() {
+    fn a_raised_signal_counts_in_everymapping() {
         let mine = SignalBlock::create(4).unwrap();
         let theirs = SignalBlock::open(&mine.id(), 4).unwrap();
         theirs.raise(2);

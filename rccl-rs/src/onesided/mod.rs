@@ -12,13 +12,15 @@
 //!   its abort flag and the peer's fate watched.
 //! - `remote.rs`: puts and signals to ranks on other hosts, as messages
 //!   the target applies before it reads its counts.
+//! - `stream.rs`: the same calls ordered on a stream, for windows of the
+//!   emulated GPU's device memory.
 //!
 //! How the bytes cross within a host (the peer's own pointer in this
 //! process, a mapping of its shareable memory in another) is
 //! `rccl_transports`' business; across hosts they go over the bootstrap's
 //! authenticated TCP connections.
 //! On host memory every call completes before it returns (the stream is
-//! not used), so puts reach a window in the order they were called, which
+//! not used; on device memory see `stream.rs`), so puts reach a window in the order they were called, which
 //! is what `NCCL_WIN_STRICT_ORDERING` asks for; inside a group they run
 //! at once too (they never wait for the peer), and a wait waits where it
 //! is called (the C ABI runs a grouped `ncclWaitSignal` at the group's
@@ -27,14 +29,17 @@
 mod put;
 mod register;
 mod remote;
+mod stream;
 mod wait;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use rccl_transports::{PeerWindow, SignalBlock};
 
 use crate::comm::{CommInner, Communicator};
 use crate::error::{Error, Result};
+use crate::memory::Hold;
 
 pub use wait::WaitDesc;
 
@@ -89,20 +94,28 @@ struct WindowEntry {
     flags: u32,
     /// Whether this rank's buffer is shareable memory counted as in use.
     exported: bool,
+    /// Whether some rank's buffer is device memory (the emulated GPU's):
+    /// then every rank runs in this process, and puts into the window run
+    /// on streams (`stream.rs`).
+    device: bool,
     /// Per rank, its window as this rank writes it; `None` for a rank on
     /// another host (reached by messages, `remote.rs`).
     peers: Vec<Option<PeerWindow>>,
     /// Per rank, its window's size.
     sizes: Vec<usize>,
+    /// The mappings of peers' windows in the communicator's ledger.
+    _held: Vec<Hold>,
 }
 
 /// The signal counters: this rank's block and its peers'.
 struct Signals {
     /// Per rank, its block (`None` on another host); this rank's own
     /// is among them.
-    blocks: Vec<Option<SignalBlock>>,
+    blocks: Vec<Option<Arc<SignalBlock>>>,
     /// Per slot of this rank's block, the count waits have consumed.
     consumed: Vec<u32>,
+    /// The blocks in the communicator's ledger: they live as long as it.
+    _held: Vec<Hold>,
 }
 
 impl State {

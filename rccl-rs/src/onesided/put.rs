@@ -49,6 +49,13 @@ fn put(
     let slot = slot(comm, sig, ctx, comm.rank);
     if let Some((bytes, window, offset)) = data {
         let entry = state.window(comm, window, call)?;
+        if entry.device {
+            return Err(Error::InvalidUsage(format!(
+                "{call}: rank {}: window #{} is device memory: put into it on a stream \
+                 (put_signal_on_stream, or ncclPutSignal with a stream)",
+                comm.rank, entry.seq
+            )));
+        }
         let past_end = |len: usize| {
             Error::InvalidArgument(format!(
                 "{call}: rank {}: {} bytes at offset {offset} run past the end of window #{} of \

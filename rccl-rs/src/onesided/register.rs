@@ -9,12 +9,15 @@
 //! window exists everywhere or nowhere. The first registration also
 //! makes the signal blocks.
 
+use std::sync::Arc;
+
 use rccl_transports::{Export, FileId, PeerWindow, SignalBlock};
 
 use super::{next_handle, Signals, State, Window, WindowEntry};
 use super::{WIN_COLL_SYMMETRIC, WIN_FLAGS, WIN_REQUIRED_ALIGNMENT};
 use crate::comm::{CommInner, Communicator};
 use crate::error::{Error, Result};
+use crate::memory::{Hold, MemUse, Place, Purpose};
 
 const REGISTER: &str = "ncclCommWindowRegister";
 const DEREGISTER: &str = "ncclCommWindowDeregister";
@@ -29,6 +32,8 @@ struct Published {
     export: Option<Export>,
     /// Where a process of its host maps its signal block.
     signals: Option<FileId>,
+    /// Whether the buffer is device memory (the emulated GPU's).
+    device: bool,
 }
 
 impl Communicator {
@@ -65,29 +70,42 @@ fn register(
     let me = comm.rank;
     let seq = state.registered;
     let what = format!("window #{seq} of rank {me} ({base:p}, {size} bytes)");
-    let mut local = local_problem(base, flags).map(|why| format!("{what}: {why}"));
+    let mut local =
+        local_problem(base, flags).map(|why| Error::InvalidArgument(format!("{what}: {why}")));
     let fresh_signals = state.signals.is_none();
     let mut own_block = None;
     if fresh_signals && local.is_none() {
-        let slots = comm.config.rma_contexts * comm.config.rma_signals * comm.nranks;
-        match SignalBlock::create(slots) {
-            Ok(block) => own_block = Some(block),
-            Err(e) => local = Some(format!("rank {me}: cannot make its signal block: {e}")),
+        let slots = signal_slots(comm);
+        let made = hold_block(comm, None)
+            .map_err(|e| same_kind(&e, format!("{what}: its signal block: {}", message(&e))))
+            .and_then(|held| {
+                SignalBlock::create(slots)
+                    .map(|block| (block, held))
+                    .map_err(|e| {
+                        Error::InvalidArgument(format!(
+                            "rank {me}: cannot make its signal block: {e}"
+                        ))
+                    })
+            });
+        match made {
+            Ok(made) => own_block = Some(made),
+            Err(e) => local = Some(e),
         }
     }
     let export = match local {
         None => rccl_transports::export_window(base, size),
         Some(_) => None,
     };
-    let signals_id = own_block.as_ref().map(SignalBlock::id);
+    let signals_id = own_block.as_ref().map(|(block, _)| block.id());
     let mine = match &local {
-        Some(why) => encode_problem(why),
+        Some(problem) => encode_problem(problem),
         None => encode(&Published {
             base: base as u64,
             size: size as u64,
             flags,
             export: export.clone(),
             signals: signals_id,
+            device: on_device(base),
         }),
     };
     let release = |export: &Option<Export>| {
@@ -110,10 +128,11 @@ fn register(
             return Err(e);
         }
     };
-    let reached = reach(comm, seq, &published, fresh_signals, own_block.as_ref());
+    let reached = reach(comm, seq, &published, fresh_signals)
+        .map_err(|e| same_kind(&e, format!("{REGISTER}: {}", message(&e))));
     let verdict = match &reached {
         Ok(_) => Vec::new(),
-        Err(why) => why.clone().into_bytes(),
+        Err(e) => encode_problem(e),
     };
     let verdicts = comm
         .bootstrap
@@ -122,18 +141,19 @@ fn register(
     let failed = verdicts.map(|all| {
         all.iter()
             .find(|v| !v.is_empty())
-            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .map(|v| decode_problem(v))
     });
     match (failed, reached) {
-        (Ok(None), Ok((peers, blocks))) => {
-            if let Some(mut blocks) = blocks {
-                blocks[me] = own_block;
+        (Ok(None), Ok(reached)) => {
+            if let Some(mut blocks) = reached.blocks {
+                let (own, own_held) = own_block.expect("made at the first registration");
+                blocks[me] = Some(Arc::new(own));
+                let mut held = reached.blocks_held;
+                held.push(own_held);
                 state.signals = Some(Signals {
                     blocks,
-                    consumed: vec![
-                        0;
-                        comm.config.rma_contexts * comm.config.rma_signals * comm.nranks
-                    ],
+                    consumed: vec![0; signal_slots(comm)],
+                    _held: held,
                 });
             }
             state.registered += 1;
@@ -146,21 +166,36 @@ fn register(
                     size,
                     flags,
                     exported: export.is_some(),
-                    peers,
+                    device: published.iter().any(|p| p.device),
+                    peers: reached.peers,
                     sizes: published.iter().map(|p| p.size as usize).collect(),
+                    _held: reached.windows_held,
                 },
             );
             Ok(Window(handle))
         }
-        (Ok(Some(why)), _) | (Ok(None), Err(why)) => {
-            release(&export);
-            Err(Error::InvalidUsage(format!("{REGISTER}: {why}")))
-        }
-        (Err(e), _) => {
+        (Ok(Some(e)), _) | (Ok(None), Err(e)) | (Err(e), _) => {
             release(&export);
             Err(e)
         }
     }
+}
+
+/// Counters in a rank's signal block: one per context, signal index and
+/// source rank.
+fn signal_slots(comm: &CommInner) -> usize {
+    comm.config.rma_contexts * comm.config.rma_signals * comm.nranks
+}
+
+/// Enters a signal block (this rank's, or `peer`'s as mapped here) in the
+/// ledger; it persists across a suspend, as its counts must.
+fn hold_block(comm: &CommInner, peer: Option<usize>) -> Result<Hold> {
+    let bytes = SignalBlock::bytes(signal_slots(comm)) as u64;
+    let what = MemUse::new(Purpose::Window, Place::Host, bytes).persistent();
+    comm.memory.hold(match peer {
+        Some(peer) => what.peer(peer),
+        None => what,
+    })
 }
 
 /// Why this rank's buffer cannot be a window, if it cannot.
@@ -178,91 +213,157 @@ fn local_problem(base: *mut u8, flags: u32) -> Option<String> {
             base as usize % WIN_REQUIRED_ALIGNMENT
         ));
     }
-    if let Some(device) = rccl_device::active() {
-        if device.classify(base).is_ok_and(|m| m.is_device()) {
-            return Some(
-                "device memory: windows of device memory are not supported yet (host memory is)"
-                    .into(),
-            );
-        }
+    match rccl_device::active() {
+        Some(device) if on_device(base) && device.backend() != EMULATED => Some(format!(
+            "device memory of the {} backend: windows of device memory are served on the \
+             emulated GPU (RCCL_DEVICE=emu) only",
+            device.backend()
+        )),
+        _ => None,
     }
-    None
+}
+
+/// The emulated GPU's backend: its device memory is plain memory of this
+/// process, which every rank of the process writes directly.
+const EMULATED: &str = "emu";
+
+/// Whether `base` is device memory of the active device.
+fn on_device(base: *mut u8) -> bool {
+    rccl_device::active().is_some_and(|d| d.classify(base).is_ok_and(|m| m.is_device()))
+}
+
+/// What a rank reaches of its peers at a registration.
+struct Reached {
+    /// Per rank, its window (`None` on another host).
+    peers: Vec<Option<PeerWindow>>,
+    /// The mappings among `peers` in the ledger.
+    windows_held: Vec<Hold>,
+    /// At the first registration, per rank, its signal block (this rank's
+    /// own and those on other hosts `None`).
+    blocks: Option<Vec<Option<Arc<SignalBlock>>>>,
+    /// The mapped blocks among `blocks` in the ledger.
+    blocks_held: Vec<Hold>,
 }
 
 /// Peers' windows (and, at the first registration, signal blocks) as this
-/// rank reaches them, or why it cannot.
-#[allow(clippy::type_complexity)]
+/// rank reaches them, each mapping entered in the ledger, or why it
+/// cannot.
 fn reach(
     comm: &CommInner,
     seq: u64,
     published: &[Published],
     fresh_signals: bool,
-    own_block: Option<&SignalBlock>,
-) -> std::result::Result<(Vec<Option<PeerWindow>>, Option<Vec<Option<SignalBlock>>>), String> {
+) -> Result<Reached> {
+    let usage = |why: String| Error::InvalidUsage(why);
     let first = &published[0];
     for (rank, p) in published.iter().enumerate() {
         if p.flags != first.flags {
-            return Err(format!(
+            return Err(usage(format!(
                 "window #{seq}: rank 0 registers it with winFlags {:#x}, rank {rank} with {:#x}: \
                  every rank must pass the same flags",
                 first.flags, p.flags
-            ));
+            )));
         }
         if first.flags & WIN_COLL_SYMMETRIC != 0 && p.size != first.size {
-            return Err(format!(
+            return Err(usage(format!(
                 "window #{seq} is NCCL_WIN_COLL_SYMMETRIC but rank 0 registers {} bytes and rank \
                  {rank} {} bytes: a symmetric window has one size on every rank",
                 first.size, p.size
-            ));
+            )));
         }
     }
-    let mut peers = Vec::with_capacity(published.len());
-    let mut blocks = fresh_signals.then(Vec::new);
+    let me = comm.rank;
+    if let Some(owner) = published.iter().position(|p| p.device) {
+        let apart = (0..published.len())
+            .find(|&r| comm.in_other_process(r) || comm.peers[r].host_id != comm.peers[me].host_id);
+        if let Some(apart) = apart {
+            return Err(usage(format!(
+                "window #{seq} of rank {owner} is device memory of the emulated GPU, which \
+                 windows reach between ranks of one process only, and {} is in another \
+                 process than rank {me}",
+                comm.describe(apart)
+            )));
+        }
+    }
+    let mut reached = Reached {
+        peers: Vec::with_capacity(published.len()),
+        windows_held: Vec::new(),
+        blocks: fresh_signals.then(Vec::new),
+        blocks_held: Vec::new(),
+    };
     for (rank, p) in published.iter().enumerate() {
-        let same_host = comm.peers[rank].host_id == comm.peers[comm.rank].host_id;
+        let same_host = comm.peers[rank].host_id == comm.peers[me].host_id;
         let window = if !same_host {
             None
         } else if !comm.in_other_process(rank) {
             Some(PeerWindow::in_process(p.base as *mut u8, p.size as usize))
         } else {
             let Some(export) = &p.export else {
-                return Err(format!(
+                return Err(usage(format!(
                     "window #{seq} of rank {rank} ({:#x}, {} bytes) is not memory from \
                      ncclMemAlloc, so {} cannot map it from another process",
                     p.base,
                     p.size,
-                    comm.describe(comm.rank)
-                ));
+                    comm.describe(me)
+                )));
             };
-            Some(PeerWindow::map(export, p.size as usize).map_err(|e| {
-                format!(
-                    "rank {} cannot map window #{seq} of rank {rank} ({} bytes): {e}",
-                    comm.rank, p.size
+            let held = hold_mapping(comm, rank, export.file_len).map_err(|e| {
+                same_kind(
+                    &e,
+                    format!("mapping window #{seq} of rank {rank}: {}", message(&e)),
                 )
+            })?;
+            reached.windows_held.push(held);
+            Some(PeerWindow::map(export, p.size as usize).map_err(|e| {
+                usage(format!(
+                    "rank {me} cannot map window #{seq} of rank {rank} ({} bytes): {e}",
+                    p.size
+                ))
             })?)
         };
-        peers.push(window);
-        if let Some(blocks) = &mut blocks {
-            let block = if rank == comm.rank || !same_host {
+        reached.peers.push(window);
+        if let Some(blocks) = &mut reached.blocks {
+            let block = if rank == me || !same_host {
                 // This rank's own block joins the table once all agree.
                 None
             } else {
-                let slots = comm.config.rma_contexts * comm.config.rma_signals * comm.nranks;
                 let id = p.signals.as_ref().ok_or_else(|| {
-                    format!("rank {rank} published no signal block at the first registration")
+                    usage(format!(
+                        "rank {rank} published no signal block at the first registration"
+                    ))
                 })?;
-                Some(SignalBlock::open(id, slots).map_err(|e| {
-                    format!(
-                        "rank {} cannot map the signal block of rank {rank}: {e}",
-                        comm.rank
+                let held = hold_block(comm, Some(rank)).map_err(|e| {
+                    same_kind(
+                        &e,
+                        format!("mapping the signal block of rank {rank}: {}", message(&e)),
                     )
-                })?)
+                })?;
+                reached.blocks_held.push(held);
+                Some(
+                    SignalBlock::open(id, signal_slots(comm))
+                        .map(Arc::new)
+                        .map_err(|e| {
+                            usage(format!(
+                                "rank {me} cannot map the signal block of rank {rank}: {e}"
+                            ))
+                        })?,
+                )
             };
             blocks.push(block);
         }
     }
-    debug_assert!(!fresh_signals || own_block.is_some());
-    Ok((peers, blocks))
+    Ok(reached)
+}
+
+/// Enters this rank's mapping of `peer`'s window (its whole memory file
+/// of `bytes`) in the ledger; it persists across a suspend, as the
+/// window does.
+fn hold_mapping(comm: &CommInner, peer: usize, bytes: usize) -> Result<Hold> {
+    comm.memory.hold(
+        MemUse::new(Purpose::Window, Place::Host, bytes as u64)
+            .peer(peer)
+            .persistent(),
+    )
 }
 
 fn deregister(comm: &CommInner, state: &mut State, window: Window) -> Result<()> {
@@ -310,6 +411,11 @@ fn with_context(call: &str, what: &str, err: Error) -> Error {
         "{call} of {what}: {err} (every rank of the communicator must make this call, in the \
          same order)"
     );
+    same_kind(&err, text)
+}
+
+/// An error of `err`'s kind saying `text`.
+fn same_kind(err: &Error, text: String) -> Error {
     match err {
         Error::System(_) => Error::System(text),
         Error::Remote(_) => Error::Remote(text),
@@ -319,13 +425,51 @@ fn with_context(call: &str, what: &str, err: Error) -> Error {
     }
 }
 
-const OK: u8 = 0;
-const PROBLEM: u8 = 1;
+/// What `err` says, without its kind.
+fn message(err: &Error) -> &str {
+    match err {
+        Error::System(m)
+        | Error::Remote(m)
+        | Error::InvalidArgument(m)
+        | Error::Internal(m)
+        | Error::InvalidUsage(m) => m,
+    }
+}
 
-fn encode_problem(why: &str) -> Vec<u8> {
-    let mut out = vec![PROBLEM];
-    out.extend_from_slice(why.as_bytes());
+const OK: u8 = 0;
+/// A rank's problem follows, its kind in the next byte ([`KINDS`]).
+const PROBLEM: u8 = 1;
+/// The kinds of error a rank's problem may have, by their byte.
+const KINDS: [fn(String) -> Error; 5] = [
+    Error::InvalidArgument,
+    Error::InvalidUsage,
+    Error::System,
+    Error::Remote,
+    Error::Internal,
+];
+
+/// `err` as every rank reads it back with [`decode_problem`].
+fn encode_problem(err: &Error) -> Vec<u8> {
+    let kind = match err {
+        Error::InvalidArgument(_) => 0,
+        Error::InvalidUsage(_) => 1,
+        Error::System(_) => 2,
+        Error::Remote(_) => 3,
+        Error::Internal(_) => 4,
+    };
+    let mut out = vec![PROBLEM, kind];
+    out.extend_from_slice(message(err).as_bytes());
     out
+}
+
+/// The error [`encode_problem`] wrote (`bytes` begins with [`PROBLEM`]).
+fn decode_problem(bytes: &[u8]) -> Error {
+    let kind = bytes.get(1).and_then(|&k| KINDS.get(usize::from(k)));
+    let text = String::from_utf8_lossy(bytes.get(2..).unwrap_or_default()).into_owned();
+    kind.map_or(
+        Error::Remote(format!("a rank sent a bad problem: {text}")),
+        |make| make(text),
+    )
 }
 
 fn encode(p: &Published) -> Vec<u8> {
@@ -345,6 +489,7 @@ fn encode(p: &Published) -> Vec<u8> {
         Some(id) => words.extend([1, file(id)[0], file(id)[1]]),
         None => words.extend([0; 3]),
     }
+    words.push(u64::from(p.device));
     let mut out = vec![OK];
     for word in words {
         out.extend_from_slice(&word.to_le_bytes());
@@ -354,14 +499,9 @@ fn encode(p: &Published) -> Vec<u8> {
 
 /// Every rank's window, or the first rank's problem as the error.
 fn decode_all(all: &[Vec<u8>]) -> Result<Vec<Published>> {
-    if let Some(why) = all
-        .iter()
-        .find_map(|b| (b.first() == Some(&PROBLEM)).then(|| &b[1..]))
-    {
-        return Err(Error::InvalidArgument(format!(
-            "{REGISTER}: {}",
-            String::from_utf8_lossy(why)
-        )));
+    if let Some(problem) = all.iter().find(|b| b.first() == Some(&PROBLEM)) {
+        let err = decode_problem(problem);
+        return Err(same_kind(&err, format!("{REGISTER}: {}", message(&err))));
     }
     all.iter()
         .enumerate()
@@ -378,7 +518,7 @@ fn decode_all(all: &[Vec<u8>]) -> Result<Vec<Published>> {
 
 fn decode(bytes: &[u8]) -> Option<Published> {
     let rest = bytes.strip_prefix(&[OK])?;
-    if rest.len() != 11 * 8 {
+    if rest.len() != 12 * 8 {
         return None;
     }
     let w: Vec<u64> = rest
@@ -409,6 +549,7 @@ fn decode(bytes: &[u8]) -> Option<Published> {
         flags: u32::try_from(w[2]).ok()?,
         export,
         signals,
+        device: w[11] != 0,
     })
 }
 
@@ -428,6 +569,7 @@ mod tests {
                 offset: 4096,
             }),
             signals: Some(FileId { pid: 42, fd: 8 }),
+            device: true,
         };
         assert_eq!(decode(&encode(&p)), Some(p));
         let bytes = encode(&Published {
@@ -436,6 +578,7 @@ mod tests {
             flags: 0,
             export: None,
             signals: None,
+            device: false,
         });
         assert!(decode(&bytes).unwrap().export.is_none());
         assert!(decode(&bytes[..bytes.len() - 1]).is_none());

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use rccl_transports::{Backoff, ParkOn, WaitError};
+use rccl_transports::{Backoff, ParkOn, SignalBlock, WaitError};
 
 use super::{check_signal, slot, State};
 use crate::comm::{CommInner, Communicator};
@@ -37,6 +37,32 @@ impl Communicator {
 }
 
 fn wait(comm: &CommInner, state: &mut State, descs: &[WaitDesc]) -> Result<()> {
+    check_descs(comm, descs)?;
+    let signals = state.signals(comm, WAIT)?;
+    // Ranks on other hosts signal by messages, applied before each look.
+    let remote = signals.blocks.iter().any(Option::is_none);
+    let block = signals.blocks[comm.rank]
+        .as_ref()
+        .expect("a rank's own signal block is in its table");
+    let deadline = Instant::now() + comm.config.timeout;
+    let mut consumed = signals.consumed.clone();
+    for d in descs {
+        let at = slot(comm, d.sig, d.ctx, d.peer);
+        let look = || match remote {
+            true => super::remote::apply(comm, state),
+            false => Ok(()),
+        };
+        await_count(comm, block, d, consumed[at], deadline, look)?;
+        consumed[at] = consumed[at].wrapping_add(d.count as u32);
+    }
+    if let Some(signals) = state.signals.as_mut() {
+        signals.consumed = consumed;
+    }
+    Ok(())
+}
+
+/// Checks `descs` against the communicator.
+pub(super) fn check_descs(comm: &CommInner, descs: &[WaitDesc]) -> Result<()> {
     if descs.is_empty() {
         return Err(Error::InvalidArgument(format!(
             "{WAIT}: rank {}: no descriptors",
@@ -52,70 +78,67 @@ fn wait(comm: &CommInner, state: &mut State, descs: &[WaitDesc]) -> Result<()> {
             )));
         }
     }
-    let signals = state.signals(comm, WAIT)?;
-    // Ranks on other hosts signal by messages, applied before each look.
-    let remote = signals.blocks.iter().any(Option::is_none);
-    let block = signals.blocks[comm.rank]
-        .as_ref()
-        .expect("a rank's own signal block is in its table");
-    let deadline = Instant::now() + comm.config.timeout;
-    let mut consumed = signals.consumed.clone();
-    for d in descs {
-        let at = slot(comm, d.sig, d.ctx, d.peer);
-        let need = d.count as u32;
-        let mut backoff = Backoff::new();
-        let mut next_check = Instant::now() + PEER_CHECK_EVERY;
-        loop {
-            let seen = block.bell().load(std::sync::atomic::Ordering::Acquire);
-            if remote {
-                super::remote::apply(comm, state)?;
-            }
-            let arrived = block.count(at).wrapping_sub(consumed[at]);
-            if arrived >= need {
-                break;
-            }
-            let park = ParkOn {
-                word: block.bell(),
-                seen,
-                sleepers: Some(block.sleepers()),
-            };
-            match backoff.snooze(Some(park), deadline, &comm.abort) {
-                Ok(()) => {}
-                Err(WaitError::Aborted) => return Err(comm.ended_error()),
-                Err(WaitError::TimedOut) => {
-                    return Err(Error::System(format!(
-                        "{WAIT}: rank {} waited {:?} for {need} signal(s) (sigIdx {}, ctx {}) from \
-                         {}; {arrived} arrived",
-                        comm.rank,
-                        comm.config.timeout,
-                        d.sig,
-                        d.ctx,
-                        comm.describe(d.peer)
-                    )))
-                }
-            }
-            if Instant::now() >= next_check {
-                next_check = Instant::now() + PEER_CHECK_EVERY;
-                comm.check_usable()?;
-                if let Some(gone) = comm
-                    .peer_failure_in_process(&[d.peer])
-                    .or_else(|| comm.peer_gone(d.peer))
-                {
-                    return Err(Error::Remote(format!(
-                        "{WAIT}: rank {} waits for {need} signal(s) (sigIdx {}, ctx {}) from {}, \
-                         {arrived} arrived: {gone}",
-                        comm.rank,
-                        d.sig,
-                        d.ctx,
-                        comm.describe(d.peer)
-                    )));
-                }
+    Ok(())
+}
+
+/// Waits until `d.count` signals arrived in `block` beyond `consumed`,
+/// calling `look` before each look at the count; fails at `deadline`, on
+/// abort, or when the peer is gone, naming it.
+pub(super) fn await_count(
+    comm: &CommInner,
+    block: &SignalBlock,
+    d: &WaitDesc,
+    consumed: u32,
+    deadline: Instant,
+    look: impl Fn() -> Result<()>,
+) -> Result<()> {
+    let at = slot(comm, d.sig, d.ctx, d.peer);
+    let need = d.count as u32;
+    let mut backoff = Backoff::new();
+    let mut next_check = Instant::now() + PEER_CHECK_EVERY;
+    loop {
+        let seen = block.bell().load(std::sync::atomic::Ordering::Acquire);
+        look()?;
+        let arrived = block.count(at).wrapping_sub(consumed);
+        if arrived >= need {
+            return Ok(());
+        }
+        let park = ParkOn {
+            word: block.bell(),
+            seen,
+            sleepers: Some(block.sleepers()),
+        };
+        match backoff.snooze(Some(park), deadline, &comm.abort) {
+            Ok(()) => {}
+            Err(WaitError::Aborted) => return Err(comm.ended_error()),
+            Err(WaitError::TimedOut) => {
+                return Err(Error::System(format!(
+                    "{WAIT}: rank {} waited {:?} for {need} signal(s) (sigIdx {}, ctx {}) from {}; \
+                     {arrived} arrived",
+                    comm.rank,
+                    comm.config.timeout,
+                    d.sig,
+                    d.ctx,
+                    comm.describe(d.peer)
+                )))
             }
         }
-        consumed[at] = consumed[at].wrapping_add(need);
+        if Instant::now() >= next_check {
+            next_check = Instant::now() + PEER_CHECK_EVERY;
+            comm.check_usable()?;
+            if let Some(gone) = comm
+                .peer_failure_in_process(&[d.peer])
+                .or_else(|| comm.peer_gone(d.peer))
+            {
+                return Err(Error::Remote(format!(
+                    "{WAIT}: rank {} waits for {need} signal(s) (sigIdx {}, ctx {}) from {}, \
+                     {arrived} arrived: {gone}",
+                    comm.rank,
+                    d.sig,
+                    d.ctx,
+                    comm.describe(d.peer)
+                )));
+            }
+        }
     }
-    if let Some(signals) = state.signals.as_mut() {
-        signals.consumed = consumed;
-    }
-    Ok(())
 }

@@ -1,0 +1,231 @@
+//! One-sided calls ordered on a stream, as NCCL orders them, for windows
+//! of the emulated GPU's device memory (every rank in this process, its
+//! device pointers valid in every thread). A put is a task on the
+//! caller's stream: it copies into the peer's window, then raises the
+//! signal with release ordering, so it lands after the work enqueued
+//! before it and a peer that saw the count sees the bytes. A wait is a
+//! task that holds the stream until the counts arrive; at the
+//! communicator's timeout, on abort or when the peer is gone it ends and
+//! the communicator fails with the error naming the peer
+//! (`ncclCommGetAsyncError`, and its next call). Counts a wait consumes
+//! are taken when it is enqueued, so waits consume in call order.
+//! The caller keeps its buffers, and the window, until the stream has run
+//! the task, as with any stream work.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rccl_device::Device;
+use rccl_transports::SignalBlock;
+
+use super::wait::{await_count, check_descs};
+use super::{check_signal, slot, State, WaitDesc, Window};
+use crate::comm::{CommInner, Communicator};
+use crate::error::{Error, Result};
+
+const PUT: &str = "ncclPutSignal";
+const SIGNAL: &str = "ncclSignal";
+const WAIT: &str = "ncclWaitSignal";
+
+/// A put's bytes: `len` from `src` (host or device memory) to `dst` in a
+/// peer's window.
+struct Copy {
+    dst: usize,
+    src: usize,
+    len: usize,
+}
+
+impl Communicator {
+    /// Whether `window` is device memory on some rank: then puts into it
+    /// run on a stream ([`Communicator::put_signal_on_stream`]).
+    pub fn window_on_device(&self, window: Window) -> Result<bool> {
+        self.with_one_sided(|comm, state| Ok(state.window(comm, window, PUT)?.device))
+    }
+
+    /// Whether some registered window is device memory: then signals and
+    /// waits of the C ABI run on their stream, in order with the puts.
+    pub fn has_device_window(&self) -> Result<bool> {
+        self.with_one_sided(|_, state| Ok(state.windows.values().any(|w| w.device)))
+    }
+
+    /// Enqueues on stream `stream` (its raw `cudaStream_t`) the put of
+    /// `bytes` at `src` into `peer`'s buffer of `window` at `offset`,
+    /// then signal `(sig, ctx)` there (`ncclPutSignal` on device memory).
+    /// Returns once enqueued.
+    ///
+    /// # Safety
+    /// `[src, src + bytes)` must stay valid and unchanged, and the window
+    /// registered, until the stream has run the put.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn put_signal_on_stream(
+        &self,
+        src: *const u8,
+        bytes: usize,
+        peer: usize,
+        window: Window,
+        offset: usize,
+        sig: usize,
+        ctx: usize,
+        stream: usize,
+    ) -> Result<()> {
+        self.with_one_sided(|comm, state| {
+            check_signal(comm, PUT, peer, sig, ctx)?;
+            let entry = state.window(comm, window, PUT)?;
+            let target = entry.peers[peer].as_ref().filter(|_| entry.device);
+            let Some(target) = target else {
+                return Err(Error::InvalidUsage(format!(
+                    "{PUT}: rank {}: window #{} is host memory: puts into it complete on the \
+                     host (put_signal)",
+                    comm.rank, entry.seq
+                )));
+            };
+            if bytes > 0 && src.is_null() {
+                return Err(Error::InvalidArgument(format!(
+                    "{PUT}: rank {}: localbuff is NULL for {bytes} bytes",
+                    comm.rank
+                )));
+            }
+            let dst = target.address(offset, bytes).map_err(|len| {
+                Error::InvalidArgument(format!(
+                    "{PUT}: rank {}: {bytes} bytes at offset {offset} run past the end of window \
+                     #{} of rank {peer} ({len} bytes)",
+                    comm.rank, entry.seq
+                ))
+            })?;
+            let copy = Copy {
+                dst: dst as usize,
+                src: src as usize,
+                len: bytes,
+            };
+            enqueue_raise(&self.inner, state, PUT, Some(copy), peer, sig, ctx, stream)
+        })
+    }
+
+    /// Enqueues signal `(sig, ctx)` to `peer` on stream `stream`
+    /// (`ncclSignal` ordered with device puts).
+    pub fn signal_on_stream(
+        &self,
+        peer: usize,
+        sig: usize,
+        ctx: usize,
+        stream: usize,
+    ) -> Result<()> {
+        self.with_one_sided(|comm, state| {
+            check_signal(comm, SIGNAL, peer, sig, ctx)?;
+            enqueue_raise(&self.inner, state, SIGNAL, None, peer, sig, ctx, stream)
+        })
+    }
+
+    /// Enqueues on stream `stream` a wait for `descs` (`ncclWaitSignal`
+    /// on a stream): work enqueued after it runs once the counts arrived.
+    pub fn wait_signal_on_stream(&self, descs: &[WaitDesc], stream: usize) -> Result<()> {
+        self.with_one_sided(|comm, state| {
+            check_descs(comm, descs)?;
+            let signals = state.signals(comm, WAIT)?;
+            let block = own_block(comm, &signals.blocks, WAIT)?;
+            let mut consumed = signals.consumed.clone();
+            let mut waits = Vec::with_capacity(descs.len());
+            for d in descs {
+                let at = slot(comm, d.sig, d.ctx, d.peer);
+                waits.push((*d, consumed[at]));
+                consumed[at] = consumed[at].wrapping_add(d.count as u32);
+            }
+            let inner = self.inner.clone();
+            enqueue(comm, stream, move || {
+                let deadline = Instant::now() + inner.config.timeout;
+                let result = waits.iter().try_for_each(|(d, base)| {
+                    await_count(&inner, &block, d, *base, deadline, || Ok(()))
+                });
+                if let Err(err) = result {
+                    inner.poison(&err);
+                }
+            })?;
+            if let Some(signals) = state.signals.as_mut() {
+                signals.consumed = consumed;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// This rank's signal block, which stream work shares; refused where
+/// ranks on other hosts signal by messages the host must apply.
+fn own_block(
+    comm: &CommInner,
+    blocks: &[Option<Arc<SignalBlock>>],
+    call: &str,
+) -> Result<Arc<SignalBlock>> {
+    if let Some(apart) = blocks.iter().position(Option::is_none) {
+        return Err(Error::InvalidUsage(format!(
+            "{call}: rank {}: {} is on another host, whose signals the host applies: wait \
+             without a stream (wait_signal)",
+            comm.rank,
+            comm.describe(apart)
+        )));
+    }
+    Ok(blocks[comm.rank].clone().expect("checked above"))
+}
+
+/// Enqueues `copy` (if any) and then the raise of `(sig, ctx)` at `peer`.
+#[allow(clippy::too_many_arguments)]
+fn enqueue_raise(
+    inner: &Arc<CommInner>,
+    state: &State,
+    call: &str,
+    copy: Option<Copy>,
+    peer: usize,
+    sig: usize,
+    ctx: usize,
+    stream: usize,
+) -> Result<()> {
+    let comm = &**inner;
+    let signals = state.signals(comm, call)?;
+    let Some(block) = signals.blocks[peer].clone() else {
+        return Err(Error::InvalidUsage(format!(
+            "{call}: rank {}: {} is on another host: signal it without a stream",
+            comm.rank,
+            comm.describe(peer)
+        )));
+    };
+    let at = slot(comm, sig, ctx, comm.rank);
+    let device = device(comm, call)?;
+    let inner = inner.clone();
+    enqueue(comm, stream, move || {
+        if let Some(Copy { dst, src, len }) = copy {
+            if len > 0 {
+                // SAFETY: the caller of the put vouched for the source and
+                // keeps the window registered until the stream ran this;
+                // the destination lies inside the peer's window (checked
+                // when enqueued).
+                if let Err(e) = unsafe { device.copy(dst as *mut u8, src as *const u8, len) } {
+                    inner.poison(&Error::System(format!(
+                        "{PUT}: rank {}: the copy of {len} bytes into the window of rank {peer} \
+                         failed: {e}",
+                        inner.rank
+                    )));
+                    return;
+                }
+            }
+        }
+        block.raise(at);
+    })
+}
+
+/// The active device, which must be the emulated GPU's.
+fn device(comm: &CommInner, call: &str) -> Result<&'static dyn Device> {
+    rccl_device::active().ok_or_else(|| {
+        Error::InvalidUsage(format!(
+            "{call}: rank {}: no device is active (RCCL_DEVICE): nothing runs on streams",
+            comm.rank
+        ))
+    })
+}
+
+/// Enqueues `task` on stream `stream` of the active device.
+fn enqueue(comm: &CommInner, stream: usize, task: impl FnOnce() + Send + 'static) -> Result<()> {
+    let device = device(comm, "a one-sided call on a stream")?;
+    let stream = device.stream(stream)?;
+    device
+        .enqueue_joint(&[stream], Box::new(task))
+        .map_err(Error::from)
+}
