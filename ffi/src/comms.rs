@@ -138,10 +138,11 @@ impl Settings {
 }
 
 /// A creation (or another collective setup call) still running when its
-/// group ends.
+/// group ends, or a call that runs only then.
 enum Waiter {
     Entry(Arc<Entry>),
     Anonymous(JoinHandle<Result<()>>),
+    AtEnd(Box<dyn FnOnce() -> Result<()> + Send>),
 }
 
 thread_local! {
@@ -153,7 +154,16 @@ thread_local! {
 /// blocking ones to completion; non-blocking ones make the result
 /// `ncclInProgress` while they run.
 pub fn finish_group_creations() -> Outcome {
-    let waiters = GROUP_CREATIONS.with(|g| std::mem::take(&mut *g.borrow_mut()));
+    let queued = GROUP_CREATIONS.with(|g| std::mem::take(&mut *g.borrow_mut()));
+    // Calls deferred to the end start now, together: one thread may have
+    // queued a collective call for several ranks.
+    let waiters = queued
+        .into_iter()
+        .map(|waiter| match waiter {
+            Waiter::AtEnd(work) => spawn(work).map(Waiter::Anonymous),
+            other => Ok(other),
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut code = ncclSuccess;
     let mut first_err = None;
     for waiter in waiters {
@@ -169,6 +179,7 @@ pub fn finish_group_creations() -> Outcome {
             Waiter::Anonymous(handle) => handle
                 .join()
                 .unwrap_or_else(|_| Err(Error::Internal("a group's setup thread panicked".into()))),
+            Waiter::AtEnd(_) => unreachable!("started above"),
         };
         if let Err(err) = result {
             first_err.get_or_insert(err);
@@ -180,15 +191,17 @@ pub fn finish_group_creations() -> Outcome {
     }
 }
 
-/// Runs `work` now, or inside a group on a thread of its own that the
-/// group's end waits for: collective setup calls (window registration)
-/// that one thread makes for several ranks of a process.
+/// Runs `work` now or, inside a group, at the group's end on a thread of
+/// its own, beside the other calls deferred to it: collective calls
+/// (window registration) that one thread makes for several ranks of a
+/// process, and waits for signals, which must not start before the
+/// group's puts (a wait started at once would hold the one-sided state
+/// the puts need, and two ranks waiting so would wait for each other).
 pub fn now_or_at_group_end(work: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
     if rccl::group_depth() == 0 {
         return work();
     }
-    let handle = spawn(work)?;
-    GROUP_CREATIONS.with(|g| g.borrow_mut().push(Waiter::Anonymous(handle)));
+    GROUP_CREATIONS.with(|g| g.borrow_mut().push(Waiter::AtEnd(Box::new(work))));
     Ok(())
 }
 
