@@ -24,7 +24,7 @@ use crate::op::RawOp;
 use crate::plan::BoardOp;
 use crate::plan::{
     board_op, choose_collective, is_in_place, log_start, runs_on_board, start_collective,
-    CommLaunch, Planned, Started, INLINE_COMMS,
+    symmetric_work, CommLaunch, Planned, Started, INLINE_COMMS,
 };
 use crate::tuning;
 use crate::types::{Executor, OpKind, RedOp};
@@ -110,6 +110,11 @@ fn lone_board_work(
 ) -> Result<Option<BoardOp>> {
     let comm = &op.comm;
     let in_place = is_in_place(op, CollKind::AllReduce, 0, comm.rank);
+    // Buffers in symmetric windows go the general way, which reads peers'
+    // windows directly.
+    if symmetric_work(op, in_place).is_some() {
+        return Ok(None);
+    }
     let generation = tuning::generation();
     let repeated = memo.as_ref().filter(|m| {
         m.generation == generation
@@ -124,7 +129,7 @@ fn lone_board_work(
             return Ok(None);
         };
         let seq = comm.next_seq.fetch_add(1, Ordering::Relaxed);
-        log_start(op, seq, &memo.choice, in_place, true);
+        log_start(op, seq, &memo.choice, in_place, " via the board");
         let started = Started {
             seq,
             tag: Tag {
@@ -153,7 +158,7 @@ fn lone_board_work(
         *memo = remember(None, 0);
         return Ok(None);
     }
-    let started = start_collective(op, &choice, in_place, true, Executor::Host)?;
+    let started = start_collective(op, &choice, in_place, " via the board", Executor::Host)?;
     *memo = remember(started.reduction.clone(), started.tag.call);
     Ok(Some(board_op(op, started)))
 }

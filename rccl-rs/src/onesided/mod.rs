@@ -12,6 +12,8 @@
 //!   its abort flag and the peer's fate watched.
 //! - `remote.rs`: puts and signals to ranks on other hosts, as messages
 //!   the target applies before it reads its counts.
+//! - `symmetric.rs`: which symmetric window holds a collective's buffer,
+//!   and where every rank's copy of it lies.
 //!
 //! How the bytes cross within a host (the peer's own pointer in this
 //! process, a mapping of its shareable memory in another) is
@@ -27,6 +29,7 @@
 mod put;
 mod register;
 mod remote;
+mod symmetric;
 mod wait;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +39,8 @@ use rccl_transports::{PeerWindow, SignalBlock};
 use crate::comm::{CommInner, Communicator};
 use crate::error::{Error, Result};
 
+pub(crate) use symmetric::symmetric_span;
+pub use symmetric::SymmetricSpan;
 pub use wait::WaitDesc;
 
 /// `NCCL_WIN_COLL_SYMMETRIC`: every rank registers the same size.
