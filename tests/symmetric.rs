@@ -244,6 +244,41 @@ fn many_small_rounds_back_to_back_never_race_a_reader() {
     });
 }
 
+/// Calls back to back, with no other call between, where rank 0 refills
+/// its input at once while the others check their results: a rank that
+/// refilled its buffers while a peer still read them shows as wrong data.
+#[test]
+fn calls_back_to_back_never_race_a_reader() {
+    threads(4, |comm| {
+        let win = SymWindow::new(comm);
+        let (rank, n) = (comm.rank(), comm.count());
+        let want = |i: usize, r: usize, round: usize| ((i * 7 + r * 3 + round * 5) % 5 + 1) as i64;
+        let rounds = 300;
+        for round in 0..rounds {
+            // One shot: every rank reads every input.
+            let count = 3000;
+            let send = win.slice::<i64>(0, count);
+            fill(send, rank, round);
+            let recv = win.slice::<i64>(REGION, count);
+            comm.all_reduce(send, recv, RedOp::Sum).unwrap();
+            for (i, &x) in recv.iter().enumerate().filter(|_| rank != 0) {
+                let sum: i64 = (0..n).map(|r| want(i, r, round) << 33).sum();
+                assert_eq!(x, sum, "all-reduce: rank {rank} round {round} element {i}");
+            }
+            let count = REGION / 8 / n - PAGE;
+            let send = win.slice::<i64>(0, count);
+            fill(send, rank, round);
+            let recv = win.slice::<i64>(REGION, n * count);
+            comm.all_gather(send, recv).unwrap();
+            for (i, &x) in recv.iter().enumerate().filter(|_| rank != 0) {
+                let (r, i) = (i / count, i % count);
+                assert_eq!(x, want(i, r, round) << 33, "all-gather: rank {rank} round {round} element {i} of rank {r}");
+            }
+        }
+        assert_eq!(comm.symmetric_calls(), 2 * rounds as u64);
+    });
+}
+
 #[test]
 fn buffers_at_different_offsets_fail_on_every_rank_naming_them() {
     threads(2, |comm| {
