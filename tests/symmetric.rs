@@ -200,9 +200,13 @@ fn every_type(comm: &Communicator, rounds: usize, expected: fn(u64) -> u64) {
     );
 }
 
+/// Small all-reduces run on the board (one barrier, cheaper than the
+/// windows' two); without its one-shot algorithm every call of these
+/// tests runs on the windows.
 fn config() -> Config {
     Config {
         timeout: Duration::from_secs(30),
+        algo: rccl::tuning::Selection::parse("NCCL_ALGO", "^oneshot").unwrap(),
         ..Config::default()
     }
 }
@@ -222,6 +226,26 @@ fn collectives_on_symmetric_windows_between_threads_at_2_3_and_4_ranks() {
     for n in [2, 3, 4] {
         threads(n, |comm| every_type(comm, 10, |calls| calls));
     }
+}
+
+#[test]
+fn small_all_reduces_stay_on_the_board() {
+    let comms = Communicator::init_all_config(2, Config::default()).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || {
+                let win = SymWindow::new(comm);
+                let send = win.slice::<f32>(0, 2);
+                let recv = win.slice::<f32>(REGION, 2);
+                comm.all_reduce(send, recv, RedOp::Sum).unwrap();
+                assert_eq!(comm.symmetric_calls(), 0);
+                let send = win.slice::<f32>(0, 2);
+                let recv = win.slice::<f32>(REGION, 2 * comm.count());
+                comm.all_gather(send, recv).unwrap();
+                assert_eq!(comm.symmetric_calls(), 1);
+            });
+        }
+    });
 }
 
 #[test]
@@ -344,7 +368,7 @@ fn processes(n: usize, role: &str, env: &[(&str, &str)]) {
 #[test]
 fn collectives_on_symmetric_windows_between_processes_at_2_3_and_4_ranks() {
     for n in [2, 3, 4] {
-        processes(n, "symmetric", &[]);
+        processes(n, "symmetric", &[("NCCL_ALGO", "^oneshot")]);
     }
 }
 

@@ -58,7 +58,8 @@ pub enum SymmetricSchedule {
 /// windows on every rank of one host runs, or `None` to stage it through
 /// FIFOs. Reading peers' windows in place moves every byte once, where
 /// staging copies it into a FIFO and out again, so it is taken whenever
-/// it serves: all-reduce, all-gather and reduce-scatter, allowed by
+/// it serves (except for an all-reduce the board runs: it needs one
+/// barrier where windows need two, the planner checks): all-reduce, all-gather and reduce-scatter, allowed by
 /// `NCCL_ALGO`; in the deterministic mode only all-gather (no reduction
 /// order to keep). An in-place all-reduce runs in two shots (one shot
 /// would overwrite the input peers still read).

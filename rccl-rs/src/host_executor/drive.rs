@@ -24,7 +24,7 @@ use crate::op::RawOp;
 use crate::plan::BoardOp;
 use crate::plan::{
     board_op, choose_collective, is_in_place, log_start, runs_on_board, start_collective,
-    symmetric_work, CommLaunch, Planned, Started, INLINE_COMMS,
+    CommLaunch, Planned, Started, INLINE_COMMS,
 };
 use crate::tuning;
 use crate::types::{Executor, OpKind, RedOp};
@@ -110,11 +110,6 @@ fn lone_board_work(
 ) -> Result<Option<BoardOp>> {
     let comm = &op.comm;
     let in_place = is_in_place(op, CollKind::AllReduce, 0, comm.rank);
-    // Buffers in symmetric windows go the general way, which reads peers'
-    // windows directly.
-    if symmetric_work(op, in_place).is_some() {
-        return Ok(None);
-    }
     let generation = tuning::generation();
     let repeated = memo.as_ref().filter(|m| {
         m.generation == generation

@@ -233,7 +233,10 @@ pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()>
     } else {
         choice
     };
-    if !as_device_work {
+    let on_board = runs_on_board(op, &choice);
+    // A call the board serves moves its data with one barrier, where
+    // symmetric windows take two: the board stays cheaper.
+    if !as_device_work && !on_board {
         if let Some(symmetric) = symmetric_work(op, in_place) {
             let how = symmetric.how();
             let started = start_collective(op, &choice, in_place, how, launch.executor)?;
@@ -246,7 +249,6 @@ pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()>
             return Ok(());
         }
     }
-    let on_board = runs_on_board(op, &choice);
     let how = if on_board { " via the board" } else { "" };
     let started = start_collective(op, &choice, in_place, how, launch.executor)?;
     if let Some(profiler) = &comm.profiler {
