@@ -111,16 +111,24 @@ fn fill<T: Value>(buf: &mut [T], rank: usize, round: usize) {
 /// (gathered through the staged path).
 fn check<T: Value>(comm: &Communicator, what: &str, got: &[T], staged: &[T], own_block: bool) {
     for (i, (&a, &b)) in got.iter().zip(staged).enumerate() {
-        assert!(T::close(a, b), "{what}: rank {} element {i}: {a:?} on windows, {b:?} staged", comm.rank());
+        assert!(
+            T::close(a, b),
+            "{what}: rank {} element {i}: {a:?} on windows, {b:?} staged",
+            comm.rank()
+        );
     }
     if own_block {
         return;
     }
     let bytes: &[u8] = bytemuck::cast_slice(got);
     let mut all = vec![0u8; bytes.len() * comm.count()];
-    comm.all_gather(&bytes.to_vec(), &mut all).unwrap();
+    comm.all_gather(bytes, &mut all).unwrap();
     for (r, block) in all.chunks(bytes.len()).enumerate() {
-        assert!(block == bytes, "{what}: rank {r}'s result differs from rank {}'s", comm.rank());
+        assert!(
+            block == bytes,
+            "{what}: rank {r}'s result differs from rank {}'s",
+            comm.rank()
+        );
     }
 }
 
@@ -133,7 +141,12 @@ fn exercise<T: Value>(comm: &Communicator, win: &SymWindow<'_>, rounds: usize) -
     for count in COUNTS {
         for round in 0..rounds {
             let op = ops[round % ops.len()];
-            let what = |name: &str| format!("{name} of {count} {} ({op:?}) round {round}", std::any::type_name::<T>());
+            let what = |name: &str| {
+                format!(
+                    "{name} of {count} {} ({op:?}) round {round}",
+                    std::any::type_name::<T>()
+                )
+            };
             // All-reduce, out of place then in place.
             let mut plain = vec![T::of(0); count];
             fill(&mut plain, rank, round);
@@ -161,7 +174,13 @@ fn exercise<T: Value>(comm: &Communicator, win: &SymWindow<'_>, rounds: usize) -
             let inplace = win.slice::<T>(REGION, n * count);
             fill(inplace, rank, round);
             comm.reduce_scatter_in_place(inplace, op).unwrap();
-            check(comm, &what("in-place reduce-scatter"), &inplace[rank * count..][..count], &staged, true);
+            check(
+                comm,
+                &what("in-place reduce-scatter"),
+                &inplace[rank * count..][..count],
+                &staged,
+                true,
+            );
             // All-gather.
             let mut plain = vec![T::of(0); count];
             fill(&mut plain, rank, round);
@@ -260,7 +279,9 @@ fn many_small_rounds_back_to_back_never_race_a_reader() {
             let recv = win.slice::<i64>(REGION, 3);
             comm.all_reduce(send, recv, RedOp::Sum).unwrap();
             for (i, &x) in recv.iter().enumerate() {
-                let want: i64 = (0..n).map(|r| i64::of(((i * 7 + r * 3 + round * 5) % 5 + 1) as u32)).sum();
+                let want: i64 = (0..n)
+                    .map(|r| i64::of(((i * 7 + r * 3 + round * 5) % 5 + 1) as u32))
+                    .sum();
                 assert_eq!(x, want, "rank {rank} round {round} element {i}");
             }
         }
@@ -296,7 +317,11 @@ fn calls_back_to_back_never_race_a_reader() {
             comm.all_gather(send, recv).unwrap();
             for (i, &x) in recv.iter().enumerate().filter(|_| rank != 0) {
                 let (r, i) = (i / count, i % count);
-                assert_eq!(x, want(i, r, round) << 33, "all-gather: rank {rank} round {round} element {i} of rank {r}");
+                assert_eq!(
+                    x,
+                    want(i, r, round) << 33,
+                    "all-gather: rank {rank} round {round} element {i} of rank {r}"
+                );
             }
         }
         assert_eq!(comm.symmetric_calls(), 2 * rounds as u64);
@@ -310,9 +335,13 @@ fn buffers_at_different_offsets_fail_on_every_rank_naming_them() {
         let offset = comm.rank() * 64;
         let send = win.slice::<f32>(offset, 5);
         let recv = win.slice::<f32>(REGION, 5);
-        let err = comm.all_reduce(send, recv, RedOp::Sum).unwrap_err().to_string();
+        let err = comm
+            .all_reduce(send, recv, RedOp::Sum)
+            .unwrap_err()
+            .to_string();
         assert!(
-            err.contains("send at offset 0 of window #0") && err.contains("send at offset 64 of window #0"),
+            err.contains("send at offset 0 of window #0")
+                && err.contains("send at offset 64 of window #0"),
             "{err}"
         );
         assert_eq!(comm.symmetric_calls(), 0);
@@ -349,7 +378,13 @@ fn processes(n: usize, role: &str, env: &[(&str, &str)]) {
         (0..n)
             .map(|rank| {
                 Command::new(&exe)
-                    .args(["--exact", "child_rank", "--nocapture", "--test-threads", "1"])
+                    .args([
+                        "--exact",
+                        "child_rank",
+                        "--nocapture",
+                        "--test-threads",
+                        "1",
+                    ])
                     .env(CHILD, role)
                     .env("RANK", rank.to_string())
                     .env("WORLD_SIZE", n.to_string())

@@ -16,11 +16,11 @@ use std::time::Instant;
 use rccl_algorithms::{split_even, Buf, Prim, Slice};
 use rccl_transports::{Backoff, Fifo, ParkOn, Tag, WaitError};
 
+use super::symmetric;
 use crate::agreement::stuck::{note_error, STALL_CHECK_EVERY};
 use crate::comm::{BoardLink, Link};
 use crate::error::{Error, Result};
 use crate::kernels::Store;
-use super::symmetric;
 use crate::plan::{BoardFold, BoardOp, OpWork};
 
 /// Most pieces one primitive moves per poll, so that channels and
@@ -565,8 +565,9 @@ pub struct BoardRun<'a> {
     /// Whether peers parked on this rank's post of the front operation
     /// have been woken (done once, after the first pass over the posts).
     woken: bool,
-    /// The front operation's progress when it runs on symmetric windows.
-    symmetric: symmetric::Progress,
+    /// The front operation's progress when it runs on symmetric windows
+    /// (made for the first such operation: board runs stay small).
+    symmetric: Option<Box<symmetric::Progress>>,
     blocked: Option<Blocked>,
 }
 
@@ -586,7 +587,7 @@ impl<'a> BoardRun<'a> {
             gathering: false,
             next_peer: 0,
             woken: false,
-            symmetric: symmetric::Progress::default(),
+            symmetric: None,
             blocked: None,
         }
     }
@@ -601,7 +602,8 @@ impl<'a> BoardRun<'a> {
                 return Ok(Poll::Done);
             };
             if let Some(sym) = &op.symmetric {
-                match symmetric::poll(&mut self.symmetric, self.link, self.rank, op, sym)? {
+                let progress = self.symmetric.get_or_insert_default();
+                match symmetric::poll(progress, self.link, self.rank, op, sym)? {
                     symmetric::Step::Done => {
                         self.done += 1;
                         progressed = true;

@@ -20,14 +20,20 @@ pub struct SymmetricSpan {
 /// The symmetric window holding `[ptr, ptr + len)` on this rank, if one
 /// does and every rank's window is reachable from this process (all on
 /// this host). Read-only: takes the one-sided state's lock briefly.
-pub(crate) fn symmetric_span(comm: &CommInner, ptr: *const u8, len: usize) -> Option<SymmetricSpan> {
+pub(crate) fn symmetric_span(
+    comm: &CommInner,
+    ptr: *const u8,
+    len: usize,
+) -> Option<SymmetricSpan> {
     let slot = comm.one_sided.lock();
     let state = slot.as_ref()?.downcast_ref::<State>()?;
     let at = ptr as usize;
     let entry = state.windows.values().find(|w| {
         w.flags & WIN_COLL_SYMMETRIC != 0
             && at >= w.base
-            && at.checked_add(len).is_some_and(|end| end <= w.base + w.size)
+            && at
+                .checked_add(len)
+                .is_some_and(|end| end <= w.base + w.size)
     })?;
     let offset = at - entry.base;
     let peers = entry

@@ -24,8 +24,8 @@ mod symmetric;
 mod work;
 
 pub(crate) use symmetric::{symmetric_work, ARRIVAL_BYTES};
-pub(crate) use work::{Binding, BoardFold, BoardOp, Buffers, DeviceCall, OpWork, Segment};
 pub(crate) use work::SymmetricOp;
+pub(crate) use work::{Binding, BoardFold, BoardOp, Buffers, DeviceCall, OpWork, Segment};
 
 /// A collective of a simulated group, as the engine would have run it: the
 /// call and the tuner's choice for it on its communicator.
@@ -365,13 +365,7 @@ pub(crate) fn start_collective(
 
 /// Logs a collective call (`NCCL_DEBUG` subsystem COLL) and the tuner's
 /// choice for it (TUNING).
-pub(crate) fn log_start(
-    op: &RawOp,
-    seq: u64,
-    choice: &tuning::Choice,
-    in_place: bool,
-    how: &str,
-) {
+pub(crate) fn log_start(op: &RawOp, seq: u64, choice: &tuning::Choice, in_place: bool, how: &str) {
     let OpKind::Coll {
         kind,
         root,

@@ -41,7 +41,8 @@ pub(crate) fn symmetric_work(op: &RawOp, in_place: bool) -> Option<SymmetricWork
         return None;
     }
     let (send_bytes, recv_bytes) = op.buffer_bytes();
-    let schedule = tuning::symmetric_schedule(&comm.config, kind, op.count * op.dtype.size(), in_place)?;
+    let schedule =
+        tuning::symmetric_schedule(&comm.config, kind, op.count * op.dtype.size(), in_place)?;
     let send = symmetric_span(comm, op.send, send_bytes)?;
     let recv = symmetric_span(comm, op.recv, recv_bytes)?;
     // In place, the rank's block moves with the rank.

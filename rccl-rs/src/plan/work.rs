@@ -11,8 +11,8 @@ use rccl_transports::{Protocol, Tag};
 use crate::comm::CommInner;
 use crate::kernels::{Reduction, Store};
 use crate::onesided::SymmetricSpan;
-use crate::tuning::SymmetricSchedule;
 use crate::queue::StreamRef;
+use crate::tuning::SymmetricSchedule;
 use crate::types::OpArgs;
 
 /// The user's buffers of one operation, as raw host pointers.

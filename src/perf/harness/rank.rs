@@ -21,7 +21,9 @@ pub(super) enum Buffer {
         device: &'static dyn Device,
     },
     /// Part of the rank's symmetric window (`-R 2`), which the rank frees.
-    Window { ptr: *mut u8 },
+    Window {
+        ptr: *mut u8,
+    },
 }
 
 // SAFETY: the device allocation belongs to this buffer alone, as the

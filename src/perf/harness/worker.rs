@@ -109,9 +109,11 @@ impl<'a> Worker<'a> {
         if args.local_register == 2 {
             // Registration is collective: one rank per thread.
             if ranks.len() != 1 || device.is_some() {
-                return Err("-R 2 registers host buffers as symmetric windows: it needs one rank \
+                return Err(
+                    "-R 2 registers host buffers as symmetric windows: it needs one rank \
                             per thread (-g 1) and host memory"
-                    .into());
+                        .into(),
+                );
             }
         }
         Ok(Worker {
