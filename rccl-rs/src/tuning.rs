@@ -28,8 +28,62 @@ pub(crate) const NCCL_ONLY_ALGORITHMS: [&str; 5] =
 /// Refuses an `NCCL_ALGO` that names an unknown algorithm: known are the
 /// built-in ones, those registered so far and [`NCCL_ONLY_ALGORITHMS`].
 pub(crate) fn check_algorithm_names(selection: &Selection) -> Result<()> {
-    let known: Vec<&str> = algorithms().iter().map(|a| a.name()).collect();
+    let mut known: Vec<&str> = algorithms().iter().map(|a| a.name()).collect();
+    known.push(SYMMETRIC_ALGORITHM);
     selection.check_names("NCCL_ALGO", "algorithm", &known, &NCCL_ONLY_ALGORITHMS)
+}
+
+/// The name `NCCL_ALGO` gives collectives on symmetric windows
+/// (`NCCL_ALGO=^symmetric` keeps them on the staged path).
+pub const SYMMETRIC_ALGORITHM: &str = "symmetric";
+
+/// From this many bytes an all-reduce on symmetric windows runs in two
+/// shots (each rank reduces one block, then copies the others' blocks):
+/// below it the extra barrier costs more than the `n - 1` reads of every
+/// input it saves.
+const SYMMETRIC_TWO_SHOT_BYTES: usize = 32 << 10;
+
+/// How a collective on symmetric windows runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SymmetricSchedule {
+    /// Every rank reads every peer's input (all-reduce: folds all of them;
+    /// all-gather: copies them; reduce-scatter: folds its own block).
+    OneShot,
+    /// All-reduce: each rank folds its block of every input into its
+    /// receive buffer, then copies every peer's folded block.
+    TwoShot,
+}
+
+/// How a collective of `bytes` per rank whose buffers lie in symmetric
+/// windows on every rank of one host runs, or `None` to stage it through
+/// FIFOs. Reading peers' windows in place moves every byte once, where
+/// staging copies it into a FIFO and out again, so it is taken whenever
+/// it serves (except for an all-reduce the board runs: it needs one
+/// barrier where windows need two, the planner checks): all-reduce, all-gather and reduce-scatter, allowed by
+/// `NCCL_ALGO`; in the deterministic mode only all-gather (no reduction
+/// order to keep). An in-place all-reduce runs in two shots (one shot
+/// would overwrite the input peers still read).
+pub fn symmetric_schedule(
+    config: &Config,
+    kind: CollKind,
+    bytes: usize,
+    in_place: bool,
+) -> Option<SymmetricSchedule> {
+    let served = match kind {
+        CollKind::AllGather => true,
+        CollKind::AllReduce | CollKind::ReduceScatter => !config.deterministic,
+        _ => false,
+    };
+    if !served || bytes == 0 || !config.algo.allows(kind, SYMMETRIC_ALGORITHM) {
+        return None;
+    }
+    Some(
+        if kind == CollKind::AllReduce && (in_place || bytes >= SYMMETRIC_TWO_SHOT_BYTES) {
+            SymmetricSchedule::TwoShot
+        } else {
+            SymmetricSchedule::OneShot
+        },
+    )
 }
 
 /// What the tuner picked for one operation.

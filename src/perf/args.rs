@@ -276,7 +276,8 @@ pub struct Args {
     /// Time reported: 0 rank 0, 1 average, 2 minimum, 3 maximum over threads.
     #[arg(short = 'a', long = "average", default_value = "1", value_parser = parse_i32)]
     pub average: i32,
-    /// Buffer registration (accepted, no effect on host memory).
+    /// Buffer registration: 2 puts both buffers in one symmetric window
+    /// (host memory, one rank per thread); other values have no effect.
     #[arg(short = 'R', long = "local_register", default_value = "0", value_parser = parse_i32)]
     pub local_register: i32,
     /// CTA policy (accepted, no effect on host memory).
@@ -338,7 +339,10 @@ impl Args {
         let mut out = Vec::new();
         let flags = [
             (self.cudagraph != 0, "-G/--cudagraph"),
-            (self.local_register != 0, "-R/--local_register"),
+            (
+                !matches!(self.local_register, 0 | 2),
+                "-R/--local_register (only 2, symmetric windows, is used)",
+            ),
             (self.cta_policy != -1, "-x/--cta_policy"),
             (
                 self.device_implementation != 0,

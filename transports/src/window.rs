@@ -244,6 +244,13 @@ impl PeerWindow {
         self.mapping.as_ref().map_or(0, |m| m.len)
     }
 
+    /// The window's first byte as this process addresses it (for readers
+    /// that order their accesses with the owner, such as collectives on
+    /// symmetric windows).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.base
+    }
+
     /// The window's length in bytes.
     pub fn len(&self) -> usize {
         self.len

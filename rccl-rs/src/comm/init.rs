@@ -117,6 +117,7 @@ impl Communicator {
             tuner,
             profiler,
             one_sided: Mutex::default(),
+            symmetric_calls: AtomicU64::new(0),
         });
         register(&inner);
         let local_ranks = inner

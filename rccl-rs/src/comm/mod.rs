@@ -104,6 +104,9 @@ pub(crate) struct CommInner {
     /// The windows and signals of one-sided calls, once a window was
     /// registered (`onesided/`'s own type, read back as it).
     pub one_sided: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    /// Collectives that ran on symmetric windows, reading and writing
+    /// peers' windows directly.
+    pub symmetric_calls: AtomicU64,
 }
 
 impl crate::queue::Owner for CommInner {
@@ -248,6 +251,13 @@ impl std::fmt::Debug for Communicator {
 }
 
 impl Communicator {
+    /// How many collectives of this rank ran on symmetric windows
+    /// (`NCCL_WIN_COLL_SYMMETRIC`), reading peers' windows directly
+    /// instead of staging through FIFOs.
+    pub fn symmetric_calls(&self) -> u64 {
+        self.inner.symmetric_calls.load(Ordering::Relaxed)
+    }
+
     /// This rank's index (`ncclCommUserRank`).
     pub fn rank(&self) -> usize {
         self.inner.rank

@@ -124,7 +124,7 @@ fn lone_board_work(
             return Ok(None);
         };
         let seq = comm.next_seq.fetch_add(1, Ordering::Relaxed);
-        log_start(op, seq, &memo.choice, in_place, true);
+        log_start(op, seq, &memo.choice, in_place, " via the board");
         let started = Started {
             seq,
             tag: Tag {
@@ -153,7 +153,7 @@ fn lone_board_work(
         *memo = remember(None, 0);
         return Ok(None);
     }
-    let started = start_collective(op, &choice, in_place, true, Executor::Host)?;
+    let started = start_collective(op, &choice, in_place, " via the board", Executor::Host)?;
     *memo = remember(started.reduction.clone(), started.tag.call);
     Ok(Some(board_op(op, started)))
 }

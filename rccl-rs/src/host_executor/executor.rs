@@ -16,6 +16,7 @@ use std::time::Instant;
 use rccl_algorithms::{split_even, Buf, Prim, Slice};
 use rccl_transports::{Backoff, Fifo, ParkOn, Tag, WaitError};
 
+use super::symmetric;
 use crate::agreement::stuck::{note_error, STALL_CHECK_EVERY};
 use crate::comm::{BoardLink, Link};
 use crate::error::{Error, Result};
@@ -564,6 +565,9 @@ pub struct BoardRun<'a> {
     /// Whether peers parked on this rank's post of the front operation
     /// have been woken (done once, after the first pass over the posts).
     woken: bool,
+    /// The front operation's progress when it runs on symmetric windows
+    /// (made for the first such operation: board runs stay small).
+    symmetric: Option<Box<symmetric::Progress>>,
     blocked: Option<Blocked>,
 }
 
@@ -583,6 +587,7 @@ impl<'a> BoardRun<'a> {
             gathering: false,
             next_peer: 0,
             woken: false,
+            symmetric: None,
             blocked: None,
         }
     }
@@ -596,6 +601,23 @@ impl<'a> BoardRun<'a> {
             let Some(op) = self.ops.get(self.done) else {
                 return Ok(Poll::Done);
             };
+            if let Some(sym) = &op.symmetric {
+                let progress = self.symmetric.get_or_insert_default();
+                match symmetric::poll(progress, self.link, self.rank, op, sym)? {
+                    symmetric::Step::Done => {
+                        self.done += 1;
+                        progressed = true;
+                        continue;
+                    }
+                    symmetric::Step::Waiting {
+                        peer,
+                        park,
+                        prim,
+                        moved,
+                    } => return self.wait(peer, park, prim, progressed || moved),
+                }
+            }
+            let reduction = op.reduction.as_ref().expect("a board all-reduce reduces");
             let bytes = op.count * op.elem_size;
             let round = match self.round {
                 Some(round) => round,
@@ -606,8 +628,8 @@ impl<'a> BoardRun<'a> {
                     // post `capacity` >= bytes (checked when planned); board
                     // memory never aliases user memory.
                     unsafe {
-                        if op.reduction.input.has_input_transform() {
-                            op.reduction.input.run(None, op.send, post, op.count, false);
+                        if reduction.input.has_input_transform() {
+                            reduction.input.run(None, op.send, post, op.count, false);
                         } else {
                             std::ptr::copy_nonoverlapping(op.send, post, bytes);
                         }
@@ -643,30 +665,12 @@ impl<'a> BoardRun<'a> {
                 self.woken = true;
             }
             if let Some((peer, park)) = waiting {
-                if let Some(note) = board.note() {
-                    return Err(note_error(
-                        &note,
-                        &format!("{} #{} on the board", op.name, op.seq),
-                    ));
-                }
-                self.blocked = Some(Blocked {
-                    seq: op.seq,
-                    op: op.name,
-                    tag: op.tag,
-                    step: 0,
-                    prim: if self.gathering {
-                        "readBlocks"
-                    } else {
-                        "readPosts"
-                    },
-                    peer,
-                    receiving: true,
-                });
-                return Ok(if progressed {
-                    Poll::Progress
+                let prim = if self.gathering {
+                    "readBlocks"
                 } else {
-                    Poll::Blocked(park)
-                });
+                    "readPosts"
+                };
+                return self.wait(peer, park, prim, progressed);
             }
             if self.gathering {
                 self.copy_blocks(op, round);
@@ -698,6 +702,39 @@ impl<'a> BoardRun<'a> {
             self.gathering = false;
             progressed = true;
         }
+    }
+
+    /// The front operation waits for `peer`'s post in `prim`: fails with
+    /// the note of a rank that closed the board, else records what it
+    /// waits for.
+    fn wait(
+        &mut self,
+        peer: usize,
+        park: ParkOn<'a>,
+        prim: &'static str,
+        progressed: bool,
+    ) -> Result<Poll<'a>> {
+        let op = &self.ops[self.done];
+        if let Some(note) = self.link.board.note() {
+            return Err(note_error(
+                &note,
+                &format!("{} #{} on the board", op.name, op.seq),
+            ));
+        }
+        self.blocked = Some(Blocked {
+            seq: op.seq,
+            op: op.name,
+            tag: op.tag,
+            step: 0,
+            prim,
+            peer,
+            receiving: true,
+        });
+        Ok(if progressed {
+            Poll::Progress
+        } else {
+            Poll::Blocked(park)
+        })
     }
 
     /// Rank `owner`'s block of a two-shot fold: (byte offset, bytes).
@@ -753,6 +790,7 @@ impl<'a> BoardRun<'a> {
     /// (only this rank's block for [`BoardFold::OrderedTwoShot`]); every
     /// input read from its post (inputs were transformed when posted).
     fn reduce_posts(&self, op: &BoardOp, round: u64) {
+        let reduction = op.reduction.as_ref().expect("a board all-reduce reduces");
         let board = &self.link.board;
         let n = self.link.names.len();
         let post = |rank: usize, offset: usize| {
@@ -776,7 +814,7 @@ impl<'a> BoardRun<'a> {
                 // count`; the receive buffer holds `count` elements and
                 // never aliases board memory.
                 unsafe {
-                    op.reduction.partial.run(
+                    reduction.partial.run(
                         Some(acc),
                         post(rank, offset),
                         out,

@@ -3,7 +3,9 @@
 //! walks each channel's schedule against them, or posts on the board
 //! (`executor.rs`), and drives every run of every communicator of the
 //! launch until all complete (`drive.rs`), telling hangs and calls that
-//! differ between ranks apart from slow peers (`diagnose.rs`).
+//! differ between ranks apart from slow peers (`diagnose.rs`). Collectives
+//! on symmetric windows read peers' windows in place, the board carrying
+//! their barriers (`symmetric.rs`).
 //!
 //! Its launches are calls on host memory, and calls on device memory that
 //! device work does not reach, run over host copies of their buffers
@@ -12,5 +14,6 @@
 mod diagnose;
 mod drive;
 mod executor;
+mod symmetric;
 
 pub(crate) use drive::{launch, on_board_alone, run};

@@ -14,6 +14,8 @@
 //!   the target applies before it reads its counts.
 //! - `stream.rs`: the same calls ordered on a stream, for windows of the
 //!   emulated GPU's device memory.
+//! - `symmetric.rs`: which symmetric window holds a collective's buffer,
+//!   and where every rank's copy of it lies.
 //!
 //! How the bytes cross within a host (the peer's own pointer in this
 //! process, a mapping of its shareable memory in another) is
@@ -30,6 +32,7 @@ mod put;
 mod register;
 mod remote;
 mod stream;
+mod symmetric;
 mod wait;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +44,8 @@ use crate::comm::{CommInner, Communicator};
 use crate::error::{Error, Result};
 use crate::memory::Hold;
 
+pub(crate) use symmetric::symmetric_span;
+pub use symmetric::SymmetricSpan;
 pub use wait::WaitDesc;
 
 /// `NCCL_WIN_COLL_SYMMETRIC`: every rank registers the same size.

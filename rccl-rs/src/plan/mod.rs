@@ -20,8 +20,11 @@ use crate::tuning;
 use crate::types::{DataType, RedOp};
 use crate::types::{Executor, OpKind};
 
+mod symmetric;
 mod work;
 
+pub(crate) use symmetric::{symmetric_work, ARRIVAL_BYTES};
+pub(crate) use work::SymmetricOp;
 pub(crate) use work::{Binding, BoardFold, BoardOp, Buffers, DeviceCall, OpWork, Segment};
 
 /// A collective of a simulated group, as the engine would have run it: the
@@ -231,7 +234,23 @@ pub(crate) fn plan_collective(launch: &mut CommLaunch, op: &RawOp) -> Result<()>
         choice
     };
     let on_board = runs_on_board(op, &choice);
-    let started = start_collective(op, &choice, in_place, on_board, launch.executor)?;
+    // A call the board serves moves its data with one barrier, where
+    // symmetric windows take two: the board stays cheaper.
+    if !as_device_work && !on_board {
+        if let Some(symmetric) = symmetric_work(op, in_place) {
+            let how = symmetric.how();
+            let started = start_collective(op, &choice, in_place, how, launch.executor)?;
+            if let Some(profiler) = &comm.profiler {
+                launch
+                    .events
+                    .collective(profiler, op.args(), op.api_event, &choice, started.seq);
+            }
+            launch.board.push(symmetric.board_op(op, started));
+            return Ok(());
+        }
+    }
+    let how = if on_board { " via the board" } else { "" };
+    let started = start_collective(op, &choice, in_place, how, launch.executor)?;
     if let Some(profiler) = &comm.profiler {
         launch
             .events
@@ -317,7 +336,7 @@ pub(crate) fn start_collective(
     op: &RawOp,
     choice: &tuning::Choice,
     in_place: bool,
-    on_board: bool,
+    how: &str,
     executor: Executor,
 ) -> Result<Started> {
     let OpKind::Coll {
@@ -330,7 +349,7 @@ pub(crate) fn start_collective(
     };
     let comm = &op.comm;
     let seq = comm.next_seq.fetch_add(1, Ordering::Relaxed);
-    log_start(op, seq, choice, in_place, on_board);
+    log_start(op, seq, choice, in_place, how);
     // Device work reduces with the kernels' own code.
     let reduction = if kind.reduces() && executor != Executor::Device {
         Some(reduction_of(op.dtype, red_op, comm.nranks)?)
@@ -346,13 +365,7 @@ pub(crate) fn start_collective(
 
 /// Logs a collective call (`NCCL_DEBUG` subsystem COLL) and the tuner's
 /// choice for it (TUNING).
-pub(crate) fn log_start(
-    op: &RawOp,
-    seq: u64,
-    choice: &tuning::Choice,
-    in_place: bool,
-    on_board: bool,
-) {
+pub(crate) fn log_start(op: &RawOp, seq: u64, choice: &tuning::Choice, in_place: bool, how: &str) {
     let OpKind::Coll {
         kind,
         root,
@@ -375,12 +388,7 @@ pub(crate) fn log_start(
         Arc::as_ptr(comm),
         comm.nranks
     );
-    log_choice(
-        op,
-        choice,
-        in_place,
-        if on_board { " via the board" } else { "" },
-    );
+    log_choice(op, choice, in_place, how);
 }
 
 /// Logs the tuner's choice for a collective call (`NCCL_DEBUG` subsystem
@@ -423,8 +431,9 @@ pub(crate) fn board_op(op: &RawOp, started: Started) -> BoardOp {
         recv: op.recv,
         count: op.count,
         elem_size: op.dtype.size(),
-        reduction: started.reduction.expect("all-reduce reduces"),
+        reduction: Some(started.reduction.expect("all-reduce reduces")),
         fold,
+        symmetric: None,
     }
 }
 

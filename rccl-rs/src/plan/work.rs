@@ -5,11 +5,14 @@
 
 use std::sync::Arc;
 
-use rccl_algorithms::{Buf, Schedule, Step};
+use rccl_algorithms::{Buf, CollKind, Schedule, Step};
 use rccl_transports::{Protocol, Tag};
 
+use crate::comm::CommInner;
 use crate::kernels::{Reduction, Store};
+use crate::onesided::SymmetricSpan;
 use crate::queue::StreamRef;
+use crate::tuning::SymmetricSchedule;
 use crate::types::OpArgs;
 
 /// The user's buffers of one operation, as raw host pointers.
@@ -114,9 +117,35 @@ pub struct BoardOp {
     pub count: usize,
     /// Bytes per element.
     pub elem_size: usize,
-    /// The reduction.
-    pub reduction: Reduction,
+    /// The reduction (`None` for an all-gather on symmetric windows).
+    pub reduction: Option<Reduction>,
     pub fold: BoardFold,
+    /// Set for a collective on symmetric windows: the board carries only
+    /// its barriers, the data is read from the peers' windows.
+    pub symmetric: Option<Box<SymmetricOp>>,
+}
+
+/// A collective whose buffers lie in symmetric windows on every rank: it
+/// reads (and, two-shot, copies) peers' windows directly, the board's
+/// rounds telling each rank when peers' inputs are ready and when they
+/// are done reading its own.
+pub struct SymmetricOp {
+    pub kind: CollKind,
+    pub schedule: SymmetricSchedule,
+    /// The send buffer on every rank.
+    pub send: SymmetricSpan,
+    /// The receive buffer on every rank.
+    pub recv: SymmetricSpan,
+    /// Whether the call is in place (an all-gather's input then lies in
+    /// each rank's receive buffer, at its block).
+    pub in_place: bool,
+    /// What this rank's first barrier post carries, which every rank's
+    /// must equal: both windows' numbers and offsets (an in-place
+    /// all-gather's send offset and an in-place reduce-scatter's receive
+    /// offset less the rank's block) and the schedule.
+    pub arrival: [u64; 5],
+    /// Counts the calls that ran (`Communicator::symmetric_calls`).
+    pub comm: Arc<CommInner>,
 }
 
 /// How a board operation's posts become its result.

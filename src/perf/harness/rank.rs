@@ -20,6 +20,10 @@ pub(super) enum Buffer {
         ptr: *mut u8,
         device: &'static dyn Device,
     },
+    /// Part of the rank's symmetric window (`-R 2`), which the rank frees.
+    Window {
+        ptr: *mut u8,
+    },
 }
 
 // SAFETY: the device allocation belongs to this buffer alone, as the
@@ -43,7 +47,7 @@ impl Buffer {
         match self {
             // SAFETY: offset < 64 bytes lies inside the 16-word slack.
             Buffer::Host { mem, offset } => unsafe { mem.as_mut_ptr().cast::<u8>().add(*offset) },
-            Buffer::Device { ptr, .. } => *ptr,
+            Buffer::Device { ptr, .. } | Buffer::Window { ptr } => *ptr,
         }
     }
 }
@@ -67,6 +71,37 @@ pub(super) struct Rank {
     pub(super) stream: Option<Arc<dyn Stream>>,
     pub(super) send: Buffer,
     pub(super) recv: Buffer,
+    /// `-R 2`: the symmetric window holding both buffers (its memory
+    /// starts at the send buffer).
+    pub(super) window: Option<rccl::Window>,
+}
+
+/// Registers one symmetric window of shareable host memory holding a
+/// send and a receive buffer of `bytes` each (`-R 2`, as nccl-tests'),
+/// collectively with the rank's peers (from the rank's own thread).
+pub(super) fn register_symmetric(rank: &mut Rank, bytes: usize) -> Res<()> {
+    const PAGE: usize = rccl::WIN_REQUIRED_ALIGNMENT;
+    let half = bytes.div_ceil(PAGE).max(1) * PAGE;
+    let base = rccl::alloc_shareable_host(2 * half).map_err(|e| e.to_string())?;
+    // SAFETY: the memory stays allocated until the window is deregistered
+    // (Rank's Drop).
+    let window = unsafe {
+        rank.comm
+            .register_window(base, 2 * half, rccl::WIN_COLL_SYMMETRIC)
+    };
+    let window = match window {
+        Ok(window) => window,
+        Err(e) => {
+            let _ = rccl::free_shareable_host(base);
+            return Err(format!("{}: -R 2: {e}", hostname()));
+        }
+    };
+    rank.send = Buffer::Window { ptr: base };
+    rank.recv = Buffer::Window {
+        ptr: base.wrapping_add(half),
+    };
+    rank.window = Some(window);
+    Ok(())
 }
 
 impl Rank {
@@ -91,6 +126,10 @@ impl Drop for Rank {
             if let Some(device) = rccl::device::active() {
                 let _ = device.destroy_stream(stream.raw());
             }
+        }
+        if let Some(window) = self.window.take() {
+            let _ = self.comm.deregister_window(window);
+            let _ = rccl::free_shareable_host(self.send.ptr());
         }
     }
 }

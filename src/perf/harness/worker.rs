@@ -102,9 +102,20 @@ impl<'a> Worker<'a> {
                     stream,
                     send: Buffer::new(bytes, device)?,
                     recv: Buffer::new(bytes, device)?,
+                    window: None,
                 })
             })
             .collect::<Res<Vec<Rank>>>()?;
+        if args.local_register == 2 {
+            // Registration is collective: one rank per thread.
+            if ranks.len() != 1 || device.is_some() {
+                return Err(
+                    "-R 2 registers host buffers as symmetric windows: it needs one rank \
+                            per thread (-g 1) and host memory"
+                        .into(),
+                );
+            }
+        }
         Ok(Worker {
             coll,
             args,
@@ -134,7 +145,13 @@ impl<'a> Worker<'a> {
     }
 
     pub(super) fn run_all(mut self) -> Res<Outcome> {
-        let r = self.run_tests();
+        let r = if self.args.local_register == 2 {
+            let bytes = self.args.maxbytes + self.args.unalign * 8;
+            super::rank::register_symmetric(&mut self.ranks[0], bytes)
+                .and_then(|()| self.run_tests())
+        } else {
+            self.run_tests()
+        };
         if r.is_err() {
             for rank in &self.ranks {
                 rank.comm.abort();
