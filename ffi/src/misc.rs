@@ -192,7 +192,10 @@ nccl_api! {
             no_flags(flags)?;
             let (peer, sig, ctx) = (index(peer, "peer")?, index(sigIdx, "sigIdx")?, index(ctx, "ctx")?);
             let window = window_of(peerWin);
-            if c.window_on_device(window)? {
+            // Asked only once a device window exists, so that a put before
+            // any window fails as a signal does (signals come with the
+            // first window), not as an unknown window.
+            if c.has_device_window()? && c.window_on_device(window)? {
                 // SAFETY: the caller vouches that `localbuff` holds `count`
                 // elements of `datatype` until the stream ran the put.
                 unsafe { c.put_signal_on_stream(localbuff.cast(), bytes, peer, window,

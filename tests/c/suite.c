@@ -768,9 +768,14 @@ static void case_misc(void) {
   CHECK(ncclMemFree(mem));
   CHECK(ncclMemFree(NULL));
 
-  uint64_t value = 99;
-  CHECK(ncclCommMemStats(c0, ncclStatGpuMemTotal, &value));
-  EXPECT(value == 0); /* nothing connected yet; suspend and resume: memory.c */
+  /* Nothing connected yet: the communicator holds only the signal blocks
+     its first window made, which last as long as it (suspend and resume:
+     memory.c). */
+  uint64_t total = 0, persist = 0, suspendable = 99;
+  CHECK(ncclCommMemStats(c0, ncclStatGpuMemTotal, &total));
+  CHECK(ncclCommMemStats(c0, ncclStatGpuMemPersist, &persist));
+  CHECK(ncclCommMemStats(c0, ncclStatGpuMemSuspend, &suspendable));
+  EXPECT(total > 0 && total == persist && suspendable == 0);
   ncclResult_t async;
   CHECK(ncclCommGetAsyncError(c0, &async));
   EXPECT(async == ncclSuccess);
