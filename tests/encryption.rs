@@ -6,10 +6,9 @@
 #[path = "common/children.rs"]
 mod children;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use children::{free_port, Ranks};
+use children::spawn_ranks;
 use rccl::{Communicator, RedOp};
 
 const CHILD: &str = "RCCL_TEST_ENCRYPTED_CHILD";
@@ -72,32 +71,21 @@ fn encrypted_child_rank() {
 /// expecting its refusal, the other then its timeout); whether each
 /// succeeded, and how long they took.
 fn run(keys: [&str; 2], refused: Option<usize>, timeout_ms: u64) -> (Vec<bool>, Duration) {
-    let port = free_port().to_string();
-    let exe = std::env::current_exe().unwrap();
     let start = Instant::now();
-    let mut ranks = Ranks(
-        (0..2)
-            .map(|rank| {
-                let mut cmd = Command::new(&exe);
-                cmd.args(["--exact", "encrypted_child_rank", "--nocapture"])
-                    .env(CHILD, "1")
-                    .env(PSK, keys[rank])
-                    .env("RANK", rank.to_string())
-                    .env("WORLD_SIZE", "2")
-                    .env("MASTER_ADDR", "127.0.0.1")
-                    .env("MASTER_PORT", &port)
-                    .env("NCCL_SHM_DISABLE", "1")
-                    .env("RCCL_TIMEOUT_MS", timeout_ms.to_string())
-                    .stdout(Stdio::inherit());
-                match refused {
-                    Some(r) if r == rank => cmd.env(REFUSED, "1"),
-                    Some(_) => cmd.env(ABANDONED, "1"),
-                    None => &mut cmd,
-                };
-                cmd.spawn().unwrap()
-            })
-            .collect(),
-    );
+    let mut ranks = spawn_ranks("encrypted_child_rank", 2, |rank| {
+        let mut vars = vec![
+            (CHILD, "1".to_string()),
+            (PSK, keys[rank].to_string()),
+            ("NCCL_SHM_DISABLE", "1".to_string()),
+            ("RCCL_TIMEOUT_MS", timeout_ms.to_string()),
+        ];
+        match refused {
+            Some(r) if r == rank => vars.push((REFUSED, "1".to_string())),
+            Some(_) => vars.push((ABANDONED, "1".to_string())),
+            None => {}
+        }
+        vars.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    });
     let ok = ranks.wait_all(Duration::from_secs(60));
     (ok, start.elapsed())
 }

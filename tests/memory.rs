@@ -459,25 +459,21 @@ fn suspends_give_the_pages_back(comm: &Communicator, held: u64) {
 /// Runs `memory_child_rank` in `nranks` processes with `env` (and small
 /// FIFOs unless `env` says otherwise); panics unless every rank passes.
 fn run_children(nranks: usize, env: &[(&str, &str)]) {
-    let exe = std::env::current_exe().unwrap();
-    let port = children::free_port().to_string();
-    let ranks = (0..nranks).map(|rank| {
-        std::process::Command::new(&exe)
-            .args(["--exact", "memory_child_rank", "--nocapture"])
-            .env(CHILD, "1")
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", nranks.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", &port)
-            .env("NCCL_BUFFSIZE", common::TEST_BUFFSIZE.to_string())
-            .env("NCCL_MIN_NCHANNELS", "2")
-            .env("NCCL_MAX_NCHANNELS", "2")
-            .env("RCCL_TIMEOUT_MS", "30000")
-            .envs(env.iter().copied())
-            .spawn()
-            .unwrap()
+    let mut ranks = children::spawn_ranks("memory_child_rank", nranks, |_| {
+        let defaults = [
+            (CHILD, "1".to_string()),
+            ("NCCL_BUFFSIZE", common::TEST_BUFFSIZE.to_string()),
+            ("NCCL_MIN_NCHANNELS", "2".to_string()),
+            ("NCCL_MAX_NCHANNELS", "2".to_string()),
+            ("RCCL_TIMEOUT_MS", "30000".to_string()),
+        ];
+        let env = env.iter().map(|&(k, v)| (k, v.to_string()));
+        defaults
+            .into_iter()
+            .chain(env)
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
     });
-    let mut ranks = children::Ranks(ranks.collect());
     let ok = ranks.wait_all(Duration::from_secs(60));
     assert!(ok.iter().all(|&ok| ok), "{nranks} ranks, {env:?}: {ok:?}");
 }

@@ -10,7 +10,7 @@ mod children;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use children::{free_port, Ranks};
+use children::spawn_ranks;
 use rccl::{Communicator, Config, Error, WaitDesc, Window, WIN_COLL_SYMMETRIC};
 
 const PAGE: usize = 4096;
@@ -504,31 +504,14 @@ fn processes_on_hosts(n: usize, role: &str, host_of: fn(usize) -> usize) {
 }
 
 fn processes_with(n: usize, role: &str, host_of: fn(usize) -> usize, env: &[(&str, &str)]) {
-    let port = free_port().to_string();
-    let exe = std::env::current_exe().unwrap();
-    let mut ranks = Ranks(
-        (0..n)
-            .map(|rank| {
-                Command::new(&exe)
-                    .args([
-                        "--exact",
-                        "child_rank",
-                        "--nocapture",
-                        "--test-threads",
-                        "1",
-                    ])
-                    .env(CHILD, role)
-                    .env("RANK", rank.to_string())
-                    .env("WORLD_SIZE", n.to_string())
-                    .env("MASTER_ADDR", "127.0.0.1")
-                    .env("MASTER_PORT", &port)
-                    .env("NCCL_HOSTID", format!("host{}", host_of(rank)))
-                    .envs(env.iter().copied())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect(),
-    );
+    let mut ranks = spawn_ranks("child_rank", n, |rank| {
+        let mut vars = vec![
+            (CHILD.to_string(), role.to_string()),
+            ("NCCL_HOSTID".to_string(), format!("host{}", host_of(rank))),
+        ];
+        vars.extend(env.iter().map(|&(k, v)| (k.to_string(), v.to_string())));
+        vars
+    });
     let ok = ranks.wait_all(Duration::from_secs(60));
     assert!(ok.iter().all(|&ok| ok), "{role}: {ok:?}");
 }

@@ -11,10 +11,9 @@
 #[path = "common/children.rs"]
 mod children;
 
-use std::process::Command;
 use std::time::Duration;
 
-use children::{free_port, Ranks};
+use children::spawn_ranks;
 use rccl::{Communicator, Config, Element, RedOp, Window, WIN_COLL_SYMMETRIC};
 
 const PAGE: usize = 4096;
@@ -373,30 +372,11 @@ fn child_rank() {
 }
 
 fn processes(n: usize, role: &str, env: &[(&str, &str)]) {
-    let port = free_port().to_string();
-    let exe = std::env::current_exe().unwrap();
-    let mut ranks = Ranks(
-        (0..n)
-            .map(|rank| {
-                Command::new(&exe)
-                    .args([
-                        "--exact",
-                        "child_rank",
-                        "--nocapture",
-                        "--test-threads",
-                        "1",
-                    ])
-                    .env(CHILD, role)
-                    .env("RANK", rank.to_string())
-                    .env("WORLD_SIZE", n.to_string())
-                    .env("MASTER_ADDR", "127.0.0.1")
-                    .env("MASTER_PORT", &port)
-                    .envs(env.iter().copied())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect(),
-    );
+    let mut ranks = spawn_ranks("child_rank", n, |_| {
+        let mut vars = vec![(CHILD.to_string(), role.to_string())];
+        vars.extend(env.iter().map(|&(k, v)| (k.to_string(), v.to_string())));
+        vars
+    });
     let ok = ranks.wait_all(Duration::from_secs(120));
     assert!(ok.iter().all(|&ok| ok), "{role}: {ok:?}");
 }

@@ -15,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check.h"
+
 /* Exported by NCCL's library without a declaration in its Linux headers. */
 void ncclResetDebugInitInternal(void);
 ncclResult_t ncclGinOutboxCreateRequirement(int nBlocks, int size_log2, void *outHandle,
@@ -22,26 +24,6 @@ ncclResult_t ncclGinOutboxCreateRequirement(int nBlocks, int size_log2, void *ou
 ncclResult_t ncclGinInboxA2ACreateRequirement(ncclTeam_t peers, int nBlocks, int size_log2,
                                               void *outHandle,
                                               ncclDevResourceRequirements_t *outReq);
-
-static int failures;
-
-#define CHECK(call)                                                                    \
-  do {                                                                                 \
-    ncclResult_t rc_ = (call);                                                         \
-    if (rc_ != ncclSuccess) {                                                          \
-      fprintf(stderr, "%s:%d: %s returned %d: %s\n", __FILE__, __LINE__, #call,        \
-              (int)rc_, ncclGetLastError(NULL));                                       \
-      exit(1);                                                                         \
-    }                                                                                  \
-  } while (0)
-
-#define EXPECT(cond)                                                      \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                         \
-    }                                                                     \
-  } while (0)
 
 /* The last error names `what`; printed so the test log shows the text. */
 static void expect_message(ncclComm_t comm, const char *what) {

@@ -13,26 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
+
 #define N 4
 #define COUNT 1000
-
-#define CHECK(call)                                                              \
-  do {                                                                           \
-    ncclResult_t rc_ = (call);                                                   \
-    if (rc_ != ncclSuccess) {                                                    \
-      fprintf(stderr, "%s:%d: %s returned %d: %s\n", __FILE__, __LINE__, #call,  \
-              (int)rc_, ncclGetLastError(NULL));                                 \
-      exit(1);                                                                   \
-    }                                                                            \
-  } while (0)
-
-#define EXPECT(cond)                                                      \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
 
 int main(void) {
   ncclComm_t comms[N];
@@ -108,6 +92,10 @@ int main(void) {
   }
   CHECK(rcclrsEmuStreamDestroy(streams[0]));
   CHECK(rcclrsEmuStreamDestroy(streams[2]));
+  if (failures) {
+    fprintf(stderr, "emu: %d failure(s)\n", failures);
+    return 1;
+  }
   printf("emu: ok\n");
   return 0;
 }

@@ -24,26 +24,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check.h"
+
 #define MAX_RANKS 4
 #define MAX_COUNT 65536
-
-#define CHECK(call)                                                              \
-  do {                                                                           \
-    ncclResult_t rc_ = (call);                                                   \
-    if (rc_ != ncclSuccess) {                                                    \
-      fprintf(stderr, "%s:%d: %s returned %d: %s\n", __FILE__, __LINE__, #call,  \
-              (int)rc_, ncclGetLastError(NULL));                                 \
-      exit(1);                                                                   \
-    }                                                                            \
-  } while (0)
-
-#define EXPECT(cond)                                                      \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
 
 /* `call` fails with `code` and the communicator's last error reads `text`. */
 static void expect_error(ncclComm_t comm, ncclResult_t rc, ncclResult_t code, const char *text) {
@@ -197,7 +181,7 @@ static int on_processes(int n) {
     CHECK(ncclCommInitRank(&x.comm, n, id, r));
     run_rank(&x);
     CHECK(ncclCommDestroy(x.comm));
-    _exit(0);
+    _exit(failures ? 1 : 0);
   }
   int failed = 0;
   for (int r = 0; r < n; r++) {
@@ -227,6 +211,10 @@ int main(int argc, char **argv) {
       fprintf(stderr, "unknown mode %s\n", argv[1]);
       return 2;
     }
+  }
+  if (failures) {
+    fprintf(stderr, "memory %s: %d failure(s)\n", argv[1], failures);
+    return 1;
   }
   printf("memory %s: ok\n", argv[1]);
   return 0;

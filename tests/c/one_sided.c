@@ -28,29 +28,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
+
 #define ROUNDS 200
 #define COUNT 1000 /* floats per put */
 #define PAGE 4096
 #define MAXR 8
-
-static int failures;
-
-#define CHECK(call)                                                                  \
-  do {                                                                               \
-    ncclResult_t rc_ = (call);                                                       \
-    if (rc_ != ncclSuccess) {                                                        \
-      fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #call, (int)rc_);     \
-      exit(1);                                                                       \
-    }                                                                                \
-  } while (0)
-
-#define EXPECT(cond)                                                       \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond);  \
-      __sync_fetch_and_add(&failures, 1);                                  \
-    }                                                                      \
-  } while (0)
 
 /* `call` returns `code` and comm's last error contains `text`. */
 static void expect_error(ncclResult_t rc, ncclResult_t code, ncclComm_t comm, const char *text,

@@ -15,29 +15,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check.h"
+
 #define N 4        /* ranks of the in-process cases */
 #define COUNT 5    /* NCCL's per-rank count */
 #define MAXLEN (COUNT * N)
-
-static int failures;
-
-#define CHECK(call)                                                              \
-  do {                                                                           \
-    ncclResult_t rc_ = (call);                                                   \
-    if (rc_ != ncclSuccess) {                                                    \
-      fprintf(stderr, "%s:%d: %s returned %d (%s): %s\n", __FILE__, __LINE__,    \
-              #call, (int)rc_, ncclGetErrorString(rc_), ncclGetLastError(NULL)); \
-      exit(1);                                                                   \
-    }                                                                            \
-  } while (0)
-
-#define EXPECT(cond)                                                      \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                         \
-    }                                                                     \
-  } while (0)
 
 /* The call fails with `want` and leaves a non-empty message. */
 #define EXPECT_RC(call, want, comm)                                              \
