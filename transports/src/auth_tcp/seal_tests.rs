@@ -71,7 +71,7 @@ pub(crate) fn relay(target: SocketAddr, flip: Option<usize>) -> (SocketAddr, Arc
     (addr, wire)
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+pub(crate) fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 

@@ -910,6 +910,7 @@ impl Net for Socket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth_tcp::seal_tests::{contains, relay};
 
     #[test]
     fn handles_round_trip_and_refuse_garbage() {
@@ -939,22 +940,36 @@ mod tests {
             .map(|_| std::net::TcpStream::connect(addr).unwrap())
             .collect();
         let start = Instant::now();
-        let (mut stage, mut send, mut recv) = (Default::default(), None, None);
-        while send.is_none() || recv.is_none() {
-            assert!(start.elapsed() < Duration::from_secs(2), "no connection");
-            if send.is_none() {
-                send = net.connect(0, &handle, &mut stage).unwrap();
-            }
-            if recv.is_none() {
-                recv = net.accept(&mut listen).unwrap();
-            }
-        }
+        connect_both(&net, &handle, &mut listen);
         assert!(
             start.elapsed() < Duration::from_millis(500),
             "{:?}",
             start.elapsed()
         );
         drop(silent);
+    }
+
+    /// Connects `net` to its own listener, both ends polled until made
+    /// (within 2 s).
+    fn connect_both(
+        net: &Socket,
+        handle: &ListenHandle,
+        listen: &mut SocketListen,
+    ) -> (SocketSend, SocketRecv) {
+        let start = Instant::now();
+        let (mut stage, mut send, mut recv) = (Default::default(), None, None);
+        loop {
+            assert!(start.elapsed() < Duration::from_secs(2), "no connection");
+            if send.is_none() {
+                send = net.connect(0, handle, &mut stage).unwrap();
+            }
+            if recv.is_none() {
+                recv = net.accept(listen).unwrap();
+            }
+            if let (Some(_), Some(_)) = (&send, &recv) {
+                return (send.unwrap(), recv.unwrap());
+            }
+        }
     }
 
     /// Sends one 64 KiB message of a known pattern over a Socket network
@@ -969,20 +984,10 @@ mod tests {
         net.set_psk(psk);
         let (handle, mut listen) = net.listen(0).unwrap();
         let (addr, id) = parse_handle(&handle).unwrap();
-        let (relay, wire) = crate::auth_tcp::seal_tests::relay(addr, flip);
+        let (relay, wire) = relay(addr, flip);
         let handle = ListenHandle::from_bytes(&handle_bytes(relay, &id)).unwrap();
         let start = Instant::now();
-        let (mut stage, mut send, mut recv) = (Default::default(), None, None);
-        while send.is_none() || recv.is_none() {
-            assert!(start.elapsed() < Duration::from_secs(2), "no connection");
-            if send.is_none() {
-                send = net.connect(0, &handle, &mut stage).unwrap();
-            }
-            if recv.is_none() {
-                recv = net.accept(&mut listen).unwrap();
-            }
-        }
-        let (mut send, mut recv) = (send.unwrap(), recv.unwrap());
+        let (mut send, mut recv) = connect_both(&net, &handle, &mut listen);
         let out: Vec<u8> = b"SECRET-PAYLOAD-"
             .iter()
             .copied()
@@ -1024,10 +1029,6 @@ mod tests {
             into
         });
         (got, wire, recv.peer())
-    }
-
-    fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-        haystack.windows(needle.len()).any(|w| w == needle)
     }
 
     /// The payload crosses the wire in the clear without a PSK and never
