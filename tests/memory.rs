@@ -8,11 +8,11 @@
 mod children;
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{tcp_config, test_config};
+use common::{gate, tcp_config, test_config};
 use rccl::device::{self, Device, Kind, Stream};
 use rccl::{CollCall, CollKind, Communicator, Config, DataType, Executor, MemStats, MemUse};
 use rccl::{Place, Purpose, RedOp};
@@ -210,21 +210,6 @@ fn device_ledger_matches_the_emulated_gpu(nranks: usize) {
     assert_eq!(emu_device.bytes_in_use(), before);
     on_threads(&comms, |c| c.resume().unwrap());
     device_all_reduce(&comms, 4096);
-}
-
-/// Holds `stream` until the returned flag is raised (at most 20 s).
-fn gate(stream: &dyn Stream) -> Arc<AtomicBool> {
-    let open = Arc::new(AtomicBool::new(false));
-    let theirs = open.clone();
-    stream
-        .enqueue(Box::new(move || {
-            let until = Instant::now() + Duration::from_secs(20);
-            while !theirs.load(Ordering::Acquire) && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }))
-        .unwrap();
-    open
 }
 
 #[test]

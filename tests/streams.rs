@@ -6,10 +6,11 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::gate;
 use rccl::device::{self, Device, Kind, Stream};
 use rccl::{CollCall, CollKind, Communicator, Config, DataType, RedOp};
 
@@ -192,21 +193,6 @@ fn a_host_call_on_device_memory_is_refused() {
     // SAFETY: as above.
     let raw = unsafe { comms[0].collective_raw(all_reduce(8), dev, dev) }.unwrap_err();
     assert!(raw.to_string().contains("host-memory call"), "{raw}");
-}
-
-/// Holds `stream` until the returned flag is raised (at most 20 s).
-fn gate(stream: &dyn Stream) -> Arc<AtomicBool> {
-    let open = Arc::new(AtomicBool::new(false));
-    let theirs = open.clone();
-    stream
-        .enqueue(Box::new(move || {
-            let until = Instant::now() + Duration::from_secs(20);
-            while !theirs.load(Ordering::Acquire) && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }))
-        .unwrap();
-    open
 }
 
 #[test]

@@ -7,6 +7,11 @@
 
 pub mod deterministic;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rccl::device::Stream;
 use rccl::{CollKind, Communicator, Config, DataType, RedOp};
 
 /// FIFO bytes per connection in tests: small, so that modest counts span
@@ -436,4 +441,19 @@ pub fn run_on_host(
         }
     }
     Ok(failures)
+}
+
+/// Holds `stream` until the returned flag is raised (at most 20 s).
+pub fn gate(stream: &dyn Stream) -> Arc<AtomicBool> {
+    let open = Arc::new(AtomicBool::new(false));
+    let theirs = open.clone();
+    stream
+        .enqueue(Box::new(move || {
+            let until = Instant::now() + Duration::from_secs(20);
+            while !theirs.load(Ordering::Acquire) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }))
+        .unwrap();
+    open
 }
