@@ -12,10 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "ranks.h"
 
 /* Exported by NCCL's library without a declaration in its Linux headers. */
 void ncclResetDebugInitInternal(void);
@@ -78,81 +78,72 @@ static void layout(void) {
  * `host_of(r)` picks each rank's host. Each rank checks its teams against
  * `want_lsa` ranks per LSA team and writes its commHash to the parent.
  */
+struct teams {
+  int (*host_of)(int);
+  int want_lsa;
+  int hashes[2];
+};
+
+static void teams_setup(int r, void *arg) {
+  struct teams *t = arg;
+  char host[16];
+  snprintf(host, sizeof host, "host%d", t->host_of(r));
+  setenv("NCCL_HOSTID", host, 1);
+}
+
+static void teams_rank(int r, int P, ncclUniqueId id, void *arg) {
+  struct teams *t = arg;
+  ncclComm_t comm;
+  CHECK(ncclCommInitRank(&comm, P, id, r));
+
+  ncclTeam_t world = ncclTeamWorld(comm), lsa = ncclTeamLsa(comm), rail = ncclTeamRail(comm);
+  EXPECT(team_is(world, P, r, 1));
+  EXPECT(team_is(lsa, t->want_lsa, r % t->want_lsa, 1));
+  EXPECT(team_is(rail, P / t->want_lsa, r / t->want_lsa, t->want_lsa));
+  for (int m = 0; m < lsa.nRanks; m++) {
+    int w = r - lsa.rank + m;
+    EXPECT(ncclTeamRankToWorld(comm, lsa, m) == w);
+    EXPECT(ncclTeamRankToLsa(comm, world, w) == m);
+  }
+  for (int m = 0; m < rail.nRanks; m++)
+    EXPECT(ncclTeamRankToWorld(comm, rail, m) == m * t->want_lsa + r % t->want_lsa);
+  /* A rank of another host is on no LSA team of this rank. */
+  int far = (r + t->want_lsa) % P;
+  if (t->want_lsa < P) {
+    EXPECT(ncclTeamRankToLsa(comm, world, far) == -1);
+    expect_message(comm, "not on rank");
+  }
+  EXPECT(ncclTeamRankToWorld(comm, world, P) == -1);
+  expect_message(comm, "outside the team");
+
+  ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
+  CHECK(ncclCommQueryProperties(comm, &props));
+  EXPECT(props.size == sizeof props && props.magic == NCCL_API_MAGIC);
+  EXPECT(props.rank == r && props.nRanks == P && props.cudaDev == 0);
+  EXPECT(props.nLsaTeams == P / t->want_lsa);
+  EXPECT(!props.deviceApiSupport && !props.multimemSupport && props.hostRmaSupport);
+  EXPECT(props.ginType == NCCL_GIN_TYPE_NONE && !props.cftSupport);
+  if (write(t->hashes[1], &props.commHash, sizeof props.commHash) != sizeof props.commHash)
+    abort();
+
+  CHECK(ncclCommFinalize(comm));
+  CHECK(ncclCommDestroy(comm));
+}
+
 static void teams_on(int (*host_of)(int), int want_lsa) {
   enum { P = 4 };
-  int ids[P][2], hashes[2];
-  pid_t pids[P];
-  if (pipe(hashes)) abort();
-  for (int r = 0; r < P; r++)
-    if (pipe(ids[r])) abort();
-  for (int r = 0; r < P; r++) {
-    pids[r] = fork();
-    if (pids[r] != 0) continue;
-    char host[16];
-    snprintf(host, sizeof host, "host%d", host_of(r));
-    setenv("NCCL_HOSTID", host, 1);
-    ncclUniqueId id;
-    if (r == 0) {
-      CHECK(ncclGetUniqueId(&id));
-      for (int p = 1; p < P; p++)
-        if (write(ids[p][1], &id, sizeof id) != sizeof id) abort();
-    } else if (read(ids[r][0], &id, sizeof id) != sizeof id) {
-      abort();
-    }
-    ncclComm_t comm;
-    CHECK(ncclCommInitRank(&comm, P, id, r));
-
-    ncclTeam_t world = ncclTeamWorld(comm), lsa = ncclTeamLsa(comm), rail = ncclTeamRail(comm);
-    EXPECT(team_is(world, P, r, 1));
-    EXPECT(team_is(lsa, want_lsa, r % want_lsa, 1));
-    EXPECT(team_is(rail, P / want_lsa, r / want_lsa, want_lsa));
-    for (int m = 0; m < lsa.nRanks; m++) {
-      int w = r - lsa.rank + m;
-      EXPECT(ncclTeamRankToWorld(comm, lsa, m) == w);
-      EXPECT(ncclTeamRankToLsa(comm, world, w) == m);
-    }
-    for (int m = 0; m < rail.nRanks; m++)
-      EXPECT(ncclTeamRankToWorld(comm, rail, m) == m * want_lsa + r % want_lsa);
-    /* A rank of another host is on no LSA team of this rank. */
-    int far = (r + want_lsa) % P;
-    if (want_lsa < P) {
-      EXPECT(ncclTeamRankToLsa(comm, world, far) == -1);
-      expect_message(comm, "not on rank");
-    }
-    EXPECT(ncclTeamRankToWorld(comm, world, P) == -1);
-    expect_message(comm, "outside the team");
-
-    ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
-    CHECK(ncclCommQueryProperties(comm, &props));
-    EXPECT(props.size == sizeof props && props.magic == NCCL_API_MAGIC);
-    EXPECT(props.rank == r && props.nRanks == P && props.cudaDev == 0);
-    EXPECT(props.nLsaTeams == P / want_lsa);
-    EXPECT(!props.deviceApiSupport && !props.multimemSupport && props.hostRmaSupport);
-    EXPECT(props.ginType == NCCL_GIN_TYPE_NONE && !props.cftSupport);
-    if (write(hashes[1], &props.commHash, sizeof props.commHash) != sizeof props.commHash)
-      abort();
-
-    CHECK(ncclCommFinalize(comm));
-    CHECK(ncclCommDestroy(comm));
-    fflush(stdout);
-    _exit(failures ? 1 : 0);
-  }
-  close(hashes[1]);
+  struct teams t = {host_of, want_lsa, {-1, -1}};
+  if (pipe(t.hashes)) abort();
+  fork_ranks(P, teams_setup, teams_rank, &t);
+  close(t.hashes[1]);
   uint64_t first = 0, hash;
   int got = 0;
-  while (read(hashes[0], &hash, sizeof hash) == sizeof hash) {
+  while (read(t.hashes[0], &hash, sizeof hash) == sizeof hash) {
     if (got++ == 0) first = hash;
     EXPECT(hash == first);
   }
+  close(t.hashes[0]);
   EXPECT(got == P);
-  for (int r = 0; r < P; r++) {
-    int status;
-    waitpid(pids[r], &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      fprintf(stderr, "rank %d failed: status %d\n", r, status);
-      failures++;
-    }
-  }
 }
 
 static int two_consecutive_per_host(int r) { return r / 2; }

@@ -13,6 +13,7 @@
  *
  * Exit status 0 means it passed.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <nccl.h>
 #include <rcclrs_emu.h>
 
@@ -21,10 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "ranks.h"
 
 #define MAX_RANKS 4
 #define MAX_COUNT 65536
@@ -160,39 +161,12 @@ static void on_threads(int n, int on_device) {
   for (int r = 0; r < n; r++) CHECK(ncclCommDestroy(comms[r]));
 }
 
-/* Rank 0 makes the id and passes it to the others through pipes. */
-static int on_processes(int n) {
-  int fds[MAX_RANKS][2];
-  pid_t pids[MAX_RANKS];
-  for (int r = 0; r < n; r++)
-    if (pipe(fds[r])) abort();
-  for (int r = 0; r < n; r++) {
-    pids[r] = fork();
-    if (pids[r] != 0) continue;
-    ncclUniqueId id;
-    if (r == 0) {
-      CHECK(ncclGetUniqueId(&id));
-      for (int p = 1; p < n; p++)
-        if (write(fds[p][1], &id, sizeof id) != sizeof id) abort();
-    } else if (read(fds[r][0], &id, sizeof id) != sizeof id) {
-      abort();
-    }
-    struct rank x = {NULL, r, n, 0};
-    CHECK(ncclCommInitRank(&x.comm, n, id, r));
-    run_rank(&x);
-    CHECK(ncclCommDestroy(x.comm));
-    _exit(failures ? 1 : 0);
-  }
-  int failed = 0;
-  for (int r = 0; r < n; r++) {
-    int status;
-    waitpid(pids[r], &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      fprintf(stderr, "rank %d (pid %d) failed: status %d\n", r, (int)pids[r], status);
-      failed = 1;
-    }
-  }
-  return failed;
+static void process_rank(int r, int n, ncclUniqueId id, void *unused) {
+  (void)unused;
+  struct rank x = {NULL, r, n, 0};
+  CHECK(ncclCommInitRank(&x.comm, n, id, r));
+  run_rank(&x);
+  CHECK(ncclCommDestroy(x.comm));
 }
 
 int main(int argc, char **argv) {
@@ -206,7 +180,7 @@ int main(int argc, char **argv) {
     } else if (strcmp(argv[1], "emu") == 0) {
       on_threads(n, 1);
     } else if (strcmp(argv[1], "processes") == 0) {
-      if (on_processes(n)) return 1;
+      fork_ranks(n, NULL, process_rank, NULL);
     } else {
       fprintf(stderr, "unknown mode %s\n", argv[1]);
       return 2;

@@ -12,10 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "ranks.h"
 
 #define N 4        /* ranks of the in-process cases */
 #define COUNT 5    /* NCCL's per-rank count */
@@ -802,51 +802,52 @@ static void case_misc(void) {
   destroy_all();
 }
 
-/* Ranks as processes: rank 0 makes the id and passes it through pipes. */
-static void case_processes(void) {
-  enum { P = N }; /* a power of two keeps ncclAvg exact */
-  int fds[P][2];
-  pid_t pids[P];
-  for (int r = 0; r < P; r++)
-    if (pipe(fds[r])) abort();
-  for (int r = 0; r < P; r++) {
-    pids[r] = fork();
-    if (pids[r] != 0) continue;
-    ncclUniqueId id;
-    if (r == 0) {
-      CHECK(ncclGetUniqueId(&id));
-      for (int p = 1; p < P; p++)
-        if (write(fds[p][1], &id, sizeof id) != sizeof id) abort();
-    } else if (read(fds[r][0], &id, sizeof id) != sizeof id) {
-      abort();
-    }
-    struct rank_ctx *x = &ctx[0];
-    CHECK(ncclCommInitRank(&x->comm, P, id, r));
-    x->rank = r;
-    int calls = 0;
-    for (int k = 0; k < NKINDS; k++)
-      for (int t = 0; t < ncclNumTypes; t += (k == ALLREDUCE ? 1 : 5)) {
-        int nops = reduces(k) ? OP_PREMUL + 1 : 1;
-        for (int op = 0; op < nops; op++) {
-          struct call c = {k, op, P, 1, (ncclDataType_t)t};
-          run_call(&c, x, 1, SINGLE);
-          calls++;
-        }
+/* Ranks as processes: every collective, datatype and operator once. */
+static void process_rank(int r, int P, ncclUniqueId id, void *unused) {
+  (void)unused;
+  struct rank_ctx *x = &ctx[0];
+  CHECK(ncclCommInitRank(&x->comm, P, id, r));
+  x->rank = r;
+  int calls = 0;
+  for (int k = 0; k < NKINDS; k++)
+    for (int t = 0; t < ncclNumTypes; t += (k == ALLREDUCE ? 1 : 5)) {
+      int nops = reduces(k) ? OP_PREMUL + 1 : 1;
+      for (int op = 0; op < nops; op++) {
+        struct call c = {k, op, P, 1, (ncclDataType_t)t};
+        run_call(&c, x, 1, SINGLE);
+        calls++;
       }
-    CHECK(ncclCommFinalize(x->comm));
-    CHECK(ncclCommDestroy(x->comm));
-    if (r == 0) printf("%d calls per process over %d processes\n", calls, P);
-    fflush(stdout);
-    _exit(failures ? 1 : 0);
-  }
-  for (int r = 0; r < P; r++) {
-    int status;
-    waitpid(pids[r], &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      fprintf(stderr, "rank %d (pid %d) failed: status %d\n", r, (int)pids[r], status);
-      failures++;
     }
-  }
+  CHECK(ncclCommFinalize(x->comm));
+  CHECK(ncclCommDestroy(x->comm));
+  if (r == 0) printf("%d calls per process over %d processes\n", calls, P);
+}
+
+static void case_processes(void) {
+  fork_ranks(N, NULL, process_rank, NULL); /* a power of two keeps ncclAvg exact */
+}
+
+/* Both ranks over TCP with one PSK, set before the unique id exists. */
+static void encrypted_setup(int r, void *unused) {
+  (void)r, (void)unused;
+  setenv("NCCL_SHM_DISABLE", "1", 1);
+  ncclEncryptionConfig_t psk = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+  psk.mode = NCCL_ENCRYPTION_MODE_PSK;
+  psk.psk = "a-job-wide-key-of-at-least-32-bytes!";
+  CHECK(ncclSetEncryption(&psk));
+}
+
+static void encrypted_rank(int r, int P, ncclUniqueId id, void *unused) {
+  (void)unused;
+  enum { LEN = 1 << 16 };
+  ncclComm_t comm;
+  CHECK(ncclCommInitRank(&comm, P, id, r));
+  static int32_t in[LEN], out[LEN];
+  for (int i = 0; i < LEN; i++) in[i] = r * 100000 + i;
+  CHECK(ncclAllReduce(in, out, LEN, ncclInt32, ncclSum, comm, NULL));
+  for (int i = 0; i < LEN; i++) EXPECT(out[i] == 100000 + 2 * i);
+  CHECK(ncclCommDestroy(comm));
+  if (r == 0) printf("2 processes over TCP with a PSK: %d elements checked\n", LEN);
 }
 
 /* Encryption: the misuses, then two processes over TCP with one PSK. */
@@ -867,45 +868,7 @@ static void case_encryption(void) {
   CHECK(ncclSetEncryption(&config));
   CHECK(ncclSetEncryption(NULL));
 
-  enum { P = 2, LEN = 1 << 16 };
-  int fds[2];
-  pid_t pids[P];
-  if (pipe(fds)) abort();
-  fflush(stdout);
-  for (int r = 0; r < P; r++) {
-    pids[r] = fork();
-    if (pids[r] != 0) continue;
-    setenv("NCCL_SHM_DISABLE", "1", 1);
-    ncclEncryptionConfig_t psk = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
-    psk.mode = NCCL_ENCRYPTION_MODE_PSK;
-    psk.psk = "a-job-wide-key-of-at-least-32-bytes!";
-    CHECK(ncclSetEncryption(&psk));
-    ncclUniqueId id;
-    if (r == 0) {
-      CHECK(ncclGetUniqueId(&id));
-      if (write(fds[1], &id, sizeof id) != sizeof id) abort();
-    } else if (read(fds[0], &id, sizeof id) != sizeof id) {
-      abort();
-    }
-    ncclComm_t comm;
-    CHECK(ncclCommInitRank(&comm, P, id, r));
-    static int32_t in[LEN], out[LEN];
-    for (int i = 0; i < LEN; i++) in[i] = r * 100000 + i;
-    CHECK(ncclAllReduce(in, out, LEN, ncclInt32, ncclSum, comm, NULL));
-    for (int i = 0; i < LEN; i++) EXPECT(out[i] == 100000 + 2 * i);
-    CHECK(ncclCommDestroy(comm));
-    if (r == 0) printf("2 processes over TCP with a PSK: %d elements checked\n", LEN);
-    fflush(stdout);
-    _exit(failures ? 1 : 0);
-  }
-  for (int r = 0; r < P; r++) {
-    int status;
-    waitpid(pids[r], &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      fprintf(stderr, "rank %d (pid %d) failed: status %d\n", r, (int)pids[r], status);
-      failures++;
-    }
-  }
+  fork_ranks(2, encrypted_setup, encrypted_rank, NULL);
 }
 
 /* Grow: two ranks become three; the third joins with the id. */
