@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use children::free_port;
+use children::{free_port, spawn_ranks};
 use common::{all_cases, check, deterministic, run_on_host, CaseBuffers, TEST_BUFFSIZE};
 use rccl::{Bootstrap, CollKind, Communicator, DataType, Error, RedOp, UniqueId};
 
@@ -57,39 +57,35 @@ fn deterministic_child_rank() {
 const DETERMINISTIC_CHILD: &str = "RCCL_TEST_DETERMINISTIC_CHILD";
 
 fn run_processes(nranks: usize, shm_disable: bool) {
-    run_children(nranks, "child_rank", CHILD_MARKER, |_, cmd| {
-        cmd.env("NCCL_SHM_DISABLE", if shm_disable { "1" } else { "0" });
+    run_children(nranks, "child_rank", CHILD_MARKER, |_| {
+        let shm = if shm_disable { "1" } else { "0" };
+        vec![("NCCL_SHM_DISABLE".into(), shm.into())]
     });
 }
 
 /// Runs `nranks` processes of the test `child` on loopback (`marker` set,
-/// the suite's settings, then what `more` sets on each rank's command),
-/// and asserts that each succeeds.
-fn run_children(nranks: usize, child: &str, marker: &str, more: impl Fn(usize, &mut Command)) {
-    let port = free_port().to_string();
-    let exe = std::env::current_exe().unwrap();
-    let children: Vec<_> = (0..nranks)
-        .map(|rank| {
-            let mut cmd = Command::new(&exe);
-            cmd.args(["--exact", child, "--nocapture", "--test-threads", "1"])
-                .env(marker, "1")
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", nranks.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", &port)
-                .env("NCCL_BUFFSIZE", TEST_BUFFSIZE.to_string())
-                .env("NCCL_MIN_NCHANNELS", "2")
-                .env("NCCL_MAX_NCHANNELS", "2")
-                .env("RCCL_TIMEOUT_MS", "60000");
-            more(rank, &mut cmd);
-            cmd.spawn().unwrap()
-        })
-        .collect();
-    let statuses: Vec<_> = children
-        .into_iter()
-        .map(|mut child| child.wait().unwrap())
-        .collect();
-    assert!(statuses.iter().all(|s| s.success()), "{statuses:?}");
+/// the suite's settings, then what `more` gives each rank), and asserts
+/// that each succeeds within three minutes.
+fn run_children(
+    nranks: usize,
+    child: &str,
+    marker: &str,
+    more: impl Fn(usize) -> Vec<(String, String)>,
+) {
+    let suite = [
+        ("NCCL_BUFFSIZE", TEST_BUFFSIZE.to_string()),
+        ("NCCL_MIN_NCHANNELS", "2".into()),
+        ("NCCL_MAX_NCHANNELS", "2".into()),
+        ("RCCL_TIMEOUT_MS", "60000".into()),
+    ];
+    let mut ranks = spawn_ranks(child, nranks, |rank| {
+        let mut env: Vec<(String, String)> = vec![(marker.into(), "1".into())];
+        env.extend(suite.iter().map(|(k, v)| (k.to_string(), v.clone())));
+        env.extend(more(rank));
+        env
+    });
+    let passed = ranks.wait_all(Duration::from_secs(180));
+    assert!(passed.iter().all(|&p| p), "ranks that passed: {passed:?}");
 }
 
 #[test]
@@ -150,17 +146,15 @@ fn deterministic_processes() {
     ];
     for (mode, env, host) in runs {
         let expect = if mode == "1" { "reference" } else { "other" };
-        run_children(
-            4,
-            "deterministic_child_rank",
-            DETERMINISTIC_CHILD,
-            |rank, cmd| {
-                cmd.env("NCCL_DETERMINISTIC", mode)
-                    .env(deterministic::EXPECT, expect)
-                    .env("NCCL_HOSTID", format!("host-{}", host(rank)))
-                    .envs(env.iter().copied());
-            },
-        );
+        run_children(4, "deterministic_child_rank", DETERMINISTIC_CHILD, |rank| {
+            let mut vars = vec![
+                ("NCCL_DETERMINISTIC".into(), mode.into()),
+                (deterministic::EXPECT.into(), expect.into()),
+                ("NCCL_HOSTID".into(), format!("host-{}", host(rank))),
+            ];
+            vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            vars
+        });
     }
 }
 

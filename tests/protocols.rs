@@ -5,9 +5,9 @@
 mod children;
 mod common;
 
-use std::process::Command;
+use std::time::Duration;
 
-use children::free_port;
+use children::spawn_ranks;
 use common::{all_cases, check, run_on_host, suite_on_threads, test_config, CaseBuffers};
 use rccl::tuning::Selection;
 use rccl::{CollKind, Communicator, Config, DataType};
@@ -68,32 +68,27 @@ fn child_rank() {
 
 #[test]
 fn each_protocol_with_four_processes() {
-    let exe = std::env::current_exe().unwrap();
     let config = test_config();
     for (proto, channels) in [("LL", 1), ("LL128", 4), ("Simple", 2)] {
-        let port = free_port().to_string();
-        let children: Vec<_> = (0..4)
-            .map(|rank| {
-                Command::new(&exe)
-                    .args(["--exact", "child_rank", "--test-threads", "1"])
-                    .env(CHILD_MARKER, "1")
-                    .env("RANK", rank.to_string())
-                    .env("WORLD_SIZE", "4")
-                    .env("MASTER_ADDR", "127.0.0.1")
-                    .env("MASTER_PORT", &port)
-                    .env("NCCL_PROTO", proto)
-                    .env("NCCL_MIN_NCHANNELS", channels.to_string())
-                    .env("NCCL_MAX_NCHANNELS", channels.to_string())
-                    .env("NCCL_BUFFSIZE", config.buffsize.to_string())
-                    .env("NCCL_LL_BUFFSIZE", config.ll_buffsize.to_string())
-                    .env("NCCL_LL128_BUFFSIZE", config.ll128_buffsize.to_string())
-                    .env("RCCL_TIMEOUT_MS", "60000")
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        for mut child in children {
-            assert!(child.wait().unwrap().success(), "{proto} with 4 processes");
-        }
+        let env = [
+            (CHILD_MARKER, "1".to_string()),
+            ("NCCL_PROTO", proto.into()),
+            ("NCCL_MIN_NCHANNELS", channels.to_string()),
+            ("NCCL_MAX_NCHANNELS", channels.to_string()),
+            ("NCCL_BUFFSIZE", config.buffsize.to_string()),
+            ("NCCL_LL_BUFFSIZE", config.ll_buffsize.to_string()),
+            ("NCCL_LL128_BUFFSIZE", config.ll128_buffsize.to_string()),
+            ("RCCL_TIMEOUT_MS", "60000".into()),
+        ];
+        let mut ranks = spawn_ranks("child_rank", 4, |_| {
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect()
+        });
+        let passed = ranks.wait_all(Duration::from_secs(180));
+        assert!(
+            passed.iter().all(|&p| p),
+            "{proto} with 4 processes: {passed:?}"
+        );
     }
 }
