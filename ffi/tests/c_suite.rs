@@ -285,14 +285,15 @@ fn c_program_on_the_emulated_gpu() {
 }
 
 /// tests/c/memory.c: ncclCommMemStats, ncclCommSuspend and ncclCommResume
-/// on 2 and 4 ranks as threads and as processes over host memory, and as
-/// threads on the emulated GPU, results checked, and the misuses' errors.
+/// on 2 and 4 ranks as threads and as processes, over host memory and on
+/// the emulated GPU, results checked, the misuses' errors, and the
+/// refusal past NCCL_MAX_MEM_BYTES.
 #[test]
 fn memory_statistics_suspend_and_resume_from_c() {
     let dir = dropin_dir("memory");
     let binary = dir.join("memory");
     compile("memory.c", &binary, &own_include(), &[], &dropin_link(&dir));
-    for mode in ["threads", "processes", "emu"] {
+    for mode in ["threads", "processes", "emu", "emu-processes"] {
         let out = run_with(&binary, &dir, mode, &[("RCCL_DEVICE", "emu")]);
         assert!(out.contains(&format!("memory {mode}: ok")), "{out}");
         eprintln!("{}", out.trim());

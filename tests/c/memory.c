@@ -8,8 +8,10 @@
  *   memory threads    ranks as threads of this process, host memory
  *   memory processes  ranks as processes, host memory
  *   memory emu        ranks as threads, on the emulated GPU
+ *   memory emu-processes  ranks as processes, on the emulated GPU
  *
- * each with 2 ranks, then 4.
+ * each with 2 ranks, then 4, then 2 under NCCL_MAX_MEM_BYTES, whose first
+ * allocation is refused.
  *
  * Exit status 0 means it passed.
  */
@@ -43,6 +45,9 @@ struct rank {
   ncclComm_t comm;
   int rank, nranks, on_device;
 };
+
+/* The limit of the capped runs: below any connection's FIFOs. */
+#define CAP "10000"
 
 /* This process's resident set in bytes (/proc/self/statm). */
 static unsigned long long rss(void) {
@@ -148,43 +153,99 @@ static void *run_rank(void *arg) {
   return NULL;
 }
 
-static void on_threads(int n, int on_device) {
+/* `text` starts with `prefix` and ends with `suffix`. */
+static int framed(const char *text, const char *prefix, const char *suffix) {
+  size_t len = strlen(text), tail = strlen(suffix);
+  return strncmp(text, prefix, strlen(prefix)) == 0 && len > tail &&
+         strcmp(text + len - tail, suffix) == 0;
+}
+
+/* Under NCCL_MAX_MEM_BYTES=CAP the first all-reduce fails: on a rank
+ * whose allocation was refused with the refusal, naming the rank, what is
+ * held and the limit; on a rank that a peer's refusal stopped first with a
+ * remote error quoting it. The communicator holds no more than the cap. */
+static void *run_capped_rank(void *arg) {
+  struct rank *x = arg;
+  char own[64], remote[64];
+  snprintf(own, sizeof own, "ncclAllReduce: system error: rank %d: ", x->rank);
+  snprintf(remote, sizeof remote, "ncclAllReduce: remote error: rank %d: ", x->rank);
+  const char *limit = " refused: the communicator holds ";
+  const char *cap = " bytes and NCCL_MAX_MEM_BYTES allows " CAP;
+  ncclResult_t rc = all_reduce(x, MAX_COUNT, 0);
+  const char *got = ncclGetLastError(x->comm);
+  int refused = rc == ncclSystemError && framed(got, own, cap) && strstr(got, limit);
+  int told = rc == ncclRemoteError && framed(got, remote, cap) && strstr(got, limit);
+  if (!refused && !told) {
+    fprintf(stderr, "rank %d under the cap: got %d \"%s\"\n", x->rank, (int)rc, got);
+    EXPECT(0);
+  } else if (refused) {
+    printf("under NCCL_MAX_MEM_BYTES=%s: %s\n", CAP, got);
+  }
+  EXPECT(stat(x->comm, ncclStatGpuMemTotal) <= (uint64_t)atoi(CAP));
+  return NULL;
+}
+
+static void on_threads(int n, int on_device, int capped) {
   ncclComm_t comms[MAX_RANKS];
   struct rank ranks[MAX_RANKS];
   pthread_t th[MAX_RANKS];
+  if (capped) setenv("NCCL_MAX_MEM_BYTES", CAP, 1);
   CHECK(ncclCommInitAll(comms, n, NULL));
+  unsetenv("NCCL_MAX_MEM_BYTES");
   for (int r = 0; r < n; r++) {
     ranks[r] = (struct rank){comms[r], r, n, on_device};
-    pthread_create(&th[r], NULL, run_rank, &ranks[r]);
+    pthread_create(&th[r], NULL, capped ? run_capped_rank : run_rank, &ranks[r]);
   }
   for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
   for (int r = 0; r < n; r++) CHECK(ncclCommDestroy(comms[r]));
 }
 
-static void process_rank(int r, int n, ncclUniqueId id, void *unused) {
-  (void)unused;
-  struct rank x = {NULL, r, n, 0};
+struct mode {
+  int on_device, capped;
+};
+
+static void process_setup(int r, void *arg) {
+  (void)r;
+  if (((struct mode *)arg)->capped) setenv("NCCL_MAX_MEM_BYTES", CAP, 1);
+}
+
+static void process_rank(int r, int n, ncclUniqueId id, void *arg) {
+  const struct mode *mode = arg;
+  struct rank x = {NULL, r, n, mode->on_device};
   CHECK(ncclCommInitRank(&x.comm, n, id, r));
-  run_rank(&x);
+  (mode->capped ? run_capped_rank : run_rank)(&x);
   CHECK(ncclCommDestroy(x.comm));
+}
+
+/* 2 and 4 ranks, then 2 under the cap. */
+static void run_mode(int processes, int on_device) {
+  for (int n = 2; n <= 6; n += 2) {
+    struct mode mode = {on_device, n == 6};
+    int ranks = mode.capped ? 2 : n;
+    if (processes)
+      fork_ranks(ranks, process_setup, process_rank, &mode);
+    else
+      on_threads(ranks, on_device, mode.capped);
+  }
 }
 
 int main(int argc, char **argv) {
   if (argc != 2) {
-    fprintf(stderr, "usage: %s threads|processes|emu\n", argv[0]);
+    fprintf(stderr, "usage: %s threads|processes|emu|emu-processes\n", argv[0]);
     return 2;
   }
-  for (int n = 2; n <= 4; n += 2) {
-    if (strcmp(argv[1], "threads") == 0) {
-      on_threads(n, 0);
-    } else if (strcmp(argv[1], "emu") == 0) {
-      on_threads(n, 1);
-    } else if (strcmp(argv[1], "processes") == 0) {
-      fork_ranks(n, NULL, process_rank, NULL);
-    } else {
-      fprintf(stderr, "unknown mode %s\n", argv[1]);
-      return 2;
-    }
+  const char *m = argv[1];
+  if (strcmp(m, "threads") == 0) {
+    run_mode(0, 0);
+  } else if (strcmp(m, "emu") == 0) {
+    run_mode(0, 1);
+  } else if (strcmp(m, "processes") == 0) {
+    run_mode(1, 0);
+  } else if (strcmp(m, "emu-processes") == 0) {
+    run_mode(1, 1);
+  } else {
+    fprintf(stderr, "unknown mode %s\n", m);
+    return 2;
   }
   if (failures) {
     fprintf(stderr, "memory %s: %d failure(s)\n", argv[1], failures);
