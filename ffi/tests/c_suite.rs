@@ -300,6 +300,28 @@ fn memory_statistics_suspend_and_resume_from_c() {
     }
 }
 
+/// tests/c/encryption.c: ranks with one PSK over TCP at 2 and 4 ranks, as
+/// threads and as processes, over host memory and on the emulated GPU,
+/// results checked; a process with another key is refused and its root
+/// fails at its timeout, naming it.
+#[test]
+fn encryption_from_c() {
+    let dir = dropin_dir("encryption");
+    let binary = dir.join("encryption");
+    compile(
+        "encryption.c",
+        &binary,
+        &own_include(),
+        &[],
+        &dropin_link(&dir),
+    );
+    for mode in ["threads", "processes", "emu", "emu-processes", "wrong-key"] {
+        let out = run_with(&binary, &dir, mode, &[("RCCL_DEVICE", "emu")]);
+        assert!(out.contains(&format!("encryption {mode}: ok")), "{out}");
+        eprintln!("{}", out.trim());
+    }
+}
+
 /// tests/c/one_sided.c: windows, puts, signals and waits through the C ABI
 /// at 2 and 4 ranks, as threads of one process (windows registered by
 /// one thread in a group) and as processes (on one host and on two),

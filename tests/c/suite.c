@@ -827,30 +827,7 @@ static void case_processes(void) {
   fork_ranks(N, NULL, process_rank, NULL); /* a power of two keeps ncclAvg exact */
 }
 
-/* Both ranks over TCP with one PSK, set before the unique id exists. */
-static void encrypted_setup(int r, void *unused) {
-  (void)r, (void)unused;
-  setenv("NCCL_SHM_DISABLE", "1", 1);
-  ncclEncryptionConfig_t psk = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
-  psk.mode = NCCL_ENCRYPTION_MODE_PSK;
-  psk.psk = "a-job-wide-key-of-at-least-32-bytes!";
-  CHECK(ncclSetEncryption(&psk));
-}
-
-static void encrypted_rank(int r, int P, ncclUniqueId id, void *unused) {
-  (void)unused;
-  enum { LEN = 1 << 16 };
-  ncclComm_t comm;
-  CHECK(ncclCommInitRank(&comm, P, id, r));
-  static int32_t in[LEN], out[LEN];
-  for (int i = 0; i < LEN; i++) in[i] = r * 100000 + i;
-  CHECK(ncclAllReduce(in, out, LEN, ncclInt32, ncclSum, comm, NULL));
-  for (int i = 0; i < LEN; i++) EXPECT(out[i] == 100000 + 2 * i);
-  CHECK(ncclCommDestroy(comm));
-  if (r == 0) printf("2 processes over TCP with a PSK: %d elements checked\n", LEN);
-}
-
-/* Encryption: the misuses, then two processes over TCP with one PSK. */
+/* Encryption: the misuses (encryption.c runs ranks with a key). */
 static void case_encryption(void) {
   ncclEncryptionConfig_t bad = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
   bad.magic = 0;
@@ -867,8 +844,6 @@ static void case_encryption(void) {
   config.mode = NCCL_ENCRYPTION_MODE_NONE;
   CHECK(ncclSetEncryption(&config));
   CHECK(ncclSetEncryption(NULL));
-
-  fork_ranks(2, encrypted_setup, encrypted_rank, NULL);
 }
 
 /* Grow: two ranks become three; the third joins with the id. */
