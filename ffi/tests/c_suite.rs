@@ -290,14 +290,7 @@ fn c_program_on_the_emulated_gpu() {
 /// refusal past NCCL_MAX_MEM_BYTES.
 #[test]
 fn memory_statistics_suspend_and_resume_from_c() {
-    let dir = dropin_dir("memory");
-    let binary = dir.join("memory");
-    compile("memory.c", &binary, &own_include(), &[], &dropin_link(&dir));
-    for mode in ["threads", "processes", "emu", "emu-processes"] {
-        let out = run_with(&binary, &dir, mode, &[("RCCL_DEVICE", "emu")]);
-        assert!(out.contains(&format!("memory {mode}: ok")), "{out}");
-        eprintln!("{}", out.trim());
-    }
+    program_in_modes("memory", &["threads", "processes", "emu", "emu-processes"]);
 }
 
 /// tests/c/encryption.c: ranks with one PSK over TCP at 2 and 4 ranks, as
@@ -306,18 +299,21 @@ fn memory_statistics_suspend_and_resume_from_c() {
 /// fails at its timeout, naming it.
 #[test]
 fn encryption_from_c() {
-    let dir = dropin_dir("encryption");
-    let binary = dir.join("encryption");
-    compile(
-        "encryption.c",
-        &binary,
-        &own_include(),
-        &[],
-        &dropin_link(&dir),
-    );
-    for mode in ["threads", "processes", "emu", "emu-processes", "wrong-key"] {
+    let modes = ["threads", "processes", "emu", "emu-processes", "wrong-key"];
+    program_in_modes("encryption", &modes);
+}
+
+/// Compiles tests/c/`name`.c against our header and runs it once per mode
+/// (its one argument), with the emulated GPU as the device; each run must
+/// end saying `<name> <mode>: ok`.
+fn program_in_modes(name: &str, modes: &[&str]) {
+    let dir = dropin_dir(name);
+    let binary = dir.join(name);
+    let source = format!("{name}.c");
+    compile(&source, &binary, &own_include(), &[], &dropin_link(&dir));
+    for mode in modes {
         let out = run_with(&binary, &dir, mode, &[("RCCL_DEVICE", "emu")]);
-        assert!(out.contains(&format!("encryption {mode}: ok")), "{out}");
+        assert!(out.contains(&format!("{name} {mode}: ok")), "{out}");
         eprintln!("{}", out.trim());
     }
 }
