@@ -1,6 +1,7 @@
 //! One-sided calls ordered on a stream, as NCCL orders them, for windows
-//! of the emulated GPU's device memory (every rank in this process, its
-//! device pointers valid in every thread). A put is a task on the
+//! of the emulated GPU's device memory (every rank on this host: a peer's
+//! window is its own pointer in this process, its allocation imported in
+//! another, `device_memory.rs`). A put is a task on the
 //! caller's stream: it copies into the peer's window, then raises the
 //! signal with release ordering, so it lands after the work enqueued
 //! before it and a peer that saw the count sees the bytes. A wait is a
@@ -10,7 +11,7 @@
 //! (`ncclCommGetAsyncError`, and its next call). Counts a wait consumes
 //! are taken when it is enqueued, so waits consume in call order.
 //! The caller keeps its buffers, and the window, until the stream has run
-//! the task, as with any stream work.
+//! the task, as with any stream work; a suspend waits for the tasks.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -131,7 +132,7 @@ impl Communicator {
                 consumed[at] = consumed[at].wrapping_add(d.count as u32);
             }
             let inner = self.inner.clone();
-            enqueue(comm, stream, move || {
+            enqueue(&self.inner, stream, move || {
                 let deadline = Instant::now() + inner.config.timeout;
                 let result = waits.iter().try_for_each(|(d, base)| {
                     await_count(&inner, &block, d, *base, deadline, || Ok(()))
@@ -189,8 +190,8 @@ fn enqueue_raise(
     };
     let at = slot(comm, sig, ctx, comm.rank);
     let device = device(comm, call)?;
-    let inner = inner.clone();
-    enqueue(comm, stream, move || {
+    let owner = inner.clone();
+    enqueue(inner, stream, move || {
         if let Some(Copy { dst, src, len }) = copy {
             if len > 0 {
                 // SAFETY: the caller of the put vouched for the source and
@@ -198,10 +199,10 @@ fn enqueue_raise(
                 // the destination lies inside the peer's window (checked
                 // when enqueued).
                 if let Err(e) = unsafe { device.copy(dst as *mut u8, src as *const u8, len) } {
-                    inner.poison(&Error::System(format!(
+                    owner.poison(&Error::System(format!(
                         "{PUT}: rank {}: the copy of {len} bytes into the window of rank {peer} \
                          failed: {e}",
-                        inner.rank
+                        owner.rank
                     )));
                     return;
                 }
@@ -221,11 +222,34 @@ fn device(comm: &CommInner, call: &str) -> Result<&'static dyn Device> {
     })
 }
 
-/// Enqueues `task` on stream `stream` of the active device.
-fn enqueue(comm: &CommInner, stream: usize, task: impl FnOnce() + Send + 'static) -> Result<()> {
-    let device = device(comm, "a one-sided call on a stream")?;
+/// Enqueues `task` on stream `stream` of the active device, counted in
+/// the communicator's one-sided work until it ran or was dropped (a
+/// suspend waits for it).
+fn enqueue(
+    inner: &Arc<CommInner>,
+    stream: usize,
+    task: impl FnOnce() + Send + 'static,
+) -> Result<()> {
+    let device = device(inner, "a one-sided call on a stream")?;
     let stream = device.stream(stream)?;
+    inner.one_sided_queued.issue();
+    let counted = Counted(inner.clone());
     device
-        .enqueue_joint(&[stream], Box::new(task))
+        .enqueue_joint(
+            &[stream],
+            Box::new(move || {
+                let _counted = counted;
+                task();
+            }),
+        )
         .map_err(Error::from)
+}
+
+/// A one-sided task on a stream: finished when dropped, run or not.
+struct Counted(Arc<CommInner>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.one_sided_queued.finish();
+    }
 }
