@@ -255,19 +255,8 @@ fn local_problem(base: *mut u8, flags: u32) -> Option<String> {
             base as usize % WIN_REQUIRED_ALIGNMENT
         ));
     }
-    match device_of(base) {
-        Some(device) if device.backend() != EMULATED => Some(format!(
-            "device memory of the {} backend: windows of device memory are served on the \
-             emulated GPU (RCCL_DEVICE=emu) only",
-            device.backend()
-        )),
-        _ => None,
-    }
+    None
 }
-
-/// The emulated GPU's backend: its device memory is plain memory, which
-/// every rank of a process writes directly and other processes map.
-const EMULATED: &str = "emu";
 
 /// What a rank reaches of its peers at a registration.
 struct Reached {
