@@ -12,8 +12,8 @@
 //!   its abort flag and the peer's fate watched.
 //! - `remote.rs`: puts and signals to ranks on other hosts, as messages
 //!   the target applies before it reads its counts.
-//! - `stream.rs`: the same calls ordered on a stream, for windows of the
-//!   emulated GPU's device memory.
+//! - `stream.rs`: the same calls ordered on a stream, for windows of
+//!   device memory.
 //! - `device_memory.rs`: windows of device memory between processes: the
 //!   owner's export, a peer's import.
 //! - `symmetric.rs`: which symmetric window holds a collective's buffer,
@@ -102,9 +102,9 @@ struct WindowEntry {
     flags: u32,
     /// Whether this rank's buffer is shareable memory counted as in use.
     exported: bool,
-    /// Whether some rank's buffer is device memory (the emulated GPU's):
-    /// then every rank is on this host, and puts into the window run on
-    /// streams (`stream.rs`).
+    /// Whether some rank's buffer is device memory: then every rank is
+    /// on this host, and puts into the window run on streams
+    /// (`stream.rs`).
     device: bool,
     /// Per rank, its window as this rank writes it; `None` for a rank on
     /// another host (reached by messages, `remote.rs`).
