@@ -221,39 +221,6 @@ fn classify_on_a_thread_without_a_context() {
     });
 }
 
-/// A window of CUDA device memory is refused on every rank, naming the
-/// backend: one-sided calls write peers' windows from the host.
-#[test]
-fn a_window_of_cuda_device_memory_is_refused_on_every_rank() {
-    over_the_model(
-        "a_window_of_cuda_device_memory_is_refused_on_every_rank",
-        &[],
-        || {
-            let comms = Communicator::init_all_config(2, test_config()).unwrap();
-            std::thread::scope(|s| {
-                for comm in &comms {
-                    s.spawn(move || {
-                        let dev = cuda().alloc(3 * 4096).unwrap();
-                        let at = dev.wrapping_add(4096 - dev as usize % 4096);
-                        // SAFETY: `at` and 4096 bytes lie in the allocation,
-                        // which outlives the call.
-                        let err = unsafe { comm.register_window(at, 4096, 0) }
-                            .unwrap_err()
-                            .to_string();
-                        assert!(
-                            err.contains("window #0 of rank 0")
-                                && err.contains("device memory of the cuda backend"),
-                            "{err}"
-                        );
-                        // SAFETY: nothing uses the memory any more.
-                        unsafe { cuda().free(dev) }.unwrap();
-                    });
-                }
-            });
-        },
-    );
-}
-
 /// A driver error while classifying is an error, never "host memory":
 /// here the device's context is gone (released by the application).
 #[test]

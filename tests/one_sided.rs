@@ -6,11 +6,14 @@
 
 #[path = "common/children.rs"]
 mod children;
+#[path = "common/device_windows.rs"]
+mod device_windows;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use children::spawn_ranks;
+use device_windows::{device_ring, payload, Alloc, DeviceBuffers, ACK, DATA};
 use rccl::{Communicator, Config, Error, WaitDesc, Window, WIN_COLL_SYMMETRIC};
 
 const PAGE: usize = 4096;
@@ -60,16 +63,6 @@ fn register(comm: &Communicator, buf: &Buffer, flags: u32) -> rccl::Result<Windo
     // SAFETY: the buffer outlives the window (deregistered before drop).
     unsafe { comm.register_window(buf.ptr, buf.len, flags) }
 }
-
-/// What rank `rank` puts in round `round`: `bytes` bytes.
-fn payload(rank: usize, round: usize, bytes: usize) -> Vec<u8> {
-    (0..bytes)
-        .map(|i| (i * 31 + rank * 7 + round * 13) as u8)
-        .collect()
-}
-
-const DATA: usize = 0;
-const ACK: usize = 1;
 
 /// `rounds` rounds of a ring: each rank puts into the next rank's window
 /// (at an offset that moves with the round), waits for the previous
@@ -382,6 +375,10 @@ fn child_rank() {
     if role == "emu-threads" {
         return emu_threads();
     }
+    if role == "emu-ring" {
+        let comm = Communicator::from_env_config(config(2, Duration::from_secs(60))).unwrap();
+        return device_ring(&comm, 100, 3000, Alloc::Shareable);
+    }
     let mut cfg = config(2, Duration::from_secs(60));
     if role == "cap" {
         // Room for the signal blocks, not for a mapping of a window.
@@ -474,18 +471,31 @@ fn child_rank() {
                 "{err}"
             );
         }
-        "device" => {
-            // Windows of device memory (the emulated GPU) between
-            // processes are refused on every rank, naming the window.
+        "device" | "device-hosts" => {
+            // Device memory (the emulated GPU's) not from ncclMemAlloc
+            // cannot be mapped by a peer process; none reaches another
+            // host: every rank hears which rank's window it is.
             let device = rccl::device::active().expect("RCCL_DEVICE=emu");
-            let mem = device.alloc(PAGE).unwrap();
+            let mem = match role {
+                "device" => device.alloc(PAGE).unwrap(),
+                _ => device.alloc_shareable(PAGE).unwrap(),
+            };
             // SAFETY: `mem` holds PAGE bytes until freed below.
             let err = text(unsafe { comm.register_window(mem, PAGE, 0) });
-            assert!(
-                err.contains("window #0 of rank 0 is device memory of the emulated GPU")
-                    && err.contains("between ranks of one process only"),
-                "{err}"
-            );
+            let expected = match role {
+                "device" => "window #0 of rank 1 (0x",
+                _ => {
+                    "window #0 of rank 0 is device memory, which windows reach between ranks of \
+                      one host only, and rank 1 (host"
+                }
+            };
+            assert!(err.contains(expected), "{err}");
+            if role == "device" {
+                assert!(
+                    err.contains(&format!("{PAGE} bytes) is not memory from ncclMemAlloc")),
+                    "{err}"
+                );
+            }
             // SAFETY: nothing uses the memory any more.
             unsafe { device.free(mem) }.unwrap();
         }
@@ -544,112 +554,35 @@ fn device_windows_between_threads_order_puts_on_streams() {
     processes_with(1, "emu-threads", |_| 0, &[("RCCL_DEVICE", "emu")]);
 }
 
+/// Windows of shareable device memory (`ncclMemAlloc` on the emulated
+/// GPU) between processes: each maps its peers' allocations.
+#[test]
+fn device_windows_between_processes_at_2_and_4_ranks() {
+    processes_with(2, "emu-ring", |_| 0, &[("RCCL_DEVICE", "emu")]);
+    processes_with(4, "emu-ring", |_| 0, &[("RCCL_DEVICE", "emu")]);
+}
+
 fn emu_threads() {
     for n in [2, 4] {
         let comms = Communicator::init_all_config(n, config(2, Duration::from_secs(30))).unwrap();
         std::thread::scope(|s| {
             for comm in &comms {
-                s.spawn(move || device_ring(comm, 100, 3000));
+                s.spawn(move || device_ring(comm, 100, 3000, Alloc::Plain));
             }
         });
     }
+    let comms = Communicator::init_all_config(2, config(1, Duration::from_secs(30))).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || suspend_after_a_held_put(comm));
+        }
+    });
     let comms = Communicator::init_all_config(2, config(1, Duration::from_secs(1))).unwrap();
     std::thread::scope(|s| {
         for comm in &comms {
             s.spawn(move || gated_put_and_late_wait(comm));
         }
     });
-}
-
-/// Device memory of `len` bytes and a stream, freed on drop.
-struct DeviceBuffers {
-    device: &'static dyn rccl::device::Device,
-    window: *mut u8,
-    source: *mut u8,
-    stream: std::sync::Arc<dyn rccl::device::Stream>,
-}
-
-impl DeviceBuffers {
-    fn new(len: usize) -> DeviceBuffers {
-        let device = rccl::device::active().expect("RCCL_DEVICE=emu");
-        DeviceBuffers {
-            device,
-            window: device.alloc_zeroed(len).unwrap(),
-            source: device.alloc(len).unwrap(),
-            stream: device.create_stream().unwrap(),
-        }
-    }
-
-    /// `len` bytes of the window at `offset`, copied to the host once the
-    /// stream has run what was enqueued.
-    fn read(&self, offset: usize, len: usize) -> Vec<u8> {
-        self.sync();
-        let mut out = vec![0u8; len];
-        // SAFETY: the window holds `offset + len` bytes; `out` is a
-        // distinct host buffer of `len`.
-        unsafe {
-            self.device
-                .copy(out.as_mut_ptr(), self.window.add(offset), len)
-        }
-        .unwrap();
-        out
-    }
-
-    fn sync(&self) {
-        self.stream
-            .synchronize(Instant::now() + Duration::from_secs(30))
-            .unwrap();
-    }
-}
-
-impl Drop for DeviceBuffers {
-    fn drop(&mut self) {
-        self.sync();
-        // SAFETY: nothing uses the memory any more (the stream ran all).
-        unsafe {
-            self.device.free(self.window).unwrap();
-            self.device.free(self.source).unwrap();
-        }
-    }
-}
-
-/// The ring of [`ring`] on device memory, every call on the stream: the
-/// host checks each round's data, copied back.
-fn device_ring(comm: &Communicator, rounds: usize, bytes: usize) {
-    let (rank, n) = (comm.rank(), comm.count());
-    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-    let mem = DeviceBuffers::new(2 * bytes);
-    // SAFETY: the memory outlives the window (deregistered before drop).
-    let window = unsafe { comm.register_window(mem.window, 2 * bytes, 0) }.unwrap();
-    assert!(comm.window_on_device(window).unwrap());
-    let raw = mem.stream.raw();
-    let wait = |peer, sig| WaitDesc {
-        peer,
-        sig,
-        ctx: 0,
-        count: 1,
-    };
-    for round in 0..rounds {
-        let offset = (round % 2) * bytes;
-        let data = payload(rank, round, bytes);
-        // SAFETY: `source` holds 2 * bytes; the stream ran the last put.
-        unsafe { mem.device.copy(mem.source, data.as_ptr(), bytes) }.unwrap();
-        // SAFETY: the source stays until the stream ran the put (synced
-        // below before it is written again).
-        unsafe { comm.put_signal_on_stream(mem.source, bytes, next, window, offset, DATA, 0, raw) }
-            .unwrap();
-        comm.wait_signal_on_stream(&[wait(prev, DATA)], raw)
-            .unwrap();
-        assert!(
-            mem.read(offset, bytes) == payload(prev, round, bytes),
-            "rank {rank} round {round}: wrong data from rank {prev}"
-        );
-        comm.signal_on_stream(prev, ACK, 0, raw).unwrap();
-        comm.wait_signal_on_stream(&[wait(next, ACK)], raw).unwrap();
-    }
-    mem.sync();
-    assert!(comm.async_error().is_none());
-    comm.deregister_window(window).unwrap();
 }
 
 /// Rank 0 enqueues a put behind a task that holds its stream: the put
@@ -659,7 +592,7 @@ fn device_ring(comm: &Communicator, rounds: usize, bytes: usize) {
 fn gated_put_and_late_wait(comm: &Communicator) {
     use std::sync::atomic::{AtomicBool, Ordering};
     static GATE: AtomicBool = AtomicBool::new(false);
-    let mem = DeviceBuffers::new(PAGE);
+    let mem = DeviceBuffers::new(PAGE, Alloc::Plain);
     // SAFETY: the memory outlives the window (deregistered before drop).
     let window = unsafe { comm.register_window(mem.window, PAGE, 0) }.unwrap();
     let raw = mem.stream.raw();
@@ -708,6 +641,63 @@ fn gated_put_and_late_wait(comm: &Communicator) {
     let _ = comm.deregister_window(window);
 }
 
+/// Rank 0 enqueues a put behind a task that holds its stream, then
+/// suspends: the suspend returns only once the stream ran the put, so
+/// rank 1, past the suspend's barrier, finds the bytes; the signal's
+/// count survives the suspend.
+fn suspend_after_a_held_put(comm: &Communicator) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static GATE: AtomicBool = AtomicBool::new(false);
+    let mem = DeviceBuffers::new(PAGE, Alloc::Plain);
+    // SAFETY: the memory outlives the window (deregistered before drop).
+    let window = unsafe { comm.register_window(mem.window, PAGE, 0) }.unwrap();
+    let data = vec![9u8; 64];
+    if comm.rank() == 0 {
+        mem.device
+            .enqueue_joint(
+                std::slice::from_ref(&mem.stream),
+                Box::new(|| {
+                    while !GATE.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }),
+            )
+            .unwrap();
+        let raw = mem.stream.raw();
+        // SAFETY: `data` outlives the stream's run (the suspend waits).
+        unsafe { comm.put_signal_on_stream(data.as_ptr(), 64, 1, window, 256, 0, 0, raw) }.unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                GATE.store(true, Ordering::Release);
+            });
+            comm.suspend().unwrap();
+            assert!(
+                GATE.load(Ordering::Acquire),
+                "the suspend returned before the stream ran the put"
+            );
+        });
+    } else {
+        comm.suspend().unwrap();
+        assert_eq!(
+            mem.read(256, 64),
+            data,
+            "the put had not landed at the suspend"
+        );
+    }
+    comm.resume().unwrap();
+    if comm.rank() == 1 {
+        comm.wait_signal(&[WaitDesc {
+            peer: 0,
+            sig: 0,
+            ctx: 0,
+            count: 1,
+        }])
+        .unwrap();
+    }
+    comm.deregister_window(window).unwrap();
+}
+
 /// A registration enters the mappings it makes in the ledger, and the
 /// ledger's cap refuses one on every rank.
 #[test]
@@ -717,8 +707,9 @@ fn windows_between_processes_are_in_the_ledger_and_under_its_cap() {
 }
 
 #[test]
-fn device_memory_windows_between_processes_are_refused_on_every_rank() {
+fn device_memory_not_from_nccl_mem_alloc_or_across_hosts_is_refused_on_every_rank() {
     processes_with(2, "device", |_| 0, &[("RCCL_DEVICE", "emu")]);
+    processes_with(2, "device-hosts", |r| r, &[("RCCL_DEVICE", "emu")]);
 }
 
 #[test]

@@ -322,7 +322,8 @@ fn program_in_modes(name: &str, modes: &[&str]) {
 /// at 2 and 4 ranks, as threads of one process (windows registered by
 /// one thread in a group) and as processes (on one host and on two),
 /// every misuse with its error text; a wait on a peer that died ends
-/// naming it; and on the emulated GPU's device memory, on streams.
+/// naming it; and on the emulated GPU's device memory, on streams, as
+/// threads and as processes at 2 and 4 ranks.
 #[test]
 fn one_sided_c_program() {
     let dir = dropin_dir("one-sided");
@@ -340,6 +341,17 @@ fn one_sided_c_program() {
     let emu = [("NCCL_NUM_RMA_SIG", "2"), ("RCCL_DEVICE", "emu")];
     run_ranks(&binary, &dir, &[&["emu", "2"]], &emu);
     run_ranks(&binary, &dir, &[&["emu", "4"]], &emu);
+    for n in [2, 4] {
+        let ranks: Vec<[String; 3]> = (0..n)
+            .map(|r| ["emu".into(), r.to_string(), n.to_string()])
+            .collect();
+        let ranks: Vec<Vec<&str>> = ranks
+            .iter()
+            .map(|a| a.iter().map(String::as_str).collect())
+            .collect();
+        let ranks: Vec<&[&str]> = ranks.iter().map(Vec::as_slice).collect();
+        run_ranks(&binary, &dir, &ranks, &[("RCCL_DEVICE", "emu")]);
+    }
     run_ranks(
         &binary,
         &dir,

@@ -91,17 +91,28 @@ impl Queued {
     /// the communicator's timeout. One atomic load each when nothing is.
     #[inline]
     pub(crate) fn wait_idle(&self, comm: &impl Owner) -> Result<()> {
+        self.wait_idle_within(
+            comm,
+            comm.timeout(),
+            "the communicator's work queued on streams",
+        )
+    }
+
+    /// Waits until what was issued so far has finished, at most
+    /// `timeout` (`what` names it in the error).
+    #[inline]
+    pub(crate) fn wait_idle_within(
+        &self,
+        comm: &impl Owner,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<()> {
         let issued = self.issued.load(Ordering::Acquire);
         // Every host call passes here: the common case stays inline.
         if self.finished.load(Ordering::Acquire) >= issued {
             return Ok(());
         }
-        self.wait(
-            comm,
-            comm.timeout(),
-            "the communicator's work queued on streams",
-            |finished| finished >= issued,
-        )
+        self.wait(comm, timeout, what, |finished| finished >= issued)
     }
 
     /// Waits until the launches issued before `ticket` have finished.

@@ -16,7 +16,11 @@
    one_sided emu N         N ranks of one process on the emulated GPU
                            (RCCL_DEVICE=emu): windows of device memory,
                            every call on the rank's stream, the data
-                           copied back and checked */
+                           copied back and checked
+   one_sided emu R N       rank R of N processes on the emulated GPU: the
+                           same on ncclMemAlloc's device memory, which
+                           the other processes map; device memory not
+                           from ncclMemAlloc refused, naming it */
 #define _POSIX_C_SOURCE 200809L
 #include <nccl.h>
 #include <rcclrs_emu.h>
@@ -272,6 +276,25 @@ static int emu(int n) {
   return 0;
 }
 
+static ncclComm_t join(int rank, int n);
+
+static int emu_process(int rank, int n) {
+  struct rank_ctx x = {join(rank, n), rank, n, NULL, NULL};
+  CHECK(ncclMemAlloc((void **)&x.buf, window_bytes(rank)));
+  CHECK(ncclCommWindowRegister(x.comm, x.buf, window_bytes(rank), &x.win, NCCL_WIN_DEFAULT));
+  device_ring(&x);
+  CHECK(ncclCommWindowDeregister(x.comm, x.win));
+  void *plain;
+  ncclWindow_t bad;
+  CHECK(rcclrsEmuMalloc(&plain, PAGE));
+  EXPECT_ERROR(ncclCommWindowRegister(x.comm, plain, PAGE, &bad, NCCL_WIN_DEFAULT), ncclInvalidUsage,
+               x.comm, "window #1 of rank 1 (0x");
+  EXPECT(strstr(ncclGetLastError(x.comm), "4096 bytes) is not memory from ncclMemAlloc"));
+  CHECK(rcclrsEmuFree(plain));
+  finish(&x);
+  return 0;
+}
+
 static ncclComm_t join(int rank, int n) {
   ncclUniqueId id;
   ncclComm_t comm;
@@ -336,8 +359,9 @@ int main(int argc, char **argv) {
   if ((argc == 4 || argc == 5) && strcmp(argv[1], "rank") == 0) code = process(atoi(argv[2]), atoi(argv[3]));
   if (argc == 4 && strcmp(argv[1], "dies") == 0) code = dies(atoi(argv[2]));
   if (argc == 3 && strcmp(argv[1], "emu") == 0) code = emu(atoi(argv[2]));
+  if (argc == 4 && strcmp(argv[1], "emu") == 0) code = emu_process(atoi(argv[2]), atoi(argv[3]));
   if (code == 2) {
-    fprintf(stderr, "usage: one_sided threads N | rank R N [H] | dies R N | emu N\n");
+    fprintf(stderr, "usage: one_sided threads N | rank R N [H] | dies R N | emu N | emu R N\n");
     return 2;
   }
   if (failures) fprintf(stderr, "%d failure(s)\n", failures);

@@ -53,8 +53,8 @@ pub use wait::{spin_before_yielding, spinning, wait_until, Backoff, ParkOn, Wait
 
 // One-sided access: shareable host memory, peers' windows, signals.
 pub use window::{
-    alloc_shareable, export as export_window, free_shareable, release as release_window, Export,
-    FileId, PeerWindow, SignalBlock,
+    alloc_shareable, export as export_window, free_shareable, open_file, release as release_window,
+    Export, FileId, PeerWindow, SignalBlock,
 };
 
 // Processes: who a peer is and whether it still runs.

@@ -65,16 +65,12 @@ impl MemFile {
     /// Maps the memory file `fd` of process `pid`, which must be `len`
     /// bytes long.
     fn open(owner: &FileId, len: usize) -> io::Result<MemFile> {
-        let path = format!("/proc/{}/fd/{}", owner.pid, owner.fd);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)?;
+        let file = std::fs::File::from(open_file(owner)?);
         let size = file.metadata()?.len();
         if size != len as u64 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("{path} is {size} bytes, expected {len}"),
+                format!("{} is {size} bytes, expected {len}", owner.path()),
             ));
         }
         Ok(MemFile {
@@ -105,6 +101,32 @@ impl Drop for MemFile {
 pub struct FileId {
     pub pid: u32,
     pub fd: i32,
+}
+
+impl FileId {
+    /// How a process of this host finds `fd` of this process, for as long
+    /// as this process keeps it open.
+    pub fn offer(fd: &impl AsRawFd) -> FileId {
+        FileId {
+            pid: std::process::id(),
+            fd: fd.as_raw_fd(),
+        }
+    }
+
+    fn path(&self) -> String {
+        format!("/proc/{}/fd/{}", self.pid, self.fd)
+    }
+}
+
+/// Opens, read and write, the file another process of this host offers
+/// as `id` (the kernel lets only a process that may inspect the owner).
+pub fn open_file(id: &FileId) -> io::Result<OwnedFd> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(id.path())
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", id.path())))?;
+    Ok(file.into())
 }
 
 /// Shareable allocations of this process by base address, with how many

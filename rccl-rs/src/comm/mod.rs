@@ -94,6 +94,9 @@ pub(crate) struct CommInner {
     choices: Mutex<ChoiceCache>,
     /// Launches enqueued on streams and not finished yet.
     pub queued: crate::queue::Queued,
+    /// One-sided calls enqueued on streams (puts, signals, waits), which
+    /// no launch waits for, and not finished yet.
+    pub one_sided_queued: crate::queue::Queued,
     /// This communicator's context of a C tuner plug-in
     /// (`NCCL_TUNER_PLUGIN`), finalized when the communicator goes.
     tuner: Option<crate::plugins::tuner::CTuner>,

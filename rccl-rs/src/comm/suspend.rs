@@ -4,7 +4,8 @@
 //!
 //! Both are collective, as NCCL's: every rank calls them, in the same
 //! order as its other calls. A suspend waits for this rank's calls in
-//! flight and queued work (at most the timeout), then for every rank to
+//! flight and its work queued on streams, one-sided calls included (all
+//! within the timeout), then for every rank to
 //! arrive (a bootstrap barrier), so that no peer still moves bytes
 //! through a connection; then each rank drops all its connections, its
 //! board and its device links, on both sides of every pair alike, and
@@ -14,6 +15,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::{CommInner, Communicator};
 use crate::error::{Error, Result};
@@ -41,7 +43,13 @@ impl Communicator {
             )));
         }
         inner.check_usable()?;
+        let deadline = Instant::now() + inner.config.timeout;
         inner.queued.wait_idle(&**inner)?;
+        inner.one_sided_queued.wait_idle_within(
+            &**inner,
+            deadline.saturating_duration_since(Instant::now()),
+            "the communicator's one-sided calls queued on streams",
+        )?;
         let Some(mut state) = inner.exec.try_lock_for(inner.config.timeout) else {
             return Err(Error::InvalidUsage(format!(
                 "rank {}: ncclCommSuspend waited {:?} for an operation another thread runs on \

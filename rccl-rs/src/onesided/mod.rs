@@ -12,8 +12,10 @@
 //!   its abort flag and the peer's fate watched.
 //! - `remote.rs`: puts and signals to ranks on other hosts, as messages
 //!   the target applies before it reads its counts.
-//! - `stream.rs`: the same calls ordered on a stream, for windows of the
-//!   emulated GPU's device memory.
+//! - `stream.rs`: the same calls ordered on a stream, for windows of
+//!   device memory.
+//! - `device_memory.rs`: windows of device memory between processes: the
+//!   owner's export, a peer's import.
 //! - `symmetric.rs`: which symmetric window holds a collective's buffer,
 //!   and where every rank's copy of it lies.
 //!
@@ -28,6 +30,7 @@
 //! is called (the C ABI runs a grouped `ncclWaitSignal` at the group's
 //! end).
 
+mod device_memory;
 mod put;
 mod register;
 mod remote;
@@ -99,9 +102,9 @@ struct WindowEntry {
     flags: u32,
     /// Whether this rank's buffer is shareable memory counted as in use.
     exported: bool,
-    /// Whether some rank's buffer is device memory (the emulated GPU's):
-    /// then every rank runs in this process, and puts into the window run
-    /// on streams (`stream.rs`).
+    /// Whether some rank's buffer is device memory: then every rank is
+    /// on this host, and puts into the window run on streams
+    /// (`stream.rs`).
     device: bool,
     /// Per rank, its window as this rank writes it; `None` for a rank on
     /// another host (reached by messages, `remote.rs`).
@@ -110,6 +113,11 @@ struct WindowEntry {
     sizes: Vec<usize>,
     /// The mappings of peers' windows in the communicator's ledger.
     _held: Vec<Hold>,
+    /// This rank's device memory as exported for peers in other
+    /// processes, open while the window lives.
+    _offered: Option<std::os::fd::OwnedFd>,
+    /// Peers' device memory mapped into this process.
+    _imports: Vec<device_memory::Imported>,
 }
 
 /// The signal counters: this rank's block and its peers'.

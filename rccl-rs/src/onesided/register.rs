@@ -9,10 +9,12 @@
 //! window exists everywhere or nowhere. The first registration also
 //! makes the signal blocks.
 
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use rccl_transports::{Export, FileId, PeerWindow, SignalBlock};
 
+use super::device_memory::{device_of, offer, Imported};
 use super::{next_handle, Signals, State, Window, WindowEntry};
 use super::{WIN_COLL_SYMMETRIC, WIN_FLAGS, WIN_REQUIRED_ALIGNMENT};
 use crate::comm::{CommInner, Communicator};
@@ -32,8 +34,42 @@ struct Published {
     export: Option<Export>,
     /// Where a process of its host maps its signal block.
     signals: Option<FileId>,
-    /// Whether the buffer is device memory (the emulated GPU's).
+    /// Whether the buffer is device memory.
     device: bool,
+}
+
+/// What this rank offers peers in other processes of its window.
+struct Offer {
+    export: Option<Export>,
+    /// The device's export of device memory, open while the window lives
+    /// so that peers can open it.
+    handle: Option<OwnedFd>,
+}
+
+impl Offer {
+    fn of(base: *mut u8, size: usize) -> Offer {
+        match device_of(base) {
+            Some(device) => match offer(device, base, size) {
+                Some((export, handle)) => Offer {
+                    export: Some(export),
+                    handle: Some(handle),
+                },
+                None => Offer {
+                    export: None,
+                    handle: None,
+                },
+            },
+            None => Offer {
+                export: rccl_transports::export_window(base, size),
+                handle: None,
+            },
+        }
+    }
+
+    /// Whether the export counts as a use of shareable host memory.
+    fn of_host(&self) -> bool {
+        self.export.is_some() && self.handle.is_none()
+    }
 }
 
 impl Communicator {
@@ -43,7 +79,8 @@ impl Communicator {
     /// [`super::WIN_COLL_SYMMETRIC`]). Afterwards every rank on this host
     /// can put into every other's window. `base` must be a multiple of
     /// [`super::WIN_REQUIRED_ALIGNMENT`]; for peers in other processes it
-    /// must be memory from `ncclMemAlloc` (shareable), as NCCL asks.
+    /// must be memory from `ncclMemAlloc` (shareable), as NCCL asks, host
+    /// or device memory.
     ///
     /// # Safety
     /// `[base, base + size)` must stay valid, and be written by peers at
@@ -92,9 +129,12 @@ fn register(
             Err(e) => local = Some(e),
         }
     }
-    let export = match local {
-        None => rccl_transports::export_window(base, size),
-        Some(_) => None,
+    let offered = match local {
+        None => Offer::of(base, size),
+        Some(_) => Offer {
+            export: None,
+            handle: None,
+        },
     };
     let signals_id = own_block.as_ref().map(|(block, _)| block.id());
     let mine = match &local {
@@ -103,20 +143,20 @@ fn register(
             base: base as u64,
             size: size as u64,
             flags,
-            export: export.clone(),
+            export: offered.export.clone(),
             signals: signals_id,
-            device: on_device(base),
+            device: device_of(base).is_some(),
         }),
     };
-    let release = |export: &Option<Export>| {
-        if export.is_some() {
+    let release = |offered: &Offer| {
+        if offered.of_host() {
             rccl_transports::release_window(base);
         }
     };
     let gathered = match comm.bootstrap.allgather(&mine) {
         Ok(all) => all,
         Err(e) => {
-            release(&export);
+            release(&offered);
             return Err(with_context(REGISTER, &what, e));
         }
     };
@@ -124,7 +164,7 @@ fn register(
     let published = match decode_all(&gathered) {
         Ok(p) => p,
         Err(e) => {
-            release(&export);
+            release(&offered);
             return Err(e);
         }
     };
@@ -165,17 +205,19 @@ fn register(
                     base: base as usize,
                     size,
                     flags,
-                    exported: export.is_some(),
+                    exported: offered.of_host(),
                     device: published.iter().any(|p| p.device),
                     peers: reached.peers,
                     sizes: published.iter().map(|p| p.size as usize).collect(),
                     _held: reached.windows_held,
+                    _offered: offered.handle,
+                    _imports: reached.imports,
                 },
             );
             Ok(Window(handle))
         }
         (Ok(Some(e)), _) | (Ok(None), Err(e)) | (Err(e), _) => {
-            release(&export);
+            release(&offered);
             Err(e)
         }
     }
@@ -213,23 +255,7 @@ fn local_problem(base: *mut u8, flags: u32) -> Option<String> {
             base as usize % WIN_REQUIRED_ALIGNMENT
         ));
     }
-    match rccl_device::active() {
-        Some(device) if on_device(base) && device.backend() != EMULATED => Some(format!(
-            "device memory of the {} backend: windows of device memory are served on the \
-             emulated GPU (RCCL_DEVICE=emu) only",
-            device.backend()
-        )),
-        _ => None,
-    }
-}
-
-/// The emulated GPU's backend: its device memory is plain memory of this
-/// process, which every rank of the process writes directly.
-const EMULATED: &str = "emu";
-
-/// Whether `base` is device memory of the active device.
-fn on_device(base: *mut u8) -> bool {
-    rccl_device::active().is_some_and(|d| d.classify(base).is_ok_and(|m| m.is_device()))
+    None
 }
 
 /// What a rank reaches of its peers at a registration.
@@ -238,6 +264,8 @@ struct Reached {
     peers: Vec<Option<PeerWindow>>,
     /// The mappings among `peers` in the ledger.
     windows_held: Vec<Hold>,
+    /// Peers' device memory mapped into this process, for `peers`.
+    imports: Vec<Imported>,
     /// At the first registration, per rank, its signal block (this rank's
     /// own and those on other hosts `None`).
     blocks: Option<Vec<Option<Arc<SignalBlock>>>>,
@@ -274,13 +302,11 @@ fn reach(
     }
     let me = comm.rank;
     if let Some(owner) = published.iter().position(|p| p.device) {
-        let apart = (0..published.len())
-            .find(|&r| comm.in_other_process(r) || comm.peers[r].host_id != comm.peers[me].host_id);
+        let apart = (0..published.len()).find(|&r| comm.peers[r].host_id != comm.peers[me].host_id);
         if let Some(apart) = apart {
             return Err(usage(format!(
-                "window #{seq} of rank {owner} is device memory of the emulated GPU, which \
-                 windows reach between ranks of one process only, and {} is in another \
-                 process than rank {me}",
+                "window #{seq} of rank {owner} is device memory, which windows reach between \
+                 ranks of one host only, and {} is on another host than rank {me}",
                 comm.describe(apart)
             )));
         }
@@ -288,6 +314,7 @@ fn reach(
     let mut reached = Reached {
         peers: Vec::with_capacity(published.len()),
         windows_held: Vec::new(),
+        imports: Vec::new(),
         blocks: fresh_signals.then(Vec::new),
         blocks_held: Vec::new(),
     };
@@ -307,19 +334,29 @@ fn reach(
                     comm.describe(me)
                 )));
             };
-            let held = hold_mapping(comm, rank, export.file_len).map_err(|e| {
+            let place = if p.device { Place::Device } else { Place::Host };
+            let held = hold_mapping(comm, rank, export.file_len, place).map_err(|e| {
                 same_kind(
                     &e,
                     format!("mapping window #{seq} of rank {rank}: {}", message(&e)),
                 )
             })?;
             reached.windows_held.push(held);
-            Some(PeerWindow::map(export, p.size as usize).map_err(|e| {
+            let cannot = |e: String| {
                 usage(format!(
                     "rank {me} cannot map window #{seq} of rank {rank} ({} bytes): {e}",
                     p.size
                 ))
-            })?)
+            };
+            let size = p.size as usize;
+            if p.device {
+                let imported = Imported::map(export, size).map_err(cannot)?;
+                let window = PeerWindow::in_process(imported.window(export), size);
+                reached.imports.push(imported);
+                Some(window)
+            } else {
+                Some(PeerWindow::map(export, size).map_err(|e| cannot(e.to_string()))?)
+            }
         };
         reached.peers.push(window);
         if let Some(blocks) = &mut reached.blocks {
@@ -356,11 +393,11 @@ fn reach(
 }
 
 /// Enters this rank's mapping of `peer`'s window (its whole memory file
-/// of `bytes`) in the ledger; it persists across a suspend, as the
-/// window does.
-fn hold_mapping(comm: &CommInner, peer: usize, bytes: usize) -> Result<Hold> {
+/// or device allocation of `bytes`) in the ledger; it persists across a
+/// suspend, as the window does.
+fn hold_mapping(comm: &CommInner, peer: usize, bytes: usize, place: Place) -> Result<Hold> {
     comm.memory.hold(
-        MemUse::new(Purpose::Window, Place::Host, bytes as u64)
+        MemUse::new(Purpose::Window, place, bytes as u64)
             .peer(peer)
             .persistent(),
     )

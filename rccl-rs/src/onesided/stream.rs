@@ -1,21 +1,24 @@
 //! One-sided calls ordered on a stream, as NCCL orders them, for windows
-//! of the emulated GPU's device memory (every rank in this process, its
-//! device pointers valid in every thread). A put is a task on the
-//! caller's stream: it copies into the peer's window, then raises the
-//! signal with release ordering, so it lands after the work enqueued
-//! before it and a peer that saw the count sees the bytes. A wait is a
-//! task that holds the stream until the counts arrive; at the
-//! communicator's timeout, on abort or when the peer is gone it ends and
-//! the communicator fails with the error naming the peer
-//! (`ncclCommGetAsyncError`, and its next call). Counts a wait consumes
-//! are taken when it is enqueued, so waits consume in call order.
-//! The caller keeps its buffers, and the window, until the stream has run
-//! the task, as with any stream work.
+//! of device memory (the emulated GPU's or the CUDA backend's; every rank
+//! on this host: a peer's window is its own pointer in this process, its
+//! allocation imported in another, `device_memory.rs`). A put is the
+//! device's copy into the peer's window on the caller's stream, then a
+//! host task on that stream that raises the signal with release ordering,
+//! so it lands after the work enqueued before it and a peer that saw the
+//! count sees the bytes. A wait is a host task (on a thread of its own,
+//! `Device::enqueue_joint`) that holds the stream until the counts
+//! arrive; at the communicator's timeout, on abort or when the peer is
+//! gone it ends and the communicator fails with the error naming the
+//! peer (`ncclCommGetAsyncError`, and its next call). Counts a wait
+//! consumes are taken when it is enqueued, so waits consume in call
+//! order. The caller keeps its buffers, and the window, until the stream
+//! has run the task, as with any stream work; a suspend waits for the
+//! tasks.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use rccl_device::Device;
+use rccl_device::Stream;
 use rccl_transports::SignalBlock;
 
 use super::wait::{await_count, check_descs};
@@ -131,7 +134,8 @@ impl Communicator {
                 consumed[at] = consumed[at].wrapping_add(d.count as u32);
             }
             let inner = self.inner.clone();
-            enqueue(comm, stream, move || {
+            let stream = stream_of(comm, WAIT, stream)?;
+            enqueue(&self.inner, &stream, move || {
                 let deadline = Instant::now() + inner.config.timeout;
                 let result = waits.iter().try_for_each(|(d, base)| {
                     await_count(&inner, &block, d, *base, deadline, || Ok(()))
@@ -188,44 +192,62 @@ fn enqueue_raise(
         )));
     };
     let at = slot(comm, sig, ctx, comm.rank);
-    let device = device(comm, call)?;
-    let inner = inner.clone();
-    enqueue(comm, stream, move || {
-        if let Some(Copy { dst, src, len }) = copy {
-            if len > 0 {
-                // SAFETY: the caller of the put vouched for the source and
-                // keeps the window registered until the stream ran this;
-                // the destination lies inside the peer's window (checked
-                // when enqueued).
-                if let Err(e) = unsafe { device.copy(dst as *mut u8, src as *const u8, len) } {
-                    inner.poison(&Error::System(format!(
-                        "{PUT}: rank {}: the copy of {len} bytes into the window of rank {peer} \
-                         failed: {e}",
-                        inner.rank
-                    )));
-                    return;
-                }
-            }
-        }
-        block.raise(at);
-    })
+    let stream = stream_of(comm, call, stream)?;
+    if let Some(Copy { dst, src, len }) = copy.filter(|c| c.len > 0) {
+        // SAFETY: the caller of the put vouched for the source until the
+        // stream ran the copy, and keeps the window registered as long;
+        // the destination lies inside the peer's window as this process
+        // addresses it (checked when enqueued).
+        unsafe { stream.copy_async(dst as *mut u8, src as *const u8, len) }.map_err(|e| {
+            Error::System(format!(
+                "{PUT}: rank {}: cannot enqueue the copy of {len} bytes into the window of rank \
+                 {peer}: {e}",
+                comm.rank
+            ))
+        })?;
+    }
+    enqueue(inner, &stream, move || block.raise(at))
 }
 
-/// The active device, which must be the emulated GPU's.
-fn device(comm: &CommInner, call: &str) -> Result<&'static dyn Device> {
-    rccl_device::active().ok_or_else(|| {
+/// Stream `raw` of the active device.
+fn stream_of(comm: &CommInner, call: &str, raw: usize) -> Result<Arc<dyn Stream>> {
+    let device = rccl_device::active().ok_or_else(|| {
         Error::InvalidUsage(format!(
             "{call}: rank {}: no device is active (RCCL_DEVICE): nothing runs on streams",
             comm.rank
         ))
-    })
+    })?;
+    Ok(device.stream(raw)?)
 }
 
-/// Enqueues `task` on stream `stream` of the active device.
-fn enqueue(comm: &CommInner, stream: usize, task: impl FnOnce() + Send + 'static) -> Result<()> {
-    let device = device(comm, "a one-sided call on a stream")?;
-    let stream = device.stream(stream)?;
+/// Enqueues `task` on stream `stream` of the active device, counted in
+/// the communicator's one-sided work until it ran or was dropped (a
+/// suspend waits for it).
+fn enqueue(
+    inner: &Arc<CommInner>,
+    stream: &Arc<dyn Stream>,
+    task: impl FnOnce() + Send + 'static,
+) -> Result<()> {
+    let device = rccl_device::active()
+        .ok_or_else(|| Error::Internal("a stream without an active device".into()))?;
+    inner.one_sided_queued.issue();
+    let counted = Counted(inner.clone());
     device
-        .enqueue_joint(&[stream], Box::new(task))
+        .enqueue_joint(
+            std::slice::from_ref(stream),
+            Box::new(move || {
+                let _counted = counted;
+                task();
+            }),
+        )
         .map_err(Error::from)
+}
+
+/// A one-sided task on a stream: finished when dropped, run or not.
+struct Counted(Arc<CommInner>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.one_sided_queued.finish();
+    }
 }
