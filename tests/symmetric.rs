@@ -98,10 +98,15 @@ impl Value for f64 {
     }
 }
 
-/// Small values (products stay finite) that change with rank and round.
+/// A small value (products stay finite) that changes with element, rank
+/// and round.
+fn small(i: usize, rank: usize, round: usize) -> u32 {
+    ((i * 7 + rank * 3 + round) % 5 + 1) as u32
+}
+
 fn fill<T: Value>(buf: &mut [T], rank: usize, round: usize) {
     for (i, x) in buf.iter_mut().enumerate() {
-        *x = T::of(((i * 7 + rank * 3 + round * 5) % 5 + 1) as u32);
+        *x = T::of(small(i, rank, round));
     }
 }
 
@@ -278,9 +283,7 @@ fn many_small_rounds_back_to_back_never_race_a_reader() {
             let recv = win.slice::<i64>(REGION, 3);
             comm.all_reduce(send, recv, RedOp::Sum).unwrap();
             for (i, &x) in recv.iter().enumerate() {
-                let want: i64 = (0..n)
-                    .map(|r| i64::of(((i * 7 + r * 3 + round * 5) % 5 + 1) as u32))
-                    .sum();
+                let want: i64 = (0..n).map(|r| i64::of(small(i, r, round))).sum();
                 assert_eq!(x, want, "rank {rank} round {round} element {i}");
             }
         }
@@ -290,46 +293,75 @@ fn many_small_rounds_back_to_back_never_race_a_reader() {
 
 /// Calls back to back, with no other call between, where rank 0 refills
 /// its input at once while the others check their results: a rank that
-/// refilled its buffers while a peer still read them can show as wrong
-/// data (the race depends on timing).
-#[test]
-fn calls_back_to_back_never_race_a_reader() {
-    threads(4, |comm| {
-        let win = SymWindow::new(comm);
-        let (rank, n) = (comm.rank(), comm.count());
-        let want = |i: usize, r: usize, round: usize| ((i * 7 + r * 3 + round * 5) % 5 + 1) as i64;
-        let rounds = 300;
-        for round in 0..rounds {
-            // One shot: every rank reads every input.
-            let count = 3000;
-            let send = win.slice::<i64>(0, count);
-            fill(send, rank, round);
-            let recv = win.slice::<i64>(REGION, count);
-            comm.all_reduce(send, recv, RedOp::Sum).unwrap();
-            for (i, &x) in recv.iter().enumerate().filter(|_| rank != 0) {
-                let sum: i64 = (0..n).map(|r| want(i, r, round) << 33).sum();
-                assert_eq!(x, sum, "all-reduce: rank {rank} round {round} element {i}");
-            }
-            let count = REGION / 8 / n - PAGE;
-            let send = win.slice::<i64>(0, count);
-            fill(send, rank, round);
-            let recv = win.slice::<i64>(REGION, n * count);
-            comm.all_gather(send, recv).unwrap();
-            for (i, &x) in recv.iter().enumerate().filter(|_| rank != 0) {
-                let (r, i) = (i / count, i % count);
-                assert_eq!(
-                    x,
-                    want(i, r, round) << 33,
-                    "all-gather: rank {rank} round {round} element {i} of rank {r}"
-                );
-            }
+/// refilled its buffers while a peer still read them shows as wrong data
+/// on that peer. Between threads the race depends on timing;
+/// `a_slow_reader_never_reads_a_refilled_buffer` makes a reader slow.
+fn back_to_back(comm: &Communicator, rounds: usize) {
+    let win = SymWindow::new(comm);
+    let (rank, n) = (comm.rank(), comm.count());
+    let want = |i: usize, r: usize, round: usize| i64::of(small(i, r, round));
+    let before = comm.symmetric_calls();
+    for round in 0..rounds {
+        // One shot: every rank reads every input.
+        let count = 3000;
+        let send = win.slice::<i64>(0, count);
+        fill(send, rank, round);
+        let recv = win.slice::<i64>(REGION, count);
+        comm.all_reduce(send, recv, RedOp::Sum).unwrap();
+        for (i, &x) in recv.iter().enumerate().filter(|_| rank != 0) {
+            let sum: i64 = (0..n).map(|r| want(i, r, round)).sum();
+            assert_eq!(x, sum, "all-reduce: rank {rank} round {round} element {i}");
         }
-        assert_eq!(comm.symmetric_calls(), 2 * rounds as u64);
-    });
+        let count = REGION / 8 / n - PAGE;
+        let send = win.slice::<i64>(0, count);
+        fill(send, rank, round);
+        let recv = win.slice::<i64>(REGION, n * count);
+        comm.all_gather(send, recv).unwrap();
+        for (i, &x) in recv.iter().enumerate().filter(|_| rank != 0) {
+            let (r, i) = (i / count, i % count);
+            assert_eq!(
+                x,
+                want(i, r, round),
+                "all-gather: rank {rank} round {round} element {i} of rank {r}"
+            );
+        }
+    }
+    assert_eq!(comm.symmetric_calls() - before, 2 * rounds as u64);
 }
 
 #[test]
+fn calls_back_to_back_never_race_a_reader() {
+    threads(4, |comm| back_to_back(comm, 300));
+}
+
+/// Rank 1 sleeps before it reads its peers' windows (the test-only
+/// `RCCL_FAULT_INJECT=symmetric-read=MS`): rank 0, whose result is not
+/// checked, would refill its input meanwhile, were it not held until
+/// every rank has finished reading.
+#[test]
+fn a_slow_reader_never_reads_a_refilled_buffer() {
+    let mut ranks = spawn_ranks("child_rank", 3, |rank| {
+        let mut vars = vec![
+            (CHILD.to_string(), "back-to-back".to_string()),
+            ("NCCL_ALGO".to_string(), "^oneshot".to_string()),
+        ];
+        if rank == 1 {
+            vars.push((
+                "RCCL_FAULT_INJECT".to_string(),
+                "symmetric-read=10".to_string(),
+            ));
+        }
+        vars
+    });
+    let ok = ranks.wait_all(Duration::from_secs(120));
+    assert!(ok.iter().all(|&ok| ok), "{ok:?}");
+}
+
+/// The mismatch fails the communicator, whose deregistration is then
+/// refused; dropping it releases the window, so its memory can be freed.
+#[test]
 fn buffers_at_different_offsets_fail_on_every_rank_naming_them() {
+    let memory = std::sync::Mutex::new(Vec::new());
     threads(2, |comm| {
         let win = SymWindow::new(comm);
         let offset = comm.rank() * 64;
@@ -345,8 +377,17 @@ fn buffers_at_different_offsets_fail_on_every_rank_naming_them() {
             "{err}"
         );
         assert_eq!(comm.symmetric_calls(), 0);
+        let refused = comm.deregister_window(win.window).unwrap_err().to_string();
+        assert!(
+            refused.contains("send at offset 64 of window #0"),
+            "{refused}"
+        );
+        memory.lock().unwrap().push(win.ptr as usize);
         std::mem::forget(win);
     });
+    for ptr in memory.into_inner().unwrap() {
+        assert!(rccl::free_shareable_host(ptr as *mut u8).unwrap());
+    }
 }
 
 const CHILD: &str = "RCCL_SYMMETRIC_CHILD";
@@ -367,6 +408,7 @@ fn child_rank() {
         "staged" => every_type(&comm, 2, |_| 0),
         // Only all-gathers: reductions keep their stated order.
         "deterministic" => every_type(&comm, 2, |calls| calls / 3),
+        "back-to-back" => back_to_back(&comm, 20),
         other => panic!("unknown role {other}"),
     }
 }

@@ -307,12 +307,10 @@ fn encryption_from_c() {
 /// (its one argument), with the emulated GPU as the device; each run must
 /// end saying `<name> <mode>: ok`.
 fn program_in_modes(name: &str, modes: &[&str]) {
-    let dir = dropin_dir(name);
-    let binary = dir.join(name);
-    let source = format!("{name}.c");
-    compile(&source, &binary, &own_include(), &[], &dropin_link(&dir));
+    let program = Program::compile(name, "");
     for mode in modes {
-        let out = run_with(&binary, &dir, mode, &[("RCCL_DEVICE", "emu")]);
+        let emu = [("RCCL_DEVICE", "emu")];
+        let out = run_with(&program.binary, &program.dir, mode, &emu);
         assert!(out.contains(&format!("{name} {mode}: ok")), "{out}");
         eprintln!("{}", out.trim());
     }
@@ -326,108 +324,256 @@ fn program_in_modes(name: &str, modes: &[&str]) {
 /// threads and as processes at 2 and 4 ranks.
 #[test]
 fn one_sided_c_program() {
-    let dir = dropin_dir("one-sided");
-    let binary = dir.join("one_sided");
-    compile(
-        "one_sided.c",
-        &binary,
-        &own_include(),
-        &[],
-        &dropin_link(&dir),
-    );
-    let sig2 = [("NCCL_NUM_RMA_SIG", "2")];
-    run_ranks(&binary, &dir, &[&["threads", "2"]], &sig2);
-    run_ranks(&binary, &dir, &[&["threads", "4"]], &sig2);
-    let emu = [("NCCL_NUM_RMA_SIG", "2"), ("RCCL_DEVICE", "emu")];
-    run_ranks(&binary, &dir, &[&["emu", "2"]], &emu);
-    run_ranks(&binary, &dir, &[&["emu", "4"]], &emu);
-    for n in [2, 4] {
-        let ranks: Vec<[String; 3]> = (0..n)
-            .map(|r| ["emu".into(), r.to_string(), n.to_string()])
-            .collect();
-        let ranks: Vec<Vec<&str>> = ranks
-            .iter()
-            .map(|a| a.iter().map(String::as_str).collect())
-            .collect();
-        let ranks: Vec<&[&str]> = ranks.iter().map(Vec::as_slice).collect();
-        run_ranks(&binary, &dir, &ranks, &[("RCCL_DEVICE", "emu")]);
+    const SIG2: &[(&str, &str)] = &[("NCCL_NUM_RMA_SIG", "2")];
+    const EMU: &[(&str, &str)] = &[("NCCL_NUM_RMA_SIG", "2"), ("RCCL_DEVICE", "emu")];
+    const DEVICE: &[(&str, &str)] = &[("RCCL_DEVICE", "emu")];
+    const RUNS: &[Run] = &[
+        Run::threads("threads", 2, &[], SIG2),
+        Run::threads("threads", 4, &[], SIG2),
+        Run::threads("emu", 2, &[], EMU),
+        Run::threads("emu", 4, &[], EMU),
+        Run::processes("emu", 2, &[], DEVICE),
+        Run::processes("emu", 4, &[], DEVICE),
+        Run::processes("rank", 2, &[], &[]),
+        Run::processes("rank", 4, &[], &[]),
+        // Two hosts, alternating around the ring.
+        Run::processes("rank", 4, &["2"], &[]),
+        Run::processes("dies", 2, &[], &[]),
+    ];
+    let program = Program::compile("one_sided", "ONE_SIDED_ID");
+    for run in RUNS {
+        program.run(run);
     }
-    run_ranks(
-        &binary,
-        &dir,
-        &[&["rank", "0", "2"], &["rank", "1", "2"]],
-        &[],
-    );
-    let four: Vec<[String; 3]> = (0..4)
-        .map(|r| ["rank".into(), r.to_string(), "4".into()])
-        .collect();
-    let four: Vec<Vec<&str>> = four
-        .iter()
-        .map(|a| a.iter().map(String::as_str).collect())
-        .collect();
-    let four: Vec<&[&str]> = four.iter().map(Vec::as_slice).collect();
-    run_ranks(&binary, &dir, &four, &[]);
-    // Two hosts, alternating around the ring.
-    let hosts: Vec<[String; 4]> = (0..4)
-        .map(|r| ["rank".into(), r.to_string(), "4".into(), "2".into()])
-        .collect();
-    let hosts: Vec<Vec<&str>> = hosts
-        .iter()
-        .map(|a| a.iter().map(String::as_str).collect())
-        .collect();
-    let hosts: Vec<&[&str]> = hosts.iter().map(Vec::as_slice).collect();
-    run_ranks(&binary, &dir, &hosts, &[]);
-    run_ranks(
-        &binary,
-        &dir,
-        &[&["dies", "0", "2"], &["dies", "1", "2"]],
-        &[],
-    );
 }
 
-/// Runs one process of `binary` per argument list, rank 0 handing the
-/// unique id over in a fresh file, and asserts that each succeeds within
-/// two minutes.
-fn run_ranks(binary: &Path, dir: &Path, ranks: &[&[&str]], env: &[(&str, &str)]) {
-    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let id_file = dir.join(format!("id-{}-{run}", std::process::id()));
-    let _ = std::fs::remove_file(&id_file);
-    let mut children: Vec<_> = ranks
-        .iter()
-        .map(|args| {
-            Command::new(binary)
-                .args(*args)
-                .envs(env.iter().copied())
-                .env("LD_LIBRARY_PATH", dir)
-                .env("ONE_SIDED_ID", &id_file)
-                .env("RCCL_TIMEOUT_MS", "60000")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let start = Instant::now();
-    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
-        if start.elapsed() > Duration::from_secs(120) {
-            for child in &mut children {
-                let _ = child.kill();
-            }
-            panic!("{ranks:?} timed out");
+/// tests/c/symmetric.c: all-reduce, reduce-scatter and all-gather on
+/// symmetric windows through the C ABI, every result checked in C, as
+/// threads and as processes at 2 and 4 ranks; the tuner's log lines prove
+/// that the host runs took the windows (and the staged ones and the
+/// emulated GPU's did not), and every run's results have the same digest
+/// per rank count and rank.
+#[test]
+fn symmetric_collectives_c_program() {
+    const LOG: &[(&str, &str)] = &[("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "TUNING")];
+    const EMU: &[(&str, &str)] = &[
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_DEBUG_SUBSYS", "TUNING"),
+        ("RCCL_DEVICE", "emu"),
+    ];
+    const RUNS: &[Run] = &[
+        Run::threads("threads", 2, &[], LOG),
+        Run::threads("threads", 4, &[], LOG),
+        Run::processes("rank", 2, &[], LOG),
+        Run::processes("rank", 4, &[], LOG),
+        Run::threads("threads", 4, &["staged"], LOG),
+        Run::processes("rank", 2, &["staged"], LOG),
+        Run::threads("emu", 2, &[], EMU),
+        Run::threads("emu", 4, &[], EMU),
+    ];
+    let program = Program::compile("symmetric", "SYMMETRIC_ID");
+    // (ranks, rank) -> the digest of its results.
+    let mut digests = std::collections::BTreeMap::new();
+    for run in RUNS {
+        let outputs = program.run(run);
+        let text = outputs.concat();
+        let lines = |what: &str| text.lines().filter(|l| l.contains(what)).count();
+        let (mut calls, mut on_windows) = (0, 0);
+        let reports: Vec<&str> = text.lines().filter(|l| l.contains(" calls, ")).collect();
+        assert_eq!(
+            reports.len(),
+            run.n,
+            "{run:?}: one report per rank:\n{text}"
+        );
+        for report in reports {
+            // "rank R of N: C calls, E on symmetric windows expected, digest D"
+            let words: Vec<&str> = report
+                .split([' ', ':', ','])
+                .filter(|w| !w.is_empty())
+                .collect();
+            let number = |i: usize| words[i].parse::<usize>().expect(report);
+            calls += number(4);
+            on_windows += number(6);
+            let digest = words[12].to_string();
+            let key = (number(3), number(1));
+            let first = digests.entry(key).or_insert_with(|| digest.clone());
+            assert_eq!(
+                *first, digest,
+                "{run:?}: rank {} of {} results differ",
+                key.1, key.0
+            );
         }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for (args, child) in ranks.iter().zip(children) {
-        let out = child.wait_with_output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
         assert!(
-            out.status.success() && text.contains("ok"),
-            "{args:?} failed:\n{text}"
+            lines(" -> Algo ") >= calls,
+            "{run:?}: {calls} calls, fewer TUNING lines:\n{text}"
         );
+        let (one, two) = (
+            lines("-> symmetric one-shot on windows"),
+            lines("-> symmetric two-shot on windows"),
+        );
+        assert_eq!(one + two, on_windows, "{run:?}: calls on symmetric windows");
+        assert!(
+            on_windows == 0 || one > 0 && two > 0,
+            "{run:?}: {one} one-shot and {two} two-shot calls"
+        );
+        eprintln!("{run:?}: {calls} calls, {one} one-shot and {two} two-shot on windows");
+    }
+}
+
+/// A C program of tests/c built against our nccl.h, run as `libnccl.so.2`.
+struct Program {
+    binary: PathBuf,
+    dir: PathBuf,
+    /// The variable naming the file in which rank 0 hands over the unique
+    /// id when ranks are processes.
+    id_var: &'static str,
+}
+
+/// One run of a C program: its ranks as threads of one process
+/// (`mode N extra..`) or as processes (`mode R N extra..` each), with
+/// `env`.
+#[derive(Debug)]
+struct Run {
+    mode: &'static str,
+    processes: bool,
+    n: usize,
+    extra: &'static [&'static str],
+    env: &'static [(&'static str, &'static str)],
+}
+
+impl Run {
+    const fn threads(
+        mode: &'static str,
+        n: usize,
+        extra: &'static [&'static str],
+        env: &'static [(&'static str, &'static str)],
+    ) -> Run {
+        Run {
+            mode,
+            processes: false,
+            n,
+            extra,
+            env,
+        }
+    }
+
+    const fn processes(
+        mode: &'static str,
+        n: usize,
+        extra: &'static [&'static str],
+        env: &'static [(&'static str, &'static str)],
+    ) -> Run {
+        Run {
+            processes: true,
+            ..Run::threads(mode, n, extra, env)
+        }
+    }
+
+    /// Each process's arguments.
+    fn args(&self) -> Vec<Vec<String>> {
+        let n = self.n.to_string();
+        let ranks: Vec<Vec<String>> = if self.processes {
+            (0..self.n)
+                .map(|r| vec![r.to_string(), n.clone()])
+                .collect()
+        } else {
+            vec![vec![n]]
+        };
+        ranks
+            .into_iter()
+            .map(|numbers| {
+                std::iter::once(self.mode.to_string())
+                    .chain(numbers)
+                    .chain(self.extra.iter().map(|e| e.to_string()))
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+impl Program {
+    fn compile(name: &str, id_var: &'static str) -> Program {
+        let dir = dropin_dir(&name.replace('_', "-"));
+        let binary = dir.join(name);
+        compile(
+            &format!("{name}.c"),
+            &binary,
+            &own_include(),
+            &[],
+            &dropin_link(&dir),
+        );
+        Program {
+            binary,
+            dir,
+            id_var,
+        }
+    }
+
+    /// Starts every process of `run` at once, rank 0 handing the unique
+    /// id over in a fresh file, asserts that each succeeds (saying "ok")
+    /// within two minutes, and returns their outputs.
+    fn run(&self, run: &Run) -> Vec<String> {
+        static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let count = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id_file = self.dir.join(format!("id-{}-{count}", std::process::id()));
+        let _ = std::fs::remove_file(&id_file);
+        let args = run.args();
+        let mut children: Vec<_> = args
+            .iter()
+            .map(|args| {
+                Command::new(&self.binary)
+                    .args(args)
+                    .envs(run.env.iter().copied())
+                    .env("LD_LIBRARY_PATH", &self.dir)
+                    .env(self.id_var, &id_file)
+                    .env("RCCL_TIMEOUT_MS", "60000")
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        // Read as they run: a chatty child must not block on a full pipe.
+        let readers: Vec<_> = children
+            .iter_mut()
+            .map(|child| {
+                let (mut out, mut err) =
+                    (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+                std::thread::spawn(move || {
+                    use std::io::Read;
+                    let err = std::thread::spawn(move || {
+                        let mut text = Vec::new();
+                        let _ = err.read_to_end(&mut text);
+                        text
+                    });
+                    let mut text = Vec::new();
+                    let _ = out.read_to_end(&mut text);
+                    text.extend(err.join().unwrap());
+                    String::from_utf8_lossy(&text).into_owned()
+                })
+            })
+            .collect();
+        let start = Instant::now();
+        while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+            if start.elapsed() > Duration::from_secs(120) {
+                for child in &mut children {
+                    let _ = child.kill();
+                }
+                panic!("{run:?} timed out");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        args.iter()
+            .zip(children)
+            .zip(readers)
+            .map(|((args, mut child), reader)| {
+                let status = child.wait().unwrap();
+                let text = reader.join().unwrap();
+                assert!(
+                    status.success() && text.contains("ok"),
+                    "{args:?} failed:\n{text}"
+                );
+                text
+            })
+            .collect()
     }
 }

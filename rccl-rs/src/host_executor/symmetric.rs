@@ -102,6 +102,8 @@ pub fn poll<'a>(
         let nranks = link.names.len();
         progress.phase = match progress.phase {
             Phase::Arrival => {
+                #[cfg(feature = "fault-injection")]
+                crate::fault::delay("symmetric-read");
                 // SAFETY: every rank's inputs are ready (its arrival post
                 // was read) and lie at the same offsets of windows of the
                 // same size (checked against its post); see `compute`.
@@ -113,6 +115,8 @@ pub fn poll<'a>(
                 }
             }
             Phase::Blocks => {
+                #[cfg(feature = "fault-injection")]
+                crate::fault::delay("symmetric-read");
                 // SAFETY: every rank folded its block (its post of this
                 // round was read) and keeps its buffers until departure.
                 unsafe { copy_blocks(op, sym, rank, nranks) };

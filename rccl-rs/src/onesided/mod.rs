@@ -131,6 +131,17 @@ struct Signals {
     _held: Vec<Hold>,
 }
 
+/// A communicator destroyed with windows still registered (a failed one
+/// refuses the collective deregistration) releases them, so their
+/// shareable memory can be freed.
+impl Drop for State {
+    fn drop(&mut self) {
+        for entry in self.windows.values().filter(|w| w.exported) {
+            rccl_transports::release_window(entry.base as *const u8);
+        }
+    }
+}
+
 impl State {
     fn window(&self, comm: &CommInner, window: Window, call: &str) -> Result<&WindowEntry> {
         self.windows.get(&window.0).ok_or_else(|| {
