@@ -2,7 +2,8 @@
 //! into peers' windows, waits on signal counts; between threads of one
 //! process and between processes of one host, over many rounds, with
 //! every misuse answered by an error that names the window, the rank and
-//! the bytes, and a wait on a dead peer ended naming it.
+//! the bytes, and a wait on a dead peer ended naming it. Across hosts,
+//! puts land while the target calls nothing.
 
 #[path = "common/children.rs"]
 mod children;
@@ -11,7 +12,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use children::spawn_ranks;
-use rccl::{Communicator, Config, Error, WaitDesc, Window, WIN_COLL_SYMMETRIC};
+use rccl::{
+    Communicator, Config, Error, WaitDesc, Window, WIN_COLL_SYMMETRIC, WIN_STRICT_ORDERING,
+};
 
 const PAGE: usize = 4096;
 
@@ -435,6 +438,9 @@ fn child_rank() {
         }
         // Beyond one message's piece across hosts.
         "ring-big" => ring(&comm, 3, 5 << 20),
+        "no-wait" => lands_without_a_wait(&comm),
+        "deregister" => puts_land_before_the_deregistration(&comm),
+        "abort" => nothing_lands_after_an_abort(comm),
         "dies" => {
             let buf = Buffer::new(PAGE);
             let window = register(&comm, &buf, 0).unwrap();
@@ -493,6 +499,126 @@ fn child_rank() {
     }
 }
 
+/// Polls `buf` until it holds `want` or 20 s pass.
+fn lands(buf: &Buffer, want: &[u8]) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while buf.bytes() != want {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+fn from_rank_0(count: usize) -> WaitDesc {
+    WaitDesc {
+        peer: 0,
+        sig: DATA,
+        ctx: 0,
+        count,
+    }
+}
+
+/// Rank 0 puts into rank 1 on another host, which calls nothing until
+/// the data is in its window: twice into the same bytes (the second
+/// stays: call order), once beside them; then a wait finds the signals
+/// risen. A signal sent just before a suspend is there after the resume.
+fn lands_without_a_wait(comm: &Communicator) {
+    // Two messages each.
+    let bytes = 5 << 20;
+    let buf = Buffer::new(2 * bytes);
+    let window = register(comm, &buf, WIN_STRICT_ORDERING).unwrap();
+    let put = |round, offset| {
+        comm.put_signal(&payload(0, round, bytes), 1, window, offset, DATA, 0)
+            .unwrap()
+    };
+    if comm.rank() == 0 {
+        put(0, 0);
+        put(1, 0);
+        put(2, bytes);
+        comm.signal(1, DATA, 0).unwrap();
+    } else {
+        let want = [payload(0, 1, bytes), payload(0, 2, bytes)].concat();
+        assert!(
+            lands(&buf, &want),
+            "rank 1: rank 0's puts did not land while rank 1 did not wait"
+        );
+        comm.wait_signal(&[from_rank_0(3)]).unwrap();
+    }
+    comm.suspend().unwrap();
+    comm.resume().unwrap();
+    if comm.rank() == 1 {
+        comm.wait_signal(&[from_rank_0(1)]).unwrap();
+    }
+    comm.deregister_window(window).unwrap();
+}
+
+/// Every rank puts into the previous rank, on another host, and
+/// deregisters at once, waiting for nothing: the puts arrive on other
+/// connections than the deregistration's own messages, and still land
+/// before it returns.
+fn puts_land_before_the_deregistration(comm: &Communicator) {
+    let (rank, n) = (comm.rank(), comm.count());
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    // Three messages.
+    let bytes = 9 << 20;
+    let buf = Buffer::new(bytes);
+    let window = register(comm, &buf, 0).unwrap();
+    comm.put_signal(&payload(rank, 0, bytes), prev, window, 0, DATA, 0)
+        .unwrap();
+    comm.deregister_window(window).unwrap();
+    assert!(
+        buf.bytes() == payload(next, 0, bytes),
+        "rank {rank}: the put of rank {next} had not landed when the deregistration returned"
+    );
+}
+
+fn threads_now() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+/// Rank 0 keeps putting into rank 1, which aborts once the first put
+/// landed: nothing lands after the abort returned, and the destroy ends
+/// the bootstrap's listener thread, which landed them.
+fn nothing_lands_after_an_abort(comm: Communicator) {
+    let buf = Buffer::new(PAGE);
+    let window = register(&comm, &buf, 0).unwrap();
+    if comm.rank() == 0 {
+        let until = Instant::now() + Duration::from_millis(1500);
+        for round in 1u64.. {
+            let sent = comm.put_signal(&[round], 1, window, 0, DATA, 0);
+            if sent.is_err() || Instant::now() > until {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        std::mem::forget(buf);
+        return;
+    }
+    let threads = threads_now();
+    let first = Instant::now() + Duration::from_secs(20);
+    while buf.bytes()[..8] == [0; 8] {
+        assert!(Instant::now() < first, "rank 1: no put landed");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    comm.abort();
+    let seen = buf.bytes().to_vec();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(buf.bytes() == seen, "rank 1: a put landed after the abort");
+    let _ = comm.destroy();
+    let settled = Instant::now() + Duration::from_secs(5);
+    while threads_now() >= threads && Instant::now() < settled {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        threads_now() < threads,
+        "rank 1: {} threads after the destroy, {threads} while it ran",
+        threads_now()
+    );
+    std::mem::forget(buf);
+}
+
 fn processes(n: usize, role: &str) {
     processes_on_hosts(n, role, |_| 0);
 }
@@ -529,6 +655,13 @@ fn a_ring_of_puts_across_hosts() {
     processes_on_hosts(2, "ring", |r| r);
     processes_on_hosts(4, "ring", |r| r % 2);
     processes_on_hosts(2, "ring-big", |r| r);
+}
+
+#[test]
+fn puts_across_hosts_land_without_the_target_taking_part() {
+    processes_on_hosts(2, "no-wait", |r| r);
+    processes_on_hosts(4, "deregister", |r| r % 2);
+    processes_on_hosts(2, "abort", |r| r);
 }
 
 #[test]

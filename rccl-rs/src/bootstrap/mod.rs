@@ -10,6 +10,10 @@
 //!
 //! Every connection (to the root and between ranks) is authenticated with
 //! the id's 32-byte secret ([`rccl_transports::auth_tcp`]).
+//!
+//! Messages under a tag with a sink ([`Bootstrap::set_sink`]) skip the
+//! mailbox: the listener thread hands each to the sink as it arrives, in
+//! the order its sender sent them (one-sided puts land this way).
 
 mod id;
 mod in_process;
@@ -142,14 +146,32 @@ struct Mailbox {
     broken: Option<String>,
 }
 
+/// What takes the messages of one tag as they arrive: the sender's rank
+/// and the message.
+pub(crate) type Sink = Box<dyn Fn(usize, &[u8]) + Send>;
+
 struct Shared {
     mailbox: Mutex<Mailbox>,
     cond: Condvar,
     stop: AtomicBool,
+    /// Per tag of user messages, its sink. Held while a sink runs, so
+    /// that one removed runs no more once [`Bootstrap::stop_sinks`]
+    /// returns.
+    sinks: Mutex<HashMap<u64, Sink>>,
 }
 
 impl Shared {
-    fn deliver(&self, from: usize, kind: u8, tag: u64, payload: Vec<u8>) {
+    fn deliver(&self, from: usize, kind: u8, tag: u64, payload: &[u8]) {
+        // Held across the look and the filing: a sink set meanwhile
+        // misses nothing.
+        let sinks = self.sinks.lock();
+        if kind == KIND_USER {
+            if let Some(sink) = sinks.get(&tag) {
+                sink(from, payload);
+                return;
+            }
+        }
+        let payload = payload.to_vec();
         self.mailbox
             .lock()
             .msgs
@@ -317,6 +339,7 @@ impl Bootstrap {
             mailbox: Mutex::new(Mailbox::default()),
             cond: Condvar::new(),
             stop: AtomicBool::new(false),
+            sinks: Mutex::new(HashMap::new()),
         });
         let (wake, wake_rx) = UnixStream::pair()
             .map_err(|e| Error::io("bootstrap: creating a wake-up socket pair", e))?;
@@ -518,6 +541,19 @@ impl Bootstrap {
             .collect()
     }
 
+    /// Hands every later message under `tag` to `sink` as it arrives,
+    /// on the listener thread (which `sink` must never keep waiting),
+    /// instead of filing it for [`Bootstrap::recv`].
+    pub(crate) fn set_sink(&self, tag: u64, sink: Sink) {
+        self.shared.sinks.lock().insert(tag, sink);
+    }
+
+    /// Removes every sink; returns once none runs any more. Later
+    /// messages under their tags are filed in the mailbox.
+    pub(crate) fn stop_sinks(&self) {
+        self.shared.sinks.lock().clear();
+    }
+
     fn send_kind(
         &self,
         peer: usize,
@@ -538,7 +574,7 @@ impl Bootstrap {
             return Err(self.stopped(format_args!("sending to rank {peer}")));
         }
         if peer == self.rank {
-            self.shared.deliver(peer, kind, tag, data.to_vec());
+            self.shared.deliver(peer, kind, tag, data);
             return Ok(());
         }
         let addr = self.peers[peer];
@@ -910,7 +946,7 @@ impl Receiver {
             }
             let tag = read_u64(body, 1);
             self.shared
-                .deliver(conn.from, kind, tag, body[MSG_HEADER..].to_vec());
+                .deliver(conn.from, kind, tag, &body[MSG_HEADER..]);
             at += 4 + len;
         }
         conn.buf.drain(..at);
