@@ -141,6 +141,8 @@ pub(super) fn secs(d: Duration) -> String {
 struct Mailbox {
     msgs: HashMap<(usize, u8, u64), VecDeque<Vec<u8>>>,
     gone: HashMap<usize, String>,
+    /// Per sender, its connections to this rank still being read.
+    reading: HashMap<usize, usize>,
     /// Why this rank's listener could not accept a connection, if it could
     /// not: the message that connection carries will never arrive.
     broken: Option<String>,
@@ -181,8 +183,14 @@ impl Shared {
         self.cond.notify_all();
     }
 
+    /// Files how a connection from `from` ended, once read to its end.
     fn mark_gone(&self, from: usize, why: String) {
-        self.mailbox.lock().gone.insert(from, why);
+        let mut mailbox = self.mailbox.lock();
+        mailbox.gone.insert(from, why);
+        if let Some(open) = mailbox.reading.get_mut(&from) {
+            *open = open.saturating_sub(1);
+        }
+        drop(mailbox);
         self.cond.notify_all();
     }
 }
@@ -462,8 +470,16 @@ impl Bootstrap {
     /// never writes on a connection this rank opened, so either means its
     /// end closed: its process exited or its communicator went away).
     pub(crate) fn peer_gone(&self, peer: usize) -> Option<String> {
-        if let Some(why) = self.shared.mailbox.lock().gone.get(&peer) {
-            return Some(why.clone());
+        {
+            let mailbox = self.shared.mailbox.lock();
+            if let Some(why) = mailbox.gone.get(&peer) {
+                return Some(why.clone());
+            }
+            // What it sent before it went is still being read: it is
+            // gone once that is done (a one-sided fence, a failure note).
+            if mailbox.reading.get(&peer).is_some_and(|&open| open > 0) {
+                return None;
+            }
         }
         // A sender holds the connection only while it writes.
         let slot = self.out.get(peer)?.try_lock()?;
@@ -877,7 +893,10 @@ impl Receiver {
             );
             return;
         }
-        self.shared.mailbox.lock().gone.remove(&from);
+        let mut mailbox = self.shared.mailbox.lock();
+        mailbox.gone.remove(&from);
+        *mailbox.reading.entry(from).or_default() += 1;
+        drop(mailbox);
         self.conns.push(Conn {
             stream,
             from,
