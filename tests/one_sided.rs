@@ -872,11 +872,11 @@ fn plain_memory_is_refused_for_peers_in_other_processes() {
     processes(2, "plain");
 }
 
-/// The perf binary runs both methods side by side, as threads and as
-/// processes.
+/// The perf binary runs both methods side by side, as threads, as
+/// processes, and as processes on hosts of their own.
 #[test]
 fn putsignal_perf_reports_both_methods() {
-    for mode in [&[][..], &["--procs"][..]] {
+    for mode in [&[][..], &["--procs"][..], &["--procs", "--hosts"][..]] {
         let out = Command::new(env!("CARGO_BIN_EXE_putsignal_perf"))
             .args(["-g", "2", "-b", "8,64K", "-n", "20", "-r", "2"])
             .args(mode)

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -42,6 +42,9 @@ pub(super) struct Landing {
     state: Mutex<Landed>,
     /// Rung when a fence arrives.
     fenced: Condvar,
+    /// The first message that could not be applied (read by waits
+    /// without the lock a landing put holds).
+    fault: OnceLock<Error>,
 }
 
 struct Landed {
@@ -53,8 +56,6 @@ struct Landed {
     fences: Vec<u64>,
     /// Per rank, the fences deregistrations consumed.
     consumed: Vec<u64>,
-    /// The first message that could not be applied.
-    fault: Option<Error>,
 }
 
 impl Landing {
@@ -70,9 +71,9 @@ impl Landing {
                 block: None,
                 fences: vec![0; comm.nranks],
                 consumed: vec![0; comm.nranks],
-                fault: None,
             }),
             fenced: Condvar::new(),
+            fault: OnceLock::new(),
         });
         let sink = landing.clone();
         comm.bootstrap
@@ -105,7 +106,7 @@ impl Landing {
 
     /// The first message from another host that could not be applied.
     pub(super) fn fault(&self) -> Result<()> {
-        self.state.lock().fault.clone().map_or(Ok(()), Err)
+        self.fault.get().cloned().map_or(Ok(()), Err)
     }
 
     /// Ends window number `seq` (at its deregistration, once every rank
@@ -163,7 +164,7 @@ impl Landing {
         let mut landed = self.state.lock();
         if let Err(e) = self.apply(&mut landed, from, msg) {
             tracing::warn!(rank = self.rank, "one-sided: {e}");
-            landed.fault.get_or_insert(e);
+            let _ = self.fault.set(e);
         }
     }
 
