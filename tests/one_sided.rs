@@ -2,7 +2,8 @@
 //! into peers' windows, waits on signal counts; between threads of one
 //! process and between processes of one host, over many rounds, with
 //! every misuse answered by an error that names the window, the rank and
-//! the bytes, and a wait on a dead peer ended naming it.
+//! the bytes, and a wait on a dead peer ended naming it. Across hosts,
+//! puts land while the target calls nothing.
 
 #[path = "common/children.rs"]
 mod children;
@@ -14,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use children::spawn_ranks;
 use device_windows::{device_ring, payload, Alloc, DeviceBuffers, ACK, DATA};
-use rccl::{Communicator, Config, Error, WaitDesc, Window, WIN_COLL_SYMMETRIC};
+use rccl::{
+    Communicator, Config, Error, WaitDesc, Window, WIN_COLL_SYMMETRIC, WIN_STRICT_ORDERING,
+};
 
 const PAGE: usize = 4096;
 
@@ -364,6 +367,8 @@ fn an_abort_ends_a_wait() {
 }
 
 const CHILD: &str = "RCCL_ONE_SIDED_CHILD";
+/// The process's encryption key (`ncclSetEncryption`), if set.
+const PSK: &str = "RCCL_ONE_SIDED_PSK";
 
 /// One rank of the processes' tests; does nothing when run directly.
 #[test]
@@ -378,6 +383,9 @@ fn child_rank() {
     if role == "emu-ring" {
         let comm = Communicator::from_env_config(config(2, Duration::from_secs(60))).unwrap();
         return device_ring(&comm, 100, 3000, Alloc::Shareable);
+    }
+    if let Ok(key) = std::env::var(PSK) {
+        rccl::set_encryption(Some(key.as_bytes())).unwrap();
     }
     let mut cfg = config(2, Duration::from_secs(60));
     if role == "cap" {
@@ -432,6 +440,9 @@ fn child_rank() {
         }
         // Beyond one message's piece across hosts.
         "ring-big" => ring(&comm, 3, 5 << 20),
+        "no-wait" => lands_without_a_wait(&comm),
+        "deregister" => puts_land_before_the_deregistration(&comm),
+        "abort" => nothing_lands_after_an_abort(comm),
         "dies" => {
             let buf = Buffer::new(PAGE);
             let window = register(&comm, &buf, 0).unwrap();
@@ -503,6 +514,128 @@ fn child_rank() {
     }
 }
 
+/// Polls `buf` until it holds `want` or 20 s pass.
+fn lands(buf: &Buffer, want: &[u8]) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while buf.bytes() != want {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+fn from_rank_0(count: usize) -> WaitDesc {
+    WaitDesc {
+        peer: 0,
+        sig: DATA,
+        ctx: 0,
+        count,
+    }
+}
+
+/// Rank 0 puts into rank 1 on another host, which calls nothing until
+/// the data is in its window: twice into the same bytes (the second
+/// stays: call order), once beside them; then a wait finds the signals
+/// risen. A signal sent just before a suspend is there after the resume.
+fn lands_without_a_wait(comm: &Communicator) {
+    // Two messages each.
+    let bytes = 5 << 20;
+    let buf = Buffer::new(2 * bytes);
+    let window = register(comm, &buf, WIN_STRICT_ORDERING).unwrap();
+    let put = |round, offset| {
+        comm.put_signal(&payload(0, round, bytes), 1, window, offset, DATA, 0)
+            .unwrap()
+    };
+    if comm.rank() == 0 {
+        put(0, 0);
+        put(1, 0);
+        put(2, bytes);
+        comm.signal(1, DATA, 0).unwrap();
+    } else {
+        let want = [payload(0, 1, bytes), payload(0, 2, bytes)].concat();
+        assert!(
+            lands(&buf, &want),
+            "rank 1: rank 0's puts did not land while rank 1 did not wait"
+        );
+        comm.wait_signal(&[from_rank_0(3)]).unwrap();
+    }
+    comm.suspend().unwrap();
+    comm.resume().unwrap();
+    if comm.rank() == 1 {
+        comm.wait_signal(&[from_rank_0(1)]).unwrap();
+    }
+    comm.deregister_window(window).unwrap();
+}
+
+/// Rank 1 puts into rank 0, on another host, and every rank deregisters
+/// at once, waiting for nothing: the deregistration's own messages reach
+/// rank 0 through ranks 2 and 3, on other connections than the put, and
+/// the put still lands before it returns.
+fn puts_land_before_the_deregistration(comm: &Communicator) {
+    // Three messages.
+    let bytes = 9 << 20;
+    let buf = Buffer::new(bytes);
+    let window = register(comm, &buf, 0).unwrap();
+    if comm.rank() == 1 {
+        comm.put_signal(&payload(1, 0, bytes), 0, window, 0, DATA, 0)
+            .unwrap();
+    }
+    comm.deregister_window(window).unwrap();
+    if comm.rank() == 0 {
+        assert!(
+            buf.bytes() == payload(1, 0, bytes),
+            "rank 0: the put of rank 1 had not landed when the deregistration returned"
+        );
+    }
+}
+
+fn threads_now() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+/// Rank 0 keeps putting into rank 1, which aborts once the first put
+/// landed: nothing lands after the abort returned, and the destroy ends
+/// the bootstrap's listener thread, which landed them.
+fn nothing_lands_after_an_abort(comm: Communicator) {
+    let buf = Buffer::new(PAGE);
+    let window = register(&comm, &buf, 0).unwrap();
+    if comm.rank() == 0 {
+        let until = Instant::now() + Duration::from_millis(1500);
+        for round in 1u64.. {
+            let sent = comm.put_signal(&[round], 1, window, 0, DATA, 0);
+            if sent.is_err() || Instant::now() > until {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        std::mem::forget(buf);
+        return;
+    }
+    let threads = threads_now();
+    let first = Instant::now() + Duration::from_secs(20);
+    while buf.bytes()[..8] == [0; 8] {
+        assert!(Instant::now() < first, "rank 1: no put landed");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    comm.abort();
+    let seen = buf.bytes().to_vec();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(buf.bytes() == seen, "rank 1: a put landed after the abort");
+    let _ = comm.destroy();
+    let settled = Instant::now() + Duration::from_secs(5);
+    while threads_now() >= threads && Instant::now() < settled {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        threads_now() < threads,
+        "rank 1: {} threads after the destroy, {threads} while it ran",
+        threads_now()
+    );
+    std::mem::forget(buf);
+}
+
 fn processes(n: usize, role: &str) {
     processes_on_hosts(n, role, |_| 0);
 }
@@ -539,6 +672,19 @@ fn a_ring_of_puts_across_hosts() {
     processes_on_hosts(2, "ring", |r| r);
     processes_on_hosts(4, "ring", |r| r % 2);
     processes_on_hosts(2, "ring-big", |r| r);
+}
+
+#[test]
+fn puts_across_hosts_land_without_the_target_taking_part() {
+    processes_on_hosts(2, "no-wait", |r| r);
+    processes_with(
+        2,
+        "no-wait",
+        |r| r,
+        &[(PSK, "one-sided puts over TCP sealed with this key")],
+    );
+    processes_on_hosts(4, "deregister", |r| r % 2);
+    processes_on_hosts(2, "abort", |r| r);
 }
 
 #[test]
@@ -717,11 +863,11 @@ fn plain_memory_is_refused_for_peers_in_other_processes() {
     processes(2, "plain");
 }
 
-/// The perf binary runs both methods side by side, as threads and as
-/// processes.
+/// The perf binary runs both methods side by side, as threads, as
+/// processes, and as processes on hosts of their own.
 #[test]
 fn putsignal_perf_reports_both_methods() {
-    for mode in [&[][..], &["--procs"][..]] {
+    for mode in [&[][..], &["--procs"][..], &["--procs", "--hosts"][..]] {
         let out = Command::new(env!("CARGO_BIN_EXE_putsignal_perf"))
             .args(["-g", "2", "-b", "8,64K", "-n", "20", "-r", "2"])
             .args(mode)

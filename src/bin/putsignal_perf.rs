@@ -9,11 +9,12 @@
 //! bandwidth at the median.
 //!
 //! ```text
-//! putsignal_perf [-g RANKS] [--procs] [-b 8,1M,16M] [-n ITERS] [-r ROUNDS]
+//! putsignal_perf [-g RANKS] [--procs [--hosts]] [-b 8,1M,16M] [-n ITERS] [-r ROUNDS]
 //! ```
 //! Ranks are threads of this process, or with `--procs` processes of
 //! this host (the window memory then is shareable host memory, mapped by
-//! the peer).
+//! the peer); `--hosts` gives each process a host of its own
+//! (`NCCL_HOSTID`), so puts travel as messages over TCP, as across hosts.
 
 use std::process::{Command, ExitCode};
 use std::time::Instant;
@@ -27,6 +28,7 @@ const CHILD: &str = "RCCL_PUTSIGNAL_PERF_CHILD";
 struct Args {
     ranks: usize,
     procs: bool,
+    hosts: bool,
     sizes: Vec<usize>,
     iters: usize,
     rounds: usize,
@@ -49,6 +51,7 @@ fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         ranks: 2,
         procs: false,
+        hosts: false,
         sizes: vec![8, 1 << 20, 16 << 20],
         iters: 0,
         rounds: 7,
@@ -59,6 +62,7 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "-g" => args.ranks = value()?.parse().map_err(|e| format!("-g: {e}"))?,
             "--procs" => args.procs = true,
+            "--hosts" => args.hosts = true,
             "-b" => {
                 args.sizes = value()?
                     .split(',')
@@ -72,6 +76,9 @@ fn parse_args() -> Result<Args, String> {
     }
     if args.ranks < 2 || args.rounds == 0 {
         return Err("-g must be at least 2 and -r at least 1".into());
+    }
+    if args.hosts && !args.procs {
+        return Err("--hosts needs --procs (a host per process)".into());
     }
     Ok(args)
 }
@@ -158,7 +165,11 @@ fn bench(comm: &Communicator, args: &Args) -> rccl::Result<()> {
         println!(
             "# putsignal_perf: {} ranks ({}), {} rounds, slowest rank per round",
             comm.count(),
-            if args.procs { "processes" } else { "threads" },
+            match (args.procs, args.hosts) {
+                (true, true) => "processes, a host each",
+                (true, false) => "processes",
+                _ => "threads",
+            },
             args.rounds
         );
         println!(
@@ -226,7 +237,11 @@ fn run() -> Result<(), String> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let children: Vec<_> = (0..args.ranks)
             .map(|rank| {
-                Command::new(&exe)
+                let mut child = Command::new(&exe);
+                if args.hosts {
+                    child.env("NCCL_HOSTID", format!("putsignal-perf-host{rank}"));
+                }
+                child
                     .args(std::env::args().skip(1))
                     .env(CHILD, "1")
                     .env("RANK", rank.to_string())

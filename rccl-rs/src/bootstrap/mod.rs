@@ -10,6 +10,10 @@
 //!
 //! Every connection (to the root and between ranks) is authenticated with
 //! the id's 32-byte secret ([`rccl_transports::auth_tcp`]).
+//!
+//! Messages under a tag with a sink ([`Bootstrap::set_sink`]) skip the
+//! mailbox: the listener thread hands each to the sink as it arrives, in
+//! the order its sender sent them (one-sided puts land this way).
 
 mod id;
 mod in_process;
@@ -137,19 +141,39 @@ pub(super) fn secs(d: Duration) -> String {
 struct Mailbox {
     msgs: HashMap<(usize, u8, u64), VecDeque<Vec<u8>>>,
     gone: HashMap<usize, String>,
+    /// Per sender, its connections to this rank still being read.
+    reading: HashMap<usize, usize>,
     /// Why this rank's listener could not accept a connection, if it could
     /// not: the message that connection carries will never arrive.
     broken: Option<String>,
 }
 
+/// What takes the messages of one tag as they arrive: the sender's rank
+/// and the message.
+pub(crate) type Sink = Box<dyn Fn(usize, &[u8]) + Send>;
+
 struct Shared {
     mailbox: Mutex<Mailbox>,
     cond: Condvar,
     stop: AtomicBool,
+    /// Per tag of user messages, its sink. Held while a sink runs, so
+    /// that one removed runs no more once [`Bootstrap::stop_sinks`]
+    /// returns.
+    sinks: Mutex<HashMap<u64, Sink>>,
 }
 
 impl Shared {
-    fn deliver(&self, from: usize, kind: u8, tag: u64, payload: Vec<u8>) {
+    fn deliver(&self, from: usize, kind: u8, tag: u64, payload: &[u8]) {
+        // Held across the look and the filing: a sink set meanwhile
+        // misses nothing.
+        let sinks = self.sinks.lock();
+        if kind == KIND_USER {
+            if let Some(sink) = sinks.get(&tag) {
+                sink(from, payload);
+                return;
+            }
+        }
+        let payload = payload.to_vec();
         self.mailbox
             .lock()
             .msgs
@@ -159,8 +183,14 @@ impl Shared {
         self.cond.notify_all();
     }
 
+    /// Files how a connection from `from` ended, once read to its end.
     fn mark_gone(&self, from: usize, why: String) {
-        self.mailbox.lock().gone.insert(from, why);
+        let mut mailbox = self.mailbox.lock();
+        mailbox.gone.insert(from, why);
+        if let Some(open) = mailbox.reading.get_mut(&from) {
+            *open = open.saturating_sub(1);
+        }
+        drop(mailbox);
         self.cond.notify_all();
     }
 }
@@ -317,6 +347,7 @@ impl Bootstrap {
             mailbox: Mutex::new(Mailbox::default()),
             cond: Condvar::new(),
             stop: AtomicBool::new(false),
+            sinks: Mutex::new(HashMap::new()),
         });
         let (wake, wake_rx) = UnixStream::pair()
             .map_err(|e| Error::io("bootstrap: creating a wake-up socket pair", e))?;
@@ -439,8 +470,16 @@ impl Bootstrap {
     /// never writes on a connection this rank opened, so either means its
     /// end closed: its process exited or its communicator went away).
     pub(crate) fn peer_gone(&self, peer: usize) -> Option<String> {
-        if let Some(why) = self.shared.mailbox.lock().gone.get(&peer) {
-            return Some(why.clone());
+        {
+            let mailbox = self.shared.mailbox.lock();
+            if let Some(why) = mailbox.gone.get(&peer) {
+                return Some(why.clone());
+            }
+            // What it sent before it went is still being read: it is
+            // gone once that is done (a one-sided fence, a failure note).
+            if mailbox.reading.get(&peer).is_some_and(|&open| open > 0) {
+                return None;
+            }
         }
         // A sender holds the connection only while it writes.
         let slot = self.out.get(peer)?.try_lock()?;
@@ -518,6 +557,19 @@ impl Bootstrap {
             .collect()
     }
 
+    /// Hands every later message under `tag` to `sink` as it arrives,
+    /// on the listener thread (which `sink` must never keep waiting),
+    /// instead of filing it for [`Bootstrap::recv`].
+    pub(crate) fn set_sink(&self, tag: u64, sink: Sink) {
+        self.shared.sinks.lock().insert(tag, sink);
+    }
+
+    /// Removes every sink; returns once none runs any more. Later
+    /// messages under their tags are filed in the mailbox.
+    pub(crate) fn stop_sinks(&self) {
+        self.shared.sinks.lock().clear();
+    }
+
     fn send_kind(
         &self,
         peer: usize,
@@ -538,7 +590,7 @@ impl Bootstrap {
             return Err(self.stopped(format_args!("sending to rank {peer}")));
         }
         if peer == self.rank {
-            self.shared.deliver(peer, kind, tag, data.to_vec());
+            self.shared.deliver(peer, kind, tag, data);
             return Ok(());
         }
         let addr = self.peers[peer];
@@ -841,7 +893,10 @@ impl Receiver {
             );
             return;
         }
-        self.shared.mailbox.lock().gone.remove(&from);
+        let mut mailbox = self.shared.mailbox.lock();
+        mailbox.gone.remove(&from);
+        *mailbox.reading.entry(from).or_default() += 1;
+        drop(mailbox);
         self.conns.push(Conn {
             stream,
             from,
@@ -910,7 +965,7 @@ impl Receiver {
             }
             let tag = read_u64(body, 1);
             self.shared
-                .deliver(conn.from, kind, tag, body[MSG_HEADER..].to_vec());
+                .deliver(conn.from, kind, tag, &body[MSG_HEADER..]);
             at += 4 + len;
         }
         conn.buf.drain(..at);

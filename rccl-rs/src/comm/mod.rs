@@ -179,6 +179,8 @@ impl CommInner {
     pub fn end(&self, how: &'static str) {
         let _ = self.ended.set(how);
         self.abort.store(true, Ordering::SeqCst);
+        // Nothing lands in a window once this returns: its memory may go.
+        self.bootstrap.stop_sinks();
         if let Some(state) = self.exec.try_lock() {
             close_links(self, &state, &self.ended_error());
         }

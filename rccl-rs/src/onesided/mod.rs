@@ -11,7 +11,9 @@
 //! - `wait.rs`: waits for signal counts, with the communicator's deadline,
 //!   its abort flag and the peer's fate watched.
 //! - `remote.rs`: puts and signals to ranks on other hosts, as messages
-//!   the target applies before it reads its counts.
+//!   over the bootstrap's connections.
+//! - `landing.rs`: where those messages land at the target, as they
+//!   arrive, without the target taking part.
 //! - `stream.rs`: the same calls ordered on a stream, for windows of
 //!   device memory.
 //! - `device_memory.rs`: windows of device memory between processes: the
@@ -31,6 +33,7 @@
 //! end).
 
 mod device_memory;
+mod landing;
 mod put;
 mod register;
 mod remote;
@@ -46,6 +49,7 @@ use rccl_transports::{PeerWindow, SignalBlock};
 use crate::comm::{CommInner, Communicator};
 use crate::error::{Error, Result};
 use crate::memory::Hold;
+use landing::Landing;
 
 pub(crate) use symmetric::symmetric_span;
 pub use symmetric::SymmetricSpan;
@@ -84,12 +88,13 @@ impl Window {
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 
 /// A communicator's one-sided state.
-#[derive(Default)]
 struct State {
     /// Windows registered so far, counted the same on every rank.
     registered: u64,
     windows: std::collections::BTreeMap<u64, WindowEntry>,
     signals: Option<Signals>,
+    /// Where puts and signals from other hosts land.
+    landing: Arc<Landing>,
 }
 
 /// One registered window on this rank.
@@ -143,6 +148,15 @@ impl Drop for State {
 }
 
 impl State {
+    fn new(comm: &CommInner) -> State {
+        State {
+            registered: 0,
+            windows: Default::default(),
+            signals: None,
+            landing: Landing::start(comm),
+        }
+    }
+
     fn window(&self, comm: &CommInner, window: Window, call: &str) -> Result<&WindowEntry> {
         self.windows.get(&window.0).ok_or_else(|| {
             Error::InvalidArgument(format!(
@@ -201,7 +215,7 @@ impl Communicator {
         let inner = &*self.inner;
         inner.check_usable()?;
         let mut slot = inner.one_sided.lock();
-        let boxed = slot.get_or_insert_with(|| Box::new(State::default()));
+        let boxed = slot.get_or_insert_with(|| Box::new(State::new(inner)));
         let state = boxed
             .downcast_mut::<State>()
             .expect("the one-sided state is onesided::State");

@@ -117,7 +117,7 @@ fn register(
             .map_err(|e| same_kind(&e, format!("{what}: its signal block: {}", message(&e))))
             .and_then(|held| {
                 SignalBlock::create(slots)
-                    .map(|block| (block, held))
+                    .map(|block| (Arc::new(block), held))
                     .map_err(|e| {
                         Error::InvalidArgument(format!(
                             "rank {me}: cannot make its signal block: {e}"
@@ -171,7 +171,12 @@ fn register(
     let reached = reach(comm, seq, &published, fresh_signals)
         .map_err(|e| same_kind(&e, format!("{REGISTER}: {}", message(&e))));
     let verdict = match &reached {
-        Ok(_) => Vec::new(),
+        Ok(_) => {
+            // Peers put once they have every verdict: land from now on.
+            let block = own_block.as_ref().map(|(block, _)| block.clone());
+            state.landing.open(seq, base, size, block);
+            Vec::new()
+        }
         Err(e) => encode_problem(e),
     };
     let verdicts = comm
@@ -187,7 +192,7 @@ fn register(
         (Ok(None), Ok(reached)) => {
             if let Some(mut blocks) = reached.blocks {
                 let (own, own_held) = own_block.expect("made at the first registration");
-                blocks[me] = Some(Arc::new(own));
+                blocks[me] = Some(own);
                 let mut held = reached.blocks_held;
                 held.push(own_held);
                 state.signals = Some(Signals {
@@ -217,6 +222,7 @@ fn register(
             Ok(Window(handle))
         }
         (Ok(Some(e)), _) | (Ok(None), Err(e)) | (Err(e), _) => {
+            state.landing.forget(seq);
             release(&offered);
             Err(e)
         }
@@ -434,7 +440,7 @@ fn deregister(comm: &CommInner, state: &mut State, window: Window) -> Result<()>
         }
     }
     // Puts from other hosts sent before their deregistration land first.
-    super::remote::apply(comm, state)?;
+    state.landing.close(comm, seq)?;
     let entry = state.windows.remove(&window.0).expect("found above");
     if entry.exported {
         rccl_transports::release_window(entry.base as *const u8);

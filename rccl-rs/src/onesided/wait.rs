@@ -39,8 +39,6 @@ impl Communicator {
 fn wait(comm: &CommInner, state: &mut State, descs: &[WaitDesc]) -> Result<()> {
     check_descs(comm, descs)?;
     let signals = state.signals(comm, WAIT)?;
-    // Ranks on other hosts signal by messages, applied before each look.
-    let remote = signals.blocks.iter().any(Option::is_none);
     let block = signals.blocks[comm.rank]
         .as_ref()
         .expect("a rank's own signal block is in its table");
@@ -48,10 +46,9 @@ fn wait(comm: &CommInner, state: &mut State, descs: &[WaitDesc]) -> Result<()> {
     let mut consumed = signals.consumed.clone();
     for d in descs {
         let at = slot(comm, d.sig, d.ctx, d.peer);
-        let look = || match remote {
-            true => super::remote::apply(comm, state),
-            false => Ok(()),
-        };
+        // What ranks on other hosts sent lands on its own; a message
+        // that could not land fails the wait.
+        let look = || state.landing.fault();
         await_count(comm, block, d, consumed[at], deadline, look)?;
         consumed[at] = consumed[at].wrapping_add(d.count as u32);
     }
