@@ -8,6 +8,8 @@
 //! listeners do: only a caller of this user (`SO_PEERCRED`), each with a
 //! deadline to show the token, many at once, a bounded number per
 //! process; nothing is sent to a caller before its token matched.
+//! [`ServedFd`] keeps handing one descriptor over (a window's exported
+//! device memory, to every peer) until it is dropped.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -329,5 +331,111 @@ pub fn recv_fd(stream: &UnixStream) -> io::Result<Option<OwnedFd>> {
         }
         let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
         Ok(Some(OwnedFd::from_raw_fd(fd)))
+    }
+}
+
+/// How long a served descriptor's thread sleeps between looks at callers
+/// still saying their hello.
+const SERVE_POLL_MS: libc::c_int = 50;
+
+/// A descriptor handed to every caller that shows the token (over a
+/// fresh [`ExportListener`]), by a thread of its own, for as long as this
+/// value lives; dropping it ends the thread and closes the listener and
+/// the descriptor.
+pub struct ServedFd {
+    /// The listener's abstract name, for the peers.
+    pub name: String,
+    /// The token a caller shows.
+    pub token: [u8; TOKEN],
+    /// Closed on drop, which wakes and ends the thread.
+    stop: Option<UnixStream>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Serves `fd` to callers of this user that show the token.
+pub fn serve_fd(fd: OwnedFd) -> io::Result<ServedFd> {
+    let mut listener = listen()?;
+    let (stop, stopped) = UnixStream::pair()?;
+    let (name, token) = (listener.name.clone(), listener.token);
+    let thread = std::thread::Builder::new()
+        .name("rccl-fd-serve".into())
+        .spawn(move || loop {
+            let mut fds =
+                [listener.listener.as_raw_fd(), stopped.as_raw_fd()].map(|fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            // SAFETY: two valid pollfds, a count of 2.
+            unsafe { libc::poll(fds.as_mut_ptr(), 2, SERVE_POLL_MS) };
+            if fds[1].revents != 0 {
+                return;
+            }
+            loop {
+                match listener.next_caller(0) {
+                    Ok(Some((stream, _))) => {
+                        if let Err(e) = send_fd(&stream, &fd) {
+                            tracing::warn!("export socket @{}: sending: {e}", listener.name);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!("export socket @{}: accepting: {e}", listener.name);
+                        break;
+                    }
+                }
+            }
+        })?;
+    Ok(ServedFd {
+        name,
+        token,
+        stop: Some(stop),
+        thread: Some(thread),
+    })
+}
+
+impl Drop for ServedFd {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The descriptor the [`ServedFd`] at `name` hands to `token`, if it
+/// comes before `deadline`.
+pub fn fetch_fd(name: &[u8], token: &[u8], deadline: Instant) -> io::Result<OwnedFd> {
+    let stream = call(name, token).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "calling its export socket @{}: {e}",
+                String::from_utf8_lossy(name)
+            ),
+        )
+    })?;
+    loop {
+        if let Some(fd) = recv_fd(&stream)? {
+            return Ok(fd);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "its export socket @{} sent no descriptor before the deadline",
+                    String::from_utf8_lossy(name)
+                ),
+            ));
+        }
+        let mut pfd = libc::pollfd {
+            fd: stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = left.as_millis().clamp(1, 1000) as libc::c_int;
+        // SAFETY: one valid pollfd, a count of 1.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
     }
 }
