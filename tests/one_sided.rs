@@ -577,12 +577,66 @@ fn emu_threads() {
             s.spawn(move || suspend_after_a_held_put(comm));
         }
     });
+    let comms = Communicator::init_all_config(2, config(1, Duration::from_secs(30))).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || finalize_after_a_held_put(comm));
+        }
+    });
     let comms = Communicator::init_all_config(2, config(1, Duration::from_secs(1))).unwrap();
     std::thread::scope(|s| {
         for comm in &comms {
             s.spawn(move || gated_put_and_late_wait(comm));
         }
     });
+}
+
+/// Rank 0 enqueues a put behind a task that holds its stream, then
+/// finalizes: the finalize returns only once the stream ran the put (and
+/// raised its signal).
+fn finalize_after_a_held_put(comm: &Communicator) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static GATE: AtomicBool = AtomicBool::new(false);
+    let mem = DeviceBuffers::new(PAGE, Alloc::Plain);
+    // SAFETY: the memory outlives the window (deregistered before drop).
+    let window = unsafe { comm.register_window(mem.window, PAGE, 0) }.unwrap();
+    let data = vec![5u8; 64];
+    if comm.rank() == 0 {
+        mem.device
+            .enqueue_joint(
+                std::slice::from_ref(&mem.stream),
+                Box::new(|| {
+                    while !GATE.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }),
+            )
+            .unwrap();
+        let raw = mem.stream.raw();
+        // SAFETY: `data` outlives the stream's run (the finalize waits).
+        unsafe { comm.put_signal_on_stream(data.as_ptr(), 64, 1, window, 512, 0, 0, raw) }.unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                GATE.store(true, Ordering::Release);
+            });
+            comm.finalize().unwrap();
+            assert!(
+                GATE.load(Ordering::Acquire),
+                "the finalize returned before the stream ran the put"
+            );
+        });
+    } else {
+        comm.wait_signal(&[WaitDesc {
+            peer: 0,
+            sig: 0,
+            ctx: 0,
+            count: 1,
+        }])
+        .unwrap();
+        assert_eq!(mem.read(512, 64), data);
+    }
+    comm.deregister_window(window).unwrap();
 }
 
 /// Rank 0 enqueues a put behind a task that holds its stream: the put
