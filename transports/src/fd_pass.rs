@@ -366,8 +366,14 @@ pub fn serve_fd(fd: OwnedFd) -> io::Result<ServedFd> {
                     events: libc::POLLIN,
                     revents: 0,
                 });
+            // Only callers still saying their hello need a look unasked.
+            let timeout = if listener.callers.is_empty() {
+                -1
+            } else {
+                SERVE_POLL_MS
+            };
             // SAFETY: two valid pollfds, a count of 2.
-            unsafe { libc::poll(fds.as_mut_ptr(), 2, SERVE_POLL_MS) };
+            unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
             if fds[1].revents != 0 {
                 return;
             }
