@@ -57,8 +57,12 @@ struct Offer {
 }
 
 impl Offer {
-    fn of(base: *mut u8, size: usize) -> std::result::Result<Offer, String> {
+    /// The offer of `size` bytes at `base`; device memory is served only
+    /// when `peer_processes` (some rank of this host is in another
+    /// process), host memory is always counted as in a window.
+    fn of(base: *mut u8, size: usize, peer_processes: bool) -> std::result::Result<Offer, String> {
         Ok(match device_of(base) {
+            Some(_) if !peer_processes => Offer::default(),
             Some(device) => match offer(device, base, size)? {
                 Some((export, served)) => Offer {
                     shared: Some(Shared::Device(export)),
@@ -137,7 +141,7 @@ fn register(
         }
     }
     let offered = match local {
-        None => Offer::of(base, size).unwrap_or_else(|why| {
+        None => Offer::of(base, size, peer_processes(comm)).unwrap_or_else(|why| {
             local = Some(Error::System(format!("{what}: {why}")));
             Offer::default()
         }),
@@ -230,6 +234,12 @@ fn register(
             Err(e)
         }
     }
+}
+
+/// Whether some rank of this host runs in another process.
+fn peer_processes(comm: &CommInner) -> bool {
+    let host = &comm.peers[comm.rank].host_id;
+    (0..comm.nranks).any(|r| comm.peers[r].host_id == *host && comm.in_other_process(r))
 }
 
 /// Counters in a rank's signal block: one per context, signal index and
