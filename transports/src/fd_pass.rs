@@ -445,3 +445,54 @@ pub fn fetch_fd(name: &[u8], token: &[u8], deadline: Instant) -> io::Result<Owne
         unsafe { libc::poll(&mut pfd, 1, ms) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::time::{Duration, Instant};
+
+    use super::{fetch_fd, serve_fd};
+
+    /// A fresh memfd with its file offset at `offset`.
+    fn memfd_at(offset: i64) -> OwnedFd {
+        // SAFETY: a NUL-terminated name and no flags.
+        let fd = unsafe { libc::memfd_create(c"fd-pass-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: the descriptor just made, owned from here.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: lseek on a live descriptor.
+        let at = unsafe { libc::lseek(fd.as_raw_fd(), offset, libc::SEEK_SET) };
+        assert_eq!(at, offset);
+        fd
+    }
+
+    fn offset(fd: &OwnedFd) -> i64 {
+        // SAFETY: lseek reads the offset of a live descriptor.
+        unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_CUR) }
+    }
+
+    #[test]
+    fn a_served_descriptor_is_the_open_file_itself_for_every_caller_until_dropped() {
+        let served = serve_fd(memfd_at(4242)).unwrap();
+        let deadline = || Instant::now() + Duration::from_secs(10);
+        for _ in 0..2 {
+            let fd = fetch_fd(served.name.as_bytes(), &served.token, deadline()).unwrap();
+            // The same open file: its offset, not a reopen's 0.
+            assert_eq!(offset(&fd), 4242);
+        }
+        // A wrong token is hung up on, with nothing sent.
+        let err = fetch_fd(served.name.as_bytes(), &[0; super::TOKEN], deadline()).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "{err}");
+        // A listener that never answers: the wait ends at its deadline.
+        let silent = super::listen().unwrap();
+        let start = Instant::now();
+        let soon = start + Duration::from_millis(200);
+        let err = fetch_fd(silent.name.as_bytes(), &silent.token, soon).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+        assert!(start.elapsed() >= Duration::from_millis(200));
+        let name = served.name.clone();
+        drop(served);
+        let err = fetch_fd(name.as_bytes(), &[0; super::TOKEN], deadline()).unwrap_err();
+        assert!(err.to_string().contains(&name), "{err}");
+    }
+}
