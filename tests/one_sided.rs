@@ -571,6 +571,7 @@ fn emu_threads() {
             }
         });
     }
+    a_queued_signal_holds_no_communicator();
     let comms = Communicator::init_all_config(2, config(1, Duration::from_secs(30))).unwrap();
     std::thread::scope(|s| {
         for comm in &comms {
@@ -589,6 +590,54 @@ fn emu_threads() {
             s.spawn(move || gated_put_and_late_wait(comm));
         }
     });
+}
+
+/// Rank 0's put waits behind a task that holds its stream while every
+/// handle of both communicators goes: the task raising its signal holds
+/// no communicator (both are gone at once), and the bytes still land
+/// once the stream runs.
+fn a_queued_signal_holds_no_communicator() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static GATE: AtomicBool = AtomicBool::new(false);
+    let comms = Communicator::init_all_config(2, config(1, Duration::from_secs(30))).unwrap();
+    let mems = [0, 1].map(|_| DeviceBuffers::new(PAGE, Alloc::Plain));
+    let bases = mems.each_ref().map(|m| m.window as usize);
+    let windows: Vec<Window> = std::thread::scope(|s| {
+        let joins: Vec<_> = comms
+            .iter()
+            .zip(bases)
+            // SAFETY: the memory outlives the windows (the communicators
+            // go first).
+            .map(|(comm, base)| {
+                s.spawn(move || unsafe { comm.register_window(base as *mut u8, PAGE, 0) })
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| j.join().unwrap().unwrap())
+            .collect()
+    });
+    mems[0]
+        .device
+        .enqueue_joint(
+            std::slice::from_ref(&mems[0].stream),
+            Box::new(|| {
+                while !GATE.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }),
+        )
+        .unwrap();
+    let data = vec![3u8; 64];
+    let raw = mems[0].stream.raw();
+    // SAFETY: `data` outlives the stream's run (synced below).
+    unsafe { comms[0].put_signal_on_stream(data.as_ptr(), 64, 1, windows[0], 64, 0, 0, raw) }
+        .unwrap();
+    drop(comms);
+    assert_eq!(rccl::hang_report(), "rccl: no live communicators");
+    GATE.store(true, Ordering::Release);
+    mems[0].sync();
+    assert_eq!(mems[1].read(64, 64), data);
 }
 
 /// Rank 0 enqueues a put behind a task that holds its stream, then
