@@ -598,8 +598,8 @@ fn destroy_from_another_thread_stops_device_connection_setup() {
 
 /// ncclMemAlloc's device memory is shareable with other processes (as
 /// NCCL's, a cuMem allocation with an exportable handle); registering it
-/// with a communicator and deregistering it work once, and ncclMemFree
-/// releases it.
+/// with a communicator and deregistering it work once, ncclMemFree
+/// refuses it while a window holds it and releases it after.
 #[test]
 fn mem_alloc_gives_exportable_device_memory_that_registers_and_deregisters() {
     let device = emu();
@@ -624,6 +624,20 @@ fn mem_alloc_gives_exportable_device_memory_that_registers_and_deregisters() {
         assert_eq!(ncclCommDeregister(comm, registration), ncclSuccess);
         assert_ne!(ncclCommDeregister(comm, registration), ncclSuccess);
         assert!(last_error(comm).contains("not a registration"));
+        // Memory still in a window is not freed.
+        let mut window: ncclWindow_t = null_mut();
+        assert_eq!(
+            ncclCommWindowRegister(comm, buf, 4096, &mut window, 0),
+            ncclSuccess
+        );
+        assert_eq!(ncclMemFree(buf), ncclInvalidUsage);
+        let why = last_error(null_mut());
+        assert!(
+            why.contains("4096 bytes of device memory) is still in 1 registered window"),
+            "{why}"
+        );
+        assert!(device.classify(buf.cast()).unwrap().is_device());
+        assert_eq!(ncclCommWindowDeregister(comm, window), ncclSuccess);
         assert_eq!(ncclMemFree(buf), ncclSuccess);
         assert_eq!(ncclCommDestroy(comm), ncclSuccess);
     }

@@ -717,10 +717,17 @@ fn emu_threads() {
             }
         });
     }
+    a_queued_signal_holds_no_communicator();
     let comms = Communicator::init_all_config(2, config(1, Duration::from_secs(30))).unwrap();
     std::thread::scope(|s| {
         for comm in &comms {
             s.spawn(move || suspend_after_a_held_put(comm));
+        }
+    });
+    let comms = Communicator::init_all_config(2, config(1, Duration::from_secs(30))).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || finalize_after_a_held_put(comm));
         }
     });
     let comms = Communicator::init_all_config(2, config(1, Duration::from_secs(1))).unwrap();
@@ -729,6 +736,102 @@ fn emu_threads() {
             s.spawn(move || gated_put_and_late_wait(comm));
         }
     });
+}
+
+/// Rank 0's put waits behind a task that holds its stream while every
+/// handle of both communicators goes: the task raising its signal holds
+/// no communicator (both are gone at once), and the bytes still land
+/// once the stream runs.
+fn a_queued_signal_holds_no_communicator() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static GATE: AtomicBool = AtomicBool::new(false);
+    let comms = Communicator::init_all_config(2, config(1, Duration::from_secs(30))).unwrap();
+    let mems = [0, 1].map(|_| DeviceBuffers::new(PAGE, Alloc::Plain));
+    let bases = mems.each_ref().map(|m| m.window as usize);
+    let windows: Vec<Window> = std::thread::scope(|s| {
+        let joins: Vec<_> = comms
+            .iter()
+            .zip(bases)
+            // SAFETY: the memory outlives the windows (the communicators
+            // go first).
+            .map(|(comm, base)| {
+                s.spawn(move || unsafe { comm.register_window(base as *mut u8, PAGE, 0) })
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| j.join().unwrap().unwrap())
+            .collect()
+    });
+    mems[0]
+        .device
+        .enqueue_joint(
+            std::slice::from_ref(&mems[0].stream),
+            Box::new(|| {
+                while !GATE.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }),
+        )
+        .unwrap();
+    let data = vec![3u8; 64];
+    let raw = mems[0].stream.raw();
+    // SAFETY: `data` outlives the stream's run (synced below).
+    unsafe { comms[0].put_signal_on_stream(data.as_ptr(), 64, 1, windows[0], 64, 0, 0, raw) }
+        .unwrap();
+    drop(comms);
+    assert_eq!(rccl::hang_report(), "rccl: no live communicators");
+    GATE.store(true, Ordering::Release);
+    mems[0].sync();
+    assert_eq!(mems[1].read(64, 64), data);
+}
+
+/// Rank 0 enqueues a put behind a task that holds its stream, then
+/// finalizes: the finalize returns only once the stream ran the put (and
+/// raised its signal).
+fn finalize_after_a_held_put(comm: &Communicator) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static GATE: AtomicBool = AtomicBool::new(false);
+    let mem = DeviceBuffers::new(PAGE, Alloc::Plain);
+    // SAFETY: the memory outlives the window (deregistered before drop).
+    let window = unsafe { comm.register_window(mem.window, PAGE, 0) }.unwrap();
+    let data = vec![5u8; 64];
+    if comm.rank() == 0 {
+        mem.device
+            .enqueue_joint(
+                std::slice::from_ref(&mem.stream),
+                Box::new(|| {
+                    while !GATE.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }),
+            )
+            .unwrap();
+        let raw = mem.stream.raw();
+        // SAFETY: `data` outlives the stream's run (the finalize waits).
+        unsafe { comm.put_signal_on_stream(data.as_ptr(), 64, 1, window, 512, 0, 0, raw) }.unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                GATE.store(true, Ordering::Release);
+            });
+            comm.finalize().unwrap();
+            assert!(
+                GATE.load(Ordering::Acquire),
+                "the finalize returned before the stream ran the put"
+            );
+        });
+    } else {
+        comm.wait_signal(&[WaitDesc {
+            peer: 0,
+            sig: 0,
+            ctx: 0,
+            count: 1,
+        }])
+        .unwrap();
+        assert_eq!(mem.read(512, 64), data);
+    }
+    comm.deregister_window(window).unwrap();
 }
 
 /// Rank 0 enqueues a put behind a task that holds its stream: the put

@@ -21,7 +21,11 @@
 //! - a kernel touching memory of another device faults, and a fault is
 //!   sticky: every later call of the context returns it;
 //! - cuMem mappings are inaccessible until `cuMemSetAccess`, with a
-//!   granularity of 2 MiB (`api/virtual_memory.rs`).
+//!   granularity of 2 MiB (`api/virtual_memory.rs`);
+//! - an exported POSIX-fd handle imports only as a descriptor of the
+//!   exported open file itself (passed with `SCM_RIGHTS`, inherited or
+//!   `dup`ed): a reopen of `/proc/<pid>/fd/<fd>` is refused with
+//!   `CUDA_ERROR_INVALID_VALUE`, as a driver's export is no named file.
 //!
 //! Switches (environment, read at `cuInit`):
 //! `RCCL_CUDA_MODEL_DEVICES` (2), `RCCL_CUDA_MODEL_SMS` (4 per device),

@@ -4,6 +4,7 @@
 #[macro_use]
 mod common;
 
+use std::os::fd::AsRawFd;
 use std::process::Command;
 
 use common::{
@@ -231,6 +232,18 @@ fn import_and_answer(fd: i32) {
     context(0);
     let g = granularity();
     let mut handle = 0;
+    // A new open of the exporter's descriptor is not the exported handle.
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    let reopened = std::fs::File::open(format!("/proc/{parent}/fd/{fd}")).unwrap();
+    fails!(
+        INVALID_VALUE,
+        (cu().cuMemImportFromShareableHandle)(
+            &mut handle,
+            reopened.as_raw_fd() as isize as P,
+            POSIX_FD
+        )
+    );
     ok!((cu().cuMemImportFromShareableHandle)(
         &mut handle,
         fd as isize as P,

@@ -69,10 +69,17 @@ fn run(
                 // too, and launch nothing.
                 rccl::group_fail(&err);
             }
-            record(comm, &format!("{name}: {err}"));
+            record(comm, &named(name, &err.to_string()));
             err.code()
         }
     }
+}
+
+/// The message of a failed call: the entry point's name, then the error,
+/// whose text may name the call itself where the engine says which call
+/// it was (that inner name is dropped, so the name stands once).
+fn named(name: &str, text: &str) -> String {
+    format!("{name}: {}", text.replacen(&format!("{name}: "), "", 1))
 }
 
 /// Runs the body of entry point `name`: catches panics

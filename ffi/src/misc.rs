@@ -82,11 +82,15 @@ nccl_api! {
                 None => None,
             };
             match device {
-                // SAFETY: the caller vouches that `ptr` came from
-                // ncclMemAlloc and is freed once; the device says it is
-                // its memory.
-                Some(device) => unsafe { device.free(ptr.cast()) }
-                    .map_err(|e| invalid(format!("ncclMemFree: {e}")))?,
+                Some(device) => {
+                    let (start, len) = device.allocation(ptr as *const u8).unwrap_or((ptr as usize, 1));
+                    rccl::check_device_free(start as *mut u8, len)?;
+                    // SAFETY: the caller vouches that `ptr` came from
+                    // ncclMemAlloc and is freed once; the device says it
+                    // is its memory.
+                    unsafe { device.free(ptr.cast()) }
+                        .map_err(|e| invalid(format!("ncclMemFree: {e}")))?
+                }
                 None => {
                     if !rccl::free_shareable_host(ptr.cast())? {
                         // SAFETY: as above: NULL, or host memory from

@@ -56,8 +56,8 @@ pub use group::{group_depth, group_end, group_fail, group_simulate_end, group_st
 pub use job::{launcher_rank_from_env, rank_from_env};
 pub use memory::{Hold, Ledger, MemStats, MemUse, Place, Purpose};
 pub use onesided::{
-    alloc_shareable_host, free_shareable_host, WaitDesc, Window, WIN_COLL_SYMMETRIC, WIN_FLAGS,
-    WIN_REQUIRED_ALIGNMENT, WIN_STRICT_ORDERING,
+    alloc_shareable_host, check_device_free, free_shareable_host, WaitDesc, Window,
+    WIN_COLL_SYMMETRIC, WIN_FLAGS, WIN_REQUIRED_ALIGNMENT, WIN_STRICT_ORDERING,
 };
 pub use plan::{PlannedCollective, PlannedComm, PlannedP2p};
 pub use rccl_algorithms::CollKind;

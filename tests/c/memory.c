@@ -126,7 +126,7 @@ static void *run_rank(void *arg) {
   expect_error(comm, ncclCommSuspend(comm, 0x6), ncclInvalidArgument,
                "ncclCommSuspend: invalid argument: unknown suspend flags 0x6");
   snprintf(text, sizeof text,
-           "ncclCommResume: invalid usage: rank %d: ncclCommResume: the communicator is not "
+           "ncclCommResume: invalid usage: rank %d: the communicator is not "
            "suspended",
            x->rank);
   expect_error(comm, ncclCommResume(comm), ncclInvalidUsage, text);

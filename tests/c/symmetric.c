@@ -218,7 +218,7 @@ static void sizes_differ(struct rank_ctx *x) {
   size_t bytes = (size_t)(x->rank + 1) * PAGE;
   CHECK(ncclMemAlloc(&buf, bytes));
   snprintf(text, sizeof text,
-           "ncclCommWindowRegister: invalid usage: ncclCommWindowRegister: window #1 is NCCL_WIN_COLL_SYMMETRIC but rank 0 registers "
+           "ncclCommWindowRegister: invalid usage: window #1 is NCCL_WIN_COLL_SYMMETRIC but rank 0 registers "
            "%d bytes and rank 1 %d bytes: a symmetric window has one size on every rank",
            PAGE, 2 * PAGE);
   EXPECT_ERROR(ncclCommWindowRegister(x->comm, buf, bytes, &window, NCCL_WIN_COLL_SYMMETRIC), ncclInvalidUsage,
@@ -226,25 +226,48 @@ static void sizes_differ(struct rank_ctx *x) {
   CHECK(ncclMemFree(buf));
 }
 
-/* Rank r's send buffer at offset 64 * r: every rank fails the call before
-   a byte is read, naming the first peer whose offset differs, and the
-   communicator is left failed: its next call returns the same error. */
-static void offsets_differ(struct rank_ctx *x) {
-  char host[256], text[1024];
-  int peer = x->rank == 0 ? 1 : 0;
-  if (gethostname(host, sizeof host) != 0) abort();
-  snprintf(text, sizeof text,
-           "invalid usage: AllReduce #%d on symmetric windows: this rank's buffers are its send at offset %d of "
-           "window #0, receive at offset %d of window #0, rank %d (host %s, pid %lld)'s its send at offset %d "
+/* What rank k reports when it finds the first peer whose offset differs
+   from its own (rank r's send buffer lies at offset 64 * r). */
+static void offsets_text(const struct rank_ctx *x, int k, const char *host, char *text, size_t size) {
+  int peer = k == 0 ? 1 : 0;
+  snprintf(text, size,
+           "invalid usage: AllReduce #%d on symmetric windows: this rank passes its send at offset %d of "
+           "window #0, receive at offset %d of window #0, rank %d (host %s, pid %lld) passes its send at offset %d "
            "of window #0, receive at offset %d of window #0 (in place, less the rank's block): "
            "NCCL_WIN_COLL_SYMMETRIC asks every rank's buffers at the same offsets of the same windows",
-           x->calls + 1, 64 * x->rank, REGION, peer, host, x->pids[peer], 64 * peer, REGION);
-  char call[1100];
-  snprintf(call, sizeof call, "ncclAllReduce: %s", text);
-  EXPECT_ERROR(ncclAllReduce(x->win + 64 * x->rank, x->win + REGION, 5, ncclFloat, ncclSum, x->comm, NULL),
-               ncclInvalidUsage, x->comm, call);
-  snprintf(call, sizeof call, "ncclCommWindowDeregister: %s", text);
-  EXPECT_ERROR(ncclCommWindowDeregister(x->comm, x->window), ncclInvalidUsage, x->comm, call);
+           x->calls + 1, 64 * k, REGION, peer, host, x->pids[peer], 64 * peer, REGION);
+}
+
+/* Every rank fails the call before a byte is read: with its own finding,
+   or, when a peer found it first and closed the board, with the peer's
+   finding quoted; the communicator is left failed, so its next call
+   returns the same error. */
+static void offsets_differ(struct rank_ctx *x) {
+  char host[256], text[1024], want[1400];
+  if (gethostname(host, sizeof host) != 0) abort();
+  ncclResult_t rc =
+      ncclAllReduce(x->win + 64 * x->rank, x->win + REGION, 5, ncclFloat, ncclSum, x->comm, NULL);
+  const char *got = ncclGetLastError(x->comm);
+  int found = 0;
+  for (int k = 0; k < x->n && !found; k++) {
+    offsets_text(x, k, host, text, sizeof text);
+    if (k == x->rank)
+      snprintf(want, sizeof want, "ncclAllReduce: %s", text);
+    else
+      snprintf(want, sizeof want,
+               "ncclAllReduce: invalid usage: AllReduce #%d on the board: rank %d (host %s, pid %lld) failed: %s",
+               x->calls + 1, k, host, x->pids[k], text);
+    found = rc == ncclInvalidUsage && strcmp(got, want) == 0;
+  }
+  if (!found) {
+    offsets_text(x, x->rank, host, text, sizeof text);
+    fprintf(stderr, "rank %d: expected %d \"ncclAllReduce: %s\" (or a peer's finding quoted)\n     got %d \"%s\"\n",
+            x->rank, (int)ncclInvalidUsage, text, (int)rc, got);
+    __atomic_fetch_add(&failures, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  snprintf(want, sizeof want, "ncclCommWindowDeregister: %s", got + strlen("ncclAllReduce: "));
+  EXPECT_ERROR(ncclCommWindowDeregister(x->comm, x->window), ncclInvalidUsage, x->comm, want);
 }
 
 /* Whether this rank's calls run on the windows: host memory, not staged. */

@@ -8,6 +8,8 @@
 //! listeners do: only a caller of this user (`SO_PEERCRED`), each with a
 //! deadline to show the token, many at once, a bounded number per
 //! process; nothing is sent to a caller before its token matched.
+//! [`ServedFd`] keeps handing one descriptor over (a window's exported
+//! device memory, to every peer) until it is dropped.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -329,5 +331,168 @@ pub fn recv_fd(stream: &UnixStream) -> io::Result<Option<OwnedFd>> {
         }
         let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
         Ok(Some(OwnedFd::from_raw_fd(fd)))
+    }
+}
+
+/// How long a served descriptor's thread sleeps between looks at callers
+/// still saying their hello.
+const SERVE_POLL_MS: libc::c_int = 50;
+
+/// A descriptor handed to every caller that shows the token (over a
+/// fresh [`ExportListener`]), by a thread of its own, for as long as this
+/// value lives; dropping it ends the thread and closes the listener and
+/// the descriptor.
+pub struct ServedFd {
+    /// The listener's abstract name, for the peers.
+    pub name: String,
+    /// The token a caller shows.
+    pub token: [u8; TOKEN],
+    /// Closed on drop, which wakes and ends the thread.
+    stop: Option<UnixStream>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Serves `fd` to callers of this user that show the token.
+pub fn serve_fd(fd: OwnedFd) -> io::Result<ServedFd> {
+    let mut listener = listen()?;
+    let (stop, stopped) = UnixStream::pair()?;
+    let (name, token) = (listener.name.clone(), listener.token);
+    let thread = std::thread::Builder::new()
+        .name("rccl-fd-serve".into())
+        .spawn(move || loop {
+            let mut fds =
+                [listener.listener.as_raw_fd(), stopped.as_raw_fd()].map(|fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            // Only callers still saying their hello need a look unasked.
+            let timeout = if listener.callers.is_empty() {
+                -1
+            } else {
+                SERVE_POLL_MS
+            };
+            // SAFETY: two valid pollfds, a count of 2.
+            unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+            if fds[1].revents != 0 {
+                return;
+            }
+            loop {
+                match listener.next_caller(0) {
+                    Ok(Some((stream, _))) => {
+                        if let Err(e) = send_fd(&stream, &fd) {
+                            tracing::warn!("export socket @{}: sending: {e}", listener.name);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!("export socket @{}: accepting: {e}", listener.name);
+                        break;
+                    }
+                }
+            }
+        })?;
+    Ok(ServedFd {
+        name,
+        token,
+        stop: Some(stop),
+        thread: Some(thread),
+    })
+}
+
+impl Drop for ServedFd {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The descriptor the [`ServedFd`] at `name` hands to `token`, if it
+/// comes before `deadline`.
+pub fn fetch_fd(name: &[u8], token: &[u8], deadline: Instant) -> io::Result<OwnedFd> {
+    let stream = call(name, token).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "calling its export socket @{}: {e}",
+                String::from_utf8_lossy(name)
+            ),
+        )
+    })?;
+    loop {
+        if let Some(fd) = recv_fd(&stream)? {
+            return Ok(fd);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "its export socket @{} sent no descriptor before the deadline",
+                    String::from_utf8_lossy(name)
+                ),
+            ));
+        }
+        let mut pfd = libc::pollfd {
+            fd: stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = left.as_millis().clamp(1, 1000) as libc::c_int;
+        // SAFETY: one valid pollfd, a count of 1.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::time::{Duration, Instant};
+
+    use super::{fetch_fd, serve_fd};
+
+    /// A fresh memfd with its file offset at `offset`.
+    fn memfd_at(offset: i64) -> OwnedFd {
+        // SAFETY: a NUL-terminated name and no flags.
+        let fd = unsafe { libc::memfd_create(c"fd-pass-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: the descriptor just made, owned from here.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: lseek on a live descriptor.
+        let at = unsafe { libc::lseek(fd.as_raw_fd(), offset, libc::SEEK_SET) };
+        assert_eq!(at, offset);
+        fd
+    }
+
+    fn offset(fd: &OwnedFd) -> i64 {
+        // SAFETY: lseek reads the offset of a live descriptor.
+        unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_CUR) }
+    }
+
+    #[test]
+    fn a_served_descriptor_is_the_open_file_itself_for_every_caller_until_dropped() {
+        let served = serve_fd(memfd_at(4242)).unwrap();
+        let deadline = || Instant::now() + Duration::from_secs(10);
+        for _ in 0..2 {
+            let fd = fetch_fd(served.name.as_bytes(), &served.token, deadline()).unwrap();
+            // The same open file: its offset, not a reopen's 0.
+            assert_eq!(offset(&fd), 4242);
+        }
+        // A wrong token is hung up on, with nothing sent.
+        let err = fetch_fd(served.name.as_bytes(), &[0; super::TOKEN], deadline()).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "{err}");
+        // A listener that never answers: the wait ends at its deadline.
+        let silent = super::listen().unwrap();
+        let start = Instant::now();
+        let soon = start + Duration::from_millis(200);
+        let err = fetch_fd(silent.name.as_bytes(), &silent.token, soon).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+        assert!(start.elapsed() >= Duration::from_millis(200));
+        let name = served.name.clone();
+        drop(served);
+        let err = fetch_fd(name.as_bytes(), &[0; super::TOKEN], deadline()).unwrap_err();
+        assert!(err.to_string().contains(&name), "{err}");
     }
 }

@@ -57,6 +57,9 @@ pub use window::{
     Export, FileId, PeerWindow, SignalBlock,
 };
 
+// Handing a descriptor to processes of this host.
+pub use fd_pass::{fetch_fd, serve_fd, ServedFd, TOKEN as FD_TOKEN};
+
 // Processes: who a peer is and whether it still runs.
 pub use process::{effective_uid, parse_stat, ProcessId};
 

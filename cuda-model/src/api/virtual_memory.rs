@@ -8,16 +8,23 @@
 //! fails with the context's sticky `CUDA_ERROR_ILLEGAL_ADDRESS`; a copy is
 //! refused). A range with access set is an allocation of the model's
 //! table (`Kind::Mapped`), so pointer queries, copies and kernels see it.
-//! A POSIX file descriptor handle is a duplicate of the memfd, which
-//! another process imports; a dma-buf of a range is a duplicate too, its
-//! offset 0 at the range's start.
+//! A POSIX file descriptor handle is an open file of its own on the
+//! memfd, which another process imports; a dma-buf of a range is a
+//! duplicate of the memfd, its offset 0 at the range's start.
+//!
+//! As on a GPU, only the exported open file itself imports: a descriptor
+//! of it (`dup`, inherited, or passed over a Unix socket with
+//! `SCM_RIGHTS`), never a new open of `/proc/<pid>/fd/<fd>`. The export
+//! marks its open file with a file offset ([`EXPORT_MARK`]), which every
+//! descriptor of that open file shares and a reopen does not; an import
+//! of an unmarked descriptor fails with `CUDA_ERROR_INVALID_VALUE`.
 //!
 //! The granularity is 2 MiB, minimum and recommended, as on a GPU: a
 //! caller that assumes the page size is refused (reservations are in host
 //! pages, as documented; what is created and mapped, in the granularity).
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
 use cudarc::driver::sys::{CUdeviceptr, CUmemAccessDesc, CUmemAllocationProp, CUresult};
 
@@ -33,6 +40,10 @@ const GRANULARITY: usize = 2 << 20;
 
 /// Handles of physical allocations: a range of their own (see state.rs).
 const PHYSICAL_BASE: u64 = 0x40_0000;
+
+/// The file offset of an exported handle's open file: what tells the
+/// exported open file from a reopen of the same memfd.
+const EXPORT_MARK: libc::off_t = 0x6578_706f_7274;
 
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`.
 const TYPE_PINNED: u32 = 1;
@@ -456,14 +467,36 @@ pub extern "C" fn cuMemExportToShareableHandle(
             ));
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let fd = duplicate(physical.memfd.as_raw_fd(), "cuMemExportToShareableHandle")?;
         if shareable.is_null() {
-            // SAFETY: the duplicate made above, given to nobody.
-            drop(unsafe { OwnedFd::from_raw_fd(fd) });
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        let fd = open_marked(physical.memfd.as_raw_fd())?;
         out(shareable.cast::<c_int>(), fd)
     })
+}
+
+/// A new open file of `memfd`, marked as an export ([`EXPORT_MARK`]).
+fn open_marked(memfd: RawFd) -> Res<c_int> {
+    const CALL: &str = "cuMemExportToShareableHandle";
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{memfd}"))
+        .map_err(|e| {
+            report(format_args!("{CALL}: cannot open its memory file: {e}"));
+            CUDA_ERROR_OUT_OF_MEMORY
+        })?;
+    // SAFETY: lseek on the descriptor just opened.
+    if unsafe { libc::lseek(file.as_raw_fd(), EXPORT_MARK, libc::SEEK_SET) } != EXPORT_MARK {
+        return Err(os_error(CALL));
+    }
+    Ok(OwnedFd::from(file).into_raw_fd())
+}
+
+/// Whether `fd` is a descriptor of an open file [`open_marked`] made.
+fn marked(fd: RawFd) -> bool {
+    // SAFETY: lseek reads the descriptor's offset; no memory is passed.
+    unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) == EXPORT_MARK }
 }
 
 /// The device an exported memfd was created on, from its name.
@@ -497,6 +530,16 @@ pub extern "C" fn cuMemImportFromShareableHandle(
                 ));
                 CUDA_ERROR_INVALID_VALUE
             })?;
+        if !marked(fd) {
+            report(format_args!(
+                "cuMemImportFromShareableHandle: descriptor {fd} is a new open of an exported \
+                 allocation's file, not the handle cuMemExportToShareableHandle made (a reopen \
+                 through /proc/<pid>/fd is not the exported handle): the handle must be passed \
+                 as the descriptor itself, e.g. over a Unix socket with SCM_RIGHTS \
+                 (CUDA_ERROR_INVALID_VALUE)"
+            ));
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
         // SAFETY: fstat into a zeroed stat buffer.
         let mut stat: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: a descriptor and a valid out-pointer.

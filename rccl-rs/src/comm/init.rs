@@ -114,7 +114,7 @@ impl Communicator {
             link_model,
             choices: Mutex::new(ChoiceCache::default()),
             queued: crate::queue::Queued::default(),
-            one_sided_queued: crate::queue::Queued::default(),
+            one_sided_queued: Arc::default(),
             tuner,
             profiler,
             one_sided: Mutex::default(),

@@ -96,7 +96,7 @@ pub(crate) struct CommInner {
     pub queued: crate::queue::Queued,
     /// One-sided calls enqueued on streams (puts, signals, waits), which
     /// no launch waits for, and not finished yet.
-    pub one_sided_queued: crate::queue::Queued,
+    pub one_sided_queued: Arc<crate::queue::Queued>,
     /// This communicator's context of a C tuner plug-in
     /// (`NCCL_TUNER_PLUGIN`), finalized when the communicator goes.
     tuner: Option<crate::plugins::tuner::CTuner>,
@@ -127,6 +127,18 @@ impl crate::queue::Owner for CommInner {
 }
 
 impl CommInner {
+    /// Waits for this rank's work queued on streams: its launches, then
+    /// its one-sided calls, within the communicator's timeout.
+    pub(crate) fn wait_stream_work(&self) -> Result<()> {
+        let deadline = Instant::now() + self.config.timeout;
+        self.queued.wait_idle(self)?;
+        self.one_sided_queued.wait_idle_within(
+            self,
+            deadline.saturating_duration_since(Instant::now()),
+            "the communicator's one-sided calls queued on streams",
+        )
+    }
+
     /// Bytes each rank may post on the board: the configured size when
     /// every rank shares this host, else 0 (no board).
     pub fn board_bytes(&self) -> usize {
@@ -323,13 +335,14 @@ impl Communicator {
     /// NCCL's: no rank waits for another, so one thread may finalize the
     /// ranks of [`Communicator::init_all`] one after another. Operations on
     /// host memory complete before they return, so this waits only for one
-    /// that another thread still runs, and for launches queued on streams
-    /// (at most the timeout each); what the connections still hold for
+    /// that another thread still runs, and for launches and one-sided
+    /// calls queued on streams (at most the timeout each); what the
+    /// connections still hold for
     /// peers goes out when the communicator is dropped.
     pub fn finalize(&self) -> Result<()> {
         let inner = &self.inner;
         inner.check_usable()?;
-        inner.queued.wait_idle(&**inner)?;
+        inner.wait_stream_work()?;
         inner.check_usable()?;
         if inner.exec.try_lock_for(inner.config.timeout).is_none() {
             return Err(Error::System(format!(
@@ -360,7 +373,7 @@ impl Communicator {
     /// and its peers are told, rather than left waiting for their
     /// deadline.
     pub fn destroy(self) -> Result<()> {
-        let queued = self.inner.queued.wait_idle(&*self.inner);
+        let queued = self.inner.wait_stream_work();
         // The handles of calls in flight and of queued work are clones of
         // this one.
         if Arc::strong_count(&self.inner) > 1 {

@@ -15,7 +15,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::{CommInner, Communicator};
 use crate::error::{Error, Result};
@@ -43,13 +42,7 @@ impl Communicator {
             )));
         }
         inner.check_usable()?;
-        let deadline = Instant::now() + inner.config.timeout;
-        inner.queued.wait_idle(&**inner)?;
-        inner.one_sided_queued.wait_idle_within(
-            &**inner,
-            deadline.saturating_duration_since(Instant::now()),
-            "the communicator's one-sided calls queued on streams",
-        )?;
+        inner.wait_stream_work()?;
         let Some(mut state) = inner.exec.try_lock_for(inner.config.timeout) else {
             return Err(Error::InvalidUsage(format!(
                 "rank {}: ncclCommSuspend waited {:?} for an operation another thread runs on \

@@ -239,7 +239,7 @@ fn check(
             )
         };
         return Err(Error::InvalidUsage(format!(
-            "{} #{} on symmetric windows: this rank's buffers are its {}, {}'s its {} (in place, less \
+            "{} #{} on symmetric windows: this rank passes its {}, {} passes its {} (in place, less \
              the rank's block): NCCL_WIN_COLL_SYMMETRIC asks every rank's buffers at the same \
              offsets of the same windows",
             op.name,

@@ -118,11 +118,56 @@ struct WindowEntry {
     sizes: Vec<usize>,
     /// The mappings of peers' windows in the communicator's ledger.
     _held: Vec<Hold>,
-    /// This rank's device memory as exported for peers in other
-    /// processes, open while the window lives.
-    _offered: Option<std::os::fd::OwnedFd>,
+    /// The server of this rank's device memory as exported for peers in
+    /// other processes, alive while the window lives.
+    _offered: Option<rccl_transports::ServedFd>,
     /// Peers' device memory mapped into this process.
     _imports: Vec<device_memory::Imported>,
+    /// This rank's buffer as device memory in a window, if it is.
+    _device_use: Option<DeviceUse>,
+}
+
+/// Device memory of this process in registered windows, as (first byte,
+/// bytes), once per window: `ncclMemFree` refuses to free it.
+static DEVICE_IN_WINDOWS: parking_lot::Mutex<Vec<(usize, usize)>> =
+    parking_lot::Mutex::new(Vec::new());
+
+/// A window's use of this process's device memory, counted while it
+/// lives.
+struct DeviceUse((usize, usize));
+
+impl DeviceUse {
+    fn new(base: usize, size: usize) -> DeviceUse {
+        DEVICE_IN_WINDOWS.lock().push((base, size));
+        DeviceUse((base, size))
+    }
+}
+
+impl Drop for DeviceUse {
+    fn drop(&mut self) {
+        let mut all = DEVICE_IN_WINDOWS.lock();
+        if let Some(i) = all.iter().position(|&used| used == self.0) {
+            all.swap_remove(i);
+        }
+    }
+}
+
+/// Refuses to free the device allocation of `len` bytes at `ptr` while a
+/// registered window uses any of it.
+pub fn check_device_free(ptr: *mut u8, len: usize) -> Result<()> {
+    let (start, end) = (ptr as usize, (ptr as usize).saturating_add(len.max(1)));
+    let windows = DEVICE_IN_WINDOWS
+        .lock()
+        .iter()
+        .filter(|&&(base, size)| base < end && start < base.saturating_add(size.max(1)))
+        .count();
+    if windows > 0 {
+        return Err(Error::InvalidUsage(format!(
+            "{ptr:p} ({len} bytes of device memory) is still in {windows} registered window(s): \
+             deregister them first"
+        )));
+    }
+    Ok(())
 }
 
 /// The signal counters: this rank's block and its peers'.

@@ -9,12 +9,12 @@
 //! window exists everywhere or nowhere. The first registration also
 //! makes the signal blocks.
 
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
+use std::time::Instant;
 
-use rccl_transports::{Export, FileId, PeerWindow, SignalBlock};
+use rccl_transports::{Export, FileId, PeerWindow, ServedFd, SignalBlock, FD_TOKEN};
 
-use super::device_memory::{device_of, offer, Imported};
+use super::device_memory::{device_of, offer, DeviceExport, Imported};
 use super::{next_handle, Signals, State, Window, WindowEntry};
 use super::{WIN_COLL_SYMMETRIC, WIN_FLAGS, WIN_REQUIRED_ALIGNMENT};
 use crate::comm::{CommInner, Communicator};
@@ -31,44 +31,55 @@ struct Published {
     size: u64,
     flags: u32,
     /// Where a process of its host maps the window, if it can.
-    export: Option<Export>,
+    shared: Option<Shared>,
     /// Where a process of its host maps its signal block.
     signals: Option<FileId>,
     /// Whether the buffer is device memory.
     device: bool,
 }
 
+/// How a process of a window's host maps it.
+#[derive(Clone, Debug, PartialEq)]
+enum Shared {
+    /// Shareable host memory: its memory file, opened through the owner.
+    Host(Export),
+    /// Device memory: its exported descriptor, handed over by the owner.
+    Device(DeviceExport),
+}
+
 /// What this rank offers peers in other processes of its window.
+#[derive(Default)]
 struct Offer {
-    export: Option<Export>,
-    /// The device's export of device memory, open while the window lives
-    /// so that peers can open it.
-    handle: Option<OwnedFd>,
+    shared: Option<Shared>,
+    /// The server of the device's export of device memory, alive while
+    /// the window lives so that peers can take it.
+    served: Option<ServedFd>,
 }
 
 impl Offer {
-    fn of(base: *mut u8, size: usize) -> Offer {
-        match device_of(base) {
-            Some(device) => match offer(device, base, size) {
-                Some((export, handle)) => Offer {
-                    export: Some(export),
-                    handle: Some(handle),
+    /// The offer of `size` bytes at `base`; device memory is served only
+    /// when `peer_processes` (some rank of this host is in another
+    /// process), host memory is always counted as in a window.
+    fn of(base: *mut u8, size: usize, peer_processes: bool) -> std::result::Result<Offer, String> {
+        Ok(match device_of(base) {
+            Some(_) if !peer_processes => Offer::default(),
+            Some(device) => match offer(device, base, size)? {
+                Some((export, served)) => Offer {
+                    shared: Some(Shared::Device(export)),
+                    served: Some(served),
                 },
-                None => Offer {
-                    export: None,
-                    handle: None,
-                },
+                None => Offer::default(),
             },
             None => Offer {
-                export: rccl_transports::export_window(base, size),
-                handle: None,
+                shared: rccl_transports::export_window(base, size).map(Shared::Host),
+                served: None,
             },
-        }
+        })
     }
 
     /// Whether the export counts as a use of shareable host memory.
     fn of_host(&self) -> bool {
-        self.export.is_some() && self.handle.is_none()
+        matches!(self.shared, Some(Shared::Host(_)))
     }
 }
 
@@ -130,11 +141,11 @@ fn register(
         }
     }
     let offered = match local {
-        None => Offer::of(base, size),
-        Some(_) => Offer {
-            export: None,
-            handle: None,
-        },
+        None => Offer::of(base, size, peer_processes(comm)).unwrap_or_else(|why| {
+            local = Some(Error::System(format!("{what}: {why}")));
+            Offer::default()
+        }),
+        Some(_) => Offer::default(),
     };
     let signals_id = own_block.as_ref().map(|(block, _)| block.id());
     let mine = match &local {
@@ -143,7 +154,7 @@ fn register(
             base: base as u64,
             size: size as u64,
             flags,
-            export: offered.export.clone(),
+            shared: offered.shared.clone(),
             signals: signals_id,
             device: device_of(base).is_some(),
         }),
@@ -215,8 +226,10 @@ fn register(
                     peers: reached.peers,
                     sizes: published.iter().map(|p| p.size as usize).collect(),
                     _held: reached.windows_held,
-                    _offered: offered.handle,
+                    _offered: offered.served,
                     _imports: reached.imports,
+                    _device_use: device_of(base)
+                        .map(|_| super::DeviceUse::new(base as usize, size)),
                 },
             );
             Ok(Window(handle))
@@ -227,6 +240,12 @@ fn register(
             Err(e)
         }
     }
+}
+
+/// Whether some rank of this host runs in another process.
+fn peer_processes(comm: &CommInner) -> bool {
+    let host = &comm.peers[comm.rank].host_id;
+    (0..comm.nranks).any(|r| comm.peers[r].host_id == *host && comm.in_other_process(r))
 }
 
 /// Counters in a rank's signal block: one per context, signal index and
@@ -331,7 +350,7 @@ fn reach(
         } else if !comm.in_other_process(rank) {
             Some(PeerWindow::in_process(p.base as *mut u8, p.size as usize))
         } else {
-            let Some(export) = &p.export else {
+            let Some(shared) = &p.shared else {
                 return Err(usage(format!(
                     "window #{seq} of rank {rank} ({:#x}, {} bytes) is not memory from \
                      ncclMemAlloc, so {} cannot map it from another process",
@@ -340,8 +359,11 @@ fn reach(
                     comm.describe(me)
                 )));
             };
-            let place = if p.device { Place::Device } else { Place::Host };
-            let held = hold_mapping(comm, rank, export.file_len, place).map_err(|e| {
+            let (place, file_len) = match shared {
+                Shared::Host(export) => (Place::Host, export.file_len),
+                Shared::Device(export) => (Place::Device, export.file_len),
+            };
+            let held = hold_mapping(comm, rank, file_len, place).map_err(|e| {
                 same_kind(
                     &e,
                     format!("mapping window #{seq} of rank {rank}: {}", message(&e)),
@@ -355,13 +377,17 @@ fn reach(
                 ))
             };
             let size = p.size as usize;
-            if p.device {
-                let imported = Imported::map(export, size).map_err(cannot)?;
-                let window = PeerWindow::in_process(imported.window(export), size);
-                reached.imports.push(imported);
-                Some(window)
-            } else {
-                Some(PeerWindow::map(export, size).map_err(|e| cannot(e.to_string()))?)
+            match shared {
+                Shared::Device(export) => {
+                    let deadline = Instant::now() + comm.config.timeout;
+                    let imported = Imported::map(export, size, deadline).map_err(cannot)?;
+                    let window = PeerWindow::in_process(imported.window(export), size);
+                    reached.imports.push(imported);
+                    Some(window)
+                }
+                Shared::Host(export) => {
+                    Some(PeerWindow::map(export, size).map_err(|e| cannot(e.to_string()))?)
+                }
             }
         };
         reached.peers.push(window);
@@ -515,18 +541,30 @@ fn decode_problem(bytes: &[u8]) -> Error {
     )
 }
 
+/// How [`encode`] says a window's [`Shared`].
+const NOT_SHARED: u64 = 0;
+const SHARED_HOST: u64 = 1;
+/// A [`DeviceExport`]: its token and name follow the words.
+const SHARED_DEVICE: u64 = 2;
+
 fn encode(p: &Published) -> Vec<u8> {
     let file = |id: &FileId| [u64::from(id.pid), id.fd as u64];
     let mut words = vec![p.base, p.size, u64::from(p.flags)];
-    match &p.export {
-        Some(e) => words.extend([
-            1,
+    let mut tail = Vec::new();
+    match &p.shared {
+        Some(Shared::Host(e)) => words.extend([
+            SHARED_HOST,
             file(&e.file)[0],
             file(&e.file)[1],
             e.file_len as u64,
             e.offset as u64,
         ]),
-        None => words.extend([0; 5]),
+        Some(Shared::Device(e)) => {
+            words.extend([SHARED_DEVICE, 0, 0, e.file_len as u64, e.offset as u64]);
+            tail.extend_from_slice(&e.token);
+            tail.extend_from_slice(e.name.as_bytes());
+        }
+        None => words.extend([NOT_SHARED, 0, 0, 0, 0]),
     }
     match &p.signals {
         Some(id) => words.extend([1, file(id)[0], file(id)[1]]),
@@ -537,6 +575,7 @@ fn encode(p: &Published) -> Vec<u8> {
     for word in words {
         out.extend_from_slice(&word.to_le_bytes());
     }
+    out.extend_from_slice(&tail);
     out
 }
 
@@ -561,9 +600,7 @@ fn decode_all(all: &[Vec<u8>]) -> Result<Vec<Published>> {
 
 fn decode(bytes: &[u8]) -> Option<Published> {
     let rest = bytes.strip_prefix(&[OK])?;
-    if rest.len() != 12 * 8 {
-        return None;
-    }
+    let (rest, tail) = rest.split_at_checked(12 * 8)?;
     let w: Vec<u64> = rest
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
@@ -574,13 +611,26 @@ fn decode(bytes: &[u8]) -> Option<Published> {
             fd: i32::try_from(fd).ok()?,
         })
     };
-    let export = match w[3] {
-        0 => None,
-        _ => Some(Export {
+    let (file_len, offset) = (usize::try_from(w[6]).ok()?, usize::try_from(w[7]).ok()?);
+    let shared = match w[3] {
+        NOT_SHARED if tail.is_empty() => None,
+        SHARED_HOST if tail.is_empty() => Some(Shared::Host(Export {
             file: file(w[4], w[5])?,
-            file_len: usize::try_from(w[6]).ok()?,
-            offset: usize::try_from(w[7]).ok()?,
-        }),
+            file_len,
+            offset,
+        })),
+        SHARED_DEVICE => {
+            let (token, name) = tail.split_at_checked(FD_TOKEN)?;
+            Some(Shared::Device(DeviceExport {
+                name: String::from_utf8(name.to_vec())
+                    .ok()
+                    .filter(|n| !n.is_empty())?,
+                token: token.try_into().ok()?,
+                file_len,
+                offset,
+            }))
+        }
+        _ => return None,
     };
     let signals = match w[8] {
         0 => None,
@@ -590,7 +640,7 @@ fn decode(bytes: &[u8]) -> Option<Published> {
         base: w[0],
         size: w[1],
         flags: u32::try_from(w[2]).ok()?,
-        export,
+        shared,
         signals,
         device: w[11] != 0,
     })
@@ -606,24 +656,41 @@ mod tests {
             base: 0x7f00_0000_1000,
             size: 12345,
             flags: 3,
-            export: Some(Export {
+            shared: Some(Shared::Host(Export {
                 file: FileId { pid: 42, fd: 7 },
                 file_len: 16384,
                 offset: 4096,
-            }),
+            })),
             signals: Some(FileId { pid: 42, fd: 8 }),
-            device: true,
+            device: false,
         };
         assert_eq!(decode(&encode(&p)), Some(p));
+        let p = Published {
+            base: 0x7f00_0000_1000,
+            size: 4096,
+            flags: 0,
+            shared: Some(Shared::Device(DeviceExport {
+                name: "rccl-ipc-42-0011".into(),
+                token: [7; FD_TOKEN],
+                file_len: 2 << 20,
+                offset: 8192,
+            })),
+            signals: None,
+            device: true,
+        };
+        let bytes = encode(&p);
+        assert_eq!(decode(&bytes), Some(p));
+        // A device export without its whole token reads as nothing.
+        assert!(decode(&bytes[..12 * 8 + 1 + FD_TOKEN - 1]).is_none());
         let bytes = encode(&Published {
             base: 1,
             size: 2,
             flags: 0,
-            export: None,
+            shared: None,
             signals: None,
             device: false,
         });
-        assert!(decode(&bytes).unwrap().export.is_none());
+        assert!(decode(&bytes).unwrap().shared.is_none());
         assert!(decode(&bytes[..bytes.len() - 1]).is_none());
     }
 }

@@ -3,23 +3,29 @@
 //! on this host: a peer's window is its own pointer in this process, its
 //! allocation imported in another, `device_memory.rs`). A put is the
 //! device's copy into the peer's window on the caller's stream, then a
-//! host task on that stream that raises the signal with release ordering,
-//! so it lands after the work enqueued before it and a peer that saw the
-//! count sees the bytes. A wait is a host task (on a thread of its own,
-//! `Device::enqueue_joint`) that holds the stream until the counts
+//! host function on that stream (`Stream::enqueue`, CUDA's
+//! `cuLaunchHostFunc`) that raises the signal with release ordering, so
+//! it lands after the work enqueued before it and a peer that saw the
+//! count sees the bytes. That function holds only the signal block and
+//! the count of queued tasks, never the communicator, so nothing it drops
+//! can call the device from its callback. A wait blocks, so it is a host
+//! task on a thread of its own (`Device::enqueue_joint`) that holds the
+//! stream until the counts
 //! arrive; at the communicator's timeout, on abort or when the peer is
 //! gone it ends and the communicator fails with the error naming the
 //! peer (`ncclCommGetAsyncError`, and its next call). Counts a wait
 //! consumes are taken when it is enqueued, so waits consume in call
 //! order. The caller keeps its buffers, and the window, until the stream
-//! has run the task, as with any stream work; a suspend waits for the
-//! tasks.
+//! has run the task, as with any stream work; a suspend and a finalize
+//! wait for the tasks.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use rccl_device::Stream;
 use rccl_transports::SignalBlock;
+
+use crate::queue::Queued;
 
 use super::wait::{await_count, check_descs};
 use super::{check_signal, slot, State, WaitDesc, Window};
@@ -135,7 +141,7 @@ impl Communicator {
             }
             let inner = self.inner.clone();
             let stream = stream_of(comm, WAIT, stream)?;
-            enqueue(&self.inner, &stream, move || {
+            enqueue_on_thread(&self.inner, &stream, move || {
                 let deadline = Instant::now() + inner.config.timeout;
                 let result = waits.iter().try_for_each(|(d, base)| {
                     await_count(&inner, &block, d, *base, deadline, || Ok(()))
@@ -206,7 +212,13 @@ fn enqueue_raise(
             ))
         })?;
     }
-    enqueue(inner, &stream, move || block.raise(at))
+    let counted = Counted::issue(&inner.one_sided_queued);
+    stream
+        .enqueue(Box::new(move || {
+            let _counted = counted;
+            block.raise(at);
+        }))
+        .map_err(Error::from)
 }
 
 /// Stream `raw` of the active device.
@@ -220,18 +232,18 @@ fn stream_of(comm: &CommInner, call: &str, raw: usize) -> Result<Arc<dyn Stream>
     Ok(device.stream(raw)?)
 }
 
-/// Enqueues `task` on stream `stream` of the active device, counted in
-/// the communicator's one-sided work until it ran or was dropped (a
-/// suspend waits for it).
-fn enqueue(
+/// Enqueues `task` on stream `stream` of the active device, to run on a
+/// thread of its own (it may block, and may drop the communicator),
+/// counted in the communicator's one-sided work until it ran or was
+/// dropped.
+fn enqueue_on_thread(
     inner: &Arc<CommInner>,
     stream: &Arc<dyn Stream>,
     task: impl FnOnce() + Send + 'static,
 ) -> Result<()> {
     let device = rccl_device::active()
         .ok_or_else(|| Error::Internal("a stream without an active device".into()))?;
-    inner.one_sided_queued.issue();
-    let counted = Counted(inner.clone());
+    let counted = Counted::issue(&inner.one_sided_queued);
     device
         .enqueue_joint(
             std::slice::from_ref(stream),
@@ -243,11 +255,20 @@ fn enqueue(
         .map_err(Error::from)
 }
 
-/// A one-sided task on a stream: finished when dropped, run or not.
-struct Counted(Arc<CommInner>);
+/// A one-sided task on a stream, counted in the communicator's queued
+/// one-sided work (which a suspend and a finalize wait for): finished
+/// when dropped, run or not.
+struct Counted(Arc<Queued>);
+
+impl Counted {
+    fn issue(queued: &Arc<Queued>) -> Counted {
+        queued.issue();
+        Counted(queued.clone())
+    }
+}
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        self.0.one_sided_queued.finish();
+        self.0.finish();
     }
 }
