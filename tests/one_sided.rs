@@ -7,6 +7,7 @@
 
 #[path = "common/children.rs"]
 mod children;
+mod common;
 #[path = "common/device_windows.rs"]
 mod device_windows;
 
@@ -14,6 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use children::spawn_ranks;
+use common::gate;
 use device_windows::{device_ring, payload, Alloc, DeviceBuffers, ACK, DATA};
 use rccl::{
     Communicator, Config, Error, WaitDesc, Window, WIN_COLL_SYMMETRIC, WIN_STRICT_ORDERING,
@@ -743,8 +745,6 @@ fn emu_threads() {
 /// no communicator (both are gone at once), and the bytes still land
 /// once the stream runs.
 fn a_queued_signal_holds_no_communicator() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static GATE: AtomicBool = AtomicBool::new(false);
     let comms = Communicator::init_all_config(2, config(1, Duration::from_secs(30))).unwrap();
     let mems = [0, 1].map(|_| DeviceBuffers::new(PAGE, Alloc::Plain));
     let bases = mems.each_ref().map(|m| m.window as usize);
@@ -763,17 +763,7 @@ fn a_queued_signal_holds_no_communicator() {
             .map(|j| j.join().unwrap().unwrap())
             .collect()
     });
-    mems[0]
-        .device
-        .enqueue_joint(
-            std::slice::from_ref(&mems[0].stream),
-            Box::new(|| {
-                while !GATE.load(Ordering::Acquire) {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }),
-        )
-        .unwrap();
+    let open = gate(&*mems[0].stream);
     let data = vec![3u8; 64];
     let raw = mems[0].stream.raw();
     // SAFETY: `data` outlives the stream's run (synced below).
@@ -781,7 +771,7 @@ fn a_queued_signal_holds_no_communicator() {
         .unwrap();
     drop(comms);
     assert_eq!(rccl::hang_report(), "rccl: no live communicators");
-    GATE.store(true, Ordering::Release);
+    open.store(true, std::sync::atomic::Ordering::Release);
     mems[0].sync();
     assert_eq!(mems[1].read(64, 64), data);
 }
@@ -790,48 +780,60 @@ fn a_queued_signal_holds_no_communicator() {
 /// finalizes: the finalize returns only once the stream ran the put (and
 /// raised its signal).
 fn finalize_after_a_held_put(comm: &Communicator) {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static GATE: AtomicBool = AtomicBool::new(false);
     let mem = DeviceBuffers::new(PAGE, Alloc::Plain);
     // SAFETY: the memory outlives the window (deregistered before drop).
     let window = unsafe { comm.register_window(mem.window, PAGE, 0) }.unwrap();
     let data = vec![5u8; 64];
     if comm.rank() == 0 {
-        mem.device
-            .enqueue_joint(
-                std::slice::from_ref(&mem.stream),
-                Box::new(|| {
-                    while !GATE.load(Ordering::Acquire) {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }),
-            )
-            .unwrap();
-        let raw = mem.stream.raw();
-        // SAFETY: `data` outlives the stream's run (the finalize waits).
-        unsafe { comm.put_signal_on_stream(data.as_ptr(), 64, 1, window, 512, 0, 0, raw) }.unwrap();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                std::thread::sleep(Duration::from_millis(300));
-                GATE.store(true, Ordering::Release);
-            });
-            comm.finalize().unwrap();
-            assert!(
-                GATE.load(Ordering::Acquire),
-                "the finalize returned before the stream ran the put"
-            );
+        held_put_then(comm, &mem, window, 512, &data, "finalize", || {
+            comm.finalize()
         });
     } else {
-        comm.wait_signal(&[WaitDesc {
-            peer: 0,
-            sig: 0,
-            ctx: 0,
-            count: 1,
-        }])
-        .unwrap();
+        comm.wait_signal(&[first_signal()]).unwrap();
         assert_eq!(mem.read(512, 64), data);
     }
     comm.deregister_window(window).unwrap();
+}
+
+/// Rank 0's side: `data` put at `offset` of rank 1's window behind a task
+/// that holds the stream, then `call` (named `what`), which must return
+/// only once the stream ran the put: the hold ends 300 ms into it.
+fn held_put_then(
+    comm: &Communicator,
+    mem: &DeviceBuffers,
+    window: Window,
+    offset: usize,
+    data: &[u8],
+    what: &str,
+    call: impl FnOnce() -> rccl::Result<()>,
+) {
+    use std::sync::atomic::Ordering;
+    let open = gate(&*mem.stream);
+    let raw = mem.stream.raw();
+    // SAFETY: `data` outlives the stream's run (`call` waits for it).
+    unsafe { comm.put_signal_on_stream(data.as_ptr(), data.len(), 1, window, offset, 0, 0, raw) }
+        .unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            open.store(true, Ordering::Release);
+        });
+        call().unwrap();
+        assert!(
+            open.load(Ordering::Acquire),
+            "the {what} returned before the stream ran the put"
+        );
+    });
+}
+
+/// Signal 0 of context 0 from rank 0, once.
+fn first_signal() -> WaitDesc {
+    WaitDesc {
+        peer: 0,
+        sig: 0,
+        ctx: 0,
+        count: 1,
+    }
 }
 
 /// Rank 0 enqueues a put behind a task that holds its stream: the put
@@ -840,7 +842,7 @@ fn finalize_after_a_held_put(comm: &Communicator) {
 /// rank 0.
 fn gated_put_and_late_wait(comm: &Communicator) {
     use std::sync::atomic::{AtomicBool, Ordering};
-    static GATE: AtomicBool = AtomicBool::new(false);
+    static OPENED: AtomicBool = AtomicBool::new(false);
     let mem = DeviceBuffers::new(PAGE, Alloc::Plain);
     // SAFETY: the memory outlives the window (deregistered before drop).
     let window = unsafe { comm.register_window(mem.window, PAGE, 0) }.unwrap();
@@ -853,20 +855,12 @@ fn gated_put_and_late_wait(comm: &Communicator) {
     };
     let data = vec![7u8; 64];
     if comm.rank() == 0 {
-        mem.device
-            .enqueue_joint(
-                std::slice::from_ref(&mem.stream),
-                Box::new(|| {
-                    while !GATE.load(Ordering::Acquire) {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }),
-            )
-            .unwrap();
+        let open = gate(&*mem.stream);
         // SAFETY: `data` outlives the stream's run (synced below).
         unsafe { comm.put_signal_on_stream(data.as_ptr(), 64, 1, window, 128, 0, 0, raw) }.unwrap();
         std::thread::sleep(Duration::from_millis(200));
-        GATE.store(true, Ordering::Release);
+        OPENED.store(true, Ordering::Release);
+        open.store(true, Ordering::Release);
         mem.sync();
     } else {
         std::thread::sleep(Duration::from_millis(100));
@@ -876,7 +870,7 @@ fn gated_put_and_late_wait(comm: &Communicator) {
             "the put landed before the stream got to it"
         );
         comm.wait_signal(&[wait(1)]).unwrap();
-        assert!(GATE.load(Ordering::Acquire));
+        assert!(OPENED.load(Ordering::Acquire));
         assert_eq!(mem.read(128, 64), data);
         // No second signal comes: the stream wait fails at the deadline.
         comm.wait_signal_on_stream(&[wait(1)], raw).unwrap();
@@ -895,37 +889,12 @@ fn gated_put_and_late_wait(comm: &Communicator) {
 /// rank 1, past the suspend's barrier, finds the bytes; the signal's
 /// count survives the suspend.
 fn suspend_after_a_held_put(comm: &Communicator) {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static GATE: AtomicBool = AtomicBool::new(false);
     let mem = DeviceBuffers::new(PAGE, Alloc::Plain);
     // SAFETY: the memory outlives the window (deregistered before drop).
     let window = unsafe { comm.register_window(mem.window, PAGE, 0) }.unwrap();
     let data = vec![9u8; 64];
     if comm.rank() == 0 {
-        mem.device
-            .enqueue_joint(
-                std::slice::from_ref(&mem.stream),
-                Box::new(|| {
-                    while !GATE.load(Ordering::Acquire) {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }),
-            )
-            .unwrap();
-        let raw = mem.stream.raw();
-        // SAFETY: `data` outlives the stream's run (the suspend waits).
-        unsafe { comm.put_signal_on_stream(data.as_ptr(), 64, 1, window, 256, 0, 0, raw) }.unwrap();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                std::thread::sleep(Duration::from_millis(300));
-                GATE.store(true, Ordering::Release);
-            });
-            comm.suspend().unwrap();
-            assert!(
-                GATE.load(Ordering::Acquire),
-                "the suspend returned before the stream ran the put"
-            );
-        });
+        held_put_then(comm, &mem, window, 256, &data, "suspend", || comm.suspend());
     } else {
         comm.suspend().unwrap();
         assert_eq!(
@@ -936,13 +905,7 @@ fn suspend_after_a_held_put(comm: &Communicator) {
     }
     comm.resume().unwrap();
     if comm.rank() == 1 {
-        comm.wait_signal(&[WaitDesc {
-            peer: 0,
-            sig: 0,
-            ctx: 0,
-            count: 1,
-        }])
-        .unwrap();
+        comm.wait_signal(&[first_signal()]).unwrap();
     }
     comm.deregister_window(window).unwrap();
 }

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "ranks.h"
 
 #define ROUNDS 200
 #define COUNT 1000 /* floats per put */
@@ -296,28 +297,10 @@ static int emu_process(int rank, int n) {
 }
 
 static ncclComm_t join(int rank, int n) {
-  ncclUniqueId id;
   ncclComm_t comm;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.numRmaSig = 2;
-  /* Rank 0 makes the id and hands it over in the file ONE_SIDED_ID. */
-  const char *path = getenv("ONE_SIDED_ID");
-  char tmp[512];
-  if (path == NULL) exit(2);
-  if (rank == 0) {
-    CHECK(ncclGetUniqueId(&id));
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (f == NULL || fwrite(&id, sizeof id, 1, f) != 1 || fclose(f) != 0 || rename(tmp, path) != 0) exit(2);
-  } else {
-    FILE *f;
-    for (int tries = 0; (f = fopen(path, "rb")) == NULL; tries++) {
-      if (tries > 3000) exit(2);
-      nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
-    if (fread(&id, sizeof id, 1, f) != 1) exit(2);
-    fclose(f);
-  }
+  ncclUniqueId id = id_through_file(rank, "ONE_SIDED_ID");
   CHECK(ncclCommInitRankConfig(&comm, n, id, rank, &config));
   return comm;
 }

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "ranks.h"
 
 #define MAXR 4
 #define PAGE 4096
@@ -334,25 +335,8 @@ static int threads(int n, int on_device, int staged) {
 }
 
 static ncclComm_t join(int rank, int n) {
-  ncclUniqueId id;
   ncclComm_t comm;
-  const char *path = getenv("SYMMETRIC_ID");
-  char tmp[512];
-  if (path == NULL) exit(2);
-  if (rank == 0) {
-    CHECK(ncclGetUniqueId(&id));
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (f == NULL || fwrite(&id, sizeof id, 1, f) != 1 || fclose(f) != 0 || rename(tmp, path) != 0) exit(2);
-  } else {
-    FILE *f;
-    for (int tries = 0; (f = fopen(path, "rb")) == NULL; tries++) {
-      if (tries > 3000) exit(2);
-      nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
-    if (fread(&id, sizeof id, 1, f) != 1) exit(2);
-    fclose(f);
-  }
+  ncclUniqueId id = id_through_file(rank, "SYMMETRIC_ID");
   CHECK(ncclCommInitRank(&comm, n, id, rank));
   return comm;
 }
