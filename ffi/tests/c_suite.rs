@@ -348,7 +348,8 @@ fn one_sided_c_program() {
 
 /// tests/c/symmetric.c: all-reduce, reduce-scatter and all-gather on
 /// symmetric windows through the C ABI, every result checked in C, as
-/// threads and as processes at 2 and 4 ranks; the tuner's log lines prove
+/// threads and as processes at 2 and 4 ranks, on host memory and the
+/// emulated GPU's device windows; the tuner's log lines prove
 /// that the host runs took the windows (and the staged ones and the
 /// emulated GPU's did not), and every run's results have the same digest
 /// per rank count and rank.
@@ -369,6 +370,8 @@ fn symmetric_collectives_c_program() {
         Run::processes("rank", 2, &["staged"], LOG),
         Run::threads("emu", 2, &[], EMU),
         Run::threads("emu", 4, &[], EMU),
+        Run::processes("emu", 2, &[], EMU),
+        Run::processes("emu", 4, &[], EMU),
     ];
     let program = Program::compile("symmetric", "SYMMETRIC_ID");
     // (ranks, rank) -> the digest of its results.

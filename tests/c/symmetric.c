@@ -14,6 +14,8 @@
    symmetric emu N                N threads on the emulated GPU
                                   (RCCL_DEVICE=emu): windows of device
                                   memory, calls on streams, staged
+   symmetric emu R N              rank R of N processes on the emulated
+                                  GPU (device windows between processes)
 
    Host runs set NCCL_ALGO=^oneshot, so that every call runs on the
    windows (small all-reduces would stay on the board), or with `staged`
@@ -341,9 +343,9 @@ static ncclComm_t join(int rank, int n) {
   return comm;
 }
 
-static int process(int rank, int n, int staged) {
+static int process(int rank, int n, int on_device, int staged) {
   struct rank_ctx x;
-  setup(&x, join(rank, n), rank, n, 0, staged);
+  setup(&x, join(rank, n), rank, n, on_device, staged);
   CHECK(ncclCommWindowRegister(x.comm, x.win, 2 * REGION, &x.window, NCCL_WIN_COLL_SYMMETRIC));
   run_rank(&x);
   finish(&x);
@@ -357,10 +359,11 @@ int main(int argc, char **argv) {
     if (!getenv("RCCL_DEVICE")) setenv("NCCL_ALGO", staged ? "^symmetric" : "^oneshot", 1);
     if (args == 3 && strcmp(argv[1], "threads") == 0) code = threads(n, 0, staged);
     if (args == 3 && strcmp(argv[1], "emu") == 0 && !staged) code = threads(n, 1, 0);
-    if (args == 4 && strcmp(argv[1], "rank") == 0) code = process(atoi(argv[2]), n, staged);
+    if (args == 4 && strcmp(argv[1], "rank") == 0) code = process(atoi(argv[2]), n, 0, staged);
+    if (args == 4 && strcmp(argv[1], "emu") == 0 && !staged) code = process(atoi(argv[2]), n, 1, 0);
   }
   if (code == 2) {
-    fprintf(stderr, "usage: symmetric threads N [staged] | rank R N [staged] | emu N  (N in 2..%d)\n", MAXR);
+    fprintf(stderr, "usage: symmetric threads N [staged] | rank R N [staged] | emu N | emu R N  (N in 2..%d)\n", MAXR);
     return 2;
   }
   if (failures) fprintf(stderr, "%d failure(s)\n", failures);
