@@ -127,6 +127,26 @@ struct WindowEntry {
     _device_use: Option<DeviceUse>,
 }
 
+impl WindowEntry {
+    /// The error of a `call` by `comm`'s rank that writes `bytes` bytes at
+    /// `offset` of `peer`'s part of this window, which holds `len` bytes.
+    fn past_end(
+        &self,
+        comm: &CommInner,
+        call: &str,
+        peer: usize,
+        offset: usize,
+        bytes: usize,
+        len: usize,
+    ) -> Error {
+        Error::InvalidArgument(format!(
+            "{call}: rank {}: {bytes} bytes at offset {offset} run past the end of window #{} of \
+             rank {peer} ({len} bytes)",
+            comm.rank, self.seq
+        ))
+    }
+}
+
 /// Device memory of this process in registered windows, as (first byte,
 /// bytes), once per window: `ncclMemFree` refuses to free it.
 static DEVICE_IN_WINDOWS: parking_lot::Mutex<Vec<(usize, usize)>> =

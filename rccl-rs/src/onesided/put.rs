@@ -56,15 +56,7 @@ fn put(
                 comm.rank, entry.seq
             )));
         }
-        let past_end = |len: usize| {
-            Error::InvalidArgument(format!(
-                "{call}: rank {}: {} bytes at offset {offset} run past the end of window #{} of \
-                 rank {peer} ({len} bytes)",
-                comm.rank,
-                bytes.len(),
-                entry.seq
-            ))
-        };
+        let past_end = |len| entry.past_end(comm, call, peer, offset, bytes.len(), len);
         match &entry.peers[peer] {
             Some(target) => target.write(offset, bytes).map_err(past_end)?,
             None => {

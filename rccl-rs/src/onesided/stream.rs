@@ -94,13 +94,9 @@ impl Communicator {
                     comm.rank
                 )));
             }
-            let dst = target.address(offset, bytes).map_err(|len| {
-                Error::InvalidArgument(format!(
-                    "{PUT}: rank {}: {bytes} bytes at offset {offset} run past the end of window \
-                     #{} of rank {peer} ({len} bytes)",
-                    comm.rank, entry.seq
-                ))
-            })?;
+            let dst = target
+                .address(offset, bytes)
+                .map_err(|len| entry.past_end(comm, PUT, peer, offset, bytes, len))?;
             let copy = Copy {
                 dst: dst as usize,
                 src: src as usize,
